@@ -1,0 +1,112 @@
+# Finds every dependency and prints one configure line listing them with
+# their versions. All come from Debian packages (deploy/install-deps.sh)
+# except CUDA and NCCL, which are looked up in CUDA's standard location.
+
+set(_vp_missing_hint "run deploy/install-deps.sh to install the Debian packages Varipipe needs")
+
+find_package(Threads REQUIRED)
+find_package(absl CONFIG REQUIRED)
+find_package(Protobuf REQUIRED)
+find_package(gRPC CONFIG REQUIRED)
+find_package(hiredis CONFIG QUIET)
+if(NOT TARGET hiredis::hiredis)
+  find_package(PkgConfig REQUIRED)
+  pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
+  add_library(hiredis::hiredis ALIAS PkgConfig::HIREDIS)
+endif()
+find_package(spdlog CONFIG REQUIRED)
+find_program(VARIPIPE_GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
+find_program(VARIPIPE_REDIS_SERVER redis-server)
+
+if(VARIPIPE_BUILD_TESTS)
+  find_package(GTest CONFIG REQUIRED)
+  find_package(benchmark CONFIG REQUIRED)
+endif()
+
+# --- LibTorch, Gloo, MPI (executor) ---------------------------------------
+if(VARIPIPE_WITH_TORCH)
+  find_package(Torch CONFIG QUIET)
+  if(NOT Torch_FOUND)
+    message(FATAL_ERROR "LibTorch not found (${_vp_missing_hint}); "
+            "or set -DVARIPIPE_WITH_TORCH=OFF to build without the executor, "
+            "or -DCMAKE_PREFIX_PATH=<libtorch> for another LibTorch")
+  endif()
+  find_package(Gloo CONFIG REQUIRED)
+  # Debian's Gloo config names the library but not the threads it needs.
+  find_package(MPI COMPONENTS CXX)
+endif()
+
+# --- CUDA and NCCL (optional) ---------------------------------------------
+set(_allowed AUTO ON OFF)
+string(TOUPPER "${VARIPIPE_WITH_CUDA}" VARIPIPE_WITH_CUDA)
+if(NOT VARIPIPE_WITH_CUDA IN_LIST _allowed)
+  message(FATAL_ERROR "VARIPIPE_WITH_CUDA must be AUTO, ON or OFF (got '${VARIPIPE_WITH_CUDA}')")
+endif()
+set(VARIPIPE_HAVE_CUDA OFF)
+if(NOT VARIPIPE_WITH_CUDA STREQUAL "OFF")
+  if(NOT CUDAToolkit_ROOT AND EXISTS /usr/local/cuda)
+    set(CUDAToolkit_ROOT /usr/local/cuda)
+  endif()
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND)
+    find_path(VARIPIPE_NCCL_INCLUDE_DIR nccl.h
+              HINTS ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_LIBRARY_ROOT}/include
+                    $ENV{NCCL_HOME}/include)
+    find_library(VARIPIPE_NCCL_LIBRARY nccl
+                 HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib64
+                       $ENV{NCCL_HOME}/lib)
+  endif()
+  if(CUDAToolkit_FOUND AND VARIPIPE_NCCL_INCLUDE_DIR AND VARIPIPE_NCCL_LIBRARY)
+    set(VARIPIPE_HAVE_CUDA ON)
+    file(STRINGS ${VARIPIPE_NCCL_INCLUDE_DIR}/nccl.h _nccl_ver
+         REGEX "^#define NCCL_(MAJOR|MINOR|PATCH) [0-9]+")
+    string(REGEX REPLACE ".*NCCL_MAJOR ([0-9]+).*NCCL_MINOR ([0-9]+).*NCCL_PATCH ([0-9]+).*"
+           "\\1.\\2.\\3" VARIPIPE_NCCL_VERSION "${_nccl_ver}")
+    add_library(varipipe::nccl UNKNOWN IMPORTED)
+    set_target_properties(varipipe::nccl PROPERTIES
+      IMPORTED_LOCATION ${VARIPIPE_NCCL_LIBRARY}
+      INTERFACE_INCLUDE_DIRECTORIES ${VARIPIPE_NCCL_INCLUDE_DIR})
+    target_link_libraries(varipipe::nccl INTERFACE CUDA::cudart)
+  elseif(VARIPIPE_WITH_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "VARIPIPE_WITH_CUDA=ON but the CUDA Toolkit or NCCL was not found "
+            "(looked in CUDAToolkit_ROOT='${CUDAToolkit_ROOT}' and NCCL_HOME); "
+            "use AUTO or OFF to build without them")
+  endif()
+endif()
+
+# --- The one configure line -----------------------------------------------
+set(_deps
+  "absl ${absl_VERSION}"
+  "protobuf ${Protobuf_VERSION}"
+  "gRPC ${gRPC_VERSION}"
+  "hiredis ${hiredis_VERSION}${HIREDIS_VERSION}"
+  "spdlog ${spdlog_VERSION}")
+if(VARIPIPE_BUILD_TESTS)
+  list(APPEND _deps "GTest ${GTest_VERSION}" "benchmark ${benchmark_VERSION}")
+endif()
+if(VARIPIPE_WITH_TORCH)
+  list(APPEND _deps "LibTorch ${Torch_VERSION}" "Gloo ${Gloo_VERSION}")
+  if(MPI_CXX_FOUND)
+    list(APPEND _deps "MPI ${MPI_CXX_VERSION}")
+  else()
+    list(APPEND _deps "MPI not found")
+  endif()
+else()
+  list(APPEND _deps "LibTorch off")
+endif()
+if(VARIPIPE_HAVE_CUDA)
+  list(APPEND _deps "CUDA ${CUDAToolkit_VERSION}" "NCCL ${VARIPIPE_NCCL_VERSION}")
+else()
+  list(APPEND _deps "CUDA/NCCL off (VARIPIPE_WITH_CUDA=${VARIPIPE_WITH_CUDA})")
+endif()
+if(VARIPIPE_REDIS_SERVER)
+  execute_process(COMMAND ${VARIPIPE_REDIS_SERVER} --version
+                  OUTPUT_VARIABLE _redis_ver OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+  string(REGEX MATCH "v=([0-9.]+)" _ "${_redis_ver}")
+  list(APPEND _deps "redis-server ${CMAKE_MATCH_1}")
+else()
+  list(APPEND _deps "redis-server not found (Redis tests will fail)")
+endif()
+list(APPEND _deps "${VARIPIPE_CCACHE_STATUS}")
+list(JOIN _deps ", " _deps_line)
+message(STATUS "Varipipe dependencies: ${_deps_line}")

@@ -1,0 +1,399 @@
+#include "common/config/job_config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/status.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace varipipe {
+namespace {
+
+using v1::JobConfig;
+
+// Collects "field: message" lines.
+class ErrorList {
+ public:
+  template <typename... Args>
+  void Add(absl::string_view field, const Args&... message) {
+    errors_.push_back(absl::StrCat(field, ": ", message...));
+  }
+  std::vector<std::string> Take() { return std::move(errors_); }
+
+ private:
+  std::vector<std::string> errors_;
+};
+
+bool IsValidJobId(absl::string_view id) {
+  if (id.empty() || id.size() > 64) return false;
+  return std::all_of(id.begin(), id.end(), [](char c) {
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ||
+           c == '.';
+  });
+}
+
+// "host:port" with a non-empty host and a port in 1..65535.
+bool IsValidHostPort(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos || colon == 0) return false;
+  uint32_t port = 0;
+  return absl::SimpleAtoi(address.substr(colon + 1), &port) && port >= 1 && port <= 65535;
+}
+
+// Checks a repeated enum field: no UNSPECIFIED (0) entries and no duplicates.
+template <typename RepeatedEnum, typename NameFn>
+void CheckEnumList(const RepeatedEnum& values, absl::string_view field, NameFn name,
+                   ErrorList& errors) {
+  std::set<int> seen;
+  for (int i = 0; i < values.size(); ++i) {
+    const int value = values.Get(i);
+    const std::string where = absl::StrCat(field, "[", i, "]");
+    if (value == 0) {
+      errors.Add(where, "must name a value (got ", name(value), ")");
+    } else if (!seen.insert(value).second) {
+      errors.Add(where, name(value), " is listed twice");
+    }
+  }
+}
+
+std::string ResolvePath(const std::filesystem::path& base, const std::string& path) {
+  if (path.empty() || std::filesystem::path(path).is_absolute()) return path;
+  return (base / path).lexically_normal().string();
+}
+
+void ValidateModel(const JobConfig& config, ErrorList& errors) {
+  if (!config.has_model()) {
+    errors.Add("model", "is required");
+    return;
+  }
+  const v1::ModelConfig& m = config.model();
+  const bool t5 = m.kind() == v1::T5;
+  if (m.kind() == v1::MODEL_KIND_UNSPECIFIED) errors.Add("model.kind", "is required (GPT or T5)");
+  if (m.num_layers() == 0) errors.Add("model.num_layers", "must be at least 1");
+  if (!t5 && m.num_decoder_layers() != 0) {
+    errors.Add("model.num_decoder_layers", "is only used by T5 models (model.kind is GPT)");
+  }
+  if (m.hidden_size() == 0) errors.Add("model.hidden_size", "must be at least 1");
+  if (m.num_attention_heads() == 0) {
+    errors.Add("model.num_attention_heads", "must be at least 1");
+  } else if (m.kv_channels() == 0 && m.hidden_size() != 0) {
+    errors.Add("model.hidden_size", "must be divisible by model.num_attention_heads (",
+               m.hidden_size(), " % ", m.num_attention_heads(), " = ",
+               m.hidden_size() % m.num_attention_heads(), ") unless model.kv_channels is set");
+  }
+  if (m.vocab_size() == 0) errors.Add("model.vocab_size", "must be at least 1");
+  if (m.dtype() != v1::FLOAT32 && m.dtype() != v1::BFLOAT16 && m.dtype() != v1::FLOAT16) {
+    errors.Add("model.dtype", "must be FLOAT32, BFLOAT16 or FLOAT16 (got ",
+               v1::DType_Name(m.dtype()), ")");
+  }
+}
+
+void ValidateParallelism(const JobConfig& config, ErrorList& errors) {
+  const v1::ParallelismConfig& p = config.parallelism();
+  if (p.tensor() != 1) errors.Add("parallelism.tensor", "only 1 is supported (got ", p.tensor(), ")");
+  if (p.pipeline() > 4096) errors.Add("parallelism.pipeline", "is too large (", p.pipeline(), ")");
+  if (p.data() > 65536) errors.Add("parallelism.data", "is too large (", p.data(), ")");
+  const v1::ModelConfig& m = config.model();
+  const uint64_t layers =
+      m.kind() == v1::T5 ? uint64_t{m.num_layers()} + m.num_decoder_layers() : m.num_layers();
+  const uint64_t stages = uint64_t{p.pipeline()} * p.virtual_chunks();
+  if (layers != 0 && stages > layers) {
+    errors.Add("parallelism.pipeline", "pipeline (", p.pipeline(), ") x virtual_chunks (",
+               p.virtual_chunks(), ") = ", stages, " stages exceeds the model's ", layers,
+               " layers");
+  }
+  if (p.virtual_chunks() > 1) {
+    const auto& schedules = config.planner().schedules();
+    if (std::find(schedules.begin(), schedules.end(), v1::INTERLEAVED_1F1B) == schedules.end()) {
+      errors.Add("parallelism.virtual_chunks",
+                 "is > 1, which only the INTERLEAVED_1F1B schedule uses; add it to "
+                 "planner.schedules or set virtual_chunks to 1");
+    }
+  }
+}
+
+void ValidateCluster(const JobConfig& config, ErrorList& errors) {
+  const v1::ClusterConfig& c = config.cluster();
+  if (c.device_memory_limit_mib() == 0) {
+    errors.Add("cluster.device_memory_limit_mib", "is required (memory per device in MiB)");
+  }
+  const auto check_positive = [&](absl::string_view field, double value) {
+    if (!(value > 0) || !std::isfinite(value)) errors.Add(field, "must be positive (got ", value, ")");
+  };
+  const auto check_non_negative = [&](absl::string_view field, double value) {
+    if (!(value >= 0) || !std::isfinite(value)) {
+      errors.Add(field, "must be zero or positive (got ", value, ")");
+    }
+  };
+  check_positive("cluster.intra_node_bandwidth_gbps", c.intra_node_bandwidth_gbps());
+  check_positive("cluster.inter_node_bandwidth_gbps", c.inter_node_bandwidth_gbps());
+  check_non_negative("cluster.intra_node_latency_us", c.intra_node_latency_us());
+  check_non_negative("cluster.inter_node_latency_us", c.inter_node_latency_us());
+  const auto& presets = HardwarePresetNames();
+  if (std::find(presets.begin(), presets.end(), c.hardware()) == presets.end()) {
+    errors.Add("cluster.hardware", "unknown preset '", c.hardware(), "' (known: ",
+               absl::StrJoin(presets, ", "), ")");
+  }
+}
+
+void ValidateData(const JobConfig& config, ErrorList& errors) {
+  const v1::DataConfig& d = config.data();
+  const bool t5 = config.model().kind() == v1::T5;
+  switch (d.format()) {
+    case v1::DATASET_FORMAT_UNSPECIFIED:
+      errors.Add("data.format", "is required (SYNTHETIC, JSONL or MEGATRON_INDEXED)");
+      break;
+    case v1::SYNTHETIC:
+      if (!d.path().empty()) errors.Add("data.path", "must be empty for SYNTHETIC data");
+      break;
+    case v1::JSONL:
+      if (d.path().empty()) errors.Add("data.path", "is required for JSONL data");
+      break;
+    case v1::MEGATRON_INDEXED:
+      if (d.path().empty()) {
+        errors.Add("data.path", "is required for MEGATRON_INDEXED data (prefix of .idx/.bin)");
+      }
+      if (t5 && d.target_path().empty()) {
+        errors.Add("data.target_path",
+                   "is required for MEGATRON_INDEXED data with a T5 model (prefix of the "
+                   "targets' .idx/.bin)");
+      }
+      break;
+    default:
+      errors.Add("data.format", "unknown value ", static_cast<int>(d.format()));
+  }
+  if (!d.target_path().empty() && !(t5 && d.format() == v1::MEGATRON_INDEXED)) {
+    errors.Add("data.target_path", "is only used by MEGATRON_INDEXED data with a T5 model");
+  }
+  if (d.format() != v1::SYNTHETIC && d.synthetic_num_samples() != 0) {
+    errors.Add("data.synthetic_num_samples", "is only used by SYNTHETIC data");
+  }
+  if (d.max_sequence_length() == 0) errors.Add("data.max_sequence_length", "is required");
+  if (!t5 && d.max_target_length() != 0) {
+    errors.Add("data.max_target_length", "is only used by T5 models (model.kind is GPT)");
+  }
+  const uint64_t longest_sample =
+      uint64_t{d.max_sequence_length()} + (t5 ? d.max_target_length() : 0);
+  if (d.tokens_per_global_batch() == 0) {
+    errors.Add("data.tokens_per_global_batch", "is required");
+  } else if (d.tokens_per_global_batch() < longest_sample) {
+    errors.Add("data.tokens_per_global_batch", "(", d.tokens_per_global_batch(),
+               ") must hold at least one sample of the maximum length (", longest_sample,
+               " tokens)");
+  }
+}
+
+void ValidatePlanner(const JobConfig& config, ErrorList& errors) {
+  const v1::PlannerConfig& p = config.planner();
+  CheckEnumList(p.partition_methods(), "planner.partition_methods",
+                [](int v) { return v1::PartitionMethod_Name(v); }, errors);
+  CheckEnumList(p.schedules(), "planner.schedules",
+                [](int v) { return v1::ScheduleKind_Name(v); }, errors);
+  CheckEnumList(p.recompute_modes(), "planner.recompute_modes",
+                [](int v) { return v1::RecomputeMode_Name(v); }, errors);
+  if (!(p.tmax_interval_ms() >= 0) || !std::isfinite(p.tmax_interval_ms())) {
+    errors.Add("planner.tmax_interval_ms", "must be zero (no bucketing) or positive (got ",
+               p.tmax_interval_ms(), ")");
+  }
+  if (p.length_multiple() > 4096) {
+    errors.Add("planner.length_multiple", "is too large (", p.length_multiple(), ")");
+  }
+  if (p.threads() > 1024) errors.Add("planner.threads", "is too large (", p.threads(), ")");
+}
+
+void ValidateStore(const JobConfig& config, ErrorList& errors) {
+  const v1::StoreConfig& s = config.store();
+  if (!s.redis_address().empty() && !IsValidHostPort(s.redis_address())) {
+    errors.Add("store.redis_address", "must be host:port with a port in 1..65535 (got '",
+               s.redis_address(), "'), or empty for an embedded redis-server");
+  }
+  if (s.key_prefix().find_first_of(" \t\r\n{}") != std::string::npos) {
+    errors.Add("store.key_prefix", "must not contain whitespace or braces (got '",
+               s.key_prefix(), "')");
+  }
+}
+
+void ValidateTraining(const JobConfig& config, ErrorList& errors) {
+  const v1::TrainingConfig& t = config.training();
+  if (t.iterations() == 0) errors.Add("training.iterations", "is required (at least 1)");
+  if (!(t.learning_rate() > 0) || !std::isfinite(t.learning_rate())) {
+    errors.Add("training.learning_rate", "must be positive (got ", t.learning_rate(), ")");
+  }
+  if (!(t.min_learning_rate() >= 0) || t.min_learning_rate() > t.learning_rate()) {
+    errors.Add("training.min_learning_rate", "must be in [0, training.learning_rate] (got ",
+               t.min_learning_rate(), ")");
+  }
+  if (!(t.weight_decay() >= 0)) {
+    errors.Add("training.weight_decay", "must be zero or positive (got ", t.weight_decay(), ")");
+  }
+  if (!(t.adam_beta1() >= 0 && t.adam_beta1() < 1)) {
+    errors.Add("training.adam_beta1", "must be in [0, 1) (got ", t.adam_beta1(), ")");
+  }
+  if (!(t.adam_beta2() >= 0 && t.adam_beta2() < 1)) {
+    errors.Add("training.adam_beta2", "must be in [0, 1) (got ", t.adam_beta2(), ")");
+  }
+  if (!(t.adam_epsilon() > 0)) {
+    errors.Add("training.adam_epsilon", "must be positive (got ", t.adam_epsilon(), ")");
+  }
+  if (!(t.gradient_clip_norm() >= 0)) {
+    errors.Add("training.gradient_clip_norm", "must be zero (off) or positive (got ",
+               t.gradient_clip_norm(), ")");
+  }
+}
+
+}  // namespace
+
+const std::vector<std::string>& HardwarePresetNames() {
+  static const auto* const kNames =
+      new std::vector<std::string>{"a100-40gb", "a100-80gb", "h100-80gb", "h200"};
+  return *kNames;
+}
+
+int WorldSize(const JobConfig& config) {
+  return static_cast<int>(config.parallelism().pipeline() * config.parallelism().data() *
+                          config.parallelism().tensor());
+}
+
+absl::StatusOr<JobConfig> ParseJobConfigJson(absl::string_view json, absl::string_view source) {
+  JobConfig config;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  options.case_insensitive_enum_parsing = true;
+  const auto status = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(json.data(), json.size()), &config, options);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": not a valid job config: ", status.message().as_string()));
+  }
+  return config;
+}
+
+void ApplyJobConfigDefaults(JobConfig& config) {
+  v1::ModelConfig& m = *config.mutable_model();
+  if (m.kind() == v1::T5 && m.num_decoder_layers() == 0) m.set_num_decoder_layers(m.num_layers());
+  if (m.kv_channels() == 0 && m.num_attention_heads() != 0 &&
+      m.hidden_size() % m.num_attention_heads() == 0) {
+    m.set_kv_channels(m.hidden_size() / m.num_attention_heads());
+  }
+  if (m.ffn_hidden_size() == 0) m.set_ffn_hidden_size(4 * m.hidden_size());
+  if (m.dtype() == v1::DTYPE_UNSPECIFIED) m.set_dtype(v1::BFLOAT16);
+
+  v1::ParallelismConfig& p = *config.mutable_parallelism();
+  if (p.pipeline() == 0) p.set_pipeline(1);
+  if (p.data() == 0) p.set_data(1);
+  if (p.tensor() == 0) p.set_tensor(1);
+  if (p.virtual_chunks() == 0) p.set_virtual_chunks(1);
+
+  v1::ClusterConfig& c = *config.mutable_cluster();
+  if (c.devices_per_node() == 0) c.set_devices_per_node(8);
+  if (c.intra_node_bandwidth_gbps() == 0) c.set_intra_node_bandwidth_gbps(150);
+  if (c.intra_node_latency_us() == 0) c.set_intra_node_latency_us(10);
+  if (c.inter_node_bandwidth_gbps() == 0) c.set_inter_node_bandwidth_gbps(12.5);
+  if (c.inter_node_latency_us() == 0) c.set_inter_node_latency_us(30);
+  if (c.hardware().empty()) c.set_hardware("a100-40gb");
+  c.set_hardware(absl::AsciiStrToLower(c.hardware()));
+
+  v1::DataConfig& d = *config.mutable_data();
+  if (m.kind() == v1::T5 && d.max_target_length() == 0) {
+    d.set_max_target_length(d.max_sequence_length());
+  }
+  if (d.format() == v1::SYNTHETIC && d.synthetic_num_samples() == 0) {
+    d.set_synthetic_num_samples(1000000);
+  }
+
+  v1::PlannerConfig& pl = *config.mutable_planner();
+  if (pl.partition_methods().empty()) pl.add_partition_methods(v1::DYNAMIC_PROGRAMMING);
+  if (pl.schedules().empty()) {
+    pl.add_schedules(v1::ADAPTIVE);
+    pl.add_schedules(v1::ONE_F_ONE_B);
+  }
+  if (pl.recompute_modes().empty()) {
+    pl.add_recompute_modes(v1::RECOMPUTE_NONE);
+    pl.add_recompute_modes(v1::RECOMPUTE_SELECTIVE);
+    pl.add_recompute_modes(v1::RECOMPUTE_FULL);
+  }
+  if (!pl.has_tmax_interval_ms()) pl.set_tmax_interval_ms(0.5);
+  if (pl.length_multiple() == 0) pl.set_length_multiple(8);
+  if (pl.plan_ahead() == 0) pl.set_plan_ahead(8);
+  if (pl.kfkb_k() == 0) pl.set_kfkb_k(2);
+  if (pl.fixed_micro_batch_size() == 0) pl.set_fixed_micro_batch_size(8);
+  if (pl.micro_batch_token_budget() == 0) {
+    pl.set_micro_batch_token_budget(uint64_t{4} * d.max_sequence_length());
+  }
+
+  v1::StoreConfig& s = *config.mutable_store();
+  if (s.password_env().empty()) s.set_password_env("VARIPIPE_REDIS_PASSWORD");
+  if (s.key_prefix().empty()) s.set_key_prefix("varipipe");
+
+  v1::TrainingConfig& t = *config.mutable_training();
+  if (t.learning_rate() == 0) t.set_learning_rate(1e-4);
+  if (!t.has_min_learning_rate()) t.set_min_learning_rate(t.learning_rate() / 10);
+  if (!t.has_weight_decay()) t.set_weight_decay(0.01);
+  if (t.adam_beta1() == 0) t.set_adam_beta1(0.9);
+  if (t.adam_beta2() == 0) t.set_adam_beta2(0.95);
+  if (t.adam_epsilon() == 0) t.set_adam_epsilon(1e-8);
+  if (!t.has_gradient_clip_norm()) t.set_gradient_clip_norm(1.0);
+  if (t.checkpoint_interval() == 0) t.set_checkpoint_interval(100);
+  if (t.watchdog_timeout_s() == 0) t.set_watchdog_timeout_s(300);
+}
+
+std::vector<std::string> JobConfigErrors(const JobConfig& config) {
+  ErrorList errors;
+  if (!IsValidJobId(config.job_id())) {
+    errors.Add("job_id", config.job_id().empty() ? "is required"
+                                                 : absl::StrCat("'", config.job_id(), "' must be 1-64 letters, digits, '-', '_' or '.'"));
+  }
+  ValidateModel(config, errors);
+  ValidateParallelism(config, errors);
+  ValidateCluster(config, errors);
+  ValidateData(config, errors);
+  ValidatePlanner(config, errors);
+  ValidateStore(config, errors);
+  ValidateTraining(config, errors);
+  return errors.Take();
+}
+
+absl::Status ValidateJobConfig(const JobConfig& config, absl::string_view source) {
+  const std::vector<std::string> errors = JobConfigErrors(config);
+  if (errors.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(source, ": invalid job config (", errors.size(),
+                   errors.size() == 1 ? " error" : " errors", "):\n  ",
+                   absl::StrJoin(errors, "\n  ")));
+}
+
+absl::StatusOr<JobConfig> LoadJobConfigFile(const std::string& path) {
+  VP_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
+  VP_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfigJson(text, path));
+  const std::filesystem::path base = std::filesystem::path(path).parent_path();
+  v1::DataConfig& d = *config.mutable_data();
+  d.set_path(ResolvePath(base, d.path()));
+  d.set_target_path(ResolvePath(base, d.target_path()));
+  config.mutable_store()->set_password_file(ResolvePath(base, config.store().password_file()));
+  config.mutable_planner()->set_cost_model_path(
+      ResolvePath(base, config.planner().cost_model_path()));
+  ApplyJobConfigDefaults(config);
+  VP_RETURN_IF_ERROR(ValidateJobConfig(config, path));
+  return config;
+}
+
+std::string JobConfigToJson(const JobConfig& config) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  // Printing a valid message cannot fail.
+  (void)google::protobuf::util::MessageToJsonString(config, &json, options);
+  return json;
+}
+
+}  // namespace varipipe

@@ -1,0 +1,61 @@
+// Graceful shutdown on SIGTERM and SIGINT.
+//
+// ShutdownSignal blocks SIGTERM and SIGINT in the calling thread (and so in
+// every thread it creates afterwards) and waits for them on a dedicated
+// thread with sigwait(). Long-running loops poll Requested() or block in
+// WaitFor(); no code runs inside a signal handler.
+//
+//   int main(...) {
+//     varipipe::ShutdownSignal shutdown;   // before any other thread starts
+//     while (!shutdown.Requested()) { ... }
+//   }
+//
+// A second signal after the first ends the process at once (exit code
+// 128 + signal), for operators whose shutdown is stuck.
+//
+// Thread safety: all methods may be called from any thread.
+#ifndef VARIPIPE_COMMON_SHUTDOWN_SIGNAL_H_
+#define VARIPIPE_COMMON_SHUTDOWN_SIGNAL_H_
+
+#include <atomic>
+#include <csignal>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+
+namespace varipipe {
+
+class ShutdownSignal {
+ public:
+  // REQUIRES: constructed in the main thread before other threads start, and
+  // at most one instance alive at a time.
+  ShutdownSignal();
+  ~ShutdownSignal();
+  ShutdownSignal(const ShutdownSignal&) = delete;
+  ShutdownSignal& operator=(const ShutdownSignal&) = delete;
+
+  // True once SIGTERM or SIGINT arrived or Request() was called.
+  bool Requested() const { return requested_.HasBeenNotified(); }
+  // Waits up to `timeout`; returns Requested().
+  bool WaitFor(absl::Duration timeout) const {
+    return requested_.WaitForNotificationWithTimeout(timeout);
+  }
+  // The signal that requested shutdown, or 0 (none, or Request()).
+  int signal_number() const { return signal_number_.load(); }
+  // Requests shutdown from code (e.g. when the work is done).
+  void Request();
+
+ private:
+  void WaitLoop();
+
+  sigset_t signals_;
+  sigset_t previous_mask_;
+  std::atomic<int> signal_number_{0};
+  absl::Notification requested_;
+  std::thread waiter_;
+};
+
+}  // namespace varipipe
+
+#endif  // VARIPIPE_COMMON_SHUTDOWN_SIGNAL_H_

@@ -1,0 +1,29 @@
+// The device an executor computes on: cuda:LOCAL_RANK when LibTorch sees
+// CUDA devices, otherwise the CPU.
+#ifndef VARIPIPE_EXECUTOR_RUNTIME_DEVICE_H_
+#define VARIPIPE_EXECUTOR_RUNTIME_DEVICE_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace varipipe::executor {
+
+struct DeviceChoice {
+  // "cpu" or "cuda:N".
+  std::string name;
+  bool is_cuda = false;
+  int cuda_devices_visible = 0;
+};
+
+// Picks cuda:local_rank when CUDA devices are visible (failing when
+// local_rank has no device), else the CPU. LibTorch exceptions are caught and
+// returned as Internal errors.
+absl::StatusOr<DeviceChoice> ChooseDevice(int local_rank);
+
+// LibTorch's version string, e.g. "1.13.1".
+std::string TorchVersion();
+
+}  // namespace varipipe::executor
+
+#endif  // VARIPIPE_EXECUTOR_RUNTIME_DEVICE_H_

@@ -1,0 +1,54 @@
+// Where this executor process sits in the job: its global rank, the world
+// size and its local rank, read from the launcher's environment, and its
+// (data-parallel, pipeline) coordinates under the job's parallelism.
+//
+// Launchers:
+//   torchrun --no-python:  RANK, WORLD_SIZE, LOCAL_RANK
+//   mpirun (Open MPI):     OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE,
+//                          OMPI_COMM_WORLD_LOCAL_RANK
+//
+// Rank layout (tensor parallel = 1): rank = dp_rank * pipeline + pp_rank, so
+// the stages of one pipeline replica are consecutive ranks (and share a node
+// when devices_per_node is a multiple of the pipeline degree).
+#ifndef VARIPIPE_EXECUTOR_RUNTIME_LAUNCH_ENV_H_
+#define VARIPIPE_EXECUTOR_RUNTIME_LAUNCH_ENV_H_
+
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "varipipe/v1/config.pb.h"
+
+namespace varipipe::executor {
+
+struct LaunchEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  // "torchrun", "mpirun" or "none" (no launcher variables: a single process).
+  std::string launcher;
+};
+
+struct RankCoordinates {
+  int rank = 0;
+  int dp_rank = 0;
+  int pp_rank = 0;
+};
+
+// Looks variables up with `getenv` (tests pass their own). Errors name the
+// variable: a non-integer value, a rank outside [0, world size), or a
+// partial set of variables.
+using GetEnvFn = std::function<std::optional<std::string>(const char* name)>;
+absl::StatusOr<LaunchEnv> ReadLaunchEnv(const GetEnvFn& getenv);
+// The same over the process environment.
+absl::StatusOr<LaunchEnv> ReadLaunchEnv();
+
+// Coordinates of `env.rank` in `config`. Fails when the launcher's world size
+// differs from pipeline * data * tensor of the config.
+absl::StatusOr<RankCoordinates> ComputeCoordinates(const LaunchEnv& env,
+                                                   const v1::JobConfig& config);
+
+}  // namespace varipipe::executor
+
+#endif  // VARIPIPE_EXECUTOR_RUNTIME_LAUNCH_ENV_H_

@@ -1,0 +1,81 @@
+#include "planner/microbatch/baselines.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace varipipe::planner {
+namespace {
+
+std::vector<MicroBatchGroup> ChunkOrder(std::span<const SampleLengths> samples,
+                                        const LengthPolicy& policy,
+                                        const std::vector<uint32_t>& order,
+                                        uint32_t micro_batch_size) {
+  std::vector<MicroBatchGroup> groups;
+  for (size_t begin = 0; begin < order.size(); begin += micro_batch_size) {
+    const size_t end = std::min(order.size(), begin + micro_batch_size);
+    MicroBatchGroup group;
+    group.samples.assign(order.begin() + begin, order.begin() + end);
+    PadToLongest(samples, policy, group);
+    groups.push_back(std::move(group));
+  }
+  return groups;
+}
+
+}  // namespace
+
+std::vector<uint32_t> SortedByLength(std::span<const SampleLengths> samples,
+                                     const LengthPolicy& policy) {
+  std::vector<uint32_t> order(samples.size());
+  std::iota(order.begin(), order.end(), 0u);
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    const uint32_t la = SequenceLength(samples[a], policy);
+    const uint32_t lb = SequenceLength(samples[b], policy);
+    if (la != lb) return la > lb;
+    if (samples[a].target != samples[b].target) return samples[a].target > samples[b].target;
+    return a < b;
+  });
+  return order;
+}
+
+std::vector<MicroBatchGroup> PartitionPadding(std::span<const SampleLengths> samples,
+                                              const LengthPolicy& policy,
+                                              uint32_t micro_batch_size) {
+  std::vector<uint32_t> order(samples.size());
+  std::iota(order.begin(), order.end(), 0u);
+  return ChunkOrder(samples, policy, order, micro_batch_size);
+}
+
+std::vector<MicroBatchGroup> PartitionFixedSize(std::span<const SampleLengths> samples,
+                                                const LengthPolicy& policy,
+                                                uint32_t micro_batch_size) {
+  return ChunkOrder(samples, policy, SortedByLength(samples, policy), micro_batch_size);
+}
+
+std::vector<MicroBatchGroup> PartitionTokenBased(std::span<const SampleLengths> samples,
+                                                 const LengthPolicy& policy,
+                                                 uint64_t token_budget) {
+  std::vector<MicroBatchGroup> groups;
+  MicroBatchGroup current;  // input_len/target_len hold the running padded maxima
+  for (uint32_t index : SortedByLength(samples, policy)) {
+    uint32_t input = std::max(
+        current.input_len, RoundUpLength(SequenceLength(samples[index], policy), policy.multiple));
+    uint32_t target =
+        policy.encoder_decoder
+            ? std::max(current.target_len, RoundUpLength(samples[index].target, policy.multiple))
+            : 0;
+    if (!current.samples.empty() &&
+        (current.size() + 1) * (uint64_t{input} + target) > token_budget) {
+      groups.push_back(std::move(current));
+      current = MicroBatchGroup();
+      input = RoundUpLength(SequenceLength(samples[index], policy), policy.multiple);
+      target = policy.encoder_decoder ? RoundUpLength(samples[index].target, policy.multiple) : 0;
+    }
+    current.samples.push_back(index);
+    current.input_len = input;
+    current.target_len = target;
+  }
+  if (!current.samples.empty()) groups.push_back(std::move(current));
+  return groups;
+}
+
+}  // namespace varipipe::planner

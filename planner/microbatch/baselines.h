@@ -1,0 +1,47 @@
+// Baseline partition methods: simple ways of grouping a mini-batch's samples
+// into micro-batches, for comparison with the dynamic program and as user
+// options (config.proto PartitionMethod).
+//
+// Invariants of every function here: each sample of the mini-batch appears in
+// exactly one group; groups are non-empty; padded lengths are the rounded
+// maxima of their samples (PadToLongest).
+#ifndef VARIPIPE_PLANNER_MICROBATCH_BASELINES_H_
+#define VARIPIPE_PLANNER_MICROBATCH_BASELINES_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "planner/microbatch/micro_batch.h"
+
+namespace varipipe::planner {
+
+// PADDING: consecutive runs of `micro_batch_size` samples in the mini-batch's
+// own order, each padded to its longest sample. REQUIRES: micro_batch_size >= 1.
+std::vector<MicroBatchGroup> PartitionPadding(std::span<const SampleLengths> samples,
+                                              const LengthPolicy& policy,
+                                              uint32_t micro_batch_size);
+
+// FIXED_SIZE: like PADDING over the samples sorted by length (longest
+// sequence first, ties by target then position), so neighbours have similar
+// lengths. REQUIRES: micro_batch_size >= 1.
+std::vector<MicroBatchGroup> PartitionFixedSize(std::span<const SampleLengths> samples,
+                                                const LengthPolicy& policy,
+                                                uint32_t micro_batch_size);
+
+// TOKEN_BASED: walks the sorted order and starts a new micro-batch whenever
+// adding the next sample would make the padded micro-batch compute more than
+// `token_budget` tokens. A sample larger than the budget gets a micro-batch
+// of its own. REQUIRES: token_budget >= 1.
+std::vector<MicroBatchGroup> PartitionTokenBased(std::span<const SampleLengths> samples,
+                                                 const LengthPolicy& policy,
+                                                 uint64_t token_budget);
+
+// Positions 0..n-1 sorted by decreasing sequence length, then decreasing
+// target length, then position. Deterministic.
+std::vector<uint32_t> SortedByLength(std::span<const SampleLengths> samples,
+                                     const LengthPolicy& policy);
+
+}  // namespace varipipe::planner
+
+#endif  // VARIPIPE_PLANNER_MICROBATCH_BASELINES_H_

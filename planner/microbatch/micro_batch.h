@@ -1,0 +1,54 @@
+// The planner's micro-batch: a group of samples of one mini-batch, padded to
+// common lengths. Every partition method (the dynamic program and the
+// baselines) produces these; the plan builder turns them into
+// varipipe.v1.MicroBatch messages.
+#ifndef VARIPIPE_PLANNER_MICROBATCH_MICRO_BATCH_H_
+#define VARIPIPE_PLANNER_MICROBATCH_MICRO_BATCH_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/dataset/synthetic_mixture.h"
+
+namespace varipipe::planner {
+
+// How sample lengths become padded tensor lengths.
+struct LengthPolicy {
+  // Encoder-decoder models pad inputs and targets separately; decoder-only
+  // models train on input + target as one sequence.
+  bool encoder_decoder = false;
+  // Padded lengths are rounded up to a multiple of this (>= 1).
+  uint32_t multiple = 8;
+};
+
+struct MicroBatchGroup {
+  // Positions of the samples in the mini-batch, in row order.
+  std::vector<uint32_t> samples;
+  // Padded lengths. Decoder-only: input_len is the sequence, target_len 0.
+  uint32_t input_len = 0;
+  uint32_t target_len = 0;
+
+  uint64_t size() const { return samples.size(); }
+  // Tokens the micro-batch computes on, padding included.
+  uint64_t ComputedTokens() const { return samples.size() * (uint64_t{input_len} + target_len); }
+};
+
+// Rounds `length` up to a multiple of `multiple` (>= 1).
+inline uint32_t RoundUpLength(uint32_t length, uint32_t multiple) {
+  return static_cast<uint32_t>((uint64_t{length} + multiple - 1) / multiple * multiple);
+}
+
+// The unpadded length of a sample's (first) sequence under `policy`.
+inline uint32_t SequenceLength(const SampleLengths& s, const LengthPolicy& policy) {
+  return policy.encoder_decoder ? s.input : s.input + s.target;
+}
+
+// Sets input_len and target_len of `group` to the padded maxima of its
+// samples. REQUIRES: every index in group.samples is valid for `samples`.
+void PadToLongest(std::span<const SampleLengths> samples, const LengthPolicy& policy,
+                  MicroBatchGroup& group);
+
+}  // namespace varipipe::planner
+
+#endif  // VARIPIPE_PLANNER_MICROBATCH_MICRO_BATCH_H_

@@ -1,0 +1,156 @@
+// The binaries as users run them: --help, exit codes, and error messages that
+// name the file and field.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace varipipe {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+CommandResult RunCommand(const std::string& command) {
+  CommandResult result;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return result;
+  std::array<char, 4096> buffer;
+  size_t n = 0;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+std::string Bin(const std::string& name) { return absl::StrCat(VARIPIPE_BINARY_DIR, "/bin/", name); }
+std::string Config(const std::string& name) {
+  return absl::StrCat(VARIPIPE_SOURCE_DIR, "/deploy/configs/", name);
+}
+
+class BinaryHelp : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BinaryHelp, PrintsUsageAndExitsZero) {
+  const CommandResult result = RunCommand(Bin(GetParam()) + " --help");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, AllOf(HasSubstr("Usage"), HasSubstr("--config"),
+                                   HasSubstr("--log_level"), Not(HasSubstr("--flagfile"))));
+}
+
+TEST_P(BinaryHelp, VersionExitsZero) {
+  const CommandResult result = RunCommand(Bin(GetParam()) + " --version");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr(GetParam()));
+}
+
+TEST_P(BinaryHelp, MissingConfigIsAUsageError) {
+  const CommandResult result = RunCommand(Bin(GetParam()));
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("--config is required"));
+}
+
+TEST_P(BinaryHelp, UnknownFlagIsNamed) {
+  const CommandResult result = RunCommand(Bin(GetParam()) + " --no_such_flag=1");
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_THAT(result.output, HasSubstr("no_such_flag"));
+}
+
+TEST_P(BinaryHelp, BadLogLevelIsNamed) {
+  const CommandResult result = RunCommand(Bin(GetParam()) + " --log_level=loud");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("--log_level: unknown level 'loud'"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Binaries, BinaryHelp,
+                         ::testing::Values("varipipe-plan", "varipipe-planner"
+#ifdef VARIPIPE_HAVE_EXECUTOR
+                                           ,
+                                           "varipipe-executor"
+#endif
+                                           ));
+
+TEST(VaripipePlan, PlansTheQuickstartJob) {
+  const CommandResult result =
+      RunCommand(Bin("varipipe-plan") + " --config " + Config("quickstart-gpt.json") + " --iterations 2");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, AllOf(HasSubstr("job quickstart-gpt"),
+                                   HasSubstr("summary: 2 mini-batches")));
+}
+
+TEST(VaripipePlan, SameIterationSamePlanFromAnyStart) {
+  const CommandResult all =
+      RunCommand(Bin("varipipe-plan") + " --config " + Config("quickstart-gpt.json") + " --iterations 3");
+  const CommandResult third = RunCommand(Bin("varipipe-plan") + " --config " +
+                                  Config("quickstart-gpt.json") +
+                                  " --iterations 1 --first_iteration 2");
+  ASSERT_EQ(all.exit_code, 0) << all.output;
+  ASSERT_EQ(third.exit_code, 0) << third.output;
+  // The row of iteration 2 is identical in both runs.
+  const auto row_of = [](const std::string& output) {
+    const size_t begin = output.find("\n2 ");
+    return begin == std::string::npos ? std::string()
+                                      : output.substr(begin, output.find('\n', begin + 1) - begin);
+  };
+  EXPECT_FALSE(row_of(all.output).empty()) << all.output;
+  EXPECT_EQ(row_of(all.output), row_of(third.output));
+}
+
+TEST(VaripipePlan, InvalidConfigNamesFileAndField) {
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() / absl::StrCat("varipipe-cli-", getpid(), ".json");
+  std::ofstream(path) << R"({"job_id": "x", "model": {"kind": "GPT", "num_layers": 2,
+      "hidden_size": 64, "num_attention_heads": 3, "vocab_size": 10},
+      "cluster": {"device_memory_limit_mib": 1024},
+      "data": {"format": "SYNTHETIC", "tokens_per_global_batch": 4096,
+               "max_sequence_length": 512},
+      "training": {"iterations": 1}})";
+  const CommandResult result = RunCommand(Bin("varipipe-plan") + " --config " + path.string());
+  std::filesystem::remove(path);
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_THAT(result.output,
+              AllOf(HasSubstr(path.string()), HasSubstr("model.hidden_size: must be divisible")));
+}
+
+TEST(VaripipePlanner, CheckConfigPrintsDefaults) {
+  const CommandResult result =
+      RunCommand(Bin("varipipe-planner") + " --check_config --config " + Config("t5-11b-pp8.json"));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, AllOf(HasSubstr("\"job_id\": \"t5-11b-flan\""),
+                                   HasSubstr("\"plan_ahead\": 8")));
+}
+
+#ifdef VARIPIPE_HAVE_EXECUTOR
+TEST(VaripipeExecutor, TorchrunEnvironmentGivesCoordinates) {
+  const CommandResult result =
+      RunCommand("RANK=3 WORLD_SIZE=4 LOCAL_RANK=1 " + Bin("varipipe-executor") +
+          " --check_launch --config " + Config("quickstart-gpt.json"));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output,
+              AllOf(HasSubstr("rank 3 of 4 (launcher torchrun, local rank 1) = dp 1 pp 1"),
+                    HasSubstr("LibTorch")));
+}
+
+TEST(VaripipeExecutor, WrongWorldSizeIsExplained) {
+  const CommandResult result =
+      RunCommand("RANK=0 WORLD_SIZE=3 LOCAL_RANK=0 " + Bin("varipipe-executor") +
+          " --check_launch --config " + Config("quickstart-gpt.json"));
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("started 3 process(es) but job quickstart-gpt needs"));
+}
+#endif
+
+}  // namespace
+}  // namespace varipipe

@@ -1,0 +1,65 @@
+// The dependency rule (docs/architecture.md): the planner core includes no
+// gRPC, hiredis, Torch, Gloo or NCCL header, and the executor never includes
+// planner/. CMake targets enforce it at link time; this test reads the
+// #include lines so a violation fails with the file and line.
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace varipipe {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> Violations(const fs::path& root, const std::regex& forbidden,
+                                    const std::vector<std::string>& skip_dirs) {
+  std::vector<std::string> violations;
+  const std::regex include_line(R"(^\s*#\s*include\s*[<"]([^>"]+)[>"])");
+  for (const auto& entry : fs::recursive_directory_iterator(root)) {
+    if (!entry.is_regular_file()) continue;
+    const std::string ext = entry.path().extension().string();
+    if (ext != ".h" && ext != ".cc") continue;
+    const std::string relative = fs::relative(entry.path(), root).string();
+    bool skipped = false;
+    for (const std::string& dir : skip_dirs) skipped |= relative.rfind(dir, 0) == 0;
+    if (skipped) continue;
+    std::ifstream in(entry.path());
+    std::string line;
+    for (int number = 1; std::getline(in, line); ++number) {
+      std::smatch match;
+      if (std::regex_search(line, match, include_line) &&
+          std::regex_search(match[1].str(), forbidden)) {
+        violations.push_back(entry.path().string() + ":" + std::to_string(number) + ": " + line);
+      }
+    }
+  }
+  return violations;
+}
+
+TEST(DependencyRule, PlannerCoreIncludesNoServiceOrTorchHeaders) {
+  const std::regex forbidden(R"(^(grpc|grpcpp|hiredis|torch|ATen|c10|gloo|nccl|cuda)|\.grpc\.pb\.h$|^executor/)");
+  // planner/service/ is the service layer, allowed to use gRPC and hiredis.
+  const std::vector<std::string> violations =
+      Violations(fs::path(VARIPIPE_SOURCE_DIR) / "planner", forbidden, {"service/"});
+  for (const std::string& v : violations) ADD_FAILURE() << v;
+}
+
+TEST(DependencyRule, CommonIncludesNoServiceOrTorchHeaders) {
+  const std::regex forbidden(R"(^(grpc|grpcpp|hiredis|torch|ATen|c10|gloo|nccl|cuda)|^(planner|executor)/)");
+  for (const std::string& v : Violations(fs::path(VARIPIPE_SOURCE_DIR) / "common", forbidden, {}))
+    ADD_FAILURE() << v;
+}
+
+TEST(DependencyRule, ExecutorNeverIncludesPlanner) {
+  const std::regex forbidden(R"(^planner/)");
+  for (const std::string& v :
+       Violations(fs::path(VARIPIPE_SOURCE_DIR) / "executor", forbidden, {}))
+    ADD_FAILURE() << v;
+}
+
+}  // namespace
+}  // namespace varipipe

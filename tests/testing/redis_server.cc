@@ -1,0 +1,206 @@
+#include "tests/testing/redis_server.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/status.h"
+#include "hiredis/hiredis.h"
+
+#ifndef VARIPIPE_REDIS_SERVER_PATH
+#define VARIPIPE_REDIS_SERVER_PATH "redis-server"
+#endif
+
+namespace varipipe::testing {
+namespace {
+
+struct ReplyDeleter {
+  void operator()(redisReply* reply) const { freeReplyObject(reply); }
+};
+struct ContextDeleter {
+  void operator()(redisContext* context) const { redisFree(context); }
+};
+using ReplyPtr = std::unique_ptr<redisReply, ReplyDeleter>;
+using ContextPtr = std::unique_ptr<redisContext, ContextDeleter>;
+
+std::string RandomPassword() {
+  static constexpr char kAlphabet[] =
+      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  std::random_device device;
+  std::string password(32, 'x');
+  for (char& c : password) c = kAlphabet[device() % (sizeof(kAlphabet) - 1)];
+  return password;
+}
+
+// Connects, authenticates and asks for the server version. Unavailable while
+// the server is not yet accepting connections.
+absl::StatusOr<std::string> PingAndGetVersion(const std::string& host, int port,
+                                              const std::string& password) {
+  const timeval timeout{1, 0};
+  ContextPtr context(redisConnectWithTimeout(host.c_str(), port, timeout));
+  if (context == nullptr || context->err != 0) {
+    return absl::UnavailableError(context ? context->errstr : "cannot allocate redis context");
+  }
+  ReplyPtr auth(static_cast<redisReply*>(redisCommand(context.get(), "AUTH %s", password.c_str())));
+  if (auth == nullptr || auth->type == REDIS_REPLY_ERROR) {
+    return absl::UnavailableError(
+        absl::StrCat("AUTH failed: ", auth ? auth->str : context->errstr));
+  }
+  ReplyPtr info(static_cast<redisReply*>(redisCommand(context.get(), "INFO server")));
+  if (info == nullptr || info->type != REDIS_REPLY_STRING) {
+    return absl::UnavailableError("INFO server failed");
+  }
+  for (absl::string_view line : absl::StrSplit(absl::string_view(info->str, info->len), "\r\n")) {
+    if (absl::ConsumePrefix(&line, "redis_version:")) return std::string(line);
+  }
+  return std::string("unknown");
+}
+
+}  // namespace
+
+absl::StatusOr<int> PickFreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return ErrnoToStatus(errno, "socket");
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof(address);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    const int error = errno;
+    close(fd);
+    return ErrnoToStatus(error, "bind 127.0.0.1:0");
+  }
+  close(fd);
+  return static_cast<int>(ntohs(address.sin_port));
+}
+
+absl::StatusOr<std::unique_ptr<RedisServer>> RedisServer::Start(Options options) {
+  std::unique_ptr<RedisServer> server(new RedisServer());
+  server->password_ = options.password.empty() ? RandomPassword() : options.password;
+  char directory_template[] = "/tmp/varipipe-redis-XXXXXX";
+  if (mkdtemp(directory_template) == nullptr) return ErrnoToStatus(errno, "mkdtemp");
+  server->directory_ = directory_template;
+
+  // A port picked now may be taken before redis binds it; retry a few times.
+  absl::Status last_error;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    VP_ASSIGN_OR_RETURN(server->port_, PickFreeLoopbackPort());
+    const std::string port = std::to_string(server->port_);
+    const std::string log_file = server->directory_ + "/redis.log";
+    std::filesystem::remove(log_file);
+    std::vector<std::string> args = {VARIPIPE_REDIS_SERVER_PATH,
+                                     "--port", port,
+                                     "--bind", server->host_,
+                                     "--requirepass", server->password_,
+                                     "--save", "",
+                                     "--appendonly", "no",
+                                     "--dir", server->directory_,
+                                     "--logfile", log_file,
+                                     "--daemonize", "no",
+                                     "--protected-mode", "yes"};
+    std::vector<char*> argv;
+    for (std::string& arg : args) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+
+    const pid_t parent = getpid();
+    const pid_t pid = fork();
+    if (pid < 0) return ErrnoToStatus(errno, "fork");
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);
+      const int devnull = open("/dev/null", O_RDWR);
+      dup2(devnull, STDIN_FILENO);
+      dup2(devnull, STDOUT_FILENO);
+      execvp(argv[0], argv.data());
+      _exit(127);
+    }
+    server->pid_ = pid;
+
+    const absl::Time deadline = absl::Now() + options.startup_timeout;
+    while (absl::Now() < deadline) {
+      int wait_status = 0;
+      if (waitpid(pid, &wait_status, WNOHANG) == pid) {
+        server->pid_ = -1;
+        const std::string log = server->ReadLog();
+        last_error = absl::UnavailableError(absl::StrCat(
+            VARIPIPE_REDIS_SERVER_PATH, " exited with status ",
+            WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 128 + WTERMSIG(wait_status),
+            WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 127
+                ? " (not found? install it with deploy/install-deps.sh)"
+                : "",
+            "; log:\n", log));
+        break;
+      }
+      absl::StatusOr<std::string> version =
+          PingAndGetVersion(server->host_, server->port_, server->password_);
+      if (version.ok()) {
+        server->version_ = *version;
+        return server;
+      }
+      last_error = version.status();
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    if (server->pid_ > 0) {
+      // Alive but not answering in time: give up.
+      return absl::DeadlineExceededError(
+          absl::StrCat("redis-server on port ", server->port_, " did not answer within ",
+                       absl::FormatDuration(options.startup_timeout), ": ",
+                       last_error.message(), "; log:\n", server->ReadLog()));
+    }
+    if (!absl::StrContains(last_error.message(), "Address already in use")) break;
+  }
+  return last_error;
+}
+
+RedisServer::~RedisServer() {
+  (void)Stop();
+  if (!directory_.empty()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(directory_, ignored);
+  }
+}
+
+std::string RedisServer::address() const { return absl::StrCat(host_, ":", port_); }
+
+std::string RedisServer::ReadLog() const {
+  absl::StatusOr<std::string> log = ReadFileToString(directory_ + "/redis.log");
+  return log.ok() ? *log : std::string("(no log)");
+}
+
+absl::Status RedisServer::Stop() {
+  if (pid_ <= 0) return absl::OkStatus();
+  const pid_t pid = pid_;
+  pid_ = -1;
+  kill(pid, SIGTERM);
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  int wait_status = 0;
+  while (absl::Now() < deadline) {
+    const pid_t done = waitpid(pid, &wait_status, WNOHANG);
+    if (done == pid) {
+      if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) return absl::OkStatus();
+      return absl::InternalError(absl::StrCat("redis-server exited with wait status ", wait_status));
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &wait_status, 0);
+  return absl::DeadlineExceededError("redis-server ignored SIGTERM for 5 s and was killed");
+}
+
+}  // namespace varipipe::testing
