@@ -262,6 +262,36 @@ int WorldSize(const JobConfig& config) {
                           config.parallelism().tensor());
 }
 
+namespace {
+
+// The 1-based line of the first occurrence of `"token"` in `json`, or 0.
+int LineOfQuoted(absl::string_view json, absl::string_view token) {
+  if (token.empty()) return 0;
+  const size_t at = json.find(absl::StrCat("\"", token, "\""));
+  if (at == absl::string_view::npos) return 0;
+  return 1 + static_cast<int>(std::count(json.begin(), json.begin() + at, '\n'));
+}
+
+// Protobuf's JSON errors name the field path but not the line; find the line
+// of the offending key or value ("(model) hidden_sise: Cannot find field." or
+// "(model.kind): invalid value \"gpx\" for type ...").
+std::string JsonErrorLocation(absl::string_view json, absl::string_view error) {
+  int line = 0;
+  if (const size_t close = error.find(") "); close != absl::string_view::npos) {
+    const absl::string_view rest = error.substr(close + 2);
+    line = LineOfQuoted(json, rest.substr(0, rest.find(':')));
+  }
+  if (line == 0) {
+    if (const size_t value = error.find("invalid value \""); value != absl::string_view::npos) {
+      const absl::string_view rest = error.substr(value + 15);
+      line = LineOfQuoted(json, rest.substr(0, rest.find('"')));
+    }
+  }
+  return line == 0 ? std::string() : absl::StrCat(":", line);
+}
+
+}  // namespace
+
 absl::StatusOr<JobConfig> ParseJobConfigJson(absl::string_view json, absl::string_view source) {
   JobConfig config;
   google::protobuf::util::JsonParseOptions options;
@@ -270,8 +300,9 @@ absl::StatusOr<JobConfig> ParseJobConfigJson(absl::string_view json, absl::strin
   const auto status = google::protobuf::util::JsonStringToMessage(
       google::protobuf::StringPiece(json.data(), json.size()), &config, options);
   if (!status.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": not a valid job config: ", status.message().as_string()));
+    const std::string error = status.message().as_string();
+    return absl::InvalidArgumentError(absl::StrCat(source, JsonErrorLocation(json, error),
+                                                   ": not a valid job config: ", error));
   }
   return config;
 }

@@ -108,13 +108,13 @@ TEST(JobConfig, CamelCaseFieldNamesAreAccepted) {
 TEST(JobConfig, UnknownFieldIsNamed) {
   EXPECT_THAT(ParseAndValidate(Replace(R"("hidden_size")", R"("hidden_sise")")),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("job.json"), HasSubstr("hidden_sise"))));
+                       AllOf(HasSubstr("job.json:3:"), HasSubstr("hidden_sise"))));
 }
 
 TEST(JobConfig, UnknownEnumValueIsNamed) {
   EXPECT_THAT(ParseAndValidate(Replace(R"("kind": "GPT")", R"("kind": "bert")")),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("job.json"), HasSubstr("bert"))));
+                       AllOf(HasSubstr("job.json:3:"), HasSubstr("bert"))));
 }
 
 TEST(JobConfig, SyntaxErrorNamesTheFile) {
