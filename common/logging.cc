@@ -7,8 +7,7 @@
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
-ABSL_FLAG(std::string, log_level, "info",
-          "Log level: trace, debug, info, warn, error or off");
+ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, error or off");
 
 namespace varipipe {
 namespace {

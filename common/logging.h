@@ -16,7 +16,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "fmt/format.h"
-#include "absl/strings/string_view.h"
 
 ABSL_DECLARE_FLAG(std::string, log_level);
 

@@ -23,11 +23,11 @@
 
 // Evaluates `expr` (an absl::Status) and returns it from the enclosing
 // function when it is not OK.
-#define VP_RETURN_IF_ERROR(expr)                               \
-  do {                                                         \
+#define VP_RETURN_IF_ERROR(expr)                                \
+  do {                                                          \
     if (::absl::Status _vp_status = (expr); !_vp_status.ok()) { \
-      return _vp_status;                                       \
-    }                                                          \
+      return _vp_status;                                        \
+    }                                                           \
   } while (false)
 
 // Evaluates `rexpr` (an absl::StatusOr<T>); on error returns its status from

@@ -35,8 +35,7 @@ class ErrorList {
 bool IsValidJobId(absl::string_view id) {
   if (id.empty() || id.size() > 64) return false;
   return std::all_of(id.begin(), id.end(), [](char c) {
-    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ||
-           c == '.';
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
   });
 }
 
@@ -98,7 +97,8 @@ void ValidateModel(const JobConfig& config, ErrorList& errors) {
 
 void ValidateParallelism(const JobConfig& config, ErrorList& errors) {
   const v1::ParallelismConfig& p = config.parallelism();
-  if (p.tensor() != 1) errors.Add("parallelism.tensor", "only 1 is supported (got ", p.tensor(), ")");
+  if (p.tensor() != 1)
+    errors.Add("parallelism.tensor", "only 1 is supported (got ", p.tensor(), ")");
   if (p.pipeline() > 4096) errors.Add("parallelism.pipeline", "is too large (", p.pipeline(), ")");
   if (p.data() > 65536) errors.Add("parallelism.data", "is too large (", p.data(), ")");
   const v1::ModelConfig& m = config.model();
@@ -126,7 +126,8 @@ void ValidateCluster(const JobConfig& config, ErrorList& errors) {
     errors.Add("cluster.device_memory_limit_mib", "is required (memory per device in MiB)");
   }
   const auto check_positive = [&](absl::string_view field, double value) {
-    if (!(value > 0) || !std::isfinite(value)) errors.Add(field, "must be positive (got ", value, ")");
+    if (!(value > 0) || !std::isfinite(value))
+      errors.Add(field, "must be positive (got ", value, ")");
   };
   const auto check_non_negative = [&](absl::string_view field, double value) {
     if (!(value >= 0) || !std::isfinite(value)) {
@@ -139,8 +140,8 @@ void ValidateCluster(const JobConfig& config, ErrorList& errors) {
   check_non_negative("cluster.inter_node_latency_us", c.inter_node_latency_us());
   const auto& presets = HardwarePresetNames();
   if (std::find(presets.begin(), presets.end(), c.hardware()) == presets.end()) {
-    errors.Add("cluster.hardware", "unknown preset '", c.hardware(), "' (known: ",
-               absl::StrJoin(presets, ", "), ")");
+    errors.Add("cluster.hardware", "unknown preset '", c.hardware(),
+               "' (known: ", absl::StrJoin(presets, ", "), ")");
   }
 }
 
@@ -193,12 +194,14 @@ void ValidateData(const JobConfig& config, ErrorList& errors) {
 
 void ValidatePlanner(const JobConfig& config, ErrorList& errors) {
   const v1::PlannerConfig& p = config.planner();
-  CheckEnumList(p.partition_methods(), "planner.partition_methods",
-                [](int v) { return v1::PartitionMethod_Name(v); }, errors);
-  CheckEnumList(p.schedules(), "planner.schedules",
-                [](int v) { return v1::ScheduleKind_Name(v); }, errors);
-  CheckEnumList(p.recompute_modes(), "planner.recompute_modes",
-                [](int v) { return v1::RecomputeMode_Name(v); }, errors);
+  CheckEnumList(
+      p.partition_methods(), "planner.partition_methods",
+      [](int v) { return v1::PartitionMethod_Name(v); }, errors);
+  CheckEnumList(
+      p.schedules(), "planner.schedules", [](int v) { return v1::ScheduleKind_Name(v); }, errors);
+  CheckEnumList(
+      p.recompute_modes(), "planner.recompute_modes",
+      [](int v) { return v1::RecomputeMode_Name(v); }, errors);
   if (!(p.tmax_interval_ms() >= 0) || !std::isfinite(p.tmax_interval_ms())) {
     errors.Add("planner.tmax_interval_ms", "must be zero (no bucketing) or positive (got ",
                p.tmax_interval_ms(), ")");
@@ -216,8 +219,8 @@ void ValidateStore(const JobConfig& config, ErrorList& errors) {
                s.redis_address(), "'), or empty for an embedded redis-server");
   }
   if (s.key_prefix().find_first_of(" \t\r\n{}") != std::string::npos) {
-    errors.Add("store.key_prefix", "must not contain whitespace or braces (got '",
-               s.key_prefix(), "')");
+    errors.Add("store.key_prefix", "must not contain whitespace or braces (got '", s.key_prefix(),
+               "')");
   }
 }
 
@@ -301,8 +304,8 @@ absl::StatusOr<JobConfig> ParseJobConfigJson(absl::string_view json, absl::strin
       google::protobuf::StringPiece(json.data(), json.size()), &config, options);
   if (!status.ok()) {
     const std::string error = status.message().as_string();
-    return absl::InvalidArgumentError(absl::StrCat(source, JsonErrorLocation(json, error),
-                                                   ": not a valid job config: ", error));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, JsonErrorLocation(json, error), ": not a valid job config: ", error));
   }
   return config;
 }
@@ -379,8 +382,10 @@ void ApplyJobConfigDefaults(JobConfig& config) {
 std::vector<std::string> JobConfigErrors(const JobConfig& config) {
   ErrorList errors;
   if (!IsValidJobId(config.job_id())) {
-    errors.Add("job_id", config.job_id().empty() ? "is required"
-                                                 : absl::StrCat("'", config.job_id(), "' must be 1-64 letters, digits, '-', '_' or '.'"));
+    errors.Add("job_id", config.job_id().empty()
+                             ? "is required"
+                             : absl::StrCat("'", config.job_id(),
+                                            "' must be 1-64 letters, digits, '-', '_' or '.'"));
   }
   ValidateModel(config, errors);
   ValidateParallelism(config, errors);
@@ -395,10 +400,9 @@ std::vector<std::string> JobConfigErrors(const JobConfig& config) {
 absl::Status ValidateJobConfig(const JobConfig& config, absl::string_view source) {
   const std::vector<std::string> errors = JobConfigErrors(config);
   if (errors.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(source, ": invalid job config (", errors.size(),
-                   errors.size() == 1 ? " error" : " errors", "):\n  ",
-                   absl::StrJoin(errors, "\n  ")));
+  return absl::InvalidArgumentError(absl::StrCat(source, ": invalid job config (", errors.size(),
+                                                 errors.size() == 1 ? " error" : " errors",
+                                                 "):\n  ", absl::StrJoin(errors, "\n  ")));
 }
 
 absl::StatusOr<JobConfig> LoadJobConfigFile(const std::string& path) {

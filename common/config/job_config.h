@@ -29,8 +29,7 @@ absl::StatusOr<v1::JobConfig> LoadJobConfigFile(const std::string& path);
 
 // Parses JSON text into a JobConfig without defaults or validation.
 // `source` names the text in errors (usually the file name).
-absl::StatusOr<v1::JobConfig> ParseJobConfigJson(absl::string_view json,
-                                                 absl::string_view source);
+absl::StatusOr<v1::JobConfig> ParseJobConfigJson(absl::string_view json, absl::string_view source);
 
 // Fills every zero-valued field that has a documented default.
 // Idempotent.

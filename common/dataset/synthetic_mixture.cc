@@ -25,8 +25,7 @@ double UnitOpen(uint64_t bits) {
 // instead of std::normal_distribution, whose output differs between
 // standard libraries.
 double StandardNormal(uint64_t a, uint64_t b) {
-  return std::sqrt(-2.0 * std::log(UnitOpen(a))) *
-         std::cos(2.0 * std::numbers::pi * UnitOpen(b));
+  return std::sqrt(-2.0 * std::log(UnitOpen(a))) * std::cos(2.0 * std::numbers::pi * UnitOpen(b));
 }
 
 uint32_t LogNormalLength(double median, double sigma, double z) {

@@ -34,7 +34,7 @@ constexpr char kUsage[] =
     "The Varipipe executor: runs one rank's execution plans with LibTorch.\n"
     "\n"
     "Usage:\n"
-    "  torchrun --no-python --nproc-per-node K varipipe-executor --config job.json\n"
+    "  torchrun --no_python --nproc_per_node K varipipe-executor --config job.json\n"
     "  mpirun -np K varipipe-executor --config job.json\n"
     "\n"
     "The rank comes from RANK/WORLD_SIZE/LOCAL_RANK (torchrun) or\n"
@@ -59,8 +59,7 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<varipipe::v1::JobConfig> config = varipipe::LoadJobConfigFile(path);
   if (!config.ok()) {
-    std::fprintf(stderr, "varipipe-executor: %s\n",
-                 std::string(config.status().message()).c_str());
+    std::fprintf(stderr, "varipipe-executor: %s\n", std::string(config.status().message()).c_str());
     return varipipe::kExitUsage;
   }
   absl::StatusOr<varipipe::executor::LaunchEnv> env = varipipe::executor::ReadLaunchEnv();
@@ -86,11 +85,12 @@ int main(int argc, char** argv) {
 #ifdef VARIPIPE_HAVE_NCCL
   nccl = varipipe::executor::NcclRuntimeVersion();
 #endif
-  spdlog::info("job {}: rank {} of {} (launcher {}, local rank {}) = dp {} pp {}; device {}; "
-               "LibTorch {}; NCCL {}",
-               config->job_id(), env->rank, env->world_size, env->launcher, env->local_rank,
-               coordinates->dp_rank, coordinates->pp_rank, device->name,
-               varipipe::executor::TorchVersion(), nccl);
+  spdlog::info(
+      "job {}: rank {} of {} (launcher {}, local rank {}) = dp {} pp {}; device {}; "
+      "LibTorch {}; NCCL {}",
+      config->job_id(), env->rank, env->world_size, env->launcher, env->local_rank,
+      coordinates->dp_rank, coordinates->pp_rank, device->name, varipipe::executor::TorchVersion(),
+      nccl);
   if (absl::GetFlag(FLAGS_check_launch)) return varipipe::kExitOk;
   spdlog::error("the plan interpreter is not built in this version; nothing to run");
   return varipipe::kExitFailure;

@@ -34,8 +34,7 @@ std::vector<MicroBatchGroup> PartitionFixedSize(std::span<const SampleLengths> s
 // `token_budget` tokens. A sample larger than the budget gets a micro-batch
 // of its own. REQUIRES: token_budget >= 1.
 std::vector<MicroBatchGroup> PartitionTokenBased(std::span<const SampleLengths> samples,
-                                                 const LengthPolicy& policy,
-                                                 uint64_t token_budget);
+                                                 const LengthPolicy& policy, uint64_t token_budget);
 
 // Positions 0..n-1 sorted by decreasing sequence length, then decreasing
 // target length, then position. Deterministic.

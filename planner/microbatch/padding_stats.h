@@ -11,7 +11,7 @@
 namespace varipipe::planner {
 
 struct PaddingStats {
-  uint64_t real_input_tokens = 0;  // decoder-only: whole sequences
+  uint64_t real_input_tokens = 0;   // decoder-only: whole sequences
   uint64_t real_target_tokens = 0;  // encoder-decoder only
   uint64_t computed_input_tokens = 0;
   uint64_t computed_target_tokens = 0;

@@ -54,9 +54,9 @@ int main(int argc, char** argv) {
     std::printf("%s\n", varipipe::JobConfigToJson(*config).c_str());
     return varipipe::kExitOk;
   }
-  spdlog::info("job {}: config {} is valid ({} ranks); gRPC {}, hiredis {}.{}.{}",
-               config->job_id(), path, varipipe::WorldSize(*config), grpc::Version(),
-               HIREDIS_MAJOR, HIREDIS_MINOR, HIREDIS_PATCH);
+  spdlog::info("job {}: config {} is valid ({} ranks); gRPC {}, hiredis {}.{}.{}", config->job_id(),
+               path, varipipe::WorldSize(*config), grpc::Version(), HIREDIS_MAJOR, HIREDIS_MINOR,
+               HIREDIS_PATCH);
   spdlog::info("instruction store: {}",
                config->store().redis_address().empty()
                    ? std::string("embedded redis-server (single-machine mode)")

@@ -111,14 +111,15 @@ int Run() {
   const planner::LengthPolicy policy{.encoder_decoder = config.model().kind() == v1::T5,
                                      .multiple = config.planner().length_multiple()};
   const v1::ModelConfig& model = config.model();
-  std::printf("job %s: %s, %u layers, hidden %u; pp=%u dp=%u; synthetic FLAN-like data "
-              "(seed %llu); %llu tokens per global batch, max length %u\n",
-              config.job_id().c_str(), v1::ModelKind_Name(model.kind()).c_str(),
-              model.num_layers() + model.num_decoder_layers(), model.hidden_size(),
-              config.parallelism().pipeline(), config.parallelism().data(),
-              static_cast<unsigned long long>(config.data().seed()),
-              static_cast<unsigned long long>(config.data().tokens_per_global_batch()),
-              config.data().max_sequence_length());
+  std::printf(
+      "job %s: %s, %u layers, hidden %u; pp=%u dp=%u; synthetic FLAN-like data "
+      "(seed %llu); %llu tokens per global batch, max length %u\n",
+      config.job_id().c_str(), v1::ModelKind_Name(model.kind()).c_str(),
+      model.num_layers() + model.num_decoder_layers(), model.hidden_size(),
+      config.parallelism().pipeline(), config.parallelism().data(),
+      static_cast<unsigned long long>(config.data().seed()),
+      static_cast<unsigned long long>(config.data().tokens_per_global_batch()),
+      config.data().max_sequence_length());
   std::printf("%-5s %7s %11s | %-22s | %-22s | %-22s\n", "iter", "samples", "real_tokens",
               "padding: mbs  eff", "fixed_size: mbs  eff", "token_based: mbs  eff");
 
@@ -133,18 +134,18 @@ int Run() {
     const std::vector<SampleLengths> batch = DrawMiniBatch(mixture, config, &cursor);
     const auto start = std::chrono::steady_clock::now();
     std::vector<MethodResult> results;
-    results.push_back({"padding",
-                       planner::PartitionPadding(batch, policy,
-                                                 config.planner().fixed_micro_batch_size()),
-                       {}});
-    results.push_back({"fixed_size",
-                       planner::PartitionFixedSize(batch, policy,
-                                                   config.planner().fixed_micro_batch_size()),
-                       {}});
-    results.push_back({"token_based",
-                       planner::PartitionTokenBased(batch, policy,
-                                                    config.planner().micro_batch_token_budget()),
-                       {}});
+    results.push_back(
+        {"padding",
+         planner::PartitionPadding(batch, policy, config.planner().fixed_micro_batch_size()),
+         {}});
+    results.push_back(
+        {"fixed_size",
+         planner::PartitionFixedSize(batch, policy, config.planner().fixed_micro_batch_size()),
+         {}});
+    results.push_back(
+        {"token_based",
+         planner::PartitionTokenBased(batch, policy, config.planner().micro_batch_token_budget()),
+         {}});
     for (MethodResult& r : results) r.stats = planner::ComputePaddingStats(batch, r.groups, policy);
     planning_ms +=
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();

@@ -81,9 +81,8 @@ TEST(JobConfig, DefaultsAreIdempotent) {
 }
 
 TEST(JobConfig, ExplicitZeroOfOptionalFieldIsKept) {
-  absl::StatusOr<v1::JobConfig> config = ParseAndValidate(
-      Replace(R"("iterations": 10)",
-              R"("iterations": 10, "gradient_clip_norm": 0, "weight_decay": 0)"));
+  absl::StatusOr<v1::JobConfig> config = ParseAndValidate(Replace(
+      R"("iterations": 10)", R"("iterations": 10, "gradient_clip_norm": 0, "weight_decay": 0)"));
   ASSERT_THAT(config, IsOk());
   EXPECT_EQ(config->training().gradient_clip_norm(), 0.0);
   EXPECT_EQ(config->training().weight_decay(), 0.0);
@@ -94,8 +93,8 @@ TEST(JobConfig, ExplicitZeroOfOptionalFieldIsKept) {
 }
 
 TEST(JobConfig, EnumsAreCaseInsensitive) {
-  absl::StatusOr<v1::JobConfig> config = ParseAndValidate(
-      Replace(R"("kind": "GPT")", R"("kind": "gpt", "dtype": "float32")"));
+  absl::StatusOr<v1::JobConfig> config =
+      ParseAndValidate(Replace(R"("kind": "GPT")", R"("kind": "gpt", "dtype": "float32")"));
   ASSERT_THAT(config, IsOk());
   EXPECT_EQ(config->model().kind(), v1::GPT);
   EXPECT_EQ(config->model().dtype(), v1::FLOAT32);
@@ -146,8 +145,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"MissingKind", R"("kind": "GPT", )", "", "model.kind: is required"},
         BadCase{"ZeroLayers", R"("num_layers": 4)", R"("num_layers": 0)",
                 "model.num_layers: must be at least 1"},
-        BadCase{"HeadsDoNotDivide", R"("num_attention_heads": 4)",
-                R"("num_attention_heads": 6)",
+        BadCase{"HeadsDoNotDivide", R"("num_attention_heads": 4)", R"("num_attention_heads": 6)",
                 "model.hidden_size: must be divisible by model.num_attention_heads (256 % 6 = 4)"},
         BadCase{"DecoderLayersOnGpt", R"("num_layers": 4)",
                 R"("num_layers": 4, "num_decoder_layers": 2)", "model.num_decoder_layers"},
@@ -161,8 +159,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "model's 4 layers"},
         BadCase{"ChunksWithoutInterleaved", R"("data": 2)", R"("data": 2, "virtual_chunks": 2)",
                 "parallelism.virtual_chunks"},
-        BadCase{"NoMemoryLimit", R"("device_memory_limit_mib": 8192)",
-                R"("devices_per_node": 8)", "cluster.device_memory_limit_mib: is required"},
+        BadCase{"NoMemoryLimit", R"("device_memory_limit_mib": 8192)", R"("devices_per_node": 8)",
+                "cluster.device_memory_limit_mib: is required"},
         BadCase{"NegativeBandwidth", R"("device_memory_limit_mib": 8192)",
                 R"("device_memory_limit_mib": 8192, "inter_node_bandwidth_gbps": -1)",
                 "cluster.inter_node_bandwidth_gbps: must be positive"},
@@ -178,15 +176,15 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"TargetLengthOnGpt", R"("max_sequence_length": 1024)",
                 R"("max_sequence_length": 1024, "max_target_length": 64)",
                 "data.max_target_length"},
-        BadCase{"UnspecifiedSchedule", R"("training")",
-                R"("planner": {"schedules": ["ADAPTIVE", "SCHEDULE_KIND_UNSPECIFIED"]}, "training")",
-                "planner.schedules[1]: must name a value"},
+        BadCase{
+            "UnspecifiedSchedule", R"("training")",
+            R"("planner": {"schedules": ["ADAPTIVE", "SCHEDULE_KIND_UNSPECIFIED"]}, "training")",
+            "planner.schedules[1]: must name a value"},
         BadCase{"DuplicateMethod", R"("training")",
                 R"("planner": {"partition_methods": ["PACKING", "packing"]}, "training")",
                 "planner.partition_methods[1]: PACKING is listed twice"},
         BadCase{"NegativeTmaxInterval", R"("training")",
-                R"("planner": {"tmax_interval_ms": -1}, "training")",
-                "planner.tmax_interval_ms"},
+                R"("planner": {"tmax_interval_ms": -1}, "training")", "planner.tmax_interval_ms"},
         BadCase{"BadRedisAddress", R"("training")",
                 R"("store": {"redis_address": "localhost"}, "training")",
                 "store.redis_address: must be host:port"},
@@ -216,8 +214,8 @@ TEST(JobConfig, ReportsEveryErrorAtOnce) {
 
 TEST(JobConfig, T5DefaultsAndTargetPathRule) {
   std::string json = Replace(R"("kind": "GPT")", R"("kind": "T5")");
-  json = absl::StrReplaceAll(json, {{R"("format": "SYNTHETIC")",
-                                     R"("format": "MEGATRON_INDEXED", "path": "in")"}});
+  json = absl::StrReplaceAll(
+      json, {{R"("format": "SYNTHETIC")", R"("format": "MEGATRON_INDEXED", "path": "in")"}});
   EXPECT_THAT(ParseAndValidate(json),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("data.target_path")));
   json = absl::StrReplaceAll(json, {{R"("path": "in")", R"("path": "in", "target_path": "out")"}});
@@ -240,8 +238,8 @@ TEST(JobConfig, JsonRoundTrip) {
 class JobConfigFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    directory_ = std::filesystem::temp_directory_path() /
-                 absl::StrCat("varipipe-config-test-", getpid());
+    directory_ =
+        std::filesystem::temp_directory_path() / absl::StrCat("varipipe-config-test-", getpid());
     std::filesystem::create_directories(directory_ / "conf");
   }
   void TearDown() override { std::filesystem::remove_all(directory_); }
@@ -276,9 +274,8 @@ TEST_F(JobConfigFileTest, ErrorsNameTheFile) {
 // Every example config shipped in deploy/configs/ loads and validates.
 TEST(ExampleConfigs, AllLoad) {
   int count = 0;
-  for (const auto& entry :
-       std::filesystem::directory_iterator(std::filesystem::path(VARIPIPE_SOURCE_DIR) /
-                                           "deploy/configs")) {
+  for (const auto& entry : std::filesystem::directory_iterator(
+           std::filesystem::path(VARIPIPE_SOURCE_DIR) / "deploy/configs")) {
     if (entry.path().extension() != ".json") continue;
     ++count;
     EXPECT_THAT(LoadJobConfigFile(entry.path().string()), IsOk()) << entry.path();

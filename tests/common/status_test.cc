@@ -13,9 +13,7 @@ using ::testing::HasSubstr;
 using ::varipipe::testing::IsOkAndHolds;
 using ::varipipe::testing::StatusIs;
 
-absl::Status FailIf(bool fail) {
-  return fail ? absl::NotFoundError("missing") : absl::OkStatus();
-}
+absl::Status FailIf(bool fail) { return fail ? absl::NotFoundError("missing") : absl::OkStatus(); }
 
 absl::StatusOr<int> Half(int x) {
   if (x % 2 != 0) return absl::InvalidArgumentError("odd");
@@ -52,8 +50,8 @@ TEST(Annotate, PrependsContextAndKeepsCodeAndPayload) {
   absl::Status status = absl::UnavailableError("connection refused");
   status.SetPayload("varipipe/rank", absl::Cord("3"));
   const absl::Status annotated = Annotate(status, "redis 127.0.0.1:6379");
-  EXPECT_THAT(annotated, StatusIs(absl::StatusCode::kUnavailable,
-                                  "redis 127.0.0.1:6379: connection refused"));
+  EXPECT_THAT(annotated,
+              StatusIs(absl::StatusCode::kUnavailable, "redis 127.0.0.1:6379: connection refused"));
   ASSERT_TRUE(annotated.GetPayload("varipipe/rank").has_value());
   EXPECT_EQ(*annotated.GetPayload("varipipe/rank"), "3");
   EXPECT_TRUE(Annotate(absl::OkStatus(), "ignored").ok());

@@ -32,8 +32,8 @@ v1::JobConfig Config(int pipeline, int data) {
 }
 
 TEST(LaunchEnv, Torchrun) {
-  absl::StatusOr<LaunchEnv> env = ReadLaunchEnv(Env({{"RANK", "5"}, {"WORLD_SIZE", "8"},
-                                                     {"LOCAL_RANK", "1"}}));
+  absl::StatusOr<LaunchEnv> env =
+      ReadLaunchEnv(Env({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}}));
   ASSERT_THAT(env, IsOk());
   EXPECT_EQ(env->launcher, "torchrun");
   EXPECT_EQ(env->rank, 5);
@@ -42,9 +42,9 @@ TEST(LaunchEnv, Torchrun) {
 }
 
 TEST(LaunchEnv, OpenMpi) {
-  absl::StatusOr<LaunchEnv> env =
-      ReadLaunchEnv(Env({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                         {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}}));
+  absl::StatusOr<LaunchEnv> env = ReadLaunchEnv(Env({{"OMPI_COMM_WORLD_RANK", "2"},
+                                                     {"OMPI_COMM_WORLD_SIZE", "4"},
+                                                     {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}}));
   ASSERT_THAT(env, IsOk());
   EXPECT_EQ(env->launcher, "mpirun");
   EXPECT_EQ(env->rank, 2);
@@ -71,14 +71,16 @@ TEST(LaunchEnv, ErrorsNameTheVariable) {
 TEST(LaunchEnv, CoordinatesPutPipelineStagesOnConsecutiveRanks) {
   const v1::JobConfig config = Config(4, 2);
   for (int rank = 0; rank < 8; ++rank) {
-    absl::StatusOr<RankCoordinates> c =
-        ComputeCoordinates(LaunchEnv{.rank = rank, .world_size = 8}, config);
+    absl::StatusOr<RankCoordinates> c = ComputeCoordinates(
+        LaunchEnv{.rank = rank, .world_size = 8, .local_rank = 0, .launcher = "torchrun"}, config);
     ASSERT_THAT(c, IsOk());
     EXPECT_EQ(c->dp_rank, rank / 4);
     EXPECT_EQ(c->pp_rank, rank % 4);
   }
-  EXPECT_THAT(ComputeCoordinates(LaunchEnv{.rank = 0, .world_size = 6}, config),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("started 6 process(es)")));
+  EXPECT_THAT(
+      ComputeCoordinates(
+          LaunchEnv{.rank = 0, .world_size = 6, .local_rank = 0, .launcher = "torchrun"}, config),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("started 6 process(es)")));
 }
 
 }  // namespace

@@ -1,14 +1,15 @@
 // The binaries as users run them: --help, exit codes, and error messages that
 // name the file and field.
-#include <sys/wait.h>
-
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
+#include <sys/wait.h>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -30,13 +31,16 @@ CommandResult RunCommand(const std::string& command) {
   if (pipe == nullptr) return result;
   std::array<char, 4096> buffer;
   size_t n = 0;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), n);
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+    result.output.append(buffer.data(), n);
   const int status = pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return result;
 }
 
-std::string Bin(const std::string& name) { return absl::StrCat(VARIPIPE_BINARY_DIR, "/bin/", name); }
+std::string Bin(const std::string& name) {
+  return absl::StrCat(VARIPIPE_BINARY_DIR, "/bin/", name);
+}
 std::string Config(const std::string& name) {
   return absl::StrCat(VARIPIPE_SOURCE_DIR, "/deploy/configs/", name);
 }
@@ -83,19 +87,19 @@ INSTANTIATE_TEST_SUITE_P(Binaries, BinaryHelp,
                                            ));
 
 TEST(VaripipePlan, PlansTheQuickstartJob) {
-  const CommandResult result =
-      RunCommand(Bin("varipipe-plan") + " --config " + Config("quickstart-gpt.json") + " --iterations 2");
+  const CommandResult result = RunCommand(Bin("varipipe-plan") + " --config " +
+                                          Config("quickstart-gpt.json") + " --iterations 2");
   ASSERT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_THAT(result.output, AllOf(HasSubstr("job quickstart-gpt"),
-                                   HasSubstr("summary: 2 mini-batches")));
+  EXPECT_THAT(result.output,
+              AllOf(HasSubstr("job quickstart-gpt"), HasSubstr("summary: 2 mini-batches")));
 }
 
 TEST(VaripipePlan, SameIterationSamePlanFromAnyStart) {
-  const CommandResult all =
-      RunCommand(Bin("varipipe-plan") + " --config " + Config("quickstart-gpt.json") + " --iterations 3");
-  const CommandResult third = RunCommand(Bin("varipipe-plan") + " --config " +
-                                  Config("quickstart-gpt.json") +
-                                  " --iterations 1 --first_iteration 2");
+  const CommandResult all = RunCommand(Bin("varipipe-plan") + " --config " +
+                                       Config("quickstart-gpt.json") + " --iterations 3");
+  const CommandResult third =
+      RunCommand(Bin("varipipe-plan") + " --config " + Config("quickstart-gpt.json") +
+                 " --iterations 1 --first_iteration 2");
   ASSERT_EQ(all.exit_code, 0) << all.output;
   ASSERT_EQ(third.exit_code, 0) << third.output;
   // The row of iteration 2 is identical in both runs.
@@ -128,25 +132,56 @@ TEST(VaripipePlanner, CheckConfigPrintsDefaults) {
   const CommandResult result =
       RunCommand(Bin("varipipe-planner") + " --check_config --config " + Config("t5-11b-pp8.json"));
   EXPECT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_THAT(result.output, AllOf(HasSubstr("\"job_id\": \"t5-11b-flan\""),
-                                   HasSubstr("\"plan_ahead\": 8")));
+  EXPECT_THAT(result.output,
+              AllOf(HasSubstr("\"job_id\": \"t5-11b-flan\""), HasSubstr("\"plan_ahead\": 8")));
 }
 
 #ifdef VARIPIPE_HAVE_EXECUTOR
 TEST(VaripipeExecutor, TorchrunEnvironmentGivesCoordinates) {
   const CommandResult result =
       RunCommand("RANK=3 WORLD_SIZE=4 LOCAL_RANK=1 " + Bin("varipipe-executor") +
-          " --check_launch --config " + Config("quickstart-gpt.json"));
+                 " --check_launch --config " + Config("quickstart-gpt.json"));
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_THAT(result.output,
               AllOf(HasSubstr("rank 3 of 4 (launcher torchrun, local rank 1) = dp 1 pp 1"),
                     HasSubstr("LibTorch")));
 }
 
+// Real launchers start four executors; each finds its own coordinates.
+// Debian's torchrun (PyTorch 1.13 under Python 3.11) mis-parses its default
+// --redirects/--tee value "0", hence the explicit "--redirects 2 --tee 2";
+// it also only knows the underscore spellings of its options.
+void ExpectFourRanks(const CommandResult& result, const std::string& launcher) {
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  for (const char* rank : {"rank 0 of 4 (launcher %s, local rank 0) = dp 0 pp 0",
+                           "rank 1 of 4 (launcher %s, local rank 1) = dp 0 pp 1",
+                           "rank 2 of 4 (launcher %s, local rank 2) = dp 1 pp 0",
+                           "rank 3 of 4 (launcher %s, local rank 3) = dp 1 pp 1"}) {
+    const std::string expected = absl::StrReplaceAll(rank, {{"%s", launcher}});
+    EXPECT_THAT(result.output, HasSubstr(expected));
+  }
+}
+
+TEST(VaripipeExecutor, StartedByTorchrun) {
+  const CommandResult result = RunCommand(
+      "torchrun --no_python --nproc_per_node 4 --master_addr 127.0.0.1 --master_port 0 "
+      "--redirects 2 --tee 2 " +
+      Bin("varipipe-executor") + " --check_launch --config " + Config("quickstart-gpt.json"));
+  ExpectFourRanks(result, "torchrun");
+}
+
+TEST(VaripipeExecutor, StartedByMpirun) {
+  const CommandResult result =
+      RunCommand("mpirun --allow-run-as-root --oversubscribe --mca btl self,tcp -np 4 " +
+                 Bin("varipipe-executor") + " --check_launch --config " +
+                 Config("quickstart-gpt.json"));
+  ExpectFourRanks(result, "mpirun");
+}
+
 TEST(VaripipeExecutor, WrongWorldSizeIsExplained) {
   const CommandResult result =
       RunCommand("RANK=0 WORLD_SIZE=3 LOCAL_RANK=0 " + Bin("varipipe-executor") +
-          " --check_launch --config " + Config("quickstart-gpt.json"));
+                 " --check_launch --config " + Config("quickstart-gpt.json"));
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_THAT(result.output, HasSubstr("started 3 process(es) but job quickstart-gpt needs"));
 }

@@ -98,14 +98,17 @@ TEST(Baselines, RandomizedInvariants) {
   std::mt19937 rng(seed);
   for (int trial = 0; trial < 500; ++trial) {
     const bool t5 = trial % 2 == 1;
-    const LengthPolicy policy{.encoder_decoder = t5, .multiple = 1 + rng() % 16};
+    const LengthPolicy policy{.encoder_decoder = t5,
+                              .multiple = static_cast<uint32_t>(1 + rng() % 16)};
     std::vector<SampleLengths> samples(1 + rng() % 200);
-    for (SampleLengths& s : samples) s = {1 + rng() % 2048, 1 + rng() % 256};
+    for (SampleLengths& s : samples) {
+      s = {static_cast<uint32_t>(1 + rng() % 2048), static_cast<uint32_t>(1 + rng() % 256)};
+    }
     const uint32_t size = 1 + rng() % 16;
     const uint64_t budget = 1 + rng() % 20000;
-    for (const auto& groups : {PartitionPadding(samples, policy, size),
-                               PartitionFixedSize(samples, policy, size),
-                               PartitionTokenBased(samples, policy, budget)}) {
+    for (const auto& groups :
+         {PartitionPadding(samples, policy, size), PartitionFixedSize(samples, policy, size),
+          PartitionTokenBased(samples, policy, budget)}) {
       std::vector<int> seen(samples.size(), 0);
       for (const MicroBatchGroup& group : groups) {
         ASSERT_FALSE(group.samples.empty());
@@ -123,7 +126,9 @@ TEST(Baselines, RandomizedInvariants) {
       EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
     }
     for (const MicroBatchGroup& group : PartitionTokenBased(samples, policy, budget)) {
-      if (group.size() > 1) EXPECT_LE(group.ComputedTokens(), budget);
+      if (group.size() > 1) {
+        EXPECT_LE(group.ComputedTokens(), budget);
+      }
     }
   }
 }

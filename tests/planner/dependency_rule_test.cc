@@ -41,7 +41,8 @@ std::vector<std::string> Violations(const fs::path& root, const std::regex& forb
 }
 
 TEST(DependencyRule, PlannerCoreIncludesNoServiceOrTorchHeaders) {
-  const std::regex forbidden(R"(^(grpc|grpcpp|hiredis|torch|ATen|c10|gloo|nccl|cuda)|\.grpc\.pb\.h$|^executor/)");
+  const std::regex forbidden(
+      R"(^(grpc|grpcpp|hiredis|torch|ATen|c10|gloo|nccl|cuda)|\.grpc\.pb\.h$|^executor/)");
   // planner/service/ is the service layer, allowed to use gRPC and hiredis.
   const std::vector<std::string> violations =
       Violations(fs::path(VARIPIPE_SOURCE_DIR) / "planner", forbidden, {"service/"});
@@ -49,15 +50,15 @@ TEST(DependencyRule, PlannerCoreIncludesNoServiceOrTorchHeaders) {
 }
 
 TEST(DependencyRule, CommonIncludesNoServiceOrTorchHeaders) {
-  const std::regex forbidden(R"(^(grpc|grpcpp|hiredis|torch|ATen|c10|gloo|nccl|cuda)|^(planner|executor)/)");
+  const std::regex forbidden(
+      R"(^(grpc|grpcpp|hiredis|torch|ATen|c10|gloo|nccl|cuda)|^(planner|executor)/)");
   for (const std::string& v : Violations(fs::path(VARIPIPE_SOURCE_DIR) / "common", forbidden, {}))
     ADD_FAILURE() << v;
 }
 
 TEST(DependencyRule, ExecutorNeverIncludesPlanner) {
   const std::regex forbidden(R"(^planner/)");
-  for (const std::string& v :
-       Violations(fs::path(VARIPIPE_SOURCE_DIR) / "executor", forbidden, {}))
+  for (const std::string& v : Violations(fs::path(VARIPIPE_SOURCE_DIR) / "executor", forbidden, {}))
     ADD_FAILURE() << v;
 }
 

@@ -58,8 +58,8 @@ TEST(PlanSchema, FieldNumbersAreStable) {
   EXPECT_EQ(instruction->FindFieldByName("micro_batch")->number(), 1);
   EXPECT_EQ(instruction->FindFieldByName("stage")->number(), 2);
   const std::pair<const char*, int> ops[] = {
-      {"load_input", 10}, {"forward", 11},   {"backward", 12},    {"send_start", 13},
-      {"send_wait", 14},  {"recv_start", 15}, {"recv_wait", 16},  {"free_buffer", 17},
+      {"load_input", 10}, {"forward", 11},       {"backward", 12},  {"send_start", 13},
+      {"send_wait", 14},  {"recv_start", 15},    {"recv_wait", 16}, {"free_buffer", 17},
       {"all_reduce", 18}, {"optimizer_step", 19}};
   for (const auto& [name, number] : ops) {
     ASSERT_NE(instruction->FindFieldByName(name), nullptr) << name;
@@ -68,9 +68,9 @@ TEST(PlanSchema, FieldNumbersAreStable) {
   }
   const auto* plan = v1::ExecutionPlan::descriptor();
   const std::pair<const char*, int> plan_fields[] = {
-      {"format_version", 1}, {"job_id", 2},        {"iteration", 3},  {"rank", 4},
-      {"dp_rank", 5},        {"pp_rank", 6},       {"stages", 7},     {"micro_batches", 8},
-      {"recompute", 9},      {"num_buffers", 10},  {"instructions", 11}};
+      {"format_version", 1}, {"job_id", 2},       {"iteration", 3},    {"rank", 4},
+      {"dp_rank", 5},        {"pp_rank", 6},      {"stages", 7},       {"micro_batches", 8},
+      {"recompute", 9},      {"num_buffers", 10}, {"instructions", 11}};
   for (const auto& [name, number] : plan_fields) {
     ASSERT_NE(plan->FindFieldByName(name), nullptr) << name;
     EXPECT_EQ(plan->FindFieldByName(name)->number(), number) << name;

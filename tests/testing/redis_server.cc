@@ -1,18 +1,18 @@
 #include "tests/testing/redis_server.h"
 
+#include <cerrno>
+#include <cstdlib>
 #include <fcntl.h>
-#include <netinet/in.h>
+#include <filesystem>
+#include <random>
 #include <signal.h>
+#include <unistd.h>
+#include <vector>
+
+#include <netinet/in.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdlib>
-#include <filesystem>
-#include <random>
-#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -105,15 +105,24 @@ absl::StatusOr<std::unique_ptr<RedisServer>> RedisServer::Start(Options options)
     const std::string log_file = server->directory_ + "/redis.log";
     std::filesystem::remove(log_file);
     std::vector<std::string> args = {VARIPIPE_REDIS_SERVER_PATH,
-                                     "--port", port,
-                                     "--bind", server->host_,
-                                     "--requirepass", server->password_,
-                                     "--save", "",
-                                     "--appendonly", "no",
-                                     "--dir", server->directory_,
-                                     "--logfile", log_file,
-                                     "--daemonize", "no",
-                                     "--protected-mode", "yes"};
+                                     "--port",
+                                     port,
+                                     "--bind",
+                                     server->host_,
+                                     "--requirepass",
+                                     server->password_,
+                                     "--save",
+                                     "",
+                                     "--appendonly",
+                                     "no",
+                                     "--dir",
+                                     server->directory_,
+                                     "--logfile",
+                                     log_file,
+                                     "--daemonize",
+                                     "no",
+                                     "--protected-mode",
+                                     "yes"};
     std::vector<char*> argv;
     for (std::string& arg : args) argv.push_back(arg.data());
     argv.push_back(nullptr);
@@ -160,8 +169,8 @@ absl::StatusOr<std::unique_ptr<RedisServer>> RedisServer::Start(Options options)
       // Alive but not answering in time: give up.
       return absl::DeadlineExceededError(
           absl::StrCat("redis-server on port ", server->port_, " did not answer within ",
-                       absl::FormatDuration(options.startup_timeout), ": ",
-                       last_error.message(), "; log:\n", server->ReadLog()));
+                       absl::FormatDuration(options.startup_timeout), ": ", last_error.message(),
+                       "; log:\n", server->ReadLog()));
     }
     if (!absl::StrContains(last_error.message(), "Address already in use")) break;
   }
@@ -194,7 +203,8 @@ absl::Status RedisServer::Stop() {
     const pid_t done = waitpid(pid, &wait_status, WNOHANG);
     if (done == pid) {
       if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) return absl::OkStatus();
-      return absl::InternalError(absl::StrCat("redis-server exited with wait status ", wait_status));
+      return absl::InternalError(
+          absl::StrCat("redis-server exited with wait status ", wait_status));
     }
     absl::SleepFor(absl::Milliseconds(10));
   }

@@ -6,8 +6,8 @@ namespace varipipe::executor {
 
 absl::Status NcclToStatus(ncclResult_t result, absl::string_view what) {
   if (result == ncclSuccess) return absl::OkStatus();
-  const std::string message = absl::StrCat(what, ": ", ncclGetErrorString(result), " (",
-                                           ncclGetLastError(nullptr), ")");
+  const std::string message =
+      absl::StrCat(what, ": ", ncclGetErrorString(result), " (", ncclGetLastError(nullptr), ")");
   switch (result) {
     case ncclRemoteError:
     case ncclSystemError:

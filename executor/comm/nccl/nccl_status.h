@@ -3,9 +3,8 @@
 #ifndef VARIPIPE_EXECUTOR_COMM_NCCL_NCCL_STATUS_H_
 #define VARIPIPE_EXECUTOR_COMM_NCCL_NCCL_STATUS_H_
 
-#include <string>
-
 #include <nccl.h>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
