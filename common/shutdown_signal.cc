@@ -1,9 +1,10 @@
 #include "common/shutdown_signal.h"
 
-#include <cstdlib>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
+
+#include <cstdlib>
 
 #include "spdlog/spdlog.h"
 

@@ -64,9 +64,13 @@ export DEBIAN_FRONTEND=noninteractive
 apt_install() {
   "${SUDO[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
 }
-# Update the package lists once, and only when installing from the current
-# lists fails (fresh machines often have none).
-if ! apt_install; then
+# Update the package lists once: first if there are none (a fresh machine),
+# otherwise only when installing from the current lists fails.
+if ! compgen -G "/var/lib/apt/lists/*_Packages*" >/dev/null; then
+  echo "install-deps: no package lists yet (apt-get update)"
+  "${SUDO[@]}" apt-get update
+  apt_install
+elif ! apt_install; then
   echo "install-deps: refreshing package lists (apt-get update)"
   "${SUDO[@]}" apt-get update
   apt_install

@@ -1,10 +1,10 @@
 #include "executor/runtime/device.h"
 
-#include <exception>
-
 #include <c10/core/Device.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
+
+#include <exception>
 
 #include "absl/strings/str_cat.h"
 

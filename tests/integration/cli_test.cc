@@ -1,12 +1,12 @@
 // The binaries as users run them: --help, exit codes, and error messages that
 // name the file and field.
+#include <sys/wait.h>
+
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
-
-#include <sys/wait.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -171,10 +171,9 @@ TEST(VaripipeExecutor, StartedByTorchrun) {
 }
 
 TEST(VaripipeExecutor, StartedByMpirun) {
-  const CommandResult result =
-      RunCommand("mpirun --allow-run-as-root --oversubscribe --mca btl self,tcp -np 4 " +
-                 Bin("varipipe-executor") + " --check_launch --config " +
-                 Config("quickstart-gpt.json"));
+  const CommandResult result = RunCommand(
+      "mpirun --allow-run-as-root --oversubscribe --mca btl self,tcp -np 4 " +
+      Bin("varipipe-executor") + " --check_launch --config " + Config("quickstart-gpt.json"));
   ExpectFourRanks(result, "mpirun");
 }
 

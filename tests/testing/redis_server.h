@@ -15,10 +15,10 @@
 #ifndef VARIPIPE_TESTS_TESTING_REDIS_SERVER_H_
 #define VARIPIPE_TESTS_TESTING_REDIS_SERVER_H_
 
+#include <sys/types.h>
+
 #include <memory>
 #include <string>
-
-#include <sys/types.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"

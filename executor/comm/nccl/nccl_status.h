@@ -4,6 +4,7 @@
 #define VARIPIPE_EXECUTOR_COMM_NCCL_NCCL_STATUS_H_
 
 #include <nccl.h>
+
 #include <string>
 
 #include "absl/status/status.h"
