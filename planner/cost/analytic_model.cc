@@ -1,0 +1,270 @@
+#include "planner/cost/analytic_model.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace varipipe::planner {
+namespace {
+
+constexpr double kMaskBytes = 1;  // dropout masks are stored as bytes
+
+// Stored bytes of one attention block with queries over s_q and keys/values
+// over s_kv (self-attention: s_q == s_kv), Korthikanti et al. Table 2
+// generalised: B = element bytes, A = heads * kv_channels, a = heads.
+//   inputs kept: LayerNorm input B*s_q*b*h, projection input(s)
+//   Q B*s_q*b*A/t, K and V B*s_kv*b*A/t each, output projection input
+//   B*s_q*b*A/t, output dropout mask s_q*b*h,
+//   score path: softmax output B, dropout mask 1, dropout output B bytes per
+//   element of the a*s_q*s_kv*b score tensor (/t).
+// Cross-attention also keeps the encoder output (K/V projection input)
+// B*s_kv*b*h.
+double AttentionStored(const ModelDims& d, Recompute recompute, double b, double s_q,
+                       double s_kv, bool cross, double t) {
+  const double B = d.dtype_bytes;
+  const double h = d.hidden;
+  const double A = static_cast<double>(d.attention_width());
+  const double a = d.heads;
+  double bytes = B * s_q * b * h            // LayerNorm input
+                 + B * s_q * b * h          // QKV (or Q) projection input
+                 + B * s_q * b * A / t      // Q
+                 + 2 * B * s_kv * b * A / t  // K, V
+                 + B * s_q * b * A / t      // output projection input
+                 + kMaskBytes * s_q * b * h;  // output dropout mask
+  if (cross) bytes += B * s_kv * b * h;      // encoder output, K/V projection input
+  if (recompute != Recompute::kSelective) {
+    bytes += (2 * B + kMaskBytes) * a * s_q * s_kv * b / t;  // softmax, mask, dropout output
+  }
+  return bytes;
+}
+
+// Stored bytes of the MLP block: LayerNorm input, fc1 input, GeLU input and
+// output (ffn wide), dropout mask.
+double MlpStored(const ModelDims& d, double b, double s, double t) {
+  const double B = d.dtype_bytes;
+  return 2 * B * s * b * d.hidden + 2 * B * s * b * d.ffn / t + kMaskBytes * s * b * d.hidden;
+}
+
+// Elementwise traffic of a layer's forward pass: every stored activation is
+// written once and read once (LayerNorm, softmax, GeLU, dropout, residuals).
+double ElementwiseBytes(double stored_without_recompute) { return 2 * stored_without_recompute; }
+
+double MatrixMs(const Hardware& hw, const ModelDims& d, double flops, double tokens) {
+  const double peak = (d.dtype_bytes >= 4 ? hw.peak_tflops_fp32 : hw.peak_tflops_16bit) * 1e12;
+  return flops / (peak * hw.Efficiency(tokens)) * 1e3;
+}
+
+double MemoryMs(const Hardware& hw, double bytes) {
+  return bytes / (hw.memory_bandwidth_gbps * 1e9) * 1e3;
+}
+
+// Attention-core FLOPs (QK^T and scores x V) of a block.
+double AttentionCoreFlops(const ModelDims& d, double b, double s_q, double s_kv, double t) {
+  return 4 * b * s_q * s_kv * static_cast<double>(d.attention_width()) / t;
+}
+
+CostValues LayerCost(const ModelDims& d, const Hardware& hw, Recompute recompute, double t,
+                     double b, double s, double encoder_s, bool decoder) {
+  const double flops = decoder ? DecoderLayerForwardFlops(d, b, s, encoder_s, t)
+                               : EncoderLayerForwardFlops(d, b, s, t);
+  const double stored_none = decoder
+                                 ? DecoderLayerStoredBytes(d, Recompute::kNone, b, s, encoder_s, t)
+                                 : EncoderLayerStoredBytes(d, Recompute::kNone, b, s, t);
+  const double stored = decoder ? DecoderLayerStoredBytes(d, recompute, b, s, encoder_s, t)
+                                : EncoderLayerStoredBytes(d, recompute, b, s, t);
+  const double tokens = b * s;
+  const double overhead_ms = hw.layer_overhead_us * 1e-3;
+  const double forward_ms =
+      MatrixMs(hw, d, flops, tokens) + MemoryMs(hw, ElementwiseBytes(stored_none)) + overhead_ms;
+  double backward_ms = 2 * (forward_ms - overhead_ms) + overhead_ms;
+  // Largest transient tensor of the backward pass: the score gradient or
+  // the GeLU gradient.
+  const double B = d.dtype_bytes;
+  const double score = B * d.heads * s * (decoder ? std::max(s, encoder_s) : s) * b / t;
+  const double transient = std::max(score, B * s * b * d.ffn / t);
+  double peak = stored + transient;
+  switch (recompute) {
+    case Recompute::kNone:
+      break;
+    case Recompute::kSelective: {
+      // Recompute QK^T, softmax and dropout of every attention block.
+      double core = AttentionCoreFlops(d, b, s, s, t);
+      double score_bytes = (2 * B + kMaskBytes) * d.heads * s * s * b / t;
+      if (decoder) {
+        core += AttentionCoreFlops(d, b, s, encoder_s, t);
+        score_bytes += (2 * B + kMaskBytes) * d.heads * s * encoder_s * b / t;
+      }
+      backward_ms += MatrixMs(hw, d, core, tokens) + MemoryMs(hw, 2 * score_bytes);
+      peak = stored + score_bytes + transient;
+      break;
+    }
+    case Recompute::kFull:
+      // Rerun the whole forward pass, materialising its activations.
+      backward_ms += forward_ms;
+      peak = stored + stored_none + transient;
+      break;
+  }
+  return {forward_ms, backward_ms, stored, peak};
+}
+
+CostValues EmbeddingCost(const ModelDims& d, const Hardware& hw, double t, double b, double s) {
+  const double B = d.dtype_bytes;
+  const double out = B * b * s * d.hidden;  // embedding output (vocab-parallel: full width)
+  const double overhead_ms = hw.layer_overhead_us * 1e-3;
+  // Forward: gather rows and write them (plus dropout); backward: scatter-add
+  // the gradient into the table.
+  const double forward_ms = MemoryMs(hw, 3 * out) + overhead_ms;
+  const double backward_ms = MemoryMs(hw, 4 * out) + overhead_ms;
+  const double stored = 8.0 * b * s + kMaskBytes * b * s * d.hidden;  // ids, dropout mask
+  (void)t;
+  return {forward_ms, backward_ms, stored, stored + out};
+}
+
+CostValues PostprocessCost(const ModelDims& d, const Hardware& hw, double t, double b, double s) {
+  const double logits = 4.0 * b * s * d.vocab / t;  // fp32 logits for the loss
+  const double flops = 2 * b * s * d.hidden * static_cast<double>(d.vocab) / t;
+  const double overhead_ms = hw.layer_overhead_us * 1e-3;
+  // Final LayerNorm, LM head GEMM, softmax cross-entropy over the logits.
+  const double forward_ms = MatrixMs(hw, d, flops, b * s) + MemoryMs(hw, 3 * logits) + overhead_ms;
+  const double backward_ms =
+      MatrixMs(hw, d, 2 * flops, b * s) + MemoryMs(hw, 3 * logits) + overhead_ms;
+  const double stored = logits + 2.0 * d.dtype_bytes * b * s * d.hidden;  // logits, LN/head input
+  return {forward_ms, backward_ms, stored, stored + logits};
+}
+
+std::vector<uint32_t> PowersOfTwo(uint32_t from, uint32_t up_to) {
+  std::vector<uint32_t> axis;
+  const uint32_t last = std::bit_ceil(std::max(from, up_to));
+  for (uint32_t v = from; v <= last; v *= 2) axis.push_back(v);
+  return axis;
+}
+
+}  // namespace
+
+double EncoderLayerForwardFlops(const ModelDims& d, double b, double s, uint32_t tp) {
+  const double t = tp;
+  const double h = d.hidden;
+  const double A = static_cast<double>(d.attention_width());
+  // QKV projections 6bshA, output projection 2bsAh, MLP 4bshf, all /t;
+  // attention core 4 b s^2 A / t.
+  return (8 * b * s * h * A + 4 * b * s * h * d.ffn) / t + AttentionCoreFlops(d, b, s, s, t);
+}
+
+double DecoderLayerForwardFlops(const ModelDims& d, double b, double s, double encoder_s,
+                                uint32_t tp) {
+  const double t = tp;
+  const double h = d.hidden;
+  const double A = static_cast<double>(d.attention_width());
+  const double self = EncoderLayerForwardFlops(d, b, s, tp);
+  // Cross-attention: Q from the decoder 2bshA, K and V from the encoder
+  // output 4 b s_e h A, output projection 2bsAh, core 4 b s s_e A.
+  const double cross = (2 * b * s * h * A + 4 * b * encoder_s * h * A + 2 * b * s * A * h) / t +
+                       AttentionCoreFlops(d, b, s, encoder_s, t);
+  return self + cross;
+}
+
+double EncoderLayerStoredBytes(const ModelDims& d, Recompute recompute, double b, double s,
+                               uint32_t tp) {
+  if (recompute == Recompute::kFull) return d.dtype_bytes * s * b * d.hidden;  // layer input
+  return AttentionStored(d, recompute, b, s, s, false, tp) + MlpStored(d, b, s, tp);
+}
+
+double DecoderLayerStoredBytes(const ModelDims& d, Recompute recompute, double b, double s,
+                               double encoder_s, uint32_t tp) {
+  if (recompute == Recompute::kFull) {
+    return d.dtype_bytes * b * (s + encoder_s) * d.hidden;  // decoder input, encoder output
+  }
+  return AttentionStored(d, recompute, b, s, s, false, tp) +
+         AttentionStored(d, recompute, b, s, encoder_s, true, tp) + MlpStored(d, b, s, tp);
+}
+
+double ComponentParameters(const ModelDims& d, Component component, uint32_t tp) {
+  const double t = tp;
+  const double h = d.hidden;
+  const double A = static_cast<double>(d.attention_width());
+  const double f = d.ffn;
+  // Attention: QKV (3hA + 3A bias), output projection (Ah + h); MLP
+  // (hf + f, fh + h); two LayerNorms (4h).
+  const double attention = (4 * h * A + 3 * A) / t + h;
+  const double layer = attention + (2 * h * f + f) / t + h + 4 * h;
+  switch (component) {
+    case Component::kEncoderLayer:
+      return layer;
+    case Component::kDecoderLayer:
+      return layer + attention + 2 * h;  // cross-attention and its LayerNorm
+    case Component::kEmbedding:
+      return static_cast<double>(d.vocab) * h / t;
+    case Component::kPostprocess:
+      // The LM head (a copy of the tied embedding on the last stage) and the
+      // final LayerNorm.
+      return static_cast<double>(d.vocab) * h / t + 2 * h;
+  }
+  return 0;
+}
+
+CostValues AnalyticComponentCost(const ModelDims& dims, const Hardware& hw, Component component,
+                                 Recompute recompute, uint32_t tensor_parallel, double b,
+                                 double s, double encoder_s) {
+  const double t = tensor_parallel;
+  switch (component) {
+    case Component::kEncoderLayer:
+      return LayerCost(dims, hw, recompute, t, b, s, 0, false);
+    case Component::kDecoderLayer:
+      return LayerCost(dims, hw, recompute, t, b, s, encoder_s, true);
+    case Component::kEmbedding:
+      return EmbeddingCost(dims, hw, t, b, s);
+    case Component::kPostprocess:
+      return PostprocessCost(dims, hw, t, b, s);
+  }
+  return {};
+}
+
+absl::StatusOr<CostModel> BuildAnalyticCostModel(const ModelDims& dims, const Hardware& hw,
+                                                 const AnalyticGridOptions& options) {
+  if (dims.hidden == 0 || dims.heads == 0 || dims.kv_channels == 0 || dims.ffn == 0 ||
+      dims.vocab == 0 || dims.encoder_layers == 0) {
+    return absl::InvalidArgumentError("analytic cost model: model dimensions must be positive");
+  }
+  if (options.tensor_parallel_degrees.empty()) {
+    return absl::InvalidArgumentError("analytic cost model: no tensor-parallel degree requested");
+  }
+  const std::vector<uint32_t> b_axis = PowersOfTwo(1, options.max_micro_batch_size);
+  const std::vector<uint32_t> s_axis = PowersOfTwo(8, options.max_seq_len);
+  if (b_axis.size() > ProfileGrid::kMaxAxisPoints || s_axis.size() > ProfileGrid::kMaxAxisPoints) {
+    return absl::InvalidArgumentError("analytic cost model: grid too large");
+  }
+  CostModel model;
+  model.set_description(absl::StrCat("analytic model on ", hw.name));
+  std::vector<Component> components = {Component::kEncoderLayer, Component::kEmbedding,
+                                       Component::kPostprocess};
+  if (dims.encoder_decoder()) components.push_back(Component::kDecoderLayer);
+  for (uint32_t tp : options.tensor_parallel_degrees) {
+    if (tp == 0) return absl::InvalidArgumentError("analytic cost model: tensor parallel 0");
+    for (Recompute mode : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      for (Component c : components) {
+        const bool decoder = c == Component::kDecoderLayer;
+        std::vector<CostValues> values;
+        for (uint32_t b : b_axis) {
+          for (uint32_t e : decoder ? s_axis : std::vector<uint32_t>{0}) {
+            for (uint32_t s : s_axis) {
+              values.push_back(AnalyticComponentCost(dims, hw, c, mode, tp, b, s, e));
+            }
+          }
+        }
+        absl::StatusOr<ProfileGrid> grid = ProfileGrid::Create(
+            b_axis, s_axis, decoder ? s_axis : std::vector<uint32_t>{}, std::move(values),
+            absl::StrCat("analytic ", ComponentName(c), " (", RecomputeName(mode), ")"));
+        if (!grid.ok()) return grid.status();
+        if (auto status = model.SetGrid(c, mode, tp, *std::move(grid)); !status.ok()) {
+          return status;
+        }
+      }
+    }
+  }
+  for (Component c : components) model.SetParameters(c, ComponentParameters(dims, c, 1));
+  return model;
+}
+
+}  // namespace varipipe::planner

@@ -1,0 +1,60 @@
+// The analytic cost model: component costs computed from the model
+// dimensions and a hardware description, tabulated on the same kind of grid
+// a profiler would measure (powers of two). Used by tests, benchmarks and the
+// demo when no profile exists. docs/cost-model.md derives every formula.
+//
+// Time of one pass = matrix FLOPs / (peak * efficiency(b * s))
+//                  + elementwise bytes / memory bandwidth + fixed overhead.
+// Backward = 2 x forward; recomputation adds forward work to the backward.
+// Activation memory follows Korthikanti et al., "Reducing Activation
+// Recomputation in Large Transformer Models" (2022), section 4, generalised to
+// attention width heads*kv_channels != hidden and ffn != 4*hidden.
+#ifndef VARIPIPE_PLANNER_COST_ANALYTIC_MODEL_H_
+#define VARIPIPE_PLANNER_COST_ANALYTIC_MODEL_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/cost/cost_model.h"
+#include "planner/cost/hardware.h"
+#include "planner/cost/model_dims.h"
+
+namespace varipipe::planner {
+
+struct AnalyticGridOptions {
+  // The grid covers micro-batch sizes up to this (rounded up to a power of
+  // two) and sequence lengths up to max_seq_len (likewise; at least 8).
+  uint32_t max_micro_batch_size = 8192;
+  uint32_t max_seq_len = 2048;
+  // Tensor-parallel degrees to tabulate.
+  std::vector<uint32_t> tensor_parallel_degrees = {1};
+};
+
+// Exact analytic costs of one component for one micro-batch (no grid).
+// `s` is the component's own sequence; `encoder_s` is used by decoder layers
+// (cross-attention) only.
+CostValues AnalyticComponentCost(const ModelDims& dims, const Hardware& hw, Component component,
+                                 Recompute recompute, uint32_t tensor_parallel, double b,
+                                 double s, double encoder_s);
+
+// Forward matrix FLOPs of one layer (no recomputation).
+double EncoderLayerForwardFlops(const ModelDims& dims, double b, double s, uint32_t tp);
+double DecoderLayerForwardFlops(const ModelDims& dims, double b, double s, double encoder_s,
+                                uint32_t tp);
+// Activation bytes one layer keeps for its backward pass.
+double EncoderLayerStoredBytes(const ModelDims& dims, Recompute recompute, double b, double s,
+                               uint32_t tp);
+double DecoderLayerStoredBytes(const ModelDims& dims, Recompute recompute, double b, double s,
+                               double encoder_s, uint32_t tp);
+// Parameters of one instance of a component at tensor-parallel degree tp.
+double ComponentParameters(const ModelDims& dims, Component component, uint32_t tp);
+
+// The tabulated model: grids for every component the model kind needs, all
+// three recompute modes, each requested tensor-parallel degree.
+absl::StatusOr<CostModel> BuildAnalyticCostModel(const ModelDims& dims, const Hardware& hw,
+                                                 const AnalyticGridOptions& options);
+
+}  // namespace varipipe::planner
+
+#endif  // VARIPIPE_PLANNER_COST_ANALYTIC_MODEL_H_

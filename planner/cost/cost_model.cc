@@ -1,0 +1,85 @@
+#include "planner/cost/cost_model.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace varipipe::planner {
+
+const char* ComponentName(Component component) {
+  switch (component) {
+    case Component::kEncoderLayer:
+      return "encoder layer";
+    case Component::kDecoderLayer:
+      return "decoder layer";
+    case Component::kEmbedding:
+      return "embedding";
+    case Component::kPostprocess:
+      return "postprocess";
+  }
+  return "unknown";
+}
+
+absl::Status CostModel::SetGrid(Component component, Recompute recompute,
+                                uint32_t tensor_parallel, ProfileGrid grid) {
+  const bool needs_3d = component == Component::kDecoderLayer;
+  if (grid.three_d() != needs_3d) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        ComponentName(component), " grid (recompute ", RecomputeName(recompute), ", tp ",
+        tensor_parallel, ") must be ", needs_3d ? "3-D [b][encoder_s][s]" : "2-D [b][s]"));
+  }
+  if (tensor_parallel == 0) {
+    return absl::InvalidArgumentError("tensor_parallel must be at least 1");
+  }
+  grids_.insert_or_assign(Key{component, recompute, tensor_parallel}, std::move(grid));
+  return absl::OkStatus();
+}
+
+const ProfileGrid* CostModel::Grid(Component component, Recompute recompute,
+                                   uint32_t tensor_parallel) const {
+  const auto it = grids_.find(Key{component, recompute, tensor_parallel});
+  return it == grids_.end() ? nullptr : &it->second;
+}
+
+namespace {
+
+std::vector<Component> RequiredComponents(ModelKind kind) {
+  // The embedding is optional: profiles often do not time it (its cost is
+  // then taken as zero).
+  if (kind == ModelKind::kT5) {
+    return {Component::kEncoderLayer, Component::kDecoderLayer, Component::kPostprocess};
+  }
+  return {Component::kEncoderLayer, Component::kPostprocess};
+}
+
+}  // namespace
+
+std::vector<Recompute> CostModel::CompleteRecomputeModes(ModelKind kind,
+                                                         uint32_t tensor_parallel) const {
+  std::vector<Recompute> modes;
+  for (Recompute mode : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    bool complete = true;
+    for (Component c : RequiredComponents(kind)) {
+      complete = complete && Grid(c, mode, tensor_parallel) != nullptr;
+    }
+    if (complete) modes.push_back(mode);
+  }
+  return modes;
+}
+
+absl::Status CostModel::CheckUsable(ModelKind kind, uint32_t tensor_parallel) const {
+  if (!CompleteRecomputeModes(kind, tensor_parallel).empty()) return absl::OkStatus();
+  std::vector<std::string> missing;
+  for (Recompute mode : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    for (Component c : RequiredComponents(kind)) {
+      if (Grid(c, mode, tensor_parallel) == nullptr) {
+        missing.push_back(absl::StrCat(ComponentName(c), "/", RecomputeName(mode)));
+      }
+    }
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "the cost model has no complete set of grids for a ",
+      kind == ModelKind::kT5 ? "T5" : "GPT", " model at tensor-parallel degree ",
+      tensor_parallel, " (missing: ", absl::StrJoin(missing, ", "), ")"));
+}
+
+}  // namespace varipipe::planner

@@ -1,0 +1,87 @@
+// CostModel: every profile grid the planner needs for one model, keyed by
+// component, recompute mode and tensor-parallel degree, plus the parameter
+// count of each component (for model-state memory).
+//
+// Components (DynaPipe section 3): one transformer layer of each kind, the
+// embedding and the LM head with its loss ("postprocess"). A GPT layer is
+// stored as kEncoderLayer (decoder-only models have one layer kind). Grids:
+//   kEncoderLayer   [b][s]                  s: the layer's sequence
+//   kDecoderLayer   [b][encoder_s][s]       T5 only; s: decoder length
+//   kEmbedding      [b][s]                  s: the embedded sequence
+//   kPostprocess    [b][s]                  s: GPT sequence / T5 decoder length
+//
+// Sources: the project's JSON format and DynaPipe profile directories
+// (cost_model_io.h), or the analytic model (analytic_model.h).
+//
+// Thread safety: immutable once built; const methods may run concurrently.
+#ifndef VARIPIPE_PLANNER_COST_COST_MODEL_H_
+#define VARIPIPE_PLANNER_COST_COST_MODEL_H_
+
+#include <array>
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "planner/cost/model_dims.h"
+#include "planner/cost/profile_grid.h"
+
+namespace varipipe::planner {
+
+enum class Component { kEncoderLayer = 0, kDecoderLayer = 1, kEmbedding = 2, kPostprocess = 3 };
+inline constexpr int kNumComponents = 4;
+const char* ComponentName(Component component);
+
+class CostModel {
+ public:
+  CostModel() = default;
+
+  // Adds (or replaces) a grid. Decoder-layer grids must be 3-D, the others
+  // 2-D.
+  absl::Status SetGrid(Component component, Recompute recompute, uint32_t tensor_parallel,
+                       ProfileGrid grid);
+  // nullptr when the model has no such grid.
+  const ProfileGrid* Grid(Component component, Recompute recompute,
+                          uint32_t tensor_parallel) const;
+
+  // Parameters of one instance of the component (one layer; the whole
+  // embedding; the LM head) at this tensor-parallel degree.
+  void SetParameters(Component component, double parameters) {
+    parameters_[static_cast<int>(component)] = parameters;
+  }
+  double Parameters(Component component) const {
+    return parameters_[static_cast<int>(component)];
+  }
+
+  // Recompute modes with every grid `kind` needs at `tensor_parallel`.
+  std::vector<Recompute> CompleteRecomputeModes(ModelKind kind, uint32_t tensor_parallel) const;
+  // OK when at least one recompute mode is complete for `kind`; otherwise
+  // names what is missing.
+  absl::Status CheckUsable(ModelKind kind, uint32_t tensor_parallel) const;
+
+  struct Key {
+    Component component;
+    Recompute recompute;
+    uint32_t tensor_parallel;
+    friend bool operator<(const Key& a, const Key& b) {
+      return std::tie(a.component, a.recompute, a.tensor_parallel) <
+             std::tie(b.component, b.recompute, b.tensor_parallel);
+    }
+  };
+  const std::map<Key, ProfileGrid>& grids() const { return grids_; }
+
+  // Free text recorded with the model (source, hardware, date).
+  const std::string& description() const { return description_; }
+  void set_description(std::string description) { description_ = std::move(description); }
+
+ private:
+  std::map<Key, ProfileGrid> grids_;
+  std::array<double, kNumComponents> parameters_{};
+  std::string description_;
+};
+
+}  // namespace varipipe::planner
+
+#endif  // VARIPIPE_PLANNER_COST_COST_MODEL_H_

@@ -1,0 +1,107 @@
+#include "planner/cost/memory_model.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace varipipe::planner {
+
+ModelStateBytes ModelStatePerDevice(double parameter_count, uint32_t dtype_bytes, ZeroStage zero,
+                                    uint32_t data_parallel) {
+  const double dp = std::max<uint32_t>(1, data_parallel);
+  const bool fp32 = dtype_bytes >= 4;
+  ModelStateBytes bytes;
+  bytes.parameters = parameter_count * (fp32 ? 4 : 2);
+  bytes.gradients = parameter_count * (fp32 ? 4 : 2);
+  bytes.optimizer = parameter_count * (fp32 ? 8 : 12);
+  if (zero >= ZeroStage::k1) bytes.optimizer /= dp;
+  if (zero >= ZeroStage::k2) bytes.gradients /= dp;
+  if (zero >= ZeroStage::k3) bytes.parameters /= dp;
+  return bytes;
+}
+
+absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipeline,
+                                            uint32_t virtual_chunks) {
+  if (pipeline == 0 || virtual_chunks == 0) {
+    return absl::InvalidArgumentError("pipeline degree and virtual chunks must be at least 1");
+  }
+  StageLayout layout;
+  layout.devices = pipeline;
+  layout.virtual_chunks = virtual_chunks;
+  layout.encoder_decoder = dims.encoder_decoder();
+  const auto ceil_div = [](uint32_t a, uint32_t b) { return (a + b - 1) / b; };
+  if (!dims.encoder_decoder()) {
+    if (dims.encoder_layers < pipeline * virtual_chunks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dims.encoder_layers, " layers cannot fill ", pipeline * virtual_chunks, " stages"));
+    }
+    layout.encoder_devices = pipeline;
+    layout.encoder_layers_per_device = ceil_div(dims.encoder_layers, pipeline);
+    return layout;
+  }
+  if (pipeline == 1) {
+    layout.encoder_devices = 1;
+    layout.encoder_layers_per_device = dims.encoder_layers;
+    layout.decoder_layers_per_device = dims.decoder_layers;
+    return layout;
+  }
+  // Split devices in proportion to the layer counts, at least one each.
+  const double share = static_cast<double>(dims.encoder_layers) /
+                       (static_cast<double>(dims.encoder_layers) + dims.decoder_layers);
+  layout.encoder_devices = std::clamp<uint32_t>(
+      static_cast<uint32_t>(share * pipeline + 0.5), 1, pipeline - 1);
+  const uint32_t decoder_devices = pipeline - layout.encoder_devices;
+  if (dims.encoder_layers < layout.encoder_devices || dims.decoder_layers < decoder_devices) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "T5 with ", dims.encoder_layers, " encoder and ", dims.decoder_layers,
+        " decoder layers cannot fill ", layout.encoder_devices, " encoder and ", decoder_devices,
+        " decoder devices"));
+  }
+  layout.encoder_layers_per_device = ceil_div(dims.encoder_layers, layout.encoder_devices);
+  layout.decoder_layers_per_device = ceil_div(dims.decoder_layers, decoder_devices);
+  return layout;
+}
+
+double MaxParametersPerDevice(const CostModel& model, const StageLayout& layout) {
+  const double enc = model.Parameters(Component::kEncoderLayer);
+  const double dec = model.Parameters(Component::kDecoderLayer);
+  const double emb = model.Parameters(Component::kEmbedding);
+  const double post = model.Parameters(Component::kPostprocess);
+  if (layout.shared_device()) {
+    return layout.encoder_layers_per_device * enc + layout.decoder_layers_per_device * dec +
+           2 * emb + post;
+  }
+  if (!layout.encoder_decoder) {
+    const double layers = layout.encoder_layers_per_device * enc;
+    if (layout.devices == 1) return layers + emb + post;
+    return layers + std::max(emb, post);
+  }
+  const double encoder_device = layout.encoder_layers_per_device * enc + emb;
+  const uint32_t decoder_devices = layout.devices - layout.encoder_devices;
+  const double decoder_device =
+      layout.decoder_layers_per_device * dec + (decoder_devices == 1 ? emb + post
+                                                                     : std::max(emb, post));
+  return std::max(encoder_device, decoder_device);
+}
+
+absl::StatusOr<double> AvailableActivationBytes(const CostModel& model, const StageLayout& layout,
+                                                uint32_t dtype_bytes, ZeroStage zero,
+                                                uint32_t data_parallel,
+                                                double device_memory_limit_bytes) {
+  const double parameters = MaxParametersPerDevice(model, layout);
+  const double state =
+      ModelStatePerDevice(parameters, dtype_bytes, zero, data_parallel).total();
+  const double available = device_memory_limit_bytes - state;
+  if (available <= 0) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "model state alone needs %.2f GiB per device (%.3g parameters on the busiest device, "
+        "ZeRO stage %d, data parallel %d) but the device memory limit is %.2f GiB; use more "
+        "pipeline stages, a higher ZeRO stage or a larger cluster.device_memory_limit_mib",
+        state / (1 << 30), parameters, static_cast<int>(zero), data_parallel,
+        device_memory_limit_bytes / (1 << 30)));
+  }
+  return available;
+}
+
+}  // namespace varipipe::planner

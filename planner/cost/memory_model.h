@@ -1,0 +1,66 @@
+// Model-state memory per device (parameters, gradients, optimizer state) and
+// the memory left for activations.
+//
+// Mixed-precision Adam (ZeRO paper, Rajbhandari et al. 2020, section 3.1):
+// 16-bit parameters and gradients (2 + 2 bytes per parameter) and fp32
+// optimizer state (master copy, momentum, variance: 12 bytes). fp32
+// training: 4 + 4 + 8 bytes. ZeRO stage 1 shards the optimizer state across
+// the data-parallel replicas, stage 2 also the gradients, stage 3 also the
+// parameters.
+#ifndef VARIPIPE_PLANNER_COST_MEMORY_MODEL_H_
+#define VARIPIPE_PLANNER_COST_MEMORY_MODEL_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "planner/cost/cost_model.h"
+
+namespace varipipe::planner {
+
+enum class ZeroStage { k0 = 0, k1 = 1, k2 = 2, k3 = 3 };
+
+struct ModelStateBytes {
+  double parameters = 0;
+  double gradients = 0;
+  double optimizer = 0;
+  double total() const { return parameters + gradients + optimizer; }
+};
+
+// Model state of `parameter_count` parameters held by one device.
+// REQUIRES: data_parallel >= 1; dtype_bytes 2 or 4.
+ModelStateBytes ModelStatePerDevice(double parameter_count, uint32_t dtype_bytes, ZeroStage zero,
+                                    uint32_t data_parallel);
+
+// How the model's layers sit on the pipeline's devices (DynaPipe's layout):
+// decoder-only models spread layers evenly over all devices; T5 puts its
+// encoder on the first encoder_devices devices and the decoder on the rest.
+// The first device of each stack also holds that stack's embedding, the last
+// device the LM head (postprocess).
+struct StageLayout {
+  uint32_t devices = 1;          // pipeline degree c
+  uint32_t virtual_chunks = 1;   // model chunks per device (interleaving)
+  uint32_t encoder_devices = 1;  // T5: devices holding encoder layers (== devices for GPT)
+  // Most layers any device holds of each kind (ceiling division).
+  uint32_t encoder_layers_per_device = 0;
+  uint32_t decoder_layers_per_device = 0;
+  bool encoder_decoder = false;
+  // T5 with one device: encoder and decoder share it.
+  bool shared_device() const { return encoder_decoder && devices == 1; }
+};
+absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipeline,
+                                            uint32_t virtual_chunks);
+
+// Parameters on the device that holds the most (the memory bottleneck).
+double MaxParametersPerDevice(const CostModel& model, const StageLayout& layout);
+
+// Device memory left for activations: limit - model state of the busiest
+// device. ResourceExhausted (naming both numbers) when the model state alone
+// does not fit.
+absl::StatusOr<double> AvailableActivationBytes(const CostModel& model, const StageLayout& layout,
+                                                uint32_t dtype_bytes, ZeroStage zero,
+                                                uint32_t data_parallel,
+                                                double device_memory_limit_bytes);
+
+}  // namespace varipipe::planner
+
+#endif  // VARIPIPE_PLANNER_COST_MEMORY_MODEL_H_

@@ -1,0 +1,171 @@
+#include "planner/cost/micro_batch_cost.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace varipipe::planner {
+namespace {
+
+// Accumulates one device's components.
+class DeviceSum {
+ public:
+  void Add(const CostValues& v, double count) {
+    if (count == 0) return;
+    forward_ms_ += count * v.forward_ms;
+    backward_ms_ += count * v.backward_ms;
+    stored_ += count * v.stored_bytes;
+    transient_ = std::max(transient_, v.peak_bytes - v.stored_bytes);
+  }
+  void MergeInto(MicroBatchCost* out) const {
+    const double time = forward_ms_ + backward_ms_;
+    if (time > out->time_ms) {
+      out->time_ms = time;
+      out->forward_ms = forward_ms_;
+      out->backward_ms = backward_ms_;
+    }
+    out->stored_bytes = std::max(out->stored_bytes, stored_);
+    out->peak_bytes = std::max(out->peak_bytes, stored_ + transient_);
+  }
+
+ private:
+  double forward_ms_ = 0;
+  double backward_ms_ = 0;
+  double stored_ = 0;
+  double transient_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<MicroBatchCostModel> MicroBatchCostModel::Create(const CostModel& model,
+                                                                const StageLayout& layout,
+                                                                Recompute recompute,
+                                                                uint32_t tensor_parallel) {
+  MicroBatchCostModel m;
+  m.layout_ = layout;
+  m.recompute_ = recompute;
+  m.encoder_ = model.Grid(Component::kEncoderLayer, recompute, tensor_parallel);
+  m.postprocess_ = model.Grid(Component::kPostprocess, recompute, tensor_parallel);
+  m.embedding_ = model.Grid(Component::kEmbedding, recompute, tensor_parallel);
+  if (m.embedding_ == nullptr) {
+    // Recompute does not change the embedding; any mode's grid will do.
+    for (Recompute other : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      if (m.embedding_ == nullptr) {
+        m.embedding_ = model.Grid(Component::kEmbedding, other, tensor_parallel);
+      }
+    }
+  }
+  if (layout.encoder_decoder) {
+    m.decoder_ = model.Grid(Component::kDecoderLayer, recompute, tensor_parallel);
+  }
+  if (m.encoder_ == nullptr || m.postprocess_ == nullptr ||
+      (layout.encoder_decoder && m.decoder_ == nullptr)) {
+    return absl::NotFoundError(absl::StrCat(
+        "the cost model has no ", m.encoder_ == nullptr ? "encoder-layer"
+                                  : m.decoder_ == nullptr && layout.encoder_decoder
+                                      ? "decoder-layer"
+                                      : "postprocess",
+        " grid for recompute mode ", RecomputeName(recompute), " at tensor-parallel degree ",
+        tensor_parallel));
+  }
+  return m;
+}
+
+bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& decoder,
+                                  const CostValues& encoder_embedding,
+                                  const CostValues& decoder_embedding,
+                                  const CostValues& postprocess, MicroBatchCost* out) const {
+  const StageLayout& l = layout_;
+  *out = MicroBatchCost();
+  if (!l.encoder_decoder) {
+    if (l.devices == 1) {
+      DeviceSum only;
+      only.Add(encoder, l.encoder_layers_per_device);
+      only.Add(encoder_embedding, 1);
+      only.Add(postprocess, 1);
+      only.MergeInto(out);
+      return true;
+    }
+    DeviceSum first;
+    first.Add(encoder, l.encoder_layers_per_device);
+    first.Add(encoder_embedding, 1);
+    first.MergeInto(out);
+    DeviceSum last;
+    last.Add(encoder, l.encoder_layers_per_device);
+    last.Add(postprocess, 1);
+    last.MergeInto(out);
+    return true;
+  }
+  if (l.shared_device()) {
+    DeviceSum only;
+    only.Add(encoder, l.encoder_layers_per_device);
+    only.Add(encoder_embedding, 1);
+    only.Add(decoder, l.decoder_layers_per_device);
+    only.Add(decoder_embedding, 1);
+    only.Add(postprocess, 1);
+    only.MergeInto(out);
+    return true;
+  }
+  DeviceSum first_encoder;
+  first_encoder.Add(encoder, l.encoder_layers_per_device);
+  first_encoder.Add(encoder_embedding, 1);
+  first_encoder.MergeInto(out);
+  const bool one_decoder_device = l.devices - l.encoder_devices == 1;
+  DeviceSum first_decoder;
+  first_decoder.Add(decoder, l.decoder_layers_per_device);
+  first_decoder.Add(decoder_embedding, 1);
+  if (one_decoder_device) first_decoder.Add(postprocess, 1);
+  first_decoder.MergeInto(out);
+  if (!one_decoder_device) {
+    DeviceSum last;
+    last.Add(decoder, l.decoder_layers_per_device);
+    last.Add(postprocess, 1);
+    last.MergeInto(out);
+  }
+  return true;
+}
+
+bool MicroBatchCostModel::Evaluate(uint32_t b, uint32_t input_len, uint32_t target_len,
+                                   MicroBatchCost* out) const {
+  Row row;
+  return PrepareRow(input_len, target_len, &row) && Evaluate(row, b, out);
+}
+
+bool MicroBatchCostModel::PrepareRow(uint32_t input_len, uint32_t target_len, Row* row) const {
+  row->model_ = this;
+  if (!encoder_->Row(input_len, 0, &row->encoder_)) return false;
+  if (embedding_ != nullptr && !embedding_->Row(input_len, 0, &row->encoder_embedding_)) {
+    return false;
+  }
+  if (layout_.encoder_decoder) {
+    if (!decoder_->Row(target_len, input_len, &row->decoder_)) return false;
+    if (embedding_ != nullptr && !embedding_->Row(target_len, 0, &row->decoder_embedding_)) {
+      return false;
+    }
+    return postprocess_->Row(target_len, 0, &row->postprocess_);
+  }
+  return postprocess_->Row(input_len, 0, &row->postprocess_);
+}
+
+bool MicroBatchCostModel::Evaluate(const Row& row, uint32_t b, MicroBatchCost* out) const {
+  CostValues encoder;
+  CostValues decoder;
+  CostValues encoder_embedding;
+  CostValues decoder_embedding;
+  CostValues postprocess;
+  if (!row.encoder_.Lookup(b, &encoder) || !row.postprocess_.Lookup(b, &postprocess)) {
+    return false;
+  }
+  if (embedding_ != nullptr && !row.encoder_embedding_.Lookup(b, &encoder_embedding)) {
+    return false;
+  }
+  if (layout_.encoder_decoder) {
+    if (!row.decoder_.Lookup(b, &decoder)) return false;
+    if (embedding_ != nullptr && !row.decoder_embedding_.Lookup(b, &decoder_embedding)) {
+      return false;
+    }
+  }
+  return Combine(encoder, decoder, encoder_embedding, decoder_embedding, postprocess, out);
+}
+
+}  // namespace varipipe::planner

@@ -1,0 +1,79 @@
+// MicroBatchCostModel: the predicted time and memory of one micro-batch on
+// the pipeline's bottleneck device, from the component grids of a CostModel
+// and the stage layout (DynaPipe section 4: t(M) = t_f(M) + t_b(M)).
+//
+// A device's cost is the sum over the components it holds (layers times
+// their count, plus embedding and LM head where they sit); its peak memory is
+// the sum of everything stored plus the largest transient of one component
+// (peak - stored). The micro-batch's time is the largest device time: for T5
+// with encoder and decoder on different devices, the slower side.
+//
+// Thread safety: immutable; const methods may run concurrently. Rows are
+// caller-owned scratch objects.
+#ifndef VARIPIPE_PLANNER_COST_MICRO_BATCH_COST_H_
+#define VARIPIPE_PLANNER_COST_MICRO_BATCH_COST_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "planner/cost/cost_model.h"
+#include "planner/cost/memory_model.h"
+
+namespace varipipe::planner {
+
+struct MicroBatchCost {
+  double forward_ms = 0;   // bottleneck device
+  double backward_ms = 0;  // bottleneck device
+  double time_ms = 0;      // forward + backward of the bottleneck device
+  double stored_bytes = 0; // largest per-device stored activation
+  double peak_bytes = 0;   // largest per-device peak
+};
+
+class MicroBatchCostModel {
+ public:
+  // REQUIRES: `model` outlives the result. Fails when a grid the layout
+  // needs is missing.
+  static absl::StatusOr<MicroBatchCostModel> Create(const CostModel& model,
+                                                    const StageLayout& layout,
+                                                    Recompute recompute,
+                                                    uint32_t tensor_parallel);
+
+  // Cost of `b` samples padded to (input_len, target_len); target_len is
+  // ignored for decoder-only models. False when outside the cost model.
+  bool Evaluate(uint32_t b, uint32_t input_len, uint32_t target_len, MicroBatchCost* out) const;
+
+  // Scratch for many evaluations at fixed lengths (the DP's inner loop).
+  class Row {
+   private:
+    friend class MicroBatchCostModel;
+    const MicroBatchCostModel* model_ = nullptr;
+    ProfileGrid::BatchRow encoder_;
+    ProfileGrid::BatchRow decoder_;
+    ProfileGrid::BatchRow encoder_embedding_;
+    ProfileGrid::BatchRow decoder_embedding_;
+    ProfileGrid::BatchRow postprocess_;
+  };
+  bool PrepareRow(uint32_t input_len, uint32_t target_len, Row* row) const;
+  // Same result as Evaluate(b, input_len, target_len) for the row's lengths.
+  bool Evaluate(const Row& row, uint32_t b, MicroBatchCost* out) const;
+
+  const StageLayout& layout() const { return layout_; }
+  Recompute recompute() const { return recompute_; }
+
+ private:
+  MicroBatchCostModel() = default;
+  bool Combine(const CostValues& encoder, const CostValues& decoder,
+               const CostValues& encoder_embedding, const CostValues& decoder_embedding,
+               const CostValues& postprocess, MicroBatchCost* out) const;
+
+  StageLayout layout_;
+  Recompute recompute_ = Recompute::kNone;
+  const ProfileGrid* encoder_ = nullptr;
+  const ProfileGrid* decoder_ = nullptr;    // T5 only
+  const ProfileGrid* embedding_ = nullptr;  // optional
+  const ProfileGrid* postprocess_ = nullptr;
+};
+
+}  // namespace varipipe::planner
+
+#endif  // VARIPIPE_PLANNER_COST_MICRO_BATCH_COST_H_

@@ -1,0 +1,54 @@
+#include "planner/cost/model_dims.h"
+
+namespace varipipe::planner {
+
+const char* RecomputeName(Recompute mode) {
+  switch (mode) {
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+  }
+  return "unknown";
+}
+
+ModelDims ModelDimsFromConfig(const v1::ModelConfig& model) {
+  ModelDims dims;
+  dims.kind = model.kind() == v1::T5 ? ModelKind::kT5 : ModelKind::kGpt;
+  dims.encoder_layers = model.num_layers();
+  dims.decoder_layers = dims.encoder_decoder() ? model.num_decoder_layers() : 0;
+  dims.hidden = model.hidden_size();
+  dims.heads = model.num_attention_heads();
+  dims.kv_channels = model.kv_channels();
+  dims.ffn = model.ffn_hidden_size();
+  dims.vocab = model.vocab_size();
+  dims.dtype_bytes = model.dtype() == v1::FLOAT32 ? 4 : 2;
+  return dims;
+}
+
+Recompute RecomputeFromProto(v1::RecomputeMode mode) {
+  switch (mode) {
+    case v1::RECOMPUTE_SELECTIVE:
+      return Recompute::kSelective;
+    case v1::RECOMPUTE_FULL:
+      return Recompute::kFull;
+    default:
+      return Recompute::kNone;
+  }
+}
+
+v1::RecomputeMode RecomputeToProto(Recompute mode) {
+  switch (mode) {
+    case Recompute::kSelective:
+      return v1::RECOMPUTE_SELECTIVE;
+    case Recompute::kFull:
+      return v1::RECOMPUTE_FULL;
+    case Recompute::kNone:
+      break;
+  }
+  return v1::RECOMPUTE_NONE;
+}
+
+}  // namespace varipipe::planner
