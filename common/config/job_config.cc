@@ -210,6 +210,10 @@ void ValidatePlanner(const JobConfig& config, ErrorList& errors) {
     errors.Add("planner.length_multiple", "is too large (", p.length_multiple(), ")");
   }
   if (p.threads() > 1024) errors.Add("planner.threads", "is too large (", p.threads(), ")");
+  if (p.sample_order() == v1::TWO_D_TOUR && config.model().kind() != v1::T5) {
+    errors.Add("planner.sample_order", "TWO_D_TOUR orders (input, target) pairs of T5 models; "
+               "GPT samples have one length (use LENGTH_SORT)");
+  }
 }
 
 void ValidateStore(const JobConfig& config, ErrorList& errors) {
@@ -359,6 +363,7 @@ void ApplyJobConfigDefaults(JobConfig& config) {
   if (pl.plan_ahead() == 0) pl.set_plan_ahead(8);
   if (pl.kfkb_k() == 0) pl.set_kfkb_k(2);
   if (pl.fixed_micro_batch_size() == 0) pl.set_fixed_micro_batch_size(8);
+  if (pl.sample_order() == v1::SAMPLE_ORDER_UNSPECIFIED) pl.set_sample_order(v1::LENGTH_SORT);
   if (pl.micro_batch_token_budget() == 0) {
     pl.set_micro_batch_token_budget(uint64_t{4} * d.max_sequence_length());
   }

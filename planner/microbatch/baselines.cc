@@ -78,4 +78,42 @@ std::vector<MicroBatchGroup> PartitionTokenBased(std::span<const SampleLengths> 
   return groups;
 }
 
+std::vector<MicroBatchGroup> PartitionPacking(std::span<const SampleLengths> samples,
+                                              const LengthPolicy& policy, uint32_t max_input,
+                                              uint32_t max_target,
+                                              uint32_t sequences_per_micro_batch) {
+  struct Bin {
+    std::vector<uint32_t> samples;
+    uint64_t input = 0;
+    uint64_t target = 0;
+  };
+  std::vector<Bin> bins;
+  for (uint32_t index : SortedByLength(samples, policy)) {
+    const uint32_t input = SequenceLength(samples[index], policy);
+    const uint32_t target = policy.encoder_decoder ? samples[index].target : 0;
+    auto fits = [&](const Bin& bin) {
+      return bin.input + input <= max_input &&
+             (!policy.encoder_decoder || bin.target + target <= max_target);
+    };
+    auto it = std::find_if(bins.begin(), bins.end(), fits);
+    if (it == bins.end()) it = bins.insert(bins.end(), Bin());
+    it->samples.push_back(index);
+    it->input += input;
+    it->target += target;
+  }
+  std::vector<MicroBatchGroup> groups;
+  for (size_t begin = 0; begin < bins.size(); begin += sequences_per_micro_batch) {
+    const size_t end = std::min(bins.size(), begin + sequences_per_micro_batch);
+    MicroBatchGroup group;
+    for (size_t b = begin; b < end; ++b) {
+      group.row_starts.push_back(static_cast<uint32_t>(group.samples.size()));
+      group.samples.insert(group.samples.end(), bins[b].samples.begin(), bins[b].samples.end());
+    }
+    group.input_len = RoundUpLength(max_input, policy.multiple);
+    group.target_len = policy.encoder_decoder ? RoundUpLength(max_target, policy.multiple) : 0;
+    groups.push_back(std::move(group));
+  }
+  return groups;
+}
+
 }  // namespace varipipe::planner

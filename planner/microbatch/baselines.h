@@ -36,6 +36,18 @@ std::vector<MicroBatchGroup> PartitionFixedSize(std::span<const SampleLengths> s
 std::vector<MicroBatchGroup> PartitionTokenBased(std::span<const SampleLengths> samples,
                                                  const LengthPolicy& policy, uint64_t token_budget);
 
+// PACKING: first-fit decreasing of the samples into sequences of the
+// maximum lengths (decoder-only: max_input tokens per sequence;
+// encoder-decoder: max_input input and max_target target tokens), then
+// `sequences_per_micro_batch` packed sequences per micro-batch. Every row is
+// padded to the maximum lengths: attention runs over the whole packed
+// sequence, as in the packing baselines DynaPipe compares against.
+// REQUIRES: sequences_per_micro_batch >= 1; every sample within the maxima.
+std::vector<MicroBatchGroup> PartitionPacking(std::span<const SampleLengths> samples,
+                                              const LengthPolicy& policy, uint32_t max_input,
+                                              uint32_t max_target,
+                                              uint32_t sequences_per_micro_batch);
+
 // Positions 0..n-1 sorted by decreasing sequence length, then decreasing
 // target length, then position. Deterministic.
 std::vector<uint32_t> SortedByLength(std::span<const SampleLengths> samples,

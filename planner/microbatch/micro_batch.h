@@ -25,13 +25,18 @@ struct LengthPolicy {
 struct MicroBatchGroup {
   // Positions of the samples in the mini-batch, in row order.
   std::vector<uint32_t> samples;
+  // Packed micro-batches only (PACKING): row r holds samples
+  // [row_starts[r], row_starts[r + 1]) concatenated. Empty: one sample per
+  // row.
+  std::vector<uint32_t> row_starts;
   // Padded lengths. Decoder-only: input_len is the sequence, target_len 0.
   uint32_t input_len = 0;
   uint32_t target_len = 0;
 
-  uint64_t size() const { return samples.size(); }
+  // Rows of the micro-batch's tensors (its micro-batch size b).
+  uint64_t size() const { return row_starts.empty() ? samples.size() : row_starts.size(); }
   // Tokens the micro-batch computes on, padding included.
-  uint64_t ComputedTokens() const { return samples.size() * (uint64_t{input_len} + target_len); }
+  uint64_t ComputedTokens() const { return size() * (uint64_t{input_len} + target_len); }
 };
 
 // Rounds `length` up to a multiple of `multiple` (>= 1).

@@ -1,0 +1,72 @@
+// DynaPipe's micro-batching dynamic program (section 4, Eq. 1-2 and the
+// data-parallel objective).
+//
+// Given samples in a fixed order, choose cut points so that consecutive runs
+// form micro-batches M_1..M_m minimising
+//
+//     (c - 1) * max_i t(M_i) / v  +  sum_i t(M_i) / |D|
+//
+// where c is the number of pipeline stages, v the virtual chunks per device
+// (1 without interleaving) and |D| the data-parallel degree, subject to every
+// micro-batch's stored activation <= stored_limit and peak <= peak_limit.
+//
+// Method: for each candidate tmax, f(n; tmax) = min over i of
+// f(i; tmax) + t(M[i, n)) with t(M[i, n)) <= tmax (Eq. 2); the answer is the
+// best candidate. Candidates are the distinct micro-batch times, optionally
+// bucketed: with interval w, each candidate stands for the times in
+// (candidate - w, candidate], so the objective is within (c - 1) * w / v of
+// the optimum; w = 0 is exact.
+//
+// Speed (docs/benchmarks.md): per-range maxima of the lengths are kept while
+// a run grows; costs are evaluated on a per-length row of the cost grid;
+// runs stop growing at the first memory violation (costs grow with the run);
+// candidates are visited in increasing order and the search stops once
+// (c - 1) * tmax / v + f(N; infinity) / |D| cannot beat the best objective.
+// Inner loops are flat arrays: no allocation, hashing or virtual calls.
+#ifndef VARIPIPE_PLANNER_MICROBATCH_DP_PARTITION_H_
+#define VARIPIPE_PLANNER_MICROBATCH_DP_PARTITION_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/cost/micro_batch_cost.h"
+#include "planner/microbatch/micro_batch.h"
+
+namespace varipipe::planner {
+
+struct DpProblem {
+  std::span<const SampleLengths> samples;  // the mini-batch
+  std::span<const uint32_t> order;         // positions in `samples`, partition order
+  LengthPolicy policy;
+  const MicroBatchCostModel* cost = nullptr;
+  uint32_t pipeline_stages = 1;  // c
+  uint32_t virtual_chunks = 1;   // v
+  uint32_t data_parallel = 1;    // |D|
+  double stored_limit_bytes = 0;
+  double peak_limit_bytes = 0;
+  double tmax_interval_ms = 0;
+};
+
+struct DpSolution {
+  std::vector<MicroBatchGroup> groups;  // in partition order
+  std::vector<MicroBatchCost> costs;    // parallel to groups
+  double objective_ms = 0;              // the minimised objective
+  double max_time_ms = 0;               // max t(M) of the solution
+  double sum_time_ms = 0;               // sum t(M)
+  int tmax_candidates = 0;              // after bucketing
+  int tmax_evaluated = 0;               // DP runs before the bound stopped the search
+};
+
+// The objective for given times (shared with baselines and tests).
+double PipelineObjective(double max_time_ms, double sum_time_ms, uint32_t pipeline_stages,
+                         uint32_t virtual_chunks, uint32_t data_parallel);
+
+// ResourceExhausted when a sample fits no micro-batch on its own (the error
+// names its position, lengths and the limit); InvalidArgument for bad input.
+absl::StatusOr<DpSolution> SolveMicroBatchDp(const DpProblem& problem);
+
+}  // namespace varipipe::planner
+
+#endif  // VARIPIPE_PLANNER_MICROBATCH_DP_PARTITION_H_

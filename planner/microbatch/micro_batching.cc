@@ -1,0 +1,378 @@
+#include "planner/microbatch/micro_batching.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "planner/microbatch/baselines.h"
+#include "planner/microbatch/dp_partition.h"
+
+namespace varipipe::planner {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double MsSince(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+double MiB(double bytes) { return bytes / (1 << 20); }
+
+// Checks lengths against the maxima; truncates or fails.
+absl::Status CheckAndTruncate(const MicroBatchingOptions& o, std::vector<SampleLengths>& samples,
+                              std::vector<uint32_t>& truncated) {
+  if (samples.empty()) return absl::InvalidArgumentError("the mini-batch has no samples");
+  const bool t5 = o.dims.encoder_decoder();
+  for (uint32_t i = 0; i < samples.size(); ++i) {
+    SampleLengths& s = samples[i];
+    if (t5 ? (s.input == 0 || s.target == 0) : s.input + s.target == 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sample %d has zero length (input %d, target %d tokens)%s", i, s.input, s.target,
+          t5 ? "; encoder-decoder samples need input and target tokens" : ""));
+    }
+    const bool too_long = t5 ? (s.input > o.max_input_len || s.target > o.max_target_len)
+                             : s.input + s.target > o.max_input_len;
+    if (!too_long) continue;
+    if (!o.truncate) {
+      return absl::InvalidArgumentError(
+          t5 ? absl::StrFormat("sample %d (input %d, target %d tokens) exceeds the maximum "
+                               "lengths (input %d, target %d); set planner.truncate_long_samples "
+                               "to truncate such samples",
+                               i, s.input, s.target, o.max_input_len, o.max_target_len)
+             : absl::StrFormat("sample %d (%d tokens: input %d + target %d) exceeds the maximum "
+                               "sequence length %d; set planner.truncate_long_samples to "
+                               "truncate such samples",
+                               i, s.input + s.target, s.input, s.target, o.max_input_len));
+    }
+    if (t5) {
+      s.input = std::min(s.input, o.max_input_len);
+      s.target = std::min(s.target, o.max_target_len);
+    } else {
+      s.target = std::min(s.target, o.max_input_len);
+      s.input = std::min(s.input, o.max_input_len - s.target);
+    }
+    truncated.push_back(i);
+  }
+  return absl::OkStatus();
+}
+
+// Shortens samples that do not fit a micro-batch of their own under the most
+// permissive pair (the last allowed recompute mode with the whole device).
+absl::Status TruncateForMemory(const MicroBatchCostModel& cost, const LengthPolicy& policy,
+                               double limit, std::vector<SampleLengths>& samples,
+                               std::vector<uint32_t>& truncated) {
+  const auto fits = [&](const SampleLengths& s) {
+    MicroBatchCost c;
+    return cost.Evaluate(1, RoundUpLength(SequenceLength(s, policy), policy.multiple),
+                         policy.encoder_decoder ? RoundUpLength(s.target, policy.multiple) : 0,
+                         &c) &&
+           c.stored_bytes <= limit && c.peak_bytes <= limit;
+  };
+  for (uint32_t i = 0; i < samples.size(); ++i) {
+    SampleLengths& s = samples[i];
+    if (fits(s)) continue;
+    // Shorten the input first (keeping at least one token), then the target.
+    uint32_t lo = 1;
+    uint32_t hi = s.input;
+    SampleLengths probe = s;
+    probe.input = 1;
+    if (fits(probe)) {
+      while (lo < hi) {  // largest input that fits
+        const uint32_t mid = lo + (hi - lo + 1) / 2;
+        probe.input = mid;
+        if (fits(probe)) lo = mid; else hi = mid - 1;
+      }
+      s.input = lo;
+    } else {
+      s.input = 1;
+      lo = 1;
+      hi = s.target;
+      probe = s;
+      probe.target = 1;
+      if (!fits(probe)) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "sample %d does not fit memory even truncated to one token (recompute %s, %.1f MiB "
+            "for activations)",
+            i, RecomputeName(cost.recompute()), MiB(limit)));
+      }
+      while (lo < hi) {
+        const uint32_t mid = lo + (hi - lo + 1) / 2;
+        probe.target = mid;
+        if (fits(probe)) lo = mid; else hi = mid - 1;
+      }
+      s.target = lo;
+    }
+    if (truncated.empty() || truncated.back() != i) truncated.push_back(i);
+  }
+  std::sort(truncated.begin(), truncated.end());
+  truncated.erase(std::unique(truncated.begin(), truncated.end()), truncated.end());
+  return absl::OkStatus();
+}
+
+// Costs a baseline's groups under one pair; the first group over a limit
+// makes the pair infeasible.
+void EvaluateGroups(const MicroBatchCostModel& cost, const MicroBatchingOptions& o,
+                    const std::vector<MicroBatchGroup>& groups, MicroBatchingCandidate& c) {
+  c.groups = groups;
+  c.costs.clear();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    MicroBatchCost mc;
+    const MicroBatchGroup& group = groups[g];
+    if (!cost.Evaluate(static_cast<uint32_t>(group.size()), group.input_len, group.target_len,
+                       &mc)) {
+      c.status = absl::ResourceExhaustedError(absl::StrFormat(
+          "micro-batch %d (%d x %d%s tokens) lies beyond the cost model's grid", g, group.size(),
+          group.input_len, group.target_len ? absl::StrCat("+", group.target_len) : ""));
+      return;
+    }
+    if (mc.stored_bytes > c.stored_limit_bytes || mc.peak_bytes > c.peak_limit_bytes) {
+      c.status = absl::ResourceExhaustedError(absl::StrFormat(
+          "micro-batch %d (%d rows x %d%s tokens) needs %.1f MiB stored / %.1f MiB peak, limits "
+          "%.1f / %.1f MiB",
+          g, group.size(), group.input_len,
+          group.target_len ? absl::StrCat("+", group.target_len) : "", MiB(mc.stored_bytes),
+          MiB(mc.peak_bytes), MiB(c.stored_limit_bytes), MiB(c.peak_limit_bytes)));
+      return;
+    }
+    c.costs.push_back(mc);
+    c.max_time_ms = std::max(c.max_time_ms, mc.time_ms);
+    c.sum_time_ms += mc.time_ms;
+  }
+  c.objective_ms = PipelineObjective(c.max_time_ms, c.sum_time_ms, o.pipeline, o.virtual_chunks,
+                                     o.data_parallel);
+}
+
+std::vector<MicroBatchGroup> BaselineGroups(std::span<const SampleLengths> samples,
+                                            const MicroBatchingOptions& o,
+                                            const LengthPolicy& policy) {
+  switch (o.method) {
+    case PartitionMethod::kTokenBased:
+      return PartitionTokenBased(samples, policy, std::max<uint64_t>(1, o.micro_batch_token_budget));
+    case PartitionMethod::kFixedSize:
+      return PartitionFixedSize(samples, policy, std::max<uint32_t>(1, o.fixed_micro_batch_size));
+    case PartitionMethod::kPacking:
+      return PartitionPacking(samples, policy, o.max_input_len, o.max_target_len,
+                              std::max<uint32_t>(1, o.fixed_micro_batch_size));
+    case PartitionMethod::kPadding:
+    case PartitionMethod::kDynamicProgramming:
+      break;
+  }
+  return PartitionPadding(samples, policy, std::max<uint32_t>(1, o.fixed_micro_batch_size));
+}
+
+std::string CandidateName(const MicroBatchingCandidate& c) {
+  return absl::StrCat("recompute ", RecomputeName(c.recompute), " with ",
+                      MemoryBudgetName(c.budget), " budget");
+}
+
+}  // namespace
+
+const char* PartitionMethodName(PartitionMethod method) {
+  switch (method) {
+    case PartitionMethod::kDynamicProgramming:
+      return "dynamic_programming";
+    case PartitionMethod::kTokenBased:
+      return "token_based";
+    case PartitionMethod::kFixedSize:
+      return "fixed_size";
+    case PartitionMethod::kPacking:
+      return "packing";
+    case PartitionMethod::kPadding:
+      return "padding";
+  }
+  return "unknown";
+}
+
+const char* MemoryBudgetName(MemoryBudget budget) {
+  return budget == MemoryBudget::kPipelineDepth ? "pipeline-depth (available / c)"
+                                                : "whole-device (available)";
+}
+
+PartitionMethod PartitionMethodFromProto(v1::PartitionMethod method) {
+  switch (method) {
+    case v1::TOKEN_BASED:
+      return PartitionMethod::kTokenBased;
+    case v1::FIXED_SIZE:
+      return PartitionMethod::kFixedSize;
+    case v1::PACKING:
+      return PartitionMethod::kPacking;
+    case v1::PADDING:
+      return PartitionMethod::kPadding;
+    default:
+      return PartitionMethod::kDynamicProgramming;
+  }
+}
+
+MicroBatchingOptions MicroBatchingOptionsFromConfig(const v1::JobConfig& config,
+                                                    PartitionMethod method) {
+  MicroBatchingOptions o;
+  o.dims = ModelDimsFromConfig(config.model());
+  o.pipeline = config.parallelism().pipeline();
+  o.virtual_chunks = config.parallelism().virtual_chunks();
+  o.data_parallel = config.parallelism().data();
+  o.tensor_parallel = config.parallelism().tensor();
+  o.device_memory_limit_bytes = static_cast<double>(config.cluster().device_memory_limit_mib()) *
+                                (1 << 20);
+  o.recompute_modes.clear();
+  for (int mode : config.planner().recompute_modes()) {
+    o.recompute_modes.push_back(RecomputeFromProto(static_cast<v1::RecomputeMode>(mode)));
+  }
+  o.budgets.clear();
+  bool depth = false;
+  bool whole = false;
+  for (int schedule : config.planner().schedules()) {
+    (schedule == v1::ADAPTIVE ? whole : depth) = true;
+  }
+  if (depth) o.budgets.push_back(MemoryBudget::kPipelineDepth);
+  if (whole) o.budgets.push_back(MemoryBudget::kWholeDevice);
+  o.method = method;
+  o.order = config.planner().sample_order() == v1::TWO_D_TOUR ? SampleOrder::kTwoDTour
+                                                              : SampleOrder::kLengthSort;
+  o.length_multiple = config.planner().length_multiple();
+  o.tmax_interval_ms = config.planner().tmax_interval_ms();
+  o.max_input_len = config.data().max_sequence_length();
+  o.max_target_len = config.data().max_target_length();
+  o.truncate = config.planner().truncate_long_samples();
+  o.fixed_micro_batch_size = config.planner().fixed_micro_batch_size();
+  o.micro_batch_token_budget = config.planner().micro_batch_token_budget();
+  return o;
+}
+
+absl::StatusOr<MicroBatchingResult> PlanMicroBatches(std::span<const SampleLengths> samples,
+                                                     const CostModel& model,
+                                                     const MicroBatchingOptions& o) {
+  const Clock::time_point start = Clock::now();
+  if (o.pipeline == 0 || o.data_parallel == 0 || o.virtual_chunks == 0 ||
+      o.tensor_parallel == 0 || o.length_multiple == 0 || !(o.device_memory_limit_bytes > 0) ||
+      o.recompute_modes.empty() || o.budgets.empty() || o.max_input_len == 0 ||
+      (o.dims.encoder_decoder() && o.max_target_len == 0)) {
+    return absl::InvalidArgumentError(
+        "micro-batching options: degrees, length multiple, memory limit, maximum lengths, "
+        "recompute modes and budgets must all be set");
+  }
+  MicroBatchingResult result;
+  result.samples.assign(samples.begin(), samples.end());
+  if (absl::Status s = CheckAndTruncate(o, result.samples, result.truncated); !s.ok()) return s;
+
+  absl::StatusOr<StageLayout> layout = MakeStageLayout(o.dims, o.pipeline, o.virtual_chunks);
+  if (!layout.ok()) return layout.status();
+  absl::StatusOr<double> available = AvailableActivationBytes(
+      model, *layout, o.dims.dtype_bytes, o.zero, o.data_parallel, o.device_memory_limit_bytes);
+  if (!available.ok()) return available.status();
+  result.available_activation_bytes = *available;
+  const LengthPolicy policy{.encoder_decoder = o.dims.encoder_decoder(),
+                            .multiple = o.length_multiple};
+
+  if (o.truncate) {
+    absl::StatusOr<MicroBatchCostModel> permissive = MicroBatchCostModel::Create(
+        model, *layout, o.recompute_modes.back(), o.tensor_parallel);
+    if (!permissive.ok()) return permissive.status();
+    if (absl::Status s = TruncateForMemory(*permissive, policy, *available, result.samples,
+                                           result.truncated);
+        !s.ok()) {
+      return s;
+    }
+  }
+
+  const Clock::time_point order_start = Clock::now();
+  const std::vector<uint32_t> order = OrderSamples(result.samples, policy, o.order);
+  result.ordering_ms = MsSince(order_start);
+  std::vector<MicroBatchGroup> baseline;
+  if (o.method != PartitionMethod::kDynamicProgramming) {
+    baseline = BaselineGroups(result.samples, o, policy);
+  }
+
+  for (Recompute mode : o.recompute_modes) {
+    absl::StatusOr<MicroBatchCostModel> cost =
+        MicroBatchCostModel::Create(model, *layout, mode, o.tensor_parallel);
+    for (MemoryBudget budget : o.budgets) {
+      MicroBatchingCandidate c;
+      c.recompute = mode;
+      c.budget = budget;
+      c.peak_limit_bytes = *available;
+      c.stored_limit_bytes =
+          budget == MemoryBudget::kWholeDevice ? *available : *available / o.pipeline;
+      const Clock::time_point solve_start = Clock::now();
+      if (!cost.ok()) {
+        c.status = cost.status();
+      } else if (o.method == PartitionMethod::kDynamicProgramming) {
+        DpProblem problem{.samples = result.samples,
+                          .order = order,
+                          .policy = policy,
+                          .cost = &*cost,
+                          .pipeline_stages = o.pipeline,
+                          .virtual_chunks = o.virtual_chunks,
+                          .data_parallel = o.data_parallel,
+                          .stored_limit_bytes = c.stored_limit_bytes,
+                          .peak_limit_bytes = c.peak_limit_bytes,
+                          .tmax_interval_ms = o.tmax_interval_ms};
+        absl::StatusOr<DpSolution> solution = SolveMicroBatchDp(problem);
+        if (!solution.ok()) {
+          c.status = solution.status();
+        } else {
+          c.groups = std::move(solution->groups);
+          c.costs = std::move(solution->costs);
+          c.objective_ms = solution->objective_ms;
+          c.max_time_ms = solution->max_time_ms;
+          c.sum_time_ms = solution->sum_time_ms;
+          c.tmax_candidates = solution->tmax_candidates;
+          c.tmax_evaluated = solution->tmax_evaluated;
+        }
+      } else {
+        EvaluateGroups(*cost, o, baseline, c);
+      }
+      c.solve_ms = MsSince(solve_start);
+      result.candidates.push_back(std::move(c));
+    }
+  }
+
+  std::vector<std::string> lines;
+  for (size_t k = 0; k < result.candidates.size(); ++k) {
+    const MicroBatchingCandidate& c = result.candidates[k];
+    if (c.status.ok() &&
+        (result.chosen < 0 || c.objective_ms < result.candidates[result.chosen].objective_ms)) {
+      result.chosen = static_cast<int>(k);
+    }
+  }
+  if (result.chosen < 0) {
+    for (const MicroBatchingCandidate& c : result.candidates) {
+      lines.push_back(absl::StrCat(CandidateName(c), ": ", c.status.message()));
+    }
+    // A missing grid is a setup error; otherwise memory is the problem.
+    const bool all_missing = std::all_of(
+        result.candidates.begin(), result.candidates.end(),
+        [](const MicroBatchingCandidate& c) { return absl::IsNotFound(c.status); });
+    const std::string message =
+        absl::StrCat("no recompute mode and memory budget can hold the mini-batch (",
+                     absl::StrFormat("%.1f MiB", MiB(*available)),
+                     " per device for activations):\n  ", absl::StrJoin(lines, "\n  "));
+    return all_missing ? absl::NotFoundError(message) : absl::ResourceExhaustedError(message);
+  }
+  const MicroBatchingCandidate& best = result.candidates[result.chosen];
+  lines.push_back(absl::StrFormat("chose %s: %d micro-batches, predicted %.2f ms per iteration",
+                                  CandidateName(best), best.groups.size(), best.objective_ms));
+  for (size_t k = 0; k < result.candidates.size(); ++k) {
+    if (static_cast<int>(k) == result.chosen) continue;
+    const MicroBatchingCandidate& c = result.candidates[k];
+    lines.push_back(c.status.ok()
+                        ? absl::StrFormat("  %s: %.2f ms (%+.1f%%)", CandidateName(c),
+                                          c.objective_ms,
+                                          100 * (c.objective_ms / best.objective_ms - 1))
+                        : absl::StrCat("  ", CandidateName(c), ": infeasible: ",
+                                       c.status.message()));
+  }
+  result.reason = absl::StrJoin(lines, "\n");
+
+  std::vector<double> times;
+  for (const MicroBatchCost& c : best.costs) times.push_back(c.time_ms);
+  result.replicas = BalanceReplicas(times, o.data_parallel);
+  result.padding = ComputePaddingStats(result.samples, best.groups, policy);
+  result.total_ms = MsSince(start);
+  return result;
+}
+
+}  // namespace varipipe::planner

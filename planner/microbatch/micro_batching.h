@@ -1,0 +1,120 @@
+// Micro-batch construction for one mini-batch: validation and truncation of
+// the samples, ordering, partitioning (the dynamic program or a baseline)
+// for every allowed recompute mode and memory budget, the choice between
+// them by predicted iteration time, data-parallel balancing and statistics.
+//
+// Memory budgets (DynaPipe section 4, "Limit memory consumption"): the
+// per-micro-batch stored-activation limit depends on how many micro-batches
+// a schedule keeps in flight:
+//   kPipelineDepth  available / c   (1F1B, interleaved, kFkB, GPipe)
+//   kWholeDevice    available       (the memory-aware adaptive schedule,
+//                                    which delays injection instead)
+// The peak limit is always the available activation memory. Every
+// (recompute mode, budget) pair is solved and the fastest feasible one wins:
+// taking the first mode that fits would pick full recomputation where a
+// larger budget without recomputation is faster.
+#ifndef VARIPIPE_PLANNER_MICROBATCH_MICRO_BATCHING_H_
+#define VARIPIPE_PLANNER_MICROBATCH_MICRO_BATCHING_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/cost/cost_model.h"
+#include "planner/cost/memory_model.h"
+#include "planner/cost/micro_batch_cost.h"
+#include "planner/microbatch/dp_balance.h"
+#include "planner/microbatch/micro_batch.h"
+#include "planner/microbatch/padding_stats.h"
+#include "planner/microbatch/sample_order.h"
+#include "varipipe/v1/config.pb.h"
+
+namespace varipipe::planner {
+
+enum class PartitionMethod { kDynamicProgramming, kTokenBased, kFixedSize, kPacking, kPadding };
+const char* PartitionMethodName(PartitionMethod method);
+
+enum class MemoryBudget { kPipelineDepth, kWholeDevice };
+const char* MemoryBudgetName(MemoryBudget budget);
+
+struct MicroBatchingOptions {
+  ModelDims dims;
+  uint32_t pipeline = 1;
+  uint32_t virtual_chunks = 1;
+  uint32_t data_parallel = 1;
+  uint32_t tensor_parallel = 1;
+  ZeroStage zero = ZeroStage::k0;
+  double device_memory_limit_bytes = 0;
+  std::vector<Recompute> recompute_modes = {Recompute::kNone, Recompute::kSelective,
+                                            Recompute::kFull};
+  std::vector<MemoryBudget> budgets = {MemoryBudget::kPipelineDepth, MemoryBudget::kWholeDevice};
+  PartitionMethod method = PartitionMethod::kDynamicProgramming;
+  SampleOrder order = SampleOrder::kLengthSort;
+  uint32_t length_multiple = 8;
+  double tmax_interval_ms = 0.5;
+  // Longest input (decoder-only: sequence) and target a sample may have.
+  uint32_t max_input_len = 0;
+  uint32_t max_target_len = 0;
+  // Truncate samples that are too long (for the maxima or, alone, for
+  // memory) instead of failing.
+  bool truncate = false;
+  uint32_t fixed_micro_batch_size = 8;     // FIXED_SIZE, PADDING; PACKING rows
+  uint64_t micro_batch_token_budget = 0;   // TOKEN_BASED
+};
+
+// Options for `method` under a validated job config (defaults applied).
+MicroBatchingOptions MicroBatchingOptionsFromConfig(const v1::JobConfig& config,
+                                                    PartitionMethod method);
+PartitionMethod PartitionMethodFromProto(v1::PartitionMethod method);
+
+// One (recompute mode, memory budget) pair.
+struct MicroBatchingCandidate {
+  Recompute recompute = Recompute::kNone;
+  MemoryBudget budget = MemoryBudget::kPipelineDepth;
+  double stored_limit_bytes = 0;
+  double peak_limit_bytes = 0;
+  // Why the pair is infeasible; OK when it produced a partition.
+  absl::Status status;
+  std::vector<MicroBatchGroup> groups;
+  std::vector<MicroBatchCost> costs;  // parallel to groups
+  // Predicted iteration time: (c - 1) * max t / v + sum t / |D| (ms).
+  double objective_ms = 0;
+  double max_time_ms = 0;
+  double sum_time_ms = 0;
+  int tmax_candidates = 0;
+  int tmax_evaluated = 0;
+  double solve_ms = 0;
+};
+
+struct MicroBatchingResult {
+  // The mini-batch after truncation; groups index into it.
+  std::vector<SampleLengths> samples;
+  // Positions whose lengths were truncated.
+  std::vector<uint32_t> truncated;
+  double available_activation_bytes = 0;
+  std::vector<MicroBatchingCandidate> candidates;
+  int chosen = -1;
+  // Human-readable explanation of the choice and of every rejected pair.
+  std::string reason;
+  // Assignment of the chosen groups to data-parallel replicas.
+  ReplicaAssignment replicas;
+  PaddingStats padding;
+  double ordering_ms = 0;
+  double total_ms = 0;
+
+  const MicroBatchingCandidate& best() const { return candidates[chosen]; }
+};
+
+// InvalidArgument for an empty mini-batch, a zero-length sample or (without
+// truncation) a sample over the maximum lengths, naming the sample;
+// ResourceExhausted when no pair fits memory (naming the sample that fits
+// nowhere, or the model state); NotFound when the cost model lacks grids.
+absl::StatusOr<MicroBatchingResult> PlanMicroBatches(std::span<const SampleLengths> samples,
+                                                     const CostModel& model,
+                                                     const MicroBatchingOptions& options);
+
+}  // namespace varipipe::planner
+
+#endif  // VARIPIPE_PLANNER_MICROBATCH_MICRO_BATCHING_H_
