@@ -264,6 +264,7 @@ absl::StatusOr<CostModel> BuildAnalyticCostModel(const ModelDims& dims, const Ha
     }
   }
   for (Component c : components) model.SetParameters(c, ComponentParameters(dims, c, 1));
+  model.set_profiled_dims(dims);
   return model;
 }
 

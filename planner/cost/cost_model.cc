@@ -40,6 +40,25 @@ const ProfileGrid* CostModel::Grid(Component component, Recompute recompute,
   return it == grids_.end() ? nullptr : &it->second;
 }
 
+absl::Status CostModel::CheckMatches(const ModelDims& dims) const {
+  if (!profiled_dims_.has_value()) return absl::OkStatus();
+  const ModelDims& p = *profiled_dims_;
+  const auto differ = [](const char* what, uint64_t profiled, uint64_t job) {
+    return absl::InvalidArgumentError(absl::StrCat("the cost model was measured with ", what, " ",
+                                                   profiled, " but the job's model has ", job));
+  };
+  if (p.encoder_decoder() != dims.encoder_decoder()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the cost model was measured for a ", p.encoder_decoder() ? "T5" : "GPT",
+        " model but the job's model is ", dims.encoder_decoder() ? "T5" : "GPT"));
+  }
+  if (p.hidden != dims.hidden) return differ("hidden size", p.hidden, dims.hidden);
+  if (p.heads != dims.heads) return differ("attention heads", p.heads, dims.heads);
+  if (p.kv_channels != dims.kv_channels) return differ("kv channels", p.kv_channels, dims.kv_channels);
+  if (p.ffn != dims.ffn) return differ("ffn hidden size", p.ffn, dims.ffn);
+  return absl::OkStatus();
+}
+
 namespace {
 
 std::vector<Component> RequiredComponents(ModelKind kind) {

@@ -72,6 +72,14 @@ class CostModel {
   };
   const std::map<Key, ProfileGrid>& grids() const { return grids_; }
 
+  // Dimensions of the model the costs were measured for, when known (only
+  // kind, hidden, heads, kv_channels and ffn are compared with a job).
+  const std::optional<ModelDims>& profiled_dims() const { return profiled_dims_; }
+  void set_profiled_dims(const ModelDims& dims) { profiled_dims_ = dims; }
+  // OK when no dimensions are recorded or they match `dims`; otherwise an
+  // InvalidArgument naming the differing dimension.
+  absl::Status CheckMatches(const ModelDims& dims) const;
+
   // Free text recorded with the model (source, hardware, date).
   const std::string& description() const { return description_; }
   void set_description(std::string description) { description_ = std::move(description); }
@@ -80,6 +88,7 @@ class CostModel {
   std::map<Key, ProfileGrid> grids_;
   std::array<double, kNumComponents> parameters_{};
   std::string description_;
+  std::optional<ModelDims> profiled_dims_;
 };
 
 }  // namespace varipipe::planner

@@ -1,0 +1,234 @@
+#include "planner/cost/cost_model_io.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "google/protobuf/util/json_util.h"
+#include "planner/cost/analytic_model.h"
+#include "planner/cost/dynapipe_profile_reader.h"
+#include "planner/cost/hardware.h"
+
+namespace varipipe::planner {
+namespace {
+
+constexpr double kMiB = 1 << 20;
+
+absl::StatusOr<Component> ComponentFromProto(v1::CostComponent c) {
+  switch (c) {
+    case v1::ENCODER_LAYER:
+      return Component::kEncoderLayer;
+    case v1::DECODER_LAYER:
+      return Component::kDecoderLayer;
+    case v1::EMBEDDING:
+      return Component::kEmbedding;
+    case v1::POSTPROCESS:
+      return Component::kPostprocess;
+    default:
+      return absl::InvalidArgumentError("component must be set");
+  }
+}
+
+v1::CostComponent ComponentToProto(Component c) {
+  switch (c) {
+    case Component::kEncoderLayer:
+      return v1::ENCODER_LAYER;
+    case Component::kDecoderLayer:
+      return v1::DECODER_LAYER;
+    case Component::kEmbedding:
+      return v1::EMBEDDING;
+    case Component::kPostprocess:
+      return v1::POSTPROCESS;
+  }
+  return v1::COST_COMPONENT_UNSPECIFIED;
+}
+
+}  // namespace
+
+absl::StatusOr<CostModel> CostModelFromProto(const v1::CostModelFile& file,
+                                             const std::string& source) {
+  if (file.format_version() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": format_version must be 1 (got ",
+                                                   file.format_version(), ")"));
+  }
+  CostModel model;
+  model.set_description(file.description());
+  if (file.has_model()) {
+    v1::ModelConfig profiled = file.model();
+    if (profiled.kv_channels() == 0 && profiled.num_attention_heads() != 0) {
+      profiled.set_kv_channels(profiled.hidden_size() / profiled.num_attention_heads());
+    }
+    if (profiled.ffn_hidden_size() == 0) profiled.set_ffn_hidden_size(4 * profiled.hidden_size());
+    model.set_profiled_dims(ModelDimsFromConfig(profiled));
+  }
+  for (int g = 0; g < file.grids_size(); ++g) {
+    const v1::CostGrid& grid = file.grids(g);
+    const std::string where = absl::StrCat(source, ": grids[", g, "]");
+    absl::StatusOr<Component> component = ComponentFromProto(grid.component());
+    if (!component.ok()) return Annotate(component.status(), where);
+    if (grid.recompute() == v1::RECOMPUTE_MODE_UNSPECIFIED) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": recompute must be set"));
+    }
+    const size_t points = static_cast<size_t>(grid.micro_batch_sizes_size()) *
+                          grid.seq_lens_size() *
+                          std::max(1, grid.encoder_seq_lens_size());
+    for (const auto& [name, size] :
+         {std::pair<const char*, int>{"forward_ms", grid.forward_ms_size()},
+          {"backward_ms", grid.backward_ms_size()},
+          {"stored_activation_mib", grid.stored_activation_mib_size()},
+          {"peak_activation_mib", grid.peak_activation_mib_size()}}) {
+      if (static_cast<size_t>(size) != points) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ".", name, ": ", size,
+                                                       " values for a grid of ", points,
+                                                       " points"));
+      }
+    }
+    std::vector<CostValues> values(points);
+    for (size_t i = 0; i < points; ++i) {
+      values[i] = {grid.forward_ms(i), grid.backward_ms(i),
+                   grid.stored_activation_mib(i) * kMiB, grid.peak_activation_mib(i) * kMiB};
+    }
+    absl::StatusOr<ProfileGrid> profile = ProfileGrid::Create(
+        {grid.micro_batch_sizes().begin(), grid.micro_batch_sizes().end()},
+        {grid.seq_lens().begin(), grid.seq_lens().end()},
+        {grid.encoder_seq_lens().begin(), grid.encoder_seq_lens().end()}, std::move(values),
+        absl::StrCat(where, " (", ComponentName(*component), ")"));
+    if (!profile.ok()) return profile.status();
+    if (absl::Status s = model.SetGrid(*component, RecomputeFromProto(grid.recompute()),
+                                       std::max<uint32_t>(1, grid.tensor_parallel()),
+                                       *std::move(profile));
+        !s.ok()) {
+      return Annotate(s, where);
+    }
+  }
+  for (const v1::ComponentParameters& p : file.parameters()) {
+    absl::StatusOr<Component> component = ComponentFromProto(p.component());
+    if (!component.ok()) return Annotate(component.status(), absl::StrCat(source, ": parameters"));
+    if (!(p.parameters() >= 0) || !std::isfinite(p.parameters())) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": parameters of ",
+                                                     ComponentName(*component),
+                                                     " must be finite and >= 0"));
+    }
+    model.SetParameters(*component, p.parameters());
+  }
+  return model;
+}
+
+v1::CostModelFile CostModelToProto(const CostModel& model) {
+  v1::CostModelFile file;
+  file.set_format_version(1);
+  file.set_description(model.description());
+  if (model.profiled_dims().has_value()) {
+    const ModelDims& d = *model.profiled_dims();
+    v1::ModelConfig* m = file.mutable_model();
+    m->set_kind(d.encoder_decoder() ? v1::T5 : v1::GPT);
+    m->set_num_layers(d.encoder_layers);
+    m->set_num_decoder_layers(d.decoder_layers);
+    m->set_hidden_size(d.hidden);
+    m->set_num_attention_heads(d.heads);
+    m->set_kv_channels(d.kv_channels);
+    m->set_ffn_hidden_size(d.ffn);
+    m->set_vocab_size(d.vocab);
+  }
+  for (const auto& [key, grid] : model.grids()) {
+    v1::CostGrid* g = file.add_grids();
+    g->set_component(ComponentToProto(key.component));
+    g->set_recompute(RecomputeToProto(key.recompute));
+    g->set_tensor_parallel(key.tensor_parallel);
+    for (uint32_t b : grid.micro_batch_sizes()) g->add_micro_batch_sizes(b);
+    for (uint32_t s : grid.seq_lens()) g->add_seq_lens(s);
+    for (uint32_t e : grid.encoder_seq_lens()) g->add_encoder_seq_lens(e);
+    for (const CostValues& v : grid.values()) {
+      g->add_forward_ms(v.forward_ms);
+      g->add_backward_ms(v.backward_ms);
+      g->add_stored_activation_mib(v.stored_bytes / kMiB);
+      g->add_peak_activation_mib(v.peak_bytes / kMiB);
+    }
+  }
+  for (Component c : {Component::kEncoderLayer, Component::kDecoderLayer, Component::kEmbedding,
+                      Component::kPostprocess}) {
+    if (model.Parameters(c) == 0) continue;
+    v1::ComponentParameters* p = file.add_parameters();
+    p->set_component(ComponentToProto(c));
+    p->set_parameters(model.Parameters(c));
+  }
+  return file;
+}
+
+absl::StatusOr<CostModel> LoadCostModelJson(const std::string& path) {
+  VP_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
+  v1::CostModelFile file;
+  google::protobuf::util::JsonParseOptions options;
+  options.case_insensitive_enum_parsing = true;
+  const auto status = google::protobuf::util::JsonStringToMessage(text, &file, options);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a valid cost model: ", status.message().as_string()));
+  }
+  return CostModelFromProto(file, path);
+}
+
+absl::Status SaveCostModelJson(const CostModel& model, const std::string& path) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  if (!google::protobuf::util::MessageToJsonString(CostModelToProto(model), &json, options).ok()) {
+    return absl::InternalError(absl::StrCat(path, ": cannot render the cost model as JSON"));
+  }
+  const std::string temporary = absl::StrCat(path, ".tmp");
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    if (!out) return ErrnoToStatus(errno, absl::StrCat("open ", temporary));
+    out << json;
+    out.close();
+    if (!out) return ErrnoToStatus(errno, absl::StrCat("write ", temporary));
+  }
+  std::error_code error;
+  std::filesystem::rename(temporary, path, error);
+  if (error) {
+    std::filesystem::remove(temporary, error);
+    return absl::UnavailableError(absl::StrCat("rename ", temporary, " to ", path, ": ",
+                                               error.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CostModel> LoadCostModel(const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) return ReadDynaPipeProfileDirectory(path);
+  return LoadCostModelJson(path);
+}
+
+absl::StatusOr<CostModel> CostModelForJob(const v1::JobConfig& config) {
+  const ModelDims dims = ModelDimsFromConfig(config.model());
+  if (!config.planner().cost_model_path().empty()) {
+    absl::StatusOr<CostModel> model = LoadCostModel(config.planner().cost_model_path());
+    if (!model.ok()) return Annotate(model.status(), "planner.cost_model_path");
+    if (absl::Status s = model->CheckUsable(dims.kind, config.parallelism().tensor()); !s.ok()) {
+      return Annotate(s, config.planner().cost_model_path());
+    }
+    if (absl::Status s = model->CheckMatches(dims); !s.ok()) {
+      return Annotate(s, config.planner().cost_model_path());
+    }
+    return model;
+  }
+  VP_ASSIGN_OR_RETURN(const Hardware hardware, HardwarePreset(config.cluster().hardware()));
+  AnalyticGridOptions options;
+  options.max_seq_len =
+      std::max(config.data().max_sequence_length(), config.data().max_target_length());
+  // The largest micro-batch: the whole mini-batch of the shortest samples.
+  const uint64_t most = std::min<uint64_t>(
+      config.data().tokens_per_global_batch() / std::max<uint32_t>(1, config.planner().length_multiple()),
+      uint64_t{1} << 20);
+  options.max_micro_batch_size = static_cast<uint32_t>(std::max<uint64_t>(1, most));
+  options.tensor_parallel_degrees = {config.parallelism().tensor()};
+  return BuildAnalyticCostModel(dims, hardware, options);
+}
+
+}  // namespace varipipe::planner
