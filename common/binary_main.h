@@ -26,9 +26,11 @@ std::vector<std::string> InitBinary(int argc, char** argv, absl::string_view pro
 
 // Exit codes shared by the binaries.
 inline constexpr int kExitOk = 0;
-// Something failed while running (I/O, planning, a peer).
+// Something failed while running (I/O, planning, a peer). Abseil also exits
+// with 1 for unknown flags and unparsable flag values.
 inline constexpr int kExitFailure = 1;
-// The command line or the configuration is wrong.
+// The command line or the configuration (including a missing or unreadable
+// config file) is wrong.
 inline constexpr int kExitUsage = 2;
 
 }  // namespace varipipe

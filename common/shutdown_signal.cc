@@ -22,20 +22,24 @@ ShutdownSignal::ShutdownSignal() {
 }
 
 ShutdownSignal::~ShutdownSignal() {
+  stopping_.store(true);
   pthread_kill(waiter_.native_handle(), SIGUSR1);
   waiter_.join();
   pthread_sigmask(SIG_SETMASK, &previous_mask_, nullptr);
 }
 
 void ShutdownSignal::Request() {
-  if (!requested_.HasBeenNotified()) requested_.Notify();
+  if (!request_claimed_.exchange(true)) requested_.Notify();
 }
 
 void ShutdownSignal::WaitLoop() {
   while (true) {
     int signal_number = 0;
     if (sigwait(&signals_, &signal_number) != 0) continue;
-    if (signal_number == SIGUSR1) return;
+    if (signal_number == SIGUSR1) {
+      if (stopping_.load()) return;
+      continue;  // not ours
+    }
     if (requested_.HasBeenNotified() && signal_number_.load() != 0) {
       spdlog::warn("second signal {} during shutdown; exiting now", signal_number);
       spdlog::default_logger()->flush();

@@ -11,7 +11,9 @@
 //   }
 //
 // A second signal after the first ends the process at once (exit code
-// 128 + signal), for operators whose shutdown is stuck.
+// 128 + signal), for operators whose shutdown is stuck. SIGUSR1 is used
+// internally to stop the waiting thread; SIGUSR1 sent from outside is
+// ignored while the object lives.
 //
 // Thread safety: all methods may be called from any thread.
 #ifndef VARIPIPE_COMMON_SHUTDOWN_SIGNAL_H_
@@ -52,6 +54,12 @@ class ShutdownSignal {
   sigset_t signals_;
   sigset_t previous_mask_;
   std::atomic<int> signal_number_{0};
+  // Set by the first Request(); guards requested_.Notify(), which may run
+  // only once.
+  std::atomic<bool> request_claimed_{false};
+  // Set by the destructor before it wakes the waiter with SIGUSR1; a
+  // SIGUSR1 from outside the process is ignored.
+  std::atomic<bool> stopping_{false};
   absl::Notification requested_;
   std::thread waiter_;
 };

@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -50,6 +51,10 @@ absl::Status ErrnoToStatus(int error_number, absl::string_view what) {
 }
 
 absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory, not a file"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return ErrnoToStatus(errno, absl::StrCat("open ", path));
   std::ostringstream contents;

@@ -20,7 +20,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --iterations) iterations="$2"; shift 2 ;;
     --config) config="$2"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "deploy/quickstart.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done

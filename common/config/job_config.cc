@@ -19,6 +19,14 @@ namespace {
 
 using v1::JobConfig;
 
+// Upper bounds that keep every derived size (4 * hidden, b * s * h, ...)
+// far from integer overflow.
+constexpr uint64_t kMaxLayers = 4096;
+constexpr uint64_t kMaxHidden = uint64_t{1} << 20;
+constexpr uint64_t kMaxHeads = 1 << 16;
+constexpr uint64_t kMaxVocab = uint64_t{1} << 30;
+constexpr uint64_t kMaxSequence = uint64_t{1} << 24;
+
 // Collects "field: message" lines.
 class ErrorList {
  public:
@@ -43,8 +51,16 @@ bool IsValidJobId(absl::string_view id) {
 bool IsValidHostPort(absl::string_view address) {
   const size_t colon = address.rfind(':');
   if (colon == absl::string_view::npos || colon == 0) return false;
+  const absl::string_view host = address.substr(0, colon);
+  const absl::string_view port_text = address.substr(colon + 1);
+  if (host.find_first_of(": \t") != absl::string_view::npos) return false;
+  if (port_text.empty() || port_text.size() > 5 ||
+      !std::all_of(port_text.begin(), port_text.end(),
+                   [](char c) { return absl::ascii_isdigit(static_cast<unsigned char>(c)); })) {
+    return false;
+  }
   uint32_t port = 0;
-  return absl::SimpleAtoi(address.substr(colon + 1), &port) && port >= 1 && port <= 65535;
+  return absl::SimpleAtoi(port_text, &port) && port >= 1 && port <= 65535;
 }
 
 // Checks a repeated enum field: no UNSPECIFIED (0) entries and no duplicates.
@@ -57,6 +73,8 @@ void CheckEnumList(const RepeatedEnum& values, absl::string_view field, NameFn n
     const std::string where = absl::StrCat(field, "[", i, "]");
     if (value == 0) {
       errors.Add(where, "must name a value (got ", name(value), ")");
+    } else if (name(value).empty()) {
+      errors.Add(where, "unknown value ", value);
     } else if (!seen.insert(value).second) {
       errors.Add(where, name(value), " is listed twice");
     }
@@ -68,30 +86,48 @@ std::string ResolvePath(const std::filesystem::path& base, const std::string& pa
   return (base / path).lexically_normal().string();
 }
 
-void ValidateModel(const JobConfig& config, ErrorList& errors) {
-  if (!config.has_model()) {
-    errors.Add("model", "is required");
-    return;
+// Checks 1 <= value <= max (0 means "missing").
+void CheckRange(ErrorList& errors, absl::string_view field, uint64_t value, uint64_t max) {
+  if (value == 0) {
+    errors.Add(field, "must be at least 1");
+  } else if (value > max) {
+    errors.Add(field, "is too large (", value, "; at most ", max, ")");
   }
+}
+
+void ValidateModel(const JobConfig& config, ErrorList& errors) {
   const v1::ModelConfig& m = config.model();
   const bool t5 = m.kind() == v1::T5;
-  if (m.kind() == v1::MODEL_KIND_UNSPECIFIED) errors.Add("model.kind", "is required (GPT or T5)");
-  if (m.num_layers() == 0) errors.Add("model.num_layers", "must be at least 1");
+  if (m.kind() == v1::MODEL_KIND_UNSPECIFIED) {
+    errors.Add("model.kind", "is required (GPT or T5)");
+  } else if (!v1::ModelKind_IsValid(m.kind())) {
+    errors.Add("model.kind", "unknown value ", static_cast<int>(m.kind()), " (GPT or T5)");
+  }
+  CheckRange(errors, "model.num_layers", m.num_layers(), kMaxLayers);
+  if (t5) CheckRange(errors, "model.num_decoder_layers", m.num_decoder_layers(), kMaxLayers);
   if (!t5 && m.num_decoder_layers() != 0) {
     errors.Add("model.num_decoder_layers", "is only used by T5 models (model.kind is GPT)");
   }
-  if (m.hidden_size() == 0) errors.Add("model.hidden_size", "must be at least 1");
-  if (m.num_attention_heads() == 0) {
-    errors.Add("model.num_attention_heads", "must be at least 1");
-  } else if (m.kv_channels() == 0 && m.hidden_size() != 0) {
+  CheckRange(errors, "model.hidden_size", m.hidden_size(), kMaxHidden);
+  CheckRange(errors, "model.num_attention_heads", m.num_attention_heads(), kMaxHeads);
+  if (m.kv_channels() > kMaxHidden) {
+    errors.Add("model.kv_channels", "is too large (", m.kv_channels(), "; at most ", kMaxHidden,
+               ")");
+  }
+  if (m.hidden_size() <= kMaxHidden) {
+    CheckRange(errors, "model.ffn_hidden_size", m.ffn_hidden_size(), 4 * kMaxHidden);
+  }
+  if (m.num_attention_heads() != 0 && m.kv_channels() == 0 && m.hidden_size() != 0) {
     errors.Add("model.hidden_size", "must be divisible by model.num_attention_heads (",
                m.hidden_size(), " % ", m.num_attention_heads(), " = ",
                m.hidden_size() % m.num_attention_heads(), ") unless model.kv_channels is set");
   }
-  if (m.vocab_size() == 0) errors.Add("model.vocab_size", "must be at least 1");
+  CheckRange(errors, "model.vocab_size", m.vocab_size(), kMaxVocab);
   if (m.dtype() != v1::FLOAT32 && m.dtype() != v1::BFLOAT16 && m.dtype() != v1::FLOAT16) {
     errors.Add("model.dtype", "must be FLOAT32, BFLOAT16 or FLOAT16 (got ",
-               v1::DType_Name(m.dtype()), ")");
+               v1::DType_IsValid(m.dtype()) ? v1::DType_Name(m.dtype())
+                                            : absl::StrCat(static_cast<int>(m.dtype())),
+               ")");
   }
 }
 
@@ -169,7 +205,8 @@ void ValidateData(const JobConfig& config, ErrorList& errors) {
       }
       break;
     default:
-      errors.Add("data.format", "unknown value ", static_cast<int>(d.format()));
+      errors.Add("data.format", "unknown value ", static_cast<int>(d.format()),
+                 " (SYNTHETIC, JSONL or MEGATRON_INDEXED)");
   }
   if (!d.target_path().empty() && !(t5 && d.format() == v1::MEGATRON_INDEXED)) {
     errors.Add("data.target_path", "is only used by MEGATRON_INDEXED data with a T5 model");
@@ -177,7 +214,16 @@ void ValidateData(const JobConfig& config, ErrorList& errors) {
   if (d.format() != v1::SYNTHETIC && d.synthetic_num_samples() != 0) {
     errors.Add("data.synthetic_num_samples", "is only used by SYNTHETIC data");
   }
-  if (d.max_sequence_length() == 0) errors.Add("data.max_sequence_length", "is required");
+  if (d.max_sequence_length() == 0) {
+    errors.Add("data.max_sequence_length", "is required");
+  } else if (d.max_sequence_length() > kMaxSequence) {
+    errors.Add("data.max_sequence_length", "is too large (", d.max_sequence_length(),
+               "; at most ", kMaxSequence, ")");
+  }
+  if (t5 && d.max_target_length() > kMaxSequence) {
+    errors.Add("data.max_target_length", "is too large (", d.max_target_length(), "; at most ",
+               kMaxSequence, ")");
+  }
   if (!t5 && d.max_target_length() != 0) {
     errors.Add("data.max_target_length", "is only used by T5 models (model.kind is GPT)");
   }
@@ -274,8 +320,12 @@ namespace {
 // The 1-based line of the first occurrence of `"token"` in `json`, or 0.
 int LineOfQuoted(absl::string_view json, absl::string_view token) {
   if (token.empty()) return 0;
-  const size_t at = json.find(absl::StrCat("\"", token, "\""));
-  if (at == absl::string_view::npos) return 0;
+  const std::string quoted = absl::StrCat("\"", token, "\"");
+  const size_t at = json.find(quoted);
+  // Ambiguous when the token appears more than once: no line then.
+  if (at == absl::string_view::npos || json.find(quoted, at + 1) != absl::string_view::npos) {
+    return 0;
+  }
   return 1 + static_cast<int>(std::count(json.begin(), json.begin() + at, '\n'));
 }
 
@@ -321,7 +371,9 @@ void ApplyJobConfigDefaults(JobConfig& config) {
       m.hidden_size() % m.num_attention_heads() == 0) {
     m.set_kv_channels(m.hidden_size() / m.num_attention_heads());
   }
-  if (m.ffn_hidden_size() == 0) m.set_ffn_hidden_size(4 * m.hidden_size());
+  if (m.ffn_hidden_size() == 0 && m.hidden_size() <= kMaxHidden) {
+    m.set_ffn_hidden_size(4 * m.hidden_size());
+  }
   if (m.dtype() == v1::DTYPE_UNSPECIFIED) m.set_dtype(v1::BFLOAT16);
 
   v1::ParallelismConfig& p = *config.mutable_parallelism();
@@ -333,9 +385,9 @@ void ApplyJobConfigDefaults(JobConfig& config) {
   v1::ClusterConfig& c = *config.mutable_cluster();
   if (c.devices_per_node() == 0) c.set_devices_per_node(8);
   if (c.intra_node_bandwidth_gbps() == 0) c.set_intra_node_bandwidth_gbps(150);
-  if (c.intra_node_latency_us() == 0) c.set_intra_node_latency_us(10);
+  if (!c.has_intra_node_latency_us()) c.set_intra_node_latency_us(10);
   if (c.inter_node_bandwidth_gbps() == 0) c.set_inter_node_bandwidth_gbps(12.5);
-  if (c.inter_node_latency_us() == 0) c.set_inter_node_latency_us(30);
+  if (!c.has_inter_node_latency_us()) c.set_inter_node_latency_us(30);
   if (c.hardware().empty()) c.set_hardware("a100-40gb");
   c.set_hardware(absl::AsciiStrToLower(c.hardware()));
 
@@ -376,8 +428,8 @@ void ApplyJobConfigDefaults(JobConfig& config) {
   if (t.learning_rate() == 0) t.set_learning_rate(1e-4);
   if (!t.has_min_learning_rate()) t.set_min_learning_rate(t.learning_rate() / 10);
   if (!t.has_weight_decay()) t.set_weight_decay(0.01);
-  if (t.adam_beta1() == 0) t.set_adam_beta1(0.9);
-  if (t.adam_beta2() == 0) t.set_adam_beta2(0.95);
+  if (!t.has_adam_beta1()) t.set_adam_beta1(0.9);
+  if (!t.has_adam_beta2()) t.set_adam_beta2(0.95);
   if (t.adam_epsilon() == 0) t.set_adam_epsilon(1e-8);
   if (!t.has_gradient_clip_norm()) t.set_gradient_clip_norm(1.0);
   if (t.checkpoint_interval() == 0) t.set_checkpoint_interval(100);

@@ -3,7 +3,7 @@
 // (data-parallel, pipeline) coordinates under the job's parallelism.
 //
 // Launchers:
-//   torchrun --no-python:  RANK, WORLD_SIZE, LOCAL_RANK
+//   torchrun --no_python:  RANK, WORLD_SIZE, LOCAL_RANK
 //   mpirun (Open MPI):     OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE,
 //                          OMPI_COMM_WORLD_LOCAL_RANK
 //

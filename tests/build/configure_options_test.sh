@@ -21,12 +21,17 @@ if grep -q "nccl_status" "$tmp/off/build.ninja"; then fail "NCCL sources are bui
 echo "ok: VARIPIPE_WITH_CUDA=OFF configures without CUDA/NCCL"
 grep "Varipipe dependencies" "$tmp/off.log"
 
-if [[ -f /usr/local/cuda/include/nccl.h || -n "${NCCL_HOME:-}" ]]; then
-  configure auto -DVARIPIPE_WITH_CUDA=AUTO || { cat "$tmp/auto.log"; fail "configure with CUDA AUTO failed"; }
-  grep -q "NCCL [0-9]" "$tmp/auto.log" || fail "CUDA and NCCL are installed but AUTO did not find them"
+# Whether CUDA and NCCL are installed is decided exactly as the build decides
+# it: by what AUTO finds.
+configure auto -DVARIPIPE_WITH_CUDA=AUTO || { cat "$tmp/auto.log"; fail "configure with CUDA AUTO failed"; }
+if grep -q "NCCL [0-9]" "$tmp/auto.log"; then
   grep -q "nccl_status" "$tmp/auto/build.ninja" || fail "NCCL sources are not built with CUDA AUTO"
   echo "ok: VARIPIPE_WITH_CUDA=AUTO finds CUDA and NCCL and builds the NCCL sources"
+  configure on -DVARIPIPE_WITH_CUDA=ON || { cat "$tmp/on.log"; fail "CUDA ON failed though AUTO found CUDA"; }
+  echo "ok: VARIPIPE_WITH_CUDA=ON configures"
 else
+  if grep -q "nccl_status" "$tmp/auto/build.ninja"; then fail "NCCL sources built without CUDA"; fi
+  echo "ok: VARIPIPE_WITH_CUDA=AUTO without CUDA/NCCL leaves the NCCL sources out"
   configure on -DVARIPIPE_WITH_CUDA=ON && fail "VARIPIPE_WITH_CUDA=ON succeeded without CUDA"
   grep -q "VARIPIPE_WITH_CUDA=ON but the CUDA Toolkit or NCCL was not found" "$tmp/on.log" \
     || fail "no clear message for VARIPIPE_WITH_CUDA=ON without CUDA"

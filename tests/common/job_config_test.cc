@@ -92,6 +92,19 @@ TEST(JobConfig, ExplicitZeroOfOptionalFieldIsKept) {
   EXPECT_EQ(no_bucketing->planner().tmax_interval_ms(), 0.0);
 }
 
+TEST(JobConfig, ExplicitZeroLatencyAndBetaAreKept) {
+  absl::StatusOr<v1::JobConfig> config = ParseAndValidate(
+      Replace(R"("device_memory_limit_mib": 8192)",
+              R"("device_memory_limit_mib": 8192, "intra_node_latency_us": 0)"));
+  ASSERT_THAT(config, IsOk());
+  EXPECT_EQ(config->cluster().intra_node_latency_us(), 0.0);
+  EXPECT_EQ(config->cluster().inter_node_latency_us(), 30.0);
+  absl::StatusOr<v1::JobConfig> beta = ParseAndValidate(
+      Replace(R"("iterations": 10)", R"("iterations": 10, "adam_beta1": 0)"));
+  ASSERT_THAT(beta, IsOk());
+  EXPECT_EQ(beta->training().adam_beta1(), 0.0);
+}
+
 TEST(JobConfig, EnumsAreCaseInsensitive) {
   absl::StatusOr<v1::JobConfig> config =
       ParseAndValidate(Replace(R"("kind": "GPT")", R"("kind": "gpt", "dtype": "float32")"));
@@ -114,6 +127,15 @@ TEST(JobConfig, UnknownEnumValueIsNamed) {
   EXPECT_THAT(ParseAndValidate(Replace(R"("kind": "GPT")", R"("kind": "bert")")),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("job.json:3:"), HasSubstr("bert"))));
+}
+
+// A key that appears twice gets no (possibly wrong) line number.
+TEST(JobConfig, AmbiguousUnknownKeyHasNoLine) {
+  const std::string json = Replace(R"("training": {"iterations": 10})",
+                                   R"("training": {"iterations": 10, "kind": 1})");
+  absl::StatusOr<v1::JobConfig> config = ParseJobConfigJson(json, "job.json");
+  EXPECT_THAT(config, StatusIs(absl::StatusCode::kInvalidArgument,
+                               AllOf(HasSubstr("job.json: not a valid"), HasSubstr("kind"))));
 }
 
 TEST(JobConfig, SyntaxErrorNamesTheFile) {
@@ -196,6 +218,22 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"MinAboveMaxLearningRate", R"("iterations": 10)",
                 R"("iterations": 10, "learning_rate": 0.001, "min_learning_rate": 0.01)",
                 "training.min_learning_rate"},
+        BadCase{"UnknownKindNumber", R"("kind": "GPT")", R"("kind": 7)",
+                "model.kind: unknown value 7"},
+        BadCase{"UnknownMethodNumber", R"("training")",
+                R"("planner": {"partition_methods": [99]}, "training")",
+                "planner.partition_methods[0]: unknown value 99"},
+        BadCase{"HugeHidden", R"("hidden_size": 256)", R"("hidden_size": 2000000000)",
+                "model.hidden_size: is too large"},
+        BadCase{"HugeSequence", R"("max_sequence_length": 1024)",
+                R"("max_sequence_length": 100000000)", "data.max_sequence_length: is too large"},
+        BadCase{"SpaceInRedisPort", R"("training")",
+                R"("store": {"redis_address": "host: 80"}, "training")", "store.redis_address"},
+        BadCase{"TwoColonsInRedisAddress", R"("training")",
+                R"("store": {"redis_address": "a:b:80"}, "training")", "store.redis_address"},
+        BadCase{"TwoDTourOnGpt", R"("training")",
+                R"("planner": {"sample_order": "TWO_D_TOUR"}, "training")",
+                "planner.sample_order"},
         BadCase{"BetaOne", R"("iterations": 10)", R"("iterations": 10, "adam_beta2": 1.0)",
                 "training.adam_beta2: must be in [0, 1)"}),
     [](const ::testing::TestParamInfo<BadCase>& info) { return info.param.name; });
@@ -260,6 +298,11 @@ TEST_F(JobConfigFileTest, ResolvesRelativePathsAgainstTheConfigDirectory) {
   ASSERT_THAT(config, IsOk());
   EXPECT_EQ(config->data().path(), (directory_ / "conf/d.jsonl").string());
   EXPECT_EQ(config->store().password_file(), (directory_ / "secret").string());
+}
+
+TEST_F(JobConfigFileTest, DirectoryIsRejectedClearly) {
+  EXPECT_THAT(LoadJobConfigFile(directory_.string()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is a directory")));
 }
 
 TEST_F(JobConfigFileTest, ErrorsNameTheFile) {

@@ -2,6 +2,9 @@
 
 #include <signal.h>
 
+#include <thread>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace varipipe {
@@ -21,6 +24,25 @@ TEST(ShutdownSignal, RequestFromCode) {
   shutdown.Request();
   EXPECT_TRUE(shutdown.Requested());
   EXPECT_EQ(shutdown.signal_number(), 0);
+}
+
+TEST(ShutdownSignal, ConcurrentRequestsAreSafe) {
+  ShutdownSignal shutdown;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) threads.emplace_back([&] { shutdown.Request(); });
+  ASSERT_EQ(kill(getpid(), SIGTERM), 0);
+  for (std::thread& t : threads) t.join();
+  EXPECT_TRUE(shutdown.WaitFor(absl::Seconds(10)));
+}
+
+// SIGUSR1 from outside must neither stop the handler nor count as shutdown.
+TEST(ShutdownSignal, ForeignSigusr1IsIgnored) {
+  ShutdownSignal shutdown;
+  ASSERT_EQ(kill(getpid(), SIGUSR1), 0);
+  EXPECT_FALSE(shutdown.WaitFor(absl::Milliseconds(100)));
+  ASSERT_EQ(kill(getpid(), SIGTERM), 0);
+  EXPECT_TRUE(shutdown.WaitFor(absl::Seconds(10)));
+  EXPECT_EQ(shutdown.signal_number(), SIGTERM);
 }
 
 }  // namespace

@@ -9,7 +9,6 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -145,36 +144,6 @@ TEST(VaripipeExecutor, TorchrunEnvironmentGivesCoordinates) {
   EXPECT_THAT(result.output,
               AllOf(HasSubstr("rank 3 of 4 (launcher torchrun, local rank 1) = dp 1 pp 1"),
                     HasSubstr("LibTorch")));
-}
-
-// Real launchers start four executors; each finds its own coordinates.
-// Debian's torchrun (PyTorch 1.13 under Python 3.11) mis-parses its default
-// --redirects/--tee value "0", hence the explicit "--redirects 2 --tee 2";
-// it also only knows the underscore spellings of its options.
-void ExpectFourRanks(const CommandResult& result, const std::string& launcher) {
-  EXPECT_EQ(result.exit_code, 0) << result.output;
-  for (const char* rank : {"rank 0 of 4 (launcher %s, local rank 0) = dp 0 pp 0",
-                           "rank 1 of 4 (launcher %s, local rank 1) = dp 0 pp 1",
-                           "rank 2 of 4 (launcher %s, local rank 2) = dp 1 pp 0",
-                           "rank 3 of 4 (launcher %s, local rank 3) = dp 1 pp 1"}) {
-    const std::string expected = absl::StrReplaceAll(rank, {{"%s", launcher}});
-    EXPECT_THAT(result.output, HasSubstr(expected));
-  }
-}
-
-TEST(VaripipeExecutor, StartedByTorchrun) {
-  const CommandResult result = RunCommand(
-      "torchrun --no_python --nproc_per_node 4 --master_addr 127.0.0.1 --master_port 0 "
-      "--redirects 2 --tee 2 " +
-      Bin("varipipe-executor") + " --check_launch --config " + Config("quickstart-gpt.json"));
-  ExpectFourRanks(result, "torchrun");
-}
-
-TEST(VaripipeExecutor, StartedByMpirun) {
-  const CommandResult result = RunCommand(
-      "mpirun --allow-run-as-root --oversubscribe --mca btl self,tcp -np 4 " +
-      Bin("varipipe-executor") + " --check_launch --config " + Config("quickstart-gpt.json"));
-  ExpectFourRanks(result, "mpirun");
 }
 
 TEST(VaripipeExecutor, WrongWorldSizeIsExplained) {

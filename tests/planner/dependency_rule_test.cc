@@ -1,7 +1,8 @@
 // The dependency rule (docs/architecture.md): the planner core includes no
 // gRPC, hiredis, Torch, Gloo or NCCL header, and the executor never includes
-// planner/. CMake targets enforce it at link time; this test reads the
-// #include lines so a violation fails with the file and line.
+// planner/. The CMake targets link accordingly, but every library's headers
+// share one system include path, so this test reads the #include lines and
+// fails with the file and line of a violation.
 #include <filesystem>
 #include <fstream>
 #include <regex>

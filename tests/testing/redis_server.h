@@ -6,12 +6,13 @@
 //   ASSERT_TRUE(redis.ok()) << redis.status();
 //   RedisConnection conn = ...(*redis)->address(), (*redis)->password() ...
 //
-// The server process dies with the test process (PR_SET_PDEATHSIG), so a
-// crashed test leaves nothing running. The binary is the one CMake found at
-// configure time, else `redis-server` on PATH.
+// The server process is killed when the thread that called Start() exits
+// (PR_SET_PDEATHSIG follows the starting thread), so a crashed test leaves
+// nothing running. The binary is the one CMake found at configure time, else
+// `redis-server` on PATH.
 //
-// Thread safety: Start() and the accessors may be used from any thread; one
-// thread owns and destroys the object.
+// Thread safety: call Start() from a thread that outlives the server (the
+// test's main thread); the accessors may be used from any thread.
 #ifndef VARIPIPE_TESTS_TESTING_REDIS_SERVER_H_
 #define VARIPIPE_TESTS_TESTING_REDIS_SERVER_H_
 
