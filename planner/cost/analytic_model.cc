@@ -65,10 +65,25 @@ double AttentionCoreFlops(const ModelDims& d, double b, double s_q, double s_kv,
   return 4 * b * s_q * s_kv * static_cast<double>(d.attention_width()) / t;
 }
 
+// Matrix time of one layer's forward pass. Each GEMM group runs at the
+// efficiency of its own token count: the cross-attention K/V projections of
+// a decoder layer work on the encoder's b * encoder_s tokens, everything else
+// on the layer's b * s tokens (so time grows with every length and with b).
+double LayerMatrixMs(const ModelDims& d, const Hardware& hw, double t, double b, double s,
+                     double encoder_s, bool decoder) {
+  const double own = b * s;
+  double ms = MatrixMs(hw, d, EncoderLayerForwardFlops(d, b, s, t), own);
+  if (decoder) {
+    const double h = d.hidden;
+    const double A = static_cast<double>(d.attention_width());
+    ms += MatrixMs(hw, d, 4 * b * s * h * A / t + AttentionCoreFlops(d, b, s, encoder_s, t), own);
+    ms += MatrixMs(hw, d, 4 * b * encoder_s * h * A / t, b * encoder_s);
+  }
+  return ms;
+}
+
 CostValues LayerCost(const ModelDims& d, const Hardware& hw, Recompute recompute, double t,
                      double b, double s, double encoder_s, bool decoder) {
-  const double flops = decoder ? DecoderLayerForwardFlops(d, b, s, encoder_s, t)
-                               : EncoderLayerForwardFlops(d, b, s, t);
   const double stored_none = decoder
                                  ? DecoderLayerStoredBytes(d, Recompute::kNone, b, s, encoder_s, t)
                                  : EncoderLayerStoredBytes(d, Recompute::kNone, b, s, t);
@@ -76,8 +91,8 @@ CostValues LayerCost(const ModelDims& d, const Hardware& hw, Recompute recompute
                                 : EncoderLayerStoredBytes(d, recompute, b, s, t);
   const double tokens = b * s;
   const double overhead_ms = hw.layer_overhead_us * 1e-3;
-  const double forward_ms =
-      MatrixMs(hw, d, flops, tokens) + MemoryMs(hw, ElementwiseBytes(stored_none)) + overhead_ms;
+  const double forward_ms = LayerMatrixMs(d, hw, t, b, s, encoder_s, decoder) +
+                            MemoryMs(hw, ElementwiseBytes(stored_none)) + overhead_ms;
   double backward_ms = 2 * (forward_ms - overhead_ms) + overhead_ms;
   // Largest transient tensor of the backward pass: the score gradient or
   // the GeLU gradient.

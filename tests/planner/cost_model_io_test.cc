@@ -1,0 +1,243 @@
+#include "planner/cost/cost_model_io.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+#include "planner/cost/analytic_model.h"
+#include "planner/cost/dynapipe_profile_reader.h"
+#include "tests/testing/status_matchers.h"
+
+namespace varipipe::planner {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::varipipe::testing::IsOk;
+using ::varipipe::testing::StatusIs;
+
+class CostModelIoTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / absl::StrCat("varipipe-cost-", getpid(), "-",
+                                                    ::testing::UnitTest::GetInstance()
+                                                        ->current_test_info()
+                                                        ->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  void Write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name) << text;
+  }
+  fs::path dir_;
+};
+
+// Numbers of a small T5 profile, as functions of the point, so the test can
+// write the same values in both formats.
+double Fw(const char* part, uint32_t b, uint32_t e, uint32_t d) {
+  return std::string(part) == "encoder" ? 0.1 * b * e / 64
+         : std::string(part) == "decoder" ? 0.2 * b * (d + e / 4.0) / 64
+                                          : 0.05 * b * d / 64;
+}
+double Act(const char* part, uint32_t b, uint32_t e, uint32_t d) {
+  return std::string(part) == "encoder" ? 1.5 * b * e / 64 : 2.5 * b * (d + e) / 64;
+}
+
+void WriteDynaPipeFile(const fs::path& dir, uint32_t b, uint32_t e, uint32_t d, const char* rc) {
+  std::ofstream out(dir / absl::StrCat("microbench_tp1_hs512_ah8_kv64_ffhs2048_encsl", e,
+                                       "_decsl", d, "_mbs", b, rc, ".txt"));
+  out.precision(17);
+  for (const char* part : {"encoder", "decoder", "postprocess"}) {
+    out << "forward_" << part << ": " << Fw(part, b, e, d) << " ms\n";
+    out << "backward_" << part << ": " << 2 * Fw(part, b, e, d) << " ms\n";
+  }
+  for (const char* part : {"encoder", "decoder"}) {
+    out << part << "_activation: " << Act(part, b, e, d) << " MB\n";
+    out << "peak_" << part << "_activation: " << 2 * Act(part, b, e, d) << " MB\n";
+  }
+  out << "model_embedding_params: 31.0 MB\nmodel_encoder_params: 6.0 MB\n"
+      << "model_decoder_params: 8.0 MB\n";
+}
+
+TEST_F(CostModelIoTest, DynaPipeImportAgreesWithJsonHoldingTheSameNumbers) {
+  const std::vector<uint32_t> bs = {1, 2, 4};
+  const std::vector<uint32_t> ls = {64, 128};
+  for (uint32_t b : bs) {
+    for (uint32_t e : ls) {
+      for (uint32_t d : ls) {
+        WriteDynaPipeFile(dir_, b, e, d, "");
+        WriteDynaPipeFile(dir_, b, e, d, "_rc_full");
+      }
+    }
+  }
+  DynaPipeProfileSummary summary;
+  absl::StatusOr<CostModel> imported = ReadDynaPipeProfileDirectory(dir_.string(), &summary);
+  ASSERT_THAT(imported, IsOk());
+  EXPECT_EQ(summary.files, 24);
+  EXPECT_TRUE(summary.encoder_decoder);
+  EXPECT_EQ(summary.hidden, 512u);
+  EXPECT_THAT(imported->CheckUsable(ModelKind::kT5, 1), IsOk());
+  EXPECT_EQ(imported->CompleteRecomputeModes(ModelKind::kT5, 1),
+            (std::vector<Recompute>{Recompute::kNone, Recompute::kFull}));
+
+  // The same numbers in the project's JSON format.
+  v1::CostModelFile file;
+  file.set_format_version(1);
+  for (Recompute mode : {Recompute::kNone, Recompute::kFull}) {
+    for (const char* part : {"encoder", "decoder", "postprocess"}) {
+      v1::CostGrid* g = file.add_grids();
+      const bool dec = std::string(part) == "decoder";
+      g->set_component(std::string(part) == "encoder" ? v1::ENCODER_LAYER
+                       : dec                          ? v1::DECODER_LAYER
+                                                      : v1::POSTPROCESS);
+      g->set_recompute(RecomputeToProto(mode));
+      for (uint32_t b : bs) g->add_micro_batch_sizes(b);
+      for (uint32_t l : ls) g->add_seq_lens(l);
+      if (dec) for (uint32_t l : ls) g->add_encoder_seq_lens(l);
+      for (uint32_t b : bs) {
+        for (uint32_t e : dec ? ls : std::vector<uint32_t>{0}) {
+          for (uint32_t s : ls) {
+            const uint32_t enc = dec ? e : s;
+            const double f = Fw(part, b, enc, s);
+            g->add_forward_ms(f);
+            g->add_backward_ms(2 * f);
+            const double a = std::string(part) == "postprocess" ? 0 : Act(part, b, enc, s);
+            g->add_stored_activation_mib(a);
+            g->add_peak_activation_mib(2 * a);
+          }
+        }
+      }
+    }
+  }
+  absl::StatusOr<CostModel> json = CostModelFromProto(file, "inline");
+  ASSERT_THAT(json, IsOk());
+  for (Recompute mode : {Recompute::kNone, Recompute::kFull}) {
+    for (Component c : {Component::kEncoderLayer, Component::kDecoderLayer, Component::kPostprocess}) {
+      const ProfileGrid* a = imported->Grid(c, mode, 1);
+      const ProfileGrid* b = json->Grid(c, mode, 1);
+      ASSERT_NE(a, nullptr);
+      ASSERT_NE(b, nullptr);
+      for (double mb : {1.0, 1.5, 3.0, 4.0}) {
+        for (double s : {64.0, 100.0, 128.0}) {
+          CostValues va, vb;
+          ASSERT_TRUE(a->Lookup(mb, s, 90, &va));
+          ASSERT_TRUE(b->Lookup(mb, s, 90, &vb));
+          EXPECT_NEAR(va.forward_ms, vb.forward_ms, 1e-6 * (1 + vb.forward_ms));
+          EXPECT_NEAR(va.backward_ms, vb.backward_ms, 1e-6 * (1 + vb.backward_ms));
+          EXPECT_NEAR(va.stored_bytes, vb.stored_bytes, 1e-6 * (1 + vb.stored_bytes));
+          EXPECT_NEAR(va.peak_bytes, vb.peak_bytes, 1e-6 * (1 + vb.peak_bytes));
+        }
+      }
+    }
+  }
+  EXPECT_DOUBLE_EQ(imported->Parameters(Component::kEncoderLayer), 6.0 * (1 << 20) / 2);
+  EXPECT_DOUBLE_EQ(imported->Parameters(Component::kPostprocess),
+                   imported->Parameters(Component::kEmbedding));
+}
+
+TEST_F(CostModelIoTest, MissingSweepPointsAreInfeasible) {
+  Write("microbench_tp1_hs64_ah4_kv16_ffhs256_sl64_mbs1.txt",
+        "forward_encoder: 1 ms\nbackward_encoder: 2 ms\nforward_postprocess: 0.1 ms\n"
+        "backward_postprocess: 0.2 ms\nencoder_activation: 10 MB\npeak_encoder_activation: 20 MB\n");
+  Write("microbench_tp1_hs64_ah4_kv16_ffhs256_sl128_mbs1.txt",
+        "forward_encoder: 2 ms\nbackward_encoder: 4 ms\nforward_postprocess: 0.1 ms\n"
+        "backward_postprocess: 0.2 ms\nencoder_activation: 20 MB\npeak_encoder_activation: 40 MB\n");
+  Write("microbench_tp1_hs64_ah4_kv16_ffhs256_sl64_mbs2.txt",
+        "forward_encoder: 2 ms\nbackward_encoder: 4 ms\nforward_postprocess: 0.2 ms\n"
+        "backward_postprocess: 0.4 ms\nencoder_activation: 20 MB\npeak_encoder_activation: 40 MB\n");
+  Write("notes.txt", "ignored: not a profile\n");
+  absl::StatusOr<CostModel> model = ReadDynaPipeProfileDirectory(dir_.string());
+  ASSERT_THAT(model, IsOk());
+  const ProfileGrid* g = model->Grid(Component::kEncoderLayer, Recompute::kNone, 1);
+  ASSERT_NE(g, nullptr);
+  CostValues v;
+  EXPECT_TRUE(g->Lookup(2, 64, &v));
+  EXPECT_FALSE(g->Lookup(2, 128, &v));  // (mbs 2, sl 128) ran out of memory
+  ASSERT_TRUE(g->Lookup(1, 96, &v));
+  EXPECT_DOUBLE_EQ(v.forward_ms, 1.5);
+}
+
+TEST_F(CostModelIoTest, MalformedLinesNameFileAndLine) {
+  const std::string name = "microbench_tp1_hs64_ah4_kv16_ffhs256_sl64_mbs1.txt";
+  Write(name, "forward_encoder: 1 ms\nbackward_encoder 2 ms\n");
+  EXPECT_THAT(ReadDynaPipeProfileDirectory(dir_.string()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(name + ":2:"), HasSubstr("expected 'name: value unit'"))));
+  Write(name, "forward_encoder: 1 s\n");
+  EXPECT_THAT(ReadDynaPipeProfileDirectory(dir_.string()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(name + ":1:"), HasSubstr("must be ms"))));
+  Write(name, "forward_encoder: -1 ms\n");
+  EXPECT_THAT(ReadDynaPipeProfileDirectory(dir_.string()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(">= 0")));
+  Write(name, "forward_encoder: 1 ms\n");
+  EXPECT_THAT(ReadDynaPipeProfileDirectory(dir_.string()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(name), HasSubstr("has no 'backward_encoder:' line"))));
+  fs::remove(dir_ / name);
+  Write("microbench_tp1_hs64_sl64.txt", "forward_encoder: 1 ms\n");
+  EXPECT_THAT(ReadDynaPipeProfileDirectory(dir_.string()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("microbench_tp1_hs64_sl64.txt"), HasSubstr("file name"))));
+}
+
+TEST_F(CostModelIoTest, MixedModelsAreRejected) {
+  const std::string body =
+      "forward_encoder: 1 ms\nbackward_encoder: 2 ms\nforward_postprocess: 0.1 ms\n"
+      "backward_postprocess: 0.2 ms\nencoder_activation: 10 MB\npeak_encoder_activation: 20 MB\n";
+  Write("microbench_tp1_hs64_ah4_kv16_ffhs256_sl64_mbs1.txt", body);
+  Write("microbench_tp1_hs128_ah4_kv16_ffhs256_sl64_mbs2.txt", body);
+  EXPECT_THAT(ReadDynaPipeProfileDirectory(dir_.string()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model dimensions")));
+}
+
+TEST_F(CostModelIoTest, JsonRoundTripAndErrors) {
+  absl::StatusOr<Hardware> hw = HardwarePreset("a100-80gb");
+  ASSERT_THAT(hw, IsOk());
+  const ModelDims dims{.kind = ModelKind::kGpt, .encoder_layers = 4, .hidden = 256, .heads = 4,
+                       .kv_channels = 64, .ffn = 1024, .vocab = 1000, .dtype_bytes = 2};
+  absl::StatusOr<CostModel> model =
+      BuildAnalyticCostModel(dims, *hw, {.max_micro_batch_size = 8, .max_seq_len = 128});
+  ASSERT_THAT(model, IsOk());
+  const std::string path = (dir_ / "model.json").string();
+  ASSERT_THAT(SaveCostModelJson(*model, path), IsOk());
+  absl::StatusOr<CostModel> loaded = LoadCostModel(path);
+  ASSERT_THAT(loaded, IsOk());
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::ApproximatelyEquals(
+      CostModelToProto(*model), CostModelToProto(*loaded)));
+  EXPECT_THAT(loaded->CheckMatches(dims), IsOk());
+  ModelDims other = dims;
+  other.hidden = 512;
+  EXPECT_THAT(loaded->CheckMatches(other),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hidden size 256")));
+
+  Write("bad.json", R"({"format_version": 1, "grids": [{"component": "ENCODER_LAYER",
+      "recompute": "RECOMPUTE_NONE", "micro_batch_sizes": [1, 2], "seq_lens": [16],
+      "forward_ms": [1], "backward_ms": [1, 2], "stored_activation_mib": [1, 1],
+      "peak_activation_mib": [1, 1]}]})");
+  EXPECT_THAT(LoadCostModel((dir_ / "bad.json").string()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("bad.json: grids[0].forward_ms"),
+                             HasSubstr("1 values for a grid of 2 points"))));
+  Write("nan.json", R"({"format_version": 1, "grids": [{"component": "ENCODER_LAYER",
+      "recompute": "RECOMPUTE_NONE", "micro_batch_sizes": [1], "seq_lens": [16],
+      "forward_ms": ["NaN"], "backward_ms": [1], "stored_activation_mib": [1],
+      "peak_activation_mib": [1]}]})");
+  EXPECT_THAT(LoadCostModel((dir_ / "nan.json").string()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("nan.json: grids[0]"), HasSubstr("zero or positive"))));
+  Write("v2.json", R"({"format_version": 2})");
+  EXPECT_THAT(LoadCostModel((dir_ / "v2.json").string()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("format_version must be 1")));
+}
+
+}  // namespace
+}  // namespace varipipe::planner

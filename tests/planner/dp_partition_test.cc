@@ -1,0 +1,213 @@
+// The micro-batching DP against brute force over every consecutive
+// partition, on random mini-batches and random analytic cost models.
+#include "planner/microbatch/dp_partition.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "planner/cost/analytic_model.h"
+#include "planner/cost/hardware.h"
+#include "planner/microbatch/sample_order.h"
+#include "tests/testing/seed.h"
+#include "tests/testing/status_matchers.h"
+
+namespace varipipe::planner {
+namespace {
+
+using ::testing::HasSubstr;
+using ::varipipe::testing::IsOk;
+using ::varipipe::testing::StatusIs;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct RandomCase {
+  ModelDims dims;
+  CostModel model;
+  StageLayout layout;
+  std::vector<SampleLengths> samples;
+  LengthPolicy policy;
+  uint32_t data_parallel = 1;
+};
+
+RandomCase MakeCase(std::mt19937& rng, bool t5, int n) {
+  RandomCase c;
+  const uint32_t heads = 1u << (rng() % 4);
+  c.dims = {.kind = t5 ? ModelKind::kT5 : ModelKind::kGpt,
+            .encoder_layers = 2 + static_cast<uint32_t>(rng() % 6),
+            .decoder_layers = t5 ? 2 + static_cast<uint32_t>(rng() % 6) : 0,
+            .hidden = heads * (16u << (rng() % 3)),
+            .heads = heads,
+            .kv_channels = 16u << (rng() % 3),
+            .ffn = 64u << (rng() % 4),
+            .vocab = 1000 + static_cast<uint32_t>(rng() % 30000),
+            .dtype_bytes = 2};
+  Hardware hw{"random", 50 + static_cast<double>(rng() % 900), 20,
+              500 + static_cast<double>(rng() % 4000), 80,
+              0.2 + (rng() % 60) / 100.0, static_cast<double>(16 + rng() % 2000),
+              static_cast<double>(rng() % 50)};
+  absl::StatusOr<CostModel> model =
+      BuildAnalyticCostModel(c.dims, hw, {.max_micro_batch_size = 16, .max_seq_len = 512});
+  EXPECT_THAT(model, IsOk());
+  c.model = *std::move(model);
+  const uint32_t pipeline = t5 ? 1 + rng() % 4 : 1 + rng() % std::min<uint32_t>(4, c.dims.encoder_layers);
+  absl::StatusOr<StageLayout> layout = MakeStageLayout(c.dims, pipeline, 1);
+  EXPECT_THAT(layout, IsOk());
+  c.layout = *layout;
+  c.policy = {.encoder_decoder = t5, .multiple = 1u << (rng() % 4)};
+  c.data_parallel = 1 + rng() % 4;
+  for (int i = 0; i < n; ++i) {
+    // Lengths up to the grid's maximum (after rounding).
+    if (t5) {
+      c.samples.push_back({1 + static_cast<uint32_t>(rng() % 400),
+                           1 + static_cast<uint32_t>(rng() % 200)});
+    } else {
+      const uint32_t total = 2 + static_cast<uint32_t>(rng() % 400);
+      const uint32_t target = 1 + static_cast<uint32_t>(rng() % (total - 1));
+      c.samples.push_back({total - target, target});
+    }
+  }
+  return c;
+}
+
+struct BruteResult {
+  double objective = kInf;
+};
+
+BruteResult BruteForce(const DpProblem& p) {
+  const size_t n = p.order.size();
+  BruteResult best;
+  for (uint64_t mask = 0; mask < (uint64_t{1} << (n - 1)); ++mask) {
+    double max_t = 0;
+    double sum_t = 0;
+    bool feasible = true;
+    size_t begin = 0;
+    for (size_t end = 1; end <= n && feasible; ++end) {
+      if (end < n && !(mask & (uint64_t{1} << (end - 1)))) continue;
+      MicroBatchGroup g;
+      g.samples.assign(p.order.begin() + begin, p.order.begin() + end);
+      PadToLongest(p.samples, p.policy, g);
+      MicroBatchCost cost;
+      feasible = p.cost->Evaluate(static_cast<uint32_t>(g.size()), g.input_len, g.target_len,
+                                  &cost) &&
+                 cost.stored_bytes <= p.stored_limit_bytes && cost.peak_bytes <= p.peak_limit_bytes;
+      max_t = std::max(max_t, cost.time_ms);
+      sum_t += cost.time_ms;
+      begin = end;
+    }
+    if (!feasible) continue;
+    best.objective = std::min(best.objective, PipelineObjective(max_t, sum_t, p.pipeline_stages,
+                                                                p.virtual_chunks, p.data_parallel));
+  }
+  return best;
+}
+
+// Checks a solution: a partition of the order into consecutive runs, within
+// the memory limits, whose objective is what the solver claims.
+void ExpectValidSolution(const DpProblem& p, const DpSolution& s) {
+  std::vector<uint32_t> flat;
+  double max_t = 0;
+  double sum_t = 0;
+  for (size_t g = 0; g < s.groups.size(); ++g) {
+    flat.insert(flat.end(), s.groups[g].samples.begin(), s.groups[g].samples.end());
+    EXPECT_LE(s.costs[g].stored_bytes, p.stored_limit_bytes);
+    EXPECT_LE(s.costs[g].peak_bytes, p.peak_limit_bytes);
+    max_t = std::max(max_t, s.costs[g].time_ms);
+    sum_t += s.costs[g].time_ms;
+  }
+  EXPECT_EQ(flat, std::vector<uint32_t>(p.order.begin(), p.order.end()));
+  EXPECT_NEAR(s.objective_ms,
+              PipelineObjective(max_t, sum_t, p.pipeline_stages, p.virtual_chunks, p.data_parallel),
+              1e-9 * s.objective_ms);
+}
+
+class DpAgainstBruteForce : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DpAgainstBruteForce, FindsTheOptimum) {
+  const bool t5 = GetParam();
+  std::mt19937 rng(varipipe::testing::TestSeed(t5 ? "DpAgainstBruteForce/T5" : "DpAgainstBruteForce/GPT"));
+  int compared = 0;
+  int infeasible = 0;
+  for (int trial = 0; trial < 1500; ++trial) {
+    SCOPED_TRACE(::testing::Message() << "trial " << trial);
+    RandomCase c = MakeCase(rng, t5, 1 + static_cast<int>(rng() % 12));
+    absl::StatusOr<MicroBatchCostModel> cost =
+        MicroBatchCostModel::Create(c.model, c.layout, static_cast<Recompute>(rng() % 3), 1);
+    ASSERT_THAT(cost, IsOk());
+    const std::vector<uint32_t> order = OrderSamples(
+        c.samples, c.policy, t5 && rng() % 2 ? SampleOrder::kTwoDTour : SampleOrder::kLengthSort);
+    // A memory limit somewhere between one small and one huge micro-batch.
+    MicroBatchCost small, large;
+    ASSERT_TRUE(cost->Evaluate(1, 8, 8, &small));
+    ASSERT_TRUE(cost->Evaluate(16, 512, t5 ? 512 : 0, &large));
+    const double limit = small.peak_bytes + (large.peak_bytes - small.peak_bytes) *
+                                                std::pow((rng() % 1000) / 1000.0, 3);
+    DpProblem p{.samples = c.samples, .order = order, .policy = c.policy, .cost = &*cost,
+                .pipeline_stages = c.layout.devices, .virtual_chunks = 1,
+                .data_parallel = c.data_parallel, .stored_limit_bytes = limit * 0.8,
+                .peak_limit_bytes = limit, .tmax_interval_ms = 0};
+    const BruteResult brute = BruteForce(p);
+    absl::StatusOr<DpSolution> dp = SolveMicroBatchDp(p);
+    if (brute.objective == kInf) {
+      EXPECT_THAT(dp, StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("sample")));
+      ++infeasible;
+      continue;
+    }
+    ASSERT_THAT(dp, IsOk());
+    EXPECT_NEAR(dp->objective_ms, brute.objective, 1e-9 * brute.objective);
+    ExpectValidSolution(p, *dp);
+    ++compared;
+
+    // Bucketing: within (c - 1) * w of the optimum.
+    p.tmax_interval_ms = brute.objective * (rng() % 100) / 1000.0;
+    absl::StatusOr<DpSolution> bucketed = SolveMicroBatchDp(p);
+    ASSERT_THAT(bucketed, IsOk());
+    EXPECT_LE(bucketed->objective_ms,
+              brute.objective + (p.pipeline_stages - 1) * p.tmax_interval_ms + 1e-9 * brute.objective);
+    EXPECT_GE(bucketed->objective_ms, brute.objective * (1 - 1e-9));
+    ExpectValidSolution(p, *bucketed);
+  }
+  std::printf("compared %d optimal partitions with brute force; %d cases infeasible\n", compared,
+              infeasible);
+  EXPECT_GT(compared, 600);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, DpAgainstBruteForce, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "T5" : "GPT"; });
+
+TEST(MicroBatchDp, NamesTheSampleThatFitsNowhere) {
+  std::mt19937 rng(7);
+  RandomCase c = MakeCase(rng, false, 5);
+  c.samples = {{10, 5}, {20, 5}, {30, 5}, {300, 100}, {15, 5}};
+  absl::StatusOr<MicroBatchCostModel> cost =
+      MicroBatchCostModel::Create(c.model, c.layout, Recompute::kNone, 1);
+  ASSERT_THAT(cost, IsOk());
+  MicroBatchCost one;
+  ASSERT_TRUE(cost->Evaluate(1, 104, 0, &one));
+  const std::vector<uint32_t> order = OrderSamples(c.samples, c.policy, SampleOrder::kLengthSort);
+  DpProblem p{.samples = c.samples, .order = order, .policy = c.policy, .cost = &*cost,
+              .pipeline_stages = 1, .stored_limit_bytes = one.stored_bytes * 2,
+              .peak_limit_bytes = one.peak_bytes * 2};
+  EXPECT_THAT(SolveMicroBatchDp(p),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("sample 3 (input 300, target 100 tokens) does not fit")));
+}
+
+TEST(MicroBatchDp, RejectsAnEmptyMiniBatch) {
+  std::mt19937 rng(7);
+  RandomCase c = MakeCase(rng, false, 1);
+  absl::StatusOr<MicroBatchCostModel> cost =
+      MicroBatchCostModel::Create(c.model, c.layout, Recompute::kNone, 1);
+  ASSERT_THAT(cost, IsOk());
+  DpProblem p{.samples = c.samples, .order = {}, .policy = c.policy, .cost = &*cost,
+              .stored_limit_bytes = 1e30, .peak_limit_bytes = 1e30};
+  EXPECT_THAT(SolveMicroBatchDp(p),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty mini-batch")));
+}
+
+}  // namespace
+}  // namespace varipipe::planner
