@@ -58,6 +58,13 @@ absl::StatusOr<MicroBatchCostModel> MicroBatchCostModel::Create(const CostModel&
   if (layout.encoder_decoder) {
     m.decoder_ = model.Grid(Component::kDecoderLayer, recompute, tensor_parallel);
   }
+  m.shared_b_axis_ = true;
+  for (const ProfileGrid* g : {m.decoder_, m.embedding_, m.postprocess_}) {
+    if (g != nullptr && m.encoder_ != nullptr &&
+        g->micro_batch_sizes() != m.encoder_->micro_batch_sizes()) {
+      m.shared_b_axis_ = false;
+    }
+  }
   if (m.encoder_ == nullptr || m.postprocess_ == nullptr ||
       (layout.encoder_decoder && m.decoder_ == nullptr)) {
     return absl::NotFoundError(absl::StrCat(
@@ -153,6 +160,23 @@ bool MicroBatchCostModel::Evaluate(const Row& row, uint32_t b, MicroBatchCost* o
   CostValues encoder_embedding;
   CostValues decoder_embedding;
   CostValues postprocess;
+  if (shared_b_axis_) {
+    ProfileGrid::BatchPosition p;
+    if (!encoder_->LocateBatch(b, &p) || !row.encoder_.Lookup(p, &encoder) ||
+        !row.postprocess_.Lookup(p, &postprocess)) {
+      return false;
+    }
+    if (embedding_ != nullptr && !row.encoder_embedding_.Lookup(p, &encoder_embedding)) {
+      return false;
+    }
+    if (layout_.encoder_decoder) {
+      if (!row.decoder_.Lookup(p, &decoder)) return false;
+      if (embedding_ != nullptr && !row.decoder_embedding_.Lookup(p, &decoder_embedding)) {
+        return false;
+      }
+    }
+    return Combine(encoder, decoder, encoder_embedding, decoder_embedding, postprocess, out);
+  }
   if (!row.encoder_.Lookup(b, &encoder) || !row.postprocess_.Lookup(b, &postprocess)) {
     return false;
   }

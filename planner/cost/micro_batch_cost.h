@@ -72,6 +72,9 @@ class MicroBatchCostModel {
   const ProfileGrid* decoder_ = nullptr;    // T5 only
   const ProfileGrid* embedding_ = nullptr;  // optional
   const ProfileGrid* postprocess_ = nullptr;
+  // All grids share the encoder grid's b axis: one LocateBatch serves every
+  // component.
+  bool shared_b_axis_ = false;
 };
 
 }  // namespace varipipe::planner

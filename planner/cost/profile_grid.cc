@@ -106,6 +106,16 @@ absl::StatusOr<ProfileGrid> ProfileGrid::Create(std::vector<uint32_t> micro_batc
     }
   }
   ProfileGrid grid;
+  // The O(1) table for integer micro-batch sizes (bounded: larger axes fall
+  // back to binary search).
+  if (micro_batch_sizes.back() <= (1u << 20)) {
+    grid.b_interval_.resize(micro_batch_sizes.back() + 1);
+    size_t k = 0;
+    for (uint32_t b = 0; b <= micro_batch_sizes.back(); ++b) {
+      while (k + 1 < micro_batch_sizes.size() && micro_batch_sizes[k + 1] <= b) ++k;
+      grid.b_interval_[b] = static_cast<uint8_t>(k);
+    }
+  }
   grid.b_ = std::move(micro_batch_sizes);
   grid.s_ = std::move(seq_lens);
   grid.encoder_seq_lens_ = std::move(encoder_seq_lens);
@@ -136,6 +146,27 @@ bool ProfileGrid::Row(double s, double encoder_s, BatchRow* row) const {
     row->values_[k] = sum;
     row->feasible_[k] = ok;
   }
+  return true;
+}
+
+bool ProfileGrid::LocateBatch(uint32_t b, BatchPosition* p) const {
+  if (b > b_.back()) return false;
+  if (b_interval_.empty()) {
+    AxisPosition a;
+    Locate(b_, b, &a);
+    *p = {a.lo, a.hi, a.w};
+    return true;
+  }
+  if (b <= b_.front()) {
+    *p = {0, 0, 0};
+    return true;
+  }
+  const int lo = b_interval_[b];
+  if (b_[lo] == b) {
+    *p = {lo, lo, 0};
+    return true;
+  }
+  *p = {lo, lo + 1, (b - static_cast<double>(b_[lo])) / (static_cast<double>(b_[lo + 1]) - b_[lo])};
   return true;
 }
 

@@ -79,12 +79,35 @@ class ProfileGrid {
   bool Lookup(double b, double s, double encoder_s, CostValues* out) const;
   bool Lookup(double b, double s, CostValues* out) const { return Lookup(b, s, 0, out); }
 
+  // Where an integer micro-batch size falls on the b axis: the value is
+  // (1 - w) * point[lo] + w * point[hi]. False beyond the last point. O(1)
+  // (a table built at creation), for the DP's inner loop.
+  struct BatchPosition {
+    int lo = 0;
+    int hi = 0;
+    double w = 0;
+  };
+  bool LocateBatch(uint32_t b, BatchPosition* p) const;
+
   // The grid interpolated at fixed sequence length(s), for many lookups over
   // b: DP inner loops evaluate one row per distinct length.
   class BatchRow {
    public:
     // Same result as ProfileGrid::Lookup(b, s, encoder_s).
     bool Lookup(double b, CostValues* out) const;
+    // The same at a position from LocateBatch of a grid with this row's b
+    // axis.
+    bool Lookup(const BatchPosition& p, CostValues* out) const {
+      if ((!feasible_[p.lo] && p.w < 1) || (!feasible_[p.hi] && p.w > 0)) return false;
+      const CostValues& lo = values_[p.lo];
+      const CostValues& hi = values_[p.hi];
+      const double u = 1 - p.w;
+      out->forward_ms = u * lo.forward_ms + p.w * hi.forward_ms;
+      out->backward_ms = u * lo.backward_ms + p.w * hi.backward_ms;
+      out->stored_bytes = u * lo.stored_bytes + p.w * hi.stored_bytes;
+      out->peak_bytes = u * lo.peak_bytes + p.w * hi.peak_bytes;
+      return true;
+    }
 
    private:
     friend class ProfileGrid;
@@ -102,6 +125,8 @@ class ProfileGrid {
   ProfileGrid() = default;
 
   std::vector<uint32_t> b_;
+  // b_interval_[b] = index of the last axis point <= b, for b <= b_.back().
+  std::vector<uint8_t> b_interval_;
   std::vector<uint32_t> s_;
   std::vector<uint32_t> encoder_seq_lens_;
   std::vector<CostValues> values_;

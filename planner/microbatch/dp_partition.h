@@ -27,6 +27,7 @@
 #define VARIPIPE_PLANNER_MICROBATCH_DP_PARTITION_H_
 
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -47,6 +48,14 @@ struct DpProblem {
   double stored_limit_bytes = 0;
   double peak_limit_bytes = 0;
   double tmax_interval_ms = 0;
+  // Stop the candidate search at the lower bound (see above). Off only to
+  // measure what the bound saves (tests/bench/microbatch_bench.cc).
+  bool bound_search = true;
+  // An objective already achieved elsewhere (another recompute mode or
+  // budget). The solver looks only for strictly better partitions: runs
+  // slower than cutoff * v / (c - 1) are never built, and when nothing beats
+  // the cutoff the solution comes back `pruned`.
+  double objective_cutoff_ms = std::numeric_limits<double>::infinity();
 };
 
 struct DpSolution {
@@ -57,6 +66,10 @@ struct DpSolution {
   double sum_time_ms = 0;               // sum t(M)
   int tmax_candidates = 0;              // after bucketing
   int tmax_evaluated = 0;               // DP runs before the bound stopped the search
+  // True when no partition beats objective_cutoff_ms; groups are then empty
+  // and lower_bound_ms bounds every partition's objective from below.
+  bool pruned = false;
+  double lower_bound_ms = 0;
 };
 
 // The objective for given times (shared with baselines and tests).
@@ -66,6 +79,14 @@ double PipelineObjective(double max_time_ms, double sum_time_ms, uint32_t pipeli
 // ResourceExhausted when a sample fits no micro-batch on its own (the error
 // names its position, lengths and the limit); InvalidArgument for bad input.
 absl::StatusOr<DpSolution> SolveMicroBatchDp(const DpProblem& problem);
+
+// The same problem under several stored-activation limits (the memory
+// budgets of one recompute mode), sharing the cost evaluation of every run.
+// problem.stored_limit_bytes is ignored. *cutoff starts as the objective to
+// beat and is lowered by every solution found, so later limits only search
+// for better partitions. One result per limit, in order.
+std::vector<absl::StatusOr<DpSolution>> SolveMicroBatchDpBudgets(
+    const DpProblem& problem, std::span<const double> stored_limits, double* cutoff);
 
 }  // namespace varipipe::planner
 

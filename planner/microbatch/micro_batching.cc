@@ -286,9 +286,13 @@ absl::StatusOr<MicroBatchingResult> PlanMicroBatches(std::span<const SampleLengt
     baseline = BaselineGroups(result.samples, o, policy);
   }
 
+  double best_so_far = std::numeric_limits<double>::infinity();
   for (Recompute mode : o.recompute_modes) {
+    const Clock::time_point mode_start = Clock::now();
     absl::StatusOr<MicroBatchCostModel> cost =
         MicroBatchCostModel::Create(model, *layout, mode, o.tensor_parallel);
+    std::vector<MicroBatchingCandidate> pairs;
+    std::vector<double> limits;
     for (MemoryBudget budget : o.budgets) {
       MicroBatchingCandidate c;
       c.recompute = mode;
@@ -296,36 +300,49 @@ absl::StatusOr<MicroBatchingResult> PlanMicroBatches(std::span<const SampleLengt
       c.peak_limit_bytes = *available;
       c.stored_limit_bytes =
           budget == MemoryBudget::kWholeDevice ? *available : *available / o.pipeline;
-      const Clock::time_point solve_start = Clock::now();
-      if (!cost.ok()) {
-        c.status = cost.status();
-      } else if (o.method == PartitionMethod::kDynamicProgramming) {
-        DpProblem problem{.samples = result.samples,
-                          .order = order,
-                          .policy = policy,
-                          .cost = &*cost,
-                          .pipeline_stages = o.pipeline,
-                          .virtual_chunks = o.virtual_chunks,
-                          .data_parallel = o.data_parallel,
-                          .stored_limit_bytes = c.stored_limit_bytes,
-                          .peak_limit_bytes = c.peak_limit_bytes,
-                          .tmax_interval_ms = o.tmax_interval_ms};
-        absl::StatusOr<DpSolution> solution = SolveMicroBatchDp(problem);
+      limits.push_back(c.stored_limit_bytes);
+      if (!cost.ok()) c.status = cost.status();
+      pairs.push_back(std::move(c));
+    }
+    if (cost.ok() && o.method == PartitionMethod::kDynamicProgramming) {
+      DpProblem problem{.samples = result.samples,
+                        .order = order,
+                        .policy = policy,
+                        .cost = &*cost,
+                        .pipeline_stages = o.pipeline,
+                        .virtual_chunks = o.virtual_chunks,
+                        .data_parallel = o.data_parallel,
+                        .peak_limit_bytes = *available,
+                        .tmax_interval_ms = o.tmax_interval_ms};
+      std::vector<absl::StatusOr<DpSolution>> solutions =
+          SolveMicroBatchDpBudgets(problem, limits, &best_so_far);
+      for (size_t k = 0; k < pairs.size(); ++k) {
+        MicroBatchingCandidate& c = pairs[k];
+        absl::StatusOr<DpSolution>& solution = solutions[k];
         if (!solution.ok()) {
           c.status = solution.status();
-        } else {
-          c.groups = std::move(solution->groups);
-          c.costs = std::move(solution->costs);
-          c.objective_ms = solution->objective_ms;
-          c.max_time_ms = solution->max_time_ms;
-          c.sum_time_ms = solution->sum_time_ms;
-          c.tmax_candidates = solution->tmax_candidates;
-          c.tmax_evaluated = solution->tmax_evaluated;
+          continue;
         }
-      } else {
-        EvaluateGroups(*cost, o, baseline, c);
+        c.tmax_candidates = solution->tmax_candidates;
+        c.tmax_evaluated = solution->tmax_evaluated;
+        if (solution->pruned) {
+          c.pruned = true;
+          c.objective_ms = solution->lower_bound_ms;
+          continue;
+        }
+        c.groups = std::move(solution->groups);
+        c.costs = std::move(solution->costs);
+        c.objective_ms = solution->objective_ms;
+        c.max_time_ms = solution->max_time_ms;
+        c.sum_time_ms = solution->sum_time_ms;
       }
-      c.solve_ms = MsSince(solve_start);
+    } else if (cost.ok()) {
+      for (MicroBatchingCandidate& c : pairs) EvaluateGroups(*cost, o, baseline, c);
+    }
+    // One solve covers every budget of the mode; its time is shared.
+    const double mode_ms = MsSince(mode_start);
+    for (MicroBatchingCandidate& c : pairs) {
+      c.solve_ms = mode_ms / pairs.size();
       result.candidates.push_back(std::move(c));
     }
   }
@@ -333,7 +350,7 @@ absl::StatusOr<MicroBatchingResult> PlanMicroBatches(std::span<const SampleLengt
   std::vector<std::string> lines;
   for (size_t k = 0; k < result.candidates.size(); ++k) {
     const MicroBatchingCandidate& c = result.candidates[k];
-    if (c.status.ok() &&
+    if (c.status.ok() && !c.pruned &&
         (result.chosen < 0 || c.objective_ms < result.candidates[result.chosen].objective_ms)) {
       result.chosen = static_cast<int>(k);
     }
@@ -358,12 +375,15 @@ absl::StatusOr<MicroBatchingResult> PlanMicroBatches(std::span<const SampleLengt
   for (size_t k = 0; k < result.candidates.size(); ++k) {
     if (static_cast<int>(k) == result.chosen) continue;
     const MicroBatchingCandidate& c = result.candidates[k];
-    lines.push_back(c.status.ok()
-                        ? absl::StrFormat("  %s: %.2f ms (%+.1f%%)", CandidateName(c),
-                                          c.objective_ms,
-                                          100 * (c.objective_ms / best.objective_ms - 1))
-                        : absl::StrCat("  ", CandidateName(c), ": infeasible: ",
-                                       c.status.message()));
+    if (!c.status.ok()) {
+      lines.push_back(absl::StrCat("  ", CandidateName(c), ": infeasible: ", c.status.message()));
+    } else if (c.pruned) {
+      lines.push_back(absl::StrFormat("  %s: slower (at least %.2f ms; search stopped early)",
+                                      CandidateName(c), c.objective_ms));
+    } else {
+      lines.push_back(absl::StrFormat("  %s: %.2f ms (%+.1f%%)", CandidateName(c), c.objective_ms,
+                                      100 * (c.objective_ms / best.objective_ms - 1)));
+    }
   }
   result.reason = absl::StrJoin(lines, "\n");
 

@@ -10,9 +10,11 @@
 //   kWholeDevice    available       (the memory-aware adaptive schedule,
 //                                    which delays injection instead)
 // The peak limit is always the available activation memory. Every
-// (recompute mode, budget) pair is solved and the fastest feasible one wins:
-// taking the first mode that fits would pick full recomputation where a
-// larger budget without recomputation is faster.
+// (recompute mode, budget) pair is considered and the fastest feasible one
+// wins: taking the first mode that fits would pick full recomputation where a
+// larger budget without recomputation is faster. Pairs are solved in order;
+// each DP only searches for partitions that beat the best pair so far, and a
+// pair that provably cannot is reported as pruned with its lower bound.
 #ifndef VARIPIPE_PLANNER_MICROBATCH_MICRO_BATCHING_H_
 #define VARIPIPE_PLANNER_MICROBATCH_MICRO_BATCHING_H_
 
@@ -86,6 +88,9 @@ struct MicroBatchingCandidate {
   int tmax_candidates = 0;
   int tmax_evaluated = 0;
   double solve_ms = 0;
+  // The DP proved this pair cannot beat an earlier pair; objective_ms is
+  // then a lower bound and groups are empty.
+  bool pruned = false;
 };
 
 struct MicroBatchingResult {

@@ -162,6 +162,20 @@ TEST_P(DpAgainstBruteForce, FindsTheOptimum) {
     ExpectValidSolution(p, *dp);
     ++compared;
 
+    // A cutoff above the optimum still finds it; at the optimum nothing
+    // strictly better exists, so the pair is pruned with a valid lower bound.
+    p.objective_cutoff_ms = brute.objective * 1.01;
+    absl::StatusOr<DpSolution> cut = SolveMicroBatchDp(p);
+    ASSERT_THAT(cut, IsOk());
+    ASSERT_FALSE(cut->pruned);
+    EXPECT_NEAR(cut->objective_ms, brute.objective, 1e-9 * brute.objective);
+    p.objective_cutoff_ms = brute.objective;
+    absl::StatusOr<DpSolution> none = SolveMicroBatchDp(p);
+    ASSERT_THAT(none, IsOk());
+    EXPECT_TRUE(none->pruned);
+    EXPECT_LE(none->lower_bound_ms, brute.objective * (1 + 1e-12));
+    p.objective_cutoff_ms = std::numeric_limits<double>::infinity();
+
     // Bucketing: within (c - 1) * w of the optimum.
     p.tmax_interval_ms = brute.objective * (rng() % 100) / 1000.0;
     absl::StatusOr<DpSolution> bucketed = SolveMicroBatchDp(p);

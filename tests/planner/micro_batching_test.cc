@@ -6,6 +6,7 @@
 #include "gtest/gtest.h"
 #include "planner/cost/analytic_model.h"
 #include "planner/cost/hardware.h"
+#include "planner/microbatch/dp_partition.h"
 #include "tests/testing/status_matchers.h"
 
 namespace varipipe::planner {
@@ -54,11 +55,32 @@ TEST(MicroBatching, ChoosesTheFastestFeasiblePairAndExplains) {
   ASSERT_THAT(r, IsOk());
   ASSERT_GE(r->chosen, 0);
   EXPECT_EQ(r->candidates.size(), 6u);  // 3 recompute modes x 2 budgets
+  // Pairs the search pruned really are no faster: solve them without a
+  // cutoff.
+  const MicroBatchingOptions o = Options(dims, 6);
+  const StageLayout layout = *MakeStageLayout(dims, o.pipeline, 1);
+  const LengthPolicy policy{.encoder_decoder = false, .multiple = o.length_multiple};
+  const std::vector<SampleLengths> batch = Batch();
+  const std::vector<uint32_t> order = OrderSamples(batch, policy, SampleOrder::kLengthSort);
+  int pruned = 0;
   for (const MicroBatchingCandidate& c : r->candidates) {
-    if (c.status.ok()) {
+    if (!c.status.ok()) continue;
+    if (!c.pruned) {
       EXPECT_GE(c.objective_ms, r->best().objective_ms);
+      continue;
     }
+    ++pruned;
+    const MicroBatchCostModel cost = *MicroBatchCostModel::Create(model, layout, c.recompute, 1);
+    DpProblem p{.samples = batch, .order = order, .policy = policy, .cost = &cost,
+                .pipeline_stages = o.pipeline, .data_parallel = o.data_parallel,
+                .stored_limit_bytes = c.stored_limit_bytes,
+                .peak_limit_bytes = c.peak_limit_bytes, .tmax_interval_ms = 0};
+    absl::StatusOr<DpSolution> exact = SolveMicroBatchDp(p);
+    ASSERT_THAT(exact, IsOk());
+    EXPECT_GE(exact->objective_ms, r->best().objective_ms * (1 - 1e-12));
+    EXPECT_LE(c.objective_ms, exact->objective_ms * (1 + 1e-12));  // a true lower bound
   }
+  EXPECT_GT(pruned, 0);
   EXPECT_THAT(r->reason, HasSubstr("chose recompute"));
   // Every sample in exactly one micro-batch; replicas cover every group.
   size_t samples = 0;
