@@ -3,9 +3,9 @@
 #
 # Today the main job plans a few mini-batches of a small GPT job
 # (deploy/configs/quickstart-gpt.json) drawn from the synthetic FLAN-like
-# dataset and prints a summary. As the planner service and executors land it
-# grows into the full demo: a planner daemon with its embedded Redis and four
-# executors training with pp=2, dp=2.
+# dataset with every partition method and prints a comparison. As the
+# planner service and executors land it grows into the full demo: a planner
+# daemon with its embedded Redis and four executors training with pp=2, dp=2.
 #
 # Usage: deploy/quickstart.sh [--iterations N] [--config FILE]
 # Environment: JOBS (parallel build jobs; default: number of cores).
@@ -41,5 +41,5 @@ step "3/3 plan $iterations mini-batches of $config"
 build/bin/varipipe-plan --config "$config" --iterations "$iterations"
 
 echo
-echo "quickstart finished: the planner grouped $iterations mini-batches."
+echo "quickstart finished: the planner split $iterations mini-batches into micro-batches."
 echo "Next: tests/run.sh runs the test suite; docs/architecture.md explains the system."

@@ -1,24 +1,28 @@
 // varipipe-plan: plans mini-batches of a job offline and prints what the
 // planner would do with them.
 //
-// This first version draws mini-batches from the synthetic FLAN-like stream
-// and compares the baseline partition methods (padding, fixed size over
-// sorted lengths, token budget over sorted lengths) by padding efficiency.
-// The dynamic program, schedules and execution plans join it as the planner
-// core grows (docs/architecture.md).
+// It draws mini-batches from the synthetic FLAN-like stream and splits each
+// into micro-batches with every partition method (the dynamic program and
+// the baselines), choosing the recompute mode and memory budget per method,
+// and prints micro-batch counts, padding efficiency and the predicted
+// iteration time (DynaPipe Eq. 1 under the job's cost model). Schedules and
+// execution plans join it with the planner core's next part
+// (docs/architecture.md).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/binary_main.h"
 #include "common/config/job_config.h"
 #include "common/dataset/synthetic_mixture.h"
 #include "common/shutdown_signal.h"
-#include "planner/microbatch/baselines.h"
-#include "planner/microbatch/padding_stats.h"
+#include "planner/cost/cost_model_io.h"
+#include "planner/microbatch/micro_batching.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, config, "", "Job config (JSON, varipipe.v1.JobConfig). Required.");
@@ -35,9 +39,13 @@ constexpr char kUsage[] =
     "\n"
     "Mini-batches are drawn from the job's synthetic FLAN-like dataset\n"
     "(data.format SYNTHETIC): consecutive samples, truncated to the maximum\n"
-    "lengths, until data.tokens_per_global_batch is reached. For each one the\n"
-    "baseline partition methods are compared by padding efficiency (real tokens\n"
-    "/ computed tokens).";
+    "lengths, until data.tokens_per_global_batch is reached. Each is split into\n"
+    "micro-batches by every partition method (planner.partition_methods first,\n"
+    "then the others for comparison), with the recompute mode and memory budget\n"
+    "chosen per method; the table shows micro-batches, padding efficiency (real /\n"
+    "computed tokens) and the predicted iteration time under the job's cost model\n"
+    "(planner.cost_model_path, or the analytic model of cluster.hardware).\n"
+    "--log_level=debug prints why each recompute mode and budget was chosen.";
 
 // Truncates a sample to the job's maximum lengths. Decoder-only models keep
 // the target and cut the input.
@@ -70,10 +78,15 @@ std::vector<SampleLengths> DrawMiniBatch(const SyntheticMixture& mixture,
   return batch;
 }
 
-struct MethodResult {
-  const char* name;
-  std::vector<planner::MicroBatchGroup> groups;
-  planner::PaddingStats stats;
+std::string BudgetShort(planner::MemoryBudget budget) {
+  return budget == planner::MemoryBudget::kWholeDevice ? "whole-device" : "pipeline-depth";
+}
+
+struct MethodTotals {
+  double predicted_ms = 0;
+  double efficiency = 0;
+  double plan_ms = 0;
+  int planned = 0;
 };
 
 int Run() {
@@ -105,68 +118,102 @@ int Run() {
                  config_path.c_str(), v1::DatasetFormat_Name(config.data().format()).c_str());
     return kExitUsage;
   }
+  const auto model_start = std::chrono::steady_clock::now();
+  absl::StatusOr<planner::CostModel> cost_model = planner::CostModelForJob(config);
+  if (!cost_model.ok()) {
+    std::fprintf(stderr, "varipipe-plan: %s: %s\n", config_path.c_str(),
+                 std::string(cost_model.status().message()).c_str());
+    return kExitUsage;
+  }
+  spdlog::info("cost model: {} ({:.1f} ms to build)", cost_model->description(),
+               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                         model_start)
+                   .count());
 
   ShutdownSignal shutdown;
   const SyntheticMixture mixture = SyntheticMixture::Flan(config.data().seed());
-  const planner::LengthPolicy policy{.encoder_decoder = config.model().kind() == v1::T5,
-                                     .multiple = config.planner().length_multiple()};
   const v1::ModelConfig& model = config.model();
-  std::printf(
-      "job %s: %s, %u layers, hidden %u; pp=%u dp=%u; synthetic FLAN-like data "
-      "(seed %llu); %llu tokens per global batch, max length %u\n",
-      config.job_id().c_str(), v1::ModelKind_Name(model.kind()).c_str(),
-      model.num_layers() + model.num_decoder_layers(), model.hidden_size(),
-      config.parallelism().pipeline(), config.parallelism().data(),
-      static_cast<unsigned long long>(config.data().seed()),
-      static_cast<unsigned long long>(config.data().tokens_per_global_batch()),
-      config.data().max_sequence_length());
-  std::printf("%-5s %7s %11s | %-22s | %-22s | %-22s\n", "iter", "samples", "real_tokens",
-              "padding: mbs  eff", "fixed_size: mbs  eff", "token_based: mbs  eff");
+  std::printf("job %s: %s, %u layers, hidden %u; pp=%u dp=%u; synthetic FLAN-like data "
+              "(seed %llu); %llu tokens per global batch, max length %u\n",
+              config.job_id().c_str(), v1::ModelKind_Name(model.kind()).c_str(),
+              model.num_layers() + model.num_decoder_layers(), model.hidden_size(),
+              config.parallelism().pipeline(), config.parallelism().data(),
+              static_cast<unsigned long long>(config.data().seed()),
+              static_cast<unsigned long long>(config.data().tokens_per_global_batch()),
+              config.data().max_sequence_length());
+
+  // The configured methods first, then the remaining ones for comparison.
+  std::vector<planner::PartitionMethod> methods;
+  for (int m : config.planner().partition_methods()) {
+    methods.push_back(planner::PartitionMethodFromProto(static_cast<v1::PartitionMethod>(m)));
+  }
+  for (planner::PartitionMethod m :
+       {planner::PartitionMethod::kDynamicProgramming, planner::PartitionMethod::kTokenBased,
+        planner::PartitionMethod::kFixedSize, planner::PartitionMethod::kPacking,
+        planner::PartitionMethod::kPadding}) {
+    if (std::find(methods.begin(), methods.end(), m) == methods.end()) methods.push_back(m);
+  }
+  std::printf("%-5s %-20s %7s %11s %5s %8s %12s %-26s %8s\n", "iter", "method", "samples",
+              "real_tokens", "mbs", "padding", "pred_iter_ms", "recompute/budget", "plan_ms");
 
   // Walk the stream to the first requested iteration.
   uint64_t cursor = 0;
   for (int64_t i = 0; i < first_iteration; ++i) DrawMiniBatch(mixture, config, &cursor);
 
-  std::vector<double> efficiency_sum(3, 0.0);
-  double planning_ms = 0;
+  std::vector<MethodTotals> totals(methods.size());
   int planned = 0;
   for (int i = 0; i < iterations && !shutdown.Requested(); ++i) {
     const std::vector<SampleLengths> batch = DrawMiniBatch(mixture, config, &cursor);
-    const auto start = std::chrono::steady_clock::now();
-    std::vector<MethodResult> results;
-    results.push_back(
-        {"padding",
-         planner::PartitionPadding(batch, policy, config.planner().fixed_micro_batch_size()),
-         {}});
-    results.push_back(
-        {"fixed_size",
-         planner::PartitionFixedSize(batch, policy, config.planner().fixed_micro_batch_size()),
-         {}});
-    results.push_back(
-        {"token_based",
-         planner::PartitionTokenBased(batch, policy, config.planner().micro_batch_token_budget()),
-         {}});
-    for (MethodResult& r : results) r.stats = planner::ComputePaddingStats(batch, r.groups, policy);
-    planning_ms +=
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-
     uint64_t real = 0;
     for (const SampleLengths& s : batch) real += Tokens(s);
-    std::string row = absl::StrFormat("%-5d %7d %11d", first_iteration + i, batch.size(), real);
-    for (size_t m = 0; m < results.size(); ++m) {
-      efficiency_sum[m] += results[m].stats.Efficiency();
-      row += absl::StrFormat(" | %14d %6.1f%%", results[m].groups.size(),
-                             100 * results[m].stats.Efficiency());
+    for (size_t m = 0; m < methods.size(); ++m) {
+      const planner::MicroBatchingOptions options =
+          planner::MicroBatchingOptionsFromConfig(config, methods[m]);
+      absl::StatusOr<planner::MicroBatchingResult> r =
+          planner::PlanMicroBatches(batch, *cost_model, options);
+      const std::string prefix = absl::StrFormat(
+          "%-5s %-20s %7d %11d", m == 0 ? absl::StrCat(first_iteration + i) : "",
+          planner::PartitionMethodName(methods[m]), batch.size(), real);
+      if (!r.ok()) {
+        std::printf("%s infeasible: %s\n", prefix.c_str(),
+                    std::string(r.status().message()).c_str());
+        continue;
+      }
+      const planner::MicroBatchingCandidate& best = r->best();
+      std::printf("%s %5zu %7.1f%% %12.1f %-26s %8.3f\n", prefix.c_str(), best.groups.size(),
+                  100 * r->padding.Efficiency(), best.objective_ms,
+                  absl::StrCat(planner::RecomputeName(best.recompute), "/",
+                               BudgetShort(best.budget))
+                      .c_str(),
+                  r->total_ms);
+      spdlog::debug("iteration {} {}: {}", first_iteration + i,
+                    planner::PartitionMethodName(methods[m]), r->reason);
+      totals[m].predicted_ms += best.objective_ms;
+      totals[m].efficiency += r->padding.Efficiency();
+      totals[m].plan_ms += r->total_ms;
+      ++totals[m].planned;
     }
-    std::printf("%s\n", row.c_str());
     ++planned;
   }
   if (planned == 0) return kExitFailure;
-  std::printf(
-      "summary: %d mini-batches; mean padding efficiency: padding %.1f%%, fixed_size %.1f%%, "
-      "token_based %.1f%%; grouping time %.3f ms per mini-batch\n",
-      planned, 100 * efficiency_sum[0] / planned, 100 * efficiency_sum[1] / planned,
-      100 * efficiency_sum[2] / planned, planning_ms / planned);
+  std::printf("summary: %d mini-batches\n", planned);
+  const double reference =
+      totals[0].planned > 0 ? totals[0].predicted_ms / totals[0].planned : 0;
+  for (size_t m = 0; m < methods.size(); ++m) {
+    const MethodTotals& t = totals[m];
+    if (t.planned == 0) {
+      std::printf("  %-20s infeasible for every mini-batch\n",
+                  planner::PartitionMethodName(methods[m]));
+      continue;
+    }
+    const double predicted = t.predicted_ms / t.planned;
+    std::printf("  %-20s mean predicted iteration %9.1f ms (%5.2fx of %s), padding efficiency "
+                "%5.1f%%, planning %.3f ms\n",
+                planner::PartitionMethodName(methods[m]), predicted,
+                reference > 0 ? predicted / reference : 0,
+                planner::PartitionMethodName(methods[0]), 100 * t.efficiency / t.planned,
+                t.plan_ms / t.planned);
+  }
   if (shutdown.Requested()) {
     spdlog::info("stopped after {} of {} mini-batches", planned, iterations);
   }
