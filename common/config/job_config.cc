@@ -217,8 +217,8 @@ void ValidateData(const JobConfig& config, ErrorList& errors) {
   if (d.max_sequence_length() == 0) {
     errors.Add("data.max_sequence_length", "is required");
   } else if (d.max_sequence_length() > kMaxSequence) {
-    errors.Add("data.max_sequence_length", "is too large (", d.max_sequence_length(),
-               "; at most ", kMaxSequence, ")");
+    errors.Add("data.max_sequence_length", "is too large (", d.max_sequence_length(), "; at most ",
+               kMaxSequence, ")");
   }
   if (t5 && d.max_target_length() > kMaxSequence) {
     errors.Add("data.max_target_length", "is too large (", d.max_target_length(), "; at most ",
@@ -257,7 +257,8 @@ void ValidatePlanner(const JobConfig& config, ErrorList& errors) {
   }
   if (p.threads() > 1024) errors.Add("planner.threads", "is too large (", p.threads(), ")");
   if (p.sample_order() == v1::TWO_D_TOUR && config.model().kind() != v1::T5) {
-    errors.Add("planner.sample_order", "TWO_D_TOUR orders (input, target) pairs of T5 models; "
+    errors.Add("planner.sample_order",
+               "TWO_D_TOUR orders (input, target) pairs of T5 models; "
                "GPT samples have one length (use LENGTH_SORT)");
   }
 }

@@ -21,19 +21,19 @@ constexpr double kMaskBytes = 1;  // dropout masks are stored as bytes
 //   element of the a*s_q*s_kv*b score tensor (/t).
 // Cross-attention also keeps the encoder output (K/V projection input)
 // B*s_kv*b*h.
-double AttentionStored(const ModelDims& d, Recompute recompute, double b, double s_q,
-                       double s_kv, bool cross, double t) {
+double AttentionStored(const ModelDims& d, Recompute recompute, double b, double s_q, double s_kv,
+                       bool cross, double t) {
   const double B = d.dtype_bytes;
   const double h = d.hidden;
   const double A = static_cast<double>(d.attention_width());
   const double a = d.heads;
-  double bytes = B * s_q * b * h            // LayerNorm input
-                 + B * s_q * b * h          // QKV (or Q) projection input
-                 + B * s_q * b * A / t      // Q
-                 + 2 * B * s_kv * b * A / t  // K, V
-                 + B * s_q * b * A / t      // output projection input
+  double bytes = B * s_q * b * h              // LayerNorm input
+                 + B * s_q * b * h            // QKV (or Q) projection input
+                 + B * s_q * b * A / t        // Q
+                 + 2 * B * s_kv * b * A / t   // K, V
+                 + B * s_q * b * A / t        // output projection input
                  + kMaskBytes * s_q * b * h;  // output dropout mask
-  if (cross) bytes += B * s_kv * b * h;      // encoder output, K/V projection input
+  if (cross) bytes += B * s_kv * b * h;       // encoder output, K/V projection input
   if (recompute != Recompute::kSelective) {
     bytes += (2 * B + kMaskBytes) * a * s_q * s_kv * b / t;  // softmax, mask, dropout output
   }
@@ -220,8 +220,8 @@ double ComponentParameters(const ModelDims& d, Component component, uint32_t tp)
 }
 
 CostValues AnalyticComponentCost(const ModelDims& dims, const Hardware& hw, Component component,
-                                 Recompute recompute, uint32_t tensor_parallel, double b,
-                                 double s, double encoder_s) {
+                                 Recompute recompute, uint32_t tensor_parallel, double b, double s,
+                                 double encoder_s) {
   const double t = tensor_parallel;
   switch (component) {
     case Component::kEncoderLayer:

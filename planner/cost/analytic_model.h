@@ -35,8 +35,8 @@ struct AnalyticGridOptions {
 // `s` is the component's own sequence; `encoder_s` is used by decoder layers
 // (cross-attention) only.
 CostValues AnalyticComponentCost(const ModelDims& dims, const Hardware& hw, Component component,
-                                 Recompute recompute, uint32_t tensor_parallel, double b,
-                                 double s, double encoder_s);
+                                 Recompute recompute, uint32_t tensor_parallel, double b, double s,
+                                 double encoder_s);
 
 // Forward matrix FLOPs of one layer (no recomputation).
 double EncoderLayerForwardFlops(const ModelDims& dims, double b, double s, uint32_t tp);

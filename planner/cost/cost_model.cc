@@ -19,8 +19,8 @@ const char* ComponentName(Component component) {
   return "unknown";
 }
 
-absl::Status CostModel::SetGrid(Component component, Recompute recompute,
-                                uint32_t tensor_parallel, ProfileGrid grid) {
+absl::Status CostModel::SetGrid(Component component, Recompute recompute, uint32_t tensor_parallel,
+                                ProfileGrid grid) {
   const bool needs_3d = component == Component::kDecoderLayer;
   if (grid.three_d() != needs_3d) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -48,13 +48,14 @@ absl::Status CostModel::CheckMatches(const ModelDims& dims) const {
                                                    profiled, " but the job's model has ", job));
   };
   if (p.encoder_decoder() != dims.encoder_decoder()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the cost model was measured for a ", p.encoder_decoder() ? "T5" : "GPT",
-        " model but the job's model is ", dims.encoder_decoder() ? "T5" : "GPT"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the cost model was measured for a ", p.encoder_decoder() ? "T5" : "GPT",
+                     " model but the job's model is ", dims.encoder_decoder() ? "T5" : "GPT"));
   }
   if (p.hidden != dims.hidden) return differ("hidden size", p.hidden, dims.hidden);
   if (p.heads != dims.heads) return differ("attention heads", p.heads, dims.heads);
-  if (p.kv_channels != dims.kv_channels) return differ("kv channels", p.kv_channels, dims.kv_channels);
+  if (p.kv_channels != dims.kv_channels)
+    return differ("kv channels", p.kv_channels, dims.kv_channels);
   if (p.ffn != dims.ffn) return differ("ffn hidden size", p.ffn, dims.ffn);
   return absl::OkStatus();
 }
@@ -95,10 +96,10 @@ absl::Status CostModel::CheckUsable(ModelKind kind, uint32_t tensor_parallel) co
       }
     }
   }
-  return absl::NotFoundError(absl::StrCat(
-      "the cost model has no complete set of grids for a ",
-      kind == ModelKind::kT5 ? "T5" : "GPT", " model at tensor-parallel degree ",
-      tensor_parallel, " (missing: ", absl::StrJoin(missing, ", "), ")"));
+  return absl::NotFoundError(absl::StrCat("the cost model has no complete set of grids for a ",
+                                          kind == ModelKind::kT5 ? "T5" : "GPT",
+                                          " model at tensor-parallel degree ", tensor_parallel,
+                                          " (missing: ", absl::StrJoin(missing, ", "), ")"));
 }
 
 }  // namespace varipipe::planner

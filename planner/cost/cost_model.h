@@ -43,17 +43,14 @@ class CostModel {
   absl::Status SetGrid(Component component, Recompute recompute, uint32_t tensor_parallel,
                        ProfileGrid grid);
   // nullptr when the model has no such grid.
-  const ProfileGrid* Grid(Component component, Recompute recompute,
-                          uint32_t tensor_parallel) const;
+  const ProfileGrid* Grid(Component component, Recompute recompute, uint32_t tensor_parallel) const;
 
   // Parameters of one instance of the component (one layer; the whole
   // embedding; the LM head) at this tensor-parallel degree.
   void SetParameters(Component component, double parameters) {
     parameters_[static_cast<int>(component)] = parameters;
   }
-  double Parameters(Component component) const {
-    return parameters_[static_cast<int>(component)];
-  }
+  double Parameters(Component component) const { return parameters_[static_cast<int>(component)]; }
 
   // Recompute modes with every grid `kind` needs at `tensor_parallel`.
   std::vector<Recompute> CompleteRecomputeModes(ModelKind kind, uint32_t tensor_parallel) const;

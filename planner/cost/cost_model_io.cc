@@ -53,8 +53,8 @@ v1::CostComponent ComponentToProto(Component c) {
 absl::StatusOr<CostModel> CostModelFromProto(const v1::CostModelFile& file,
                                              const std::string& source) {
   if (file.format_version() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": format_version must be 1 (got ",
-                                                   file.format_version(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": format_version must be 1 (got ", file.format_version(), ")"));
   }
   CostModel model;
   model.set_description(file.description());
@@ -75,23 +75,21 @@ absl::StatusOr<CostModel> CostModelFromProto(const v1::CostModelFile& file,
       return absl::InvalidArgumentError(absl::StrCat(where, ": recompute must be set"));
     }
     const size_t points = static_cast<size_t>(grid.micro_batch_sizes_size()) *
-                          grid.seq_lens_size() *
-                          std::max(1, grid.encoder_seq_lens_size());
+                          grid.seq_lens_size() * std::max(1, grid.encoder_seq_lens_size());
     for (const auto& [name, size] :
          {std::pair<const char*, int>{"forward_ms", grid.forward_ms_size()},
           {"backward_ms", grid.backward_ms_size()},
           {"stored_activation_mib", grid.stored_activation_mib_size()},
           {"peak_activation_mib", grid.peak_activation_mib_size()}}) {
       if (static_cast<size_t>(size) != points) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ".", name, ": ", size,
-                                                       " values for a grid of ", points,
-                                                       " points"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ".", name, ": ", size, " values for a grid of ", points, " points"));
       }
     }
     std::vector<CostValues> values(points);
     for (size_t i = 0; i < points; ++i) {
-      values[i] = {grid.forward_ms(i), grid.backward_ms(i),
-                   grid.stored_activation_mib(i) * kMiB, grid.peak_activation_mib(i) * kMiB};
+      values[i] = {grid.forward_ms(i), grid.backward_ms(i), grid.stored_activation_mib(i) * kMiB,
+                   grid.peak_activation_mib(i) * kMiB};
     }
     absl::StatusOr<ProfileGrid> profile = ProfileGrid::Create(
         {grid.micro_batch_sizes().begin(), grid.micro_batch_sizes().end()},
@@ -99,9 +97,9 @@ absl::StatusOr<CostModel> CostModelFromProto(const v1::CostModelFile& file,
         {grid.encoder_seq_lens().begin(), grid.encoder_seq_lens().end()}, std::move(values),
         absl::StrCat(where, " (", ComponentName(*component), ")"));
     if (!profile.ok()) return profile.status();
-    if (absl::Status s = model.SetGrid(*component, RecomputeFromProto(grid.recompute()),
-                                       std::max<uint32_t>(1, grid.tensor_parallel()),
-                                       *std::move(profile));
+    if (absl::Status s =
+            model.SetGrid(*component, RecomputeFromProto(grid.recompute()),
+                          std::max<uint32_t>(1, grid.tensor_parallel()), *std::move(profile));
         !s.ok()) {
       return Annotate(s, where);
     }
@@ -110,9 +108,8 @@ absl::StatusOr<CostModel> CostModelFromProto(const v1::CostModelFile& file,
     absl::StatusOr<Component> component = ComponentFromProto(p.component());
     if (!component.ok()) return Annotate(component.status(), absl::StrCat(source, ": parameters"));
     if (!(p.parameters() >= 0) || !std::isfinite(p.parameters())) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": parameters of ",
-                                                     ComponentName(*component),
-                                                     " must be finite and >= 0"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": parameters of ", ComponentName(*component), " must be finite and >= 0"));
     }
     model.SetParameters(*component, p.parameters());
   }
@@ -193,8 +190,8 @@ absl::Status SaveCostModelJson(const CostModel& model, const std::string& path) 
   std::filesystem::rename(temporary, path, error);
   if (error) {
     std::filesystem::remove(temporary, error);
-    return absl::UnavailableError(absl::StrCat("rename ", temporary, " to ", path, ": ",
-                                               error.message()));
+    return absl::UnavailableError(
+        absl::StrCat("rename ", temporary, " to ", path, ": ", error.message()));
   }
   return absl::OkStatus();
 }
@@ -223,9 +220,10 @@ absl::StatusOr<CostModel> CostModelForJob(const v1::JobConfig& config) {
   options.max_seq_len =
       std::max(config.data().max_sequence_length(), config.data().max_target_length());
   // The largest micro-batch: the whole mini-batch of the shortest samples.
-  const uint64_t most = std::min<uint64_t>(
-      config.data().tokens_per_global_batch() / std::max<uint32_t>(1, config.planner().length_multiple()),
-      uint64_t{1} << 20);
+  const uint64_t most =
+      std::min<uint64_t>(config.data().tokens_per_global_batch() /
+                             std::max<uint32_t>(1, config.planner().length_multiple()),
+                         uint64_t{1} << 20);
   options.max_micro_batch_size = static_cast<uint32_t>(std::max<uint64_t>(1, most));
   options.tensor_parallel_degrees = {config.parallelism().tensor()};
   return BuildAnalyticCostModel(dims, hardware, options);

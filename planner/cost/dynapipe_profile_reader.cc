@@ -46,7 +46,7 @@ struct PointSum {
 };
 
 using PointKey = std::tuple<uint32_t, uint32_t, uint32_t>;  // b, encoder_s, s
-using GridKey = std::tuple<int, int, uint32_t>;              // component, recompute, tp
+using GridKey = std::tuple<int, int, uint32_t>;             // component, recompute, tp
 
 absl::Status Malformed(const fs::path& file, int line, absl::string_view why) {
   return absl::InvalidArgumentError(
@@ -96,7 +96,7 @@ absl::StatusOr<CostModel> ReadDynaPipeProfileDirectory(const std::string& direct
     key.encoder_s = t5 ? num(6) : num(8);
     key.decoder_s = t5 ? num(7) : 0;
     const std::string rc = m[10].matched ? m[10].str() : "";
-    key.recompute = rc.empty() ? Recompute::kNone
+    key.recompute = rc.empty()              ? Recompute::kNone
                     : rc == "_rc_selective" ? Recompute::kSelective
                                             : Recompute::kFull;
     if (key.tp == 0 || key.b == 0 || key.encoder_s == 0 || (t5 && key.decoder_s == 0)) {
@@ -111,10 +111,10 @@ absl::StatusOr<CostModel> ReadDynaPipeProfileDirectory(const std::string& direct
       first_file = file;
     } else if (t5 != s.encoder_decoder || num(2) != s.hidden || num(3) != s.heads ||
                num(4) != s.kv_channels || num(5) != s.ffn) {
-      return Malformed(file, 0,
-                       absl::StrCat("model dimensions or kind differ from ",
-                                    first_file.filename().string(),
-                                    " (one directory must profile one model)"));
+      return Malformed(
+          file, 0,
+          absl::StrCat("model dimensions or kind differ from ", first_file.filename().string(),
+                       " (one directory must profile one model)"));
     }
     ++s.files;
 
@@ -134,10 +134,10 @@ absl::StatusOr<CostModel> ReadDynaPipeProfileDirectory(const std::string& direct
       }
       const std::string key_name(absl::StripSuffix(parts[0], ":"));
       const absl::string_view unit = parts[2];
-      const bool is_time = absl::StartsWith(key_name, "forward_") ||
-                           absl::StartsWith(key_name, "backward_");
-      const bool is_memory = absl::EndsWith(key_name, "_activation") ||
-                             absl::StartsWith(key_name, "model_");
+      const bool is_time =
+          absl::StartsWith(key_name, "forward_") || absl::StartsWith(key_name, "backward_");
+      const bool is_memory =
+          absl::EndsWith(key_name, "_activation") || absl::StartsWith(key_name, "model_");
       if ((is_time && unit != "ms") || (is_memory && unit != "MB")) {
         return Malformed(file, number,
                          absl::StrCat("unit of ", key_name, " must be ", is_time ? "ms" : "MB",
@@ -155,7 +155,7 @@ absl::StatusOr<CostModel> ReadDynaPipeProfileDirectory(const std::string& direct
       return it->second;
     };
     const auto component_point = [&](Component c, absl::string_view prefix,
-                                      bool memory) -> absl::Status {
+                                     bool memory) -> absl::Status {
       absl::StatusOr<double> fw = get(absl::StrCat("forward_", prefix));
       absl::StatusOr<double> bw = get(absl::StrCat("backward_", prefix));
       if (!fw.ok()) return fw.status();
@@ -207,8 +207,8 @@ absl::StatusOr<CostModel> ReadDynaPipeProfileDirectory(const std::string& direct
   }
 
   CostModel model;
-  model.set_description(absl::StrCat("DynaPipe profiles from ", directory, " (", s.files,
-                                     " files)"));
+  model.set_description(
+      absl::StrCat("DynaPipe profiles from ", directory, " (", s.files, " files)"));
   for (const auto& [grid_key, grid_points] : points) {
     const auto [component, recompute, tp] = grid_key;
     std::set<uint32_t> b_axis;
@@ -231,11 +231,11 @@ absl::StatusOr<CostModel> ReadDynaPipeProfileDirectory(const std::string& direct
     }
     const Component c = static_cast<Component>(component);
     const Recompute r = static_cast<Recompute>(recompute);
-    absl::StatusOr<ProfileGrid> grid = ProfileGrid::Create(
-        {b_axis.begin(), b_axis.end()}, {s_axis.begin(), s_axis.end()},
-        {e_axis.begin(), e_axis.end()}, std::move(values),
-        absl::StrCat(directory, ": ", ComponentName(c), " (recompute ", RecomputeName(r), ", tp ",
-                     tp, ")"));
+    absl::StatusOr<ProfileGrid> grid =
+        ProfileGrid::Create({b_axis.begin(), b_axis.end()}, {s_axis.begin(), s_axis.end()},
+                            {e_axis.begin(), e_axis.end()}, std::move(values),
+                            absl::StrCat(directory, ": ", ComponentName(c), " (recompute ",
+                                         RecomputeName(r), ", tp ", tp, ")"));
     if (!grid.ok()) return grid.status();
     if (absl::Status st = model.SetGrid(c, r, tp, *std::move(grid)); !st.ok()) return st;
   }

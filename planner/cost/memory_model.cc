@@ -33,8 +33,8 @@ absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipe
   const auto ceil_div = [](uint32_t a, uint32_t b) { return (a + b - 1) / b; };
   if (!dims.encoder_decoder()) {
     if (dims.encoder_layers < pipeline * virtual_chunks) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          dims.encoder_layers, " layers cannot fill ", pipeline * virtual_chunks, " stages"));
+      return absl::InvalidArgumentError(absl::StrCat(dims.encoder_layers, " layers cannot fill ",
+                                                     pipeline * virtual_chunks, " stages"));
     }
     layout.encoder_devices = pipeline;
     layout.encoder_layers_per_device = ceil_div(dims.encoder_layers, pipeline);
@@ -49,14 +49,14 @@ absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipe
   // Split devices in proportion to the layer counts, at least one each.
   const double share = static_cast<double>(dims.encoder_layers) /
                        (static_cast<double>(dims.encoder_layers) + dims.decoder_layers);
-  layout.encoder_devices = std::clamp<uint32_t>(
-      static_cast<uint32_t>(share * pipeline + 0.5), 1, pipeline - 1);
+  layout.encoder_devices =
+      std::clamp<uint32_t>(static_cast<uint32_t>(share * pipeline + 0.5), 1, pipeline - 1);
   const uint32_t decoder_devices = pipeline - layout.encoder_devices;
   if (dims.encoder_layers < layout.encoder_devices || dims.decoder_layers < decoder_devices) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "T5 with ", dims.encoder_layers, " encoder and ", dims.decoder_layers,
-        " decoder layers cannot fill ", layout.encoder_devices, " encoder and ", decoder_devices,
-        " decoder devices"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("T5 with ", dims.encoder_layers, " encoder and ", dims.decoder_layers,
+                     " decoder layers cannot fill ", layout.encoder_devices, " encoder and ",
+                     decoder_devices, " decoder devices"));
   }
   layout.encoder_layers_per_device = ceil_div(dims.encoder_layers, layout.encoder_devices);
   layout.decoder_layers_per_device = ceil_div(dims.decoder_layers, decoder_devices);
@@ -79,9 +79,8 @@ double MaxParametersPerDevice(const CostModel& model, const StageLayout& layout)
   }
   const double encoder_device = layout.encoder_layers_per_device * enc + emb;
   const uint32_t decoder_devices = layout.devices - layout.encoder_devices;
-  const double decoder_device =
-      layout.decoder_layers_per_device * dec + (decoder_devices == 1 ? emb + post
-                                                                     : std::max(emb, post));
+  const double decoder_device = layout.decoder_layers_per_device * dec +
+                                (decoder_devices == 1 ? emb + post : std::max(emb, post));
   return std::max(encoder_device, decoder_device);
 }
 
@@ -90,8 +89,7 @@ absl::StatusOr<double> AvailableActivationBytes(const CostModel& model, const St
                                                 uint32_t data_parallel,
                                                 double device_memory_limit_bytes) {
   const double parameters = MaxParametersPerDevice(model, layout);
-  const double state =
-      ModelStatePerDevice(parameters, dtype_bytes, zero, data_parallel).total();
+  const double state = ModelStatePerDevice(parameters, dtype_bytes, zero, data_parallel).total();
   const double available = device_memory_limit_bytes - state;
   if (available <= 0) {
     return absl::ResourceExhaustedError(absl::StrFormat(

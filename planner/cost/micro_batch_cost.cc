@@ -67,13 +67,13 @@ absl::StatusOr<MicroBatchCostModel> MicroBatchCostModel::Create(const CostModel&
   }
   if (m.encoder_ == nullptr || m.postprocess_ == nullptr ||
       (layout.encoder_decoder && m.decoder_ == nullptr)) {
-    return absl::NotFoundError(absl::StrCat(
-        "the cost model has no ", m.encoder_ == nullptr ? "encoder-layer"
-                                  : m.decoder_ == nullptr && layout.encoder_decoder
-                                      ? "decoder-layer"
-                                      : "postprocess",
-        " grid for recompute mode ", RecomputeName(recompute), " at tensor-parallel degree ",
-        tensor_parallel));
+    return absl::NotFoundError(absl::StrCat("the cost model has no ",
+                                            m.encoder_ == nullptr ? "encoder-layer"
+                                            : m.decoder_ == nullptr && layout.encoder_decoder
+                                                ? "decoder-layer"
+                                                : "postprocess",
+                                            " grid for recompute mode ", RecomputeName(recompute),
+                                            " at tensor-parallel degree ", tensor_parallel));
   }
   return m;
 }

@@ -22,11 +22,11 @@
 namespace varipipe::planner {
 
 struct MicroBatchCost {
-  double forward_ms = 0;   // bottleneck device
-  double backward_ms = 0;  // bottleneck device
-  double time_ms = 0;      // forward + backward of the bottleneck device
-  double stored_bytes = 0; // largest per-device stored activation
-  double peak_bytes = 0;   // largest per-device peak
+  double forward_ms = 0;    // bottleneck device
+  double backward_ms = 0;   // bottleneck device
+  double time_ms = 0;       // forward + backward of the bottleneck device
+  double stored_bytes = 0;  // largest per-device stored activation
+  double peak_bytes = 0;    // largest per-device peak
 };
 
 class MicroBatchCostModel {
@@ -34,8 +34,7 @@ class MicroBatchCostModel {
   // REQUIRES: `model` outlives the result. Fails when a grid the layout
   // needs is missing.
   static absl::StatusOr<MicroBatchCostModel> Create(const CostModel& model,
-                                                    const StageLayout& layout,
-                                                    Recompute recompute,
+                                                    const StageLayout& layout, Recompute recompute,
                                                     uint32_t tensor_parallel);
 
   // Cost of `b` samples padded to (input_len, target_len); target_len is

@@ -24,8 +24,8 @@ bool Locate(const std::vector<uint32_t>& axis, double x, AxisPosition* p) {
     *p = {0, 0, 0};
     return true;
   }
-  const auto it = std::lower_bound(axis.begin(), axis.end(), x,
-                                   [](uint32_t a, double v) { return a < v; });
+  const auto it =
+      std::lower_bound(axis.begin(), axis.end(), x, [](uint32_t a, double v) { return a < v; });
   const int hi = static_cast<int>(it - axis.begin());
   if (*it == x) {
     *p = {hi, hi, 0};
@@ -57,14 +57,14 @@ absl::Status CheckAxis(const std::vector<uint32_t>& axis, absl::string_view name
   if (axis.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", name, " is empty"));
   if (axis.size() > static_cast<size_t>(ProfileGrid::kMaxAxisPoints)) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", name, " has ", axis.size(),
-                                                   " points (at most ",
-                                                   ProfileGrid::kMaxAxisPoints, ")"));
+                                                   " points (at most ", ProfileGrid::kMaxAxisPoints,
+                                                   ")"));
   }
   for (size_t i = 0; i < axis.size(); ++i) {
     if (axis[i] == 0 || (i > 0 && axis[i] <= axis[i - 1])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": ", name, " must be positive and strictly increasing (got ",
-          absl::StrJoin(axis, ", "), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": ", name, " must be positive and strictly increasing (got ",
+                       absl::StrJoin(axis, ", "), ")"));
     }
   }
   return absl::OkStatus();
@@ -82,21 +82,20 @@ absl::StatusOr<ProfileGrid> ProfileGrid::Create(std::vector<uint32_t> micro_batc
   if (!encoder_seq_lens.empty()) {
     if (auto s = CheckAxis(encoder_seq_lens, "encoder_seq_lens", what); !s.ok()) return s;
   }
-  const size_t expected = micro_batch_sizes.size() * seq_lens.size() *
-                          std::max<size_t>(1, encoder_seq_lens.size());
+  const size_t expected =
+      micro_batch_sizes.size() * seq_lens.size() * std::max<size_t>(1, encoder_seq_lens.size());
   if (values.size() != expected) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", values.size(),
-                                                   " values for a grid of ", expected,
-                                                   " points"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", values.size(), " values for a grid of ", expected, " points"));
   }
   const double inf = std::numeric_limits<double>::infinity();
   for (size_t i = 0; i < values.size(); ++i) {
     const CostValues& v = values[i];
     for (double x : {v.forward_ms, v.backward_ms, v.stored_bytes, v.peak_bytes}) {
       if (std::isnan(x) || x < 0 || x == -inf) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            what, ": value ", x, " at point ", i,
-            " (costs must be zero or positive, or Infinity for an infeasible point)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": value ", x, " at point ", i,
+                         " (costs must be zero or positive, or Infinity for an infeasible point)"));
       }
     }
     if (IsFinite(v) && v.stored_bytes > v.peak_bytes) {

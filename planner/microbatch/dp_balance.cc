@@ -25,7 +25,8 @@ struct BySpread {
 void SortBySum(Partial& p) {
   std::vector<size_t> idx(p.sums.size());
   std::iota(idx.begin(), idx.end(), 0);
-  std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return p.sums[a] > p.sums[b]; });
+  std::stable_sort(idx.begin(), idx.end(),
+                   [&](size_t a, size_t b) { return p.sums[a] > p.sums[b]; });
   Partial sorted;
   for (size_t i : idx) {
     sorted.sums.push_back(p.sums[i]);

@@ -187,8 +187,8 @@ absl::StatusOr<DpSolution> SolveBudget(const DpProblem& p, const RunTable& runs,
     for (size_t end = n; end > 0; end = prev[end]) {
       actual_max = std::max(actual_max, runs.time[runs.offset[prev[end]] + (end - prev[end] - 1)]);
     }
-    const double objective = PipelineObjective(actual_max, sum, p.pipeline_stages,
-                                               p.virtual_chunks, p.data_parallel);
+    const double objective =
+        PipelineObjective(actual_max, sum, p.pipeline_stages, p.virtual_chunks, p.data_parallel);
     if (objective < best) {
       best = objective;
       best_max = actual_max;
@@ -214,8 +214,7 @@ absl::StatusOr<DpSolution> SolveBudget(const DpProblem& p, const RunTable& runs,
     group.samples.assign(p.order.begin() + begin, p.order.begin() + end);
     PadToLongest(p.samples, p.policy, group);
     MicroBatchCost cost;
-    p.cost->Evaluate(static_cast<uint32_t>(group.size()), group.input_len, group.target_len,
-                     &cost);
+    p.cost->Evaluate(static_cast<uint32_t>(group.size()), group.input_len, group.target_len, &cost);
     solution.groups.push_back(std::move(group));
     solution.costs.push_back(cost);
   }
@@ -252,14 +251,12 @@ std::vector<absl::StatusOr<DpSolution>> SolveMicroBatchDpBudgets(
   // A run slower than this cannot be part of a partition that beats the
   // cutoff: (c - 1) * max t / v alone would reach it.
   const auto run_cap_for = [&](double c) {
-    return p.pipeline_stages > 1 && p.bound_search
-               ? c * p.virtual_chunks / (p.pipeline_stages - 1)
-               : kInf;
+    return p.pipeline_stages > 1 && p.bound_search ? c * p.virtual_chunks / (p.pipeline_stages - 1)
+                                                   : kInf;
   };
   RunTable runs;
-  const double largest = stored_limits.empty()
-                             ? 0
-                             : *std::max_element(stored_limits.begin(), stored_limits.end());
+  const double largest =
+      stored_limits.empty() ? 0 : *std::max_element(stored_limits.begin(), stored_limits.end());
   BuildRuns(p, largest, run_cap_for(*cutoff), runs);
   for (double limit : stored_limits) {
     absl::StatusOr<DpSolution> solution =

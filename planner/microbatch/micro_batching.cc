@@ -84,7 +84,10 @@ absl::Status TruncateForMemory(const MicroBatchCostModel& cost, const LengthPoli
       while (lo < hi) {  // largest input that fits
         const uint32_t mid = lo + (hi - lo + 1) / 2;
         probe.input = mid;
-        if (fits(probe)) lo = mid; else hi = mid - 1;
+        if (fits(probe))
+          lo = mid;
+        else
+          hi = mid - 1;
       }
       s.input = lo;
     } else {
@@ -102,7 +105,10 @@ absl::Status TruncateForMemory(const MicroBatchCostModel& cost, const LengthPoli
       while (lo < hi) {
         const uint32_t mid = lo + (hi - lo + 1) / 2;
         probe.target = mid;
-        if (fits(probe)) lo = mid; else hi = mid - 1;
+        if (fits(probe))
+          lo = mid;
+        else
+          hi = mid - 1;
       }
       s.target = lo;
     }
@@ -151,7 +157,8 @@ std::vector<MicroBatchGroup> BaselineGroups(std::span<const SampleLengths> sampl
                                             const LengthPolicy& policy) {
   switch (o.method) {
     case PartitionMethod::kTokenBased:
-      return PartitionTokenBased(samples, policy, std::max<uint64_t>(1, o.micro_batch_token_budget));
+      return PartitionTokenBased(samples, policy,
+                                 std::max<uint64_t>(1, o.micro_batch_token_budget));
     case PartitionMethod::kFixedSize:
       return PartitionFixedSize(samples, policy, std::max<uint32_t>(1, o.fixed_micro_batch_size));
     case PartitionMethod::kPacking:
@@ -215,8 +222,8 @@ MicroBatchingOptions MicroBatchingOptionsFromConfig(const v1::JobConfig& config,
   o.virtual_chunks = config.parallelism().virtual_chunks();
   o.data_parallel = config.parallelism().data();
   o.tensor_parallel = config.parallelism().tensor();
-  o.device_memory_limit_bytes = static_cast<double>(config.cluster().device_memory_limit_mib()) *
-                                (1 << 20);
+  o.device_memory_limit_bytes =
+      static_cast<double>(config.cluster().device_memory_limit_mib()) * (1 << 20);
   o.recompute_modes.clear();
   for (int mode : config.planner().recompute_modes()) {
     o.recompute_modes.push_back(RecomputeFromProto(static_cast<v1::RecomputeMode>(mode)));
@@ -246,9 +253,9 @@ absl::StatusOr<MicroBatchingResult> PlanMicroBatches(std::span<const SampleLengt
                                                      const CostModel& model,
                                                      const MicroBatchingOptions& o) {
   const Clock::time_point start = Clock::now();
-  if (o.pipeline == 0 || o.data_parallel == 0 || o.virtual_chunks == 0 ||
-      o.tensor_parallel == 0 || o.length_multiple == 0 || !(o.device_memory_limit_bytes > 0) ||
-      o.recompute_modes.empty() || o.budgets.empty() || o.max_input_len == 0 ||
+  if (o.pipeline == 0 || o.data_parallel == 0 || o.virtual_chunks == 0 || o.tensor_parallel == 0 ||
+      o.length_multiple == 0 || !(o.device_memory_limit_bytes > 0) || o.recompute_modes.empty() ||
+      o.budgets.empty() || o.max_input_len == 0 ||
       (o.dims.encoder_decoder() && o.max_target_len == 0)) {
     return absl::InvalidArgumentError(
         "micro-batching options: degrees, length multiple, memory limit, maximum lengths, "
@@ -268,11 +275,11 @@ absl::StatusOr<MicroBatchingResult> PlanMicroBatches(std::span<const SampleLengt
                             .multiple = o.length_multiple};
 
   if (o.truncate) {
-    absl::StatusOr<MicroBatchCostModel> permissive = MicroBatchCostModel::Create(
-        model, *layout, o.recompute_modes.back(), o.tensor_parallel);
+    absl::StatusOr<MicroBatchCostModel> permissive =
+        MicroBatchCostModel::Create(model, *layout, o.recompute_modes.back(), o.tensor_parallel);
     if (!permissive.ok()) return permissive.status();
-    if (absl::Status s = TruncateForMemory(*permissive, policy, *available, result.samples,
-                                           result.truncated);
+    if (absl::Status s =
+            TruncateForMemory(*permissive, policy, *available, result.samples, result.truncated);
         !s.ok()) {
       return s;
     }
@@ -360,9 +367,9 @@ absl::StatusOr<MicroBatchingResult> PlanMicroBatches(std::span<const SampleLengt
       lines.push_back(absl::StrCat(CandidateName(c), ": ", c.status.message()));
     }
     // A missing grid is a setup error; otherwise memory is the problem.
-    const bool all_missing = std::all_of(
-        result.candidates.begin(), result.candidates.end(),
-        [](const MicroBatchingCandidate& c) { return absl::IsNotFound(c.status); });
+    const bool all_missing =
+        std::all_of(result.candidates.begin(), result.candidates.end(),
+                    [](const MicroBatchingCandidate& c) { return absl::IsNotFound(c.status); });
     const std::string message =
         absl::StrCat("no recompute mode and memory budget can hold the mini-batch (",
                      absl::StrFormat("%.1f MiB", MiB(*available)),

@@ -62,8 +62,8 @@ struct MicroBatchingOptions {
   // Truncate samples that are too long (for the maxima or, alone, for
   // memory) instead of failing.
   bool truncate = false;
-  uint32_t fixed_micro_batch_size = 8;     // FIXED_SIZE, PADDING; PACKING rows
-  uint64_t micro_batch_token_budget = 0;   // TOKEN_BASED
+  uint32_t fixed_micro_batch_size = 8;    // FIXED_SIZE, PADDING; PACKING rows
+  uint64_t micro_batch_token_budget = 0;  // TOKEN_BASED
 };
 
 // Options for `method` under a validated job config (defaults applied).

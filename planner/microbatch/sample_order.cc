@@ -103,8 +103,7 @@ std::vector<uint32_t> OrderSamples(std::span<const SampleLengths> samples,
   return SortedByLength(samples, policy);
 }
 
-uint64_t OrderPathLength(std::span<const SampleLengths> samples,
-                         std::span<const uint32_t> order) {
+uint64_t OrderPathLength(std::span<const SampleLengths> samples, std::span<const uint32_t> order) {
   uint64_t length = 0;
   for (size_t k = 1; k < order.size(); ++k) {
     length += static_cast<uint64_t>(L1(samples[order[k - 1]], samples[order[k]]));

@@ -32,8 +32,7 @@ std::vector<uint32_t> OrderSamples(std::span<const SampleLengths> samples,
 
 // Sum of L1 distances between consecutive samples of `order` (input and
 // target lengths): the quantity the 2-D tour shortens.
-uint64_t OrderPathLength(std::span<const SampleLengths> samples,
-                         std::span<const uint32_t> order);
+uint64_t OrderPathLength(std::span<const SampleLengths> samples, std::span<const uint32_t> order);
 
 }  // namespace varipipe::planner
 

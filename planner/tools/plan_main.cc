@@ -125,22 +125,23 @@ int Run() {
                  std::string(cost_model.status().message()).c_str());
     return kExitUsage;
   }
-  spdlog::info("cost model: {} ({:.1f} ms to build)", cost_model->description(),
-               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
-                                                         model_start)
-                   .count());
+  spdlog::info(
+      "cost model: {} ({:.1f} ms to build)", cost_model->description(),
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - model_start)
+          .count());
 
   ShutdownSignal shutdown;
   const SyntheticMixture mixture = SyntheticMixture::Flan(config.data().seed());
   const v1::ModelConfig& model = config.model();
-  std::printf("job %s: %s, %u layers, hidden %u; pp=%u dp=%u; synthetic FLAN-like data "
-              "(seed %llu); %llu tokens per global batch, max length %u\n",
-              config.job_id().c_str(), v1::ModelKind_Name(model.kind()).c_str(),
-              model.num_layers() + model.num_decoder_layers(), model.hidden_size(),
-              config.parallelism().pipeline(), config.parallelism().data(),
-              static_cast<unsigned long long>(config.data().seed()),
-              static_cast<unsigned long long>(config.data().tokens_per_global_batch()),
-              config.data().max_sequence_length());
+  std::printf(
+      "job %s: %s, %u layers, hidden %u; pp=%u dp=%u; synthetic FLAN-like data "
+      "(seed %llu); %llu tokens per global batch, max length %u\n",
+      config.job_id().c_str(), v1::ModelKind_Name(model.kind()).c_str(),
+      model.num_layers() + model.num_decoder_layers(), model.hidden_size(),
+      config.parallelism().pipeline(), config.parallelism().data(),
+      static_cast<unsigned long long>(config.data().seed()),
+      static_cast<unsigned long long>(config.data().tokens_per_global_batch()),
+      config.data().max_sequence_length());
 
   // The configured methods first, then the remaining ones for comparison.
   std::vector<planner::PartitionMethod> methods;
@@ -171,21 +172,21 @@ int Run() {
           planner::MicroBatchingOptionsFromConfig(config, methods[m]);
       absl::StatusOr<planner::MicroBatchingResult> r =
           planner::PlanMicroBatches(batch, *cost_model, options);
-      const std::string prefix = absl::StrFormat(
-          "%-5s %-20s %7d %11d", m == 0 ? absl::StrCat(first_iteration + i) : "",
-          planner::PartitionMethodName(methods[m]), batch.size(), real);
+      const std::string prefix =
+          absl::StrFormat("%-5s %-20s %7d %11d", m == 0 ? absl::StrCat(first_iteration + i) : "",
+                          planner::PartitionMethodName(methods[m]), batch.size(), real);
       if (!r.ok()) {
         std::printf("%s infeasible: %s\n", prefix.c_str(),
                     std::string(r.status().message()).c_str());
         continue;
       }
       const planner::MicroBatchingCandidate& best = r->best();
-      std::printf("%s %5zu %7.1f%% %12.1f %-26s %8.3f\n", prefix.c_str(), best.groups.size(),
-                  100 * r->padding.Efficiency(), best.objective_ms,
-                  absl::StrCat(planner::RecomputeName(best.recompute), "/",
-                               BudgetShort(best.budget))
-                      .c_str(),
-                  r->total_ms);
+      std::printf(
+          "%s %5zu %7.1f%% %12.1f %-26s %8.3f\n", prefix.c_str(), best.groups.size(),
+          100 * r->padding.Efficiency(), best.objective_ms,
+          absl::StrCat(planner::RecomputeName(best.recompute), "/", BudgetShort(best.budget))
+              .c_str(),
+          r->total_ms);
       spdlog::debug("iteration {} {}: {}", first_iteration + i,
                     planner::PartitionMethodName(methods[m]), r->reason);
       totals[m].predicted_ms += best.objective_ms;
@@ -197,8 +198,7 @@ int Run() {
   }
   if (planned == 0) return kExitFailure;
   std::printf("summary: %d mini-batches\n", planned);
-  const double reference =
-      totals[0].planned > 0 ? totals[0].predicted_ms / totals[0].planned : 0;
+  const double reference = totals[0].planned > 0 ? totals[0].predicted_ms / totals[0].planned : 0;
   for (size_t m = 0; m < methods.size(); ++m) {
     const MethodTotals& t = totals[m];
     if (t.planned == 0) {
@@ -207,12 +207,12 @@ int Run() {
       continue;
     }
     const double predicted = t.predicted_ms / t.planned;
-    std::printf("  %-20s mean predicted iteration %9.1f ms (%5.2fx of %s), padding efficiency "
-                "%5.1f%%, planning %.3f ms\n",
-                planner::PartitionMethodName(methods[m]), predicted,
-                reference > 0 ? predicted / reference : 0,
-                planner::PartitionMethodName(methods[0]), 100 * t.efficiency / t.planned,
-                t.plan_ms / t.planned);
+    std::printf(
+        "  %-20s mean predicted iteration %9.1f ms (%5.2fx of %s), padding efficiency "
+        "%5.1f%%, planning %.3f ms\n",
+        planner::PartitionMethodName(methods[m]), predicted,
+        reference > 0 ? predicted / reference : 0, planner::PartitionMethodName(methods[0]),
+        100 * t.efficiency / t.planned, t.plan_ms / t.planned);
   }
   if (shutdown.Requested()) {
     spdlog::info("stopped after {} of {} mini-batches", planned, iterations);

@@ -68,11 +68,22 @@ const Setup& GetSetup(bool t5) {
   static Setup* setups[2] = {nullptr, nullptr};
   if (setups[t5] != nullptr) return *setups[t5];
   auto* s = new Setup;
-  s->dims = t5 ? ModelDims{.kind = ModelKind::kT5, .encoder_layers = 24, .decoder_layers = 24,
-                           .hidden = 1024, .heads = 128, .kv_channels = 128, .ffn = 65536,
-                           .vocab = 32128, .dtype_bytes = 2}
-               : ModelDims{.kind = ModelKind::kGpt, .encoder_layers = 32, .hidden = 4096,
-                           .heads = 32, .kv_channels = 128, .ffn = 16384, .vocab = 50432,
+  s->dims = t5 ? ModelDims{.kind = ModelKind::kT5,
+                           .encoder_layers = 24,
+                           .decoder_layers = 24,
+                           .hidden = 1024,
+                           .heads = 128,
+                           .kv_channels = 128,
+                           .ffn = 65536,
+                           .vocab = 32128,
+                           .dtype_bytes = 2}
+               : ModelDims{.kind = ModelKind::kGpt,
+                           .encoder_layers = 32,
+                           .hidden = 4096,
+                           .heads = 32,
+                           .kv_channels = 128,
+                           .ffn = 16384,
+                           .vocab = 50432,
                            .dtype_bytes = 2};
   s->model = *BuildAnalyticCostModel(s->dims, *HardwarePreset("a100-40gb"),
                                      {.max_micro_batch_size = 8192, .max_seq_len = kMaxLength});
@@ -124,10 +135,16 @@ void PlanMiniBatch(benchmark::State& state, bool t5, double interval, bool bound
       for (Recompute mode : o.recompute_modes) {
         MicroBatchCostModel cost = *MicroBatchCostModel::Create(s.model, *layout, mode, 1);
         for (double limit : {available / o.pipeline, available}) {
-          DpProblem p{.samples = batch, .order = order, .policy = policy, .cost = &cost,
-                      .pipeline_stages = o.pipeline, .data_parallel = 1,
-                      .stored_limit_bytes = limit, .peak_limit_bytes = available,
-                      .tmax_interval_ms = interval, .bound_search = false};
+          DpProblem p{.samples = batch,
+                      .order = order,
+                      .policy = policy,
+                      .cost = &cost,
+                      .pipeline_stages = o.pipeline,
+                      .data_parallel = 1,
+                      .stored_limit_bytes = limit,
+                      .peak_limit_bytes = available,
+                      .tmax_interval_ms = interval,
+                      .bound_search = false};
           absl::StatusOr<DpSolution> sol = SolveMicroBatchDp(p);
           benchmark::DoNotOptimize(sol.ok());
         }

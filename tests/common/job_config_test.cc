@@ -93,14 +93,14 @@ TEST(JobConfig, ExplicitZeroOfOptionalFieldIsKept) {
 }
 
 TEST(JobConfig, ExplicitZeroLatencyAndBetaAreKept) {
-  absl::StatusOr<v1::JobConfig> config = ParseAndValidate(
-      Replace(R"("device_memory_limit_mib": 8192)",
-              R"("device_memory_limit_mib": 8192, "intra_node_latency_us": 0)"));
+  absl::StatusOr<v1::JobConfig> config =
+      ParseAndValidate(Replace(R"("device_memory_limit_mib": 8192)",
+                               R"("device_memory_limit_mib": 8192, "intra_node_latency_us": 0)"));
   ASSERT_THAT(config, IsOk());
   EXPECT_EQ(config->cluster().intra_node_latency_us(), 0.0);
   EXPECT_EQ(config->cluster().inter_node_latency_us(), 30.0);
-  absl::StatusOr<v1::JobConfig> beta = ParseAndValidate(
-      Replace(R"("iterations": 10)", R"("iterations": 10, "adam_beta1": 0)"));
+  absl::StatusOr<v1::JobConfig> beta =
+      ParseAndValidate(Replace(R"("iterations": 10)", R"("iterations": 10, "adam_beta1": 0)"));
   ASSERT_THAT(beta, IsOk());
   EXPECT_EQ(beta->training().adam_beta1(), 0.0);
 }
@@ -131,8 +131,8 @@ TEST(JobConfig, UnknownEnumValueIsNamed) {
 
 // A key that appears twice gets no (possibly wrong) line number.
 TEST(JobConfig, AmbiguousUnknownKeyHasNoLine) {
-  const std::string json = Replace(R"("training": {"iterations": 10})",
-                                   R"("training": {"iterations": 10, "kind": 1})");
+  const std::string json =
+      Replace(R"("training": {"iterations": 10})", R"("training": {"iterations": 10, "kind": 1})");
   absl::StatusOr<v1::JobConfig> config = ParseJobConfigJson(json, "job.json");
   EXPECT_THAT(config, StatusIs(absl::StatusCode::kInvalidArgument,
                                AllOf(HasSubstr("job.json: not a valid"), HasSubstr("kind"))));
@@ -232,8 +232,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"TwoColonsInRedisAddress", R"("training")",
                 R"("store": {"redis_address": "a:b:80"}, "training")", "store.redis_address"},
         BadCase{"TwoDTourOnGpt", R"("training")",
-                R"("planner": {"sample_order": "TWO_D_TOUR"}, "training")",
-                "planner.sample_order"},
+                R"("planner": {"sample_order": "TWO_D_TOUR"}, "training")", "planner.sample_order"},
         BadCase{"BetaOne", R"("iterations": 10)", R"("iterations": 10, "adam_beta2": 1.0)",
                 "training.adam_beta2: must be in [0, 1)"}),
     [](const ::testing::TestParamInfo<BadCase>& info) { return info.param.name; });

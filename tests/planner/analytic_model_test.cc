@@ -11,13 +11,26 @@ namespace {
 using ::varipipe::testing::IsOk;
 
 ModelDims Gpt67b() {
-  return {.kind = ModelKind::kGpt, .encoder_layers = 32, .hidden = 4096, .heads = 32,
-          .kv_channels = 128, .ffn = 16384, .vocab = 50432, .dtype_bytes = 2};
+  return {.kind = ModelKind::kGpt,
+          .encoder_layers = 32,
+          .hidden = 4096,
+          .heads = 32,
+          .kv_channels = 128,
+          .ffn = 16384,
+          .vocab = 50432,
+          .dtype_bytes = 2};
 }
 
 ModelDims T5Small() {
-  return {.kind = ModelKind::kT5, .encoder_layers = 4, .decoder_layers = 4, .hidden = 512,
-          .heads = 8, .kv_channels = 64, .ffn = 2048, .vocab = 32128, .dtype_bytes = 2};
+  return {.kind = ModelKind::kT5,
+          .encoder_layers = 4,
+          .decoder_layers = 4,
+          .hidden = 512,
+          .heads = 8,
+          .kv_channels = 64,
+          .ffn = 2048,
+          .vocab = 32128,
+          .dtype_bytes = 2};
 }
 
 // With A = h and f = 4h the FLOPs are Megatron's 24 b s h^2 + 4 b s^2 h.
@@ -25,7 +38,8 @@ TEST(AnalyticModel, FlopsMatchMegatronsFormula) {
   const ModelDims d = Gpt67b();
   const double b = 4, s = 1024, h = 4096;
   EXPECT_DOUBLE_EQ(EncoderLayerForwardFlops(d, b, s, 1), 24 * b * s * h * h + 4 * b * s * s * h);
-  EXPECT_DOUBLE_EQ(EncoderLayerForwardFlops(d, b, s, 2), (24 * b * s * h * h + 4 * b * s * s * h) / 2);
+  EXPECT_DOUBLE_EQ(EncoderLayerForwardFlops(d, b, s, 2),
+                   (24 * b * s * h * h + 4 * b * s * s * h) / 2);
 }
 
 // Korthikanti et al., section 4: s b h (34 + 5 a s / h) without
@@ -45,7 +59,8 @@ TEST(AnalyticModel, ActivationMemoryMatchesKorthikanti) {
 TEST(AnalyticModel, DecoderLayerAddsCrossAttention) {
   const ModelDims d = T5Small();
   EXPECT_GT(DecoderLayerForwardFlops(d, 4, 64, 512, 1), EncoderLayerForwardFlops(d, 4, 64, 1));
-  EXPECT_GT(DecoderLayerForwardFlops(d, 4, 64, 1024, 1), DecoderLayerForwardFlops(d, 4, 64, 512, 1));
+  EXPECT_GT(DecoderLayerForwardFlops(d, 4, 64, 1024, 1),
+            DecoderLayerForwardFlops(d, 4, 64, 512, 1));
   EXPECT_GT(DecoderLayerStoredBytes(d, Recompute::kNone, 4, 64, 512, 1),
             EncoderLayerStoredBytes(d, Recompute::kNone, 4, 64, 1));
 }
@@ -61,12 +76,12 @@ TEST(AnalyticModel, RecomputationTradesTimeForMemory) {
   absl::StatusOr<Hardware> hw = HardwarePreset("a100-40gb");
   ASSERT_THAT(hw, IsOk());
   const ModelDims d = Gpt67b();
-  const CostValues none = AnalyticComponentCost(d, *hw, Component::kEncoderLayer,
-                                                Recompute::kNone, 1, 4, 1024, 0);
-  const CostValues selective = AnalyticComponentCost(d, *hw, Component::kEncoderLayer,
-                                                     Recompute::kSelective, 1, 4, 1024, 0);
-  const CostValues full = AnalyticComponentCost(d, *hw, Component::kEncoderLayer,
-                                                Recompute::kFull, 1, 4, 1024, 0);
+  const CostValues none =
+      AnalyticComponentCost(d, *hw, Component::kEncoderLayer, Recompute::kNone, 1, 4, 1024, 0);
+  const CostValues selective =
+      AnalyticComponentCost(d, *hw, Component::kEncoderLayer, Recompute::kSelective, 1, 4, 1024, 0);
+  const CostValues full =
+      AnalyticComponentCost(d, *hw, Component::kEncoderLayer, Recompute::kFull, 1, 4, 1024, 0);
   EXPECT_DOUBLE_EQ(none.forward_ms, full.forward_ms);
   EXPECT_LT(none.backward_ms, selective.backward_ms);
   EXPECT_LT(selective.backward_ms, full.backward_ms);
@@ -119,8 +134,8 @@ TEST(AnalyticModel, GridReproducesTheFormulaAtGridPoints) {
       for (uint32_t e : {16u, 512u}) {
         CostValues v;
         ASSERT_TRUE(dec->Lookup(b, s, e, &v));
-        EXPECT_EQ(v, AnalyticComponentCost(d, *hw, Component::kDecoderLayer,
-                                           Recompute::kSelective, 1, b, s, e));
+        EXPECT_EQ(v, AnalyticComponentCost(d, *hw, Component::kDecoderLayer, Recompute::kSelective,
+                                           1, b, s, e));
       }
     }
   }

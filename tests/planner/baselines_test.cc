@@ -89,6 +89,38 @@ TEST(Baselines, TokenBasedGivesAnOversizedSampleItsOwnMicroBatch) {
   EXPECT_THAT(groups[1].samples, ElementsAre(1, 2));
 }
 
+TEST(Baselines, PackingFillsSequencesFirstFitDecreasing) {
+  // Max length 100: sorted 60, 50, 40, 30, 20 -> bins [60, 40], [50, 30, 20].
+  const std::vector<SampleLengths> samples = {{40, 0}, {60, 0}, {20, 0}, {50, 0}, {30, 0}};
+  const LengthPolicy policy{.encoder_decoder = false, .multiple = 8};
+  const auto groups = PartitionPacking(samples, policy, 100, 0, 1);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_THAT(groups[0].samples, ElementsAre(1, 0));
+  EXPECT_THAT(groups[1].samples, ElementsAre(3, 4, 2));
+  EXPECT_EQ(groups[0].size(), 1u);       // one packed row
+  EXPECT_EQ(groups[0].input_len, 104u);  // the maximum length, rounded
+  // Two sequences per micro-batch: one micro-batch of two rows.
+  const auto pairs = PartitionPacking(samples, policy, 100, 0, 2);
+  ASSERT_EQ(pairs.size(), 1u);
+  EXPECT_EQ(pairs[0].size(), 2u);
+  EXPECT_THAT(pairs[0].row_starts, ElementsAre(0, 2));
+  // Real 200 tokens over 2 rows x 104.
+  EXPECT_DOUBLE_EQ(ComputePaddingStats(samples, pairs, policy).Efficiency(), 200.0 / 208.0);
+}
+
+TEST(Baselines, PackingEncoderDecoderRespectsBothMaxima) {
+  // Targets limit the packing: max target 10.
+  const std::vector<SampleLengths> samples = {{30, 6}, {20, 6}, {10, 3}};
+  const LengthPolicy policy{.encoder_decoder = true, .multiple = 1};
+  const auto groups = PartitionPacking(samples, policy, 100, 10, 8);
+  ASSERT_EQ(groups.size(), 1u);
+  EXPECT_THAT(groups[0].row_starts, ElementsAre(0, 2));  // [30+10], [20]
+  EXPECT_THAT(groups[0].samples, ElementsAre(0, 2, 1));
+  const PaddingStats stats = ComputePaddingStats(samples, groups, policy);
+  EXPECT_DOUBLE_EQ(stats.InputEfficiency(), 60.0 / 200.0);
+  EXPECT_DOUBLE_EQ(stats.TargetEfficiency(), 15.0 / 20.0);
+}
+
 // Invariants over random inputs: every sample exactly once, groups non-empty,
 // padded lengths are the rounded maxima, token-based groups within budget
 // unless they hold a single sample.

@@ -26,10 +26,9 @@ using ::varipipe::testing::StatusIs;
 class CostModelIoTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / absl::StrCat("varipipe-cost-", getpid(), "-",
-                                                    ::testing::UnitTest::GetInstance()
-                                                        ->current_test_info()
-                                                        ->name());
+    dir_ = fs::temp_directory_path() /
+           absl::StrCat("varipipe-cost-", getpid(), "-",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -43,7 +42,7 @@ class CostModelIoTest : public ::testing::Test {
 // Numbers of a small T5 profile, as functions of the point, so the test can
 // write the same values in both formats.
 double Fw(const char* part, uint32_t b, uint32_t e, uint32_t d) {
-  return std::string(part) == "encoder" ? 0.1 * b * e / 64
+  return std::string(part) == "encoder"   ? 0.1 * b * e / 64
          : std::string(part) == "decoder" ? 0.2 * b * (d + e / 4.0) / 64
                                           : 0.05 * b * d / 64;
 }
@@ -52,8 +51,8 @@ double Act(const char* part, uint32_t b, uint32_t e, uint32_t d) {
 }
 
 void WriteDynaPipeFile(const fs::path& dir, uint32_t b, uint32_t e, uint32_t d, const char* rc) {
-  std::ofstream out(dir / absl::StrCat("microbench_tp1_hs512_ah8_kv64_ffhs2048_encsl", e,
-                                       "_decsl", d, "_mbs", b, rc, ".txt"));
+  std::ofstream out(dir / absl::StrCat("microbench_tp1_hs512_ah8_kv64_ffhs2048_encsl", e, "_decsl",
+                                       d, "_mbs", b, rc, ".txt"));
   out.precision(17);
   for (const char* part : {"encoder", "decoder", "postprocess"}) {
     out << "forward_" << part << ": " << Fw(part, b, e, d) << " ms\n";
@@ -101,7 +100,8 @@ TEST_F(CostModelIoTest, DynaPipeImportAgreesWithJsonHoldingTheSameNumbers) {
       g->set_recompute(RecomputeToProto(mode));
       for (uint32_t b : bs) g->add_micro_batch_sizes(b);
       for (uint32_t l : ls) g->add_seq_lens(l);
-      if (dec) for (uint32_t l : ls) g->add_encoder_seq_lens(l);
+      if (dec)
+        for (uint32_t l : ls) g->add_encoder_seq_lens(l);
       for (uint32_t b : bs) {
         for (uint32_t e : dec ? ls : std::vector<uint32_t>{0}) {
           for (uint32_t s : ls) {
@@ -120,7 +120,8 @@ TEST_F(CostModelIoTest, DynaPipeImportAgreesWithJsonHoldingTheSameNumbers) {
   absl::StatusOr<CostModel> json = CostModelFromProto(file, "inline");
   ASSERT_THAT(json, IsOk());
   for (Recompute mode : {Recompute::kNone, Recompute::kFull}) {
-    for (Component c : {Component::kEncoderLayer, Component::kDecoderLayer, Component::kPostprocess}) {
+    for (Component c :
+         {Component::kEncoderLayer, Component::kDecoderLayer, Component::kPostprocess}) {
       const ProfileGrid* a = imported->Grid(c, mode, 1);
       const ProfileGrid* b = json->Grid(c, mode, 1);
       ASSERT_NE(a, nullptr);
@@ -144,15 +145,18 @@ TEST_F(CostModelIoTest, DynaPipeImportAgreesWithJsonHoldingTheSameNumbers) {
 }
 
 TEST_F(CostModelIoTest, MissingSweepPointsAreInfeasible) {
-  Write("microbench_tp1_hs64_ah4_kv16_ffhs256_sl64_mbs1.txt",
-        "forward_encoder: 1 ms\nbackward_encoder: 2 ms\nforward_postprocess: 0.1 ms\n"
-        "backward_postprocess: 0.2 ms\nencoder_activation: 10 MB\npeak_encoder_activation: 20 MB\n");
-  Write("microbench_tp1_hs64_ah4_kv16_ffhs256_sl128_mbs1.txt",
-        "forward_encoder: 2 ms\nbackward_encoder: 4 ms\nforward_postprocess: 0.1 ms\n"
-        "backward_postprocess: 0.2 ms\nencoder_activation: 20 MB\npeak_encoder_activation: 40 MB\n");
-  Write("microbench_tp1_hs64_ah4_kv16_ffhs256_sl64_mbs2.txt",
-        "forward_encoder: 2 ms\nbackward_encoder: 4 ms\nforward_postprocess: 0.2 ms\n"
-        "backward_postprocess: 0.4 ms\nencoder_activation: 20 MB\npeak_encoder_activation: 40 MB\n");
+  Write(
+      "microbench_tp1_hs64_ah4_kv16_ffhs256_sl64_mbs1.txt",
+      "forward_encoder: 1 ms\nbackward_encoder: 2 ms\nforward_postprocess: 0.1 ms\n"
+      "backward_postprocess: 0.2 ms\nencoder_activation: 10 MB\npeak_encoder_activation: 20 MB\n");
+  Write(
+      "microbench_tp1_hs64_ah4_kv16_ffhs256_sl128_mbs1.txt",
+      "forward_encoder: 2 ms\nbackward_encoder: 4 ms\nforward_postprocess: 0.1 ms\n"
+      "backward_postprocess: 0.2 ms\nencoder_activation: 20 MB\npeak_encoder_activation: 40 MB\n");
+  Write(
+      "microbench_tp1_hs64_ah4_kv16_ffhs256_sl64_mbs2.txt",
+      "forward_encoder: 2 ms\nbackward_encoder: 4 ms\nforward_postprocess: 0.2 ms\n"
+      "backward_postprocess: 0.4 ms\nencoder_activation: 20 MB\npeak_encoder_activation: 40 MB\n");
   Write("notes.txt", "ignored: not a profile\n");
   absl::StatusOr<CostModel> model = ReadDynaPipeProfileDirectory(dir_.string());
   ASSERT_THAT(model, IsOk());
@@ -202,8 +206,14 @@ TEST_F(CostModelIoTest, MixedModelsAreRejected) {
 TEST_F(CostModelIoTest, JsonRoundTripAndErrors) {
   absl::StatusOr<Hardware> hw = HardwarePreset("a100-80gb");
   ASSERT_THAT(hw, IsOk());
-  const ModelDims dims{.kind = ModelKind::kGpt, .encoder_layers = 4, .hidden = 256, .heads = 4,
-                       .kv_channels = 64, .ffn = 1024, .vocab = 1000, .dtype_bytes = 2};
+  const ModelDims dims{.kind = ModelKind::kGpt,
+                       .encoder_layers = 4,
+                       .hidden = 256,
+                       .heads = 4,
+                       .kv_channels = 64,
+                       .ffn = 1024,
+                       .vocab = 1000,
+                       .dtype_bytes = 2};
   absl::StatusOr<CostModel> model =
       BuildAnalyticCostModel(dims, *hw, {.max_micro_batch_size = 8, .max_seq_len = 128});
   ASSERT_THAT(model, IsOk());

@@ -81,8 +81,9 @@ TEST(Balance, NeverWorseThanGreedyAndCloseToOptimal) {
     kk_exact += kk.makespan <= optimum + 1e-9;
     worst = std::max(worst, best.makespan / optimum);
   }
-  std::printf("balance vs brute force: %d cases, exact %.1f%% (KK alone %.1f%%), worst ratio %.4f\n",
-              cases, 100.0 * exact / cases, 100.0 * kk_exact / cases, worst);
+  std::printf(
+      "balance vs brute force: %d cases, exact %.1f%% (KK alone %.1f%%), worst ratio %.4f\n", cases,
+      100.0 * exact / cases, 100.0 * kk_exact / cases, worst);
 }
 
 TEST(Balance, Deterministic) {

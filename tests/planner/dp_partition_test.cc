@@ -46,15 +46,20 @@ RandomCase MakeCase(std::mt19937& rng, bool t5, int n) {
             .ffn = 64u << (rng() % 4),
             .vocab = 1000 + static_cast<uint32_t>(rng() % 30000),
             .dtype_bytes = 2};
-  Hardware hw{"random", 50 + static_cast<double>(rng() % 900), 20,
-              500 + static_cast<double>(rng() % 4000), 80,
-              0.2 + (rng() % 60) / 100.0, static_cast<double>(16 + rng() % 2000),
+  Hardware hw{"random",
+              50 + static_cast<double>(rng() % 900),
+              20,
+              500 + static_cast<double>(rng() % 4000),
+              80,
+              0.2 + (rng() % 60) / 100.0,
+              static_cast<double>(16 + rng() % 2000),
               static_cast<double>(rng() % 50)};
   absl::StatusOr<CostModel> model =
       BuildAnalyticCostModel(c.dims, hw, {.max_micro_batch_size = 16, .max_seq_len = 512});
   EXPECT_THAT(model, IsOk());
   c.model = *std::move(model);
-  const uint32_t pipeline = t5 ? 1 + rng() % 4 : 1 + rng() % std::min<uint32_t>(4, c.dims.encoder_layers);
+  const uint32_t pipeline =
+      t5 ? 1 + rng() % 4 : 1 + rng() % std::min<uint32_t>(4, c.dims.encoder_layers);
   absl::StatusOr<StageLayout> layout = MakeStageLayout(c.dims, pipeline, 1);
   EXPECT_THAT(layout, IsOk());
   c.layout = *layout;
@@ -63,8 +68,8 @@ RandomCase MakeCase(std::mt19937& rng, bool t5, int n) {
   for (int i = 0; i < n; ++i) {
     // Lengths up to the grid's maximum (after rounding).
     if (t5) {
-      c.samples.push_back({1 + static_cast<uint32_t>(rng() % 400),
-                           1 + static_cast<uint32_t>(rng() % 200)});
+      c.samples.push_back(
+          {1 + static_cast<uint32_t>(rng() % 400), 1 + static_cast<uint32_t>(rng() % 200)});
     } else {
       const uint32_t total = 2 + static_cast<uint32_t>(rng() % 400);
       const uint32_t target = 1 + static_cast<uint32_t>(rng() % (total - 1));
@@ -92,9 +97,9 @@ BruteResult BruteForce(const DpProblem& p) {
       g.samples.assign(p.order.begin() + begin, p.order.begin() + end);
       PadToLongest(p.samples, p.policy, g);
       MicroBatchCost cost;
-      feasible = p.cost->Evaluate(static_cast<uint32_t>(g.size()), g.input_len, g.target_len,
-                                  &cost) &&
-                 cost.stored_bytes <= p.stored_limit_bytes && cost.peak_bytes <= p.peak_limit_bytes;
+      feasible =
+          p.cost->Evaluate(static_cast<uint32_t>(g.size()), g.input_len, g.target_len, &cost) &&
+          cost.stored_bytes <= p.stored_limit_bytes && cost.peak_bytes <= p.peak_limit_bytes;
       max_t = std::max(max_t, cost.time_ms);
       sum_t += cost.time_ms;
       begin = end;
@@ -129,7 +134,8 @@ class DpAgainstBruteForce : public ::testing::TestWithParam<bool> {};
 
 TEST_P(DpAgainstBruteForce, FindsTheOptimum) {
   const bool t5 = GetParam();
-  std::mt19937 rng(varipipe::testing::TestSeed(t5 ? "DpAgainstBruteForce/T5" : "DpAgainstBruteForce/GPT"));
+  std::mt19937 rng(
+      varipipe::testing::TestSeed(t5 ? "DpAgainstBruteForce/T5" : "DpAgainstBruteForce/GPT"));
   int compared = 0;
   int infeasible = 0;
   for (int trial = 0; trial < 1500; ++trial) {
@@ -146,10 +152,16 @@ TEST_P(DpAgainstBruteForce, FindsTheOptimum) {
     ASSERT_TRUE(cost->Evaluate(16, 512, t5 ? 512 : 0, &large));
     const double limit = small.peak_bytes + (large.peak_bytes - small.peak_bytes) *
                                                 std::pow((rng() % 1000) / 1000.0, 3);
-    DpProblem p{.samples = c.samples, .order = order, .policy = c.policy, .cost = &*cost,
-                .pipeline_stages = c.layout.devices, .virtual_chunks = 1,
-                .data_parallel = c.data_parallel, .stored_limit_bytes = limit * 0.8,
-                .peak_limit_bytes = limit, .tmax_interval_ms = 0};
+    DpProblem p{.samples = c.samples,
+                .order = order,
+                .policy = c.policy,
+                .cost = &*cost,
+                .pipeline_stages = c.layout.devices,
+                .virtual_chunks = 1,
+                .data_parallel = c.data_parallel,
+                .stored_limit_bytes = limit * 0.8,
+                .peak_limit_bytes = limit,
+                .tmax_interval_ms = 0};
     const BruteResult brute = BruteForce(p);
     absl::StatusOr<DpSolution> dp = SolveMicroBatchDp(p);
     if (brute.objective == kInf) {
@@ -180,8 +192,9 @@ TEST_P(DpAgainstBruteForce, FindsTheOptimum) {
     p.tmax_interval_ms = brute.objective * (rng() % 100) / 1000.0;
     absl::StatusOr<DpSolution> bucketed = SolveMicroBatchDp(p);
     ASSERT_THAT(bucketed, IsOk());
-    EXPECT_LE(bucketed->objective_ms,
-              brute.objective + (p.pipeline_stages - 1) * p.tmax_interval_ms + 1e-9 * brute.objective);
+    EXPECT_LE(
+        bucketed->objective_ms,
+        brute.objective + (p.pipeline_stages - 1) * p.tmax_interval_ms + 1e-9 * brute.objective);
     EXPECT_GE(bucketed->objective_ms, brute.objective * (1 - 1e-9));
     ExpectValidSolution(p, *bucketed);
   }
@@ -203,8 +216,12 @@ TEST(MicroBatchDp, NamesTheSampleThatFitsNowhere) {
   MicroBatchCost one;
   ASSERT_TRUE(cost->Evaluate(1, 104, 0, &one));
   const std::vector<uint32_t> order = OrderSamples(c.samples, c.policy, SampleOrder::kLengthSort);
-  DpProblem p{.samples = c.samples, .order = order, .policy = c.policy, .cost = &*cost,
-              .pipeline_stages = 1, .stored_limit_bytes = one.stored_bytes * 2,
+  DpProblem p{.samples = c.samples,
+              .order = order,
+              .policy = c.policy,
+              .cost = &*cost,
+              .pipeline_stages = 1,
+              .stored_limit_bytes = one.stored_bytes * 2,
               .peak_limit_bytes = one.peak_bytes * 2};
   EXPECT_THAT(SolveMicroBatchDp(p),
               StatusIs(absl::StatusCode::kResourceExhausted,
@@ -217,8 +234,12 @@ TEST(MicroBatchDp, RejectsAnEmptyMiniBatch) {
   absl::StatusOr<MicroBatchCostModel> cost =
       MicroBatchCostModel::Create(c.model, c.layout, Recompute::kNone, 1);
   ASSERT_THAT(cost, IsOk());
-  DpProblem p{.samples = c.samples, .order = {}, .policy = c.policy, .cost = &*cost,
-              .stored_limit_bytes = 1e30, .peak_limit_bytes = 1e30};
+  DpProblem p{.samples = c.samples,
+              .order = {},
+              .policy = c.policy,
+              .cost = &*cost,
+              .stored_limit_bytes = 1e30,
+              .peak_limit_bytes = 1e30};
   EXPECT_THAT(SolveMicroBatchDp(p),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty mini-batch")));
 }

@@ -30,8 +30,14 @@ TEST(ModelState, ZeroStagesShardAcrossDataParallel) {
 }
 
 ModelDims Gpt() {
-  return {.kind = ModelKind::kGpt, .encoder_layers = 32, .hidden = 4096, .heads = 32,
-          .kv_channels = 128, .ffn = 16384, .vocab = 50432, .dtype_bytes = 2};
+  return {.kind = ModelKind::kGpt,
+          .encoder_layers = 32,
+          .hidden = 4096,
+          .heads = 32,
+          .kv_channels = 128,
+          .ffn = 16384,
+          .vocab = 50432,
+          .dtype_bytes = 2};
 }
 
 TEST(StageLayout, SplitsLayersAndT5Devices) {
@@ -54,8 +60,8 @@ TEST(StageLayout, SplitsLayersAndT5Devices) {
 TEST(Available, SubtractsTheBusiestDevicesModelState) {
   absl::StatusOr<Hardware> hw = HardwarePreset("a100-40gb");
   ASSERT_THAT(hw, IsOk());
-  absl::StatusOr<CostModel> model = BuildAnalyticCostModel(Gpt(), *hw, {.max_micro_batch_size = 4,
-                                                                         .max_seq_len = 64});
+  absl::StatusOr<CostModel> model =
+      BuildAnalyticCostModel(Gpt(), *hw, {.max_micro_batch_size = 4, .max_seq_len = 64});
   ASSERT_THAT(model, IsOk());
   absl::StatusOr<StageLayout> layout = MakeStageLayout(Gpt(), 4, 1);
   ASSERT_THAT(layout, IsOk());

@@ -18,8 +18,14 @@ using ::varipipe::testing::IsOk;
 using ::varipipe::testing::StatusIs;
 
 ModelDims SmallGpt() {
-  return {.kind = ModelKind::kGpt, .encoder_layers = 8, .hidden = 1024, .heads = 16,
-          .kv_channels = 64, .ffn = 4096, .vocab = 32000, .dtype_bytes = 2};
+  return {.kind = ModelKind::kGpt,
+          .encoder_layers = 8,
+          .hidden = 1024,
+          .heads = 16,
+          .kv_channels = 64,
+          .ffn = 4096,
+          .vocab = 32000,
+          .dtype_bytes = 2};
 }
 
 CostModel Model(const ModelDims& dims) {
@@ -71,10 +77,15 @@ TEST(MicroBatching, ChoosesTheFastestFeasiblePairAndExplains) {
     }
     ++pruned;
     const MicroBatchCostModel cost = *MicroBatchCostModel::Create(model, layout, c.recompute, 1);
-    DpProblem p{.samples = batch, .order = order, .policy = policy, .cost = &cost,
-                .pipeline_stages = o.pipeline, .data_parallel = o.data_parallel,
+    DpProblem p{.samples = batch,
+                .order = order,
+                .policy = policy,
+                .cost = &cost,
+                .pipeline_stages = o.pipeline,
+                .data_parallel = o.data_parallel,
                 .stored_limit_bytes = c.stored_limit_bytes,
-                .peak_limit_bytes = c.peak_limit_bytes, .tmax_interval_ms = 0};
+                .peak_limit_bytes = c.peak_limit_bytes,
+                .tmax_interval_ms = 0};
     absl::StatusOr<DpSolution> exact = SolveMicroBatchDp(p);
     ASSERT_THAT(exact, IsOk());
     EXPECT_GE(exact->objective_ms, r->best().objective_ms * (1 - 1e-12));
@@ -104,7 +115,8 @@ TEST(MicroBatching, ComparesBudgetsInsteadOfTakingTheFirstFit) {
   const MicroBatchingCandidate* none_depth = nullptr;
   const MicroBatchingCandidate* none_whole = nullptr;
   for (const MicroBatchingCandidate& c : r->candidates) {
-    if (c.recompute == Recompute::kNone && c.budget == MemoryBudget::kPipelineDepth) none_depth = &c;
+    if (c.recompute == Recompute::kNone && c.budget == MemoryBudget::kPipelineDepth)
+      none_depth = &c;
     if (c.recompute == Recompute::kNone && c.budget == MemoryBudget::kWholeDevice) none_whole = &c;
   }
   ASSERT_NE(none_depth, nullptr);
@@ -145,10 +157,10 @@ TEST(MicroBatching, TooLittleMemoryNamesTheSampleOrTruncates) {
   MicroBatchingOptions o = Options(dims, 0.95);  // barely more than the model state
   o.recompute_modes = {Recompute::kNone};
   const std::vector<SampleLengths> s = {{100, 10}, {2000, 40}};
-  EXPECT_THAT(PlanMicroBatches(s, model, o),
-              StatusIs(absl::StatusCode::kResourceExhausted,
-                       AllOf(HasSubstr("sample 1 (input 2000, target 40 tokens)"),
-                             HasSubstr("limits"))));
+  EXPECT_THAT(
+      PlanMicroBatches(s, model, o),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               AllOf(HasSubstr("sample 1 (input 2000, target 40 tokens)"), HasSubstr("limits"))));
   o.truncate = true;
   absl::StatusOr<MicroBatchingResult> r = PlanMicroBatches(s, model, o);
   ASSERT_THAT(r, IsOk());
@@ -163,9 +175,9 @@ TEST(MicroBatching, BaselinesAreCostedWithTheSameObjective) {
   const ModelDims dims = SmallGpt();
   const CostModel model = Model(dims);
   double dp_objective = 0;
-  for (PartitionMethod m : {PartitionMethod::kDynamicProgramming, PartitionMethod::kTokenBased,
-                            PartitionMethod::kFixedSize, PartitionMethod::kPacking,
-                            PartitionMethod::kPadding}) {
+  for (PartitionMethod m :
+       {PartitionMethod::kDynamicProgramming, PartitionMethod::kTokenBased,
+        PartitionMethod::kFixedSize, PartitionMethod::kPacking, PartitionMethod::kPadding}) {
     MicroBatchingOptions o = Options(dims, 16);
     o.method = m;
     o.fixed_micro_batch_size = 4;
@@ -186,15 +198,22 @@ TEST(MicroBatching, BaselinesAreCostedWithTheSameObjective) {
 }
 
 TEST(MicroBatching, T5UsesBothLengths) {
-  const ModelDims dims{.kind = ModelKind::kT5, .encoder_layers = 4, .decoder_layers = 4,
-                       .hidden = 512, .heads = 8, .kv_channels = 64, .ffn = 2048,
-                       .vocab = 32128, .dtype_bytes = 2};
+  const ModelDims dims{.kind = ModelKind::kT5,
+                       .encoder_layers = 4,
+                       .decoder_layers = 4,
+                       .hidden = 512,
+                       .heads = 8,
+                       .kv_channels = 64,
+                       .ffn = 2048,
+                       .vocab = 32128,
+                       .dtype_bytes = 2};
   const CostModel model = Model(dims);
   MicroBatchingOptions o = Options(dims, 16);
   o.order = SampleOrder::kTwoDTour;
   std::vector<SampleLengths> s;
   for (int i = 0; i < 50; ++i) {
-    s.push_back({static_cast<uint32_t>(30 + 53 * i % 1500), static_cast<uint32_t>(2 + 17 * i % 300)});
+    s.push_back(
+        {static_cast<uint32_t>(30 + 53 * i % 1500), static_cast<uint32_t>(2 + 17 * i % 300)});
   }
   absl::StatusOr<MicroBatchingResult> r = PlanMicroBatches(s, model, o);
   ASSERT_THAT(r, IsOk());

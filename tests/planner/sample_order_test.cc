@@ -60,7 +60,8 @@ TEST(SampleOrder, RandomInputsGivePermutations) {
   std::mt19937 rng(varipipe::testing::TestSeed("SampleOrder.RandomInputsGivePermutations"));
   for (int trial = 0; trial < 200; ++trial) {
     std::vector<SampleLengths> s(1 + rng() % 100);
-    for (SampleLengths& x : s) x = {static_cast<uint32_t>(1 + rng() % 3000), static_cast<uint32_t>(1 + rng() % 300)};
+    for (SampleLengths& x : s)
+      x = {static_cast<uint32_t>(1 + rng() % 3000), static_cast<uint32_t>(1 + rng() % 300)};
     std::vector<uint32_t> tour = OrderSamples(s, {.encoder_decoder = true}, SampleOrder::kTwoDTour);
     std::sort(tour.begin(), tour.end());
     for (uint32_t i = 0; i < s.size(); ++i) ASSERT_EQ(tour[i], i);
