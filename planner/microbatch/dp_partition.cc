@@ -129,9 +129,13 @@ absl::StatusOr<DpSolution> SolveBudget(const DpProblem& p, const RunTable& runs,
     // sample alone.
     tmax_floor = std::max(tmax_floor, alone.time_ms);
     too_slow |= alone.time_ms > run_cap;
+    // The first run over the limit ends the usable runs (memory grows with
+    // the run; a scan rather than a binary search stays safe on noisy
+    // profiles).
     const double* stored = runs.stored.data() + runs.offset[i];
-    width[i] = static_cast<uint32_t>(
-        std::upper_bound(stored, stored + runs.width[i], stored_limit) - stored);
+    uint32_t w = 0;
+    while (w < runs.width[i] && stored[w] <= stored_limit) ++w;
+    width[i] = w;
   }
   DpSolution solution;
   const auto pruned = [&](double lower_bound) {
