@@ -39,6 +39,13 @@ MATCHER_P2(StatusIs, code, message_matcher,
                                        result_listener);
 }
 
+// Matches a Status or StatusOr whose code equals `code`, any message.
+MATCHER_P(StatusIs, code, absl::StrCat("has status code ", absl::StatusCodeToString(code))) {
+  const absl::Status& status = GetStatus(arg);
+  if (status.code() != code) *result_listener << "whose status is " << status;
+  return status.code() == code;
+}
+
 MATCHER(IsOk, "is OK") {
   const absl::Status& status = GetStatus(arg);
   if (!status.ok()) *result_listener << "whose status is " << status;

@@ -1,0 +1,36 @@
+#include "planner/schedule/op.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace varipipe::planner {
+
+std::string Op::ToString() const {
+  return absl::StrCat(stage, kind == OpKind::kForward ? "F" : "B", micro_batch);
+}
+
+absl::StatusOr<Op> ParseOp(absl::string_view text) {
+  const size_t at = text.find_first_of("FB");
+  Op op;
+  if (at == absl::string_view::npos || at == 0 || at + 1 == text.size() ||
+      !absl::SimpleAtoi(text.substr(0, at), &op.stage) ||
+      !absl::SimpleAtoi(text.substr(at + 1), &op.micro_batch)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text, "' is not an op (expected <stage>F<micro_batch> or ...B...)"));
+  }
+  op.kind = text[at] == 'F' ? OpKind::kForward : OpKind::kBackward;
+  return op;
+}
+
+std::string FormatDeviceOrder(const DeviceOrder& order) {
+  std::string text;
+  for (size_t d = 0; d < order.size(); ++d) {
+    absl::StrAppend(&text, "d", d, ":");
+    for (const Op& op : order[d]) absl::StrAppend(&text, " ", op.ToString());
+    absl::StrAppend(&text, "\n");
+  }
+  return text;
+}
+
+}  // namespace varipipe::planner

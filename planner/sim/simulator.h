@@ -1,0 +1,112 @@
+// A discrete-event simulator of one pipeline iteration (one data-parallel
+// replica).
+//
+// Each device has one compute stream that runs its ops strictly in the
+// schedule's order (a wait-free replay: an op starts as soon as the device is
+// free and its input has arrived). Each ordered device pair has one
+// communication channel per direction; transfers on a channel run one at a
+// time, in the order their producing ops finished, and take
+// latency + bytes / bandwidth (intra- or inter-node link).
+//
+// Dependencies: F(s, m) needs F(s - 1, m)'s activation; B(s, m) needs
+// F(s, m) and B(s + 1, m)'s gradient (the last stage: its own F, the loss).
+// Memory per device: an op's stored activation is allocated when its forward
+// starts and freed when its backward ends; while an op runs the device holds
+// everything stored plus that op's transient (peak - stored).
+//
+// An order that cannot complete (a cycle of waits) is reported as a
+// deadlock naming each stuck device's next op.
+#ifndef VARIPIPE_PLANNER_SIM_SIMULATOR_H_
+#define VARIPIPE_PLANNER_SIM_SIMULATOR_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "planner/schedule/op.h"
+
+namespace varipipe::planner {
+
+// Costs of one stage (model chunk) for one micro-batch.
+struct StageOpCost {
+  double forward_ms = 0;
+  double backward_ms = 0;
+  double stored_bytes = 0;
+  double peak_bytes = 0;
+  // Bytes of the forward output sent to the next stage, and of the input
+  // gradient sent to the previous stage.
+  double activation_bytes = 0;
+  double gradient_bytes = 0;
+};
+
+// costs[stage][micro_batch].
+using StageCostTable = std::vector<std::vector<StageOpCost>>;
+
+struct Link {
+  double latency_ms = 0;
+  double bytes_per_ms = 0;  // 0: transfers are free (no communication cost)
+  double TransferMs(double bytes) const {
+    return bytes_per_ms > 0 ? latency_ms + bytes / bytes_per_ms : latency_ms;
+  }
+};
+
+// Where the pipeline's devices sit: device d is global device
+// first_device + d; devices_per_node consecutive global devices share a node.
+struct ClusterNetwork {
+  uint32_t devices_per_node = 8;
+  uint32_t first_device = 0;
+  Link intra_node;
+  Link inter_node;
+  const Link& Between(uint32_t a, uint32_t b) const {
+    return (first_device + a) / devices_per_node == (first_device + b) / devices_per_node
+               ? intra_node
+               : inter_node;
+  }
+};
+
+struct TimedOp {
+  Op op;
+  uint32_t device = 0;
+  double start_ms = 0;
+  double end_ms = 0;
+};
+
+struct TimedTransfer {
+  Op producer;  // the op whose output travels
+  uint32_t from = 0;
+  uint32_t to = 0;
+  double bytes = 0;
+  double start_ms = 0;
+  double end_ms = 0;
+};
+
+struct SimulationResult {
+  bool completed = false;
+  std::string deadlock;  // set when !completed
+  double makespan_ms = 0;
+  std::vector<double> busy_ms;           // per device
+  std::vector<double> bubble_fraction;   // per device: 1 - busy / makespan
+  std::vector<double> peak_bytes;        // per device
+  std::vector<uint32_t> peak_in_flight;  // per device: most forwards awaiting their backward
+  std::vector<TimedOp> ops;              // in order of start time
+  std::vector<TimedTransfer> transfers;  // in order of creation
+
+  double MaxPeakBytes() const;
+  double MeanBubbleFraction() const;
+};
+
+// REQUIRES: order has shape.devices lists over stages < shape.stages() and
+// micro-batches < shape.micro_batches, each forward and backward exactly
+// once on the stage's device (validate with CheckScheduleCoverage);
+// costs[stage][micro_batch] for every stage and micro-batch.
+SimulationResult Simulate(const PipelineShape& shape, const DeviceOrder& order,
+                          const StageCostTable& costs, const ClusterNetwork& network);
+
+// OK when `order` runs every forward and backward of every (stage,
+// micro-batch) exactly once, on the stage's device; otherwise names the
+// first problem.
+std::string CheckScheduleCoverage(const PipelineShape& shape, const DeviceOrder& order);
+
+}  // namespace varipipe::planner
+
+#endif  // VARIPIPE_PLANNER_SIM_SIMULATOR_H_
