@@ -24,23 +24,9 @@
 #include <vector>
 
 #include "planner/schedule/op.h"
+#include "planner/schedule/stage_costs.h"
 
 namespace varipipe::planner {
-
-// Costs of one stage (model chunk) for one micro-batch.
-struct StageOpCost {
-  double forward_ms = 0;
-  double backward_ms = 0;
-  double stored_bytes = 0;
-  double peak_bytes = 0;
-  // Bytes of the forward output sent to the next stage, and of the input
-  // gradient sent to the previous stage.
-  double activation_bytes = 0;
-  double gradient_bytes = 0;
-};
-
-// costs[stage][micro_batch].
-using StageCostTable = std::vector<std::vector<StageOpCost>>;
 
 struct Link {
   double latency_ms = 0;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace varipipe {
@@ -48,6 +49,24 @@ TEST(DependencyRule, PlannerCoreIncludesNoServiceOrTorchHeaders) {
   const std::vector<std::string> violations =
       Violations(fs::path(VARIPIPE_SOURCE_DIR) / "planner", forbidden, {"service/"});
   for (const std::string& v : violations) ADD_FAILURE() << v;
+}
+
+// Inside the planner core, arrows point one way:
+// cost -> microbatch -> schedule -> sim -> comm -> plan.
+TEST(DependencyRule, PlannerLayersIncludeOnlyEarlierLayers) {
+  const std::vector<std::string> layers = {"cost", "microbatch", "schedule", "sim", "comm", "plan"};
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const fs::path dir = fs::path(VARIPIPE_SOURCE_DIR) / "planner" / layers[i];
+    if (!fs::exists(dir)) continue;
+    std::string later;
+    for (size_t j = i + 1; j < layers.size(); ++j) {
+      absl::StrAppend(&later, later.empty() ? "" : "|", "planner/", layers[j], "/");
+    }
+    if (later.empty()) continue;
+    for (const std::string& v : Violations(dir, std::regex("^(" + later + ")"), {})) {
+      ADD_FAILURE() << v << " (planner/" << layers[i] << " may not include a later layer)";
+    }
+  }
 }
 
 TEST(DependencyRule, CommonIncludesNoServiceOrTorchHeaders) {

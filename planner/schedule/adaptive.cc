@@ -1,0 +1,122 @@
+#include "planner/schedule/adaptive.h"
+
+#include <algorithm>
+#include <deque>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace varipipe::planner {
+
+absl::StatusOr<DeviceOrder> AdaptiveSchedule(const PipelineShape& shape,
+                                             const StageCostTable& costs,
+                                             std::span<const uint32_t> injection_order,
+                                             double memory_limit_bytes) {
+  if (shape.chunks != 1) {
+    return absl::InvalidArgumentError("the adaptive schedule needs one chunk per device");
+  }
+  if (injection_order.size() != shape.micro_batches) {
+    return absl::InvalidArgumentError(absl::StrCat("injection order has ", injection_order.size(),
+                                                   " micro-batches, the pipeline ",
+                                                   shape.micro_batches));
+  }
+  const uint32_t c = shape.devices;
+  std::vector<std::deque<uint32_t>> forward_ready(c);
+  std::vector<std::deque<uint32_t>> backward_ready(c);
+  forward_ready[0].assign(injection_order.begin(), injection_order.end());
+  std::vector<double> memory(c, 0);
+  // Headroom every admitted forward leaves for the largest transient any op
+  // of the device will need (backwards run on top of everything stored).
+  std::vector<double> max_transient(c, 0);
+  for (uint32_t j = 0; j < c; ++j) {
+    for (const StageOpCost& cost : costs[j]) {
+      max_transient[j] = std::max(max_transient[j], cost.peak_bytes - cost.stored_bytes);
+    }
+  }
+  std::vector<uint32_t> in_flight(c, 0);
+  DeviceOrder order(c);
+  size_t remaining = 2 * static_cast<size_t>(c) * shape.micro_batches;
+  while (remaining > 0) {
+    std::vector<std::vector<uint32_t>> new_forward(c);
+    std::vector<std::vector<uint32_t>> new_backward(c);
+    size_t progress = 0;
+    for (uint32_t j = 0; j < c; ++j) {
+      if (!backward_ready[j].empty()) {
+        const uint32_t mb = backward_ready[j].front();
+        backward_ready[j].pop_front();
+        memory[j] -= costs[j][mb].stored_bytes;
+        --in_flight[j];
+        order[j].push_back({OpKind::kBackward, j, mb});
+        if (j > 0) new_backward[j - 1].push_back(mb);
+        ++progress;
+      }
+      if (!forward_ready[j].empty()) {
+        const uint32_t mb = forward_ready[j].front();
+        const StageOpCost& cost = costs[j][mb];
+        if (in_flight[j] == 0 ||
+            memory[j] + cost.stored_bytes + max_transient[j] <= memory_limit_bytes) {
+          forward_ready[j].pop_front();
+          memory[j] += cost.stored_bytes;
+          ++in_flight[j];
+          order[j].push_back({OpKind::kForward, j, mb});
+          (j + 1 < c ? new_forward[j + 1] : new_backward[j]).push_back(mb);
+          ++progress;
+        }
+      }
+    }
+    for (uint32_t j = 0; j < c; ++j) {
+      forward_ready[j].insert(forward_ready[j].end(), new_forward[j].begin(), new_forward[j].end());
+      backward_ready[j].insert(backward_ready[j].end(), new_backward[j].begin(),
+                               new_backward[j].end());
+    }
+    if (progress == 0) {
+      // Cannot happen (a device holding nothing accepts a forward and the
+      // last device turns forwards into backwards); guard against a bug.
+      return absl::InternalError("adaptive schedule made no progress");
+    }
+    remaining -= progress;
+  }
+  return order;
+}
+
+std::vector<int> ClusterByValue(std::span<const double> values, int clusters) {
+  const int n = static_cast<int>(values.size());
+  std::vector<int> labels(n, 0);
+  if (n == 0 || clusters <= 1) return labels;
+  std::vector<double> sorted(values.begin(), values.end());
+  std::sort(sorted.begin(), sorted.end());
+  const int k = std::min(clusters, n);
+  std::vector<double> centre(k);
+  for (int c = 0; c < k; ++c) centre[c] = sorted[(2 * c + 1) * n / (2 * k)];
+  for (int round = 0; round < 100; ++round) {
+    bool changed = false;
+    for (int i = 0; i < n; ++i) {
+      int best = 0;
+      for (int c = 1; c < k; ++c) {
+        if (std::abs(values[i] - centre[c]) < std::abs(values[i] - centre[best])) best = c;
+      }
+      changed |= labels[i] != best;
+      labels[i] = best;
+    }
+    std::vector<double> sum(k, 0);
+    std::vector<int> count(k, 0);
+    for (int i = 0; i < n; ++i) {
+      sum[labels[i]] += values[i];
+      ++count[labels[i]];
+    }
+    for (int c = 0; c < k; ++c) {
+      if (count[c] > 0) centre[c] = sum[c] / count[c];
+    }
+    if (!changed && round > 0) break;
+  }
+  // Relabel by increasing centre.
+  std::vector<int> rank(k);
+  std::iota(rank.begin(), rank.end(), 0);
+  std::sort(rank.begin(), rank.end(), [&](int a, int b) { return centre[a] < centre[b]; });
+  std::vector<int> relabel(k);
+  for (int r = 0; r < k; ++r) relabel[rank[r]] = r;
+  for (int& l : labels) l = relabel[l];
+  return labels;
+}
+
+}  // namespace varipipe::planner

@@ -1,0 +1,44 @@
+// DynaPipe's memory-aware adaptive schedule (section 5, Algorithm 1). The
+// micro-batch ordering search around it is planner/sim/order_search.h.
+//
+// Cyclic scheduling with injection control: time advances in cycles; in
+// each cycle every device runs at most one backward (first) and one forward
+// from its ready buffers. Micro-batches enter the pipeline through device
+// 0's forward buffer in the injection order. A forward whose activation
+// would push the device over its memory limit is skipped this cycle (it
+// waits for backwards to free memory); a device holding nothing always
+// accepts one, so the schedule finishes whenever one micro-batch alone fits.
+// Ops unlocked in a cycle become ready in the next. The result is only an
+// order per device: the simulator replays it wait-free (no cycle barriers).
+//
+// Memory check: a forward is admitted when the device's stored activation,
+// including the new micro-batch's, plus the largest transient (peak -
+// stored) of any of the device's ops stays within the limit, so no later op
+// pushes the device past it (the quantity the simulator reports as peak).
+#ifndef VARIPIPE_PLANNER_SCHEDULE_ADAPTIVE_H_
+#define VARIPIPE_PLANNER_SCHEDULE_ADAPTIVE_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/schedule/op.h"
+#include "planner/schedule/stage_costs.h"
+
+namespace varipipe::planner {
+
+// REQUIRES: shape.chunks == 1; injection_order a permutation of the
+// micro-batches; costs[stage][micro_batch].
+absl::StatusOr<DeviceOrder> AdaptiveSchedule(const PipelineShape& shape,
+                                             const StageCostTable& costs,
+                                             std::span<const uint32_t> injection_order,
+                                             double memory_limit_bytes);
+
+// Cluster labels (0..k-1, ordered by centre) of `values`, 1-D k-means with
+// centres seeded at evenly spaced quantiles. Exposed for tests.
+std::vector<int> ClusterByValue(std::span<const double> values, int clusters);
+
+}  // namespace varipipe::planner
+
+#endif  // VARIPIPE_PLANNER_SCHEDULE_ADAPTIVE_H_

@@ -1,0 +1,27 @@
+// Per-stage costs of each micro-batch: what schedules that look at costs
+// (the adaptive schedule) and the simulator need.
+#ifndef VARIPIPE_PLANNER_SCHEDULE_STAGE_COSTS_H_
+#define VARIPIPE_PLANNER_SCHEDULE_STAGE_COSTS_H_
+
+#include <vector>
+
+namespace varipipe::planner {
+
+// Costs of one stage (model chunk) for one micro-batch.
+struct StageOpCost {
+  double forward_ms = 0;
+  double backward_ms = 0;
+  double stored_bytes = 0;
+  double peak_bytes = 0;
+  // Bytes of the forward output sent to the next stage, and of the input
+  // gradient sent to the previous stage.
+  double activation_bytes = 0;
+  double gradient_bytes = 0;
+};
+
+// costs[stage][micro_batch].
+using StageCostTable = std::vector<std::vector<StageOpCost>>;
+
+}  // namespace varipipe::planner
+
+#endif  // VARIPIPE_PLANNER_SCHEDULE_STAGE_COSTS_H_

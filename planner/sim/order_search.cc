@@ -1,0 +1,63 @@
+#include "planner/sim/order_search.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace varipipe::planner {
+
+absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(const PipelineShape& shape,
+                                                         const StageCostTable& costs,
+                                                         std::span<const double> times_ms,
+                                                         double memory_limit_bytes,
+                                                         const ClusterNetwork& network) {
+  const uint32_t m = shape.micro_batches;
+  if (times_ms.size() != m) {
+    return absl::InvalidArgumentError("one predicted time per micro-batch is needed");
+  }
+  std::vector<std::vector<uint32_t>> orders;
+  std::vector<uint32_t> identity(m);
+  std::iota(identity.begin(), identity.end(), 0u);
+  orders.push_back(identity);
+  const int k = m > 20 ? 3 : 4;
+  if (m > 1) {
+    const std::vector<int> labels = ClusterByValue(times_ms, k);
+    const int used = *std::max_element(labels.begin(), labels.end()) + 1;
+    std::vector<int> cluster_order(used);
+    std::iota(cluster_order.begin(), cluster_order.end(), 0);
+    do {
+      std::vector<uint32_t> order;
+      for (int cluster : cluster_order) {
+        for (uint32_t mb = 0; mb < m; ++mb) {
+          if (labels[mb] == cluster) order.push_back(mb);
+        }
+      }
+      if (order != identity) orders.push_back(std::move(order));
+    } while (std::next_permutation(cluster_order.begin(), cluster_order.end()));
+  }
+  AdaptiveSearchResult best;
+  bool have = false;
+  for (const std::vector<uint32_t>& injection : orders) {
+    absl::StatusOr<DeviceOrder> order =
+        AdaptiveSchedule(shape, costs, injection, memory_limit_bytes);
+    if (!order.ok()) return order.status();
+    SimulationResult sim = Simulate(shape, *order, costs, network);
+    if (!sim.completed)
+      return absl::InternalError(absl::StrCat("adaptive schedule: ", sim.deadlock));
+    const bool fits = sim.MaxPeakBytes() <= memory_limit_bytes;
+    ++best.orders_tried;
+    const bool better =
+        !have || (fits && !best.fits_memory) ||
+        (fits == best.fits_memory && (fits ? sim.makespan_ms < best.simulation.makespan_ms
+                                           : sim.MaxPeakBytes() < best.simulation.MaxPeakBytes()));
+    if (better) {
+      const int tried = best.orders_tried;
+      best = {injection, *std::move(order), std::move(sim), tried, fits};
+      have = true;
+    }
+  }
+  return best;
+}
+
+}  // namespace varipipe::planner

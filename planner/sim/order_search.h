@@ -1,0 +1,39 @@
+// The micro-batch ordering search for the adaptive schedule (DynaPipe
+// section 5, "Micro-batch ordering").
+#ifndef VARIPIPE_PLANNER_SIM_ORDER_SEARCH_H_
+#define VARIPIPE_PLANNER_SIM_ORDER_SEARCH_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/schedule/adaptive.h"
+#include "planner/sim/simulator.h"
+
+namespace varipipe::planner {
+
+struct AdaptiveSearchResult {
+  std::vector<uint32_t> injection_order;
+  DeviceOrder order;
+  SimulationResult simulation;
+  int orders_tried = 0;
+  bool fits_memory = false;  // simulated peak within the limit
+};
+
+// The micro-batch ordering search: micro-batches are clustered by
+// `times_ms` (their predicted times; 1-D k-means with quantile seeding, 3
+// clusters above 20 micro-batches, else 4; deterministic), every
+// permutation of the cluster order is tried (members keep their relative
+// order) plus the given order, each is scheduled and simulated, and the
+// smallest makespan whose peak memory fits wins (if none fits: the smallest
+// peak).
+absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(const PipelineShape& shape,
+                                                         const StageCostTable& costs,
+                                                         std::span<const double> times_ms,
+                                                         double memory_limit_bytes,
+                                                         const ClusterNetwork& network);
+
+}  // namespace varipipe::planner
+
+#endif  // VARIPIPE_PLANNER_SIM_ORDER_SEARCH_H_
