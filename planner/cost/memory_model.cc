@@ -30,6 +30,8 @@ absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipe
   layout.devices = pipeline;
   layout.virtual_chunks = virtual_chunks;
   layout.encoder_decoder = dims.encoder_decoder();
+  layout.encoder_layers = dims.encoder_layers;
+  layout.decoder_layers = dims.encoder_decoder() ? dims.decoder_layers : 0;
   const auto ceil_div = [](uint32_t a, uint32_t b) { return (a + b - 1) / b; };
   if (!dims.encoder_decoder()) {
     if (dims.encoder_layers < pipeline * virtual_chunks) {

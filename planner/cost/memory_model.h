@@ -40,6 +40,9 @@ struct StageLayout {
   uint32_t devices = 1;          // pipeline degree c
   uint32_t virtual_chunks = 1;   // model chunks per device (interleaving)
   uint32_t encoder_devices = 1;  // T5: devices holding encoder layers (== devices for GPT)
+  // The model's layers of each kind.
+  uint32_t encoder_layers = 0;
+  uint32_t decoder_layers = 0;
   // Most layers any device holds of each kind (ceiling division).
   uint32_t encoder_layers_per_device = 0;
   uint32_t decoder_layers_per_device = 0;

@@ -43,6 +43,8 @@ absl::StatusOr<MicroBatchCostModel> MicroBatchCostModel::Create(const CostModel&
                                                                 uint32_t tensor_parallel) {
   MicroBatchCostModel m;
   m.layout_ = layout;
+  m.total_encoder_layers_ = layout.encoder_layers;
+  m.total_decoder_layers_ = layout.decoder_layers;
   m.recompute_ = recompute;
   m.encoder_ = model.Grid(Component::kEncoderLayer, recompute, tensor_parallel);
   m.postprocess_ = model.Grid(Component::kPostprocess, recompute, tensor_parallel);
@@ -190,6 +192,74 @@ bool MicroBatchCostModel::Evaluate(const Row& row, uint32_t b, MicroBatchCost* o
     }
   }
   return Combine(encoder, decoder, encoder_embedding, decoder_embedding, postprocess, out);
+}
+
+bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_t target_len,
+                                         uint32_t chunks, uint32_t hidden, uint32_t dtype_bytes,
+                                         std::vector<StageCost>* out) const {
+  CostValues encoder;
+  CostValues decoder;
+  CostValues encoder_embedding;
+  CostValues decoder_embedding;
+  CostValues postprocess;
+  const bool t5 = layout_.encoder_decoder;
+  if (!encoder_->Lookup(b, input_len, &encoder)) return false;
+  if (!postprocess_->Lookup(b, t5 ? target_len : input_len, &postprocess)) return false;
+  if (embedding_ != nullptr && !embedding_->Lookup(b, input_len, &encoder_embedding)) return false;
+  if (t5) {
+    if (!decoder_->Lookup(b, target_len, input_len, &decoder)) return false;
+    if (embedding_ != nullptr && !embedding_->Lookup(b, target_len, &decoder_embedding)) {
+      return false;
+    }
+  }
+  const uint32_t stages = layout_.devices * chunks;
+  out->assign(stages, StageCost());
+  const double encoder_act = static_cast<double>(b) * input_len * hidden * dtype_bytes;
+  const double decoder_act = static_cast<double>(b) * target_len * hidden * dtype_bytes;
+  // Layers of each stage: an even split of `layers` over `count` stages
+  // (the first stages take the remainder).
+  const auto layers_of = [](uint32_t layers, uint32_t count, uint32_t index) {
+    return layers / count + (index < layers % count ? 1 : 0);
+  };
+  const auto add = [](StageCost& st, const CostValues& v, double count, double& transient) {
+    st.forward_ms += count * v.forward_ms;
+    st.backward_ms += count * v.backward_ms;
+    st.stored_bytes += count * v.stored_bytes;
+    if (count > 0) transient = std::max(transient, v.peak_bytes - v.stored_bytes);
+  };
+  const uint32_t encoder_stages =
+      t5 ? (layout_.devices == 1 ? 1 : layout_.encoder_devices) : stages;
+  for (uint32_t st = 0; st < stages; ++st) {
+    StageCost& c = (*out)[st];
+    double transient = 0;
+    const bool decoder_stage = t5 && (layout_.devices == 1 ? false : st >= encoder_stages);
+    if (!decoder_stage) {
+      const uint32_t index = st;
+      add(c, encoder, layers_of(total_encoder_layers_, encoder_stages, index), transient);
+      if (index == 0) add(c, encoder_embedding, 1, transient);
+      if (t5 && layout_.devices == 1) {
+        add(c, decoder, total_decoder_layers_, transient);
+        add(c, decoder_embedding, 1, transient);
+        add(c, postprocess, 1, transient);
+      } else if (!t5 && st + 1 == stages) {
+        add(c, postprocess, 1, transient);
+      }
+      c.activation_bytes = encoder_act;
+      c.gradient_bytes = st == 0 ? 0 : encoder_act;
+    } else {
+      const uint32_t index = st - encoder_stages;
+      const uint32_t decoder_stages = stages - encoder_stages;
+      add(c, decoder, layers_of(total_decoder_layers_, decoder_stages, index), transient);
+      if (index == 0) add(c, decoder_embedding, 1, transient);
+      if (st + 1 == stages) add(c, postprocess, 1, transient);
+      // Decoder stages pass on their activations and the encoder output.
+      c.activation_bytes = decoder_act + encoder_act;
+      c.gradient_bytes = index == 0 ? encoder_act : decoder_act + encoder_act;
+    }
+    if (st + 1 == stages) c.activation_bytes = 0;
+    c.peak_bytes = c.stored_bytes + transient;
+  }
+  return true;
 }
 
 }  // namespace varipipe::planner

@@ -14,6 +14,7 @@
 #define VARIPIPE_PLANNER_COST_MICRO_BATCH_COST_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "planner/cost/cost_model.h"
@@ -27,6 +28,20 @@ struct MicroBatchCost {
   double time_ms = 0;       // forward + backward of the bottleneck device
   double stored_bytes = 0;  // largest per-device stored activation
   double peak_bytes = 0;    // largest per-device peak
+};
+
+// Costs of one pipeline stage (device, or model chunk with interleaving)
+// for one micro-batch, for schedules and the simulator.
+struct StageCost {
+  double forward_ms = 0;
+  double backward_ms = 0;
+  double stored_bytes = 0;
+  double peak_bytes = 0;
+  // Bytes sent to the next stage after the forward (activations; T5
+  // decoder stages also forward the encoder output), and to the previous
+  // stage after the backward (gradients of the same tensors).
+  double activation_bytes = 0;
+  double gradient_bytes = 0;
 };
 
 class MicroBatchCostModel {
@@ -56,6 +71,13 @@ class MicroBatchCostModel {
   // Same result as Evaluate(b, input_len, target_len) for the row's lengths.
   bool Evaluate(const Row& row, uint32_t b, MicroBatchCost* out) const;
 
+  // Per-stage costs of `b` samples padded to (input_len, target_len) when
+  // the model is split into `stages` = devices * chunks stages (layers
+  // spread evenly, looped placement; T5: encoder stages first). Activation
+  // sizes use `hidden` and `dtype_bytes`. False when outside the cost model.
+  bool EvaluateStages(uint32_t b, uint32_t input_len, uint32_t target_len, uint32_t chunks,
+                      uint32_t hidden, uint32_t dtype_bytes, std::vector<StageCost>* out) const;
+
   const StageLayout& layout() const { return layout_; }
   Recompute recompute() const { return recompute_; }
 
@@ -66,6 +88,8 @@ class MicroBatchCostModel {
                const CostValues& postprocess, MicroBatchCost* out) const;
 
   StageLayout layout_;
+  uint32_t total_encoder_layers_ = 0;
+  uint32_t total_decoder_layers_ = 0;
   Recompute recompute_ = Recompute::kNone;
   const ProfileGrid* encoder_ = nullptr;
   const ProfileGrid* decoder_ = nullptr;    // T5 only

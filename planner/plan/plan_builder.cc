@@ -1,0 +1,328 @@
+#include "planner/plan/plan_builder.h"
+
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+
+namespace varipipe::planner {
+namespace {
+
+using StageKey = std::pair<uint32_t, uint32_t>;  // (stage, micro-batch)
+
+v1::TensorSpec Spec(std::initializer_list<int64_t> dims, v1::DType dtype) {
+  v1::TensorSpec spec;
+  for (int64_t d : dims) spec.add_dims(d);
+  spec.set_dtype(dtype);
+  return spec;
+}
+
+// Builds the plan of one rank (device `d` of replica `r`).
+class RankPlanBuilder {
+ public:
+  RankPlanBuilder(const PlanBuildOptions& o, const ReplicaPlan& replica, uint32_t dp_rank,
+                  uint32_t device)
+      : o_(o), replica_(replica), dp_rank_(dp_rank), device_(device) {}
+
+  absl::StatusOr<v1::ExecutionPlan> Build() {
+    const PipelineShape& shape = replica_.shape;
+    plan_.set_format_version(v1::PLAN_FORMAT_V1);
+    plan_.set_job_id(o_.job_id);
+    plan_.set_iteration(o_.iteration);
+    plan_.set_rank(RankOf(device_));
+    plan_.set_dp_rank(static_cast<int32_t>(dp_rank_));
+    plan_.set_pp_rank(static_cast<int32_t>(device_));
+    for (uint32_t c = 0; c < shape.chunks; ++c) plan_.add_stages(shape.Stage(device_, c));
+    for (size_t i = 0; i < replica_.micro_batches.size(); ++i) {
+      const PlannedMicroBatch& mb = replica_.micro_batches[i];
+      v1::MicroBatch* out = plan_.add_micro_batches();
+      out->set_id(static_cast<uint32_t>(i));
+      for (uint64_t id : mb.sample_ids) out->add_sample_ids(id);
+      out->set_input_len(mb.input_len);
+      out->set_target_len(mb.target_len);
+      out->set_real_input_tokens(mb.real_input_tokens);
+      out->set_real_target_tokens(mb.real_target_tokens);
+      for (uint32_t r : mb.row_starts) out->add_row_starts(r);
+    }
+    plan_.set_recompute(o_.recompute);
+    plan_.set_global_target_tokens(o_.global_target_tokens);
+    plan_.set_schedule(o_.schedule);
+    plan_.set_partition_method(o_.partition_method);
+    plan_.set_predicted_iteration_ms(o_.predicted_iteration_ms);
+
+    for (const ProgramEntry& e : replica_.comm.programs[device_]) {
+      absl::Status status;
+      switch (e.step) {
+        case ProgramStep::kCompute:
+          status = e.op.kind == OpKind::kForward ? Forward(e.op) : Backward(e.op);
+          break;
+        case ProgramStep::kRecvStart:
+          status = RecvStart(e.transfer);
+          break;
+        case ProgramStep::kRecvWait:
+          status = Wait(e.transfer, /*send=*/false);
+          break;
+        case ProgramStep::kSendStart:
+          status = SendStart(e.transfer);
+          break;
+        case ProgramStep::kSendWait:
+          status = Wait(e.transfer, /*send=*/true);
+          break;
+      }
+      if (!status.ok()) return status;
+    }
+    v1::Instruction* reduce = plan_.add_instructions();
+    for (uint32_t s : plan_.stages()) reduce->mutable_all_reduce()->add_stages(s);
+    for (uint32_t r = 0; r < o_.data_parallel; ++r) {
+      reduce->mutable_all_reduce()->add_group_ranks(
+          static_cast<int32_t>(r * o_.pipeline + device_));
+    }
+    v1::Instruction* step = plan_.add_instructions();
+    for (uint32_t s : plan_.stages()) step->mutable_optimizer_step()->add_stages(s);
+    plan_.set_num_buffers(next_buffer_);
+    return std::move(plan_);
+  }
+
+ private:
+  int32_t RankOf(uint32_t device) const {
+    return static_cast<int32_t>(dp_rank_ * o_.pipeline + device);
+  }
+  uint32_t Stages() const { return replica_.shape.stages(); }
+  bool IsDecoder(uint32_t stage) const { return o_.encoder_decoder && stage >= o_.encoder_stages; }
+
+  // What stage `stage` sends forward.
+  std::vector<v1::TensorSpec> ActivationSpecs(uint32_t stage, uint32_t mb) const {
+    const PlannedMicroBatch& m = replica_.micro_batches[mb];
+    const int64_t b = m.rows;
+    const int64_t h = o_.hidden;
+    if (IsDecoder(stage)) {
+      return {Spec({b, m.target_len, h}, o_.dtype), Spec({b, m.input_len, h}, o_.dtype)};
+    }
+    return {Spec({b, m.input_len, h}, o_.dtype)};
+  }
+
+  uint32_t Allocate() { return next_buffer_++; }
+  std::vector<uint32_t> Allocate(size_t n) {
+    std::vector<uint32_t> ids;
+    for (size_t i = 0; i < n; ++i) ids.push_back(Allocate());
+    return ids;
+  }
+  void Free(const std::vector<uint32_t>& ids, const Op& op) {
+    if (ids.empty()) return;
+    v1::Instruction* i = Add(op.micro_batch, op.stage);
+    for (uint32_t id : ids) i->mutable_free_buffer()->add_buffer_ids(id);
+  }
+  v1::Instruction* Add(uint32_t mb, uint32_t stage) {
+    v1::Instruction* i = plan_.add_instructions();
+    i->set_micro_batch(mb);
+    i->set_stage(stage);
+    return i;
+  }
+  static std::vector<uint32_t> Take(std::map<StageKey, std::vector<uint32_t>>& map, StageKey key) {
+    auto it = map.find(key);
+    if (it == map.end()) return {};
+    std::vector<uint32_t> ids = std::move(it->second);
+    map.erase(it);
+    return ids;
+  }
+
+  absl::Status Forward(const Op& op) {
+    const uint32_t st = op.stage;
+    const uint32_t mb = op.micro_batch;
+    const PlannedMicroBatch& m = replica_.micro_batches[mb];
+    std::vector<uint32_t> inputs;
+    if (st > 0) {
+      inputs = replica_.shape.DeviceOf(st - 1) == device_ ? Take(forward_outputs_, {st - 1, mb})
+                                                          : Take(received_activations_, {st, mb});
+      if (inputs.empty()) {
+        return absl::InternalError(
+            absl::StrCat("plan builder: no input for ", op.ToString(), " on device ", device_));
+      }
+    }
+    // Tokens and labels this stage loads.
+    std::vector<std::pair<v1::LoadInput::Content, v1::TensorSpec>> loads;
+    const int64_t b = m.rows;
+    const bool single = Stages() == 1;
+    if (st == 0) loads.push_back({v1::LoadInput::INPUT_TOKENS, Spec({b, m.input_len}, v1::INT64)});
+    if (o_.encoder_decoder && (st == o_.encoder_stages || single)) {
+      loads.push_back({v1::LoadInput::DECODER_INPUT_TOKENS, Spec({b, m.target_len}, v1::INT64)});
+    }
+    if (st + 1 == Stages()) {
+      loads.push_back({v1::LoadInput::LABELS,
+                       Spec({b, o_.encoder_decoder ? m.target_len : m.input_len}, v1::INT64)});
+    }
+    std::vector<uint32_t> loaded;
+    if (!loads.empty()) {
+      v1::Instruction* load = Add(mb, st);
+      for (const auto& [content, spec] : loads) {
+        const uint32_t id = Allocate();
+        loaded.push_back(id);
+        load->mutable_load_input()->add_buffer_ids(id);
+        *load->mutable_load_input()->add_tensors() = spec;
+        load->mutable_load_input()->add_contents(content);
+      }
+    }
+    v1::ForwardPass* f = Add(mb, st)->mutable_forward();
+    for (uint32_t id : inputs) f->add_input_buffer_ids(id);
+    for (uint32_t id : loaded) f->add_input_buffer_ids(id);
+    if (st + 1 < Stages()) {
+      const std::vector<v1::TensorSpec> specs = ActivationSpecs(st, mb);
+      std::vector<uint32_t> outputs = Allocate(specs.size());
+      for (size_t k = 0; k < specs.size(); ++k) {
+        f->add_output_buffer_ids(outputs[k]);
+        *f->add_output_tensors() = specs[k];
+      }
+      forward_outputs_[{st, mb}] = outputs;
+      if (replica_.shape.DeviceOf(st + 1) != device_) sent_outputs_[{st, mb}] = outputs;
+    }
+    // The forward keeps what its backward needs; the buffers go.
+    inputs.insert(inputs.end(), loaded.begin(), loaded.end());
+    Free(inputs, op);
+    return absl::OkStatus();
+  }
+
+  absl::Status Backward(const Op& op) {
+    const uint32_t st = op.stage;
+    const uint32_t mb = op.micro_batch;
+    std::vector<uint32_t> output_grads;
+    if (st + 1 < Stages()) {
+      output_grads = replica_.shape.DeviceOf(st + 1) == device_
+                         ? Take(input_grads_, {st + 1, mb})
+                         : Take(received_gradients_, {st, mb});
+      if (output_grads.empty()) {
+        return absl::InternalError(
+            absl::StrCat("plan builder: no gradient for ", op.ToString(), " on device ", device_));
+      }
+    }
+    v1::BackwardPass* bw = Add(mb, st)->mutable_backward();
+    for (uint32_t id : output_grads) bw->add_output_grad_buffer_ids(id);
+    if (st > 0) {
+      const std::vector<v1::TensorSpec> specs = ActivationSpecs(st - 1, mb);
+      std::vector<uint32_t> grads = Allocate(specs.size());
+      for (size_t k = 0; k < specs.size(); ++k) {
+        bw->add_input_grad_buffer_ids(grads[k]);
+        *bw->add_input_grad_tensors() = specs[k];
+      }
+      input_grads_[{st, mb}] = grads;
+    }
+    Free(output_grads, op);
+    return absl::OkStatus();
+  }
+
+  v1::Transfer TransferMessage(const PlannedTransfer& t, const std::vector<uint32_t>& ids,
+                               bool send) const {
+    v1::Transfer msg;
+    msg.set_kind(t.activation() ? v1::ACTIVATION : v1::GRADIENT);
+    msg.set_peer(RankOf(send ? t.to : t.from));
+    for (uint32_t id : ids) msg.add_buffer_ids(id);
+    const uint32_t spec_stage = t.activation() ? t.producer.stage : t.producer.stage - 1;
+    for (const v1::TensorSpec& s : ActivationSpecs(spec_stage, t.producer.micro_batch)) {
+      *msg.add_tensors() = s;
+    }
+    return msg;
+  }
+
+  absl::Status RecvStart(uint32_t id) {
+    const PlannedTransfer& t = replica_.comm.transfers[id];
+    const uint32_t spec_stage = t.activation() ? t.producer.stage : t.producer.stage - 1;
+    const std::vector<uint32_t> ids =
+        Allocate(ActivationSpecs(spec_stage, t.producer.micro_batch).size());
+    const StageKey consumer{t.consumer_stage(), t.producer.micro_batch};
+    (t.activation() ? received_activations_ : received_gradients_)[consumer] = ids;
+    transfers_[id] = TransferMessage(t, ids, /*send=*/false);
+    *Add(t.producer.micro_batch, t.consumer_stage())->mutable_recv_start() = transfers_[id];
+    return absl::OkStatus();
+  }
+
+  absl::Status SendStart(uint32_t id) {
+    const PlannedTransfer& t = replica_.comm.transfers[id];
+    const StageKey key{t.producer.stage, t.producer.micro_batch};
+    const auto& source = t.activation() ? sent_outputs_ : input_grads_;
+    const auto it = source.find(key);
+    if (it == source.end()) {
+      return absl::InternalError(
+          absl::StrCat("plan builder: nothing to send for ", t.producer.ToString()));
+    }
+    send_buffers_[id] = it->second;
+    if (!t.activation()) input_grads_.erase(key);
+    transfers_[id] = TransferMessage(t, send_buffers_[id], /*send=*/true);
+    *Add(t.producer.micro_batch, t.producer.stage)->mutable_send_start() = transfers_[id];
+    return absl::OkStatus();
+  }
+
+  absl::Status Wait(uint32_t id, bool send) {
+    const PlannedTransfer& t = replica_.comm.transfers[id];
+    const auto it = transfers_.find(id);
+    if (it == transfers_.end()) {
+      return absl::InternalError(absl::StrCat("plan builder: wait before start of transfer ", id));
+    }
+    const uint32_t stage = send ? t.producer.stage : t.consumer_stage();
+    v1::Instruction* i = Add(t.producer.micro_batch, stage);
+    *(send ? i->mutable_send_wait() : i->mutable_recv_wait()) = it->second;
+    if (send) {
+      // The sent buffers are released once the transfer completed.
+      Free(send_buffers_[id], Op{t.producer.kind, t.producer.stage, t.producer.micro_batch});
+      if (t.activation()) {
+        sent_outputs_.erase({t.producer.stage, t.producer.micro_batch});
+        forward_outputs_.erase({t.producer.stage, t.producer.micro_batch});
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  const PlanBuildOptions& o_;
+  const ReplicaPlan& replica_;
+  const uint32_t dp_rank_;
+  const uint32_t device_;
+  v1::ExecutionPlan plan_;
+  uint32_t next_buffer_ = 0;
+  std::map<StageKey, std::vector<uint32_t>> forward_outputs_;
+  std::map<StageKey, std::vector<uint32_t>> sent_outputs_;
+  std::map<StageKey, std::vector<uint32_t>> received_activations_;
+  std::map<StageKey, std::vector<uint32_t>> received_gradients_;
+  std::map<StageKey, std::vector<uint32_t>> input_grads_;
+  std::map<uint32_t, v1::Transfer> transfers_;
+  std::map<uint32_t, std::vector<uint32_t>> send_buffers_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<v1::ExecutionPlan>> BuildExecutionPlans(
+    const PlanBuildOptions& options, const std::vector<ReplicaPlan>& replicas) {
+  if (replicas.size() != options.data_parallel) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan builder: ", replicas.size(), " replicas for data parallel ", options.data_parallel));
+  }
+  std::vector<v1::ExecutionPlan> plans;
+  for (uint32_t r = 0; r < replicas.size(); ++r) {
+    const ReplicaPlan& replica = replicas[r];
+    if (replica.shape.devices != options.pipeline ||
+        replica.comm.programs.size() != options.pipeline ||
+        replica.micro_batches.size() != replica.shape.micro_batches) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan builder: replica ", r, " does not match the pipeline"));
+    }
+    for (uint32_t d = 0; d < options.pipeline; ++d) {
+      RankPlanBuilder builder(options, replica, r, d);
+      absl::StatusOr<v1::ExecutionPlan> plan = builder.Build();
+      if (!plan.ok()) return plan.status();
+      plans.push_back(*std::move(plan));
+    }
+  }
+  return plans;
+}
+
+std::string SerializePlanDeterministically(const v1::ExecutionPlan& plan) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    plan.SerializeToCodedStream(&coded);
+  }
+  return bytes;
+}
+
+}  // namespace varipipe::planner

@@ -1,0 +1,79 @@
+// Lowers the communication plans of every data-parallel replica into one
+// varipipe.v1.ExecutionPlan per rank (docs/plan_format.md): buffers with ids,
+// exact tensor shapes and dtypes on every transfer, LoadInput where tokens or
+// labels are needed, FreeBuffer after last use, and the iteration's
+// AllReduceGradients and OptimizerStep.
+//
+// Tensors between stages (b micro-batch size, s padded input length, t
+// padded target length, h hidden size, model dtype):
+//   GPT, and T5 encoder stages:   [b, s, h]
+//   T5 decoder stages:            [b, t, h] (decoder activations) and
+//                                 [b, s, h] (encoder output); the first
+//                                 decoder stage receives only the encoder
+//                                 output and loads its decoder tokens.
+// Gradients have the shapes of the activations they belong to. Loaded
+// tensors are INT64: input tokens [b, s] (stage 0), decoder input tokens
+// [b, t] (T5 first decoder stage), labels [b, s] (GPT) or [b, t] (T5) on the
+// last stage. A compute op reads received tensors in transfer order, then
+// loaded ones.
+//
+// Global rank = dp_rank * pipeline + pp_rank; the stages a rank holds are
+// pp_rank, pp_rank + pipeline, ... (looped placement). Serialization of the
+// result is deterministic.
+#ifndef VARIPIPE_PLANNER_PLAN_PLAN_BUILDER_H_
+#define VARIPIPE_PLANNER_PLAN_PLAN_BUILDER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/comm/comm_planner.h"
+#include "varipipe/v1/plan.pb.h"
+
+namespace varipipe::planner {
+
+struct PlannedMicroBatch {
+  std::vector<uint64_t> sample_ids;  // dataset sample ids, in row order
+  uint32_t input_len = 0;            // padded
+  uint32_t target_len = 0;           // padded; 0 for GPT
+  uint64_t real_input_tokens = 0;
+  uint64_t real_target_tokens = 0;
+  uint32_t rows = 0;                 // micro-batch size b
+  std::vector<uint32_t> row_starts;  // packed rows (see MicroBatch.row_starts)
+};
+
+struct ReplicaPlan {
+  PipelineShape shape;                           // micro_batches == micro_batches.size()
+  std::vector<PlannedMicroBatch> micro_batches;  // index = MicroBatch.id
+  CommPlan comm;
+};
+
+struct PlanBuildOptions {
+  std::string job_id;
+  uint64_t iteration = 0;
+  uint32_t pipeline = 1;
+  uint32_t data_parallel = 1;
+  bool encoder_decoder = false;
+  // T5: stages [0, encoder_stages) are encoder stages.
+  uint32_t encoder_stages = 0;
+  uint32_t hidden = 0;
+  v1::DType dtype = v1::BFLOAT16;
+  std::string recompute;         // "none", "selective", "full"
+  std::string schedule;          // for reports
+  std::string partition_method;  // for reports
+  uint64_t global_target_tokens = 0;
+  double predicted_iteration_ms = 0;
+};
+
+// One plan per rank, in rank order. REQUIRES: replicas.size() ==
+// data_parallel, each with `pipeline` devices.
+absl::StatusOr<std::vector<v1::ExecutionPlan>> BuildExecutionPlans(
+    const PlanBuildOptions& options, const std::vector<ReplicaPlan>& replicas);
+
+// Deterministic binary serialization (byte-identical for equal plans).
+std::string SerializePlanDeterministically(const v1::ExecutionPlan& plan);
+
+}  // namespace varipipe::planner
+
+#endif  // VARIPIPE_PLANNER_PLAN_PLAN_BUILDER_H_

@@ -1,0 +1,363 @@
+#include "planner/plan/validator.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/util/message_differencer.h"
+
+namespace varipipe::planner {
+namespace {
+
+std::string Specs(const google::protobuf::RepeatedPtrField<v1::TensorSpec>& specs) {
+  std::vector<std::string> parts;
+  for (const v1::TensorSpec& s : specs) {
+    parts.push_back(absl::StrCat(absl::StrJoin(s.dims(), "x"), " ", v1::DType_Name(s.dtype())));
+  }
+  return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
+}
+
+absl::Status Fail(int rank, int index, const v1::ExecutionPlan& plan, const std::string& why) {
+  std::string context;
+  for (int i = std::max(0, index - 3); i < std::min(plan.instructions_size(), index + 2); ++i) {
+    absl::StrAppend(&context, i == index ? "\n  > " : "\n    ", i, ": ",
+                    FormatInstruction(plan.instructions(i)));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("invalid plan: rank ", rank, ", instruction ", index, ": ", why, context));
+}
+
+bool SameSpecs(const v1::Transfer& a, const v1::Transfer& b) {
+  if (a.tensors_size() != b.tensors_size()) return false;
+  for (int i = 0; i < a.tensors_size(); ++i) {
+    if (!google::protobuf::util::MessageDifferencer::Equals(a.tensors(i), b.tensors(i))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Per-rank static checks (1, 2).
+absl::Status CheckRank(int rank, const v1::ExecutionPlan& plan, int ranks) {
+  if (plan.format_version() != v1::PLAN_FORMAT_V1) {
+    return Fail(rank, 0, plan, absl::StrCat("format_version ", plan.format_version()));
+  }
+  if (plan.rank() != rank) {
+    return Fail(rank, 0, plan, absl::StrCat("plan says rank ", plan.rank()));
+  }
+  enum State { kUnwritten, kPendingReceive, kReady, kFreed };
+  std::vector<State> state(plan.num_buffers(), kUnwritten);
+  std::set<std::pair<uint32_t, uint32_t>> forwards;
+  std::set<std::pair<uint32_t, uint32_t>> backwards;
+  std::set<uint32_t> stages(plan.stages().begin(), plan.stages().end());
+  // Open transfers: index of the Start, per (peer, direction) in order.
+  std::map<std::pair<int32_t, bool>, std::vector<int>> open;
+  const auto check_ids = [&](int i, const auto& ids) -> absl::Status {
+    for (uint32_t id : ids) {
+      if (id >= plan.num_buffers()) {
+        return Fail(rank, i, plan,
+                    absl::StrCat("buffer ", id, " >= num_buffers ", plan.num_buffers()));
+      }
+    }
+    return absl::OkStatus();
+  };
+  const auto write = [&](int i, const auto& ids) -> absl::Status {
+    if (auto s = check_ids(i, ids); !s.ok()) return s;
+    for (uint32_t id : ids) {
+      if (state[id] != kUnwritten)
+        return Fail(rank, i, plan, absl::StrCat("buffer ", id, " written twice"));
+      state[id] = kReady;
+    }
+    return absl::OkStatus();
+  };
+  const auto read = [&](int i, const auto& ids) -> absl::Status {
+    if (auto s = check_ids(i, ids); !s.ok()) return s;
+    for (uint32_t id : ids) {
+      if (state[id] == kFreed)
+        return Fail(rank, i, plan, absl::StrCat("buffer ", id, " read after it was freed"));
+      if (state[id] == kPendingReceive) {
+        return Fail(rank, i, plan, absl::StrCat("buffer ", id, " read before its RecvWait"));
+      }
+      if (state[id] == kUnwritten)
+        return Fail(rank, i, plan, absl::StrCat("buffer ", id, " read before it was written"));
+    }
+    return absl::OkStatus();
+  };
+  for (int i = 0; i < plan.instructions_size(); ++i) {
+    const v1::Instruction& in = plan.instructions(i);
+    const std::pair<uint32_t, uint32_t> key{in.stage(), in.micro_batch()};
+    absl::Status s;
+    switch (in.op_case()) {
+      case v1::Instruction::kLoadInput:
+        s = write(i, in.load_input().buffer_ids());
+        break;
+      case v1::Instruction::kForward:
+        if (!stages.count(in.stage()))
+          s = Fail(rank, i, plan, "forward of a stage the rank does not hold");
+        else if (!forwards.insert(key).second)
+          s = Fail(rank, i, plan, "forward runs twice");
+        if (s.ok()) s = read(i, in.forward().input_buffer_ids());
+        if (s.ok()) s = write(i, in.forward().output_buffer_ids());
+        break;
+      case v1::Instruction::kBackward:
+        if (!forwards.count(key))
+          s = Fail(rank, i, plan, "backward before its forward");
+        else if (!backwards.insert(key).second)
+          s = Fail(rank, i, plan, "backward runs twice");
+        if (s.ok()) s = read(i, in.backward().output_grad_buffer_ids());
+        if (s.ok()) s = write(i, in.backward().input_grad_buffer_ids());
+        break;
+      case v1::Instruction::kSendStart:
+        s = read(i, in.send_start().buffer_ids());
+        open[{in.send_start().peer(), true}].push_back(i);
+        break;
+      case v1::Instruction::kRecvStart:
+        s = check_ids(i, in.recv_start().buffer_ids());
+        if (s.ok()) {
+          for (uint32_t id : in.recv_start().buffer_ids()) {
+            if (state[id] != kUnwritten) {
+              s = Fail(rank, i, plan, absl::StrCat("buffer ", id, " written twice"));
+              break;
+            }
+            state[id] = kPendingReceive;
+          }
+        }
+        open[{in.recv_start().peer(), false}].push_back(i);
+        break;
+      case v1::Instruction::kSendWait:
+      case v1::Instruction::kRecvWait: {
+        const bool send = in.op_case() == v1::Instruction::kSendWait;
+        const v1::Transfer& t = send ? in.send_wait() : in.recv_wait();
+        auto& starts = open[{t.peer(), send}];
+        const auto it = std::find_if(starts.begin(), starts.end(), [&](int start) {
+          const v1::Instruction& st = plan.instructions(start);
+          return google::protobuf::util::MessageDifferencer::Equals(
+              send ? st.send_start() : st.recv_start(), t);
+        });
+        if (it == starts.end()) {
+          s = Fail(rank, i, plan, "Wait without a matching Start before it");
+          break;
+        }
+        starts.erase(it);
+        if (!send) {
+          for (uint32_t id : t.buffer_ids()) state[id] = kReady;
+        }
+        break;
+      }
+      case v1::Instruction::kFreeBuffer:
+        s = check_ids(i, in.free_buffer().buffer_ids());
+        for (uint32_t id : in.free_buffer().buffer_ids()) {
+          if (!s.ok()) break;
+          if (state[id] == kFreed)
+            s = Fail(rank, i, plan, absl::StrCat("buffer ", id, " freed twice"));
+          else if (state[id] == kPendingReceive)
+            s = Fail(rank, i, plan, absl::StrCat("buffer ", id, " freed before its RecvWait"));
+          state[id] = kFreed;
+        }
+        break;
+      case v1::Instruction::kAllReduce:
+      case v1::Instruction::kOptimizerStep:
+        break;
+      default:
+        s = Fail(rank, i, plan, "instruction without an op");
+    }
+    if (!s.ok()) return s;
+    if (in.op_case() == v1::Instruction::kSendStart ||
+        in.op_case() == v1::Instruction::kRecvStart) {
+      const int32_t peer = in.op_case() == v1::Instruction::kSendStart ? in.send_start().peer()
+                                                                       : in.recv_start().peer();
+      if (peer < 0 || peer >= ranks || peer == rank) {
+        return Fail(rank, i, plan, absl::StrCat("peer ", peer, " is not another rank"));
+      }
+    }
+  }
+  for (const auto& [peer_direction, starts] : open) {
+    if (!starts.empty()) {
+      return Fail(rank, starts.front(), plan, "Start without a Wait");
+    }
+  }
+  for (uint32_t stage : stages) {
+    for (int m = 0; m < plan.micro_batches_size(); ++m) {
+      if (!forwards.count({stage, static_cast<uint32_t>(m)}) ||
+          !backwards.count({stage, static_cast<uint32_t>(m)})) {
+        return Fail(
+            rank, plan.instructions_size() - 1, plan,
+            absl::StrCat("micro-batch ", m, " never runs ",
+                         forwards.count({stage, static_cast<uint32_t>(m)}) ? "backward" : "forward",
+                         " on stage ", stage));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The channel replay (check 3).
+absl::Status CheckDeadlockFree(std::span<const v1::ExecutionPlan> plans) {
+  const int n = static_cast<int>(plans.size());
+  struct Started {
+    int rank;
+    int index;
+  };
+  // Per unordered pair: the transfers each side started, in order.
+  std::map<std::pair<int, int>, std::vector<Started>> side[2];
+  std::map<std::pair<int, int>, int> completed;  // transfers completed on the pair
+  // (rank, instruction) of a Start -> its position on the pair's channel.
+  std::map<std::pair<int, int>, int> position;
+  std::vector<int> pc(n, 0);
+  const auto pair_of = [](int a, int b) { return std::make_pair(std::min(a, b), std::max(a, b)); };
+  const auto start_of = [&](int rank, const v1::Instruction& in) -> const v1::Transfer& {
+    return in.op_case() == v1::Instruction::kSendStart ? in.send_start() : in.recv_start();
+  };
+  // Advances the pair's completed count while both sides have started the
+  // next transfer; checks that matched transfers agree.
+  const auto settle = [&](std::pair<int, int> p) -> absl::Status {
+    int& done = completed[p];
+    auto& low = side[0][p];
+    auto& high = side[1][p];
+    while (done < static_cast<int>(low.size()) && done < static_cast<int>(high.size())) {
+      const Started& a = low[done];
+      const Started& b = high[done];
+      const v1::Instruction& ia = plans[a.rank].instructions(a.index);
+      const v1::Instruction& ib = plans[b.rank].instructions(b.index);
+      const bool a_sends = ia.op_case() == v1::Instruction::kSendStart;
+      const bool b_sends = ib.op_case() == v1::Instruction::kSendStart;
+      const v1::Transfer& ta = start_of(a.rank, ia);
+      const v1::Transfer& tb = start_of(b.rank, ib);
+      if (a_sends == b_sends) {
+        return Fail(a.rank, a.index, plans[a.rank],
+                    absl::StrCat("transfer ", done, " with rank ", b.rank, " is a ",
+                                 a_sends ? "send" : "receive", " on both sides (rank ", b.rank,
+                                 " instruction ", b.index, ")"));
+      }
+      if (ta.kind() != tb.kind() || !SameSpecs(ta, tb)) {
+        return Fail(a.rank, a.index, plans[a.rank],
+                    absl::StrCat("transfer ", done, " with rank ", b.rank, " does not match: ",
+                                 CommKind_Name(ta.kind()), " ", Specs(ta.tensors()), " vs ",
+                                 CommKind_Name(tb.kind()), " ", Specs(tb.tensors()), " (rank ",
+                                 b.rank, " instruction ", b.index, ")"));
+      }
+      ++done;
+    }
+    return absl::OkStatus();
+  };
+  while (true) {
+    bool progress = false;
+    bool all_done = true;
+    for (int r = 0; r < n; ++r) {
+      const v1::ExecutionPlan& plan = plans[r];
+      while (pc[r] < plan.instructions_size()) {
+        const v1::Instruction& in = plan.instructions(pc[r]);
+        const auto op = in.op_case();
+        if (op == v1::Instruction::kSendStart || op == v1::Instruction::kRecvStart) {
+          const int peer = start_of(r, in).peer();
+          const auto p = pair_of(r, peer);
+          auto& mine = side[r == p.first ? 0 : 1][p];
+          position[{r, pc[r]}] = static_cast<int>(mine.size());
+          mine.push_back({r, pc[r]});
+          if (absl::Status s = settle(p); !s.ok()) return s;
+        } else if (op == v1::Instruction::kSendWait || op == v1::Instruction::kRecvWait) {
+          const bool send = op == v1::Instruction::kSendWait;
+          const v1::Transfer& t = send ? in.send_wait() : in.recv_wait();
+          // Find the Start this Wait belongs to (the earliest equal one not
+          // yet waited for).
+          int start = -1;
+          for (int k = 0; k < pc[r]; ++k) {
+            const v1::Instruction& s = plan.instructions(k);
+            if ((send ? s.op_case() == v1::Instruction::kSendStart
+                      : s.op_case() == v1::Instruction::kRecvStart) &&
+                google::protobuf::util::MessageDifferencer::Equals(start_of(r, s), t) &&
+                position.count({r, k}) && !position.count({r, -1 - k})) {
+              start = k;
+              break;
+            }
+          }
+          if (start < 0) return Fail(r, pc[r], plan, "Wait without a Start");
+          const auto p = pair_of(r, t.peer());
+          if (completed[p] <= position[{r, start}]) break;  // blocked
+          position[{r, -1 - start}] = 1;                    // mark waited
+        }
+        ++pc[r];
+        progress = true;
+      }
+      all_done &= pc[r] == plan.instructions_size();
+    }
+    if (all_done) return absl::OkStatus();
+    if (!progress) {
+      std::vector<std::string> stuck;
+      for (int r = 0; r < n; ++r) {
+        if (pc[r] < plans[r].instructions_size()) {
+          stuck.push_back(absl::StrCat("rank ", r, " at instruction ", pc[r], " (",
+                                       FormatInstruction(plans[r].instructions(pc[r])), ")"));
+        }
+      }
+      int first = 0;
+      while (pc[first] == plans[first].instructions_size()) ++first;
+      return Fail(first, pc[first], plans[first],
+                  absl::StrCat("deadlock: ", absl::StrJoin(stuck, "; ")));
+    }
+  }
+}
+
+}  // namespace
+
+std::string FormatInstruction(const v1::Instruction& in) {
+  const std::string where = absl::StrCat(" mb", in.micro_batch(), " s", in.stage());
+  const auto transfer = [&](const char* what, const v1::Transfer& t, const char* dir) {
+    return absl::StrCat(what, " ", CommKind_Name(t.kind()), " ", dir, " ", t.peer(), " ",
+                        Specs(t.tensors()), " buffers ", absl::StrJoin(t.buffer_ids(), ","), where);
+  };
+  switch (in.op_case()) {
+    case v1::Instruction::kLoadInput:
+      return absl::StrCat("load_input buffers ", absl::StrJoin(in.load_input().buffer_ids(), ","),
+                          " ", Specs(in.load_input().tensors()), where);
+    case v1::Instruction::kForward:
+      return absl::StrCat("forward in ", absl::StrJoin(in.forward().input_buffer_ids(), ","),
+                          " out ", absl::StrJoin(in.forward().output_buffer_ids(), ","), where);
+    case v1::Instruction::kBackward:
+      return absl::StrCat("backward grad-in ",
+                          absl::StrJoin(in.backward().output_grad_buffer_ids(), ","), " grad-out ",
+                          absl::StrJoin(in.backward().input_grad_buffer_ids(), ","), where);
+    case v1::Instruction::kSendStart:
+      return transfer("send_start", in.send_start(), "to");
+    case v1::Instruction::kSendWait:
+      return transfer("send_wait", in.send_wait(), "to");
+    case v1::Instruction::kRecvStart:
+      return transfer("recv_start", in.recv_start(), "from");
+    case v1::Instruction::kRecvWait:
+      return transfer("recv_wait", in.recv_wait(), "from");
+    case v1::Instruction::kFreeBuffer:
+      return absl::StrCat("free_buffer ", absl::StrJoin(in.free_buffer().buffer_ids(), ","));
+    case v1::Instruction::kAllReduce:
+      return absl::StrCat("all_reduce stages ", absl::StrJoin(in.all_reduce().stages(), ","),
+                          " group ", absl::StrJoin(in.all_reduce().group_ranks(), ","));
+    case v1::Instruction::kOptimizerStep:
+      return absl::StrCat("optimizer_step stages ",
+                          absl::StrJoin(in.optimizer_step().stages(), ","));
+    default:
+      return "(empty)";
+  }
+}
+
+absl::Status ValidatePlans(std::span<const v1::ExecutionPlan> plans,
+                           std::span<const double> peak_bytes, double memory_limit_bytes) {
+  const int n = static_cast<int>(plans.size());
+  for (int r = 0; r < n; ++r) {
+    if (absl::Status s = CheckRank(r, plans[r], n); !s.ok()) return s;
+  }
+  if (absl::Status s = CheckDeadlockFree(plans); !s.ok()) return s;
+  for (size_t r = 0; r < peak_bytes.size(); ++r) {
+    if (peak_bytes[r] > memory_limit_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("invalid plan: rank ", r, ": predicted peak activation memory ",
+                       peak_bytes[r] / (1 << 20), " MiB exceeds the limit of ",
+                       memory_limit_bytes / (1 << 20), " MiB"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace varipipe::planner

@@ -1,0 +1,44 @@
+// The plan validator: runs on every set of plans the planner emits (and in
+// tests). A plan that fails is a planner bug; it is reported with the rank,
+// the instruction index and the reason, and never published.
+//
+// Checks, over all ranks' plans of one iteration:
+//   1. Structure: format version, rank coordinates, buffer ids below
+//      num_buffers; every buffer written once before it is read, never read
+//      after it is freed, freed at most once; every Start has exactly one
+//      Wait after it and every Wait a Start before it.
+//   2. Compute: every micro-batch's forward and backward run exactly once on
+//      every stage the rank holds, backward after forward, and a compute
+//      reads a received tensor only after its RecvWait.
+//   3. Deadlock freedom under the executor's semantics: each pair of ranks
+//      has one ordered channel; the k-th transfer a rank starts on it pairs
+//      with the peer's k-th, which must be the opposite direction with the
+//      same kind, shapes and dtype; a transfer completes when both sides
+//      have started it and every earlier transfer on the channel has
+//      completed; Starts never block, a Wait blocks until its transfer has
+//      completed. Every rank must reach its end.
+//   4. Memory: the predicted peak of every rank is within the limit.
+#ifndef VARIPIPE_PLANNER_PLAN_VALIDATOR_H_
+#define VARIPIPE_PLANNER_PLAN_VALIDATOR_H_
+
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "varipipe/v1/plan.pb.h"
+
+namespace varipipe::planner {
+
+// `plans` indexed by rank. `peak_bytes` (per rank, may be empty) is checked
+// against `memory_limit_bytes`. InvalidArgument naming rank, instruction and
+// reason when a check fails; a deadlock lists where every stuck rank waits.
+absl::Status ValidatePlans(std::span<const v1::ExecutionPlan> plans,
+                           std::span<const double> peak_bytes = {}, double memory_limit_bytes = 0);
+
+// One line per instruction, e.g. "12: recv_wait ACTIVATION from 3 [2x128x256
+// BFLOAT16] buffers 4" (for varipipe-ctl and error messages).
+std::string FormatInstruction(const v1::Instruction& instruction);
+
+}  // namespace varipipe::planner
+
+#endif  // VARIPIPE_PLANNER_PLAN_VALIDATOR_H_
