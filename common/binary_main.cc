@@ -55,6 +55,15 @@ std::vector<std::string> InitBinary(int argc, char** argv, absl::string_view pro
   };
   absl::SetFlagsUsageConfig(config);
 
+  // Accept --flag-name as well as --flag_name (Abseil knows only the
+  // latter): rewrite dashes in the name part of every long flag.
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--") == 0) break;
+    if (std::strncmp(argv[i], "--", 2) != 0) continue;
+    for (char* c = argv[i] + 2; *c != '\0' && *c != '='; ++c) {
+      if (*c == '-') *c = '_';
+    }
+  }
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--") == 0) break;
     if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-help") == 0 ||

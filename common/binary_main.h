@@ -9,6 +9,8 @@
 //
 // Unknown flags and bad flag values end the program with a message naming
 // the flag (Abseil's behaviour); a bad --log_level ends it with exit code 2.
+// Flag names may be spelled with dashes (--emit-plans) or underscores
+// (--emit_plans).
 #ifndef VARIPIPE_COMMON_BINARY_MAIN_H_
 #define VARIPIPE_COMMON_BINARY_MAIN_H_
 

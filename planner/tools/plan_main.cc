@@ -1,93 +1,255 @@
-// varipipe-plan: plans mini-batches of a job offline and prints what the
-// planner would do with them.
-//
-// It draws mini-batches from the synthetic FLAN-like stream and splits each
-// into micro-batches with every partition method (the dynamic program and
-// the baselines), choosing the recompute mode and memory budget per method,
-// and prints micro-batch counts, padding efficiency and the predicted
-// iteration time (DynaPipe Eq. 1 under the job's cost model). Schedules and
-// execution plans join it with the planner core's next part
-// (docs/architecture.md).
+// varipipe-plan: plans iterations of a job offline and prints what the
+// planner decided: partition method, schedule, recompute mode, micro-batches,
+// predicted iteration time, bubble fraction, peak memory and planning time.
+// It can compare every partition method and schedule, print JSON reports,
+// write every rank's ExecutionPlan and a Chrome trace of the predicted
+// timeline. docs/planner-cli.md describes the output.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/binary_main.h"
 #include "common/config/job_config.h"
 #include "common/dataset/synthetic_mixture.h"
+#include "common/logging.h"
 #include "common/shutdown_signal.h"
-#include "planner/cost/cost_model_io.h"
-#include "planner/microbatch/micro_batching.h"
+#include "common/status.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "planner/planner.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, config, "", "Job config (JSON, varipipe.v1.JobConfig). Required.");
+ABSL_FLAG(std::string, lengths, "",
+          "CSV of sample lengths, one 'input_len,target_len' line per sample (a header line "
+          "and '#' comments are allowed). Default: the job's synthetic dataset.");
 ABSL_FLAG(int, iterations, 3, "Number of mini-batches (iterations) to plan.");
 ABSL_FLAG(int64_t, first_iteration, 0, "Iteration of the first mini-batch to plan.");
+ABSL_FLAG(std::string, trace, "",
+          "Write a Chrome trace (Perfetto, chrome://tracing) of the first planned iteration's "
+          "predicted timeline (data-parallel replica 0) to this file.");
+ABSL_FLAG(bool, compare, false,
+          "Also plan with every partition method and schedule and print them side by side.");
+ABSL_FLAG(bool, json, false, "Print one JSON report per iteration instead of the table.");
+ABSL_FLAG(std::string, emit_plans, "",
+          "Write every rank's ExecutionPlan (protobuf JSON) to "
+          "DIR/iteration_NNNNNN/rank_NNNNN.json.");
+ABSL_FLAG(std::string, cost_model, "",
+          "Cost model to use instead of planner.cost_model_path: the project's JSON format or a "
+          "DynaPipe profile directory.");
 
 namespace varipipe {
 namespace {
 
 constexpr char kUsage[] =
-    "Plans mini-batches of a training job offline and prints a summary.\n"
+    "Plans iterations of a training job offline and prints the planner's decisions.\n"
     "\n"
-    "Usage: varipipe-plan --config job.json [--iterations N] [--first_iteration I]\n"
+    "Usage: varipipe-plan --config job.json [--lengths lengths.csv] [--iterations N]\n"
+    "                     [--first-iteration I] [--trace out.json] [--compare] [--json]\n"
+    "                     [--emit-plans DIR] [--cost-model FILE]\n"
     "\n"
-    "Mini-batches are drawn from the job's synthetic FLAN-like dataset\n"
-    "(data.format SYNTHETIC): consecutive samples, truncated to the maximum\n"
-    "lengths, until data.tokens_per_global_batch is reached. Each is split into\n"
-    "micro-batches by every partition method (planner.partition_methods first,\n"
-    "then the others for comparison), with the recompute mode and memory budget\n"
-    "chosen per method; the table shows micro-batches, padding efficiency (real /\n"
-    "computed tokens) and the predicted iteration time under the job's cost model\n"
-    "(planner.cost_model_path, or the analytic model of cluster.hardware).\n"
-    "--log_level=debug prints why each recompute mode and budget was chosen.";
+    "Mini-batches: consecutive samples (from --lengths, or the job's synthetic\n"
+    "FLAN-like dataset), truncated to the maximum lengths, up to\n"
+    "data.tokens_per_global_batch tokens. Each is planned\n"
+    "as the planner daemon would: the partition methods, schedules and recompute\n"
+    "modes the config allows are searched, the fastest candidate that fits memory\n"
+    "is lowered to one execution plan per rank and validated.";
 
-// Truncates a sample to the job's maximum lengths. Decoder-only models keep
-// the target and cut the input.
-SampleLengths Truncate(SampleLengths s, const v1::JobConfig& config) {
-  const v1::DataConfig& data = config.data();
-  if (config.model().kind() == v1::T5) {
-    return {std::min(s.input, data.max_sequence_length()),
-            std::min(s.target, data.max_target_length())};
-  }
-  const uint32_t target = std::min(s.target, data.max_sequence_length());
-  return {std::min(s.input, data.max_sequence_length() - target), target};
-}
-
-uint64_t Tokens(const SampleLengths& s) { return uint64_t{s.input} + s.target; }
-
-// One mini-batch of consecutive synthetic samples starting at *cursor.
-std::vector<SampleLengths> DrawMiniBatch(const SyntheticMixture& mixture,
-                                         const v1::JobConfig& config, uint64_t* cursor) {
-  std::vector<SampleLengths> batch;
-  uint64_t tokens = 0;
-  const uint64_t budget = config.data().tokens_per_global_batch();
-  const uint64_t dataset_size = config.data().synthetic_num_samples();
-  while (true) {
-    const SampleLengths s = Truncate(mixture.Sample(*cursor % dataset_size), config);
-    if (tokens + Tokens(s) > budget) break;
-    tokens += Tokens(s);
-    batch.push_back(s);
-    ++*cursor;
-  }
-  return batch;
-}
-
-std::string BudgetShort(planner::MemoryBudget budget) {
-  return budget == planner::MemoryBudget::kWholeDevice ? "whole-device" : "pipeline-depth";
-}
-
-struct MethodTotals {
-  double predicted_ms = 0;
-  double efficiency = 0;
-  double plan_ms = 0;
-  int planned = 0;
+struct Sample {
+  uint64_t id = 0;
+  SampleLengths lengths;
 };
+
+absl::StatusOr<std::vector<Sample>> ReadLengthsCsv(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return ErrnoToStatus(errno, absl::StrCat("open ", path));
+  std::vector<Sample> samples;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    absl::string_view text = absl::StripAsciiWhitespace(line);
+    if (text.empty() || text[0] == '#') continue;
+    const std::vector<absl::string_view> fields = absl::StrSplit(text, ',');
+    uint32_t input = 0;
+    uint32_t target = 0;
+    const bool ok = fields.size() == 2 &&
+                    absl::SimpleAtoi(absl::StripAsciiWhitespace(fields[0]), &input) &&
+                    absl::SimpleAtoi(absl::StripAsciiWhitespace(fields[1]), &target);
+    if (!ok) {
+      if (samples.empty() && absl::StrContains(text, "input")) continue;  // header
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ":", number, ": expected 'input_len,target_len' (non-negative integers), got '",
+          text, "'"));
+    }
+    samples.push_back({static_cast<uint64_t>(samples.size()), {input, target}});
+  }
+  if (samples.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no samples"));
+  return samples;
+}
+
+// Draws mini-batches of consecutive samples within the token budget, each
+// sample truncated to the job's maximum lengths (as the training sampler
+// does; decoder-only samples keep their target and lose input).
+class MiniBatchSource {
+ public:
+  MiniBatchSource(const v1::JobConfig& config, std::vector<Sample> samples)
+      : config_(config),
+        samples_(std::move(samples)),
+        mixture_(SyntheticMixture::Flan(config.data().seed())) {}
+
+  planner::MiniBatch Next(uint64_t iteration) {
+    planner::MiniBatch mb;
+    mb.iteration = iteration;
+    uint64_t tokens = 0;
+    const uint64_t budget = config_.data().tokens_per_global_batch();
+    while (true) {
+      Sample s = Get(cursor_);
+      s.lengths = Truncated(s.lengths);
+      const uint64_t n = uint64_t{s.lengths.input} + s.lengths.target;
+      if (!mb.sample_ids.empty() && tokens + n > budget) break;
+      tokens += n;
+      mb.sample_ids.push_back(s.id);
+      mb.lengths.push_back(s.lengths);
+      ++cursor_;
+      if (tokens >= budget) break;
+    }
+    return mb;
+  }
+
+ private:
+  Sample Get(uint64_t index) const {
+    if (!samples_.empty()) return samples_[index % samples_.size()];
+    const uint64_t n = config_.data().synthetic_num_samples();
+    return {index % n, mixture_.Sample(index % n)};
+  }
+  SampleLengths Truncated(SampleLengths s) const {
+    const v1::DataConfig& d = config_.data();
+    if (config_.model().kind() == v1::T5) {
+      return {std::min(s.input, d.max_sequence_length()),
+              std::min(s.target, d.max_target_length())};
+    }
+    const uint32_t target = std::min(s.target, d.max_sequence_length());
+    return {std::min(s.input, d.max_sequence_length() - target), target};
+  }
+
+  const v1::JobConfig& config_;
+  std::vector<Sample> samples_;
+  SyntheticMixture mixture_;
+  uint64_t cursor_ = 0;
+};
+
+double GiB(double bytes) { return bytes / (1ull << 30); }
+
+google::protobuf::Value Num(double v) {
+  google::protobuf::Value value;
+  value.set_number_value(v);
+  return value;
+}
+google::protobuf::Value Str(const std::string& v) {
+  google::protobuf::Value value;
+  value.set_string_value(v);
+  return value;
+}
+
+std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& r) {
+  google::protobuf::Struct root;
+  auto& f = *root.mutable_fields();
+  f["iteration"] = Num(static_cast<double>(mb.iteration));
+  f["samples"] = Num(static_cast<double>(mb.sample_ids.size()));
+  f["real_tokens"] = Num(static_cast<double>(r.real_tokens));
+  f["partition_method"] = Str(r.partition_method);
+  f["schedule"] = Str(r.schedule);
+  f["recompute"] = Str(r.recompute);
+  f["micro_batches"] = Num(r.micro_batches);
+  f["predicted_iteration_ms"] = Num(r.predicted_iteration_ms);
+  f["bubble_fraction"] = Num(r.bubble_fraction);
+  f["padding_efficiency"] = Num(r.padding_efficiency);
+  f["input_padding_efficiency"] = Num(r.input_padding_efficiency);
+  f["target_padding_efficiency"] = Num(r.target_padding_efficiency);
+  f["activation_memory_limit_bytes"] = Num(r.memory_limit_bytes);
+  auto* peaks = f["peak_activation_bytes_per_rank"].mutable_list_value();
+  for (double p : r.peak_bytes) *peaks->add_values() = Num(p);
+  auto& timing = *f["planning_ms"].mutable_struct_value()->mutable_fields();
+  timing["micro_batching"] = Num(r.micro_batching_ms);
+  timing["scheduling"] = Num(r.scheduling_ms);
+  timing["plan_building"] = Num(r.plan_building_ms);
+  timing["validation"] = Num(r.validation_ms);
+  timing["total"] = Num(r.total_ms);
+  auto* mbs = f["micro_batch_list"].mutable_list_value();
+  for (const auto& m : r.micro_batch_shapes) {
+    google::protobuf::Value v;
+    auto& mf = *v.mutable_struct_value()->mutable_fields();
+    mf["dp_rank"] = Num(m.dp_rank);
+    mf["rows"] = Num(m.rows);
+    mf["input_len"] = Num(m.input_len);
+    mf["target_len"] = Num(m.target_len);
+    mf["predicted_ms"] = Num(m.predicted_ms);
+    auto* ids = mf["sample_ids"].mutable_list_value();
+    for (uint64_t id : m.sample_ids) *ids->add_values() = Num(static_cast<double>(id));
+    *mbs->add_values() = std::move(v);
+  }
+  auto* cands = f["candidates"].mutable_list_value();
+  for (const auto& c : r.candidates) {
+    google::protobuf::Value v;
+    auto& cf = *v.mutable_struct_value()->mutable_fields();
+    cf["partition_method"] = Str(c.partition_method);
+    cf["schedule"] = Str(c.schedule);
+    cf["recompute"] = Str(c.recompute);
+    cf["feasible"].set_bool_value(c.feasible);
+    if (!c.reason.empty()) cf["reason"] = Str(c.reason);
+    if (c.feasible) {
+      cf["makespan_ms"] = Num(c.makespan_ms);
+      cf["bubble_fraction"] = Num(c.bubble_fraction);
+      cf["peak_bytes"] = Num(c.peak_bytes);
+    }
+    *cands->add_values() = std::move(v);
+  }
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  (void)google::protobuf::util::MessageToJsonString(root, &json, options);
+  return json;
+}
+
+absl::Status EmitPlans(const std::string& dir, uint64_t iteration,
+                       const std::vector<v1::ExecutionPlan>& plans) {
+  const std::filesystem::path folder =
+      std::filesystem::path(dir) / absl::StrFormat("iteration_%06d", iteration);
+  std::error_code error;
+  std::filesystem::create_directories(folder, error);
+  if (error) {
+    return absl::UnavailableError(absl::StrCat("create ", folder.string(), ": ", error.message()));
+  }
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  for (const v1::ExecutionPlan& plan : plans) {
+    std::string json;
+    if (!google::protobuf::util::MessageToJsonString(plan, &json, options).ok()) {
+      return absl::InternalError("cannot render a plan as JSON");
+    }
+    const std::filesystem::path file = folder / absl::StrFormat("rank_%05d.json", plan.rank());
+    std::ofstream out(file);
+    out << json;
+    if (!out) return ErrnoToStatus(errno, absl::StrCat("write ", file.string()));
+  }
+  return absl::OkStatus();
+}
+
+int Fail(const absl::Status& status, int code) {
+  std::fprintf(stderr, "varipipe-plan: %s\n", std::string(status.message()).c_str());
+  return code;
+}
 
 int Run() {
   const std::string config_path = absl::GetFlag(FLAGS_config);
@@ -106,117 +268,145 @@ int Run() {
     return kExitUsage;
   }
   absl::StatusOr<v1::JobConfig> loaded = LoadJobConfigFile(config_path);
-  if (!loaded.ok()) {
-    std::fprintf(stderr, "varipipe-plan: %s\n", std::string(loaded.status().message()).c_str());
-    return kExitUsage;
+  if (!loaded.ok()) return Fail(loaded.status(), kExitUsage);
+  v1::JobConfig config = *std::move(loaded);
+  if (!absl::GetFlag(FLAGS_cost_model).empty()) {
+    config.mutable_planner()->set_cost_model_path(absl::GetFlag(FLAGS_cost_model));
   }
-  const v1::JobConfig& config = *loaded;
-  if (config.data().format() != v1::SYNTHETIC) {
+  std::vector<Sample> samples;
+  if (!absl::GetFlag(FLAGS_lengths).empty()) {
+    absl::StatusOr<std::vector<Sample>> read = ReadLengthsCsv(absl::GetFlag(FLAGS_lengths));
+    if (!read.ok()) return Fail(read.status(), kExitUsage);
+    samples = *std::move(read);
+  } else if (config.data().format() != v1::SYNTHETIC) {
     std::fprintf(stderr,
-                 "varipipe-plan: %s: data.format %s is not supported by this version "
-                 "(only SYNTHETIC)\n",
+                 "varipipe-plan: %s: data.format %s needs --lengths (this tool reads lengths "
+                 "from a CSV or the synthetic dataset)\n",
                  config_path.c_str(), v1::DatasetFormat_Name(config.data().format()).c_str());
     return kExitUsage;
   }
-  const auto model_start = std::chrono::steady_clock::now();
-  absl::StatusOr<planner::CostModel> cost_model = planner::CostModelForJob(config);
-  if (!cost_model.ok()) {
-    std::fprintf(stderr, "varipipe-plan: %s: %s\n", config_path.c_str(),
-                 std::string(cost_model.status().message()).c_str());
-    return kExitUsage;
+  const auto build_start = std::chrono::steady_clock::now();
+  absl::StatusOr<planner::Planner> planner = planner::Planner::Create(config);
+  if (!planner.ok()) return Fail(planner.status(), kExitUsage);
+  std::optional<planner::Planner> comparer;
+  if (absl::GetFlag(FLAGS_compare)) {
+    v1::JobConfig all = config;
+    all.mutable_planner()->clear_partition_methods();
+    for (auto m :
+         {v1::DYNAMIC_PROGRAMMING, v1::TOKEN_BASED, v1::FIXED_SIZE, v1::PACKING, v1::PADDING}) {
+      all.mutable_planner()->add_partition_methods(m);
+    }
+    all.mutable_planner()->clear_schedules();
+    for (auto s : {v1::GPIPE, v1::ONE_F_ONE_B, v1::KFKB, v1::ADAPTIVE}) {
+      all.mutable_planner()->add_schedules(s);
+    }
+    if (config.parallelism().virtual_chunks() > 1) {
+      all.mutable_planner()->add_schedules(v1::INTERLEAVED_1F1B);
+    }
+    comparer.emplace(all, planner->cost_model());
   }
   spdlog::info(
-      "cost model: {} ({:.1f} ms to build)", cost_model->description(),
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - model_start)
+      "cost model: {} ({:.1f} ms to build)", planner->cost_model().description(),
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - build_start)
           .count());
 
   ShutdownSignal shutdown;
-  const SyntheticMixture mixture = SyntheticMixture::Flan(config.data().seed());
+  const bool json = absl::GetFlag(FLAGS_json);
   const v1::ModelConfig& model = config.model();
-  std::printf(
-      "job %s: %s, %u layers, hidden %u; pp=%u dp=%u; synthetic FLAN-like data "
-      "(seed %llu); %llu tokens per global batch, max length %u\n",
-      config.job_id().c_str(), v1::ModelKind_Name(model.kind()).c_str(),
-      model.num_layers() + model.num_decoder_layers(), model.hidden_size(),
-      config.parallelism().pipeline(), config.parallelism().data(),
-      static_cast<unsigned long long>(config.data().seed()),
-      static_cast<unsigned long long>(config.data().tokens_per_global_batch()),
-      config.data().max_sequence_length());
-
-  // The configured methods first, then the remaining ones for comparison.
-  std::vector<planner::PartitionMethod> methods;
-  for (int m : config.planner().partition_methods()) {
-    methods.push_back(planner::PartitionMethodFromProto(static_cast<v1::PartitionMethod>(m)));
+  if (!json) {
+    std::printf(
+        "job %s: %s, %u layers, hidden %u; pp=%u dp=%u; %s; %llu tokens per global "
+        "batch, max length %u\n",
+        config.job_id().c_str(), v1::ModelKind_Name(model.kind()).c_str(),
+        model.num_layers() + model.num_decoder_layers(), model.hidden_size(),
+        config.parallelism().pipeline(), config.parallelism().data(),
+        samples.empty()
+            ? absl::StrCat("synthetic FLAN-like data (seed ", config.data().seed(), ")").c_str()
+            : absl::StrCat(samples.size(), " samples from ", absl::GetFlag(FLAGS_lengths)).c_str(),
+        static_cast<unsigned long long>(config.data().tokens_per_global_batch()),
+        config.data().max_sequence_length());
+    std::printf("%-5s %7s %-20s %-16s %-10s %4s %12s %7s %9s %8s\n", "iter", "samples", "method",
+                "schedule", "recompute", "mbs", "pred_iter_ms", "bubble", "peak_GiB", "plan_ms");
   }
-  for (planner::PartitionMethod m :
-       {planner::PartitionMethod::kDynamicProgramming, planner::PartitionMethod::kTokenBased,
-        planner::PartitionMethod::kFixedSize, planner::PartitionMethod::kPacking,
-        planner::PartitionMethod::kPadding}) {
-    if (std::find(methods.begin(), methods.end(), m) == methods.end()) methods.push_back(m);
-  }
-  std::printf("%-5s %-20s %7s %11s %5s %8s %12s %-26s %8s\n", "iter", "method", "samples",
-              "real_tokens", "mbs", "padding", "pred_iter_ms", "recompute/budget", "plan_ms");
+  MiniBatchSource source(config, std::move(samples));
+  for (int64_t i = 0; i < first_iteration; ++i) source.Next(i);
 
-  // Walk the stream to the first requested iteration.
-  uint64_t cursor = 0;
-  for (int64_t i = 0; i < first_iteration; ++i) DrawMiniBatch(mixture, config, &cursor);
-
-  std::vector<MethodTotals> totals(methods.size());
   int planned = 0;
-  for (int i = 0; i < iterations && !shutdown.Requested(); ++i) {
-    const std::vector<SampleLengths> batch = DrawMiniBatch(mixture, config, &cursor);
-    uint64_t real = 0;
-    for (const SampleLengths& s : batch) real += Tokens(s);
-    for (size_t m = 0; m < methods.size(); ++m) {
-      const planner::MicroBatchingOptions options =
-          planner::MicroBatchingOptionsFromConfig(config, methods[m]);
-      absl::StatusOr<planner::MicroBatchingResult> r =
-          planner::PlanMicroBatches(batch, *cost_model, options);
-      const std::string prefix =
-          absl::StrFormat("%-5s %-20s %7d %11d", m == 0 ? absl::StrCat(first_iteration + i) : "",
-                          planner::PartitionMethodName(methods[m]), batch.size(), real);
-      if (!r.ok()) {
-        std::printf("%s infeasible: %s\n", prefix.c_str(),
-                    std::string(r.status().message()).c_str());
-        continue;
-      }
-      const planner::MicroBatchingCandidate& best = r->best();
-      std::printf(
-          "%s %5zu %7.1f%% %12.1f %-26s %8.3f\n", prefix.c_str(), best.groups.size(),
-          100 * r->padding.Efficiency(), best.objective_ms,
-          absl::StrCat(planner::RecomputeName(best.recompute), "/", BudgetShort(best.budget))
-              .c_str(),
-          r->total_ms);
-      spdlog::debug("iteration {} {}: {}", first_iteration + i,
-                    planner::PartitionMethodName(methods[m]), r->reason);
-      totals[m].predicted_ms += best.objective_ms;
-      totals[m].efficiency += r->padding.Efficiency();
-      totals[m].plan_ms += r->total_ms;
-      ++totals[m].planned;
+  double predicted_sum = 0;
+  double plan_ms_sum = 0;
+  std::string trace_path = absl::GetFlag(FLAGS_trace);
+  // (method, schedule) -> sums for --compare
+  std::map<std::pair<std::string, std::string>, std::pair<double, int>> throughput;
+  std::map<std::pair<std::string, std::string>, double> padding;
+  for (int k = 0; k < iterations && !shutdown.Requested(); ++k) {
+    const planner::MiniBatch mb = source.Next(static_cast<uint64_t>(first_iteration + k));
+    absl::StatusOr<planner::PlanningResult> result = planner->Plan(mb, !trace_path.empty());
+    if (!result.ok()) return Fail(result.status(), kExitFailure);
+    const planner::PlanReport& r = result->report;
+    if (json) {
+      std::printf("%s\n", ReportJson(mb, r).c_str());
+    } else {
+      std::printf("%-5lld %7zu %-20s %-16s %-10s %4d %12.2f %6.1f%% %9.2f %8.2f\n",
+                  static_cast<long long>(mb.iteration), mb.sample_ids.size(),
+                  r.partition_method.c_str(), r.schedule.c_str(), r.recompute.c_str(),
+                  r.micro_batches, r.predicted_iteration_ms, 100 * r.bubble_fraction,
+                  GiB(*std::max_element(r.peak_bytes.begin(), r.peak_bytes.end())), r.total_ms);
     }
+    if (!trace_path.empty()) {
+      std::ofstream out(trace_path);
+      out << r.chrome_trace;
+      if (!out) return Fail(ErrnoToStatus(errno, absl::StrCat("write ", trace_path)), kExitFailure);
+      spdlog::info("wrote the Chrome trace of iteration {} to {}", mb.iteration, trace_path);
+      trace_path.clear();
+    }
+    if (!absl::GetFlag(FLAGS_emit_plans).empty()) {
+      if (absl::Status s = EmitPlans(absl::GetFlag(FLAGS_emit_plans), mb.iteration, result->plans);
+          !s.ok()) {
+        return Fail(s, kExitFailure);
+      }
+    }
+    if (comparer.has_value()) {
+      absl::StatusOr<planner::PlanningResult> all = comparer->Plan(mb);
+      if (all.ok()) {
+        // Best over recompute modes per (method, schedule).
+        std::map<std::pair<std::string, std::string>, const planner::CandidateReport*> best;
+        for (const planner::CandidateReport& c : all->report.candidates) {
+          const auto key = std::make_pair(c.partition_method, c.schedule);
+          if (!c.feasible) continue;
+          if (!best.count(key) || c.makespan_ms < best[key]->makespan_ms) best[key] = &c;
+        }
+        for (const auto& [key, c] : best) {
+          throughput[key].first +=
+              static_cast<double>(all->report.real_tokens) / (c->makespan_ms / 1e3);
+          throughput[key].second += 1;
+          padding[key] += c->padding_efficiency;
+        }
+      } else {
+        spdlog::warn("comparison of iteration {} failed: {}", mb.iteration, all.status().message());
+      }
+    }
+    predicted_sum += r.predicted_iteration_ms;
+    plan_ms_sum += r.total_ms;
     ++planned;
   }
   if (planned == 0) return kExitFailure;
-  std::printf("summary: %d mini-batches\n", planned);
-  const double reference = totals[0].planned > 0 ? totals[0].predicted_ms / totals[0].planned : 0;
-  for (size_t m = 0; m < methods.size(); ++m) {
-    const MethodTotals& t = totals[m];
-    if (t.planned == 0) {
-      std::printf("  %-20s infeasible for every mini-batch\n",
-                  planner::PartitionMethodName(methods[m]));
-      continue;
-    }
-    const double predicted = t.predicted_ms / t.planned;
+  if (!json) {
     std::printf(
-        "  %-20s mean predicted iteration %9.1f ms (%5.2fx of %s), padding efficiency "
-        "%5.1f%%, planning %.3f ms\n",
-        planner::PartitionMethodName(methods[m]), predicted,
-        reference > 0 ? predicted / reference : 0, planner::PartitionMethodName(methods[0]),
-        100 * t.efficiency / t.planned, t.plan_ms / t.planned);
+        "summary: %d mini-batches; mean predicted iteration %.2f ms; mean planning "
+        "time %.2f ms\n",
+        planned, predicted_sum / planned, plan_ms_sum / planned);
+    if (!throughput.empty()) {
+      std::printf("\ncomparison (best recompute mode per cell, mean over %d mini-batches):\n",
+                  planned);
+      std::printf("  %-20s %-16s %9s %22s\n", "method", "schedule", "padding",
+                  "real tokens/s predicted");
+      for (const auto& [key, t] : throughput) {
+        std::printf("  %-20s %-16s %8.1f%% %22.0f\n", key.first.c_str(), key.second.c_str(),
+                    100 * padding[key] / t.second, t.first / t.second);
+      }
+    }
   }
-  if (shutdown.Requested()) {
-    spdlog::info("stopped after {} of {} mini-batches", planned, iterations);
-  }
+  if (shutdown.Requested()) spdlog::info("stopped after {} mini-batches", planned);
   return kExitOk;
 }
 
