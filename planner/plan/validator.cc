@@ -8,7 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "google/protobuf/util/message_differencer.h"
 
 namespace varipipe::planner {
 namespace {
@@ -34,15 +33,28 @@ absl::Status Fail(int rank, int index, const v1::ExecutionPlan& plan, const std:
 bool SameSpecs(const v1::Transfer& a, const v1::Transfer& b) {
   if (a.tensors_size() != b.tensors_size()) return false;
   for (int i = 0; i < a.tensors_size(); ++i) {
-    if (!google::protobuf::util::MessageDifferencer::Equals(a.tensors(i), b.tensors(i))) {
+    const v1::TensorSpec& x = a.tensors(i);
+    const v1::TensorSpec& y = b.tensors(i);
+    if (x.dtype() != y.dtype() || x.dims_size() != y.dims_size() ||
+        !std::equal(x.dims().begin(), x.dims().end(), y.dims().begin())) {
       return false;
     }
   }
   return true;
 }
 
-// Per-rank static checks (1, 2).
-absl::Status CheckRank(int rank, const v1::ExecutionPlan& plan, int ranks) {
+bool SameTransfer(const v1::Transfer& a, const v1::Transfer& b) {
+  return a.kind() == b.kind() && a.peer() == b.peer() &&
+         a.buffer_ids_size() == b.buffer_ids_size() &&
+         std::equal(a.buffer_ids().begin(), a.buffer_ids().end(), b.buffer_ids().begin()) &&
+         SameSpecs(a, b);
+}
+
+// Per-rank static checks (1, 2). Fills start_of_wait[i] with the index of
+// the Start that Wait i completes.
+absl::Status CheckRank(int rank, const v1::ExecutionPlan& plan, int ranks,
+                       std::vector<int>& start_of_wait) {
+  start_of_wait.assign(plan.instructions_size(), -1);
   if (plan.format_version() != v1::PLAN_FORMAT_V1) {
     return Fail(rank, 0, plan, absl::StrCat("format_version ", plan.format_version()));
   }
@@ -135,13 +147,13 @@ absl::Status CheckRank(int rank, const v1::ExecutionPlan& plan, int ranks) {
         auto& starts = open[{t.peer(), send}];
         const auto it = std::find_if(starts.begin(), starts.end(), [&](int start) {
           const v1::Instruction& st = plan.instructions(start);
-          return google::protobuf::util::MessageDifferencer::Equals(
-              send ? st.send_start() : st.recv_start(), t);
+          return SameTransfer(send ? st.send_start() : st.recv_start(), t);
         });
         if (it == starts.end()) {
           s = Fail(rank, i, plan, "Wait without a matching Start before it");
           break;
         }
+        start_of_wait[i] = *it;
         starts.erase(it);
         if (!send) {
           for (uint32_t id : t.buffer_ids()) state[id] = kReady;
@@ -196,7 +208,8 @@ absl::Status CheckRank(int rank, const v1::ExecutionPlan& plan, int ranks) {
 }
 
 // The channel replay (check 3).
-absl::Status CheckDeadlockFree(std::span<const v1::ExecutionPlan> plans) {
+absl::Status CheckDeadlockFree(std::span<const v1::ExecutionPlan> plans,
+                               const std::vector<std::vector<int>>& start_of_wait) {
   const int n = static_cast<int>(plans.size());
   struct Started {
     int rank;
@@ -262,23 +275,10 @@ absl::Status CheckDeadlockFree(std::span<const v1::ExecutionPlan> plans) {
         } else if (op == v1::Instruction::kSendWait || op == v1::Instruction::kRecvWait) {
           const bool send = op == v1::Instruction::kSendWait;
           const v1::Transfer& t = send ? in.send_wait() : in.recv_wait();
-          // Find the Start this Wait belongs to (the earliest equal one not
-          // yet waited for).
-          int start = -1;
-          for (int k = 0; k < pc[r]; ++k) {
-            const v1::Instruction& s = plan.instructions(k);
-            if ((send ? s.op_case() == v1::Instruction::kSendStart
-                      : s.op_case() == v1::Instruction::kRecvStart) &&
-                google::protobuf::util::MessageDifferencer::Equals(start_of(r, s), t) &&
-                position.count({r, k}) && !position.count({r, -1 - k})) {
-              start = k;
-              break;
-            }
-          }
+          const int start = start_of_wait[r][pc[r]];
           if (start < 0) return Fail(r, pc[r], plan, "Wait without a Start");
           const auto p = pair_of(r, t.peer());
           if (completed[p] <= position[{r, start}]) break;  // blocked
-          position[{r, -1 - start}] = 1;                    // mark waited
         }
         ++pc[r];
         progress = true;
@@ -345,10 +345,11 @@ std::string FormatInstruction(const v1::Instruction& in) {
 absl::Status ValidatePlans(std::span<const v1::ExecutionPlan> plans,
                            std::span<const double> peak_bytes, double memory_limit_bytes) {
   const int n = static_cast<int>(plans.size());
+  std::vector<std::vector<int>> start_of_wait(n);
   for (int r = 0; r < n; ++r) {
-    if (absl::Status s = CheckRank(r, plans[r], n); !s.ok()) return s;
+    if (absl::Status s = CheckRank(r, plans[r], n, start_of_wait[r]); !s.ok()) return s;
   }
-  if (absl::Status s = CheckDeadlockFree(plans); !s.ok()) return s;
+  if (absl::Status s = CheckDeadlockFree(plans, start_of_wait); !s.ok()) return s;
   for (size_t r = 0; r < peak_bytes.size(); ++r) {
     if (peak_bytes[r] > memory_limit_bytes) {
       return absl::InvalidArgumentError(

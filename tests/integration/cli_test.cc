@@ -6,11 +6,17 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "varipipe/v1/plan.pb.h"
 
 namespace varipipe {
 namespace {
@@ -127,6 +133,71 @@ TEST(VaripipePlan, InvalidConfigNamesFileAndField) {
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_THAT(result.output,
               AllOf(HasSubstr(path.string()), HasSubstr("model.hidden_size: must be divisible")));
+}
+
+class VaripipePlanFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / absl::StrCat("varipipe-plan-cli-", getpid());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_;
+};
+
+TEST_F(VaripipePlanFiles, LengthsJsonPlansAndTrace) {
+  {
+    std::ofstream csv(dir_ / "lengths.csv");
+    csv << "input_len,target_len\n# comment\n";
+    for (int i = 0; i < 200; ++i) csv << 20 + (i * 37) % 900 << "," << 1 + i % 30 << "\n";
+  }
+  const CommandResult result =
+      RunCommand(Bin("varipipe-plan") + " --config " + Config("quickstart-gpt.json") +
+                 " --lengths " + (dir_ / "lengths.csv").string() +
+                 " --iterations 2 --json --emit-plans " + (dir_ / "plans").string() + " --trace " +
+                 (dir_ / "trace.json").string() + " --log_level=warn");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  // One JSON report per line.
+  int reports = 0;
+  for (absl::string_view line : absl::StrSplit(result.output, '\n', absl::SkipEmpty())) {
+    google::protobuf::Struct report;
+    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(std::string(line), &report).ok())
+        << line;
+    EXPECT_TRUE(report.fields().contains("micro_batch_list"));
+    ++reports;
+  }
+  EXPECT_EQ(reports, 2);
+  // Four ranks' plans per iteration, readable as ExecutionPlan JSON.
+  for (int iteration = 0; iteration < 2; ++iteration) {
+    for (int rank = 0; rank < 4; ++rank) {
+      const std::filesystem::path file = dir_ / "plans" /
+                                         absl::StrFormat("iteration_%06d", iteration) /
+                                         absl::StrFormat("rank_%05d.json", rank);
+      std::ifstream in(file);
+      ASSERT_TRUE(in) << file;
+      std::stringstream text;
+      text << in.rdbuf();
+      v1::ExecutionPlan plan;
+      ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(text.str(), &plan).ok()) << file;
+      EXPECT_EQ(plan.rank(), rank);
+      EXPECT_EQ(plan.iteration(), static_cast<uint64_t>(iteration));
+      EXPECT_GT(plan.instructions_size(), 0);
+    }
+  }
+  std::ifstream trace(dir_ / "trace.json");
+  std::stringstream text;
+  text << trace.rdbuf();
+  google::protobuf::Struct parsed;
+  EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(text.str(), &parsed).ok());
+}
+
+TEST_F(VaripipePlanFiles, MalformedLengthsNameFileAndLine) {
+  std::ofstream(dir_ / "bad.csv") << "10,2\n20;3\n";
+  const CommandResult result =
+      RunCommand(Bin("varipipe-plan") + " --config " + Config("quickstart-gpt.json") +
+                 " --lengths " + (dir_ / "bad.csv").string());
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("bad.csv:2: expected 'input_len,target_len'"));
 }
 
 TEST(VaripipePlanner, CheckConfigPrintsDefaults) {
