@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The main job on one machine: installs what is missing, builds, and runs it.
 #
-# Today the main job plans a few mini-batches of a small GPT job
-# (deploy/configs/quickstart-gpt.json) drawn from the synthetic FLAN-like
-# dataset with every partition method and prints a comparison. As the
-# planner service and executors land it grows into the full demo: a planner
-# daemon with its embedded Redis and four executors training with pp=2, dp=2.
+# Today the main job plans a few iterations of a small GPT job
+# (deploy/configs/quickstart-gpt.json) on the synthetic FLAN-like dataset,
+# compares partition methods and schedules, and writes every rank's
+# execution plans and a Chrome trace. As the planner service and executors
+# land it grows into the full demo: a planner daemon with its embedded Redis
+# and four executors training with pp=2, dp=2.
 #
 # Usage: deploy/quickstart.sh [--iterations N] [--config FILE]
 # Environment: JOBS (parallel build jobs; default: number of cores).
@@ -37,9 +38,15 @@ cmake --preset default | grep -E "Varipipe dependencies|Build files" || {
 }
 cmake --build --preset default -j "${JOBS:-$(nproc)}" --target varipipe-plan
 
-step "3/3 plan $iterations mini-batches of $config"
-build/bin/varipipe-plan --config "$config" --iterations "$iterations"
+out=build/quickstart
+step "3/3 plan $iterations iterations of $config"
+rm -rf "$out"
+mkdir -p "$out"
+build/bin/varipipe-plan --config "$config" --iterations "$iterations" --compare \
+  --emit-plans "$out/plans" --trace "$out/trace.json"
 
 echo
-echo "quickstart finished: the planner split $iterations mini-batches into micro-batches."
+echo "quickstart finished: planned $iterations iterations."
+echo "  execution plans:  $out/plans/iteration_*/rank_*.json"
+echo "  Chrome trace:     $out/trace.json (open in Perfetto or chrome://tracing)"
 echo "Next: tests/run.sh runs the test suite; docs/architecture.md explains the system."
