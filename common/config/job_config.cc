@@ -208,8 +208,8 @@ void ValidateData(const JobConfig& config, ErrorList& errors) {
       errors.Add("data.format", "unknown value ", static_cast<int>(d.format()),
                  " (SYNTHETIC, JSONL or MEGATRON_INDEXED)");
   }
-  if (!d.target_path().empty() && !(t5 && d.format() == v1::MEGATRON_INDEXED)) {
-    errors.Add("data.target_path", "is only used by MEGATRON_INDEXED data with a T5 model");
+  if (!d.target_path().empty() && d.format() != v1::MEGATRON_INDEXED) {
+    errors.Add("data.target_path", "is only used by MEGATRON_INDEXED data");
   }
   if (d.format() != v1::SYNTHETIC && d.synthetic_num_samples() != 0) {
     errors.Add("data.synthetic_num_samples", "is only used by SYNTHETIC data");

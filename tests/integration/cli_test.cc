@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/dataset/indexed_dataset.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -198,6 +199,37 @@ TEST_F(VaripipePlanFiles, MalformedLengthsNameFileAndLine) {
                  " --lengths " + (dir_ / "bad.csv").string());
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_THAT(result.output, HasSubstr("bad.csv:2: expected 'input_len,target_len'"));
+}
+
+TEST_F(VaripipePlanFiles, ConvertJsonlToIndexed) {
+  std::ofstream(dir_ / "d.jsonl") << R"({"input": [5, 6, 7], "target": [8]})"
+                                  << "\n"
+                                  << R"({"input": [9], "target": [10, 11]})"
+                                  << "\n";
+  const std::string prefix = (dir_ / "out").string();
+  const CommandResult result =
+      RunCommand(Bin("varipipe-convert-jsonl") + " --input " + (dir_ / "d.jsonl").string() +
+                 " --output-prefix " + prefix + " --vocab-size 100");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("converted 2 samples"));
+  absl::StatusOr<std::unique_ptr<IndexedSampleDataset>> d =
+      IndexedSampleDataset::Open(prefix + "_input", prefix + "_target", 100);
+  ASSERT_TRUE(d.ok()) << d.status();
+  std::vector<int64_t> input, target;
+  ASSERT_TRUE((*d)->ReadSample(1, &input, &target).ok());
+  EXPECT_EQ(input, std::vector<int64_t>{9});
+  EXPECT_EQ(target, (std::vector<int64_t>{10, 11}));
+  // Bad input names the file and line.
+  std::ofstream(dir_ / "bad.jsonl") << R"({"input": [5]})"
+                                    << "\n"
+                                    << R"({"input": [500]})"
+                                    << "\n";
+  const CommandResult bad =
+      RunCommand(Bin("varipipe-convert-jsonl") + " --input " + (dir_ / "bad.jsonl").string() +
+                 " --output-prefix " + prefix + " --vocab-size 100");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_THAT(bad.output, HasSubstr("bad.jsonl:2 (sample 1)"));
+  EXPECT_EQ(RunCommand(Bin("varipipe-convert-jsonl") + " --help").exit_code, 0);
 }
 
 TEST(VaripipePlanner, CheckConfigPrintsDefaults) {

@@ -1,0 +1,313 @@
+#include "common/dataset/indexed_dataset.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace varipipe {
+namespace {
+
+// Megatron-LM's index layout (megatron/core/datasets/indexed_dataset.py):
+//   9-byte magic "MMIDIDX\0\0", uint64 version (1), uint8 dtype code,
+//   uint64 sequence count, uint64 document count,
+//   int32 sizes[sequences], int64 pointers[sequences] (byte offsets into
+//   .bin), int64 document_index[documents] (sequence boundaries, first 0,
+//   last == sequences). All little-endian.
+constexpr char kMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+
+int ElementSize(int code) {
+  switch (code) {
+    case 1:  // uint8
+    case 2:  // int8
+      return 1;
+    case 3:  // int16
+    case 8:  // uint16
+      return 2;
+    case 4:  // int32
+      return 4;
+    case 5:  // int64
+      return 8;
+    default:  // 6, 7: floating point, not token ids
+      return 0;
+  }
+}
+
+int64_t Element(const uint8_t* p, int code) {
+  switch (code) {
+    case 1:
+      return *p;
+    case 2:
+      return static_cast<int8_t>(*p);
+    case 3: {
+      int16_t v;
+      std::memcpy(&v, p, 2);
+      return v;
+    }
+    case 8: {
+      uint16_t v;
+      std::memcpy(&v, p, 2);
+      return v;
+    }
+    case 4: {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    default: {
+      int64_t v;
+      std::memcpy(&v, p, 8);
+      return v;
+    }
+  }
+}
+
+class Reader {
+ public:
+  Reader(const std::string& data, const std::string& path) : data_(data), path_(path) {}
+  template <typename T>
+  absl::Status Read(T* out, size_t count, const char* what) {
+    const size_t bytes = sizeof(T) * count;
+    if (data_.size() - offset_ < bytes) {
+      return absl::DataLossError(absl::StrCat(path_, ": truncated index: ", what, " needs ", bytes,
+                                              " bytes at offset ", offset_, ", the file has ",
+                                              data_.size()));
+    }
+    std::memcpy(out, data_.data() + offset_, bytes);
+    offset_ += bytes;
+    return absl::OkStatus();
+  }
+  size_t remaining() const { return data_.size() - offset_; }
+
+ private:
+  const std::string& data_;
+  const std::string& path_;
+  size_t offset_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<IndexedFile>> IndexedFile::Open(const std::string& prefix) {
+  const std::string idx_path = prefix + ".idx";
+  const std::string bin_path = prefix + ".bin";
+  VP_ASSIGN_OR_RETURN(const std::string index, ReadFileToString(idx_path));
+  std::unique_ptr<IndexedFile> f(new IndexedFile());
+  f->prefix_ = prefix;
+  Reader r(index, idx_path);
+  char magic[9];
+  VP_RETURN_IF_ERROR(r.Read(magic, 9, "the header"));
+  if (std::memcmp(magic, kMagic, 9) != 0) {
+    return absl::DataLossError(
+        absl::StrCat(idx_path, ": not a Megatron-LM indexed dataset (bad magic)"));
+  }
+  uint64_t version = 0;
+  uint8_t code = 0;
+  uint64_t sequences = 0;
+  uint64_t documents = 0;
+  VP_RETURN_IF_ERROR(r.Read(&version, 1, "the version"));
+  if (version != 1) {
+    return absl::DataLossError(absl::StrCat(idx_path, ": unsupported index version ", version));
+  }
+  VP_RETURN_IF_ERROR(r.Read(&code, 1, "the dtype code"));
+  f->dtype_code_ = code;
+  f->element_size_ = ElementSize(code);
+  if (f->element_size_ == 0) {
+    return absl::DataLossError(
+        absl::StrCat(idx_path, ": dtype code ", int{code}, " is not an integer token type"));
+  }
+  VP_RETURN_IF_ERROR(r.Read(&sequences, 1, "the sequence count"));
+  VP_RETURN_IF_ERROR(r.Read(&documents, 1, "the document count"));
+  if (sequences > r.remaining() / 12 || documents > r.remaining() / 8 + 1) {
+    return absl::DataLossError(absl::StrCat(idx_path, ": truncated index: ", sequences,
+                                            " sequences and ", documents,
+                                            " documents do not fit the file"));
+  }
+  f->sizes_.resize(sequences);
+  f->pointers_.resize(sequences);
+  f->document_index_.resize(documents);
+  VP_RETURN_IF_ERROR(r.Read(f->sizes_.data(), sequences, "the sizes"));
+  VP_RETURN_IF_ERROR(r.Read(f->pointers_.data(), sequences, "the pointers"));
+  VP_RETURN_IF_ERROR(r.Read(f->document_index_.data(), documents, "the document index"));
+
+  const int fd = open(bin_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", bin_path));
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    const int error = errno;
+    close(fd);
+    return ErrnoToStatus(error, absl::StrCat("stat ", bin_path));
+  }
+  f->data_size_ = static_cast<size_t>(st.st_size);
+  if (f->data_size_ > 0) {
+    void* mapped = mmap(nullptr, f->data_size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (mapped == MAP_FAILED) {
+      const int error = errno;
+      close(fd);
+      return ErrnoToStatus(error, absl::StrCat("mmap ", bin_path));
+    }
+    f->data_ = static_cast<const uint8_t*>(mapped);
+  }
+  close(fd);
+  // Every sequence must lie inside the .bin file.
+  for (uint64_t i = 0; i < sequences; ++i) {
+    const int64_t begin = f->pointers_[i];
+    const int64_t bytes = static_cast<int64_t>(f->sizes_[i]) * f->element_size_;
+    if (f->sizes_[i] < 0 || begin < 0 || static_cast<uint64_t>(begin + bytes) > f->data_size_) {
+      return absl::DataLossError(absl::StrCat(prefix, ": sequence ", i, " (", f->sizes_[i],
+                                              " tokens at byte ", begin, ") lies outside ",
+                                              bin_path, " (", f->data_size_,
+                                              " bytes): index and data do not match"));
+    }
+  }
+  if (!f->document_index_.empty() &&
+      (f->document_index_.front() != 0 ||
+       f->document_index_.back() != static_cast<int64_t>(sequences))) {
+    return absl::DataLossError(
+        absl::StrCat(idx_path, ": document index must run from 0 to ", sequences));
+  }
+  return f;
+}
+
+IndexedFile::~IndexedFile() {
+  if (data_ != nullptr) munmap(const_cast<uint8_t*>(data_), data_size_);
+}
+
+void IndexedFile::Read(uint64_t sequence, std::vector<int64_t>* out) const {
+  const uint8_t* p = data_ + pointers_[sequence];
+  for (int32_t k = 0; k < sizes_[sequence]; ++k) {
+    out->push_back(Element(p, dtype_code_));
+    p += element_size_;
+  }
+}
+
+absl::Status WriteIndexedFile(const std::string& prefix,
+                              const std::vector<std::vector<int64_t>>& sequences,
+                              int64_t vocab_size) {
+  bool fits16 = vocab_size > 0 && vocab_size < 65500;
+  for (const auto& s : sequences) {
+    for (int64_t t : s) {
+      if (t < 0 || t > std::numeric_limits<int32_t>::max()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(prefix, ": token id ", t, " does not fit the indexed format"));
+      }
+      if (t > 65535) fits16 = false;
+    }
+  }
+  const uint8_t code = fits16 ? 8 : 4;
+  const int element = fits16 ? 2 : 4;
+  const std::string bin_tmp = prefix + ".bin.tmp";
+  const std::string idx_tmp = prefix + ".idx.tmp";
+  std::vector<int32_t> sizes;
+  std::vector<int64_t> pointers;
+  {
+    std::ofstream bin(bin_tmp, std::ios::binary | std::ios::trunc);
+    if (!bin) return ErrnoToStatus(errno, absl::StrCat("open ", bin_tmp));
+    int64_t offset = 0;
+    for (const auto& s : sequences) {
+      sizes.push_back(static_cast<int32_t>(s.size()));
+      pointers.push_back(offset);
+      for (int64_t t : s) {
+        if (fits16) {
+          const uint16_t v = static_cast<uint16_t>(t);
+          bin.write(reinterpret_cast<const char*>(&v), 2);
+        } else {
+          const int32_t v = static_cast<int32_t>(t);
+          bin.write(reinterpret_cast<const char*>(&v), 4);
+        }
+      }
+      offset += static_cast<int64_t>(s.size()) * element;
+    }
+    bin.close();
+    if (!bin) return ErrnoToStatus(errno, absl::StrCat("write ", bin_tmp));
+  }
+  {
+    std::ofstream idx(idx_tmp, std::ios::binary | std::ios::trunc);
+    if (!idx) return ErrnoToStatus(errno, absl::StrCat("open ", idx_tmp));
+    const uint64_t version = 1;
+    const uint64_t count = sequences.size();
+    const uint64_t documents = count + 1;  // one document per sequence
+    idx.write(kMagic, 9);
+    idx.write(reinterpret_cast<const char*>(&version), 8);
+    idx.write(reinterpret_cast<const char*>(&code), 1);
+    idx.write(reinterpret_cast<const char*>(&count), 8);
+    idx.write(reinterpret_cast<const char*>(&documents), 8);
+    idx.write(reinterpret_cast<const char*>(sizes.data()), 4 * sizes.size());
+    idx.write(reinterpret_cast<const char*>(pointers.data()), 8 * pointers.size());
+    for (uint64_t d = 0; d <= count; ++d) {
+      const int64_t v = static_cast<int64_t>(d);
+      idx.write(reinterpret_cast<const char*>(&v), 8);
+    }
+    idx.close();
+    if (!idx) return ErrnoToStatus(errno, absl::StrCat("write ", idx_tmp));
+  }
+  std::error_code error;
+  std::filesystem::rename(bin_tmp, prefix + ".bin", error);
+  if (!error) std::filesystem::rename(idx_tmp, prefix + ".idx", error);
+  if (error) {
+    return absl::UnavailableError(
+        absl::StrCat("rename into ", prefix, ".{bin,idx}: ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<IndexedSampleDataset>> IndexedSampleDataset::Open(
+    const std::string& input_prefix, const std::string& target_prefix, int64_t vocab_size) {
+  std::unique_ptr<IndexedSampleDataset> d(new IndexedSampleDataset());
+  VP_ASSIGN_OR_RETURN(d->inputs_, IndexedFile::Open(input_prefix));
+  if (!target_prefix.empty()) {
+    VP_ASSIGN_OR_RETURN(d->targets_, IndexedFile::Open(target_prefix));
+    if (d->targets_->sequences() != d->inputs_->sequences()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          input_prefix, " has ", d->inputs_->sequences(), " samples but ", target_prefix, " has ",
+          d->targets_->sequences(), ": inputs and targets must pair up"));
+    }
+  }
+  d->vocab_size_ = vocab_size;
+  return d;
+}
+
+SampleLengths IndexedSampleDataset::Lengths(uint64_t index) const {
+  return {inputs_->Length(index), targets_ ? targets_->Length(index) : 0};
+}
+
+absl::Status IndexedSampleDataset::ReadSample(uint64_t index, std::vector<int64_t>* input,
+                                              std::vector<int64_t>* target) const {
+  if (index >= size()) {
+    return absl::OutOfRangeError(
+        absl::StrCat(inputs_->prefix(), ": sample ", index, " is beyond its ", size(), " samples"));
+  }
+  input->clear();
+  target->clear();
+  inputs_->Read(index, input);
+  if (targets_) targets_->Read(index, target);
+  if (vocab_size_ > 0) {
+    for (const auto* side : {input, target}) {
+      for (int64_t t : *side) {
+        if (t < 0 || t >= vocab_size_) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              side == input ? inputs_->prefix() : targets_->prefix(), ": sample ", index,
+              " has token id ", t, " outside the vocabulary [0, ", vocab_size_, ")"));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string IndexedSampleDataset::Describe() const {
+  return absl::StrCat("indexed dataset ", inputs_->prefix(),
+                      targets_ ? absl::StrCat(" + ", targets_->prefix()) : "", " (", size(),
+                      " samples)");
+}
+
+}  // namespace varipipe

@@ -1,0 +1,40 @@
+#include "common/dataset/sample_dataset.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/dataset/indexed_dataset.h"
+#include "common/dataset/jsonl_dataset.h"
+
+namespace varipipe {
+
+std::vector<SampleLengths> SampleDataset::AllLengths() const {
+  std::vector<SampleLengths> lengths(size());
+  for (uint64_t i = 0; i < lengths.size(); ++i) lengths[i] = Lengths(i);
+  return lengths;
+}
+
+absl::StatusOr<std::unique_ptr<SampleDataset>> OpenSampleDataset(const v1::JobConfig& config) {
+  const v1::DataConfig& d = config.data();
+  const int64_t vocab = config.model().vocab_size();
+  switch (d.format()) {
+    case v1::SYNTHETIC:
+      return std::unique_ptr<SampleDataset>(
+          new SyntheticSampleDataset(d.seed(), d.synthetic_num_samples(), vocab));
+    case v1::JSONL: {
+      absl::StatusOr<std::unique_ptr<JsonlSampleDataset>> jsonl =
+          JsonlSampleDataset::Open(d.path(), vocab);
+      if (!jsonl.ok()) return jsonl.status();
+      return std::unique_ptr<SampleDataset>(std::move(*jsonl));
+    }
+    case v1::MEGATRON_INDEXED: {
+      absl::StatusOr<std::unique_ptr<IndexedSampleDataset>> indexed =
+          IndexedSampleDataset::Open(d.path(), d.target_path(), vocab);
+      if (!indexed.ok()) return indexed.status();
+      return std::unique_ptr<SampleDataset>(std::move(*indexed));
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.format ", v1::DatasetFormat_Name(d.format()), " has no reader"));
+  }
+}
+
+}  // namespace varipipe
