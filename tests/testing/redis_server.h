@@ -1,77 +1,14 @@
-// A real redis-server for tests: started on a free loopback port with a
-// random password and no persistence, stopped (and its files removed) when
-// the object is destroyed.
-//
-//   absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
-//   ASSERT_TRUE(redis.ok()) << redis.status();
-//   RedisConnection conn = ...(*redis)->address(), (*redis)->password() ...
-//
-// The server process is killed when the thread that called Start() exits
-// (PR_SET_PDEATHSIG follows the starting thread), so a crashed test leaves
-// nothing running. The binary is the one CMake found at configure time, else
-// `redis-server` on PATH.
-//
-// Thread safety: call Start() from a thread that outlives the server (the
-// test's main thread); the accessors may be used from any thread.
+// The tests' Redis fixture: a real redis-server on a free loopback port with
+// a random password (common/redis/redis_server_process.h).
 #ifndef VARIPIPE_TESTS_TESTING_REDIS_SERVER_H_
 #define VARIPIPE_TESTS_TESTING_REDIS_SERVER_H_
 
-#include <sys/types.h>
-
-#include <memory>
-#include <string>
-
-#include "absl/status/statusor.h"
-#include "absl/time/time.h"
+#include "common/redis/redis_server_process.h"
 
 namespace varipipe::testing {
 
-class RedisServer {
- public:
-  struct Options {
-    // Empty: a random 32-character password.
-    std::string password;
-    // Time allowed for the server to answer PING.
-    absl::Duration startup_timeout = absl::Seconds(10);
-  };
-
-  static absl::StatusOr<std::unique_ptr<RedisServer>> Start(Options options);
-  static absl::StatusOr<std::unique_ptr<RedisServer>> Start() { return Start(Options()); }
-
-  // Stops the server (SIGTERM, then SIGKILL after 5 s) and removes its
-  // directory.
-  ~RedisServer();
-  RedisServer(const RedisServer&) = delete;
-  RedisServer& operator=(const RedisServer&) = delete;
-
-  const std::string& host() const { return host_; }
-  int port() const { return port_; }
-  // "127.0.0.1:PORT".
-  std::string address() const;
-  const std::string& password() const { return password_; }
-  pid_t pid() const { return pid_; }
-  // The server's version as it reports it in INFO ("7.0.15").
-  const std::string& version() const { return version_; }
-  // Contents of the server's log file (for failure messages).
-  std::string ReadLog() const;
-
-  // Stops the server now; the destructor then does nothing. Returns an error
-  // if it had to be killed or exited with a failure status.
-  absl::Status Stop();
-
- private:
-  RedisServer() = default;
-
-  std::string host_ = "127.0.0.1";
-  int port_ = 0;
-  std::string password_;
-  std::string directory_;
-  std::string version_;
-  pid_t pid_ = -1;
-};
-
-// A free TCP port on 127.0.0.1 at the time of the call (bound and released).
-absl::StatusOr<int> PickFreeLoopbackPort();
+using ::varipipe::PickFreeLoopbackPort;
+using ::varipipe::RedisServer;
 
 }  // namespace varipipe::testing
 

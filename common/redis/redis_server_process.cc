@@ -1,4 +1,4 @@
-#include "tests/testing/redis_server.h"
+#include "common/redis/redis_server_process.h"
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -25,7 +25,7 @@
 #define VARIPIPE_REDIS_SERVER_PATH "redis-server"
 #endif
 
-namespace varipipe::testing {
+namespace varipipe {
 namespace {
 
 struct ReplyDeleter {
@@ -100,29 +100,35 @@ absl::StatusOr<std::unique_ptr<RedisServer>> RedisServer::Start(Options options)
   // A port picked now may be taken before redis binds it; retry a few times.
   absl::Status last_error;
   for (int attempt = 0; attempt < 5; ++attempt) {
-    VP_ASSIGN_OR_RETURN(server->port_, PickFreeLoopbackPort());
+    if (options.port != 0) {
+      server->port_ = options.port;
+    } else {
+      VP_ASSIGN_OR_RETURN(server->port_, PickFreeLoopbackPort());
+    }
     const std::string port = std::to_string(server->port_);
     const std::string log_file = server->directory_ + "/redis.log";
     std::filesystem::remove(log_file);
-    std::vector<std::string> args = {VARIPIPE_REDIS_SERVER_PATH,
-                                     "--port",
-                                     port,
-                                     "--bind",
-                                     server->host_,
-                                     "--requirepass",
-                                     server->password_,
-                                     "--save",
-                                     "",
-                                     "--appendonly",
-                                     "no",
-                                     "--dir",
-                                     server->directory_,
-                                     "--logfile",
-                                     log_file,
-                                     "--daemonize",
-                                     "no",
-                                     "--protected-mode",
-                                     "yes"};
+    const char* binary = std::getenv("VARIPIPE_REDIS_SERVER");
+    std::vector<std::string> args = {
+        binary != nullptr && *binary ? binary : VARIPIPE_REDIS_SERVER_PATH,
+        "--port",
+        port,
+        "--bind",
+        server->host_,
+        "--requirepass",
+        server->password_,
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        server->directory_,
+        "--logfile",
+        log_file,
+        "--daemonize",
+        "no",
+        "--protected-mode",
+        "yes"};
     std::vector<char*> argv;
     for (std::string& arg : args) argv.push_back(arg.data());
     argv.push_back(nullptr);
@@ -148,7 +154,7 @@ absl::StatusOr<std::unique_ptr<RedisServer>> RedisServer::Start(Options options)
         server->pid_ = -1;
         const std::string log = server->ReadLog();
         last_error = absl::UnavailableError(absl::StrCat(
-            VARIPIPE_REDIS_SERVER_PATH, " exited with status ",
+            argv[0], " exited with status ",
             WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 128 + WTERMSIG(wait_status),
             WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 127
                 ? " (not found? install it with deploy/install-deps.sh)"
@@ -172,7 +178,9 @@ absl::StatusOr<std::unique_ptr<RedisServer>> RedisServer::Start(Options options)
                        absl::FormatDuration(options.startup_timeout), ": ", last_error.message(),
                        "; log:\n", server->ReadLog()));
     }
-    if (!absl::StrContains(last_error.message(), "Address already in use")) break;
+    if (options.port != 0 || !absl::StrContains(last_error.message(), "Address already in use")) {
+      break;
+    }
   }
   return last_error;
 }
@@ -213,4 +221,4 @@ absl::Status RedisServer::Stop() {
   return absl::DeadlineExceededError("redis-server ignored SIGTERM for 5 s and was killed");
 }
 
-}  // namespace varipipe::testing
+}  // namespace varipipe
