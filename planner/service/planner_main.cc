@@ -1,34 +1,52 @@
-// varipipe-planner: the planner daemon.
-//
-// This version loads and validates the job config and reports how it would
-// connect to the instruction store. The planning workers, the Redis
-// instruction store and the gRPC services are added by the planner-service
-// work (docs/architecture.md); until then the daemon exits with status 1
-// after validating, so no launcher mistakes it for a running service.
+// varipipe-planner: the planner daemon (planner/service/planner_daemon.h).
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "common/binary_main.h"
 #include "common/config/job_config.h"
-#include "grpcpp/grpcpp.h"
-#include "hiredis/hiredis.h"
+#include "common/logging.h"
+#include "common/shutdown_signal.h"
+#include "planner/service/planner_daemon.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, config, "", "Job config (JSON, varipipe.v1.JobConfig). Required.");
 ABSL_FLAG(bool, check_config, false,
           "Validate the config, print it with defaults filled in, and exit 0.");
+ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
+          "gRPC listen address (host:port; port 0 picks a free one).");
+ABSL_FLAG(int, threads, 0, "Planning worker threads (0: planner.threads, else cores - 1).");
+ABSL_FLAG(std::string, port_file, "",
+          "Write the gRPC port to this file once serving (for scripts).");
+ABSL_FLAG(std::string, store_file, "",
+          "Write 'host:port password' of the instruction store to this file (mode 0600) once "
+          "serving: how local executors find an embedded redis-server.");
+ABSL_FLAG(int, progress_interval_s, 10, "Seconds between progress lines (0: none).");
+ABSL_FLAG(int, lease_ms, 30000,
+          "How long a claimed iteration stays reserved for this daemon; a crashed daemon's "
+          "claims are taken over after it.");
+ABSL_FLAG(bool, exit_when_done, false,
+          "Exit once every iteration of the job is published (instead of serving until "
+          "SIGTERM).");
 
 namespace {
 
 constexpr char kUsage[] =
-    "The Varipipe planner daemon: plans training iterations ahead of the\n"
-    "executors and publishes execution plans through a Redis instruction store.\n"
+    "The Varipipe planner daemon: plans training iterations ahead of the executors,\n"
+    "publishes the execution plans into the Redis instruction store and serves them\n"
+    "over gRPC (PlanService, StatusService, health, reflection).\n"
     "\n"
-    "Usage: varipipe-planner --config job.json [--check_config]\n"
+    "Usage: varipipe-planner --config job.json [--listen 0.0.0.0:50051] [--threads N]\n"
     "\n"
-    "This version validates the config only; the planning service is not built yet.";
+    "With an empty store.redis_address the daemon starts a private redis-server\n"
+    "(single-machine mode). Several daemons (on several hosts) with the same config and\n"
+    "store share a job. SIGTERM or SIGINT stops it gracefully.";
 
 }  // namespace
 
@@ -54,13 +72,41 @@ int main(int argc, char** argv) {
     std::printf("%s\n", varipipe::JobConfigToJson(*config).c_str());
     return varipipe::kExitOk;
   }
-  spdlog::info("job {}: config {} is valid ({} ranks); gRPC {}, hiredis {}.{}.{}", config->job_id(),
-               path, varipipe::WorldSize(*config), grpc::Version(), HIREDIS_MAJOR, HIREDIS_MINOR,
-               HIREDIS_PATCH);
-  spdlog::info("instruction store: {}",
-               config->store().redis_address().empty()
-                   ? std::string("embedded redis-server (single-machine mode)")
-                   : config->store().redis_address());
-  spdlog::error("the planning service is not built in this version; nothing to serve");
-  return varipipe::kExitFailure;
+  varipipe::ShutdownSignal shutdown;
+  varipipe::service::DaemonOptions options;
+  options.listen_address = absl::GetFlag(FLAGS_listen);
+  options.worker_threads = absl::GetFlag(FLAGS_threads);
+  options.progress_interval = absl::Seconds(absl::GetFlag(FLAGS_progress_interval_s));
+  options.lease = absl::Milliseconds(std::max(100, absl::GetFlag(FLAGS_lease_ms)));
+  absl::StatusOr<std::unique_ptr<varipipe::service::PlannerDaemon>> daemon =
+      varipipe::service::PlannerDaemon::Start(*config, options);
+  if (!daemon.ok()) {
+    spdlog::error("cannot start: {}", daemon.status().message());
+    return absl::IsInvalidArgument(daemon.status()) || absl::IsFailedPrecondition(daemon.status())
+               ? varipipe::kExitUsage
+               : varipipe::kExitFailure;
+  }
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    std::ofstream(absl::GetFlag(FLAGS_port_file)) << (*daemon)->port() << "\n";
+  }
+  if (!absl::GetFlag(FLAGS_store_file).empty()) {
+    const std::string file = absl::GetFlag(FLAGS_store_file);
+    std::ofstream out(file);
+    out << (*daemon)->store_address() << " " << (*daemon)->store_password() << "\n";
+    out.close();
+    chmod(file.c_str(), 0600);
+  }
+  if (absl::GetFlag(FLAGS_exit_when_done)) {
+    std::thread waiter([&] {
+      (*daemon)->WaitUntilAllPublished();
+      shutdown.Request();
+    });
+    shutdown.WaitFor(absl::InfiniteDuration());
+    (*daemon)->Shutdown();
+    waiter.join();
+  } else {
+    shutdown.WaitFor(absl::InfiniteDuration());
+    (*daemon)->Shutdown();
+  }
+  return varipipe::kExitOk;
 }

@@ -1,0 +1,135 @@
+#include "planner/service/plan_service.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/config/job_config.h"
+#include "common/logging.h"
+#include "google/protobuf/util/json_util.h"
+#include "planner/service/planner_daemon.h"
+#include "spdlog/spdlog.h"
+
+namespace varipipe::service {
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+grpc::Status PlanServiceImpl::CheckJob(const std::string& job_id) const {
+  if (!job_id.empty() && job_id != daemon_->config().job_id()) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("unknown job '", job_id, "' (this planner serves '",
+                                     daemon_->config().job_id(), "')"));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status PlanServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
+                                     v1::GetJobResponse* response) {
+  if (grpc::Status s = CheckJob(request->job_id()); !s.ok()) return s;
+  *response->mutable_config() = daemon_->config();
+  response->set_config_hash(ConfigHash(daemon_->config()));
+  response->set_store_address(daemon_->store_address());
+  absl::StatusOr<PlannerDaemon::StoreLease> store = daemon_->AcquireStore();
+  if (store.ok()) {
+    absl::StatusOr<StoreCounters> counters = (*store)->Counters();
+    if (counters.ok()) response->set_published_iterations(counters->published);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status PlanServiceImpl::FetchPlan(grpc::ServerContext* context, uint64_t iteration, int rank,
+                                        v1::PlanEnvelope* out) {
+  const v1::JobConfig& c = daemon_->config();
+  if (iteration >= c.training().iterations()) {
+    return grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
+                        absl::StrCat("iteration ", iteration, " is past the job's last (",
+                                     c.training().iterations() - 1, ")"));
+  }
+  const int world = WorldSize(c);
+  if (rank < 0 || rank >= world) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("rank ", rank, " is outside the job's ", world, " ranks"));
+  }
+  absl::StatusOr<PlannerDaemon::StoreLease> store = daemon_->AcquireStore();
+  if (!store.ok()) return ToGrpc(store.status());
+  const absl::Time deadline = context->deadline() == std::chrono::system_clock::time_point::max()
+                                  ? absl::InfiniteFuture()
+                                  : absl::FromChrono(context->deadline());
+  bool asked_for_planning = false;
+  while (!context->IsCancelled()) {
+    // Wait in slices so cancellation and on-demand planning are noticed.
+    const absl::Duration slice = std::min(absl::Seconds(2), deadline - absl::Now());
+    if (slice <= absl::ZeroDuration()) break;
+    absl::StatusOr<std::optional<std::string>> bytes = (*store)->WaitPlan(iteration, rank, slice);
+    if (!bytes.ok()) return ToGrpc(bytes.status());
+    if (bytes->has_value()) {
+      if (!out->ParseFromString(**bytes)) {
+        return grpc::Status(grpc::StatusCode::DATA_LOSS,
+                            absl::StrCat("stored plan of iteration ", iteration, " is corrupt"));
+      }
+      return grpc::Status::OK;
+    }
+    if (!asked_for_planning) {
+      // Nobody may be planning it (e.g. Redis restarted without data):
+      // plan it here unless a lease says otherwise.
+      asked_for_planning = true;
+      if (absl::Status s = daemon_->PlanOnDemand(iteration); !s.ok()) {
+        spdlog::warn("on-demand planning of iteration {} failed: {}", iteration, s.message());
+      }
+    }
+  }
+  if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+  return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                      absl::StrCat("iteration ", iteration, " is not published yet"));
+}
+
+grpc::Status PlanServiceImpl::GetPlan(grpc::ServerContext* context,
+                                      const v1::GetPlanRequest* request,
+                                      v1::PlanEnvelope* response) {
+  if (grpc::Status s = CheckJob(request->job_id()); !s.ok()) return s;
+  return FetchPlan(context, request->iteration(), request->rank(), response);
+}
+
+grpc::Status PlanServiceImpl::WatchPlans(grpc::ServerContext* context,
+                                         const v1::WatchPlansRequest* request,
+                                         grpc::ServerWriter<v1::PlanEnvelope>* writer) {
+  if (grpc::Status s = CheckJob(request->job_id()); !s.ok()) return s;
+  for (uint64_t i = request->first_iteration();
+       i < daemon_->config().training().iterations() && !context->IsCancelled(); ++i) {
+    v1::PlanEnvelope envelope;
+    grpc::Status s = FetchPlan(context, i, request->rank(), &envelope);
+    if (!s.ok()) return s;
+    if (!writer->Write(envelope)) break;
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status PlanServiceImpl::ReportProgress(grpc::ServerContext*,
+                                             const v1::ReportProgressRequest* request,
+                                             v1::ReportProgressResponse* response) {
+  if (grpc::Status s = CheckJob(request->job_id()); !s.ok()) return s;
+  const int world = WorldSize(daemon_->config());
+  if (request->rank() < 0 || request->rank() >= world) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("rank ", request->rank(), " is outside the job"));
+  }
+  absl::StatusOr<PlannerDaemon::StoreLease> store = daemon_->AcquireStore();
+  if (!store.ok()) return ToGrpc(store.status());
+  std::string json;
+  (void)google::protobuf::util::MessageToJsonString(*request, &json);
+  if (absl::Status s = (*store)->Acknowledge(request->iteration(), request->rank()); !s.ok()) {
+    return ToGrpc(s);
+  }
+  if (absl::Status s = (*store)->ReportProgress(request->rank(), request->iteration(), json);
+      !s.ok()) {
+    return ToGrpc(s);
+  }
+  response->set_continue_training(request->iteration() + 1 <
+                                  daemon_->config().training().iterations());
+  return grpc::Status::OK;
+}
+
+}  // namespace varipipe::service

@@ -1,0 +1,346 @@
+#include "planner/service/planner_daemon.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/config/job_config.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "google/protobuf/util/json_util.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "planner/plan/plan_builder.h"
+#include "planner/service/plan_service.h"
+#include "planner/service/status_service.h"
+#include "spdlog/spdlog.h"
+
+namespace varipipe::service {
+namespace {
+
+double Percentile(std::vector<double> values, double q) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  return values[static_cast<size_t>(q * (values.size() - 1))];
+}
+
+std::string HostName() {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+}  // namespace
+
+PlannerDaemon::StoreLease::~StoreLease() {
+  if (store_ != nullptr && daemon_ != nullptr) {
+    absl::MutexLock lock(&daemon_->mu_);
+    daemon_->pool_.push_back(std::move(store_));
+  }
+}
+
+absl::StatusOr<PlannerDaemon::StoreLease> PlannerDaemon::AcquireStore() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!pool_.empty()) {
+      std::unique_ptr<RedisInstructionStore> store = std::move(pool_.back());
+      pool_.pop_back();
+      return StoreLease(this, std::move(store));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<RedisInstructionStore>> store =
+      RedisInstructionStore::Open(redis_options_, store_options_);
+  if (!store.ok()) return store.status();
+  return StoreLease(this, *std::move(store));
+}
+
+std::string PlannerDaemon::store_address() const {
+  return absl::StrCat(redis_options_.host, ":", redis_options_.port);
+}
+
+absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const v1::JobConfig& config,
+                                                                    const DaemonOptions& options) {
+  std::unique_ptr<PlannerDaemon> d(new PlannerDaemon());
+  d->config_ = config;
+  d->options_ = options;
+  d->started_ = absl::Now();
+  d->planner_id_ =
+      absl::StrCat(HostName(), ":", getpid(), ":", absl::ToUnixMillis(d->started_) % 100000000);
+  // The store.
+  const v1::StoreConfig& store = config.store();
+  if (store.redis_address().empty()) {
+    VP_ASSIGN_OR_RETURN(d->embedded_redis_, RedisServer::Start());
+    spdlog::info("started an embedded redis-server {} on {} (single-machine mode)",
+                 d->embedded_redis_->version(), d->embedded_redis_->address());
+    d->redis_options_.host = d->embedded_redis_->host();
+    d->redis_options_.port = d->embedded_redis_->port();
+    d->redis_options_.password = d->embedded_redis_->password();
+  } else {
+    VP_ASSIGN_OR_RETURN(const auto host_port, ParseHostPort(store.redis_address()));
+    d->redis_options_.host = host_port.first;
+    d->redis_options_.port = host_port.second;
+    VP_ASSIGN_OR_RETURN(d->redis_options_.password, ReadRedisPassword(store));
+  }
+  d->store_options_ = {.key_prefix = store.key_prefix(),
+                       .job_id = config.job_id(),
+                       .world_size = WorldSize(config),
+                       .total_iterations = config.training().iterations(),
+                       .lease = options.lease};
+  {
+    absl::StatusOr<std::unique_ptr<RedisInstructionStore>> first =
+        RedisInstructionStore::Open(d->redis_options_, d->store_options_);
+    if (!first.ok()) return Annotate(first.status(), "instruction store");
+    VP_RETURN_IF_ERROR((*first)->RegisterJob(config));
+    absl::MutexLock lock(&d->mu_);
+    d->pool_.push_back(*std::move(first));
+  }
+  // The data and the planner.
+  VP_ASSIGN_OR_RETURN(d->dataset_, OpenSampleDataset(config));
+  spdlog::info("dataset: {}", d->dataset_->Describe());
+  const SamplerOptions sampler{.seed = config.data().seed(),
+                               .tokens_per_global_batch = config.data().tokens_per_global_batch(),
+                               .encoder_decoder = config.model().kind() == v1::T5,
+                               .max_input_len = config.data().max_sequence_length(),
+                               .max_target_len = config.data().max_target_length()};
+  VP_ASSIGN_OR_RETURN(d->sampler_, MiniBatchSampler::Create(d->dataset_->AllLengths(), sampler));
+  VP_ASSIGN_OR_RETURN(planner::Planner planner, planner::Planner::Create(config));
+  d->planner_ = std::make_unique<planner::Planner>(std::move(planner));
+  // gRPC.
+  d->plan_service_ = std::make_unique<PlanServiceImpl>(d.get());
+  d->status_service_ = std::make_unique<StatusServiceImpl>(d.get());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &d->port_);
+  builder.RegisterService(d->plan_service_.get());
+  builder.RegisterService(d->status_service_.get());
+  builder.SetMaxReceiveMessageSize(256 << 20);
+  builder.SetMaxSendMessageSize(256 << 20);
+  d->server_ = builder.BuildAndStart();
+  if (d->server_ == nullptr || d->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen_address, " (address in use?)"));
+  }
+  // Workers.
+  d->worker_count_ = options.worker_threads < 0   ? 0
+                     : options.worker_threads > 0 ? options.worker_threads
+                     : config.planner().threads() > 0
+                         ? static_cast<int>(config.planner().threads())
+                         : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
+  for (int w = 0; w < d->worker_count_; ++w) {
+    d->workers_.emplace_back([daemon = d.get(), w] { daemon->WorkerLoop(w); });
+  }
+  if (options.progress_interval > absl::ZeroDuration()) {
+    d->progress_thread_ = std::thread([daemon = d.get()] { daemon->ProgressLoop(); });
+  }
+  spdlog::info("planner {} serving job {} on port {} with {} planning workers (store {})",
+               d->planner_id_, config.job_id(), d->port_, d->worker_count_, d->store_address());
+  return d;
+}
+
+PlannerDaemon::~PlannerDaemon() { Shutdown(); }
+
+void PlannerDaemon::Shutdown() {
+  if (shut_down_.exchange(true)) return;
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  if (server_ != nullptr)
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  for (std::thread& t : workers_) t.join();
+  if (progress_thread_.joinable()) progress_thread_.join();
+  {
+    absl::MutexLock lock(&mu_);
+    pool_.clear();
+  }
+  if (embedded_redis_ != nullptr) {
+    (void)embedded_redis_->Stop();
+    embedded_redis_.reset();
+  }
+  spdlog::info("planner {} stopped", planner_id_);
+}
+
+void PlannerDaemon::WaitUntilAllPublished() {
+  while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
+    absl::StatusOr<StoreLease> store = AcquireStore();
+    if (!store.ok()) continue;
+    absl::StatusOr<StoreCounters> c = (*store)->Counters();
+    if (c.ok() && c->published >= config_.training().iterations()) return;
+  }
+}
+
+absl::StatusOr<std::vector<std::string>> PlannerDaemon::PlanIteration(uint64_t iteration,
+                                                                      std::string* summary,
+                                                                      double* planning_ms,
+                                                                      bool with_trace,
+                                                                      std::string* trace) const {
+  const SampledMiniBatch sampled = sampler_->Get(iteration);
+  planner::MiniBatch mb{
+      .iteration = iteration, .sample_ids = sampled.sample_ids, .lengths = sampled.lengths};
+  VP_ASSIGN_OR_RETURN(planner::PlanningResult result, planner_->Plan(mb, with_trace));
+  const planner::PlanReport& r = result.report;
+  *planning_ms = r.total_ms;
+  *summary = absl::StrFormat(
+      R"({"iteration":%d,"epoch":%d,"samples":%d,"partition_method":"%s","schedule":"%s",)"
+      R"("recompute":"%s","micro_batches":%d,"predicted_iteration_ms":%.3f,)"
+      R"("bubble_fraction":%.4f,"padding_efficiency":%.4f,"planning_ms":%.3f,"planner":"%s"})",
+      iteration, sampled.epoch, sampled.sample_ids.size(), r.partition_method, r.schedule,
+      r.recompute, r.micro_batches, r.predicted_iteration_ms, r.bubble_fraction,
+      r.padding_efficiency, r.total_ms, planner_id_);
+  if (trace != nullptr) *trace = r.chrome_trace;
+  std::vector<std::string> envelopes;
+  for (v1::ExecutionPlan& plan : result.plans) {
+    v1::PlanEnvelope envelope;
+    *envelope.mutable_plan() = std::move(plan);
+    envelope.set_planner_id(planner_id_);
+    envelope.set_planning_ms(r.total_ms);
+    envelopes.push_back(envelope.SerializeAsString());
+  }
+  return envelopes;
+}
+
+absl::Status PlannerDaemon::PlanAndPublish(RedisInstructionStore& store, uint64_t iteration) {
+  const absl::Time start = absl::Now();
+  std::string summary;
+  double planning_ms = 0;
+  absl::StatusOr<std::vector<std::string>> envelopes =
+      PlanIteration(iteration, &summary, &planning_ms);
+  if (!envelopes.ok()) return Annotate(envelopes.status(), absl::StrCat("iteration ", iteration));
+  VP_ASSIGN_OR_RETURN(bool published, store.Publish(iteration, *envelopes, summary, planner_id_));
+  absl::MutexLock lock(&mu_);
+  busy_ms_ += absl::ToDoubleMilliseconds(absl::Now() - start);
+  if (published) {
+    ++planned_;
+    plan_ms_.push_back(planning_ms);
+    if (plan_ms_.size() > 1000) plan_ms_.erase(plan_ms_.begin(), plan_ms_.begin() + 500);
+  } else {
+    spdlog::info("iteration {} was published by another planner (lease lost)", iteration);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PlannerDaemon::PlanOnDemand(uint64_t iteration) {
+  VP_ASSIGN_OR_RETURN(StoreLease store, AcquireStore());
+  VP_ASSIGN_OR_RETURN(bool claimed, store->ClaimIteration(iteration, planner_id_));
+  if (!claimed) return absl::OkStatus();
+  spdlog::info("planning iteration {} on demand", iteration);
+  return PlanAndPublish(*store, iteration);
+}
+
+void PlannerDaemon::WorkerLoop(int worker) {
+  std::unique_ptr<RedisInstructionStore> store;
+  while (!stop_.HasBeenNotified()) {
+    if (store == nullptr) {
+      absl::StatusOr<std::unique_ptr<RedisInstructionStore>> opened =
+          RedisInstructionStore::Open(redis_options_, store_options_);
+      if (!opened.ok()) {
+        {
+          absl::MutexLock lock(&mu_);
+          store_healthy_ = false;
+          last_error_ = std::string(opened.status().message());
+        }
+        stop_.WaitForNotificationWithTimeout(absl::Seconds(1));
+        continue;
+      }
+      store = *std::move(opened);
+      // Redis may have lost the job (restarted without persistence).
+      if (absl::Status s = store->RegisterJob(config_); !s.ok()) {
+        spdlog::error("worker {}: {}", worker, s.message());
+      }
+    }
+    absl::StatusOr<StoreCounters> counters = store->Counters();
+    absl::StatusOr<std::optional<uint64_t>> claim =
+        counters.ok()
+            ? store->Claim(planner_id_, counters->min_progress + config_.planner().plan_ahead())
+            : absl::StatusOr<std::optional<uint64_t>>(counters.status());
+    if (!claim.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        store_healthy_ = false;
+        ++errors_;
+        last_error_ = std::string(claim.status().message());
+      }
+      spdlog::warn("worker {}: {}", worker, claim.status().message());
+      store.reset();  // reconnect (and re-register) next round
+      stop_.WaitForNotificationWithTimeout(absl::Milliseconds(200));
+      continue;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      store_healthy_ = true;
+    }
+    if (!claim->has_value()) {
+      stop_.WaitForNotificationWithTimeout(options_.idle_wait);
+      continue;
+    }
+    if (absl::Status s = PlanAndPublish(*store, **claim); !s.ok()) {
+      absl::MutexLock lock(&mu_);
+      ++errors_;
+      last_error_ = std::string(s.message());
+      spdlog::error("worker {}: {}", worker, s.message());
+    }
+  }
+}
+
+void PlannerDaemon::ProgressLoop() {
+  uint64_t last_planned = 0;
+  absl::Time last = absl::Now();
+  while (!stop_.WaitForNotificationWithTimeout(options_.progress_interval)) {
+    const v1::PlannerStatus s = Status();
+    const absl::Time now = absl::Now();
+    const double rate = (s.iterations_planned() - last_planned) / absl::ToDoubleSeconds(now - last);
+    last_planned = s.iterations_planned();
+    last = now;
+    absl::StatusOr<StoreLease> store = AcquireStore();
+    uint64_t progress = 0;
+    if (store.ok()) {
+      absl::StatusOr<StoreCounters> c = (*store)->Counters();
+      if (c.ok()) progress = c->min_progress;
+    }
+    spdlog::info(
+        "planned {} ({:.1f}/s), published {} of {}, plan time p50 {:.1f} ms p99 {:.1f} ms, "
+        "executors at {} (lead {}), errors {}",
+        s.iterations_planned(), rate, s.iterations_published(), config_.training().iterations(),
+        s.plan_time_p50_ms(), s.plan_time_p99_ms(), progress,
+        s.iterations_published() - std::min(progress, s.iterations_published()), s.errors());
+  }
+}
+
+v1::PlannerStatus PlannerDaemon::Status() const {
+  v1::PlannerStatus s;
+  s.set_planner_id(planner_id_);
+  s.set_job_id(config_.job_id());
+  s.set_host(HostName());
+  s.set_worker_threads(worker_count_);
+  s.set_uptime_s(absl::ToDoubleSeconds(absl::Now() - started_));
+  {
+    absl::MutexLock lock(&mu_);
+    s.set_iterations_planned(planned_);
+    s.set_plan_time_p50_ms(Percentile(plan_ms_, 0.5));
+    s.set_plan_time_p99_ms(Percentile(plan_ms_, 0.99));
+    s.set_errors(errors_);
+    s.set_last_error(last_error_);
+    s.set_store_healthy(store_healthy_);
+    s.set_worker_utilization(s.uptime_s() > 0 ? busy_ms_ / 1e3 / (s.uptime_s() * worker_count_)
+                                              : 0);
+  }
+  absl::StatusOr<StoreLease> store = const_cast<PlannerDaemon*>(this)->AcquireStore();
+  if (store.ok()) {
+    absl::StatusOr<StoreCounters> c = (*store)->Counters();
+    if (c.ok()) {
+      s.set_iterations_published(c->published);
+      s.set_iterations_acknowledged(c->acknowledged);
+      s.set_queue_depth(static_cast<uint32_t>(c->unpublished));
+    } else {
+      s.set_store_healthy(false);
+    }
+  } else {
+    s.set_store_healthy(false);
+  }
+  return s;
+}
+
+}  // namespace varipipe::service

@@ -1,0 +1,149 @@
+// The planner daemon: plans a job's iterations ahead of its executors and
+// serves the plans over gRPC (docs/operations.md).
+//
+// Layout: N worker threads (one Redis connection each) claim iterations
+// through the instruction store, draw the iteration's mini-batch from the
+// deterministic sampler, plan it (planner/planner.h: validated plans),
+// and publish every rank's plan. A gRPC server answers PlanService and
+// StatusService from the store, plus the standard health service and server
+// reflection. With no store.redis_address the daemon starts a private
+// redis-server (random password, no persistence) and stops it on shutdown.
+//
+// Thread safety: Start/Shutdown from one thread; Status() from any.
+#ifndef VARIPIPE_PLANNER_SERVICE_PLANNER_DAEMON_H_
+#define VARIPIPE_PLANNER_SERVICE_PLANNER_DAEMON_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "common/dataset/minibatch_sampler.h"
+#include "common/dataset/sample_dataset.h"
+#include "common/redis/redis_client.h"
+#include "common/redis/redis_server_process.h"
+#include "planner/planner.h"
+#include "planner/service/redis_instruction_store.h"
+#include "varipipe/v1/service.pb.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace varipipe::service {
+
+class PlanServiceImpl;
+class StatusServiceImpl;
+
+struct DaemonOptions {
+  // gRPC listen address; port 0 picks a free one (see port()).
+  std::string listen_address = "127.0.0.1:0";
+  // Planning workers; 0: planner.threads from the config, else cores - 1;
+  // negative: none (plans are then made on demand only; for tests).
+  int worker_threads = 0;
+  // How long a worker waits before asking again when back-pressure or the
+  // end of the job stops it.
+  absl::Duration idle_wait = absl::Milliseconds(50);
+  absl::Duration lease = absl::Seconds(30);
+  // Progress log interval; zero disables.
+  absl::Duration progress_interval = absl::Seconds(10);
+};
+
+class PlannerDaemon {
+ public:
+  // Connects to (or starts) Redis, registers the job (refusing a different
+  // config), opens the dataset, starts the workers and the gRPC server.
+  static absl::StatusOr<std::unique_ptr<PlannerDaemon>> Start(const v1::JobConfig& config,
+                                                              const DaemonOptions& options);
+  ~PlannerDaemon();
+
+  // Stops the server and the workers (finishing the iteration each is
+  // planning) and the embedded Redis. Idempotent.
+  void Shutdown();
+  // Blocks until every iteration of the job is published or Shutdown().
+  void WaitUntilAllPublished();
+
+  int port() const { return port_; }
+  const std::string& planner_id() const { return planner_id_; }
+  std::string store_address() const;
+  const std::string& store_password() const { return redis_options_.password; }
+  v1::PlannerStatus Status() const;
+
+  // Used by the gRPC services.
+  const v1::JobConfig& config() const { return config_; }
+  const planner::Planner& planner() const { return *planner_; }
+  const MiniBatchSampler& sampler() const { return *sampler_; }
+  // A store connection for one request; returned to the pool when released.
+  class StoreLease;
+  absl::StatusOr<StoreLease> AcquireStore();
+  // Plans and publishes `iteration` now if nobody else is (on-demand).
+  absl::Status PlanOnDemand(uint64_t iteration);
+  // Builds the PlanEnvelopes and summary of an iteration (no store access).
+  absl::StatusOr<std::vector<std::string>> PlanIteration(uint64_t iteration, std::string* summary,
+                                                         double* planning_ms,
+                                                         bool with_trace = false,
+                                                         std::string* trace = nullptr) const;
+
+ private:
+  PlannerDaemon() = default;
+  void WorkerLoop(int worker);
+  void ProgressLoop();
+  absl::Status PlanAndPublish(RedisInstructionStore& store, uint64_t iteration);
+
+  // Constant after Start.
+  v1::JobConfig config_;
+  DaemonOptions options_;
+  std::string planner_id_;
+  RedisClient::Options redis_options_;
+  StoreOptions store_options_;
+  std::unique_ptr<RedisServer> embedded_redis_;
+  std::unique_ptr<SampleDataset> dataset_;
+  std::unique_ptr<MiniBatchSampler> sampler_;
+  std::unique_ptr<planner::Planner> planner_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<PlanServiceImpl> plan_service_;
+  std::unique_ptr<StatusServiceImpl> status_service_;
+  int port_ = 0;
+  int worker_count_ = 0;
+  absl::Time started_;
+
+  absl::Notification stop_;
+  std::vector<std::thread> workers_;
+  std::thread progress_thread_;
+  std::atomic<bool> shut_down_{false};
+
+  mutable absl::Mutex mu_;
+  std::vector<std::unique_ptr<RedisInstructionStore>> pool_ ABSL_GUARDED_BY(mu_);
+  std::vector<double> plan_ms_ ABSL_GUARDED_BY(mu_);  // recent planning times
+  uint64_t planned_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t errors_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
+  bool store_healthy_ ABSL_GUARDED_BY(mu_) = true;
+  double busy_ms_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// A pooled store connection, returned on destruction.
+class PlannerDaemon::StoreLease {
+ public:
+  StoreLease(PlannerDaemon* daemon, std::unique_ptr<RedisInstructionStore> store)
+      : daemon_(daemon), store_(std::move(store)) {}
+  StoreLease(StoreLease&&) = default;
+  ~StoreLease();
+  RedisInstructionStore* operator->() { return store_.get(); }
+  RedisInstructionStore& operator*() { return *store_; }
+
+ private:
+  PlannerDaemon* daemon_;
+  std::unique_ptr<RedisInstructionStore> store_;
+};
+
+}  // namespace varipipe::service
+
+#endif  // VARIPIPE_PLANNER_SERVICE_PLANNER_DAEMON_H_

@@ -1,0 +1,77 @@
+#include "planner/service/status_service.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
+#include "planner/service/plan_service.h"
+#include "planner/service/planner_daemon.h"
+
+namespace varipipe::service {
+
+grpc::Status StatusServiceImpl::GetPlannerStatus(grpc::ServerContext*,
+                                                 const v1::GetPlannerStatusRequest*,
+                                                 v1::PlannerStatus* response) {
+  *response = daemon_->Status();
+  return grpc::Status::OK;
+}
+
+grpc::Status StatusServiceImpl::GetJobStatus(grpc::ServerContext*,
+                                             const v1::GetJobStatusRequest* request,
+                                             v1::JobStatus* response) {
+  const v1::JobConfig& c = daemon_->config();
+  if (!request->job_id().empty() && request->job_id() != c.job_id()) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("unknown job '", request->job_id(), "'"));
+  }
+  absl::StatusOr<PlannerDaemon::StoreLease> store = daemon_->AcquireStore();
+  if (!store.ok()) return ToGrpc(store.status());
+  absl::StatusOr<StoreCounters> counters = (*store)->Counters();
+  if (!counters.ok()) return ToGrpc(counters.status());
+  response->set_job_id(c.job_id());
+  response->set_total_iterations(c.training().iterations());
+  response->set_published_iterations(counters->published);
+  absl::StatusOr<RedisReply> reports =
+      (*store)->redis().Command({"HGETALL", (*store)->Key("reports")});
+  if (!reports.ok()) return ToGrpc(reports.status());
+  double tokens = 0;
+  for (size_t i = 0; i + 1 < reports->size(); i += 2) {
+    v1::ReportProgressRequest report;
+    if (!google::protobuf::util::JsonStringToMessage(ElementString(reports->element(i + 1)),
+                                                     &report)
+             .ok()) {
+      continue;
+    }
+    v1::RankProgress* rank = response->add_ranks();
+    rank->set_rank(report.rank());
+    rank->set_last_iteration(report.iteration());
+    rank->set_tokens_per_second(report.tokens_per_second());
+    rank->set_last_loss(report.loss());
+    if (report.rank() % static_cast<int>(c.parallelism().pipeline()) == 0) {
+      tokens += report.tokens_per_second();  // one rank per replica
+    }
+  }
+  response->set_tokens_per_second(tokens);
+  return grpc::Status::OK;
+}
+
+grpc::Status StatusServiceImpl::GetTrace(grpc::ServerContext*, const v1::GetTraceRequest* request,
+                                         v1::TraceResponse* response) {
+  const v1::JobConfig& c = daemon_->config();
+  if (!request->job_id().empty() && request->job_id() != c.job_id()) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("unknown job '", request->job_id(), "'"));
+  }
+  if (request->iteration() >= c.training().iterations()) {
+    return grpc::Status(grpc::StatusCode::OUT_OF_RANGE, "iteration past the end of the job");
+  }
+  std::string summary;
+  double ms = 0;
+  std::string trace;
+  absl::StatusOr<std::vector<std::string>> plans =
+      daemon_->PlanIteration(request->iteration(), &summary, &ms, true, &trace);
+  if (!plans.ok()) return ToGrpc(plans.status());
+  response->set_chrome_trace_json(trace);
+  return grpc::Status::OK;
+}
+
+}  // namespace varipipe::service

@@ -1,0 +1,240 @@
+// Planner daemons against a real redis-server, over real gRPC on loopback.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/config/job_config.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "planner/plan/plan_builder.h"
+#include "planner/planner.h"
+#include "planner/service/planner_daemon.h"
+#include "tests/testing/redis_server.h"
+#include "tests/testing/status_matchers.h"
+#include "varipipe/v1/service.grpc.pb.h"
+
+namespace varipipe::service {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::varipipe::testing::IsOk;
+using ::varipipe::testing::StatusIs;
+
+class PlannerServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
+    ASSERT_THAT(redis, IsOk());
+    redis_ = *std::move(redis);
+    dir_ = fs::temp_directory_path() /
+           absl::StrCat("varipipe-service-", getpid(), "-",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+    std::ofstream(dir_ / "password") << redis_->password() << "\n";
+  }
+  void TearDown() override {
+    for (pid_t pid : children_) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    fs::remove_all(dir_);
+  }
+
+  std::string ConfigJson(uint32_t layers = 4, uint64_t iterations = 60) {
+    return absl::StrCat(R"({"job_id": "svc", "model": {"kind": "GPT", "num_layers": )", layers,
+                        R"(, "hidden_size": 128, "num_attention_heads": 4, "vocab_size": 1000},
+        "parallelism": {"pipeline": 2},
+        "cluster": {"device_memory_limit_mib": 2048},
+        "data": {"format": "SYNTHETIC", "tokens_per_global_batch": 4096,
+                 "max_sequence_length": 512, "synthetic_num_samples": 5000},
+        "planner": {"plan_ahead": 8},
+        "store": {"redis_address": ")",
+                        redis_->address(), R"(", "password_file": ")", (dir_ / "password").string(),
+                        R"("},
+        "training": {"iterations": )",
+                        iterations, "}}");
+  }
+  v1::JobConfig Config(uint32_t layers = 4, uint64_t iterations = 60) {
+    const std::string path = (dir_ / absl::StrCat("job", layers, ".json")).string();
+    std::ofstream(path) << ConfigJson(layers, iterations);
+    absl::StatusOr<v1::JobConfig> c = LoadJobConfigFile(path);
+    EXPECT_THAT(c, IsOk());
+    return *c;
+  }
+  // Starts varipipe-planner as a process; returns its port.
+  int SpawnDaemon(const std::string& name) {
+    const std::string config = (dir_ / "job4.json").string();
+    std::ofstream(config) << ConfigJson();
+    const std::string port_file = (dir_ / (name + ".port")).string();
+    const std::string log = (dir_ / (name + ".log")).string();
+    const pid_t pid = fork();
+    if (pid == 0) {
+      freopen(log.c_str(), "w", stderr);
+      const std::string bin = absl::StrCat(VARIPIPE_BINARY_DIR, "/bin/varipipe-planner");
+      execl(bin.c_str(), bin.c_str(), "--config", config.c_str(), "--listen", "127.0.0.1:0",
+            "--port_file", port_file.c_str(), "--threads", "1", "--progress_interval_s", "0",
+            "--lease_ms", "1000", nullptr);
+      _exit(127);
+    }
+    children_.push_back(pid);
+    for (int i = 0; i < 200; ++i) {
+      std::ifstream in(port_file);
+      int port = 0;
+      if (in >> port && port > 0) return port;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    ADD_FAILURE() << name << " did not start; log: " << std::ifstream(log).rdbuf();
+    return 0;
+  }
+  static std::unique_ptr<v1::PlanService::Stub> Stub(int port) {
+    return v1::PlanService::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  }
+  static grpc::Status GetPlan(v1::PlanService::Stub& stub, uint64_t iteration, int rank,
+                              v1::PlanEnvelope* out, int timeout_s = 20) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(timeout_s));
+    v1::GetPlanRequest request;
+    request.set_job_id("svc");
+    request.set_iteration(iteration);
+    request.set_rank(rank);
+    return stub.GetPlan(&context, request, out);
+  }
+  static grpc::Status Report(v1::PlanService::Stub& stub, uint64_t iteration, int rank) {
+    grpc::ClientContext context;
+    v1::ReportProgressRequest request;
+    request.set_job_id("svc");
+    request.set_rank(rank);
+    request.set_iteration(iteration);
+    v1::ReportProgressResponse response;
+    return stub.ReportProgress(&context, request, &response);
+  }
+
+  std::unique_ptr<RedisServer> redis_;
+  fs::path dir_;
+  std::vector<pid_t> children_;
+};
+
+// Two daemon processes share a 60-iteration job; one is killed with SIGKILL
+// midway. Every iteration is published exactly once, equals the plan of a
+// single in-process planner, and no plan is left after acknowledgement.
+TEST_F(PlannerServiceTest, TwoDaemonsShareAJobAndSurviveAKill) {
+  const int port_a = SpawnDaemon("a");
+  const int port_b = SpawnDaemon("b");
+  ASSERT_GT(port_a, 0);
+  ASSERT_GT(port_b, 0);
+  auto a = Stub(port_a);
+  auto b = Stub(port_b);
+  const v1::JobConfig config = Config();
+  absl::StatusOr<planner::Planner> reference = planner::Planner::Create(config);
+  ASSERT_THAT(reference, IsOk());
+  absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(config);
+  ASSERT_THAT(dataset, IsOk());
+  absl::StatusOr<std::unique_ptr<MiniBatchSampler>> sampler = MiniBatchSampler::Create(
+      (*dataset)->AllLengths(), {.seed = config.data().seed(),
+                                 .tokens_per_global_batch = config.data().tokens_per_global_batch(),
+                                 .max_input_len = config.data().max_sequence_length()});
+  ASSERT_THAT(sampler, IsOk());
+  std::map<std::string, int> planners;
+  for (uint64_t i = 0; i < 60; ++i) {
+    if (i == 30) {
+      kill(children_[0], SIGKILL);  // daemon a dies with whatever it held
+      waitpid(children_[0], nullptr, 0);
+      children_.erase(children_.begin());
+    }
+    const SampledMiniBatch sampled = (*sampler)->Get(i);
+    absl::StatusOr<planner::PlanningResult> expected = reference->Plan(
+        {.iteration = i, .sample_ids = sampled.sample_ids, .lengths = sampled.lengths});
+    ASSERT_THAT(expected, IsOk());
+    for (int rank = 0; rank < 2; ++rank) {
+      v1::PlanService::Stub& stub = i < 30 && (i + rank) % 2 == 0 ? *a : *b;
+      v1::PlanEnvelope envelope;
+      const grpc::Status s = GetPlan(stub, i, rank, &envelope);
+      ASSERT_TRUE(s.ok()) << "iteration " << i << " rank " << rank << ": " << s.error_message();
+      EXPECT_EQ(planner::SerializePlanDeterministically(envelope.plan()),
+                planner::SerializePlanDeterministically(expected->plans[rank]))
+          << "iteration " << i << " rank " << rank;
+      ++planners[envelope.planner_id()];
+    }
+    for (int rank = 0; rank < 2; ++rank) ASSERT_TRUE(Report(*b, i, rank).ok());
+  }
+  EXPECT_EQ(planners.size(), 2u) << "both daemons planned";
+  absl::StatusOr<std::unique_ptr<RedisInstructionStore>> store = RedisInstructionStore::Open(
+      {.host = redis_->host(), .port = redis_->port(), .password = redis_->password()},
+      {.job_id = "svc", .world_size = 2, .total_iterations = 60});
+  ASSERT_THAT(store, IsOk());
+  absl::StatusOr<StoreCounters> c = (*store)->Counters();
+  ASSERT_THAT(c, IsOk());
+  EXPECT_EQ(c->published, 60u);
+  EXPECT_EQ(c->acknowledged, 60u);
+  absl::StatusOr<RedisReply> left = (*store)->redis().Command({"KEYS", "varipipe:svc:plan:*"});
+  ASSERT_THAT(left, IsOk());
+  EXPECT_EQ(left->size(), 0u) << "plans left in Redis";
+}
+
+TEST_F(PlannerServiceTest, GetPlanWaitsAndReportsErrors) {
+  DaemonOptions options;
+  options.worker_threads = -1;  // on-demand only
+  options.progress_interval = absl::ZeroDuration();
+  absl::StatusOr<std::unique_ptr<PlannerDaemon>> daemon = PlannerDaemon::Start(Config(), options);
+  ASSERT_THAT(daemon, IsOk());
+  auto stub = Stub((*daemon)->port());
+  v1::PlanEnvelope envelope;
+  const absl::Time start = absl::Now();
+  grpc::Status s = GetPlan(*stub, 3, 1, &envelope);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(envelope.plan().iteration(), 3u);
+  EXPECT_EQ(envelope.plan().rank(), 1);
+  EXPECT_EQ(GetPlan(*stub, 60, 0, &envelope).error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_EQ(GetPlan(*stub, 0, 5, &envelope).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  grpc::ClientContext context;
+  v1::GetPlanRequest other;
+  other.set_job_id("other");
+  EXPECT_EQ(stub->GetPlan(&context, other, &envelope).error_code(), grpc::StatusCode::NOT_FOUND);
+  (*daemon)->Shutdown();
+}
+
+TEST_F(PlannerServiceTest, WrongPasswordAndDifferentConfigAreRefused) {
+  std::ofstream(dir_ / "password", std::ios::trunc) << "not-the-password\n";
+  EXPECT_THAT(PlannerDaemon::Start(Config(), {}),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("rejected the password")));
+  std::ofstream(dir_ / "password", std::ios::trunc) << redis_->password() << "\n";
+  DaemonOptions options;
+  options.worker_threads = -1;
+  options.progress_interval = absl::ZeroDuration();
+  absl::StatusOr<std::unique_ptr<PlannerDaemon>> first = PlannerDaemon::Start(Config(4), options);
+  ASSERT_THAT(first, IsOk());
+  EXPECT_THAT(PlannerDaemon::Start(Config(6), options),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another config")));
+}
+
+TEST_F(PlannerServiceTest, BackPressureHoldsWithoutProgress) {
+  DaemonOptions options;
+  options.worker_threads = 2;
+  options.progress_interval = absl::ZeroDuration();
+  absl::StatusOr<std::unique_ptr<PlannerDaemon>> daemon = PlannerDaemon::Start(Config(), options);
+  ASSERT_THAT(daemon, IsOk());
+  absl::SleepFor(absl::Seconds(2));
+  EXPECT_EQ((*daemon)->Status().iterations_published(), 8u);  // planner.plan_ahead
+  auto stub = Stub((*daemon)->port());
+  for (int rank = 0; rank < 2; ++rank) ASSERT_TRUE(Report(*stub, 3, rank).ok());
+  for (int i = 0; i < 100 && (*daemon)->Status().iterations_published() < 12; ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_EQ((*daemon)->Status().iterations_published(), 12u);  // 4 completed + 8 ahead
+}
+
+}  // namespace
+}  // namespace varipipe::service
