@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <thread>
 
@@ -13,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "common/config/job_config.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "planner/plan/plan_builder.h"
@@ -234,6 +236,117 @@ TEST_F(PlannerServiceTest, BackPressureHoldsWithoutProgress) {
   }
   absl::SleepFor(absl::Milliseconds(500));
   EXPECT_EQ((*daemon)->Status().iterations_published(), 12u);  // 4 completed + 8 ahead
+}
+
+// Single-machine mode: no store address, the daemon runs its own Redis.
+// Also GetJob, WatchPlans and the health service.
+TEST_F(PlannerServiceTest, EmbeddedRedisJobWatchAndHealth) {
+  v1::JobConfig config = Config(4, 10);
+  config.mutable_store()->clear_redis_address();
+  config.mutable_store()->clear_password_file();
+  DaemonOptions options;
+  options.worker_threads = 1;
+  options.progress_interval = absl::ZeroDuration();
+  absl::StatusOr<std::unique_ptr<PlannerDaemon>> daemon = PlannerDaemon::Start(config, options);
+  ASSERT_THAT(daemon, IsOk());
+  EXPECT_THAT((*daemon)->store_address(), HasSubstr("127.0.0.1:"));
+  EXPECT_NE((*daemon)->store_address(), redis_->address());
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*daemon)->port()),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::PlanService::NewStub(channel);
+  {
+    grpc::ClientContext context;
+    v1::GetJobResponse job;
+    ASSERT_TRUE(stub->GetJob(&context, {}, &job).ok());
+    EXPECT_EQ(job.config().job_id(), "svc");
+    EXPECT_EQ(job.store_address(), (*daemon)->store_address());
+    EXPECT_EQ(job.config_hash(), ConfigHash(config));
+  }
+  {
+    // WatchPlans streams rank 1's plans from iteration 2 to the end, as
+    // ranks report progress.
+    std::thread reporter([&] {
+      for (uint64_t i = 0; i < 10; ++i) {
+        for (int rank = 0; rank < 2; ++rank) {
+          v1::PlanEnvelope envelope;
+          ASSERT_TRUE(GetPlan(*stub, i, rank, &envelope).ok());
+          ASSERT_TRUE(Report(*stub, i, rank).ok());
+        }
+      }
+    });
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    v1::WatchPlansRequest request;
+    request.set_rank(1);
+    request.set_first_iteration(2);
+    auto reader = stub->WatchPlans(&context, request);
+    std::vector<uint64_t> seen;
+    v1::PlanEnvelope envelope;
+    while (reader->Read(&envelope)) seen.push_back(envelope.plan().iteration());
+    reporter.join();
+    EXPECT_TRUE(reader->Finish().ok());
+    EXPECT_EQ(seen, (std::vector<uint64_t>{2, 3, 4, 5, 6, 7, 8, 9}));
+  }
+  {
+    // grpc.health.v1.Health/Check with an empty request (the whole server);
+    // the reply {status: SERVING} encodes as the bytes 08 01.
+    grpc::GenericStub generic(channel);
+    grpc::ClientContext context;
+    grpc::Slice empty(std::string(""));
+    grpc::ByteBuffer request(&empty, 1);
+    grpc::ByteBuffer response;
+    std::promise<grpc::Status> done;
+    generic.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                      &response, [&](grpc::Status s) { done.set_value(s); });
+    ASSERT_TRUE(done.get_future().get().ok());
+    std::vector<grpc::Slice> slices;
+    ASSERT_TRUE(response.Dump(&slices).ok());
+    std::string bytes;
+    for (const grpc::Slice& slice : slices) {
+      bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+    EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+  }
+  (*daemon)->Shutdown();
+}
+
+// Redis is stopped and restarted without persistence mid-run: the daemon
+// reconnects, registers the job again and re-plans what was lost; clients
+// keep getting plans.
+TEST_F(PlannerServiceTest, SurvivesARedisRestart) {
+  DaemonOptions options;
+  options.worker_threads = 1;
+  options.progress_interval = absl::ZeroDuration();
+  absl::StatusOr<std::unique_ptr<PlannerDaemon>> daemon = PlannerDaemon::Start(Config(), options);
+  ASSERT_THAT(daemon, IsOk());
+  auto stub = Stub((*daemon)->port());
+  std::vector<std::string> before;
+  for (uint64_t i = 0; i < 6; ++i) {
+    for (int rank = 0; rank < 2; ++rank) {
+      v1::PlanEnvelope envelope;
+      ASSERT_TRUE(GetPlan(*stub, i, rank, &envelope).ok());
+      ASSERT_TRUE(Report(*stub, i, rank).ok());
+    }
+  }
+  const int port = redis_->port();
+  const std::string password = redis_->password();
+  ASSERT_THAT(redis_->Stop(), IsOk());
+  redis_.reset();
+  absl::SleepFor(absl::Milliseconds(500));
+  absl::StatusOr<std::unique_ptr<RedisServer>> again =
+      RedisServer::Start({.password = password, .port = port});
+  ASSERT_THAT(again, IsOk());
+  redis_ = *std::move(again);
+  for (uint64_t i = 6; i < 12; ++i) {
+    for (int rank = 0; rank < 2; ++rank) {
+      v1::PlanEnvelope envelope;
+      const grpc::Status s = GetPlan(*stub, i, rank, &envelope, 30);
+      ASSERT_TRUE(s.ok()) << "iteration " << i << ": " << s.error_message();
+      EXPECT_EQ(envelope.plan().iteration(), i);
+      ASSERT_TRUE(Report(*stub, i, rank).ok());
+    }
+  }
+  EXPECT_TRUE((*daemon)->Status().store_healthy());
 }
 
 }  // namespace
