@@ -9,6 +9,7 @@
 #include <future>
 #include <map>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -308,6 +309,40 @@ TEST_F(PlannerServiceTest, EmbeddedRedisJobWatchAndHealth) {
     EXPECT_EQ(bytes, std::string("\x08\x01", 2));
   }
   (*daemon)->Shutdown();
+}
+
+// varipipe-ctl against a daemon process: status, plan and trace.
+TEST_F(PlannerServiceTest, CtlShowsStatusPlansAndTraces) {
+  const int port = SpawnDaemon("ctl");
+  ASSERT_GT(port, 0);
+  const std::string ctl =
+      absl::StrCat(VARIPIPE_BINARY_DIR, "/bin/varipipe-ctl --planner 127.0.0.1:", port, " ");
+  const auto run = [](const std::string& command) {
+    std::string output;
+    FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+    char buffer[4096];
+    size_t n = 0;
+    while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, n);
+    const int status = pclose(pipe);
+    return std::make_pair(WEXITSTATUS(status), output);
+  };
+  auto [code, out] = run(ctl + "plan --iteration 1 --rank 1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("iteration 1 rank 1 (dp 0, pp 1)"));
+  EXPECT_THAT(out, HasSubstr("recv_start ACTIVATION from 0"));
+  std::tie(code, out) = run(ctl + "status");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("job svc"));
+  EXPECT_THAT(out, HasSubstr("store healthy"));
+  const std::string trace = (dir_ / "trace.json").string();
+  std::tie(code, out) = run(ctl + "trace --iteration 0 --out " + trace);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_GT(fs::file_size(trace), 100u);
+  std::tie(code, out) = run(ctl + "plan --iteration 60 --rank 0");
+  EXPECT_NE(code, 0);
+  EXPECT_THAT(out, HasSubstr("past the job's last"));
+  std::tie(code, out) = run(ctl + "frobnicate");
+  EXPECT_EQ(code, 2);
 }
 
 // Redis is stopped and restarted without persistence mid-run: the daemon
