@@ -1,0 +1,62 @@
+// The executor's communication interface: ordered point-to-point transfers
+// between pairs of ranks and data-parallel all-reduce. Implementations:
+// executor/comm/gloo/ (CPU, TCP) and executor/comm/nccl/ (GPU).
+//
+// Semantics (the ones the planner's validator proves deadlock-free): each
+// pair of ranks has one ordered channel. The k-th transfer a rank starts on
+// the channel to a peer pairs with the peer's k-th transfer on it; Start
+// never blocks; a transfer completes once both sides started it (and, on
+// NCCL, every earlier transfer on the channel completed). A buffer passed to
+// a Start must stay valid and untouched until its Wait returns.
+//
+//   std::unique_ptr<Transfer> t = transport->StartSend(peer, data, bytes);
+//   ...
+//   VP_RETURN_IF_ERROR(t->Wait(absl::Now() + absl::Seconds(300)));
+//
+// Thread safety: a transport is driven by one thread (the interpreter).
+#ifndef VARIPIPE_EXECUTOR_COMM_TRANSPORT_H_
+#define VARIPIPE_EXECUTOR_COMM_TRANSPORT_H_
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace varipipe::executor {
+
+class Transfer {
+ public:
+  virtual ~Transfer() = default;
+  // Blocks until the transfer completed or `deadline` passed
+  // (DEADLINE_EXCEEDED naming the peer), or fails (UNAVAILABLE when the peer
+  // is gone, ABORTED when the transport was aborted).
+  virtual absl::Status Wait(absl::Time deadline) = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  virtual absl::StatusOr<std::unique_ptr<Transfer>> StartSend(int peer, void* data,
+                                                              size_t bytes) = 0;
+  virtual absl::StatusOr<std::unique_ptr<Transfer>> StartRecv(int peer, void* data,
+                                                              size_t bytes) = 0;
+  // Sums `data` elementwise across `group` (global ranks, ascending, this
+  // rank included) and divides by the group size: the data-parallel gradient
+  // average. Blocking.
+  virtual absl::Status AllReduceMean(std::span<float> data, const std::vector<int>& group) = 0;
+
+  // Short description ("gloo tcp 127.0.0.1", "nccl 2.28.9").
+  virtual std::string Describe() const = 0;
+};
+
+}  // namespace varipipe::executor
+
+#endif  // VARIPIPE_EXECUTOR_COMM_TRANSPORT_H_

@@ -1,0 +1,137 @@
+// The Gloo transport with ranks as threads over loopback TCP, rendezvous
+// through a real redis-server.
+#include "executor/comm/gloo/gloo_transport.h"
+
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/redis_server.h"
+#include "tests/testing/status_matchers.h"
+
+namespace varipipe::executor {
+namespace {
+
+using ::testing::HasSubstr;
+using ::varipipe::testing::IsOk;
+using ::varipipe::testing::StatusIs;
+
+class GlooTransportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
+    ASSERT_THAT(redis, IsOk());
+    redis_ = *std::move(redis);
+  }
+  GlooTransport::Options Options(int rank, int size, const std::string& run) {
+    GlooTransport::Options o;
+    o.redis.host = redis_->host();
+    o.redis.port = redis_->port();
+    o.redis.password = redis_->password();
+    o.prefix = absl::StrCat("test/", run);
+    o.rank = rank;
+    o.size = size;
+    o.connect_timeout = absl::Seconds(20);
+    return o;
+  }
+  // Runs `body(rank, transport)` on `size` threads.
+  template <typename F>
+  void RunRanks(int size, const std::string& run, F body) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size; ++r) {
+      threads.emplace_back([&, r] {
+        absl::StatusOr<std::unique_ptr<GlooTransport>> t =
+            GlooTransport::Create(Options(r, size, run));
+        ASSERT_THAT(t, IsOk()) << "rank " << r;
+        body(r, **t);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  std::unique_ptr<RedisServer> redis_;
+};
+
+TEST_F(GlooTransportTest, TransfersPairInChannelOrder) {
+  RunRanks(2, "order", [](int rank, GlooTransport& t) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    if (rank == 0) {
+      std::vector<float> a(1000, 1.5f), b(10, 2.5f), c(3, 0);
+      auto sa = t.StartSend(1, a.data(), a.size() * 4);
+      auto sb = t.StartSend(1, b.data(), b.size() * 4);
+      auto rc = t.StartRecv(1, c.data(), c.size() * 4);
+      ASSERT_THAT(sa, IsOk());
+      ASSERT_THAT(sb, IsOk());
+      ASSERT_THAT(rc, IsOk());
+      EXPECT_THAT((*rc)->Wait(deadline), IsOk());
+      EXPECT_THAT((*sa)->Wait(deadline), IsOk());
+      EXPECT_THAT((*sb)->Wait(deadline), IsOk());
+      EXPECT_EQ(c, (std::vector<float>{7, 8, 9}));
+    } else {
+      std::vector<float> a(1000, 0), b(10, 0), c = {7, 8, 9};
+      // Posted in the same channel order as rank 0's transfers.
+      auto ra = t.StartRecv(0, a.data(), a.size() * 4);
+      auto rb = t.StartRecv(0, b.data(), b.size() * 4);
+      auto sc = t.StartSend(0, c.data(), c.size() * 4);
+      ASSERT_THAT(rb, IsOk());
+      EXPECT_THAT((*rb)->Wait(deadline), IsOk());
+      EXPECT_THAT((*ra)->Wait(deadline), IsOk());
+      EXPECT_THAT((*sc)->Wait(deadline), IsOk());
+      EXPECT_EQ(a, std::vector<float>(1000, 1.5f));
+      EXPECT_EQ(b, std::vector<float>(10, 2.5f));
+    }
+  });
+}
+
+TEST_F(GlooTransportTest, AWaitWithoutAPeerTimesOutNamingThePeer) {
+  RunRanks(2, "timeout", [](int rank, GlooTransport& t) {
+    if (rank == 1) {
+      float x = 0;
+      auto r = t.StartRecv(0, &x, sizeof(x));
+      ASSERT_THAT(r, IsOk());
+      EXPECT_THAT((*r)->Wait(absl::Now() + absl::Milliseconds(300)),
+                  StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("rank 0")));
+    } else {
+      absl::SleepFor(absl::Seconds(1));  // alive, but never sends
+    }
+  });
+}
+
+TEST_F(GlooTransportTest, ADeadPeerIsReportedAsUnavailable) {
+  RunRanks(2, "dead", [](int rank, GlooTransport& t) {
+    if (rank == 1) {
+      float x = 0;
+      auto r = t.StartRecv(0, &x, sizeof(x));
+      // Depending on timing the dead connection shows when the receive is
+      // posted or while it is waited for; both name the peer.
+      const absl::Status s = r.ok() ? (*r)->Wait(absl::Now() + absl::Seconds(20)) : r.status();
+      EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("rank 0")));
+    }
+    // Rank 0 returns at once: its transport closes its connections.
+  });
+}
+
+TEST_F(GlooTransportTest, AllReduceAveragesWithinDataParallelGroups) {
+  RunRanks(4, "allreduce", [](int rank, GlooTransport& t) {
+    // Two pipelines of two stages: groups {0, 2} and {1, 3}.
+    const std::vector<int> group = rank % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3};
+    std::vector<float> data(5, static_cast<float>(rank));
+    ASSERT_THAT(t.AllReduceMean(data, group), IsOk());
+    const float expected = rank % 2 == 0 ? 1.0f : 2.0f;
+    EXPECT_EQ(data, std::vector<float>(5, expected)) << "rank " << rank;
+  });
+}
+
+TEST_F(GlooTransportTest, MissingRankFailsRendezvousClearly) {
+  GlooTransport::Options o = Options(0, 2, "missing");
+  o.connect_timeout = absl::Seconds(1);
+  EXPECT_THAT(GlooTransport::Create(o),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("rendezvous of rank 0 of 2")));
+  EXPECT_THAT(GlooTransport::Create(Options(2, 2, "bad")),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace varipipe::executor
