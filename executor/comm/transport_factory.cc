@@ -1,0 +1,43 @@
+#include "executor/comm/transport_factory.h"
+
+#include "absl/strings/str_cat.h"
+#include "executor/comm/gloo/gloo_transport.h"
+#ifdef VARIPIPE_HAVE_NCCL
+#include "executor/comm/nccl/nccl_transport.h"
+#endif
+
+namespace varipipe::executor {
+
+absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOptions& o) {
+  if (o.cuda_device >= 0) {
+#ifdef VARIPIPE_HAVE_NCCL
+    NcclTransport::Options n;
+    n.redis = o.redis;
+    n.prefix = o.prefix;
+    n.rank = o.rank;
+    n.size = o.size;
+    n.device = o.cuda_device;
+    n.peers = o.peers;
+    n.data_parallel_group = o.data_parallel_group;
+    n.connect_timeout = o.connect_timeout;
+    absl::StatusOr<std::unique_ptr<NcclTransport>> t = NcclTransport::Create(n);
+    if (!t.ok()) return t.status();
+    return std::unique_ptr<Transport>(std::move(*t));
+#else
+    return absl::FailedPreconditionError(
+        "this executor was built without NCCL (VARIPIPE_WITH_CUDA); it cannot drive GPUs");
+#endif
+  }
+  GlooTransport::Options g;
+  g.redis = o.redis;
+  g.prefix = o.prefix;
+  g.rank = o.rank;
+  g.size = o.size;
+  g.hostname = o.hostname;
+  g.connect_timeout = o.connect_timeout;
+  absl::StatusOr<std::unique_ptr<GlooTransport>> t = GlooTransport::Create(g);
+  if (!t.ok()) return t.status();
+  return std::unique_ptr<Transport>(std::move(*t));
+}
+
+}  // namespace varipipe::executor

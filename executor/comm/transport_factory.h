@@ -1,0 +1,35 @@
+// Chooses the executor's transport: NCCL when the build has it and the rank
+// runs on a GPU, else Gloo over TCP. Callers see only transport.h.
+#ifndef VARIPIPE_EXECUTOR_COMM_TRANSPORT_FACTORY_H_
+#define VARIPIPE_EXECUTOR_COMM_TRANSPORT_FACTORY_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/redis/redis_client.h"
+#include "executor/comm/transport.h"
+
+namespace varipipe::executor {
+
+struct TransportOptions {
+  RedisClient::Options redis;
+  std::string prefix;  // unique per job run
+  int rank = 0;
+  int size = 1;
+  // CUDA device, or -1 for the CPU (Gloo).
+  int cuda_device = -1;
+  // Pipeline neighbours and the data-parallel group (NCCL creates its
+  // communicators for exactly these).
+  std::vector<int> peers;
+  std::vector<int> data_parallel_group;
+  std::string hostname = "127.0.0.1";
+  absl::Duration connect_timeout = absl::Seconds(300);
+};
+
+absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOptions& options);
+
+}  // namespace varipipe::executor
+
+#endif  // VARIPIPE_EXECUTOR_COMM_TRANSPORT_FACTORY_H_
