@@ -1,0 +1,47 @@
+#include "executor/model/attention_mask.h"
+
+#include <cmath>
+#include <limits>
+
+namespace varipipe::executor {
+
+torch::Tensor SelfAttentionMask(const torch::Tensor& lengths, int64_t padded, bool causal) {
+  const auto options = torch::TensorOptions().dtype(torch::kInt64).device(lengths.device());
+  const torch::Tensor positions = torch::arange(padded, options);
+  // keys[b, k]: key k is real.
+  const torch::Tensor keys = positions.unsqueeze(0) < lengths.unsqueeze(1);
+  torch::Tensor mask = keys.unsqueeze(1).unsqueeze(1).expand({lengths.size(0), 1, padded, padded});
+  if (causal) {
+    const torch::Tensor lower = positions.unsqueeze(1) >= positions.unsqueeze(0);  // [q, k]
+    mask = mask.logical_and(lower.unsqueeze(0).unsqueeze(0));
+  }
+  return mask;
+}
+
+torch::Tensor CrossAttentionMask(const torch::Tensor& key_lengths, int64_t queries,
+                                 int64_t padded_keys) {
+  const auto options = torch::TensorOptions().dtype(torch::kInt64).device(key_lengths.device());
+  const torch::Tensor keys =
+      torch::arange(padded_keys, options).unsqueeze(0) < key_lengths.unsqueeze(1);
+  return keys.unsqueeze(1).unsqueeze(1).expand({key_lengths.size(0), 1, queries, padded_keys});
+}
+
+torch::Tensor MaskedAttention(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const torch::Tensor& mask, int64_t heads) {
+  const int64_t b = q.size(0);
+  const int64_t sq = q.size(1);
+  const int64_t sk = k.size(1);
+  const int64_t d = q.size(2) / heads;
+  // [b, heads, s, d]
+  const torch::Tensor qh = q.view({b, sq, heads, d}).transpose(1, 2);
+  const torch::Tensor kh = k.view({b, sk, heads, d}).transpose(1, 2);
+  const torch::Tensor vh = v.view({b, sk, heads, d}).transpose(1, 2);
+  torch::Tensor scores = torch::matmul(qh, kh.transpose(-2, -1)) / std::sqrt(static_cast<double>(d));
+  // Every query row keeps at least one key (lengths >= 1), so no row is all
+  // -inf and softmax stays finite.
+  scores = scores.masked_fill(mask.logical_not(), -std::numeric_limits<float>::infinity());
+  const torch::Tensor probs = torch::softmax(scores, -1);
+  return torch::matmul(probs, vh).transpose(1, 2).reshape({b, sq, heads * d});
+}
+
+}  // namespace varipipe::executor

@@ -1,0 +1,54 @@
+#include "executor/model/model_spec.h"
+
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/config/job_config.h"
+#include "common/status.h"
+
+namespace varipipe::executor {
+
+absl::StatusOr<ModelSpec> ModelSpecFromConfig(const v1::JobConfig& config) {
+  v1::JobConfig resolved = config;
+  ApplyJobConfigDefaults(resolved);
+  const v1::ModelConfig& model = resolved.model();
+  ModelSpec spec;
+  spec.encoder_decoder = model.kind() == v1::T5;
+  spec.num_layers = model.num_layers();
+  spec.num_decoder_layers = spec.encoder_decoder ? model.num_decoder_layers() : 0;
+  spec.hidden_size = model.hidden_size();
+  spec.num_attention_heads = model.num_attention_heads();
+  spec.kv_channels = model.kv_channels();
+  spec.ffn_hidden_size = model.ffn_hidden_size();
+  spec.vocab_size = model.vocab_size();
+  spec.max_sequence_length =
+      std::max(resolved.data().max_sequence_length(), resolved.data().max_target_length());
+  spec.seed = resolved.data().seed();
+  const auto require = [](int64_t value, const char* field) -> absl::Status {
+    if (value > 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(field, " must be positive"));
+  };
+  VP_RETURN_IF_ERROR(require(spec.num_layers, "model.num_layers"));
+  VP_RETURN_IF_ERROR(require(spec.hidden_size, "model.hidden_size"));
+  VP_RETURN_IF_ERROR(require(spec.num_attention_heads, "model.num_attention_heads"));
+  VP_RETURN_IF_ERROR(require(spec.kv_channels, "model.kv_channels"));
+  VP_RETURN_IF_ERROR(require(spec.ffn_hidden_size, "model.ffn_hidden_size"));
+  VP_RETURN_IF_ERROR(require(spec.vocab_size, "model.vocab_size"));
+  VP_RETURN_IF_ERROR(require(spec.max_sequence_length, "data.max_sequence_length"));
+  if (spec.encoder_decoder) {
+    VP_RETURN_IF_ERROR(require(spec.num_decoder_layers, "model.num_decoder_layers"));
+  }
+  return spec;
+}
+
+LayerRange StageLayers(int64_t num_layers, int64_t num_stages, int64_t stage) {
+  const int64_t base = num_layers / num_stages;
+  const int64_t extra = num_layers % num_stages;
+  LayerRange range;
+  range.begin = stage * base + std::min(stage, extra);
+  range.end = range.begin + base + (stage < extra ? 1 : 0);
+  return range;
+}
+
+}  // namespace varipipe::executor

@@ -1,0 +1,45 @@
+// The dimensions an executor builds its model stages from, resolved from a
+// JobConfig (defaults applied) and the stage -> layer assignment shared by
+// every rank. Tensor parallelism is 1.
+#ifndef VARIPIPE_EXECUTOR_MODEL_MODEL_SPEC_H_
+#define VARIPIPE_EXECUTOR_MODEL_MODEL_SPEC_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "varipipe/v1/config.pb.h"
+
+namespace varipipe::executor {
+
+struct ModelSpec {
+  bool encoder_decoder = false;  // T5 when true, GPT otherwise
+  int64_t num_layers = 0;        // GPT: decoder layers; T5: encoder layers
+  int64_t num_decoder_layers = 0;  // T5 only
+  int64_t hidden_size = 0;
+  int64_t num_attention_heads = 0;
+  int64_t kv_channels = 0;  // width of one head
+  int64_t ffn_hidden_size = 0;
+  int64_t vocab_size = 0;
+  int64_t max_sequence_length = 0;  // learned position embeddings
+  uint64_t seed = 0;                // deterministic initialisation
+};
+
+// Applies the config's documented defaults; InvalidArgument naming the field
+// when a required one is missing.
+absl::StatusOr<ModelSpec> ModelSpecFromConfig(const v1::JobConfig& config);
+
+// The half-open range of layers [begin, end) pipeline stage `stage` of
+// `num_stages` holds when `num_layers` layers are split as evenly as
+// possible (the first num_layers % num_stages stages hold one more). The
+// largest stage holds ceil(num_layers / num_stages), as the planner's memory
+// model assumes.
+struct LayerRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+};
+LayerRange StageLayers(int64_t num_layers, int64_t num_stages, int64_t stage);
+
+}  // namespace varipipe::executor
+
+#endif  // VARIPIPE_EXECUTOR_MODEL_MODEL_SPEC_H_

@@ -1,0 +1,90 @@
+// One pipeline stage of a GPT or T5 model: a range of layers, with the
+// embedding on the stage that starts a stack and the final LayerNorm, LM head
+// and loss on the last stage. T5 puts its encoder stages first and its
+// decoder stages after (the planner's cost model assumes the same); the
+// encoder output travels with the decoder activations through every decoder
+// stage, and its gradient flows back the same way.
+#ifndef VARIPIPE_EXECUTOR_MODEL_MODEL_STAGE_H_
+#define VARIPIPE_EXECUTOR_MODEL_MODEL_STAGE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "absl/status/statusor.h"
+#include "executor/model/model_spec.h"
+#include "executor/model/transformer_layer.h"
+
+namespace varipipe::executor {
+
+// What one stage holds. Derived from the model and the pipeline degree by
+// PipelineStageRoles; every rank computes the same roles.
+struct StageRole {
+  int64_t stage = 0;
+  LayerRange encoder_layers;    // GPT layers or T5 encoder layers (may be empty)
+  LayerRange decoder_layers;    // T5 decoder layers (may be empty)
+  bool embeds_input = false;    // GPT stage 0, T5 stage 0 (encoder tokens)
+  bool embeds_decoder = false;  // T5: first decoder stage (decoder tokens)
+  bool ends_encoder = false;    // T5: last encoder stage (final encoder LayerNorm)
+  bool has_head = false;        // the model's last stage: LM head and loss
+  std::string DebugString() const;
+};
+
+// GPT: layers split evenly (StageLayers). T5 with pipeline > 1: devices split
+// between encoder and decoder in proportion to their layer counts (at least
+// one each), layers split evenly within each; with pipeline == 1 the single
+// stage holds both. InvalidArgument when a stage would hold no layer.
+absl::StatusOr<std::vector<StageRole>> PipelineStageRoles(const ModelSpec& spec,
+                                                          int64_t num_stages);
+
+// A micro-batch's data as the stages see it. Token tensors are int64 and
+// padded at the end; lengths give the real lengths (>= 1).
+struct StageBatch {
+  torch::Tensor input_tokens;    // [b, s] GPT sequence / T5 encoder input
+  torch::Tensor input_lengths;   // [b]
+  torch::Tensor decoder_tokens;  // T5: [b, t] decoder input (targets shifted right)
+  torch::Tensor target_lengths;  // T5: [b]
+  torch::Tensor labels;          // last stage: [b, s or t], -1 where no loss
+  // Multiplies the summed token loss: 1 / (real target tokens of the whole
+  // global mini-batch), so the micro-batch losses add up to the global mean.
+  double loss_scale = 1.0;
+};
+
+// Activations between stages. `hidden` is [b, s, hidden]; `memory` is the
+// encoder output [b, s_enc, hidden] on T5 decoder stages, undefined
+// otherwise. On the last stage `loss` is this micro-batch's scaled loss.
+struct StageActivations {
+  torch::Tensor hidden;
+  torch::Tensor memory;
+  torch::Tensor loss;
+};
+
+class ModelStage : public torch::nn::Module {
+ public:
+  ModelStage(const ModelSpec& spec, const StageRole& role);
+
+  const StageRole& role() const { return role_; }
+
+  // Runs the stage. `in` is empty on stage 0; on T5 decoder stages after the
+  // first it carries decoder activations and the encoder output; on the first
+  // decoder stage only the encoder output (its `hidden`).
+  StageActivations Forward(const StageActivations& in, const StageBatch& batch);
+
+ private:
+  torch::Tensor Embed(const torch::Tensor& tokens, const torch::Tensor& word,
+                      const torch::Tensor& position) const;
+
+  ModelSpec spec_;
+  StageRole role_;
+  torch::Tensor word_embedding_, position_embedding_;                  // embeds_input
+  torch::Tensor decoder_word_embedding_, decoder_position_embedding_;  // embeds_decoder
+  torch::Tensor encoder_ln_weight_, encoder_ln_bias_;  // ends_encoder
+  torch::Tensor final_ln_weight_, final_ln_bias_, head_weight_;  // has_head
+  std::vector<std::shared_ptr<TransformerLayer>> layers_;
+};
+
+}  // namespace varipipe::executor
+
+#endif  // VARIPIPE_EXECUTOR_MODEL_MODEL_STAGE_H_

@@ -1,0 +1,43 @@
+// One pre-LayerNorm transformer layer: self-attention and MLP residual
+// branches, plus a cross-attention branch for T5 decoder layers. Parameters
+// come from the layer's own Initializer (model component and global layer
+// index), so a layer is identical on whichever stage holds it.
+#ifndef VARIPIPE_EXECUTOR_MODEL_TRANSFORMER_LAYER_H_
+#define VARIPIPE_EXECUTOR_MODEL_TRANSFORMER_LAYER_H_
+
+#include <torch/torch.h>
+
+#include "executor/model/initializer.h"
+#include "executor/model/model_spec.h"
+
+namespace varipipe::executor {
+
+class TransformerLayer : public torch::nn::Module {
+ public:
+  // `component` is kEncoderLayer (GPT, T5 encoder) or kDecoderLayer (T5
+  // decoder, which adds cross-attention); `index` the global layer index;
+  // `total_layers` scales the residual output projections.
+  TransformerLayer(const ModelSpec& spec, ModelComponent component, int64_t index,
+                   int64_t total_layers);
+
+  // x [b, s, hidden]; self_mask [b, 1, s, s]; for decoder layers `memory`
+  // [b, s_enc, hidden] and cross_mask [b, 1, s, s_enc].
+  torch::Tensor Forward(const torch::Tensor& x, const torch::Tensor& self_mask,
+                        const torch::Tensor& memory = {}, const torch::Tensor& cross_mask = {});
+
+ private:
+  torch::Tensor LayerNorm(const torch::Tensor& x, const torch::Tensor& weight,
+                          const torch::Tensor& bias) const;
+
+  int64_t hidden_;
+  int64_t heads_;
+  bool cross_attention_;
+  torch::Tensor ln1_weight_, ln1_bias_, qkv_weight_, qkv_bias_, proj_weight_, proj_bias_;
+  torch::Tensor lnx_weight_, lnx_bias_, xq_weight_, xq_bias_, xkv_weight_, xkv_bias_,
+      xproj_weight_, xproj_bias_;
+  torch::Tensor ln2_weight_, ln2_bias_, fc1_weight_, fc1_bias_, fc2_weight_, fc2_bias_;
+};
+
+}  // namespace varipipe::executor
+
+#endif  // VARIPIPE_EXECUTOR_MODEL_TRANSFORMER_LAYER_H_
