@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/dataset/loss_tokens.h"
 #include "planner/comm/comm_planner.h"
 #include "planner/cost/cost_model_io.h"
 #include "planner/cost/micro_batch_cost.h"
@@ -288,7 +289,10 @@ absl::StatusOr<PlanningResult> Planner::Plan(const MiniBatch& mini_batch, bool w
   const MicroBatchingCandidate& split = mbr.best();
   std::vector<ReplicaPlan> replicas;
   uint64_t global_target_tokens = 0;
-  for (const SampleLengths& s : mbr.samples) global_target_tokens += s.target;
+  // The loss normaliser (common/dataset/loss_tokens.h).
+  for (const SampleLengths& s : mbr.samples) {
+    global_target_tokens += LossTokens(s, dims.encoder_decoder());
+  }
   for (uint32_t r = 0; r < dp; ++r) {
     ReplicaPlan replica;
     replica.shape = best.shapes[r];

@@ -33,12 +33,12 @@ absl::StatusOr<std::unique_ptr<MiniBatchSampler>> MiniBatchSampler::Create(
   return s;
 }
 
-SampleLengths MiniBatchSampler::Truncate(SampleLengths s) const {
-  if (options_.encoder_decoder) {
-    return {std::min(s.input, options_.max_input_len), std::min(s.target, options_.max_target_len)};
+SampleLengths TruncateSample(SampleLengths s, const SamplerOptions& options) {
+  if (options.encoder_decoder) {
+    return {std::min(s.input, options.max_input_len), std::min(s.target, options.max_target_len)};
   }
-  const uint32_t target = std::min(s.target, options_.max_input_len);
-  return {std::min(s.input, options_.max_input_len - target), target};
+  const uint32_t target = std::min(s.target, options.max_input_len);
+  return {std::min(s.input, options.max_input_len - target), target};
 }
 
 MiniBatchSampler::Epoch MiniBatchSampler::BuildEpoch(uint64_t epoch) const {

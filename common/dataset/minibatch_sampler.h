@@ -35,6 +35,11 @@ struct SamplerOptions {
   uint32_t max_target_len = 0;  // encoder-decoder only
 };
 
+// A sample truncated to the maximum lengths: T5 truncates input and target
+// separately; GPT keeps as much of the target as fits the sequence and fills
+// the rest with the input. Executors truncate tokens the same way (prefixes).
+SampleLengths TruncateSample(SampleLengths s, const SamplerOptions& options);
+
 struct SampledMiniBatch {
   uint64_t iteration = 0;
   uint64_t epoch = 0;
@@ -53,8 +58,8 @@ class MiniBatchSampler {
   // Mini-batches of epoch `epoch` (computes the epoch if needed).
   uint64_t MiniBatchesInEpoch(uint64_t epoch) const;
 
-  // A sample truncated to the maximum lengths.
-  SampleLengths Truncate(SampleLengths s) const;
+  // TruncateSample with this sampler's options.
+  SampleLengths Truncate(SampleLengths s) const { return TruncateSample(s, options_); }
 
  private:
   MiniBatchSampler(std::vector<SampleLengths> lengths, const SamplerOptions& options)

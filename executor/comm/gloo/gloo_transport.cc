@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -26,12 +27,13 @@ class GlooTransfer final : public Transfer {
   absl::Status Wait(absl::Time deadline) override {
     const auto left = std::max(absl::Milliseconds(1), deadline - absl::Now());
     try {
-      const std::chrono::milliseconds timeout(absl::ToInt64Milliseconds(left));
+      // Rounded up, so Gloo never gives up before the deadline.
+      const std::chrono::milliseconds timeout(absl::ToInt64Milliseconds(left) + 1);
       const bool ok = send_ ? buffer_->waitSend(timeout) : buffer_->waitRecv(timeout);
       if (!ok) return absl::AbortedError(absl::StrCat("transfer with rank ", peer_, " aborted"));
       return absl::OkStatus();
     } catch (const gloo::IoException& e) {
-      if (absl::Now() >= deadline) {
+      if (absl::Now() >= deadline || absl::StrContains(e.what(), "Timed out")) {
         return absl::DeadlineExceededError(
             absl::StrCat(send_ ? "send to" : "receive from", " rank ", peer_, " did not complete"));
       }

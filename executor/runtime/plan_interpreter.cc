@@ -1,0 +1,454 @@
+#include "executor/runtime/plan_interpreter.h"
+
+#include <chrono>
+#include <cmath>
+#include <exception>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+
+namespace varipipe::executor {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+torch::ScalarType TorchDtype(v1::DType dtype) {
+  switch (dtype) {
+    case v1::BFLOAT16:
+      return torch::kBFloat16;
+    case v1::FLOAT16:
+      return torch::kFloat16;
+    case v1::INT64:
+      return torch::kInt64;
+    default:
+      return torch::kFloat32;
+  }
+}
+
+std::vector<int64_t> Dims(const v1::TensorSpec& spec) {
+  return std::vector<int64_t>(spec.dims().begin(), spec.dims().end());
+}
+
+std::string Describe(const v1::Instruction& in) {
+  return absl::StrCat(v1::Instruction::descriptor()->FindFieldByNumber(in.op_case())->name(),
+                      " (micro-batch ", in.micro_batch(), ", stage ", in.stage(), ")");
+}
+
+}  // namespace
+
+// The state of one iteration.
+class IterationRun {
+ public:
+  IterationRun(PlanInterpreter& interpreter, const v1::ExecutionPlan& plan)
+      : it_(interpreter), plan_(plan), buffers_(plan.num_buffers()) {}
+
+  absl::StatusOr<IterationStats> Execute() {
+    const Clock::time_point start = Clock::now();
+    stats_.iteration = plan_.iteration();
+    if (plan_.format_version() != v1::PLAN_FORMAT_V1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "plan format version ", plan_.format_version(), " is not supported (expected ",
+          static_cast<int>(v1::PLAN_FORMAT_V1), ")"));
+    }
+    if (plan_.global_target_tokens() == 0) {
+      return absl::FailedPreconditionError("plan has global_target_tokens = 0");
+    }
+    for (uint32_t stage : plan_.stages()) {
+      if (!it_.stages_.count(stage)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("plan of rank ", plan_.rank(), " runs stage ", stage,
+                         " which this executor does not hold"));
+      }
+    }
+    for (const v1::MicroBatch& mb : plan_.micro_batches()) {
+      stats_.real_tokens += mb.real_input_tokens() + mb.real_target_tokens();
+      stats_.padded_tokens +=
+          static_cast<uint64_t>(mb.sample_ids_size()) * (mb.input_len() + mb.target_len());
+    }
+    for (index_ = 0; index_ < plan_.instructions_size(); ++index_) {
+      const v1::Instruction& in = plan_.instructions(index_);
+      absl::Status status;
+      try {
+        status = Dispatch(in);
+      } catch (const std::exception& e) {
+        status = absl::InternalError(e.what());
+      }
+      if (!status.ok()) {
+        return absl::Status(status.code(), absl::StrCat("rank ", plan_.rank(), ", iteration ",
+                                                        plan_.iteration(), ", instruction #",
+                                                        index_, " ", Describe(in), ": ",
+                                                        status.message()));
+      }
+    }
+    stats_.instructions = plan_.instructions_size();
+    stats_.total_seconds = Seconds(Clock::now() - start);
+    stats_.overhead_seconds =
+        stats_.total_seconds - stats_.compute_seconds - stats_.communication_seconds;
+    return stats_;
+  }
+
+ private:
+  // What a forward pass keeps for its backward pass.
+  struct Saved {
+    StageActivations in;
+    StageActivations out;  // empty under full recomputation
+    StageBatch batch;
+  };
+  struct Pending {
+    std::vector<std::unique_ptr<Transfer>> transfers;
+  };
+
+  absl::Status Dispatch(const v1::Instruction& in) {
+    switch (in.op_case()) {
+      case v1::Instruction::kLoadInput:
+        return LoadInput(in);
+      case v1::Instruction::kForward:
+        return Forward(in);
+      case v1::Instruction::kBackward:
+        return Backward(in);
+      case v1::Instruction::kSendStart:
+        return Start(in.send_start(), /*send=*/true);
+      case v1::Instruction::kRecvStart:
+        return Start(in.recv_start(), /*send=*/false);
+      case v1::Instruction::kSendWait:
+        return Wait(in, in.send_wait(), /*send=*/true);
+      case v1::Instruction::kRecvWait:
+        return Wait(in, in.recv_wait(), /*send=*/false);
+      case v1::Instruction::kFreeBuffer:
+        for (uint32_t id : in.free_buffer().buffer_ids()) {
+          VP_RETURN_IF_ERROR(CheckId(id));
+          buffers_[id] = torch::Tensor();
+          contents_.erase(id);
+        }
+        return absl::OkStatus();
+      case v1::Instruction::kAllReduce:
+        return AllReduce(in.all_reduce());
+      case v1::Instruction::kOptimizerStep:
+        return OptimizerStep();
+      default:
+        return absl::InvalidArgumentError("instruction without an operation");
+    }
+  }
+
+  absl::Status CheckId(uint32_t id) const {
+    if (id < buffers_.size()) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("buffer ", id, " is beyond num_buffers ", buffers_.size()));
+  }
+  absl::StatusOr<torch::Tensor> Buffer(uint32_t id) const {
+    VP_RETURN_IF_ERROR(CheckId(id));
+    if (!buffers_[id].defined()) {
+      return absl::FailedPreconditionError(absl::StrCat("buffer ", id, " is empty or freed"));
+    }
+    return buffers_[id];
+  }
+  absl::StatusOr<const v1::MicroBatch*> MicroBatch(uint32_t id) const {
+    if (id >= static_cast<uint32_t>(plan_.micro_batches_size()) ||
+        plan_.micro_batches(static_cast<int>(id)).id() != id) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown micro-batch ", id));
+    }
+    return &plan_.micro_batches(static_cast<int>(id));
+  }
+  // Stores `tensor` (converted to the plan's dtype, contiguous) in buffer
+  // `id` after checking its shape against `spec`.
+  absl::Status Store(uint32_t id, const torch::Tensor& tensor, const v1::TensorSpec& spec) {
+    VP_RETURN_IF_ERROR(CheckId(id));
+    if (tensor.sizes() != at::IntArrayRef(Dims(spec))) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "produced a tensor of shape [", absl::StrJoin(tensor.sizes(), ", "),
+          "] but the plan says ", spec.ShortDebugString()));
+    }
+    buffers_[id] = tensor.detach().to(TorchDtype(spec.dtype())).contiguous();
+    return absl::OkStatus();
+  }
+
+  absl::Status LoadInput(const v1::Instruction& in) {
+    const v1::LoadInput& load = in.load_input();
+    VP_ASSIGN_OR_RETURN(const v1::MicroBatch* mb, MicroBatch(in.micro_batch()));
+    for (int k = 0; k < load.buffer_ids_size(); ++k) {
+      VP_ASSIGN_OR_RETURN(torch::Tensor t,
+                          it_.loader_->Load(*mb, load.contents(k), load.tensors(k)));
+      VP_RETURN_IF_ERROR(CheckId(load.buffer_ids(k)));
+      buffers_[load.buffer_ids(k)] = t.to(it_.options_.device);
+      contents_[load.buffer_ids(k)] = load.contents(k);
+    }
+    return absl::OkStatus();
+  }
+
+  // Builds the stage's view of a micro-batch: lengths, loaded tokens, and
+  // received activations (in plan order: decoder activations, then the
+  // encoder output) as leaves that collect their gradients.
+  absl::Status Inputs(const v1::Instruction& in, StageActivations* activations,
+                      StageBatch* batch) {
+    VP_ASSIGN_OR_RETURN(const v1::MicroBatch* mb, MicroBatch(in.micro_batch()));
+    VP_ASSIGN_OR_RETURN(RowLengths lengths, it_.loader_->Lengths(*mb));
+    batch->input_lengths = lengths.input.to(it_.options_.device);
+    if (lengths.target.defined()) batch->target_lengths = lengths.target.to(it_.options_.device);
+    batch->loss_scale = 1.0 / static_cast<double>(plan_.global_target_tokens());
+    std::vector<torch::Tensor> received;
+    for (uint32_t id : in.forward().input_buffer_ids()) {
+      VP_ASSIGN_OR_RETURN(torch::Tensor t, Buffer(id));
+      const auto content = contents_.find(id);
+      if (content == contents_.end()) {
+        received.push_back(t.to(it_.options_.compute_dtype).detach().requires_grad_(true));
+        continue;
+      }
+      switch (content->second) {
+        case v1::LoadInput::INPUT_TOKENS:
+          batch->input_tokens = t;
+          break;
+        case v1::LoadInput::DECODER_INPUT_TOKENS:
+          batch->decoder_tokens = t;
+          break;
+        case v1::LoadInput::LABELS:
+          batch->labels = t;
+          break;
+        default:
+          return absl::InvalidArgumentError(absl::StrCat("buffer ", id, " has unknown content"));
+      }
+    }
+    if (received.size() > 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("forward reads ", received.size(), " activations; at most 2 exist"));
+    }
+    if (!received.empty()) activations->hidden = received[0];
+    if (received.size() == 2) activations->memory = received[1];
+    return absl::OkStatus();
+  }
+
+  // Runs the stage and times it.
+  StageActivations RunStage(ModelStage* stage, const Saved& saved) {
+    const Clock::time_point start = Clock::now();
+    StageActivations out = stage->Forward(saved.in, saved.batch);
+    stats_.compute_seconds += Seconds(Clock::now() - start);
+    return out;
+  }
+
+  absl::Status Forward(const v1::Instruction& in) {
+    ModelStage* stage = it_.stages_.at(in.stage());
+    Saved saved;
+    VP_RETURN_IF_ERROR(Inputs(in, &saved.in, &saved.batch));
+    const bool recompute = plan_.recompute() == "full";
+    StageActivations out;
+    if (recompute) {
+      torch::NoGradGuard no_grad;
+      out = RunStage(stage, saved);
+    } else {
+      out = RunStage(stage, saved);
+    }
+    const v1::ForwardPass& f = in.forward();
+    if (stage->role().has_head) {
+      if (!out.loss.defined()) return absl::InternalError("the last stage produced no loss");
+      stats_.has_loss = true;
+      stats_.loss += out.loss.item<double>();
+    }
+    std::vector<torch::Tensor> outputs{out.hidden};
+    if (out.memory.defined()) outputs.push_back(out.memory);
+    if (f.output_buffer_ids_size() > 0) {
+      if (static_cast<size_t>(f.output_buffer_ids_size()) != outputs.size()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("the stage produces ", outputs.size(), " tensors but the plan expects ",
+                         f.output_buffer_ids_size()));
+      }
+      for (int k = 0; k < f.output_buffer_ids_size(); ++k) {
+        VP_RETURN_IF_ERROR(Store(f.output_buffer_ids(k), outputs[k], f.output_tensors(k)));
+      }
+    }
+    if (!recompute) saved.out = std::move(out);
+    saved_[{in.stage(), in.micro_batch()}] = std::move(saved);
+    return absl::OkStatus();
+  }
+
+  absl::Status Backward(const v1::Instruction& in) {
+    const auto node = saved_.extract({in.stage(), in.micro_batch()});
+    if (node.empty()) {
+      return absl::FailedPreconditionError("backward before the forward of this micro-batch");
+    }
+    Saved saved = std::move(node.mapped());
+    ModelStage* stage = it_.stages_.at(in.stage());
+    if (!saved.out.hidden.defined()) saved.out = RunStage(stage, saved);  // full recomputation
+    const v1::BackwardPass& b = in.backward();
+    const Clock::time_point start = Clock::now();
+    if (stage->role().has_head) {
+      saved.out.loss.backward();
+    } else {
+      std::vector<torch::Tensor> outputs{saved.out.hidden};
+      if (saved.out.memory.defined()) outputs.push_back(saved.out.memory);
+      if (static_cast<size_t>(b.output_grad_buffer_ids_size()) != outputs.size()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("the stage has ", outputs.size(), " outputs but the plan gives ",
+                         b.output_grad_buffer_ids_size(), " gradients"));
+      }
+      std::vector<torch::Tensor> grads;
+      for (uint32_t id : b.output_grad_buffer_ids()) {
+        VP_ASSIGN_OR_RETURN(torch::Tensor g, Buffer(id));
+        grads.push_back(g.to(it_.options_.compute_dtype));
+      }
+      torch::autograd::backward(outputs, grads);
+    }
+    stats_.compute_seconds += Seconds(Clock::now() - start);
+    // Gradients of the stage's inputs, in the order the activations came.
+    std::vector<torch::Tensor> inputs;
+    if (saved.in.hidden.defined()) inputs.push_back(saved.in.hidden);
+    if (saved.in.memory.defined()) inputs.push_back(saved.in.memory);
+    if (static_cast<size_t>(b.input_grad_buffer_ids_size()) != inputs.size() &&
+        b.input_grad_buffer_ids_size() > 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the stage has ", inputs.size(), " activation inputs but the plan expects ",
+                       b.input_grad_buffer_ids_size(), " gradients"));
+    }
+    for (int k = 0; k < b.input_grad_buffer_ids_size(); ++k) {
+      torch::Tensor g = inputs[k].grad();
+      if (!g.defined()) g = torch::zeros_like(inputs[k]);
+      VP_RETURN_IF_ERROR(Store(b.input_grad_buffer_ids(k), g, b.input_grad_tensors(k)));
+    }
+    return absl::OkStatus();
+  }
+
+  static std::string Key(const v1::Transfer& t, bool send) {
+    return absl::StrCat(send ? "send " : "recv ", t.peer(), " ",
+                        absl::StrJoin(t.buffer_ids(), ","));
+  }
+
+  absl::Status Start(const v1::Transfer& t, bool send) {
+    if (t.buffer_ids_size() != t.tensors_size()) {
+      return absl::InvalidArgumentError("transfer with buffer ids and tensors of different counts");
+    }
+    Pending pending;
+    for (int k = 0; k < t.buffer_ids_size(); ++k) {
+      const uint32_t id = t.buffer_ids(k);
+      VP_RETURN_IF_ERROR(CheckId(id));
+      torch::Tensor tensor;
+      if (send) {
+        VP_ASSIGN_OR_RETURN(tensor, Buffer(id));
+        if (tensor.sizes() != at::IntArrayRef(Dims(t.tensors(k))) ||
+            tensor.scalar_type() != TorchDtype(t.tensors(k).dtype())) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("buffer ", id, " does not match the planned ",
+                           t.tensors(k).ShortDebugString()));
+        }
+      } else {
+        tensor = torch::empty(Dims(t.tensors(k)), torch::TensorOptions()
+                                                      .dtype(TorchDtype(t.tensors(k).dtype()))
+                                                      .device(it_.options_.device));
+        buffers_[id] = tensor;
+      }
+      const size_t bytes = static_cast<size_t>(tensor.numel()) * tensor.element_size();
+      absl::StatusOr<std::unique_ptr<Transfer>> transfer =
+          send ? it_.transport_->StartSend(t.peer(), tensor.data_ptr(), bytes)
+               : it_.transport_->StartRecv(t.peer(), tensor.data_ptr(), bytes);
+      if (!transfer.ok()) return transfer.status();
+      pending.transfers.push_back(*std::move(transfer));
+    }
+    pending_[Key(t, send)] = std::move(pending);
+    return absl::OkStatus();
+  }
+
+  absl::Status Wait(const v1::Instruction& in, const v1::Transfer& t, bool send) {
+    const auto node = pending_.extract(Key(t, send));
+    if (node.empty()) return absl::FailedPreconditionError("wait without a matching start");
+    const Clock::time_point start = Clock::now();
+    const absl::Time deadline = absl::Now() + it_.options_.wait_timeout;
+    for (const std::unique_ptr<Transfer>& transfer : node.mapped().transfers) {
+      absl::Status status = transfer->Wait(deadline);
+      if (!status.ok()) {
+        // The watchdog's diagnostic.
+        return absl::Status(
+            status.code(),
+            absl::StrCat(send ? "sending " : "receiving ", v1::CommKind_Name(t.kind()),
+                         send ? " to" : " from", " rank ", t.peer(), " for micro-batch ",
+                         in.micro_batch(), " did not complete (watchdog timeout ",
+                         absl::FormatDuration(it_.options_.wait_timeout), "): ",
+                         status.message()));
+      }
+    }
+    stats_.communication_seconds += Seconds(Clock::now() - start);
+    return absl::OkStatus();
+  }
+
+  absl::Status AllReduce(const v1::AllReduceGradients& reduce) {
+    std::vector<int> group(reduce.group_ranks().begin(), reduce.group_ranks().end());
+    if (group.size() <= 1) return absl::OkStatus();
+    const Clock::time_point start = Clock::now();
+    for (uint32_t id : reduce.stages()) {
+      const auto stage = it_.stages_.find(id);
+      if (stage == it_.stages_.end()) {
+        return absl::FailedPreconditionError(absl::StrCat("all-reduce of unknown stage ", id));
+      }
+      std::vector<torch::Tensor> grads;
+      for (torch::Tensor& p : stage->second->parameters()) {
+        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+        grads.push_back(p.grad());
+      }
+      // One flat fp32 buffer per stage (on the CPU for Gloo).
+      torch::Tensor flat = torch::cat([&] {
+                             std::vector<torch::Tensor> views;
+                             for (const torch::Tensor& g : grads) views.push_back(g.reshape(-1));
+                             return views;
+                           }())
+                               .to(torch::kFloat32)
+                               .contiguous();
+      VP_RETURN_IF_ERROR(it_.transport_->AllReduceMean(
+          std::span<float>(flat.data_ptr<float>(), static_cast<size_t>(flat.numel())), group));
+      // Each replica's loss is already divided by the global token count, so
+      // its gradients are partial sums of the global mean's gradient: the
+      // replicas' gradients add up (mean x replicas).
+      flat.mul_(static_cast<float>(group.size()));
+      int64_t offset = 0;
+      torch::NoGradGuard no_grad;
+      for (torch::Tensor& g : grads) {
+        g.copy_(flat.slice(0, offset, offset + g.numel()).view_as(g));
+        offset += g.numel();
+      }
+    }
+    stats_.communication_seconds += Seconds(Clock::now() - start);
+    return absl::OkStatus();
+  }
+
+  absl::Status OptimizerStep() {
+    if (it_.optimizer_ == nullptr) return absl::FailedPreconditionError("no optimizer configured");
+    // Global gradient norm: squared norms summed over the pipeline replica.
+    float squared = static_cast<float>(it_.optimizer_->LocalSquaredGradNorm());
+    const std::vector<int>& group = it_.options_.pipeline_group;
+    if (group.size() > 1) {
+      VP_RETURN_IF_ERROR(it_.transport_->AllReduceMean(std::span<float>(&squared, 1), group));
+      squared *= static_cast<float>(group.size());
+    }
+    stats_.grad_norm = std::sqrt(static_cast<double>(squared));
+    const Clock::time_point start = Clock::now();
+    stats_.learning_rate = it_.optimizer_->Step(plan_.iteration(), stats_.grad_norm);
+    stats_.compute_seconds += Seconds(Clock::now() - start);
+    return absl::OkStatus();
+  }
+
+  PlanInterpreter& it_;
+  const v1::ExecutionPlan& plan_;
+  std::vector<torch::Tensor> buffers_;
+  std::map<uint32_t, v1::LoadInput::Content> contents_;
+  std::map<std::pair<uint32_t, uint32_t>, Saved> saved_;  // (stage, micro-batch)
+  std::map<std::string, Pending> pending_;
+  IterationStats stats_;
+  int index_ = 0;
+};
+
+PlanInterpreter::PlanInterpreter(std::map<uint32_t, ModelStage*> stages, Transport* transport,
+                                 const MicroBatchLoader* loader, TrainingOptimizer* optimizer,
+                                 InterpreterOptions options)
+    : stages_(std::move(stages)),
+      transport_(transport),
+      loader_(loader),
+      optimizer_(optimizer),
+      options_(std::move(options)) {}
+
+absl::StatusOr<IterationStats> PlanInterpreter::Run(const v1::ExecutionPlan& plan) {
+  IterationRun run(*this, plan);
+  return run.Execute();
+}
+
+}  // namespace varipipe::executor

@@ -1,0 +1,86 @@
+// Runs one rank's ExecutionPlan of one iteration: its instructions strictly
+// in order (docs/plan_format.md). Start instructions launch transfers without
+// blocking; Wait instructions block on them under the watchdog's deadline;
+// buffers are addressed by the plan's ids and dropped at FreeBuffer; forward
+// passes keep what their backward passes need (only the stage inputs under
+// full recomputation, which re-runs the forward inside the backward);
+// AllReduceGradients averages gradients over the data-parallel group and
+// OptimizerStep clips by the global norm over the pipeline and applies AdamW.
+//
+// Nothing is exchanged at run time except the tensors: receive buffers are
+// allocated from the shapes in the plan, and every tensor a rank produces is
+// checked against the shape the plan promised its peer.
+//
+// LibTorch exceptions are caught here and returned as Internal errors naming
+// the instruction.
+#ifndef VARIPIPE_EXECUTOR_RUNTIME_PLAN_INTERPRETER_H_
+#define VARIPIPE_EXECUTOR_RUNTIME_PLAN_INTERPRETER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "executor/comm/transport.h"
+#include "executor/data/micro_batch_loader.h"
+#include "executor/model/model_stage.h"
+#include "executor/runtime/training_optimizer.h"
+#include "varipipe/v1/plan.pb.h"
+
+namespace varipipe::executor {
+
+struct InterpreterOptions {
+  // A Wait blocking longer than this aborts the iteration with a diagnostic
+  // naming the rank, instruction index, peer and micro-batch (the watchdog).
+  absl::Duration wait_timeout = absl::Seconds(300);
+  torch::Device device = torch::kCPU;
+  // Dtype of activations inside a stage (fp32 on CPU).
+  torch::ScalarType compute_dtype = torch::kFloat32;
+  // Global ranks of this rank's pipeline replica, ascending (the global
+  // gradient norm for clipping sums over them).
+  std::vector<int> pipeline_group;
+};
+
+struct IterationStats {
+  uint64_t iteration = 0;
+  bool has_loss = false;  // this rank holds the last stage
+  double loss = 0;        // sum of its micro-batches' scaled losses
+  uint64_t real_tokens = 0;    // input + target tokens of this replica
+  uint64_t padded_tokens = 0;  // the same, padded
+  double learning_rate = 0;
+  double grad_norm = 0;
+  int instructions = 0;
+  // Time inside forward/backward compute, inside Waits and all-reduce, and
+  // everything else (the interpreter's own overhead).
+  double compute_seconds = 0;
+  double communication_seconds = 0;
+  double overhead_seconds = 0;
+  double total_seconds = 0;
+};
+
+class PlanInterpreter {
+ public:
+  // `stages` maps the plan's stage ids to this rank's model stages. All
+  // pointers must outlive the interpreter.
+  PlanInterpreter(std::map<uint32_t, ModelStage*> stages, Transport* transport,
+                  const MicroBatchLoader* loader, TrainingOptimizer* optimizer,
+                  InterpreterOptions options);
+
+  absl::StatusOr<IterationStats> Run(const v1::ExecutionPlan& plan);
+
+ private:
+  friend class IterationRun;
+  std::map<uint32_t, ModelStage*> stages_;
+  Transport* transport_;
+  const MicroBatchLoader* loader_;
+  TrainingOptimizer* optimizer_;
+  InterpreterOptions options_;
+};
+
+}  // namespace varipipe::executor
+
+#endif  // VARIPIPE_EXECUTOR_RUNTIME_PLAN_INTERPRETER_H_
