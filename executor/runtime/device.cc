@@ -3,6 +3,13 @@
 #include <c10/core/Device.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
+// Debian's CPU-only LibTorch ships the header without its generated macros.
+#if __has_include(<c10/cuda/impl/cuda_cmake_macros.h>)
+#include <c10/cuda/CUDACachingAllocator.h>
+#define VARIPIPE_TORCH_HAS_CUDA_ALLOCATOR 1
+#endif
+
+#include <sys/resource.h>
 
 #include <exception>
 
@@ -35,5 +42,19 @@ absl::StatusOr<DeviceChoice> ChooseDevice(int local_rank) {
 }
 
 std::string TorchVersion() { return TORCH_VERSION; }
+
+int64_t PeakMemoryBytes(const DeviceChoice& device) {
+#ifdef VARIPIPE_TORCH_HAS_CUDA_ALLOCATOR
+  if (device.is_cuda) {
+    const int index = std::stoi(device.name.substr(device.name.find(':') + 1));
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+    return stats.allocated_bytes[static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE)].peak;
+  }
+#endif
+  (void)device;
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
 
 }  // namespace varipipe::executor

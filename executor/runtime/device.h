@@ -3,6 +3,7 @@
 #ifndef VARIPIPE_EXECUTOR_RUNTIME_DEVICE_H_
 #define VARIPIPE_EXECUTOR_RUNTIME_DEVICE_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -20,6 +21,10 @@ struct DeviceChoice {
 // local_rank has no device), else the CPU. LibTorch exceptions are caught and
 // returned as Internal errors.
 absl::StatusOr<DeviceChoice> ChooseDevice(int local_rank);
+
+// Peak memory so far: the CUDA caching allocator's peak allocated bytes on
+// a GPU (when LibTorch has CUDA), the process's peak resident set on the CPU.
+int64_t PeakMemoryBytes(const DeviceChoice& device);
 
 // LibTorch's version string, e.g. "1.13.1".
 std::string TorchVersion();

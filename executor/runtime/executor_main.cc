@@ -1,23 +1,38 @@
 // varipipe-executor: one process per GPU (or CPU rank) that runs execution
-// plans.
-//
-// This version reads the launcher's environment (torchrun or mpirun), maps
-// the rank to its (data-parallel, pipeline) coordinates, picks its device and
-// reports the libraries it was built with. The plan interpreter, model stages
-// and communication backends are added by the executor work
-// (docs/architecture.md); until then the executor exits with status 1 after
-// these checks unless --check_launch is given.
+// plans: reads the launcher's environment (torchrun or mpirun), maps the rank
+// to its (data-parallel, pipeline) coordinates, picks its device, meets the
+// other ranks through the job's Redis (Gloo on the CPU, NCCL ids on GPUs),
+// builds its model stages and runs one plan per iteration with the plan
+// interpreter. Plans come from files (--plans DIR, the layout
+// varipipe-plan --emit-plans writes).
+#include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/binary_main.h"
 #include "common/config/job_config.h"
+#include "common/dataset/minibatch_sampler.h"
+#include "common/dataset/sample_dataset.h"
 #include "common/logging.h"
+#include "common/redis/redis_client.h"
+#include "common/shutdown_signal.h"
+#include "common/status.h"
+#include "executor/comm/transport_factory.h"
+#include "executor/data/micro_batch_loader.h"
+#include "executor/model/model_spec.h"
+#include "executor/model/model_stage.h"
 #include "executor/runtime/device.h"
 #include "executor/runtime/launch_env.h"
+#include "executor/runtime/plan_files.h"
+#include "executor/runtime/plan_interpreter.h"
+#include "executor/runtime/training_optimizer.h"
 #include "spdlog/spdlog.h"
 #ifdef VARIPIPE_HAVE_NCCL
 #include "executor/comm/nccl/nccl_status.h"
@@ -27,26 +42,200 @@ ABSL_FLAG(std::string, config, "", "Job config (JSON, varipipe.v1.JobConfig). Re
 ABSL_FLAG(bool, check_launch, false,
           "Check the launch environment, config and device, print this rank's place in the "
           "job, and exit 0.");
+ABSL_FLAG(std::string, plans, "",
+          "Directory of execution plans (DIR/iteration_NNNNNN/rank_NNNNN.json, as "
+          "varipipe-plan --emit-plans writes them). Required unless --check_launch.");
+ABSL_FLAG(uint64_t, first_iteration, 0, "First iteration to run.");
+ABSL_FLAG(uint64_t, iterations, 0,
+          "Iterations to run; 0 runs up to training.iterations of the config.");
+ABSL_FLAG(std::string, redis, "",
+          "Redis host:port for the rendezvous; default: store.redis_address of the config "
+          "(password from store.password_file / store.password_env).");
+ABSL_FLAG(std::string, run_id, "",
+          "Identifies this launch of the job in the rendezvous keys; every rank must get the "
+          "same one. Default: TORCHELASTIC_RUN_ID (torchrun) or OMPI_MCA_orte_ess_jobid "
+          "(mpirun), else \"default\".");
+ABSL_FLAG(std::string, metrics_jsonl, "",
+          "Rank 0 appends one JSON object per iteration to this file.");
 
+namespace varipipe {
 namespace {
 
 constexpr char kUsage[] =
     "The Varipipe executor: runs one rank's execution plans with LibTorch.\n"
     "\n"
     "Usage:\n"
-    "  torchrun --no_python --nproc_per_node K varipipe-executor --config job.json\n"
-    "  mpirun -np K varipipe-executor --config job.json\n"
+    "  torchrun --no_python --nproc_per_node K varipipe-executor --config job.json \\\n"
+    "      --plans DIR [--redis HOST:PORT]\n"
+    "  mpirun -np K varipipe-executor --config job.json --plans DIR\n"
     "\n"
     "The rank comes from RANK/WORLD_SIZE/LOCAL_RANK (torchrun) or\n"
     "OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK (Open MPI); with neither, the process\n"
-    "is rank 0 of 1. This version checks the launch only; the plan interpreter\n"
-    "is not built yet.";
+    "is rank 0 of 1. Ranks meet through the job's Redis (--redis or\n"
+    "store.redis_address) and run the plans in --plans DIR; rank 0 logs loss,\n"
+    "real tokens/s, padding efficiency, step time and peak memory per iteration.";
+
+std::string RunId() {
+  if (!absl::GetFlag(FLAGS_run_id).empty()) return absl::GetFlag(FLAGS_run_id);
+  for (const char* name : {"TORCHELASTIC_RUN_ID", "OMPI_MCA_orte_ess_jobid"}) {
+    if (const char* value = std::getenv(name); value != nullptr && *value != '\0') return value;
+  }
+  return "default";
+}
+
+absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
+                   const executor::RankCoordinates& coordinates,
+                   const executor::DeviceChoice& device, const ShutdownSignal& shutdown) {
+  const uint32_t pp = config.parallelism().pipeline();
+  const uint32_t chunks = std::max<uint32_t>(1, config.parallelism().virtual_chunks());
+  // The data and the model.
+  VP_ASSIGN_OR_RETURN(std::unique_ptr<SampleDataset> dataset, OpenSampleDataset(config));
+  const SamplerOptions sampler{.seed = config.data().seed(),
+                               .tokens_per_global_batch = config.data().tokens_per_global_batch(),
+                               .encoder_decoder = config.model().kind() == v1::T5,
+                               .max_input_len = config.data().max_sequence_length(),
+                               .max_target_len = config.data().max_target_length()};
+  executor::MicroBatchLoader loader(dataset.get(), sampler);
+  VP_ASSIGN_OR_RETURN(const executor::ModelSpec spec, executor::ModelSpecFromConfig(config));
+  VP_ASSIGN_OR_RETURN(const std::vector<executor::StageRole> roles,
+                      executor::PipelineStageRoles(spec, pp * chunks));
+  const torch::Device torch_device(device.name);
+  std::vector<std::unique_ptr<executor::ModelStage>> stages;
+  std::map<uint32_t, executor::ModelStage*> by_id;
+  std::vector<torch::Tensor> parameters;
+  int64_t parameter_count = 0;
+  // Looped placement: stage s runs on pipeline rank s % pp.
+  for (uint32_t s = coordinates.pp_rank; s < pp * chunks; s += pp) {
+    auto stage = std::make_unique<executor::ModelStage>(spec, roles[s]);
+    stage->to(torch_device);
+    for (const torch::Tensor& p : stage->parameters()) {
+      parameters.push_back(p);
+      parameter_count += p.numel();
+    }
+    spdlog::info("{} ({} parameters so far)", roles[s].DebugString(), parameter_count);
+    by_id[s] = stage.get();
+    stages.push_back(std::move(stage));
+  }
+  executor::TrainingOptimizer optimizer(parameters, config.training());
+  // Rendezvous and transport.
+  executor::TransportOptions transport_options;
+  const std::string address = absl::GetFlag(FLAGS_redis).empty()
+                                  ? config.store().redis_address()
+                                  : absl::GetFlag(FLAGS_redis);
+  if (address.empty()) {
+    return absl::InvalidArgumentError(
+        "no Redis for the rendezvous: set store.redis_address in the config or pass --redis");
+  }
+  VP_ASSIGN_OR_RETURN(const auto host_port, ParseHostPort(address));
+  transport_options.redis.host = host_port.first;
+  transport_options.redis.port = host_port.second;
+  VP_ASSIGN_OR_RETURN(transport_options.redis.password, ReadRedisPassword(config.store()));
+  transport_options.prefix =
+      absl::StrCat(config.store().key_prefix(), "/", config.job_id(), "/rendezvous/", RunId());
+  transport_options.rank = env.rank;
+  transport_options.size = env.world_size;
+  transport_options.cuda_device = device.is_cuda ? env.local_rank : -1;
+  const int replica_base = coordinates.dp_rank * static_cast<int>(pp);
+  std::vector<int> pipeline_group;
+  for (uint32_t k = 0; k < pp; ++k) pipeline_group.push_back(replica_base + static_cast<int>(k));
+  for (int peer : pipeline_group) {
+    if (peer != env.rank) transport_options.peers.push_back(peer);
+  }
+  for (uint32_t d = 0; d < config.parallelism().data(); ++d) {
+    transport_options.data_parallel_group.push_back(static_cast<int>(d * pp) +
+                                                    coordinates.pp_rank);
+  }
+  spdlog::info("meeting {} ranks through Redis {} (keys {})", env.world_size, address,
+               transport_options.prefix);
+  VP_ASSIGN_OR_RETURN(std::unique_ptr<executor::Transport> transport,
+                      executor::CreateTransport(transport_options));
+  spdlog::info("transport: {}", transport->Describe());
+  executor::InterpreterOptions options;
+  options.wait_timeout = absl::Seconds(config.training().watchdog_timeout_s());
+  options.device = torch_device;
+  options.pipeline_group = pipeline_group;
+  executor::PlanInterpreter interpreter(by_id, transport.get(), &loader, &optimizer, options);
+
+  std::vector<int> world;
+  for (int r = 0; r < env.world_size; ++r) world.push_back(r);
+  std::ofstream metrics;
+  if (env.rank == 0 && !absl::GetFlag(FLAGS_metrics_jsonl).empty()) {
+    metrics.open(absl::GetFlag(FLAGS_metrics_jsonl), std::ios::app);
+    if (!metrics) {
+      return absl::UnavailableError(
+          absl::StrCat(absl::GetFlag(FLAGS_metrics_jsonl), ": cannot open for appending"));
+    }
+  }
+  const uint64_t first = absl::GetFlag(FLAGS_first_iteration);
+  const uint64_t last = absl::GetFlag(FLAGS_iterations) > 0
+                            ? first + absl::GetFlag(FLAGS_iterations)
+                            : config.training().iterations();
+  for (uint64_t iteration = first; iteration < last; ++iteration) {
+    if (shutdown.Requested()) {
+      spdlog::info("shutdown requested: stopping before iteration {}", iteration);
+      break;
+    }
+    VP_ASSIGN_OR_RETURN(const v1::ExecutionPlan plan,
+                        executor::ReadPlanFile(absl::GetFlag(FLAGS_plans), iteration, env.rank));
+    if (plan.dp_rank() != coordinates.dp_rank || plan.pp_rank() != coordinates.pp_rank) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the plan of iteration ", iteration, " is for dp ", plan.dp_rank(), " pp ",
+          plan.pp_rank(), " but this rank is dp ", coordinates.dp_rank, " pp ",
+          coordinates.pp_rank, ": plans and config disagree on the parallelism"));
+    }
+    const auto start = std::chrono::steady_clock::now();
+    VP_ASSIGN_OR_RETURN(const executor::IterationStats stats, interpreter.Run(plan));
+    // Iteration totals for rank 0's log line: every last-stage rank holds its
+    // replica's share of the global mean loss; the first pipeline rank of
+    // each replica counts the replica's tokens.
+    const bool counts_tokens = coordinates.pp_rank == 0;
+    std::vector<float> totals{static_cast<float>(stats.loss),
+                              counts_tokens ? static_cast<float>(stats.real_tokens) : 0.0f,
+                              counts_tokens ? static_cast<float>(stats.padded_tokens) : 0.0f};
+    VP_RETURN_IF_ERROR(transport->AllReduceMean(totals, world));
+    const double step_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double n = static_cast<double>(env.world_size);
+    const double loss = totals[0] * n;
+    const double real_tokens = totals[1] * n;
+    const double padded_tokens = totals[2] * n;
+    const double peak_mib =
+        static_cast<double>(executor::PeakMemoryBytes(device)) / (1024.0 * 1024.0);
+    if (env.rank == 0) {
+      spdlog::info(
+          "iteration {}: loss {:.4f}, {:.0f} real tokens/s, padding efficiency {:.1f}%, "
+          "step {:.1f} ms (rank 0: compute {:.1f} ms, waits {:.1f} ms, interpreter {:.3f} ms "
+          "for {} instructions), lr {:.3g}, grad norm {:.3f}, peak memory {:.0f} MiB",
+          iteration, loss, real_tokens / step_seconds,
+          padded_tokens > 0 ? 100.0 * real_tokens / padded_tokens : 0.0, step_seconds * 1e3,
+          stats.compute_seconds * 1e3, stats.communication_seconds * 1e3,
+          stats.overhead_seconds * 1e3, stats.instructions, stats.learning_rate,
+          stats.grad_norm, peak_mib);
+      if (metrics.is_open()) {
+        metrics << absl::StrFormat(
+                       "{\"iteration\": %d, \"loss\": %.6f, \"real_tokens_per_s\": %.1f, "
+                       "\"padding_efficiency\": %.4f, \"step_ms\": %.3f, "
+                       "\"interpreter_overhead_ms\": %.4f, \"instructions\": %d, "
+                       "\"learning_rate\": %.6g, \"grad_norm\": %.6f, \"peak_memory_mib\": %.1f}",
+                       iteration, loss, real_tokens / step_seconds,
+                       padded_tokens > 0 ? real_tokens / padded_tokens : 0.0, step_seconds * 1e3,
+                       stats.overhead_seconds * 1e3, stats.instructions, stats.learning_rate,
+                       stats.grad_norm, peak_mib)
+                << std::endl;
+      }
+    }
+  }
+  spdlog::info("done");
+  return absl::OkStatus();
+}
 
 }  // namespace
+}  // namespace varipipe
 
 int main(int argc, char** argv) {
+  varipipe::ShutdownSignal shutdown;
   const std::vector<std::string> args =
-      varipipe::InitBinary(argc, argv, "varipipe-executor", kUsage);
+      varipipe::InitBinary(argc, argv, "varipipe-executor", varipipe::kUsage);
   if (!args.empty()) {
     std::fprintf(stderr, "varipipe-executor: unexpected argument '%s' (try --help)\n",
                  args.front().c_str());
@@ -92,6 +281,14 @@ int main(int argc, char** argv) {
       coordinates->dp_rank, coordinates->pp_rank, device->name, varipipe::executor::TorchVersion(),
       nccl);
   if (absl::GetFlag(FLAGS_check_launch)) return varipipe::kExitOk;
-  spdlog::error("the plan interpreter is not built in this version; nothing to run");
-  return varipipe::kExitFailure;
+  if (absl::GetFlag(FLAGS_plans).empty()) {
+    spdlog::error("--plans is required (try --help)");
+    return varipipe::kExitUsage;
+  }
+  const absl::Status status = varipipe::Train(*config, *env, *coordinates, *device, shutdown);
+  if (!status.ok()) {
+    spdlog::error("{}", status.message());
+    return varipipe::kExitFailure;
+  }
+  return varipipe::kExitOk;
 }
