@@ -204,12 +204,13 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
     if (env.rank == 0) {
       spdlog::info(
           "iteration {}: loss {:.4f}, {:.0f} real tokens/s, padding efficiency {:.1f}%, "
-          "step {:.1f} ms (rank 0: compute {:.1f} ms, waits {:.1f} ms, interpreter {:.3f} ms "
-          "for {} instructions), lr {:.3g}, grad norm {:.3f}, peak memory {:.0f} MiB",
+          "step {:.1f} ms (rank 0: compute {:.1f} ms, waits {:.1f} ms, data {:.1f} ms, "
+          "interpreter {:.3f} ms for {} instructions), lr {:.3g}, grad norm {:.3f}, "
+          "peak memory {:.0f} MiB",
           iteration, loss, real_tokens / step_seconds,
           padded_tokens > 0 ? 100.0 * real_tokens / padded_tokens : 0.0, step_seconds * 1e3,
           stats.compute_seconds * 1e3, stats.communication_seconds * 1e3,
-          stats.overhead_seconds * 1e3, stats.instructions, stats.learning_rate,
+          stats.data_seconds * 1e3, stats.overhead_seconds * 1e3, stats.instructions, stats.learning_rate,
           stats.grad_norm, peak_mib);
       if (metrics.is_open()) {
         metrics << absl::StrFormat(

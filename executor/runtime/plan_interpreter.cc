@@ -88,8 +88,8 @@ class IterationRun {
     }
     stats_.instructions = plan_.instructions_size();
     stats_.total_seconds = Seconds(Clock::now() - start);
-    stats_.overhead_seconds =
-        stats_.total_seconds - stats_.compute_seconds - stats_.communication_seconds;
+    stats_.overhead_seconds = stats_.total_seconds - stats_.compute_seconds -
+                              stats_.communication_seconds - stats_.data_seconds;
     return stats_;
   }
 
@@ -172,8 +172,10 @@ class IterationRun {
     const v1::LoadInput& load = in.load_input();
     VP_ASSIGN_OR_RETURN(const v1::MicroBatch* mb, MicroBatch(in.micro_batch()));
     for (int k = 0; k < load.buffer_ids_size(); ++k) {
+      const Clock::time_point start = Clock::now();
       VP_ASSIGN_OR_RETURN(torch::Tensor t,
                           it_.loader_->Load(*mb, load.contents(k), load.tensors(k)));
+      stats_.data_seconds += Seconds(Clock::now() - start);
       VP_RETURN_IF_ERROR(CheckId(load.buffer_ids(k)));
       buffers_[load.buffer_ids(k)] = t.to(it_.options_.device);
       contents_[load.buffer_ids(k)] = load.contents(k);
@@ -187,7 +189,9 @@ class IterationRun {
   absl::Status Inputs(const v1::Instruction& in, StageActivations* activations,
                       StageBatch* batch) {
     VP_ASSIGN_OR_RETURN(const v1::MicroBatch* mb, MicroBatch(in.micro_batch()));
+    const Clock::time_point start = Clock::now();
     VP_ASSIGN_OR_RETURN(RowLengths lengths, it_.loader_->Lengths(*mb));
+    stats_.data_seconds += Seconds(Clock::now() - start);
     batch->input_lengths = lengths.input.to(it_.options_.device);
     if (lengths.target.defined()) batch->target_lengths = lengths.target.to(it_.options_.device);
     batch->loss_scale = 1.0 / static_cast<double>(plan_.global_target_tokens());

@@ -54,10 +54,12 @@ struct IterationStats {
   double learning_rate = 0;
   double grad_norm = 0;
   int instructions = 0;
-  // Time inside forward/backward compute, inside Waits and all-reduce, and
-  // everything else (the interpreter's own overhead).
+  // Time inside forward/backward compute and the optimizer, inside Waits and
+  // all-reduce, reading samples and lengths from the dataset, and everything
+  // else (the interpreter's own overhead).
   double compute_seconds = 0;
   double communication_seconds = 0;
+  double data_seconds = 0;
   double overhead_seconds = 0;
   double total_seconds = 0;
 };

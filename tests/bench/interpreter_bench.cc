@@ -1,0 +1,87 @@
+// The plan interpreter's own overhead per instruction: one rank (pp=1,
+// dp=1, no transfers) runs a planner-made plan of hundreds of instructions
+// (fixed-size micro-batches of one sample) on a one-layer model whose compute
+// is small. Counters split each iteration into compute (forward, backward,
+// optimizer), data (samples and lengths from the dataset) and the rest, the
+// interpreter's overhead; `overhead_us_per_instruction` is the figure
+// docs/benchmarks.md reports, `overhead_vs_compute` its ratio to the compute
+// measured in the same run.
+#include <benchmark/benchmark.h>
+
+#include <memory>
+#include <string>
+
+#include "common/config/job_config.h"
+#include "common/dataset/minibatch_sampler.h"
+#include "common/dataset/sample_dataset.h"
+#include "executor/data/micro_batch_loader.h"
+#include "executor/model/model_spec.h"
+#include "executor/model/model_stage.h"
+#include "executor/runtime/plan_interpreter.h"
+#include "executor/runtime/training_optimizer.h"
+#include "planner/planner.h"
+
+namespace varipipe::executor {
+namespace {
+
+void BM_InterpreterOverhead(benchmark::State& state) {
+  torch::set_num_threads(1);
+  absl::StatusOr<v1::JobConfig> config = ParseJobConfigJson(R"({
+    "job_id": "bench",
+    "model": {"kind": "GPT", "num_layers": 1, "hidden_size": 16, "num_attention_heads": 2,
+              "ffn_hidden_size": 32, "vocab_size": 32, "dtype": "FLOAT32"},
+    "cluster": {"device_memory_limit_mib": 1024, "devices_per_node": 1},
+    "data": {"format": "SYNTHETIC", "tokens_per_global_batch": 16384, "max_sequence_length": 64,
+             "seed": 1, "synthetic_num_samples": 20000},
+    "planner": {"partition_methods": ["FIXED_SIZE"], "fixed_micro_batch_size": 1,
+                "schedules": ["ONE_F_ONE_B"], "recompute_modes": ["RECOMPUTE_NONE"]},
+    "training": {"iterations": 1000000}})",
+                                                             "bench");
+  if (!config.ok()) {
+    state.SkipWithError(std::string(config.status().message()).c_str());
+    return;
+  }
+  ApplyJobConfigDefaults(*config);
+  std::unique_ptr<SampleDataset> dataset = *OpenSampleDataset(*config);
+  const SamplerOptions sampler{.seed = 1,
+                               .tokens_per_global_batch = 16384,
+                               .encoder_decoder = false,
+                               .max_input_len = 64};
+  auto mini_batches = *MiniBatchSampler::Create(dataset->AllLengths(), sampler);
+  const SampledMiniBatch sampled = mini_batches->Get(0);
+  planner::Planner planner = *planner::Planner::Create(*config);
+  const v1::ExecutionPlan plan =
+      planner.Plan({.iteration = 0, .sample_ids = sampled.sample_ids, .lengths = sampled.lengths})
+          ->plans[0];
+  const ModelSpec spec = *ModelSpecFromConfig(*config);
+  ModelStage stage(spec, (*PipelineStageRoles(spec, 1))[0]);
+  TrainingOptimizer optimizer(stage.parameters(), config->training());
+  MicroBatchLoader loader(dataset.get(), sampler);
+  PlanInterpreter interpreter({{0, &stage}}, /*transport=*/nullptr, &loader, &optimizer, {});
+  double overhead = 0, compute = 0, data = 0, total = 0;
+  int instructions = 0;
+  for (auto _ : state) {
+    absl::StatusOr<IterationStats> stats = interpreter.Run(plan);
+    if (!stats.ok()) {
+      state.SkipWithError(std::string(stats.status().message()).c_str());
+      return;
+    }
+    overhead += stats->overhead_seconds;
+    compute += stats->compute_seconds;
+    data += stats->data_seconds;
+    total += stats->total_seconds;
+    instructions += stats->instructions;
+  }
+  state.counters["instructions_per_plan"] = plan.instructions_size();
+  state.counters["overhead_us_per_instruction"] = 1e6 * overhead / instructions;
+  state.counters["data_us_per_instruction"] = 1e6 * data / instructions;
+  state.counters["compute_us_per_instruction"] = 1e6 * compute / instructions;
+  state.counters["overhead_vs_compute"] = overhead / compute;
+  state.counters["overhead_share"] = overhead / total;
+}
+BENCHMARK(BM_InterpreterOverhead)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace varipipe::executor
+
+BENCHMARK_MAIN();
