@@ -154,6 +154,14 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
   options.wait_timeout = absl::Seconds(config.training().watchdog_timeout_s());
   options.device = torch_device;
   options.pipeline_group = pipeline_group;
+  // GPUs compute in the model dtype under autocast (fp32 master weights);
+  // CPUs always compute in fp32.
+  if (device.is_cuda && config.model().dtype() != v1::FLOAT32) {
+    options.cuda_autocast_dtype =
+        config.model().dtype() == v1::FLOAT16 ? torch::kHalf : torch::kBFloat16;
+    spdlog::info("mixed precision: CUDA autocast to {} with fp32 master weights",
+                 v1::DType_Name(config.model().dtype()));
+  }
   executor::PlanInterpreter interpreter(by_id, transport.get(), &loader, &optimizer, options);
 
   std::vector<int> world;

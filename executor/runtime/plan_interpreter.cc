@@ -6,6 +6,8 @@
 #include <string>
 #include <utility>
 
+#include <ATen/autocast_mode.h>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -39,6 +41,29 @@ std::string Describe(const v1::Instruction& in) {
   return absl::StrCat(v1::Instruction::descriptor()->FindFieldByNumber(in.op_case())->name(),
                       " (micro-batch ", in.micro_batch(), ", stage ", in.stage(), ")");
 }
+
+// Enables LibTorch's CUDA autocast for its lifetime (and clears the
+// autocast cache after), or does nothing.
+class AutocastScope {
+ public:
+  explicit AutocastScope(std::optional<torch::ScalarType> dtype) : active_(dtype.has_value()) {
+    if (!active_) return;
+    previous_ = at::autocast::is_enabled();
+    at::autocast::set_autocast_gpu_dtype(*dtype);
+    at::autocast::set_enabled(true);
+  }
+  ~AutocastScope() {
+    if (!active_) return;
+    at::autocast::set_enabled(previous_);
+    at::autocast::clear_cache();
+  }
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  bool active_;
+  bool previous_ = false;
+};
 
 }  // namespace
 
@@ -226,9 +251,10 @@ class IterationRun {
     return absl::OkStatus();
   }
 
-  // Runs the stage and times it.
+  // Runs the stage (under CUDA autocast when configured) and times it.
   StageActivations RunStage(ModelStage* stage, const Saved& saved) {
     const Clock::time_point start = Clock::now();
+    AutocastScope autocast(it_.options_.cuda_autocast_dtype);
     StageActivations out = stage->Forward(saved.in, saved.batch);
     stats_.compute_seconds += Seconds(Clock::now() - start);
     return out;

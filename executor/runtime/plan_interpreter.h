@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <memory>
 #include <vector>
 
@@ -38,8 +39,13 @@ struct InterpreterOptions {
   // naming the rank, instruction index, peer and micro-batch (the watchdog).
   absl::Duration wait_timeout = absl::Seconds(300);
   torch::Device device = torch::kCPU;
-  // Dtype of activations inside a stage (fp32 on CPU).
+  // Dtype of activations handed to a stage (fp32; parameters stay fp32, the
+  // master weights).
   torch::ScalarType compute_dtype = torch::kFloat32;
+  // GPUs: when set (kBFloat16 or kHalf), forward passes (and recomputations)
+  // run under LibTorch's CUDA autocast to this dtype: mixed precision with
+  // fp32 master weights and fp32 loss.
+  std::optional<torch::ScalarType> cuda_autocast_dtype;
   // Global ranks of this rank's pipeline replica, ascending (the global
   // gradient norm for clipping sums over them).
   std::vector<int> pipeline_group;

@@ -314,3 +314,47 @@ TEST_F(WatchdogTest, DroppedSendTripsTheWatchdogWithADiagnostic) {
 
 }  // namespace
 }  // namespace varipipe::executor
+
+namespace varipipe::executor {
+namespace {
+
+// A receive-order fault: rank 1 posts the receives of two micro-batches of
+// different shapes in the wrong order. The transfers pair by channel order,
+// so rank 1 receives a message of the wrong size: the iteration must end
+// with a diagnostic naming the rank, instruction, peer and micro-batch
+// (from the transport's size check or the watchdog), never hang.
+TEST_F(WatchdogTest, SwappedReceiveOrderEndsWithADiagnostic) {
+  const v1::JobConfig config = TinyConfig({}, 2, 1);
+  absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(config);
+  ASSERT_THAT(dataset, IsOk());
+  std::vector<v1::ExecutionPlan> plans = Plans(config, 0, **dataset);
+  ASSERT_EQ(plans.size(), 2u);
+  v1::ExecutionPlan& plan = plans[1];
+  int first = -1;
+  int second = -1;
+  for (int i = 0; i < plan.instructions_size() && second < 0; ++i) {
+    const v1::Instruction& in = plan.instructions(i);
+    if (!in.has_recv_start() || in.recv_start().kind() != v1::ACTIVATION) continue;
+    if (first < 0) {
+      first = i;
+    } else if (in.recv_start().tensors(0).dims(1) !=
+               plan.instructions(first).recv_start().tensors(0).dims(1)) {
+      second = i;
+    }
+  }
+  ASSERT_GE(second, 0) << "no two activation receives of different shapes";
+  // Post the later receive first (moved to just before the earlier one).
+  for (int i = second; i > first; --i) plan.mutable_instructions()->SwapElements(i, i - 1);
+  std::vector<Parameters> unused;
+  const absl::Time start = absl::Now();
+  const auto results = RunRanks(config, plans, **dataset, &unused, absl::Seconds(3));
+  ASSERT_FALSE(results[1].ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(60));
+  EXPECT_THAT(std::string(results[1].status().message()),
+              AllOf(HasSubstr("rank 1"), HasSubstr("instruction #"), HasSubstr("from rank 0"),
+                    HasSubstr("micro-batch")));
+  std::printf("diagnostic: %s\n", std::string(results[1].status().message()).c_str());
+}
+
+}  // namespace
+}  // namespace varipipe::executor
