@@ -7,6 +7,7 @@
 // varipipe-plan --emit-plans writes).
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -55,6 +56,10 @@ ABSL_FLAG(std::string, run_id, "",
           "Identifies this launch of the job in the rendezvous keys; every rank must get the "
           "same one. Default: TORCHELASTIC_RUN_ID (torchrun) or OMPI_MCA_orte_ess_jobid "
           "(mpirun), else \"default\".");
+ABSL_FLAG(std::string, save_parameters, "",
+          "After the last iteration, every rank writes its stages' parameters to "
+          "PREFIX.rank_NNNNN.pt (a LibTorch archive keyed by parameter name), for comparisons "
+          "and tests.");
 ABSL_FLAG(std::string, metrics_jsonl, "",
           "Rank 0 appends one JSON object per iteration to this file.");
 
@@ -233,6 +238,21 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
                 << std::endl;
       }
     }
+  }
+  if (const std::string prefix = absl::GetFlag(FLAGS_save_parameters); !prefix.empty()) {
+    const std::string path = absl::StrFormat("%s.rank_%05d.pt", prefix, env.rank);
+    try {
+      torch::serialize::OutputArchive archive;
+      for (const auto& stage : stages) {
+        for (const auto& item : stage->named_parameters()) {
+          archive.write(item.key(), item.value().detach().to(torch::kCPU));
+        }
+      }
+      archive.save_to(path);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat(path, ": cannot save the parameters: ", e.what()));
+    }
+    spdlog::info("parameters written to {}", path);
   }
   spdlog::info("done");
   return absl::OkStatus();

@@ -25,6 +25,7 @@
 #include "planner/planner.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/unpipelined_reference.h"
 
 namespace varipipe::executor {
 namespace {
@@ -155,53 +156,6 @@ class PlanInterpreterTest : public ::testing::TestWithParam<Case> {
   int runs_ = 0;
 };
 
-// The reference: the whole mini-batch of `plans` as one micro-batch on one
-// stage, one optimizer step.
-Parameters Reference(const v1::JobConfig& config, const std::vector<v1::ExecutionPlan>& plans,
-                     const SampleDataset& dataset, double* loss) {
-  const ModelSpec spec = *ModelSpecFromConfig(config);
-  ModelStage stage(spec, (*PipelineStageRoles(spec, 1))[0]);
-  v1::MicroBatch all;
-  for (const v1::ExecutionPlan& plan : plans) {
-    if (plan.pp_rank() != 0) continue;
-    for (const v1::MicroBatch& mb : plan.micro_batches()) {
-      for (uint64_t id : mb.sample_ids()) all.add_sample_ids(id);
-      all.set_input_len(std::max(all.input_len(), mb.input_len()));
-      all.set_target_len(std::max(all.target_len(), mb.target_len()));
-    }
-  }
-  MicroBatchLoader loader(&dataset, Sampler(config));
-  const int64_t rows = all.sample_ids_size();
-  const auto spec_of = [&](int64_t len) {
-    v1::TensorSpec s;
-    s.add_dims(rows);
-    s.add_dims(len);
-    s.set_dtype(v1::INT64);
-    return s;
-  };
-  const bool t5 = spec.encoder_decoder;
-  StageBatch batch;
-  RowLengths lengths = *loader.Lengths(all);
-  batch.input_lengths = lengths.input;
-  batch.target_lengths = lengths.target;
-  batch.input_tokens = *loader.Load(all, v1::LoadInput::INPUT_TOKENS, spec_of(all.input_len()));
-  if (t5) {
-    batch.decoder_tokens =
-        *loader.Load(all, v1::LoadInput::DECODER_INPUT_TOKENS, spec_of(all.target_len()));
-  }
-  batch.labels =
-      *loader.Load(all, v1::LoadInput::LABELS, spec_of(t5 ? all.target_len() : all.input_len()));
-  batch.loss_scale = 1.0 / static_cast<double>(plans[0].global_target_tokens());
-  StageActivations out = stage.Forward({}, batch);
-  *loss = out.loss.item<double>();
-  out.loss.backward();
-  TrainingOptimizer optimizer(stage.parameters(), config.training());
-  optimizer.Step(plans[0].iteration(), std::sqrt(optimizer.LocalSquaredGradNorm()));
-  Parameters parameters;
-  for (const auto& item : stage.named_parameters()) parameters[item.key()] = item.value();
-  return parameters;
-}
-
 TEST_P(PlanInterpreterTest, OneStepEqualsUnpipelinedTraining) {
   const Case& c = GetParam();
   const v1::JobConfig config = TinyConfig(c, 2, 2);
@@ -225,41 +179,27 @@ TEST_P(PlanInterpreterTest, OneStepEqualsUnpipelinedTraining) {
     ASSERT_THAT(results[r], IsOk()) << "rank " << r;
     if (results[r]->has_loss) pipelined_loss += results[r]->loss;
   }
-  double reference_loss = 0;
-  const Parameters reference = Reference(config, plans, **dataset, &reference_loss);
-  std::printf("loss: pipelined %.9f, unpipelined %.9f\n", pipelined_loss, reference_loss);
-  EXPECT_NEAR(pipelined_loss, reference_loss, 1e-5 * reference_loss);
-
-  // Normwise relative differences: of the parameters (the acceptance
-  // criterion, 1e-5) and, stricter, of the updates the step applied (1e-3 of
-  // an update of size ~learning rate), against the deterministic initial
-  // parameters.
-  const ModelSpec spec = *ModelSpecFromConfig(config);
-  ModelStage initial_stage(spec, (*PipelineStageRoles(spec, 1))[0]);
-  Parameters initial;
-  for (const auto& item : initial_stage.named_parameters()) initial[item.key()] = item.value();
+  const ::varipipe::testing::ReferenceStep reference =
+      ::varipipe::testing::UnpipelinedStep(config, plans, **dataset);
+  std::printf("loss: pipelined %.9f, unpipelined %.9f\n", pipelined_loss, reference.loss);
+  EXPECT_NEAR(pipelined_loss, reference.loss, 1e-5 * reference.loss);
+  // Normwise relative differences per tensor: of the parameters (the
+  // acceptance criterion, 1e-5) and, stricter, of the updates the step
+  // applied (1e-3 of an update of size ~learning rate).
   int compared = 0;
   double worst_parameter = 0;
   double worst_update = 0;
   for (int r = 0; r < 4; ++r) {
-    for (const auto& [name, value] : trained[r]) {
-      ASSERT_TRUE(reference.count(name)) << name;
-      const torch::Tensor& expected = reference.at(name);
-      const double parameter = (value - expected).norm().item<double>() /
-                               std::max(expected.norm().item<double>(), 1e-30);
-      const torch::Tensor expected_update = expected - initial.at(name);
-      const double update = (value - expected).norm().item<double>() /
-                            std::max(expected_update.norm().item<double>(), 1e-30);
-      EXPECT_LE(parameter, 1e-5) << "rank " << r << " " << name;
-      EXPECT_LE(update, 1e-3) << "rank " << r << " " << name;
-      worst_parameter = std::max(worst_parameter, parameter);
-      worst_update = std::max(worst_update, update);
-      ++compared;
-    }
+    const ::varipipe::testing::Differences d = ::varipipe::testing::Compare(trained[r], reference);
+    EXPECT_LE(d.parameters, 1e-5) << "rank " << r;
+    EXPECT_LE(d.updates, 1e-3) << "rank " << r;
+    worst_parameter = std::max(worst_parameter, d.parameters);
+    worst_update = std::max(worst_update, d.updates);
+    compared += d.compared;
   }
   std::printf("worst relative difference: parameters %.3g, updates %.3g\n", worst_parameter,
               worst_update);
-  EXPECT_EQ(compared, 2 * static_cast<int>(reference.size()));  // each replica has the model
+  EXPECT_EQ(compared, 2 * static_cast<int>(reference.trained.size()));  // each replica has the model
 }
 
 INSTANTIATE_TEST_SUITE_P(

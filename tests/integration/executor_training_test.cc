@@ -1,8 +1,10 @@
-// Four real executor processes (pp=4, Gloo over loopback, rendezvous through
-// a real redis-server) train a small GPT for ten iterations on plans that
-// varipipe-plan emitted: every rank exits 0, the loss decreases, and rank 0
-// writes one metrics line per iteration. The data is learnable (arithmetic
-// token sequences), so a falling loss means the pipeline really trains.
+// Real executor processes (Gloo over loopback, rendezvous through a real
+// redis-server) running plans that varipipe-plan emitted:
+// - equivalence: pp=2, dp=2 (4 processes), one optimizer step leaves the
+//   parameters of one unpipelined step (1e-5 relative, fp32), GPT and T5;
+// - ten iterations of pp=4 on a small GPT: every rank exits 0, the loss
+//   decreases (the data is learnable: arithmetic token sequences), and rank 0
+//   writes one metrics line per iteration.
 #include <sys/wait.h>
 
 #include <array>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
@@ -21,6 +24,10 @@
 #include "gtest/gtest.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/unpipelined_reference.h"
+#include "common/config/job_config.h"
+#include "common/dataset/sample_dataset.h"
+#include "executor/runtime/plan_files.h"
 
 namespace varipipe {
 namespace {
@@ -55,13 +62,102 @@ std::string ReadFile(const std::filesystem::path& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
+// Starts `ranks` executor processes in `dir` and waits for all; returns the
+// exit status (0 when every rank exited 0) and the ranks' logs.
+CommandResult LaunchRanks(const std::filesystem::path& dir, int ranks, const std::string& password,
+                          const std::string& extra_flags) {
+  const std::string command = absl::StrCat(
+      "cd '", dir.string(), "' && export VARIPIPE_TEST_REDIS_PASSWORD='", password,
+      "'; pids=''; for r in $(seq 0 ", ranks - 1, "); do RANK=$r WORLD_SIZE=", ranks,
+      " LOCAL_RANK=$r timeout 300 ", Bin("varipipe-executor"),
+      " --config job.json --plans plans --run_id test ", extra_flags,
+      " > rank$r.log 2>&1 & pids=\"$pids $!\"; done; rc=0; for p in $pids; do wait $p || rc=1; "
+      "done; exit $rc");
+  CommandResult result = RunCommand(command);
+  for (int r = 0; r < ranks; ++r) {
+    result.output +=
+        absl::StrCat("--- rank ", r, "\n", ReadFile(dir / absl::StrCat("rank", r, ".log")));
+  }
+  return result;
+}
+
+std::filesystem::path FreshDirectory(const std::string& name) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("varipipe-", name, "-", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+class ProcessEquivalence : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ProcessEquivalence, FourProcessesMatchUnpipelinedTraining) {
+  const bool t5 = GetParam();
+  absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
+  ASSERT_THAT(redis, IsOk());
+  const std::filesystem::path dir = FreshDirectory(t5 ? "equiv-t5" : "equiv-gpt");
+  // adam_epsilon 1e-6: see tests/executor/plan_interpreter_test.cc.
+  std::ofstream(dir / "job.json") << absl::StrCat(
+      R"({"job_id": "equivalence", "model": {"kind": ")", t5 ? "T5" : "GPT",
+      R"(", "num_layers": 4, )", t5 ? R"("num_decoder_layers": 4, )" : "",
+      R"("hidden_size": 32, "num_attention_heads": 4, "ffn_hidden_size": 64, "vocab_size": 61,
+        "dtype": "FLOAT32"},
+      "parallelism": {"pipeline": 2, "data": 2},
+      "cluster": {"device_memory_limit_mib": )", t5 ? 8 : 4, R"(, "devices_per_node": 8},
+      "data": {"format": "SYNTHETIC", "tokens_per_global_batch": 1200,
+               "max_sequence_length": 96, )", t5 ? R"("max_target_length": 48, )" : "",
+      R"("seed": 11, "synthetic_num_samples": 5000},
+      "planner": {"tmax_interval_ms": 0.01, "schedules": ["ONE_F_ONE_B"],
+                  "recompute_modes": ["RECOMPUTE_NONE"]},
+      "store": {"password_env": "VARIPIPE_TEST_REDIS_PASSWORD", "redis_address": "127.0.0.1:)",
+      (*redis)->port(), R"("},
+      "training": {"iterations": 1, "learning_rate": 0.001, "adam_epsilon": 1e-6}})");
+  const CommandResult plan = RunCommand(absl::StrCat(
+      "cd '", dir.string(), "' && ", Bin("varipipe-plan"),
+      " --config job.json --iterations 1 --emit-plans plans"));
+  ASSERT_EQ(plan.exit_code, 0) << plan.output;
+  const CommandResult run =
+      LaunchRanks(dir, 4, (*redis)->password(), "--save_parameters params");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+
+  absl::StatusOr<v1::JobConfig> config = LoadJobConfigFile((dir / "job.json").string());
+  ASSERT_THAT(config, IsOk());
+  absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(*config);
+  ASSERT_THAT(dataset, IsOk());
+  std::vector<v1::ExecutionPlan> plans;
+  int micro_batches = 0;
+  for (int r = 0; r < 4; ++r) {
+    absl::StatusOr<v1::ExecutionPlan> p = executor::ReadPlanFile((dir / "plans").string(), 0, r);
+    ASSERT_THAT(p, IsOk());
+    if (p->pp_rank() == 0) micro_batches += p->micro_batches_size();
+    plans.push_back(*std::move(p));
+  }
+  EXPECT_GE(micro_batches, 3);
+  const testing::ReferenceStep reference = testing::UnpipelinedStep(*config, plans, **dataset);
+  int compared = 0;
+  for (int r = 0; r < 4; ++r) {
+    torch::serialize::InputArchive archive;
+    archive.load_from((dir / absl::StrFormat("params.rank_%05d.pt", r)).string());
+    std::map<std::string, torch::Tensor> trained;
+    for (const std::string& key : archive.keys()) archive.read(key, trained[key]);
+    const testing::Differences d = testing::Compare(trained, reference);
+    std::printf("rank %d: %d tensors, parameters %.3g, updates %.3g (normwise relative)\n", r,
+                d.compared, d.parameters, d.updates);
+    EXPECT_LE(d.parameters, 1e-5) << "rank " << r;
+    EXPECT_LE(d.updates, 1e-3) << "rank " << r;
+    compared += d.compared;
+  }
+  EXPECT_EQ(compared, 2 * static_cast<int>(reference.trained.size()));
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(GptAndT5, ProcessEquivalence, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "T5" : "Gpt"; });
+
 TEST(ExecutorTraining, FourPipelineRanksTrainTenIterations) {
   absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
   ASSERT_THAT(redis, IsOk());
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / absl::StrCat("varipipe-train-", getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const std::filesystem::path dir = FreshDirectory("train");
   // Arithmetic sequences of mixed lengths: token k = (start + step * k) % 60 + 1.
   {
     std::mt19937 rng(5);
@@ -100,21 +196,11 @@ TEST(ExecutorTraining, FourPipelineRanksTrainTenIterations) {
       " --config job.json --lengths lengths.csv --iterations 10 --emit-plans plans");
   ASSERT_EQ(plan.exit_code, 0) << plan.output;
 
-  // The password comes from the environment the config names; the fixture's
-  // server requires one.
-  std::string launch = cd + "export VARIPIPE_TEST_REDIS_PASSWORD='" + (*redis)->password() +
-                       "'; pids=''; for r in 0 1 2 3; do RANK=$r WORLD_SIZE=4 LOCAL_RANK=$r "
-                       "timeout 300 " +
-                       Bin("varipipe-executor") +
-                       " --config job.json --plans plans --run_id test "
-                       "--metrics_jsonl metrics.jsonl > rank$r.log 2>&1 & pids=\"$pids $!\"; "
-                       "done; rc=0; for p in $pids; do wait $p || rc=1; done; exit $rc";
-  const CommandResult run = RunCommand(launch);
-  std::string logs;
-  for (int r = 0; r < 4; ++r) {
-    logs += absl::StrCat("--- rank ", r, "\n", ReadFile(dir / absl::StrCat("rank", r, ".log")));
-  }
-  ASSERT_EQ(run.exit_code, 0) << run.output << logs;
+  // The password comes from the environment the config names.
+  const CommandResult run =
+      LaunchRanks(dir, 4, (*redis)->password(), "--metrics_jsonl metrics.jsonl");
+  const std::string& logs = run.output;
+  ASSERT_EQ(run.exit_code, 0) << logs;
 
   std::vector<double> losses;
   std::ifstream metrics(dir / "metrics.jsonl");
