@@ -155,10 +155,22 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
   VP_ASSIGN_OR_RETURN(std::unique_ptr<executor::Transport> transport,
                       executor::CreateTransport(transport_options));
   spdlog::info("transport: {}", transport->Describe());
+  // GPUs: a Gloo transport next to NCCL for small host-side reductions (the
+  // gradient norm over the pipeline, the iteration's metrics).
+  std::unique_ptr<executor::Transport> host_transport;
+  if (device.is_cuda) {
+    executor::TransportOptions host_options = transport_options;
+    host_options.prefix += "/host";
+    host_options.cuda_device = -1;
+    VP_ASSIGN_OR_RETURN(host_transport, executor::CreateTransport(host_options));
+    spdlog::info("host transport: {}", host_transport->Describe());
+  }
+  executor::Transport* host = host_transport ? host_transport.get() : transport.get();
   executor::InterpreterOptions options;
   options.wait_timeout = absl::Seconds(config.training().watchdog_timeout_s());
   options.device = torch_device;
   options.pipeline_group = pipeline_group;
+  options.host_transport = host;
   // GPUs compute in the model dtype under autocast (fp32 master weights);
   // CPUs always compute in fp32.
   if (device.is_cuda && config.model().dtype() != v1::FLOAT32) {
@@ -205,7 +217,7 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
     std::vector<float> totals{static_cast<float>(stats.loss),
                               counts_tokens ? static_cast<float>(stats.real_tokens) : 0.0f,
                               counts_tokens ? static_cast<float>(stats.padded_tokens) : 0.0f};
-    VP_RETURN_IF_ERROR(transport->AllReduceMean(totals, world));
+    VP_RETURN_IF_ERROR(host->AllReduceMean(totals, world));
     const double step_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double n = static_cast<double>(env.world_size);

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include <ATen/autocast_mode.h>
+#include <torch/cuda.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -350,6 +351,9 @@ class IterationRun {
     if (t.buffer_ids_size() != t.tensors_size()) {
       return absl::InvalidArgumentError("transfer with buffer ids and tensors of different counts");
     }
+    // NCCL runs on its own streams: the tensors a send reads must be
+    // complete on the compute stream first.
+    if (send && it_.options_.device.is_cuda()) torch::cuda::synchronize(it_.options_.device.index());
     Pending pending;
     for (int k = 0; k < t.buffer_ids_size(); ++k) {
       const uint32_t id = t.buffer_ids(k);
@@ -416,7 +420,8 @@ class IterationRun {
         if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
         grads.push_back(p.grad());
       }
-      // One flat fp32 buffer per stage (on the CPU for Gloo).
+      // One flat fp32 buffer per stage, on the device (NCCL) or the CPU (Gloo),
+      // complete before the transport's stream reads it.
       torch::Tensor flat = torch::cat([&] {
                              std::vector<torch::Tensor> views;
                              for (const torch::Tensor& g : grads) views.push_back(g.reshape(-1));
@@ -424,6 +429,7 @@ class IterationRun {
                            }())
                                .to(torch::kFloat32)
                                .contiguous();
+      if (it_.options_.device.is_cuda()) torch::cuda::synchronize(it_.options_.device.index());
       VP_RETURN_IF_ERROR(it_.transport_->AllReduceMean(
           std::span<float>(flat.data_ptr<float>(), static_cast<size_t>(flat.numel())), group));
       // Each replica's loss is already divided by the global token count, so
@@ -447,7 +453,9 @@ class IterationRun {
     float squared = static_cast<float>(it_.optimizer_->LocalSquaredGradNorm());
     const std::vector<int>& group = it_.options_.pipeline_group;
     if (group.size() > 1) {
-      VP_RETURN_IF_ERROR(it_.transport_->AllReduceMean(std::span<float>(&squared, 1), group));
+      Transport* host = it_.options_.host_transport != nullptr ? it_.options_.host_transport
+                                                               : it_.transport_;
+      VP_RETURN_IF_ERROR(host->AllReduceMean(std::span<float>(&squared, 1), group));
       squared *= static_cast<float>(group.size());
     }
     stats_.grad_norm = std::sqrt(static_cast<double>(squared));

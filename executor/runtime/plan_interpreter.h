@@ -49,6 +49,9 @@ struct InterpreterOptions {
   // Global ranks of this rank's pipeline replica, ascending (the global
   // gradient norm for clipping sums over them).
   std::vector<int> pipeline_group;
+  // Transport for small host-side reductions (the gradient norm over the
+  // pipeline): a Gloo transport next to NCCL on GPUs. Null: the main one.
+  Transport* host_transport = nullptr;
 };
 
 struct IterationStats {
