@@ -302,8 +302,9 @@ absl::StatusOr<PlanningResult> Planner::Plan(const MiniBatch& mini_batch, bool w
       for (uint32_t position : group.samples) {
         planned.sample_ids.push_back(mini_batch.sample_ids[position]);
         const SampleLengths& s = mbr.samples[position];
+        // GPT: the whole sequence is input (target_len is 0).
         planned.real_input_tokens += SequenceLength(s, policy);
-        planned.real_target_tokens += s.target;
+        if (policy.encoder_decoder) planned.real_target_tokens += s.target;
       }
       planned.input_len = group.input_len;
       planned.target_len = group.target_len;

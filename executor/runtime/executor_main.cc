@@ -17,6 +17,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/binary_main.h"
 #include "common/config/job_config.h"
 #include "common/dataset/minibatch_sampler.h"
@@ -33,6 +34,7 @@
 #include "executor/runtime/launch_env.h"
 #include "executor/runtime/plan_files.h"
 #include "executor/runtime/plan_interpreter.h"
+#include "executor/runtime/plan_source.h"
 #include "executor/runtime/training_optimizer.h"
 #include "spdlog/spdlog.h"
 #ifdef VARIPIPE_HAVE_NCCL
@@ -45,13 +47,21 @@ ABSL_FLAG(bool, check_launch, false,
           "job, and exit 0.");
 ABSL_FLAG(std::string, plans, "",
           "Directory of execution plans (DIR/iteration_NNNNNN/rank_NNNNN.json, as "
-          "varipipe-plan --emit-plans writes them). Required unless --check_launch.");
+          "varipipe-plan --emit-plans writes them). One of --plans and --planner is required "
+          "unless --check_launch.");
+ABSL_FLAG(std::string, planner, "",
+          "Planner daemons (host:port[,host:port...]) to fetch plans from over gRPC instead of "
+          "--plans; the job config comes from them when --config is not given, and each "
+          "iteration's plan is acknowledged after it ran.");
+ABSL_FLAG(int32_t, plan_wait_s, 600,
+          "With --planner: seconds to wait for a plan that is not published yet.");
 ABSL_FLAG(uint64_t, first_iteration, 0, "First iteration to run.");
 ABSL_FLAG(uint64_t, iterations, 0,
           "Iterations to run; 0 runs up to training.iterations of the config.");
 ABSL_FLAG(std::string, redis, "",
-          "Redis host:port for the rendezvous; default: store.redis_address of the config "
-          "(password from store.password_file / store.password_env).");
+          "Redis host:port for the rendezvous; default: store.redis_address of the config, or "
+          "the store address the planner reports (password from store.password_file / "
+          "store.password_env).");
 ABSL_FLAG(std::string, run_id, "",
           "Identifies this launch of the job in the rendezvous keys; every rank must get the "
           "same one. Default: TORCHELASTIC_RUN_ID (torchrun) or OMPI_MCA_orte_ess_jobid "
@@ -73,11 +83,13 @@ constexpr char kUsage[] =
     "  torchrun --no_python --nproc_per_node K varipipe-executor --config job.json \\\n"
     "      --plans DIR [--redis HOST:PORT]\n"
     "  mpirun -np K varipipe-executor --config job.json --plans DIR\n"
+    "  torchrun ... varipipe-executor --planner HOST:PORT[,HOST:PORT...]\n"
     "\n"
     "The rank comes from RANK/WORLD_SIZE/LOCAL_RANK (torchrun) or\n"
     "OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK (Open MPI); with neither, the process\n"
     "is rank 0 of 1. Ranks meet through the job's Redis (--redis or\n"
-    "store.redis_address) and run the plans in --plans DIR; rank 0 logs loss,\n"
+    "store.redis_address) and run the plans in --plans DIR or from the planner\n"
+    "service (--planner); rank 0 logs loss,\n"
     "real tokens/s, padding efficiency, step time and peak memory per iteration.";
 
 std::string RunId() {
@@ -90,7 +102,8 @@ std::string RunId() {
 
 absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
                    const executor::RankCoordinates& coordinates,
-                   const executor::DeviceChoice& device, const ShutdownSignal& shutdown) {
+                   const executor::DeviceChoice& device, const ShutdownSignal& shutdown,
+                   executor::PlanSource& source, const std::string& planner_store_address) {
   const uint32_t pp = config.parallelism().pipeline();
   const uint32_t chunks = std::max<uint32_t>(1, config.parallelism().virtual_chunks());
   // The data and the model.
@@ -124,9 +137,9 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
   executor::TrainingOptimizer optimizer(parameters, config.training());
   // Rendezvous and transport.
   executor::TransportOptions transport_options;
-  const std::string address = absl::GetFlag(FLAGS_redis).empty()
-                                  ? config.store().redis_address()
-                                  : absl::GetFlag(FLAGS_redis);
+  std::string address = absl::GetFlag(FLAGS_redis);
+  if (address.empty()) address = config.store().redis_address();
+  if (address.empty()) address = planner_store_address;
   if (address.empty()) {
     return absl::InvalidArgumentError(
         "no Redis for the rendezvous: set store.redis_address in the config or pass --redis");
@@ -200,8 +213,7 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
       spdlog::info("shutdown requested: stopping before iteration {}", iteration);
       break;
     }
-    VP_ASSIGN_OR_RETURN(const v1::ExecutionPlan plan,
-                        executor::ReadPlanFile(absl::GetFlag(FLAGS_plans), iteration, env.rank));
+    VP_ASSIGN_OR_RETURN(const v1::ExecutionPlan plan, source.Get(iteration));
     if (plan.dp_rank() != coordinates.dp_rank || plan.pp_rank() != coordinates.pp_rank) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the plan of iteration ", iteration, " is for dp ", plan.dp_rank(), " pp ",
@@ -226,6 +238,14 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
     const double padded_tokens = totals[2] * n;
     const double peak_mib =
         static_cast<double>(executor::PeakMemoryBytes(device)) / (1024.0 * 1024.0);
+    v1::ReportProgressRequest progress;
+    progress.set_iteration(iteration);
+    progress.set_iteration_ms(step_seconds * 1e3);
+    progress.set_communication_wait_ms(stats.communication_seconds * 1e3);
+    progress.set_loss(loss);
+    progress.set_tokens_per_second(real_tokens / step_seconds);
+    progress.set_peak_memory_bytes(static_cast<uint64_t>(executor::PeakMemoryBytes(device)));
+    VP_RETURN_IF_ERROR(source.Done(progress));
     if (env.rank == 0) {
       spdlog::info(
           "iteration {}: loss {:.4f}, {:.0f} real tokens/s, padding efficiency {:.1f}%, "
@@ -282,20 +302,42 @@ int main(int argc, char** argv) {
                  args.front().c_str());
     return varipipe::kExitUsage;
   }
-  const std::string path = absl::GetFlag(FLAGS_config);
-  if (path.empty()) {
-    std::fprintf(stderr, "varipipe-executor: --config is required (try --help)\n");
-    return varipipe::kExitUsage;
-  }
-  absl::StatusOr<varipipe::v1::JobConfig> config = varipipe::LoadJobConfigFile(path);
-  if (!config.ok()) {
-    std::fprintf(stderr, "varipipe-executor: %s\n", std::string(config.status().message()).c_str());
-    return varipipe::kExitUsage;
-  }
   absl::StatusOr<varipipe::executor::LaunchEnv> env = varipipe::executor::ReadLaunchEnv();
   if (!env.ok()) {
     std::fprintf(stderr, "varipipe-executor: %s\n", std::string(env.status().message()).c_str());
     return varipipe::kExitUsage;
+  }
+  // The plan source, and the config (from the file, or from the planners).
+  const std::string path = absl::GetFlag(FLAGS_config);
+  const std::string planners = absl::GetFlag(FLAGS_planner);
+  if (path.empty() && planners.empty()) {
+    std::fprintf(stderr, "varipipe-executor: --config is required (or --planner; try --help)\n");
+    return varipipe::kExitUsage;
+  }
+  std::unique_ptr<varipipe::executor::PlanSource> source;
+  std::string planner_store_address;
+  absl::StatusOr<varipipe::v1::JobConfig> config =
+      absl::FailedPreconditionError("no config");
+  if (!planners.empty()) {
+    auto service = std::make_unique<varipipe::executor::PlannerServiceSource>(
+        absl::StrSplit(planners, ',', absl::SkipEmpty()), env->rank,
+        absl::Seconds(absl::GetFlag(FLAGS_plan_wait_s)));
+    absl::StatusOr<varipipe::v1::GetJobResponse> job = service->GetJob();
+    if (!job.ok()) {
+      std::fprintf(stderr, "varipipe-executor: %s\n", std::string(job.status().message()).c_str());
+      return varipipe::kExitFailure;
+    }
+    planner_store_address = job->store_address();
+    config = job->config();
+    source = std::move(service);
+  }
+  if (!path.empty()) {
+    config = varipipe::LoadJobConfigFile(path);
+    if (!config.ok()) {
+      std::fprintf(stderr, "varipipe-executor: %s\n",
+                   std::string(config.status().message()).c_str());
+      return varipipe::kExitUsage;
+    }
   }
   absl::StatusOr<varipipe::executor::RankCoordinates> coordinates =
       varipipe::executor::ComputeCoordinates(*env, *config);
@@ -322,11 +364,16 @@ int main(int argc, char** argv) {
       coordinates->dp_rank, coordinates->pp_rank, device->name, varipipe::executor::TorchVersion(),
       nccl);
   if (absl::GetFlag(FLAGS_check_launch)) return varipipe::kExitOk;
-  if (absl::GetFlag(FLAGS_plans).empty()) {
-    spdlog::error("--plans is required (try --help)");
-    return varipipe::kExitUsage;
+  if (source == nullptr) {
+    if (absl::GetFlag(FLAGS_plans).empty()) {
+      spdlog::error("--plans or --planner is required (try --help)");
+      return varipipe::kExitUsage;
+    }
+    source = varipipe::executor::PlanFileSource(absl::GetFlag(FLAGS_plans), env->rank);
   }
-  const absl::Status status = varipipe::Train(*config, *env, *coordinates, *device, shutdown);
+  spdlog::info("plans from {}", source->Describe());
+  const absl::Status status = varipipe::Train(*config, *env, *coordinates, *device, shutdown,
+                                              *source, planner_store_address);
   if (!status.ok()) {
     spdlog::error("{}", status.message());
     return varipipe::kExitFailure;

@@ -13,6 +13,8 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
+#include <chrono>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -25,6 +27,7 @@
 #include "tests/testing/redis_server.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/unpipelined_reference.h"
+#include "common/redis/redis_client.h"
 #include "common/config/job_config.h"
 #include "common/dataset/sample_dataset.h"
 #include "executor/runtime/plan_files.h"
@@ -216,6 +219,67 @@ TEST(ExecutorTraining, FourPipelineRanksTrainTenIterations) {
   EXPECT_NEAR(losses.front(), std::log(64.0), 0.5);  // near-uniform at the start
   EXPECT_LT(losses.back(), 0.9 * losses.front()) << logs;
   EXPECT_THAT(ReadFile(dir / "rank0.log"), ::testing::HasSubstr("iteration 9: loss"));
+  std::filesystem::remove_all(dir);
+}
+
+// The service path: a planner daemon process plans into a real Redis; four
+// executors (pp=2, dp=2) get the job's config and every plan over gRPC,
+// train five iterations and acknowledge each plan, after which no plan is
+// left in Redis.
+TEST(ExecutorTraining, ExecutorsTrainFromThePlannerService) {
+  absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
+  ASSERT_THAT(redis, IsOk());
+  const std::filesystem::path dir = FreshDirectory("service");
+  std::ofstream(dir / "job.json") << absl::StrCat(R"({
+    "job_id": "service-test",
+    "model": {"kind": "gpt", "num_layers": 4, "hidden_size": 32, "num_attention_heads": 4,
+              "ffn_hidden_size": 64, "vocab_size": 64, "dtype": "float32"},
+    "parallelism": {"pipeline": 2, "data": 2},
+    "cluster": {"devices_per_node": 4, "device_memory_limit_mib": 6},
+    "data": {"format": "synthetic", "tokens_per_global_batch": 2048,
+             "max_sequence_length": 96, "seed": 3, "synthetic_num_samples": 5000},
+    "planner": {"tmax_interval_ms": 0.01, "threads": 1},
+    "store": {"password_env": "VARIPIPE_TEST_REDIS_PASSWORD", "redis_address": "127.0.0.1:)",
+                                                  (*redis)->port(), R"("},
+    "training": {"iterations": 5, "learning_rate": 0.003, "watchdog_timeout_s": 60}
+  })");
+  const std::string cd = absl::StrCat("cd '", dir.string(), "' && export VARIPIPE_TEST_REDIS_PASSWORD='",
+                                      (*redis)->password(), "' && ");
+  // The daemon runs in the background until the executors are done.
+  ASSERT_EQ(RunCommand(cd + "(timeout 300 " + Bin("varipipe-planner") +
+                       " --config job.json --listen 127.0.0.1:0 --port_file port > planner.log "
+                       "2>&1 & echo $! > planner.pid)")
+                .exit_code,
+            0);
+  std::string port;
+  for (int i = 0; i < 200 && port.empty(); ++i) {
+    port = ReadFile(dir / "port");
+    if (port.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_FALSE(port.empty()) << ReadFile(dir / "planner.log");
+  while (!port.empty() && (port.back() == '\n' || port.back() == ' ')) port.pop_back();
+  const std::string command = absl::StrCat(
+      cd, "pids=''; for r in 0 1 2 3; do RANK=$r WORLD_SIZE=4 LOCAL_RANK=$r timeout 300 ",
+      Bin("varipipe-executor"), " --planner 127.0.0.1:", port,
+      " --run_id service > rank$r.log 2>&1 & pids=\"$pids $!\"; done; rc=0; "
+      "for p in $pids; do wait $p || rc=1; done; exit $rc");
+  const CommandResult run = RunCommand(command);
+  std::string logs;
+  for (int r = 0; r < 4; ++r) {
+    logs += absl::StrCat("--- rank ", r, "\n", ReadFile(dir / absl::StrCat("rank", r, ".log")));
+  }
+  RunCommand(cd + "kill $(cat planner.pid)");
+  ASSERT_EQ(run.exit_code, 0) << logs << ReadFile(dir / "planner.log");
+  EXPECT_THAT(ReadFile(dir / "rank0.log"),
+              ::testing::AllOf(::testing::HasSubstr("plans from planner service at 127.0.0.1:"),
+                               ::testing::HasSubstr("iteration 4: loss")));
+  // Every plan was acknowledged: none is left in the store.
+  absl::StatusOr<std::unique_ptr<RedisClient>> client = RedisClient::Connect(
+      {.host = (*redis)->host(), .port = (*redis)->port(), .password = (*redis)->password()});
+  ASSERT_THAT(client, IsOk());
+  absl::StatusOr<RedisReply> keys = (*client)->Command({"KEYS", "varipipe:service-test:plan:*"});
+  ASSERT_THAT(keys, IsOk());
+  EXPECT_EQ(keys->size(), 0u) << "plans left in Redis";
   std::filesystem::remove_all(dir);
 }
 
