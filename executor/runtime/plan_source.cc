@@ -99,6 +99,12 @@ absl::StatusOr<v1::ExecutionPlan> PlannerServiceSource::Get(uint64_t iteration) 
       return stub.GetPlan(&context, request, &envelope);
     });
   } while (status.code() == absl::StatusCode::kDeadlineExceeded && absl::Now() < deadline);
+  if (status.code() == absl::StatusCode::kDeadlineExceeded) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "no plan for iteration ", iteration, " rank ", rank_, " within ",
+        absl::FormatDuration(wait_), " (are the planner daemons planning this job? see "
+        "varipipe-ctl status): ", status.message()));
+  }
   if (!status.ok()) return status;
   return std::move(*envelope.mutable_plan());
 }
