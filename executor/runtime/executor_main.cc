@@ -62,6 +62,9 @@ ABSL_FLAG(std::string, redis, "",
           "Redis host:port for the rendezvous; default: store.redis_address of the config, or "
           "the store address the planner reports (password from store.password_file / "
           "store.password_env).");
+ABSL_FLAG(std::string, store_file, "",
+          "A planner daemon's --store_file ('host:port password'): the Redis address and "
+          "password for the rendezvous, for daemons that run an embedded redis-server.");
 ABSL_FLAG(std::string, run_id, "",
           "Identifies this launch of the job in the rendezvous keys; every rank must get the "
           "same one. Default: TORCHELASTIC_RUN_ID (torchrun) or OMPI_MCA_orte_ess_jobid "
@@ -138,6 +141,18 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
   // Rendezvous and transport.
   executor::TransportOptions transport_options;
   std::string address = absl::GetFlag(FLAGS_redis);
+  std::string store_file_password;
+  bool have_store_file = false;
+  if (const std::string file = absl::GetFlag(FLAGS_store_file); !file.empty()) {
+    std::ifstream in(file);
+    std::string file_address;
+    if (!(in >> file_address >> store_file_password)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file, ": expected 'host:port password' (a planner's --store_file)"));
+    }
+    if (address.empty()) address = file_address;
+    have_store_file = true;
+  }
   if (address.empty()) address = config.store().redis_address();
   if (address.empty()) address = planner_store_address;
   if (address.empty()) {
@@ -147,7 +162,11 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
   VP_ASSIGN_OR_RETURN(const auto host_port, ParseHostPort(address));
   transport_options.redis.host = host_port.first;
   transport_options.redis.port = host_port.second;
-  VP_ASSIGN_OR_RETURN(transport_options.redis.password, ReadRedisPassword(config.store()));
+  if (have_store_file) {
+    transport_options.redis.password = store_file_password;
+  } else {
+    VP_ASSIGN_OR_RETURN(transport_options.redis.password, ReadRedisPassword(config.store()));
+  }
   transport_options.prefix =
       absl::StrCat(config.store().key_prefix(), "/", config.job_id(), "/rendezvous/", RunId());
   transport_options.rank = env.rank;

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <chrono>
@@ -222,14 +223,28 @@ TEST(ExecutorTraining, FourPipelineRanksTrainTenIterations) {
   std::filesystem::remove_all(dir);
 }
 
-// The service path: a planner daemon process plans into a real Redis; four
+// The service path: a planner daemon process plans into Redis; four
 // executors (pp=2, dp=2) get the job's config and every plan over gRPC,
 // train five iterations and acknowledge each plan, after which no plan is
-// left in Redis.
-TEST(ExecutorTraining, ExecutorsTrainFromThePlannerService) {
-  absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
-  ASSERT_THAT(redis, IsOk());
-  const std::filesystem::path dir = FreshDirectory("service");
+// left in Redis. Either an external redis-server (executors read the
+// password from the configured environment variable) or the daemon's
+// embedded one (executors read the daemon's --store_file).
+class ServicePath : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ServicePath, ExecutorsTrainFromThePlannerService) {
+  const bool embedded = GetParam();
+  std::unique_ptr<RedisServer> external;
+  if (!embedded) {
+    absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
+    ASSERT_THAT(redis, IsOk());
+    external = *std::move(redis);
+  }
+  const std::filesystem::path dir = FreshDirectory(embedded ? "service-embedded" : "service");
+  const std::string store =
+      embedded ? "{}"
+               : absl::StrCat(R"({"password_env": "VARIPIPE_TEST_REDIS_PASSWORD",
+                                  "redis_address": "127.0.0.1:)",
+                              external->port(), R"("})");
   std::ofstream(dir / "job.json") << absl::StrCat(R"({
     "job_id": "service-test",
     "model": {"kind": "gpt", "num_layers": 4, "hidden_size": 32, "num_attention_heads": 4,
@@ -239,28 +254,28 @@ TEST(ExecutorTraining, ExecutorsTrainFromThePlannerService) {
     "data": {"format": "synthetic", "tokens_per_global_batch": 2048,
              "max_sequence_length": 96, "seed": 3, "synthetic_num_samples": 5000},
     "planner": {"tmax_interval_ms": 0.01, "threads": 1},
-    "store": {"password_env": "VARIPIPE_TEST_REDIS_PASSWORD", "redis_address": "127.0.0.1:)",
-                                                  (*redis)->port(), R"("},
+    "store": )", store, R"(,
     "training": {"iterations": 5, "learning_rate": 0.003, "watchdog_timeout_s": 60}
   })");
-  const std::string cd = absl::StrCat("cd '", dir.string(), "' && export VARIPIPE_TEST_REDIS_PASSWORD='",
-                                      (*redis)->password(), "' && ");
+  const std::string cd =
+      absl::StrCat("cd '", dir.string(), "' && export VARIPIPE_TEST_REDIS_PASSWORD='",
+                   embedded ? "" : external->password(), "' && ");
   // The daemon runs in the background until the executors are done.
   ASSERT_EQ(RunCommand(cd + "(timeout 300 " + Bin("varipipe-planner") +
-                       " --config job.json --listen 127.0.0.1:0 --port_file port > planner.log "
-                       "2>&1 & echo $! > planner.pid)")
+                       " --config job.json --listen 127.0.0.1:0 --port_file port"
+                       " --store_file store > planner.log 2>&1 & echo $! > planner.pid)")
                 .exit_code,
             0);
   std::string port;
-  for (int i = 0; i < 200 && port.empty(); ++i) {
+  for (int i = 0; i < 200 && (port.empty() || ReadFile(dir / "store").empty()); ++i) {
     port = ReadFile(dir / "port");
-    if (port.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_FALSE(port.empty()) << ReadFile(dir / "planner.log");
   while (!port.empty() && (port.back() == '\n' || port.back() == ' ')) port.pop_back();
   const std::string command = absl::StrCat(
       cd, "pids=''; for r in 0 1 2 3; do RANK=$r WORLD_SIZE=4 LOCAL_RANK=$r timeout 300 ",
-      Bin("varipipe-executor"), " --planner 127.0.0.1:", port,
+      Bin("varipipe-executor"), " --planner 127.0.0.1:", port, embedded ? " --store_file store" : "",
       " --run_id service > rank$r.log 2>&1 & pids=\"$pids $!\"; done; rc=0; "
       "for p in $pids; do wait $p || rc=1; done; exit $rc");
   const CommandResult run = RunCommand(command);
@@ -268,20 +283,32 @@ TEST(ExecutorTraining, ExecutorsTrainFromThePlannerService) {
   for (int r = 0; r < 4; ++r) {
     logs += absl::StrCat("--- rank ", r, "\n", ReadFile(dir / absl::StrCat("rank", r, ".log")));
   }
+  // Every plan was acknowledged: none is left in the store (read while the
+  // daemon, and so an embedded Redis, still runs).
+  std::istringstream store_file(ReadFile(dir / "store"));
+  std::string address;
+  std::string password;
+  store_file >> address >> password;
+  ASSERT_NE(address.find(':'), std::string::npos) << "store file: " << ReadFile(dir / "store");
+  absl::StatusOr<std::unique_ptr<RedisClient>> client = RedisClient::Connect(
+      {.host = "127.0.0.1",
+       .port = std::stoi(address.substr(address.rfind(':') + 1)),
+       .password = password});
+  absl::StatusOr<RedisReply> keys = absl::UnavailableError("no client");
+  if (client.ok()) keys = (*client)->Command({"KEYS", "varipipe:service-test:plan:*"});
   RunCommand(cd + "kill $(cat planner.pid)");
   ASSERT_EQ(run.exit_code, 0) << logs << ReadFile(dir / "planner.log");
   EXPECT_THAT(ReadFile(dir / "rank0.log"),
               ::testing::AllOf(::testing::HasSubstr("plans from planner service at 127.0.0.1:"),
                                ::testing::HasSubstr("iteration 4: loss")));
-  // Every plan was acknowledged: none is left in the store.
-  absl::StatusOr<std::unique_ptr<RedisClient>> client = RedisClient::Connect(
-      {.host = (*redis)->host(), .port = (*redis)->port(), .password = (*redis)->password()});
   ASSERT_THAT(client, IsOk());
-  absl::StatusOr<RedisReply> keys = (*client)->Command({"KEYS", "varipipe:service-test:plan:*"});
   ASSERT_THAT(keys, IsOk());
   EXPECT_EQ(keys->size(), 0u) << "plans left in Redis";
   std::filesystem::remove_all(dir);
 }
+
+INSTANTIATE_TEST_SUITE_P(ExternalAndEmbeddedRedis, ServicePath, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Embedded" : "External"; });
 
 }  // namespace
 }  // namespace varipipe
