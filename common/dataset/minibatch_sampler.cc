@@ -33,6 +33,14 @@ absl::StatusOr<std::unique_ptr<MiniBatchSampler>> MiniBatchSampler::Create(
   return s;
 }
 
+SamplerOptions SamplerOptionsFromConfig(const v1::JobConfig& config) {
+  return {.seed = config.data().seed(),
+          .tokens_per_global_batch = config.data().tokens_per_global_batch(),
+          .encoder_decoder = config.model().kind() == v1::T5,
+          .max_input_len = config.data().max_sequence_length(),
+          .max_target_len = config.data().max_target_length()};
+}
+
 SampleLengths TruncateSample(SampleLengths s, const SamplerOptions& options) {
   if (options.encoder_decoder) {
     return {std::min(s.input, options.max_input_len), std::min(s.target, options.max_target_len)};

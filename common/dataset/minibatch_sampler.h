@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/dataset/synthetic_mixture.h"
+#include "varipipe/v1/config.pb.h"
 
 namespace varipipe {
 
@@ -34,6 +35,11 @@ struct SamplerOptions {
   uint32_t max_input_len = 0;   // decoder-only: the whole sequence
   uint32_t max_target_len = 0;  // encoder-decoder only
 };
+
+// The sampler options of a job (defaults applied): its seed, token budget,
+// model kind and maximum lengths. Planner daemons and executors both use it,
+// so they draw and truncate the same samples.
+SamplerOptions SamplerOptionsFromConfig(const v1::JobConfig& config);
 
 // A sample truncated to the maximum lengths: T5 truncates input and target
 // separately; GPT keeps as much of the target as fits the sequence and fills

@@ -111,11 +111,7 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
   const uint32_t chunks = std::max<uint32_t>(1, config.parallelism().virtual_chunks());
   // The data and the model.
   VP_ASSIGN_OR_RETURN(std::unique_ptr<SampleDataset> dataset, OpenSampleDataset(config));
-  const SamplerOptions sampler{.seed = config.data().seed(),
-                               .tokens_per_global_batch = config.data().tokens_per_global_batch(),
-                               .encoder_decoder = config.model().kind() == v1::T5,
-                               .max_input_len = config.data().max_sequence_length(),
-                               .max_target_len = config.data().max_target_length()};
+  const SamplerOptions sampler = SamplerOptionsFromConfig(config);
   executor::MicroBatchLoader loader(dataset.get(), sampler);
   VP_ASSIGN_OR_RETURN(const executor::ModelSpec spec, executor::ModelSpecFromConfig(config));
   VP_ASSIGN_OR_RETURN(const std::vector<executor::StageRole> roles,

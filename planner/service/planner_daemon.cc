@@ -102,11 +102,7 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const v1::Jo
   // The data and the planner.
   VP_ASSIGN_OR_RETURN(d->dataset_, OpenSampleDataset(config));
   spdlog::info("dataset: {}", d->dataset_->Describe());
-  const SamplerOptions sampler{.seed = config.data().seed(),
-                               .tokens_per_global_batch = config.data().tokens_per_global_batch(),
-                               .encoder_decoder = config.model().kind() == v1::T5,
-                               .max_input_len = config.data().max_sequence_length(),
-                               .max_target_len = config.data().max_target_length()};
+  const SamplerOptions sampler = SamplerOptionsFromConfig(config);
   VP_ASSIGN_OR_RETURN(d->sampler_, MiniBatchSampler::Create(d->dataset_->AllLengths(), sampler));
   VP_ASSIGN_OR_RETURN(planner::Planner planner, planner::Planner::Create(config));
   d->planner_ = std::make_unique<planner::Planner>(std::move(planner));

@@ -43,10 +43,7 @@ void BM_InterpreterOverhead(benchmark::State& state) {
   }
   ApplyJobConfigDefaults(*config);
   std::unique_ptr<SampleDataset> dataset = *OpenSampleDataset(*config);
-  const SamplerOptions sampler{.seed = 1,
-                               .tokens_per_global_batch = 16384,
-                               .encoder_decoder = false,
-                               .max_input_len = 64};
+  const SamplerOptions sampler = SamplerOptionsFromConfig(*config);
   auto mini_batches = *MiniBatchSampler::Create(dataset->AllLengths(), sampler);
   const SampledMiniBatch sampled = mini_batches->Get(0);
   planner::Planner planner = *planner::Planner::Create(*config);

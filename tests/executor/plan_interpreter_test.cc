@@ -71,13 +71,6 @@ v1::JobConfig TinyConfig(const Case& c, uint32_t pp, uint32_t dp) {
   return *config;
 }
 
-SamplerOptions Sampler(const v1::JobConfig& config) {
-  return {.seed = config.data().seed(),
-          .tokens_per_global_batch = config.data().tokens_per_global_batch(),
-          .encoder_decoder = config.model().kind() == v1::T5,
-          .max_input_len = config.data().max_sequence_length(),
-          .max_target_len = config.data().max_target_length()};
-}
 
 using Parameters = std::map<std::string, torch::Tensor>;
 
@@ -93,7 +86,7 @@ class PlanInterpreterTest : public ::testing::TestWithParam<Case> {
   std::vector<v1::ExecutionPlan> Plans(const v1::JobConfig& config, uint64_t iteration,
                                        const SampleDataset& dataset) {
     absl::StatusOr<std::unique_ptr<MiniBatchSampler>> sampler =
-        MiniBatchSampler::Create(dataset.AllLengths(), Sampler(config));
+        MiniBatchSampler::Create(dataset.AllLengths(), SamplerOptionsFromConfig(config));
     EXPECT_THAT(sampler, IsOk());
     const SampledMiniBatch sampled = (*sampler)->Get(iteration);
     absl::StatusOr<planner::Planner> planner = planner::Planner::Create(config);
@@ -136,7 +129,7 @@ class PlanInterpreterTest : public ::testing::TestWithParam<Case> {
         const std::vector<StageRole> roles = *PipelineStageRoles(spec, pp);
         ModelStage stage(spec, roles[r % pp]);
         TrainingOptimizer optimizer(stage.parameters(), config.training());
-        MicroBatchLoader loader(&dataset, Sampler(config));
+        MicroBatchLoader loader(&dataset, SamplerOptionsFromConfig(config));
         InterpreterOptions options;
         options.wait_timeout = timeout;
         for (int k = 0; k < pp; ++k) options.pipeline_group.push_back(r / pp * pp + k);

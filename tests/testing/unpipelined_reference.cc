@@ -32,11 +32,7 @@ ReferenceStep UnpipelinedStep(const v1::JobConfig& config,
       all.set_target_len(std::max(all.target_len(), mb.target_len()));
     }
   }
-  const SamplerOptions sampler{.seed = config.data().seed(),
-                               .tokens_per_global_batch = config.data().tokens_per_global_batch(),
-                               .encoder_decoder = spec.encoder_decoder,
-                               .max_input_len = config.data().max_sequence_length(),
-                               .max_target_len = config.data().max_target_length()};
+  const SamplerOptions sampler = SamplerOptionsFromConfig(config);
   MicroBatchLoader loader(&dataset, sampler);
   const int64_t rows = all.sample_ids_size();
   const auto tokens = [&](int64_t len) {
