@@ -25,6 +25,7 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "tests/testing/command.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/unpipelined_reference.h"
@@ -36,45 +37,28 @@
 namespace varipipe {
 namespace {
 
+using ::varipipe::testing::Bin;
+using ::varipipe::testing::CommandResult;
+using ::varipipe::testing::Config;
+using ::varipipe::testing::RunCommand;
+
 using ::varipipe::testing::IsOk;
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;
-};
-
-CommandResult RunCommand(const std::string& command) {
-  CommandResult result;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return result;
-  std::array<char, 4096> buffer;
-  size_t n = 0;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) {
-    result.output.append(buffer.data(), n);
-  }
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
-}
-
-std::string Bin(const std::string& name) {
-  return absl::StrCat(VARIPIPE_BINARY_DIR, "/bin/", name);
-}
 
 std::string ReadFile(const std::filesystem::path& path) {
   std::ifstream in(path);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-// Starts `ranks` executor processes in `dir` and waits for all; returns the
-// exit status (0 when every rank exited 0) and the ranks' logs.
+// Starts `ranks` executor processes with `flags` in `dir` (the Redis
+// password in the environment variable the configs name) and waits for all;
+// returns the exit status (0 when every rank exited 0) and the ranks' logs.
 CommandResult LaunchRanks(const std::filesystem::path& dir, int ranks, const std::string& password,
-                          const std::string& extra_flags) {
+                          const std::string& flags) {
   const std::string command = absl::StrCat(
       "cd '", dir.string(), "' && export VARIPIPE_TEST_REDIS_PASSWORD='", password,
       "'; pids=''; for r in $(seq 0 ", ranks - 1, "); do RANK=$r WORLD_SIZE=", ranks,
-      " LOCAL_RANK=$r timeout 300 ", Bin("varipipe-executor"),
-      " --config job.json --plans plans --run_id test ", extra_flags,
+      " LOCAL_RANK=$r timeout 300 ", Bin("varipipe-executor"), " ", flags,
       " > rank$r.log 2>&1 & pids=\"$pids $!\"; done; rc=0; for p in $pids; do wait $p || rc=1; "
       "done; exit $rc");
   CommandResult result = RunCommand(command);
@@ -121,7 +105,8 @@ TEST_P(ProcessEquivalence, FourProcessesMatchUnpipelinedTraining) {
       " --config job.json --iterations 1 --emit-plans plans"));
   ASSERT_EQ(plan.exit_code, 0) << plan.output;
   const CommandResult run =
-      LaunchRanks(dir, 4, (*redis)->password(), "--save_parameters params");
+      LaunchRanks(dir, 4, (*redis)->password(),
+                  "--config job.json --plans plans --run_id test --save_parameters params");
   ASSERT_EQ(run.exit_code, 0) << run.output;
 
   absl::StatusOr<v1::JobConfig> config = LoadJobConfigFile((dir / "job.json").string());
@@ -202,7 +187,8 @@ TEST(ExecutorTraining, FourPipelineRanksTrainTenIterations) {
 
   // The password comes from the environment the config names.
   const CommandResult run =
-      LaunchRanks(dir, 4, (*redis)->password(), "--metrics_jsonl metrics.jsonl");
+      LaunchRanks(dir, 4, (*redis)->password(),
+                  "--config job.json --plans plans --run_id test --metrics_jsonl metrics.jsonl");
   const std::string& logs = run.output;
   ASSERT_EQ(run.exit_code, 0) << logs;
 
@@ -273,16 +259,11 @@ TEST_P(ServicePath, ExecutorsTrainFromThePlannerService) {
   }
   ASSERT_FALSE(port.empty()) << ReadFile(dir / "planner.log");
   while (!port.empty() && (port.back() == '\n' || port.back() == ' ')) port.pop_back();
-  const std::string command = absl::StrCat(
-      cd, "pids=''; for r in 0 1 2 3; do RANK=$r WORLD_SIZE=4 LOCAL_RANK=$r timeout 300 ",
-      Bin("varipipe-executor"), " --planner 127.0.0.1:", port, embedded ? " --store_file store" : "",
-      " --run_id service > rank$r.log 2>&1 & pids=\"$pids $!\"; done; rc=0; "
-      "for p in $pids; do wait $p || rc=1; done; exit $rc");
-  const CommandResult run = RunCommand(command);
-  std::string logs;
-  for (int r = 0; r < 4; ++r) {
-    logs += absl::StrCat("--- rank ", r, "\n", ReadFile(dir / absl::StrCat("rank", r, ".log")));
-  }
+  const CommandResult run = LaunchRanks(
+      dir, 4, embedded ? "" : external->password(),
+      absl::StrCat("--planner 127.0.0.1:", port, embedded ? " --store_file store" : "",
+                   " --run_id service"));
+  const std::string& logs = run.output;
   // Every plan was acknowledged: none is left in the store (read while the
   // daemon, and so an embedded Redis, still runs).
   std::istringstream store_file(ReadFile(dir / "store"));

@@ -10,37 +10,18 @@
 #include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/command.h"
 
 namespace varipipe {
 namespace {
 
+using ::varipipe::testing::Bin;
+using ::varipipe::testing::CommandResult;
+using ::varipipe::testing::Config;
+using ::varipipe::testing::RunCommand;
+
 using ::testing::HasSubstr;
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;
-};
-
-CommandResult RunCommand(const std::string& command) {
-  CommandResult result;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return result;
-  std::array<char, 4096> buffer;
-  size_t n = 0;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) {
-    result.output.append(buffer.data(), n);
-  }
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
-}
-
-std::string Bin(const std::string& name) {
-  return absl::StrCat(VARIPIPE_BINARY_DIR, "/bin/", name);
-}
-std::string Config(const std::string& name) {
-  return absl::StrCat(VARIPIPE_SOURCE_DIR, "/deploy/configs/", name);
-}
 
 // Debian's torchrun (PyTorch 1.13 under Python 3.11) mis-parses its default
 // --redirects/--tee value "0", hence the explicit "--redirects 2 --tee 2";
