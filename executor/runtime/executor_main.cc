@@ -95,6 +95,13 @@ constexpr char kUsage[] =
     "service (--planner); rank 0 logs loss,\n"
     "real tokens/s, padding efficiency, step time and peak memory per iteration.";
 
+// Prints a startup error the way every varipipe binary does and returns
+// `exit_code`.
+int StartupError(const absl::Status& status, int exit_code) {
+  std::fprintf(stderr, "varipipe-executor: %s\n", std::string(status.message()).c_str());
+  return exit_code;
+}
+
 std::string RunId() {
   if (!absl::GetFlag(FLAGS_run_id).empty()) return absl::GetFlag(FLAGS_run_id);
   for (const char* name : {"TORCHELASTIC_RUN_ID", "OMPI_MCA_orte_ess_jobid"}) {
@@ -319,8 +326,7 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<varipipe::executor::LaunchEnv> env = varipipe::executor::ReadLaunchEnv();
   if (!env.ok()) {
-    std::fprintf(stderr, "varipipe-executor: %s\n", std::string(env.status().message()).c_str());
-    return varipipe::kExitUsage;
+    return varipipe::StartupError(env.status(), varipipe::kExitUsage);
   }
   // The plan source, and the config (from the file, or from the planners).
   const std::string path = absl::GetFlag(FLAGS_config);
@@ -339,8 +345,7 @@ int main(int argc, char** argv) {
         absl::Seconds(absl::GetFlag(FLAGS_plan_wait_s)));
     absl::StatusOr<varipipe::v1::GetJobResponse> job = service->GetJob();
     if (!job.ok()) {
-      std::fprintf(stderr, "varipipe-executor: %s\n", std::string(job.status().message()).c_str());
-      return varipipe::kExitFailure;
+      return varipipe::StartupError(job.status(), varipipe::kExitFailure);
     }
     planner_store_address = job->store_address();
     config = job->config();
@@ -349,17 +354,13 @@ int main(int argc, char** argv) {
   if (!path.empty()) {
     config = varipipe::LoadJobConfigFile(path);
     if (!config.ok()) {
-      std::fprintf(stderr, "varipipe-executor: %s\n",
-                   std::string(config.status().message()).c_str());
-      return varipipe::kExitUsage;
+      return varipipe::StartupError(config.status(), varipipe::kExitUsage);
     }
   }
   absl::StatusOr<varipipe::executor::RankCoordinates> coordinates =
       varipipe::executor::ComputeCoordinates(*env, *config);
   if (!coordinates.ok()) {
-    std::fprintf(stderr, "varipipe-executor: %s\n",
-                 std::string(coordinates.status().message()).c_str());
-    return varipipe::kExitUsage;
+    return varipipe::StartupError(coordinates.status(), varipipe::kExitUsage);
   }
   varipipe::SetLoggerName(absl::StrCat("executor[rank ", env->rank, "]"));
   absl::StatusOr<varipipe::executor::DeviceChoice> device =

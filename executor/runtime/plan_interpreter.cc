@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -266,13 +267,11 @@ class IterationRun {
     Saved saved;
     VP_RETURN_IF_ERROR(Inputs(in, &saved.in, &saved.batch));
     const bool recompute = plan_.recompute() == "full";
-    StageActivations out;
-    if (recompute) {
-      torch::NoGradGuard no_grad;
-      out = RunStage(stage, saved);
-    } else {
-      out = RunStage(stage, saved);
-    }
+    // Full recomputation: the forward builds no graph; the backward re-runs it.
+    std::optional<torch::NoGradGuard> no_grad;
+    if (recompute) no_grad.emplace();
+    StageActivations out = RunStage(stage, saved);
+    no_grad.reset();
     const v1::ForwardPass& f = in.forward();
     if (stage->role().has_head) {
       if (!out.loss.defined()) return absl::InternalError("the last stage produced no loss");
