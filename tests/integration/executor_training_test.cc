@@ -18,6 +18,7 @@
 #include <chrono>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -77,13 +78,22 @@ std::filesystem::path FreshDirectory(const std::string& name) {
   return dir;
 }
 
-class ProcessEquivalence : public ::testing::TestWithParam<bool> {};
+struct EquivalenceCase {
+  bool t5 = false;
+  std::string schedule;   // planner.schedules
+  std::string recompute;  // planner.recompute_modes
+  std::string name;
+};
+
+class ProcessEquivalence : public ::testing::TestWithParam<EquivalenceCase> {};
 
 TEST_P(ProcessEquivalence, FourProcessesMatchUnpipelinedTraining) {
-  const bool t5 = GetParam();
+  const EquivalenceCase& c = GetParam();
+  const bool t5 = c.t5;
+  const bool recompute = c.recompute == "RECOMPUTE_FULL";
   absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
   ASSERT_THAT(redis, IsOk());
-  const std::filesystem::path dir = FreshDirectory(t5 ? "equiv-t5" : "equiv-gpt");
+  const std::filesystem::path dir = FreshDirectory("equiv-" + c.name);
   // adam_epsilon 1e-6: see tests/executor/plan_interpreter_test.cc.
   std::ofstream(dir / "job.json") << absl::StrCat(
       R"({"job_id": "equivalence", "model": {"kind": ")", t5 ? "T5" : "GPT",
@@ -91,12 +101,13 @@ TEST_P(ProcessEquivalence, FourProcessesMatchUnpipelinedTraining) {
       R"("hidden_size": 32, "num_attention_heads": 4, "ffn_hidden_size": 64, "vocab_size": 61,
         "dtype": "FLOAT32"},
       "parallelism": {"pipeline": 2, "data": 2},
-      "cluster": {"device_memory_limit_mib": )", t5 ? 8 : 4, R"(, "devices_per_node": 8},
+      "cluster": {"device_memory_limit_mib": )", t5 && !recompute ? 8 : 4,
+      R"(, "devices_per_node": 8},
       "data": {"format": "SYNTHETIC", "tokens_per_global_batch": 1200,
                "max_sequence_length": 96, )", t5 ? R"("max_target_length": 48, )" : "",
       R"("seed": 11, "synthetic_num_samples": 5000},
-      "planner": {"tmax_interval_ms": 0.01, "schedules": ["ONE_F_ONE_B"],
-                  "recompute_modes": ["RECOMPUTE_NONE"]},
+      "planner": {"tmax_interval_ms": 0.01, "schedules": [")", c.schedule, R"("],
+                  "recompute_modes": [")", c.recompute, R"("]},
       "store": {"password_env": "VARIPIPE_TEST_REDIS_PASSWORD", "redis_address": "127.0.0.1:)",
       (*redis)->port(), R"("},
       "training": {"iterations": 1, "learning_rate": 0.001, "adam_epsilon": 1e-6}})");
@@ -119,6 +130,8 @@ TEST_P(ProcessEquivalence, FourProcessesMatchUnpipelinedTraining) {
     absl::StatusOr<v1::ExecutionPlan> p = executor::ReadPlanFile((dir / "plans").string(), 0, r);
     ASSERT_THAT(p, IsOk());
     if (p->pp_rank() == 0) micro_batches += p->micro_batches_size();
+    EXPECT_EQ(p->schedule(), absl::AsciiStrToLower(c.schedule));
+    EXPECT_EQ(p->recompute(), recompute ? "full" : "none");
     plans.push_back(*std::move(p));
   }
   EXPECT_GE(micro_batches, 3);
@@ -140,8 +153,14 @@ TEST_P(ProcessEquivalence, FourProcessesMatchUnpipelinedTraining) {
   std::filesystem::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(GptAndT5, ProcessEquivalence, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "T5" : "Gpt"; });
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, ProcessEquivalence,
+    ::testing::Values(EquivalenceCase{false, "ONE_F_ONE_B", "RECOMPUTE_NONE", "Gpt1F1B"},
+                      EquivalenceCase{false, "ADAPTIVE", "RECOMPUTE_NONE", "GptAdaptive"},
+                      EquivalenceCase{false, "ADAPTIVE", "RECOMPUTE_FULL", "GptAdaptiveRecompute"},
+                      EquivalenceCase{true, "ONE_F_ONE_B", "RECOMPUTE_NONE", "T51F1B"},
+                      EquivalenceCase{true, "ADAPTIVE", "RECOMPUTE_FULL", "T5AdaptiveRecompute"}),
+    [](const auto& info) { return info.param.name; });
 
 TEST(ExecutorTraining, FourPipelineRanksTrainTenIterations) {
   absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
