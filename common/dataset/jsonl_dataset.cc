@@ -108,14 +108,26 @@ absl::Status SyntheticSampleDataset::ReadSample(uint64_t index, std::vector<int6
   }
   const SampleLengths lengths = mixture_.Sample(index);
   const uint64_t range = vocab_size_ > 1 ? static_cast<uint64_t>(vocab_size_ - 1) : 1;
-  const auto fill = [&](uint32_t n, uint64_t salt, std::vector<int64_t>* out) {
-    out->resize(n);
-    for (uint32_t k = 0; k < n; ++k) {
-      (*out)[k] = 1 + static_cast<int64_t>(Mix64(seed_ ^ Mix64(index * 2 + salt) ^ k) % range);
-    }
+  // One pattern over input then target (the target continues the input), so
+  // a model can learn it: an arithmetic progression with step 1 or 2 from a
+  // random start, or one of 8 motifs of the dataset (2-5 tokens, fixed by
+  // the seed) repeated from a random phase.
+  const uint64_t h = Mix64(seed_ ^ Mix64(index));
+  const uint64_t start = Mix64(h ^ 1) % range;
+  const bool progression = (h & 1) == 0;
+  const uint64_t step = 1 + (h >> 1) % 2;
+  const uint64_t motif = (h >> 2) % 8;
+  const uint64_t motif_length = 2 + Mix64(seed_ ^ (motif + 1)) % 4;
+  const auto token = [&](uint64_t k) {
+    const uint64_t v =
+        progression ? (start + step * k) % range
+                    : Mix64(seed_ ^ Mix64(100 + motif * 8 + (start + k) % motif_length)) % range;
+    return 1 + static_cast<int64_t>(v);
   };
-  fill(lengths.input, 0, input);
-  fill(lengths.target, 1, target);
+  input->resize(lengths.input);
+  for (uint32_t k = 0; k < lengths.input; ++k) (*input)[k] = token(k);
+  target->resize(lengths.target);
+  for (uint32_t k = 0; k < lengths.target; ++k) (*target)[k] = token(lengths.input + k);
   return absl::OkStatus();
 }
 

@@ -38,7 +38,8 @@ class JsonlSampleDataset final : public SampleDataset {
 
 // Tokens of the synthetic FLAN-like dataset: lengths from SyntheticMixture,
 // token ids a deterministic function of (seed, sample, position) in
-// [1, vocab_size).
+// [1, vocab_size): each sample is one learnable pattern (an arithmetic
+// progression or a repeated motif) that its target continues.
 class SyntheticSampleDataset final : public SampleDataset {
  public:
   SyntheticSampleDataset(uint64_t seed, uint64_t samples, int64_t vocab_size)

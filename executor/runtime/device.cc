@@ -10,8 +10,10 @@
 #endif
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <exception>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 
@@ -48,13 +50,34 @@ int64_t PeakMemoryBytes(const DeviceChoice& device) {
   if (device.is_cuda) {
     const int index = std::stoi(device.name.substr(device.name.find(':') + 1));
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
-    return stats.allocated_bytes[static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE)].peak;
+    return stats
+        .allocated_bytes[static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE)]
+        .peak;
   }
 #endif
   (void)device;
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+int64_t CurrentMemoryBytes(const DeviceChoice& device) {
+#ifdef VARIPIPE_TORCH_HAS_CUDA_ALLOCATOR
+  if (device.is_cuda) {
+    const int index = std::stoi(device.name.substr(device.name.find(':') + 1));
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+    return stats
+        .allocated_bytes[static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE)]
+        .current;
+  }
+#endif
+  (void)device;
+  // /proc/self/statm: total and resident pages.
+  std::ifstream statm("/proc/self/statm");
+  int64_t total_pages = 0;
+  int64_t resident_pages = 0;
+  statm >> total_pages >> resident_pages;
+  return resident_pages * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
 }
 
 }  // namespace varipipe::executor

@@ -26,6 +26,10 @@ absl::StatusOr<DeviceChoice> ChooseDevice(int local_rank);
 // a GPU (when LibTorch has CUDA), the process's peak resident set on the CPU.
 int64_t PeakMemoryBytes(const DeviceChoice& device);
 
+// Memory in use now: the caching allocator's allocated bytes on a GPU, the
+// process's resident set on the CPU.
+int64_t CurrentMemoryBytes(const DeviceChoice& device);
+
 // LibTorch's version string, e.g. "1.13.1".
 std::string TorchVersion();
 

@@ -8,9 +8,11 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,11 +32,14 @@
 #include "executor/data/micro_batch_loader.h"
 #include "executor/model/model_spec.h"
 #include "executor/model/model_stage.h"
+#include "executor/runtime/checkpoint.h"
 #include "executor/runtime/device.h"
+#include "executor/runtime/executor_status_service.h"
 #include "executor/runtime/launch_env.h"
 #include "executor/runtime/plan_files.h"
 #include "executor/runtime/plan_interpreter.h"
 #include "executor/runtime/plan_source.h"
+#include "executor/runtime/rank_liveness.h"
 #include "executor/runtime/training_optimizer.h"
 #include "spdlog/spdlog.h"
 #ifdef VARIPIPE_HAVE_NCCL
@@ -75,6 +80,13 @@ ABSL_FLAG(std::string, save_parameters, "",
           "and tests.");
 ABSL_FLAG(std::string, metrics_jsonl, "",
           "Rank 0 appends one JSON object per iteration to this file.");
+ABSL_FLAG(int32_t, status_port, 29700,
+          "Base port of the status endpoints: each rank serves StatusService.GetExecutorStatus "
+          "and the gRPC health service on --status_host:(this + local rank). 0: free ports "
+          "(logged); -1: no endpoint.");
+ABSL_FLAG(std::string, status_host, "0.0.0.0", "Address the status endpoint listens on.");
+ABSL_FLAG(bool, resume, true,
+          "Resume from the newest checkpoint every rank holds in training.checkpoint_dir.");
 
 namespace varipipe {
 namespace {
@@ -102,10 +114,17 @@ int StartupError(const absl::Status& status, int exit_code) {
   return exit_code;
 }
 
+// The launch's id in the rendezvous keys: --run_id, else torchrun's run id
+// with its restart count (torchrun --standalone draws a fresh id per launch),
+// else Open MPI's job id (fresh per mpirun).
 std::string RunId() {
   if (!absl::GetFlag(FLAGS_run_id).empty()) return absl::GetFlag(FLAGS_run_id);
-  for (const char* name : {"TORCHELASTIC_RUN_ID", "OMPI_MCA_orte_ess_jobid"}) {
-    if (const char* value = std::getenv(name); value != nullptr && *value != '\0') return value;
+  if (const char* id = std::getenv("TORCHELASTIC_RUN_ID"); id != nullptr && *id != '\0') {
+    const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    return absl::StrCat(id, ".", restarts != nullptr ? restarts : "0");
+  }
+  if (const char* id = std::getenv("OMPI_MCA_orte_ess_jobid"); id != nullptr && *id != '\0') {
+    return id;
   }
   return "default";
 }
@@ -113,7 +132,8 @@ std::string RunId() {
 absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
                    const executor::RankCoordinates& coordinates,
                    const executor::DeviceChoice& device, const ShutdownSignal& shutdown,
-                   executor::PlanSource& source, const std::string& planner_store_address) {
+                   executor::PlanSource& source, const std::string& planner_store_address,
+                   executor::ExecutorStatusBoard& board) {
   const uint32_t pp = config.parallelism().pipeline();
   const uint32_t chunks = std::max<uint32_t>(1, config.parallelism().virtual_chunks());
   // The data and the model.
@@ -125,6 +145,7 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
                       executor::PipelineStageRoles(spec, pp * chunks));
   const torch::Device torch_device(device.name);
   std::vector<std::unique_ptr<executor::ModelStage>> stages;
+  std::vector<executor::ModelStage*> stage_list;
   std::map<uint32_t, executor::ModelStage*> by_id;
   std::vector<torch::Tensor> parameters;
   int64_t parameter_count = 0;
@@ -138,6 +159,7 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
     }
     spdlog::info("{} ({} parameters so far)", roles[s].DebugString(), parameter_count);
     by_id[s] = stage.get();
+    stage_list.push_back(stage.get());
     stages.push_back(std::move(stage));
   }
   executor::TrainingOptimizer optimizer(parameters, config.training());
@@ -182,8 +204,7 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
     if (peer != env.rank) transport_options.peers.push_back(peer);
   }
   for (uint32_t d = 0; d < config.parallelism().data(); ++d) {
-    transport_options.data_parallel_group.push_back(static_cast<int>(d * pp) +
-                                                    coordinates.pp_rank);
+    transport_options.data_parallel_group.push_back(static_cast<int>(d * pp) + coordinates.pp_rank);
   }
   spdlog::info("meeting {} ranks through Redis {} (keys {})", env.world_size, address,
                transport_options.prefix);
@@ -201,11 +222,20 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
     spdlog::info("host transport: {}", host_transport->Describe());
   }
   executor::Transport* host = host_transport ? host_transport.get() : transport.get();
+  // Heartbeats, so that a failing rank can name the rank that died.
+  executor::LivenessOptions liveness_options;
+  liveness_options.redis = transport_options.redis;
+  liveness_options.prefix = transport_options.prefix + "/liveness";
+  liveness_options.rank = env.rank;
+  liveness_options.world_size = env.world_size;
+  VP_ASSIGN_OR_RETURN(std::unique_ptr<executor::RankLiveness> liveness,
+                      executor::RankLiveness::Start(liveness_options));
   executor::InterpreterOptions options;
   options.wait_timeout = absl::Seconds(config.training().watchdog_timeout_s());
   options.device = torch_device;
   options.pipeline_group = pipeline_group;
   options.host_transport = host;
+  options.progress = board.progress();
   // GPUs compute in the model dtype under autocast (fp32 master weights);
   // CPUs always compute in fp32.
   if (device.is_cuda && config.model().dtype() != v1::FLOAT32) {
@@ -226,24 +256,45 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
           absl::StrCat(absl::GetFlag(FLAGS_metrics_jsonl), ": cannot open for appending"));
     }
   }
-  const uint64_t first = absl::GetFlag(FLAGS_first_iteration);
+  uint64_t first = absl::GetFlag(FLAGS_first_iteration);
   const uint64_t last = absl::GetFlag(FLAGS_iterations) > 0
                             ? first + absl::GetFlag(FLAGS_iterations)
                             : config.training().iterations();
-  for (uint64_t iteration = first; iteration < last; ++iteration) {
-    if (shutdown.Requested()) {
-      spdlog::info("shutdown requested: stopping before iteration {}", iteration);
-      break;
+  // Checkpoints: resume from the newest one every rank holds.
+  const std::string checkpoint_dir = config.training().checkpoint_dir();
+  const uint64_t checkpoint_interval = config.training().checkpoint_interval();
+  const executor::RankCheckpoints checkpoints(checkpoint_dir, env.rank);
+  if (!checkpoint_dir.empty() && absl::GetFlag(FLAGS_resume)) {
+    VP_ASSIGN_OR_RETURN(
+        const std::optional<uint64_t> resume,
+        executor::AgreeOnCheckpoint(checkpoints.List(), *host, world, checkpoint_dir));
+    if (resume.has_value() && *resume > first) {
+      VP_RETURN_IF_ERROR(checkpoints.Load(*resume, stage_list, optimizer));
+      spdlog::info("resumed from checkpoint {} ({} iterations done)", checkpoints.PathFor(*resume),
+                   *resume);
+      first = *resume;
+    } else if (env.rank == 0) {
+      spdlog::info("no checkpoint to resume from in {}", checkpoint_dir);
     }
-    VP_ASSIGN_OR_RETURN(const v1::ExecutionPlan plan, source.Get(iteration));
-    if (plan.dp_rank() != coordinates.dp_rank || plan.pp_rank() != coordinates.pp_rank) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the plan of iteration ", iteration, " is for dp ", plan.dp_rank(), " pp ",
-          plan.pp_rank(), " but this rank is dp ", coordinates.dp_rank, " pp ",
-          coordinates.pp_rank, ": plans and config disagree on the parallelism"));
+  }
+  // One iteration: run the plan, reduce the metrics, report, checkpoint.
+  const auto run_iteration = [&](uint64_t iteration) -> absl::Status {
+    VP_ASSIGN_OR_RETURN(v1::ExecutionPlan fetched, source.Get(iteration));
+    const auto plan = std::make_shared<const v1::ExecutionPlan>(std::move(fetched));
+    if (plan->iteration() != iteration) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("asked ", source.Describe(), " for iteration ", iteration,
+                       " and got the plan of iteration ", plan->iteration()));
     }
+    if (plan->dp_rank() != coordinates.dp_rank || plan->pp_rank() != coordinates.pp_rank) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the plan of iteration ", iteration, " is for dp ", plan->dp_rank(), " pp ",
+                       plan->pp_rank(), " but this rank is dp ", coordinates.dp_rank, " pp ",
+                       coordinates.pp_rank, ": plans and config disagree on the parallelism"));
+    }
+    board.BeginIteration(plan);
     const auto start = std::chrono::steady_clock::now();
-    VP_ASSIGN_OR_RETURN(const executor::IterationStats stats, interpreter.Run(plan));
+    VP_ASSIGN_OR_RETURN(const executor::IterationStats stats, interpreter.Run(*plan));
     // Iteration totals for rank 0's log line: every last-stage rank holds its
     // replica's share of the global mean loss; the first pipeline rank of
     // each replica counts the replica's tokens.
@@ -258,15 +309,25 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
     const double loss = totals[0] * n;
     const double real_tokens = totals[1] * n;
     const double padded_tokens = totals[2] * n;
-    const double peak_mib =
-        static_cast<double>(executor::PeakMemoryBytes(device)) / (1024.0 * 1024.0);
+    const int64_t peak_bytes = executor::PeakMemoryBytes(device);
+    const double peak_mib = static_cast<double>(peak_bytes) / (1024.0 * 1024.0);
+    board.EndIteration(loss, real_tokens / step_seconds,
+                       static_cast<uint64_t>(executor::CurrentMemoryBytes(device)),
+                       static_cast<uint64_t>(peak_bytes));
     v1::ReportProgressRequest progress;
     progress.set_iteration(iteration);
     progress.set_iteration_ms(step_seconds * 1e3);
     progress.set_communication_wait_ms(stats.communication_seconds * 1e3);
     progress.set_loss(loss);
     progress.set_tokens_per_second(real_tokens / step_seconds);
-    progress.set_peak_memory_bytes(static_cast<uint64_t>(executor::PeakMemoryBytes(device)));
+    progress.set_peak_memory_bytes(static_cast<uint64_t>(peak_bytes));
+    for (const executor::MicroBatchTime& t : stats.micro_batch_times) {
+      v1::MicroBatchTiming* timing = progress.add_timings();
+      timing->set_micro_batch(t.micro_batch);
+      timing->set_stage(t.stage);
+      timing->set_forward_ms(t.forward_seconds * 1e3);
+      timing->set_backward_ms(t.backward_seconds * 1e3);
+    }
     VP_RETURN_IF_ERROR(source.Done(progress));
     if (env.rank == 0) {
       spdlog::info(
@@ -276,23 +337,62 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
           "peak memory {:.0f} MiB",
           iteration, loss, real_tokens / step_seconds,
           padded_tokens > 0 ? 100.0 * real_tokens / padded_tokens : 0.0, step_seconds * 1e3,
-          stats.compute_seconds * 1e3, stats.communication_seconds * 1e3,
-          stats.data_seconds * 1e3, stats.overhead_seconds * 1e3, stats.instructions, stats.learning_rate,
-          stats.grad_norm, peak_mib);
+          stats.compute_seconds * 1e3, stats.communication_seconds * 1e3, stats.data_seconds * 1e3,
+          stats.overhead_seconds * 1e3, stats.instructions, stats.learning_rate, stats.grad_norm,
+          peak_mib);
       if (metrics.is_open()) {
         metrics << absl::StrFormat(
                        "{\"iteration\": %d, \"loss\": %.6f, \"real_tokens_per_s\": %.1f, "
                        "\"padding_efficiency\": %.4f, \"step_ms\": %.3f, "
+                       "\"compute_ms\": %.3f, \"communication_ms\": %.3f, "
                        "\"interpreter_overhead_ms\": %.4f, \"instructions\": %d, "
                        "\"learning_rate\": %.6g, \"grad_norm\": %.6f, \"peak_memory_mib\": %.1f}",
                        iteration, loss, real_tokens / step_seconds,
                        padded_tokens > 0 ? real_tokens / padded_tokens : 0.0, step_seconds * 1e3,
+                       stats.compute_seconds * 1e3, stats.communication_seconds * 1e3,
                        stats.overhead_seconds * 1e3, stats.instructions, stats.learning_rate,
                        stats.grad_norm, peak_mib)
                 << std::endl;
       }
     }
+    const uint64_t done = iteration + 1;
+    if (!checkpoint_dir.empty() && checkpoint_interval > 0 && done % checkpoint_interval == 0) {
+      const auto save_start = std::chrono::steady_clock::now();
+      VP_RETURN_IF_ERROR(checkpoints.Save(done, stage_list, optimizer));
+      // Older checkpoints go only once every rank holds this one (the
+      // invariant AgreeOnCheckpoint relies on); the previous one stays.
+      std::vector<float> barrier{1.0f};
+      VP_RETURN_IF_ERROR(host->AllReduceMean(barrier, world));
+      if (done > checkpoint_interval) checkpoints.DeleteOlderThan(done - checkpoint_interval);
+      if (env.rank == 0) {
+        spdlog::info(
+            "checkpoint after {} iterations written to {} ({:.0f} ms)", done,
+            std::filesystem::path(checkpoints.PathFor(done)).parent_path().string(),
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - save_start)
+                .count());
+      }
+    }
+    return absl::OkStatus();
+  };
+  if (first >= last && env.rank == 0) {
+    spdlog::info("nothing to run: iterations {} to {} are done", first, last);
   }
+  for (uint64_t iteration = first; iteration < last; ++iteration) {
+    if (shutdown.Requested()) {
+      spdlog::info("shutdown requested: stopping before iteration {}", iteration);
+      break;
+    }
+    if (absl::Status status = run_iteration(iteration); !status.ok()) {
+      // Name the rank that died when this failure is a consequence of it.
+      liveness->ReportFailure(std::string(status.message()));
+      const std::string diagnosis =
+          liveness->DiagnosePeers(liveness_options.ttl + absl::Seconds(1));
+      return absl::Status(status.code(),
+                          absl::StrCat("iteration ", iteration, " failed: ", status.message(),
+                                       diagnosis.empty() ? "" : "\n  other ranks: ", diagnosis));
+    }
+  }
+  liveness->ReportDone();
   if (const std::string prefix = absl::GetFlag(FLAGS_save_parameters); !prefix.empty()) {
     const std::string path = absl::StrFormat("%s.rank_%05d.pt", prefix, env.rank);
     try {
@@ -337,8 +437,7 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<varipipe::executor::PlanSource> source;
   std::string planner_store_address;
-  absl::StatusOr<varipipe::v1::JobConfig> config =
-      absl::FailedPreconditionError("no config");
+  absl::StatusOr<varipipe::v1::JobConfig> config = absl::FailedPreconditionError("no config");
   if (!planners.empty()) {
     auto service = std::make_unique<varipipe::executor::PlannerServiceSource>(
         absl::StrSplit(planners, ',', absl::SkipEmpty()), env->rank,
@@ -388,8 +487,29 @@ int main(int argc, char** argv) {
     source = varipipe::executor::PlanFileSource(absl::GetFlag(FLAGS_plans), env->rank);
   }
   spdlog::info("plans from {}", source->Describe());
+  // The status endpoint serves from here to the end, stuck rendezvous included.
+  varipipe::v1::ExecutorStatus identity;
+  identity.set_job_id(config->job_id());
+  identity.set_rank(env->rank);
+  identity.set_dp_rank(coordinates->dp_rank);
+  identity.set_pp_rank(coordinates->pp_rank);
+  identity.set_device(device->name);
+  varipipe::executor::ExecutorStatusBoard board(identity);
+  std::unique_ptr<varipipe::executor::ExecutorStatusServer> status_server;
+  if (const int base = absl::GetFlag(FLAGS_status_port); base >= 0) {
+    absl::StatusOr<std::unique_ptr<varipipe::executor::ExecutorStatusServer>> started =
+        varipipe::executor::ExecutorStatusServer::Start(
+            absl::GetFlag(FLAGS_status_host), base == 0 ? 0 : base + env->local_rank, &board);
+    if (!started.ok()) {
+      spdlog::error("{}", started.status().message());
+      return varipipe::kExitFailure;
+    }
+    status_server = *std::move(started);
+    spdlog::info("status endpoint (StatusService, health) on {}:{}",
+                 absl::GetFlag(FLAGS_status_host), status_server->port());
+  }
   const absl::Status status = varipipe::Train(*config, *env, *coordinates, *device, shutdown,
-                                              *source, planner_store_address);
+                                              *source, planner_store_address, board);
   if (!status.ok()) {
     spdlog::error("{}", status.message());
     return varipipe::kExitFailure;

@@ -1,14 +1,14 @@
 #include "executor/runtime/plan_interpreter.h"
 
+#include <ATen/autocast_mode.h>
+#include <torch/cuda.h>
+
 #include <chrono>
 #include <cmath>
 #include <exception>
 #include <optional>
 #include <string>
 #include <utility>
-
-#include <ATen/autocast_mode.h>
-#include <torch/cuda.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -79,18 +79,18 @@ class IterationRun {
     const Clock::time_point start = Clock::now();
     stats_.iteration = plan_.iteration();
     if (plan_.format_version() != v1::PLAN_FORMAT_V1) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "plan format version ", plan_.format_version(), " is not supported (expected ",
-          static_cast<int>(v1::PLAN_FORMAT_V1), ")"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("plan format version ", plan_.format_version(),
+                       " is not supported (expected ", static_cast<int>(v1::PLAN_FORMAT_V1), ")"));
     }
     if (plan_.global_target_tokens() == 0) {
       return absl::FailedPreconditionError("plan has global_target_tokens = 0");
     }
     for (uint32_t stage : plan_.stages()) {
       if (!it_.stages_.count(stage)) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("plan of rank ", plan_.rank(), " runs stage ", stage,
-                         " which this executor does not hold"));
+        return absl::FailedPreconditionError(absl::StrCat("plan of rank ", plan_.rank(),
+                                                          " runs stage ", stage,
+                                                          " which this executor does not hold"));
       }
     }
     for (const v1::MicroBatch& mb : plan_.micro_batches()) {
@@ -98,8 +98,16 @@ class IterationRun {
       stats_.padded_tokens +=
           static_cast<uint64_t>(mb.sample_ids_size()) * (mb.input_len() + mb.target_len());
     }
+    InstructionProgress* progress = it_.options_.progress;
     for (index_ = 0; index_ < plan_.instructions_size(); ++index_) {
       const v1::Instruction& in = plan_.instructions(index_);
+      if (progress != nullptr) {
+        progress->started_ns.store(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+                .count(),
+            std::memory_order_relaxed);
+        progress->index.store(index_, std::memory_order_release);
+      }
       absl::Status status;
       try {
         status = Dispatch(in);
@@ -107,12 +115,13 @@ class IterationRun {
         status = absl::InternalError(e.what());
       }
       if (!status.ok()) {
-        return absl::Status(status.code(), absl::StrCat("rank ", plan_.rank(), ", iteration ",
-                                                        plan_.iteration(), ", instruction #",
-                                                        index_, " ", Describe(in), ": ",
-                                                        status.message()));
+        return absl::Status(
+            status.code(),
+            absl::StrCat("rank ", plan_.rank(), ", iteration ", plan_.iteration(),
+                         ", instruction #", index_, " ", Describe(in), ": ", status.message()));
       }
     }
+    if (progress != nullptr) progress->index.store(-1, std::memory_order_release);
     stats_.instructions = plan_.instructions_size();
     stats_.total_seconds = Seconds(Clock::now() - start);
     stats_.overhead_seconds = stats_.total_seconds - stats_.compute_seconds -
@@ -187,9 +196,9 @@ class IterationRun {
   absl::Status Store(uint32_t id, const torch::Tensor& tensor, const v1::TensorSpec& spec) {
     VP_RETURN_IF_ERROR(CheckId(id));
     if (tensor.sizes() != at::IntArrayRef(Dims(spec))) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "produced a tensor of shape [", absl::StrJoin(tensor.sizes(), ", "),
-          "] but the plan says ", spec.ShortDebugString()));
+      return absl::FailedPreconditionError(
+          absl::StrCat("produced a tensor of shape [", absl::StrJoin(tensor.sizes(), ", "),
+                       "] but the plan says ", spec.ShortDebugString()));
     }
     buffers_[id] = tensor.detach().to(TorchDtype(spec.dtype())).contiguous();
     return absl::OkStatus();
@@ -213,8 +222,7 @@ class IterationRun {
   // Builds the stage's view of a micro-batch: lengths, loaded tokens, and
   // received activations (in plan order: decoder activations, then the
   // encoder output) as leaves that collect their gradients.
-  absl::Status Inputs(const v1::Instruction& in, StageActivations* activations,
-                      StageBatch* batch) {
+  absl::Status Inputs(const v1::Instruction& in, StageActivations* activations, StageBatch* batch) {
     VP_ASSIGN_OR_RETURN(const v1::MicroBatch* mb, MicroBatch(in.micro_batch()));
     const Clock::time_point start = Clock::now();
     VP_ASSIGN_OR_RETURN(RowLengths lengths, it_.loader_->Lengths(*mb));
@@ -254,12 +262,23 @@ class IterationRun {
   }
 
   // Runs the stage (under CUDA autocast when configured) and times it.
-  StageActivations RunStage(ModelStage* stage, const Saved& saved) {
+  StageActivations RunStage(ModelStage* stage, const Saved& saved, double* seconds) {
     const Clock::time_point start = Clock::now();
     AutocastScope autocast(it_.options_.cuda_autocast_dtype);
     StageActivations out = stage->Forward(saved.in, saved.batch);
-    stats_.compute_seconds += Seconds(Clock::now() - start);
+    const double elapsed = Seconds(Clock::now() - start);
+    stats_.compute_seconds += elapsed;
+    *seconds += elapsed;
     return out;
+  }
+
+  MicroBatchTime& TimeOf(uint32_t stage, uint32_t micro_batch) {
+    const auto [entry, inserted] =
+        time_index_.try_emplace({stage, micro_batch}, stats_.micro_batch_times.size());
+    if (inserted) {
+      stats_.micro_batch_times.push_back({.micro_batch = micro_batch, .stage = stage});
+    }
+    return stats_.micro_batch_times[entry->second];
   }
 
   absl::Status Forward(const v1::Instruction& in) {
@@ -270,7 +289,8 @@ class IterationRun {
     // Full recomputation: the forward builds no graph; the backward re-runs it.
     std::optional<torch::NoGradGuard> no_grad;
     if (recompute) no_grad.emplace();
-    StageActivations out = RunStage(stage, saved);
+    StageActivations out =
+        RunStage(stage, saved, &TimeOf(in.stage(), in.micro_batch()).forward_seconds);
     no_grad.reset();
     const v1::ForwardPass& f = in.forward();
     if (stage->role().has_head) {
@@ -282,9 +302,9 @@ class IterationRun {
     if (out.memory.defined()) outputs.push_back(out.memory);
     if (f.output_buffer_ids_size() > 0) {
       if (static_cast<size_t>(f.output_buffer_ids_size()) != outputs.size()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("the stage produces ", outputs.size(), " tensors but the plan expects ",
-                         f.output_buffer_ids_size()));
+        return absl::FailedPreconditionError(absl::StrCat("the stage produces ", outputs.size(),
+                                                          " tensors but the plan expects ",
+                                                          f.output_buffer_ids_size()));
       }
       for (int k = 0; k < f.output_buffer_ids_size(); ++k) {
         VP_RETURN_IF_ERROR(Store(f.output_buffer_ids(k), outputs[k], f.output_tensors(k)));
@@ -302,7 +322,10 @@ class IterationRun {
     }
     Saved saved = std::move(node.mapped());
     ModelStage* stage = it_.stages_.at(in.stage());
-    if (!saved.out.hidden.defined()) saved.out = RunStage(stage, saved);  // full recomputation
+    double& backward_seconds = TimeOf(in.stage(), in.micro_batch()).backward_seconds;
+    if (!saved.out.hidden.defined()) {
+      saved.out = RunStage(stage, saved, &backward_seconds);  // full recomputation
+    }
     const v1::BackwardPass& b = in.backward();
     const Clock::time_point start = Clock::now();
     if (stage->role().has_head) {
@@ -322,7 +345,9 @@ class IterationRun {
       }
       torch::autograd::backward(outputs, grads);
     }
-    stats_.compute_seconds += Seconds(Clock::now() - start);
+    const double elapsed = Seconds(Clock::now() - start);
+    stats_.compute_seconds += elapsed;
+    backward_seconds += elapsed;
     // Gradients of the stage's inputs, in the order the activations came.
     std::vector<torch::Tensor> inputs;
     if (saved.in.hidden.defined()) inputs.push_back(saved.in.hidden);
@@ -352,7 +377,8 @@ class IterationRun {
     }
     // NCCL runs on its own streams: the tensors a send reads must be
     // complete on the compute stream first.
-    if (send && it_.options_.device.is_cuda()) torch::cuda::synchronize(it_.options_.device.index());
+    if (send && it_.options_.device.is_cuda())
+      torch::cuda::synchronize(it_.options_.device.index());
     Pending pending;
     for (int k = 0; k < t.buffer_ids_size(); ++k) {
       const uint32_t id = t.buffer_ids(k);
@@ -362,9 +388,8 @@ class IterationRun {
         VP_ASSIGN_OR_RETURN(tensor, Buffer(id));
         if (tensor.sizes() != at::IntArrayRef(Dims(t.tensors(k))) ||
             tensor.scalar_type() != TorchDtype(t.tensors(k).dtype())) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("buffer ", id, " does not match the planned ",
-                           t.tensors(k).ShortDebugString()));
+          return absl::FailedPreconditionError(absl::StrCat(
+              "buffer ", id, " does not match the planned ", t.tensors(k).ShortDebugString()));
         }
       } else {
         tensor = torch::empty(Dims(t.tensors(k)), torch::TensorOptions()
@@ -397,8 +422,7 @@ class IterationRun {
             absl::StrCat(send ? "sending " : "receiving ", v1::CommKind_Name(t.kind()),
                          send ? " to" : " from", " rank ", t.peer(), " for micro-batch ",
                          in.micro_batch(), " did not complete (watchdog timeout ",
-                         absl::FormatDuration(it_.options_.wait_timeout), "): ",
-                         status.message()));
+                         absl::FormatDuration(it_.options_.wait_timeout), "): ", status.message()));
       }
     }
     stats_.communication_seconds += Seconds(Clock::now() - start);
@@ -452,8 +476,8 @@ class IterationRun {
     float squared = static_cast<float>(it_.optimizer_->LocalSquaredGradNorm());
     const std::vector<int>& group = it_.options_.pipeline_group;
     if (group.size() > 1) {
-      Transport* host = it_.options_.host_transport != nullptr ? it_.options_.host_transport
-                                                               : it_.transport_;
+      Transport* host =
+          it_.options_.host_transport != nullptr ? it_.options_.host_transport : it_.transport_;
       VP_RETURN_IF_ERROR(host->AllReduceMean(std::span<float>(&squared, 1), group));
       squared *= static_cast<float>(group.size());
     }
@@ -468,7 +492,8 @@ class IterationRun {
   const v1::ExecutionPlan& plan_;
   std::vector<torch::Tensor> buffers_;
   std::map<uint32_t, v1::LoadInput::Content> contents_;
-  std::map<std::pair<uint32_t, uint32_t>, Saved> saved_;  // (stage, micro-batch)
+  std::map<std::pair<uint32_t, uint32_t>, Saved> saved_;        // (stage, micro-batch)
+  std::map<std::pair<uint32_t, uint32_t>, size_t> time_index_;  // into micro_batch_times
   std::map<std::string, Pending> pending_;
   IterationStats stats_;
   int index_ = 0;

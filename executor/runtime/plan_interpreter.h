@@ -16,19 +16,20 @@
 #ifndef VARIPIPE_EXECUTOR_RUNTIME_PLAN_INTERPRETER_H_
 #define VARIPIPE_EXECUTOR_RUNTIME_PLAN_INTERPRETER_H_
 
+#include <torch/torch.h>
+
 #include <cstdint>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <vector>
-
-#include <torch/torch.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "executor/comm/transport.h"
 #include "executor/data/micro_batch_loader.h"
 #include "executor/model/model_stage.h"
+#include "executor/runtime/instruction_progress.h"
 #include "executor/runtime/training_optimizer.h"
 #include "varipipe/v1/plan.pb.h"
 
@@ -52,12 +53,25 @@ struct InterpreterOptions {
   // Transport for small host-side reductions (the gradient norm over the
   // pipeline): a Gloo transport next to NCCL on GPUs. Null: the main one.
   Transport* host_transport = nullptr;
+  // Updated before every instruction when set.
+  InstructionProgress* progress = nullptr;
+};
+
+// Compute time of one micro-batch on one stage: the forward pass, and the
+// backward pass including its recomputation. Host-side wall time: exact on
+// CPUs; on GPUs it covers kernel launches plus whatever synchronisation the
+// pass needs (the loss read-out on the last stage).
+struct MicroBatchTime {
+  uint32_t micro_batch = 0;
+  uint32_t stage = 0;
+  double forward_seconds = 0;
+  double backward_seconds = 0;
 };
 
 struct IterationStats {
   uint64_t iteration = 0;
-  bool has_loss = false;  // this rank holds the last stage
-  double loss = 0;        // sum of its micro-batches' scaled losses
+  bool has_loss = false;       // this rank holds the last stage
+  double loss = 0;             // sum of its micro-batches' scaled losses
   uint64_t real_tokens = 0;    // input + target tokens of this replica
   uint64_t padded_tokens = 0;  // the same, padded
   double learning_rate = 0;
@@ -71,6 +85,8 @@ struct IterationStats {
   double data_seconds = 0;
   double overhead_seconds = 0;
   double total_seconds = 0;
+  // In the order of the first forward of each (stage, micro-batch).
+  std::vector<MicroBatchTime> micro_batch_times;
 };
 
 class PlanInterpreter {

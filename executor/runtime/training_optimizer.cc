@@ -55,4 +55,10 @@ double TrainingOptimizer::Step(uint64_t iteration, double global_grad_norm) {
   return lr;
 }
 
+void TrainingOptimizer::Save(torch::serialize::OutputArchive& archive) const {
+  adamw_->save(archive);
+}
+
+void TrainingOptimizer::Load(torch::serialize::InputArchive& archive) { adamw_->load(archive); }
+
 }  // namespace varipipe::executor

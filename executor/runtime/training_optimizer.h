@@ -5,10 +5,10 @@
 #ifndef VARIPIPE_EXECUTOR_RUNTIME_TRAINING_OPTIMIZER_H_
 #define VARIPIPE_EXECUTOR_RUNTIME_TRAINING_OPTIMIZER_H_
 
+#include <torch/torch.h>
+
 #include <memory>
 #include <vector>
-
-#include <torch/torch.h>
 
 #include "varipipe/v1/config.pb.h"
 
@@ -33,6 +33,11 @@ class TrainingOptimizer {
   // iteration's learning rate and zeroes the gradients. Returns the learning
   // rate used.
   double Step(uint64_t iteration, double global_grad_norm);
+
+  // AdamW's state (step counts, first and second moments) for checkpoints;
+  // Load expects the state of an optimizer over the same parameters.
+  void Save(torch::serialize::OutputArchive& archive) const;
+  void Load(torch::serialize::InputArchive& archive);
 
  private:
   std::vector<torch::Tensor> parameters_;

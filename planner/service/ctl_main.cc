@@ -2,14 +2,18 @@
 //   status                          planner and job status
 //   plan --iteration N --rank R     a rank's plan, one instruction per line
 //   trace --iteration N [--out F]   Chrome trace of the predicted timeline
+//   executor --address host:port    an executor's status endpoint
 #include <cstdio>
 #include <fstream>
+#include <future>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/binary_main.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "planner/plan/validator.h"
 #include "varipipe/v1/service.grpc.pb.h"
@@ -19,6 +23,8 @@ ABSL_FLAG(std::string, job, "", "Job id (default: the daemon's job).");
 ABSL_FLAG(int64_t, iteration, 0, "Iteration for 'plan' and 'trace'.");
 ABSL_FLAG(int, rank, 0, "Rank for 'plan'.");
 ABSL_FLAG(std::string, out, "", "Output file for 'trace' (default: standard output).");
+ABSL_FLAG(std::string, address, "",
+          "Executor status endpoint (host:port) for 'executor': --status_port + local rank.");
 ABSL_FLAG(int, timeout_s, 30, "Seconds to wait for an answer (a plan may not be published yet).");
 
 namespace {
@@ -28,7 +34,8 @@ constexpr char kUsage[] =
     "\n"
     "Usage: varipipe-ctl [--planner host:port] status\n"
     "       varipipe-ctl [--planner host:port] plan --iteration N --rank R\n"
-    "       varipipe-ctl [--planner host:port] trace --iteration N [--out trace.json]";
+    "       varipipe-ctl [--planner host:port] trace --iteration N [--out trace.json]\n"
+    "       varipipe-ctl executor --address host:port   (an executor's status)";
 
 int Fail(const std::string& what, const grpc::Status& s) {
   std::fprintf(stderr, "varipipe-ctl: %s: %s (%d)\n", what.c_str(), s.error_message().c_str(),
@@ -44,14 +51,66 @@ std::unique_ptr<grpc::ClientContext> Context() {
   return context;
 }
 
+// An executor's StatusService and health service; exits 1 unless SERVING.
+int ExecutorStatus(const std::string& address) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto status = varipipe::v1::StatusService::NewStub(channel);
+  varipipe::v1::ExecutorStatus e;
+  grpc::Status s = status->GetExecutorStatus(Context().get(), {}, &e);
+  if (!s.ok()) return Fail(absl::StrCat("executor status at ", address), s);
+  // grpc.health.v1.Health/Check with an empty request (the whole server);
+  // SERVING encodes as the bytes 08 01.
+  grpc::GenericStub generic(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::Slice empty(std::string(""));
+  grpc::ByteBuffer request(&empty, 1);
+  grpc::ByteBuffer response;
+  std::promise<grpc::Status> done;
+  generic.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                    &response, [&](grpc::Status call) { done.set_value(call); });
+  const grpc::Status health = done.get_future().get();
+  std::string bytes;
+  std::vector<grpc::Slice> slices;
+  if (health.ok() && response.Dump(&slices).ok()) {
+    for (const grpc::Slice& slice : slices) {
+      bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+  }
+  const bool serving = bytes == std::string("\x08\x01", 2);
+  std::printf("executor rank %d (dp %d, pp %d) of job %s on %s: %s\n", e.rank(), e.dp_rank(),
+              e.pp_rank(), e.job_id().c_str(), e.device().c_str(),
+              serving ? "SERVING" : "NOT SERVING");
+  std::printf("  iteration %llu, last loss %.4f, %.0f tokens/s, memory %.1f MiB (peak %.1f MiB)\n",
+              static_cast<unsigned long long>(e.iteration()), e.last_loss(), e.tokens_per_second(),
+              static_cast<double>(e.memory_allocated_bytes()) / 1048576.0,
+              static_cast<double>(e.peak_memory_bytes()) / 1048576.0);
+  if (!e.current_instruction_text().empty()) {
+    std::printf("  in instruction #%u for %.3f s: %s\n", e.current_instruction(),
+                e.current_instruction_s(), e.current_instruction_text().c_str());
+  } else {
+    std::printf("  between iterations\n");
+  }
+  return serving ? varipipe::kExitOk : varipipe::kExitFailure;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::vector<std::string> args = varipipe::InitBinary(argc, argv, "varipipe-ctl", kUsage);
-  if (args.size() != 1 || (args[0] != "status" && args[0] != "plan" && args[0] != "trace")) {
+  if (args.size() != 1 ||
+      (args[0] != "status" && args[0] != "plan" && args[0] != "trace" && args[0] != "executor")) {
     std::fprintf(stderr,
-                 "varipipe-ctl: expected one command: status, plan or trace (try --help)\n");
+                 "varipipe-ctl: expected one command: status, plan, trace or executor (try "
+                 "--help)\n");
     return varipipe::kExitUsage;
+  }
+  if (args[0] == "executor") {
+    if (absl::GetFlag(FLAGS_address).empty()) {
+      std::fprintf(stderr, "varipipe-ctl: executor needs --address host:port\n");
+      return varipipe::kExitUsage;
+    }
+    return ExecutorStatus(absl::GetFlag(FLAGS_address));
   }
   grpc::ChannelArguments channel_args;
   channel_args.SetMaxReceiveMessageSize(256 << 20);

@@ -22,6 +22,7 @@
 #include "absl/strings/strip.h"
 #include "common/binary_main.h"
 #include "common/config/job_config.h"
+#include "common/dataset/minibatch_sampler.h"
 #include "common/dataset/synthetic_mixture.h"
 #include "common/logging.h"
 #include "common/shutdown_signal.h"
@@ -60,8 +61,9 @@ constexpr char kUsage[] =
     "                     [--first-iteration I] [--trace out.json] [--compare] [--json]\n"
     "                     [--emit-plans DIR] [--cost-model FILE]\n"
     "\n"
-    "Mini-batches: consecutive samples (from --lengths, or the job's synthetic\n"
-    "FLAN-like dataset), truncated to the maximum lengths, up to\n"
+    "Mini-batches: the training sampler's (shuffled per epoch, as daemons and\n"
+    "executors draw them) over the samples of --lengths or the job's synthetic\n"
+    "FLAN-like dataset, truncated to the maximum lengths, up to\n"
     "data.tokens_per_global_batch tokens. Each is planned\n"
     "as the planner daemon would: the partition methods, schedules and recompute\n"
     "modes the config allows are searched, the fastest candidate that fits memory\n"
@@ -98,55 +100,42 @@ absl::StatusOr<std::vector<Sample>> ReadLengthsCsv(const std::string& path) {
   return samples;
 }
 
-// Draws mini-batches of consecutive samples within the token budget, each
-// sample truncated to the job's maximum lengths (as the training sampler
-// does; decoder-only samples keep their target and lose input).
+// The mini-batch of each iteration, drawn by the training sampler
+// (common/dataset/minibatch_sampler.h) over the samples' lengths, so the plans
+// written here are the ones a planner daemon serves for the same job.
 class MiniBatchSource {
  public:
-  MiniBatchSource(const v1::JobConfig& config, std::vector<Sample> samples)
-      : config_(config),
-        samples_(std::move(samples)),
-        mixture_(SyntheticMixture::Flan(config.data().seed())) {}
+  // `samples` from --lengths; empty: the job's synthetic dataset.
+  static absl::StatusOr<MiniBatchSource> Create(const v1::JobConfig& config,
+                                                const std::vector<Sample>& samples) {
+    std::vector<SampleLengths> lengths;
+    if (samples.empty()) {
+      const SyntheticMixture mixture = SyntheticMixture::Flan(config.data().seed());
+      for (uint64_t i = 0; i < config.data().synthetic_num_samples(); ++i) {
+        lengths.push_back(mixture.Sample(i));
+      }
+    } else {
+      for (const Sample& sample : samples) lengths.push_back(sample.lengths);
+    }
+    absl::StatusOr<std::unique_ptr<MiniBatchSampler>> sampler =
+        MiniBatchSampler::Create(std::move(lengths), SamplerOptionsFromConfig(config));
+    if (!sampler.ok()) return sampler.status();
+    return MiniBatchSource(*std::move(sampler));
+  }
 
-  planner::MiniBatch Next(uint64_t iteration) {
+  planner::MiniBatch Next(uint64_t iteration) const {
+    const SampledMiniBatch sampled = sampler_->Get(iteration);
     planner::MiniBatch mb;
     mb.iteration = iteration;
-    uint64_t tokens = 0;
-    const uint64_t budget = config_.data().tokens_per_global_batch();
-    while (true) {
-      Sample s = Get(cursor_);
-      s.lengths = Truncated(s.lengths);
-      const uint64_t n = uint64_t{s.lengths.input} + s.lengths.target;
-      if (!mb.sample_ids.empty() && tokens + n > budget) break;
-      tokens += n;
-      mb.sample_ids.push_back(s.id);
-      mb.lengths.push_back(s.lengths);
-      ++cursor_;
-      if (tokens >= budget) break;
-    }
+    mb.sample_ids = sampled.sample_ids;
+    mb.lengths = sampled.lengths;
     return mb;
   }
 
  private:
-  Sample Get(uint64_t index) const {
-    if (!samples_.empty()) return samples_[index % samples_.size()];
-    const uint64_t n = config_.data().synthetic_num_samples();
-    return {index % n, mixture_.Sample(index % n)};
-  }
-  SampleLengths Truncated(SampleLengths s) const {
-    const v1::DataConfig& d = config_.data();
-    if (config_.model().kind() == v1::T5) {
-      return {std::min(s.input, d.max_sequence_length()),
-              std::min(s.target, d.max_target_length())};
-    }
-    const uint32_t target = std::min(s.target, d.max_sequence_length());
-    return {std::min(s.input, d.max_sequence_length() - target), target};
-  }
-
-  const v1::JobConfig& config_;
-  std::vector<Sample> samples_;
-  SyntheticMixture mixture_;
-  uint64_t cursor_ = 0;
+  explicit MiniBatchSource(std::unique_ptr<MiniBatchSampler> sampler)
+      : sampler_(std::move(sampler)) {}
+  std::shared_ptr<MiniBatchSampler> sampler_;
 };
 
 double GiB(double bytes) { return bytes / (1ull << 30); }
@@ -328,8 +317,8 @@ int Run() {
     std::printf("%-5s %7s %-20s %-16s %-10s %4s %12s %7s %9s %8s\n", "iter", "samples", "method",
                 "schedule", "recompute", "mbs", "pred_iter_ms", "bubble", "peak_GiB", "plan_ms");
   }
-  MiniBatchSource source(config, std::move(samples));
-  for (int64_t i = 0; i < first_iteration; ++i) source.Next(i);
+  absl::StatusOr<MiniBatchSource> source = MiniBatchSource::Create(config, samples);
+  if (!source.ok()) return Fail(source.status(), kExitUsage);
 
   int planned = 0;
   double predicted_sum = 0;
@@ -339,7 +328,7 @@ int Run() {
   std::map<std::pair<std::string, std::string>, std::pair<double, int>> throughput;
   std::map<std::pair<std::string, std::string>, double> padding;
   for (int k = 0; k < iterations && !shutdown.Requested(); ++k) {
-    const planner::MiniBatch mb = source.Next(static_cast<uint64_t>(first_iteration + k));
+    const planner::MiniBatch mb = source->Next(static_cast<uint64_t>(first_iteration + k));
     absl::StatusOr<planner::PlanningResult> result = planner->Plan(mb, !trace_path.empty());
     if (!result.ok()) return Fail(result.status(), kExitFailure);
     const planner::PlanReport& r = result->report;

@@ -27,6 +27,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "tests/testing/command.h"
+#include "tests/testing/executor_ranks.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/unpipelined_reference.h"
@@ -41,42 +42,13 @@ namespace {
 using ::varipipe::testing::Bin;
 using ::varipipe::testing::CommandResult;
 using ::varipipe::testing::Config;
+using ::varipipe::testing::FreshDirectory;
+using ::varipipe::testing::LaunchRanks;
+using ::varipipe::testing::ReadFile;
 using ::varipipe::testing::RunCommand;
 
 using ::varipipe::testing::IsOk;
 
-
-std::string ReadFile(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// Starts `ranks` executor processes with `flags` in `dir` (the Redis
-// password in the environment variable the configs name) and waits for all;
-// returns the exit status (0 when every rank exited 0) and the ranks' logs.
-CommandResult LaunchRanks(const std::filesystem::path& dir, int ranks, const std::string& password,
-                          const std::string& flags) {
-  const std::string command = absl::StrCat(
-      "cd '", dir.string(), "' && export VARIPIPE_TEST_REDIS_PASSWORD='", password,
-      "'; pids=''; for r in $(seq 0 ", ranks - 1, "); do RANK=$r WORLD_SIZE=", ranks,
-      " LOCAL_RANK=$r timeout 300 ", Bin("varipipe-executor"), " ", flags,
-      " > rank$r.log 2>&1 & pids=\"$pids $!\"; done; rc=0; for p in $pids; do wait $p || rc=1; "
-      "done; exit $rc");
-  CommandResult result = RunCommand(command);
-  for (int r = 0; r < ranks; ++r) {
-    result.output +=
-        absl::StrCat("--- rank ", r, "\n", ReadFile(dir / absl::StrCat("rank", r, ".log")));
-  }
-  return result;
-}
-
-std::filesystem::path FreshDirectory(const std::string& name) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / absl::StrCat("varipipe-", name, "-", getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
 
 struct EquivalenceCase {
   bool t5 = false;

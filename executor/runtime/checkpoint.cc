@@ -1,0 +1,191 @@
+#include "executor/runtime/checkpoint.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fcntl.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <filesystem>
+#include <mutex>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "common/status.h"
+
+namespace varipipe::executor {
+namespace {
+
+constexpr int64_t kFormatVersion = 1;
+
+std::string StageKey(const ModelStage& stage, const std::string& name) {
+  return absl::StrCat("stage", stage.role().stage, "/", name);
+}
+
+// fsync of a file or directory; best effort on file systems without it.
+void SyncPath(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd < 0) return;
+  (void)::fsync(fd);
+  ::close(fd);
+}
+
+}  // namespace
+
+std::string RankCheckpoints::PathFor(uint64_t iterations_done) const {
+  return absl::StrFormat("%s/iteration_%06d/rank_%05d.pt", dir_, iterations_done, rank_);
+}
+
+std::vector<uint64_t> RankCheckpoints::List() const {
+  std::vector<uint64_t> held;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_, error)) {
+    const std::string filename = entry.path().filename().string();
+    absl::string_view name = filename;
+    uint64_t iteration = 0;
+    if (!absl::ConsumePrefix(&name, "iteration_") || !absl::SimpleAtoi(name, &iteration)) continue;
+    if (std::filesystem::is_regular_file(PathFor(iteration), error)) held.push_back(iteration);
+  }
+  std::sort(held.begin(), held.end());
+  return held;
+}
+
+absl::Status RankCheckpoints::Save(uint64_t iterations_done, const std::vector<ModelStage*>& stages,
+                                   const TrainingOptimizer& optimizer) const {
+  const std::string path = PathFor(iterations_done);
+  const std::string temporary = absl::StrCat(path, ".tmp.", ::getpid());
+  try {
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+    torch::serialize::OutputArchive archive;
+    archive.write("varipipe/format", torch::tensor(kFormatVersion));
+    archive.write("varipipe/iterations_done", torch::tensor(static_cast<int64_t>(iterations_done)));
+    archive.write("varipipe/rank", torch::tensor(static_cast<int64_t>(rank_)));
+    for (const ModelStage* stage : stages) {
+      for (const auto& item : stage->named_parameters()) {
+        archive.write(StageKey(*stage, item.key()), item.value().detach().to(torch::kCPU));
+      }
+    }
+    torch::serialize::OutputArchive optimizer_archive;
+    optimizer.Save(optimizer_archive);
+    archive.write("optimizer", optimizer_archive);
+    {
+      at::Generator generator = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      archive.write("rng/cpu", generator.get_state());
+    }
+    archive.save_to(temporary);
+    SyncPath(temporary, /*directory=*/false);
+    std::filesystem::rename(temporary, path);
+    SyncPath(std::filesystem::path(path).parent_path().string(), /*directory=*/true);
+  } catch (const std::exception& e) {
+    std::error_code ignored;
+    std::filesystem::remove(temporary, ignored);
+    return absl::UnavailableError(absl::StrCat(path, ": cannot write the checkpoint: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RankCheckpoints::Load(uint64_t iterations_done, const std::vector<ModelStage*>& stages,
+                                   TrainingOptimizer& optimizer) const {
+  const std::string path = PathFor(iterations_done);
+  std::string reading = "the archive";
+  try {
+    torch::serialize::InputArchive archive;
+    archive.load_from(path);
+    torch::Tensor value;
+    reading = "varipipe/format";
+    archive.read(reading, value);
+    if (value.item<int64_t>() != kFormatVersion) {
+      return absl::FailedPreconditionError(absl::StrCat(path, ": checkpoint format ",
+                                                        value.item<int64_t>(),
+                                                        ", this executor reads ", kFormatVersion));
+    }
+    reading = "varipipe/iterations_done";
+    value = torch::Tensor();  // read() into a defined tensor would resize it
+    archive.read(reading, value);
+    if (value.item<int64_t>() != static_cast<int64_t>(iterations_done)) {
+      return absl::DataLossError(absl::StrCat(path, ": holds the state after ",
+                                              value.item<int64_t>(), " iterations, not ",
+                                              iterations_done));
+    }
+    torch::NoGradGuard no_grad;
+    for (ModelStage* stage : stages) {
+      for (auto& item : stage->named_parameters()) {
+        reading = StageKey(*stage, item.key());
+        torch::Tensor saved;
+        if (!archive.try_read(reading, saved)) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              path, ": no parameter ", reading,
+              " (written for another model or parallelism? remove the checkpoint directory "
+              "to start over)"));
+        }
+        if (!saved.sizes().equals(item.value().sizes())) {
+          return absl::FailedPreconditionError(
+              absl::StrCat(path, ": parameter ", reading, " has shape ", c10::str(saved.sizes()),
+                           ", the model has ", c10::str(item.value().sizes())));
+        }
+        item.value().copy_(saved);
+      }
+    }
+    reading = "optimizer";
+    torch::serialize::InputArchive optimizer_archive;
+    archive.read(reading, optimizer_archive);
+    optimizer.Load(optimizer_archive);
+    reading = "rng/cpu";
+    value = torch::Tensor();
+    archive.read(reading, value);
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(value);
+  } catch (const std::exception& e) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": cannot read ", reading, " of the checkpoint: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+void RankCheckpoints::DeleteOlderThan(uint64_t keep_from) const {
+  for (uint64_t iteration : List()) {
+    if (iteration >= keep_from) break;
+    std::error_code ignored;
+    const std::filesystem::path file = PathFor(iteration);
+    std::filesystem::remove(file, ignored);
+    std::filesystem::remove(file.parent_path(), ignored);  // only once empty
+  }
+}
+
+absl::StatusOr<std::optional<uint64_t>> AgreeOnCheckpoint(const std::vector<uint64_t>& held,
+                                                          Transport& host,
+                                                          const std::vector<int>& world,
+                                                          const std::string& dir) {
+  // Every rank holds the newest complete checkpoint C and perhaps one newer
+  // partial one, so the mean of the ranks' newest lies in [C, newer]: each
+  // rank takes its newest checkpoint not above the mean. Iteration numbers
+  // are exact in float up to 2^24.
+  std::vector<float> newest{held.empty() ? -1.0f : static_cast<float>(held.back())};
+  VP_RETURN_IF_ERROR(host.AllReduceMean(newest, world));
+  std::optional<uint64_t> choice;
+  for (uint64_t iteration : held) {
+    if (static_cast<double>(iteration) <= static_cast<double>(newest[0]) + 1e-3) {
+      choice = iteration;
+    }
+  }
+  const float mine = choice.has_value() ? static_cast<float>(*choice) : -1.0f;
+  std::vector<float> check{mine};
+  VP_RETURN_IF_ERROR(host.AllReduceMean(check, world));
+  if (std::abs(check[0] - mine) > 1e-3f) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ranks hold different checkpoints in ", dir, " (this rank would resume after ",
+        choice.has_value() ? absl::StrCat(*choice, " iterations") : std::string("none"),
+        "): remove the newest iteration_* directories until every rank's file is present in "
+        "the newest one"));
+  }
+  return choice;
+}
+
+}  // namespace varipipe::executor

@@ -1,0 +1,68 @@
+// Per-rank training checkpoints (training.checkpoint_dir, every
+// training.checkpoint_interval iterations; docs/operations.md).
+//
+// Layout: DIR/iteration_NNNNNN/rank_NNNNN.pt is the state of one rank after N
+// iterations (resuming runs iteration N next): its stages' parameters
+// ("stage<S>/<name>"), AdamW's state, N, the rank and the CPU generator's
+// state, in one LibTorch archive. A file is written to a temporary name,
+// synced and renamed, so a rank's file is either complete or absent.
+//
+// A checkpoint is complete when every rank holds its file. Ranks delete
+// their older files only after all ranks wrote the newer one (a barrier), and
+// keep the two newest, so every rank always holds the newest complete
+// checkpoint, and at most one newer, partial one exists.
+#ifndef VARIPIPE_EXECUTOR_RUNTIME_CHECKPOINT_H_
+#define VARIPIPE_EXECUTOR_RUNTIME_CHECKPOINT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "executor/comm/transport.h"
+#include "executor/model/model_stage.h"
+#include "executor/runtime/training_optimizer.h"
+
+namespace varipipe::executor {
+
+class RankCheckpoints {
+ public:
+  RankCheckpoints(std::string dir, int rank) : dir_(std::move(dir)), rank_(rank) {}
+
+  std::string PathFor(uint64_t iterations_done) const;
+
+  // Iterations of the checkpoints this rank holds a complete file of,
+  // ascending (temporary files of interrupted writes are ignored).
+  std::vector<uint64_t> List() const;
+
+  // Writes the state after `iterations_done` iterations atomically.
+  absl::Status Save(uint64_t iterations_done, const std::vector<ModelStage*>& stages,
+                    const TrainingOptimizer& optimizer) const;
+
+  // Restores parameters, optimizer state and the generator's state; fails
+  // naming the file and the tensor when it does not fit these stages.
+  absl::Status Load(uint64_t iterations_done, const std::vector<ModelStage*>& stages,
+                    TrainingOptimizer& optimizer) const;
+
+  // Deletes this rank's files of checkpoints older than `keep_from` (and
+  // their directories once empty).
+  void DeleteOlderThan(uint64_t keep_from) const;
+
+ private:
+  std::string dir_;
+  int rank_;
+};
+
+// The newest checkpoint every rank of `world` holds, agreed over `host`
+// (collective: every rank calls it with its own List()). nullopt: none.
+// Relies on the invariant above (every rank holds the newest complete one);
+// fails when ranks still disagree, naming the directory.
+absl::StatusOr<std::optional<uint64_t>> AgreeOnCheckpoint(const std::vector<uint64_t>& held,
+                                                          Transport& host,
+                                                          const std::vector<int>& world,
+                                                          const std::string& dir);
+
+}  // namespace varipipe::executor
+
+#endif  // VARIPIPE_EXECUTOR_RUNTIME_CHECKPOINT_H_

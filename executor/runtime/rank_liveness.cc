@@ -1,0 +1,110 @@
+#include "executor/runtime/rank_liveness.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "hiredis/hiredis.h"
+#include "spdlog/spdlog.h"
+
+namespace varipipe::executor {
+namespace {
+
+// What outlives the launch for a post-mortem (varipipe-ctl, an operator).
+constexpr char kReportTtlMs[] = "86400000";
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RankLiveness>> RankLiveness::Start(const LivenessOptions& options) {
+  RedisClient::Options redis_options = options.redis;
+  // Heartbeats must not wait long on a Redis that went away.
+  redis_options.max_attempts = 2;
+  redis_options.command_timeout = std::min(redis_options.command_timeout, options.ttl);
+  absl::StatusOr<std::unique_ptr<RedisClient>> redis = RedisClient::Connect(redis_options);
+  if (!redis.ok()) return redis.status();
+  absl::StatusOr<std::unique_ptr<RedisClient>> refresher = RedisClient::Connect(redis_options);
+  if (!refresher.ok()) return refresher.status();
+  std::unique_ptr<RankLiveness> liveness(new RankLiveness(options, *std::move(redis)));
+  liveness->Refresh(**refresher);
+  liveness->refresher_ = std::thread(
+      [self = liveness.get(), connection = std::shared_ptr<RedisClient>(*std::move(refresher))] {
+        while (!self->stop_.WaitForNotificationWithTimeout(self->options_.interval)) {
+          self->Refresh(*connection);
+        }
+      });
+  return liveness;
+}
+
+RankLiveness::~RankLiveness() {
+  stop_.Notify();
+  if (refresher_.joinable()) refresher_.join();
+}
+
+std::string RankLiveness::Key(const char* kind, int rank) const {
+  return absl::StrCat(options_.prefix, "/", kind, "/", rank);
+}
+
+void RankLiveness::Refresh(RedisClient& redis) {
+  absl::StatusOr<RedisReply> reply =
+      redis.Command({"SET", Key("alive", options_.rank), "1", "PX",
+                     std::to_string(absl::ToInt64Milliseconds(options_.ttl))});
+  if (!reply.ok()) spdlog::warn("heartbeat: {}", reply.status().message());
+}
+
+void RankLiveness::ReportDone() {
+  (void)redis_->Pipeline({{"SET", Key("done", options_.rank), "1", "PX", kReportTtlMs},
+                          {"DEL", Key("alive", options_.rank)}});
+}
+
+void RankLiveness::ReportFailure(const std::string& reason) {
+  (void)redis_->Pipeline({{"SET", Key("failed", options_.rank), reason, "PX", kReportTtlMs},
+                          {"DEL", Key("alive", options_.rank)}});
+}
+
+std::string RankLiveness::DiagnosePeers(absl::Duration patience) {
+  const absl::Time deadline = absl::Now() + patience;
+  std::vector<std::string> silent;
+  std::vector<std::string> failed;
+  while (true) {
+    silent.clear();
+    failed.clear();
+    std::vector<std::vector<std::string>> commands;
+    for (int r = 0; r < options_.world_size; ++r) {
+      commands.push_back({"MGET", Key("alive", r), Key("failed", r), Key("done", r)});
+    }
+    absl::StatusOr<std::vector<RedisReply>> replies = redis_->Pipeline(commands);
+    if (!replies.ok()) {
+      return absl::StrCat(
+          "(the job's Redis cannot tell which rank stopped: ", replies.status().message(), ")");
+    }
+    for (int r = 0; r < options_.world_size; ++r) {
+      if (r == options_.rank) continue;
+      const RedisReply& reply = (*replies)[r];
+      if (reply.size() != 3) continue;
+      const bool alive = reply.element(0)->type != REDIS_REPLY_NIL;
+      const bool has_failed = reply.element(1)->type != REDIS_REPLY_NIL;
+      const bool done = reply.element(2)->type != REDIS_REPLY_NIL;
+      if (has_failed) {
+        failed.push_back(absl::StrCat("rank ", r, " failed: ", ElementString(reply.element(1))));
+      } else if (!alive && !done) {
+        silent.push_back(absl::StrCat("rank ", r));
+      }
+    }
+    if (!silent.empty() || absl::Now() >= deadline) break;
+    absl::SleepFor(std::min(absl::Milliseconds(200), deadline - absl::Now()));
+  }
+  std::string diagnosis;
+  if (!silent.empty()) {
+    diagnosis = absl::StrCat(absl::StrJoin(silent, ", "),
+                             " stopped without reporting an error (killed, crashed, hung or "
+                             "unreachable: no heartbeat for ",
+                             absl::FormatDuration(options_.ttl), ")");
+  }
+  for (const std::string& f : failed) {
+    absl::StrAppend(&diagnosis, diagnosis.empty() ? "" : "; ", f);
+  }
+  return diagnosis;
+}
+
+}  // namespace varipipe::executor
