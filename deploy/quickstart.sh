@@ -1,81 +1,148 @@
 #!/usr/bin/env bash
-# The main job on one machine: installs what is missing, builds, and runs it.
+# The main job on one machine: installs what is missing, builds, and trains.
 #
-# Today the main job plans a few iterations of a small GPT job
-# (deploy/configs/quickstart-gpt.json) on the synthetic FLAN-like dataset,
-# compares partition methods and schedules, writes every rank's execution
-# plans and a Chrome trace, then starts a planner daemon with its embedded
-# Redis, fetches plans over gRPC with varipipe-ctl, shows its status and
-# stops it. The executors will turn it into the full training demo (four
-# executors, pp=2, dp=2).
+#  1. dependencies and build;
+#  2. the planner's decisions for a larger GPT job, planned offline;
+#  3. a synthetic multi-task dataset (JSONL, converted to Megatron format);
+#  4. a planner daemon with its embedded Redis, and 4 executors launched by
+#     torchrun --no_python (pp=2, dp=2; Gloo on CPUs, NCCL on GPUs) training
+#     a small GPT (deploy/configs/quickstart-train.json) with a progress line
+#     per iteration, then a summary and a Chrome trace of one iteration.
 #
-# Usage: deploy/quickstart.sh [--iterations N] [--config FILE]
+# Usage: deploy/quickstart.sh [--iterations N] [--out DIR] [--skip-build]
+#   --iterations N  iterations to train (default: 30, the config's)
+#   --out DIR       working folder (default: build/quickstart), emptied first
+#   --skip-build    use the binaries in build/bin as they are
 # Environment: JOBS (parallel build jobs; default: number of cores).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
-config=deploy/configs/quickstart-gpt.json
-iterations=5
+iterations=30
+out=build/quickstart
+skip_build=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --iterations) iterations="$2"; shift 2 ;;
-    --config) config="$2"; shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --out) out="$2"; shift 2 ;;
+    --skip-build) skip_build=1; shift ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "deploy/quickstart.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
+[[ "$iterations" =~ ^[0-9]+$ && "$iterations" -ge 2 ]] || {
+  echo "deploy/quickstart.sh: --iterations must be an integer >= 2" >&2; exit 2; }
 
 step() { printf '\n== %s\n' "$*"; }
+started=$(date +%s)
+bin="$root/build/bin"
 
-step "1/4 dependencies"
-deploy/install-deps.sh
+if [[ $skip_build -eq 0 ]]; then
+  step "1/4 dependencies and build"
+  deploy/install-deps.sh
+  cmake --preset default | grep -E "Varipipe dependencies|Build files" || {
+    cmake --preset default >&2 || true
+    exit 1
+  }
+  cmake --build --preset default -j "${JOBS:-$(nproc)}" \
+    --target varipipe-plan varipipe-planner varipipe-ctl varipipe-executor varipipe-convert-jsonl
+else
+  step "1/4 dependencies and build: skipped (--skip-build)"
+fi
+for b in varipipe-plan varipipe-planner varipipe-ctl varipipe-executor varipipe-convert-jsonl; do
+  [[ -x "$bin/$b" ]] || { echo "deploy/quickstart.sh: $bin/$b is missing (run without --skip-build)" >&2; exit 1; }
+done
+command -v torchrun > /dev/null || {
+  echo "deploy/quickstart.sh: torchrun is missing (deploy/install-deps.sh installs it)" >&2; exit 1; }
 
-step "2/4 build"
-cmake --preset default | grep -E "Varipipe dependencies|Build files" || {
-  cmake --preset default >&2 || true
-  exit 1
-}
-cmake --build --preset default -j "${JOBS:-$(nproc)}" \
-  --target varipipe-plan varipipe-planner varipipe-ctl
-
-out=build/quickstart
-step "3/4 plan $iterations iterations of $config offline"
 rm -rf "$out"
 mkdir -p "$out"
-build/bin/varipipe-plan --config "$config" --iterations "$iterations" --compare \
-  --emit-plans "$out/plans" --trace "$out/trace.json"
+out=$(cd "$out" && pwd)
 
-step "4/4 planner daemon with its embedded Redis, queried with varipipe-ctl"
-build/bin/varipipe-planner --config "$config" --listen 127.0.0.1:0 --port_file "$out/port" \
-  --progress_interval_s 0 2> "$out/planner.log" &
+step "2/4 the planner's decisions for deploy/configs/quickstart-gpt.json (3 iterations, offline)"
+"$bin/varipipe-plan" --config deploy/configs/quickstart-gpt.json --iterations 3 --compare \
+  2> "$out/plan-offline.log" | tail -n 12
+
+step "3/4 a synthetic multi-task dataset"
+deploy/make-multitask-dataset.sh "$out/data/multitask.jsonl" --samples 4000 --vocab 128 --seed 7
+"$bin/varipipe-convert-jsonl" --input "$out/data/multitask.jsonl" \
+  --output_prefix "$out/data/multitask" --vocab_size 128 > /dev/null 2> "$out/convert.log" || {
+  cat "$out/convert.log" >&2; exit 1; }
+# The job config names its data relative to itself: data/multitask_{input,target}.
+sed -E "s/\"iterations\": [0-9]+/\"iterations\": $iterations/" \
+  deploy/configs/quickstart-train.json > "$out/job.json"
+echo "dataset: $out/data/multitask_{input,target}.{idx,bin}; job: $out/job.json"
+
+step "4/4 planner daemon (embedded Redis) and 4 executors (torchrun, pp=2, dp=2)"
+planner_pid=""
+cleanup() {
+  if [[ -n "$planner_pid" ]]; then
+    kill -TERM "$planner_pid" 2> /dev/null || true
+    wait "$planner_pid" 2> /dev/null || true
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+"$bin/varipipe-planner" --config "$out/job.json" --listen 127.0.0.1:0 \
+  --port_file "$out/planner.port" --store_file "$out/store" --progress_interval_s 0 \
+  2> "$out/planner.log" &
 planner_pid=$!
-trap 'kill "$planner_pid" 2>/dev/null; wait "$planner_pid" 2>/dev/null' EXIT
-for _ in $(seq 1 100); do
-  [[ -s "$out/port" ]] && break
-  kill -0 "$planner_pid" 2>/dev/null || { cat "$out/planner.log" >&2; exit 1; }
+for _ in $(seq 1 200); do
+  [[ -s "$out/planner.port" && -s "$out/store" ]] && break
+  kill -0 "$planner_pid" 2> /dev/null || { cat "$out/planner.log" >&2; exit 1; }
   sleep 0.1
 done
-[[ -s "$out/port" ]] || { echo "the planner daemon did not start" >&2; cat "$out/planner.log" >&2; exit 1; }
-planner="127.0.0.1:$(cat "$out/port")"
-echo "planner daemon listening on $planner (log: $out/planner.log)"
-echo
-echo "\$ varipipe-ctl plan --iteration 0 --rank 0   (first lines)"
-build/bin/varipipe-ctl --planner "$planner" plan --iteration 0 --rank 0 | head -n 12 || true
-echo
-echo "\$ varipipe-ctl plan --iteration 1 --rank 3   (first lines)"
-build/bin/varipipe-ctl --planner "$planner" plan --iteration 1 --rank 3 | head -n 4 || true
-echo
-echo "\$ varipipe-ctl status"
-build/bin/varipipe-ctl --planner "$planner" status
-kill -TERM "$planner_pid"
-wait "$planner_pid" || true
-trap - EXIT
-echo "planner daemon stopped"
+[[ -s "$out/planner.port" ]] || { echo "the planner daemon did not start" >&2; cat "$out/planner.log" >&2; exit 1; }
+planner="127.0.0.1:$(cat "$out/planner.port")"
+echo "planner daemon on $planner (log: $out/planner.log)"
 
-echo
-echo "quickstart finished: planned $iterations iterations offline and served plans over gRPC."
-echo "  execution plans:  $out/plans/iteration_*/rank_*.json"
-echo "  Chrome trace:     $out/trace.json (open in Perfetto or chrome://tracing)"
-echo "Next: tests/run.sh runs the test suite; docs/architecture.md explains the system."
+# torchrun --standalone draws a fresh run id per launch (the executors'
+# rendezvous keys); rank 0 logs, the others only warnings and errors.
+(cd "$out" && torchrun --standalone --nnodes 1 --nproc_per_node 4 --no_python \
+  --redirects 2 --tee 2 --log_dir "$out/torchrun" \
+  "$bin/varipipe-executor" --planner "$planner" --store_file "$out/store" \
+    --metrics_jsonl "$out/metrics.jsonl" --status_port 0 --status_host 127.0.0.1 \
+    --log_all_ranks=false) 2>&1 |
+  sed -E -u 's/^\[default([0-9]+)\]:\[[^]]*\] \[executor\[rank [0-9]+\]\] \[info\] /rank \1: /' |
+  grep -E --line-buffered -v '^\s*$' || {
+    echo "deploy/quickstart.sh: the executors failed (logs: $out/torchrun)" >&2
+    exit 1
+  }
+
+# The Chrome trace of one iteration, from the daemon, then stop it.
+trace_iteration=$((iterations / 2))
+"$bin/varipipe-ctl" --planner "$planner" trace --iteration "$trace_iteration" \
+  --out "$out/trace.json" > /dev/null
+"$bin/varipipe-ctl" --planner "$planner" status > "$out/planner-status.txt" || true
+cleanup
+planner_pid=""
+
+# Summary from rank 0's metrics (one JSON object per iteration).
+awk -v iterations="$iterations" -v seconds=$(( $(date +%s) - started )) '
+function field(line, name,    m) {
+  if (match(line, "\"" name "\": [-0-9.eE+]+")) {
+    m = substr(line, RSTART, RLENGTH); sub(/.*: /, "", m); return m + 0
+  }
+  return 0
+}
+{
+  n++
+  loss[n] = field($0, "loss")
+  if (n > 1) {  # the first iteration includes warm-up (allocations, connections)
+    tokens += field($0, "real_tokens_per_s"); eff += field($0, "padding_efficiency")
+    step_ms += field($0, "step_ms"); predicted += field($0, "predicted_ms"); m++
+  }
+}
+END {
+  if (n < iterations) { printf "only %d of %d iterations ran\n", n, iterations; exit 1 }
+  printf "\n== summary: %d iterations in %d s\n", n, seconds
+  printf "  loss                 %.4f (iteration 0) -> %.4f (iteration %d)\n", loss[1], loss[n], n - 1
+  printf "  real tokens/s        %.0f (mean over iterations 1..%d)\n", tokens / m, n - 1
+  printf "  padding efficiency   %.1f%%\n", 100 * eff / m
+  printf "  iteration time       measured %.1f ms, predicted %.2f ms\n", step_ms / m, predicted / m
+  printf "                       (the prediction is for the GPUs of the cost model, not this machine)\n"
+}' "$out/metrics.jsonl"
+echo "  Chrome trace         $out/trace.json (iteration $trace_iteration; open in Perfetto or chrome://tracing)"
+echo "  checkpoints          $out/checkpoints"
+echo "  logs                 $out/planner.log, $out/torchrun"

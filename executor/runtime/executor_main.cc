@@ -85,6 +85,9 @@ ABSL_FLAG(int32_t, status_port, 29700,
           "and the gRPC health service on --status_host:(this + local rank). 0: free ports "
           "(logged); -1: no endpoint.");
 ABSL_FLAG(std::string, status_host, "0.0.0.0", "Address the status endpoint listens on.");
+ABSL_FLAG(bool, log_all_ranks, true,
+          "Every rank logs at --log_level; false: ranks other than 0 log warnings and errors "
+          "only (one readable stream under torchrun --tee).");
 ABSL_FLAG(bool, resume, true,
           "Resume from the newest checkpoint every rank holds in training.checkpoint_dir.");
 
@@ -346,12 +349,13 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
                        "\"padding_efficiency\": %.4f, \"step_ms\": %.3f, "
                        "\"compute_ms\": %.3f, \"communication_ms\": %.3f, "
                        "\"interpreter_overhead_ms\": %.4f, \"instructions\": %d, "
-                       "\"learning_rate\": %.6g, \"grad_norm\": %.6f, \"peak_memory_mib\": %.1f}",
+                       "\"learning_rate\": %.6g, \"grad_norm\": %.6f, \"peak_memory_mib\": %.1f, "
+                       "\"predicted_ms\": %.3f}",
                        iteration, loss, real_tokens / step_seconds,
                        padded_tokens > 0 ? real_tokens / padded_tokens : 0.0, step_seconds * 1e3,
                        stats.compute_seconds * 1e3, stats.communication_seconds * 1e3,
                        stats.overhead_seconds * 1e3, stats.instructions, stats.learning_rate,
-                       stats.grad_norm, peak_mib)
+                       stats.grad_norm, peak_mib, plan->predicted_iteration_ms())
                 << std::endl;
       }
     }
@@ -462,6 +466,10 @@ int main(int argc, char** argv) {
     return varipipe::StartupError(coordinates.status(), varipipe::kExitUsage);
   }
   varipipe::SetLoggerName(absl::StrCat("executor[rank ", env->rank, "]"));
+  if (!absl::GetFlag(FLAGS_log_all_ranks) && env->rank != 0 &&
+      spdlog::get_level() < spdlog::level::warn) {
+    spdlog::set_level(spdlog::level::warn);
+  }
   absl::StatusOr<varipipe::executor::DeviceChoice> device =
       varipipe::executor::ChooseDevice(env->local_rank);
   if (!device.ok()) {
