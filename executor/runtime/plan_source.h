@@ -3,15 +3,24 @@
 // - PlannerService: the planner daemons' PlanService over gRPC, trying each
 //   address in turn when one is unavailable; an iteration's plan is
 //   acknowledged with ReportProgress once the iteration ran, which lets the
-//   store delete it and the planners plan further ahead.
+//   store delete it and the planners plan further ahead. A background thread
+//   prefetches the next plans over WatchPlans; Get falls back to GetPlan
+//   whenever the stream does not have the plan, so correctness never depends
+//   on the stream.
 #ifndef VARIPIPE_EXECUTOR_RUNTIME_PLAN_SOURCE_H_
 #define VARIPIPE_EXECUTOR_RUNTIME_PLAN_SOURCE_H_
 
+#include <atomic>
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "varipipe/v1/plan.pb.h"
 #include "varipipe/v1/service.grpc.pb.h"
@@ -29,32 +38,74 @@ class PlanSource {
 
 std::unique_ptr<PlanSource> PlanFileSource(std::string dir, int rank);
 
+// Thread safety: GetJob/Get/Done/StartPrefetch from one thread; the
+// prefetcher is a second, internal thread; the counters from any thread.
 class PlannerServiceSource final : public PlanSource {
  public:
   // `addresses`: planner daemons ("host:port"), all serving the same job.
   // `wait` bounds how long Get waits for a plan that is not published yet.
-  PlannerServiceSource(std::vector<std::string> addresses, int rank, absl::Duration wait);
+  // `prefetch`: plans streamed ahead of the executor (WatchPlans); 0: none,
+  // every plan is fetched with GetPlan when asked for.
+  PlannerServiceSource(std::vector<std::string> addresses, int rank, absl::Duration wait,
+                       int prefetch = 4);
+  // Cancels the stream and joins the prefetcher.
+  ~PlannerServiceSource() override;
 
   // The job the planners serve (config with defaults applied, store address).
   absl::StatusOr<v1::GetJobResponse> GetJob();
   void set_job_id(std::string job_id) { job_id_ = std::move(job_id); }
 
+  // Starts prefetching from `first_iteration` (the first Get does it too).
+  void StartPrefetch(uint64_t first_iteration);
+
   absl::StatusOr<v1::ExecutionPlan> Get(uint64_t iteration) override;
   absl::Status Done(const v1::ReportProgressRequest& progress) override;
   std::string Describe() const override;
+
+  // Plans Get returned from the stream, and from GetPlan.
+  uint64_t prefetched_plans() const { return prefetched_plans_.load(); }
+  uint64_t direct_plans() const { return direct_plans_.load(); }
 
  private:
   // Runs `call` against the current planner, moving to the next address
   // while planners are unavailable (one round over all of them).
   template <typename Call>
   absl::Status WithFailover(const char* what, Call call);
+  absl::StatusOr<v1::ExecutionPlan> GetDirect(uint64_t iteration);
+  // Points the prefetcher at `first` (cancelling its stream) and drops what
+  // it holds.
+  void RestartPrefetchLocked(uint64_t first) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The prefetcher thread, starting at planner `index`.
+  void PrefetchLoop(size_t index);
 
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<v1::PlanService::Stub>> stubs_;
-  size_t current_ = 0;
+  size_t current_ = 0;  // the direct calls' planner
   int rank_;
   absl::Duration wait_;
+  int prefetch_;
   std::string job_id_;
+  std::atomic<uint64_t> prefetched_plans_{0};
+  std::atomic<uint64_t> direct_plans_{0};
+
+  absl::Mutex mu_;
+  absl::CondVar changed_;  // any of the fields below changed
+  std::thread prefetcher_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Bumped by every restart; a stream of an older generation is stale.
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string stream_job_id_ ABSL_GUARDED_BY(mu_);
+  // The next iteration the stream delivers; every held plan is below it.
+  uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  // The executor asks for nothing below this; older plans are not kept.
+  uint64_t wanted_ ABSL_GUARDED_BY(mu_) = 0;
+  // The stream ended (end of the job) or was refused for good: no plans
+  // come until a restart.
+  bool idle_ ABSL_GUARDED_BY(mu_) = false;
+  // At most prefetch_ plans, each at least wanted_, keyed by iteration.
+  std::map<uint64_t, v1::ExecutionPlan> ahead_ ABSL_GUARDED_BY(mu_);
+  // The open stream's context (owned by the prefetcher) while one is open.
+  grpc::ClientContext* stream_context_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace varipipe::executor
