@@ -36,6 +36,7 @@
 #include "executor/runtime/device.h"
 #include "executor/runtime/executor_status_service.h"
 #include "executor/runtime/launch_env.h"
+#include "executor/runtime/plan_check.h"
 #include "executor/runtime/plan_files.h"
 #include "executor/runtime/plan_interpreter.h"
 #include "executor/runtime/plan_source.h"
@@ -295,6 +296,12 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
                        plan->pp_rank(), " but this rank is dp ", coordinates.dp_rank, " pp ",
                        coordinates.pp_rank, ": plans and config disagree on the parallelism"));
     }
+    // Nothing of the plan is used before it passed the check.
+    VP_RETURN_IF_ERROR(executor::CheckPlan(*plan, config,
+                                           {.iteration = iteration,
+                                            .rank = env.rank,
+                                            .dp_rank = coordinates.dp_rank,
+                                            .pp_rank = coordinates.pp_rank}));
     board.BeginIteration(plan);
     const auto start = std::chrono::steady_clock::now();
     VP_ASSIGN_OR_RETURN(const executor::IterationStats stats, interpreter.Run(*plan));

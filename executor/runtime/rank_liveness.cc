@@ -69,6 +69,7 @@ std::string RankLiveness::DiagnosePeers(absl::Duration patience) {
   while (true) {
     silent.clear();
     failed.clear();
+    int settled = 0;  // peers that reported an error or finished: nothing more to learn
     std::vector<std::vector<std::string>> commands;
     for (int r = 0; r < options_.world_size; ++r) {
       commands.push_back({"MGET", Key("alive", r), Key("failed", r), Key("done", r)});
@@ -90,8 +91,9 @@ std::string RankLiveness::DiagnosePeers(absl::Duration patience) {
       } else if (!alive && !done) {
         silent.push_back(absl::StrCat("rank ", r));
       }
+      if (has_failed || done) ++settled;
     }
-    if (!silent.empty() || absl::Now() >= deadline) break;
+    if (!silent.empty() || settled == options_.world_size - 1 || absl::Now() >= deadline) break;
     absl::SleepFor(std::min(absl::Milliseconds(200), deadline - absl::Now()));
   }
   std::string diagnosis;

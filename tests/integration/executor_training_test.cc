@@ -10,6 +10,8 @@
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
+#include <optional>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -281,6 +283,104 @@ TEST_P(ServicePath, ExecutorsTrainFromThePlannerService) {
 
 INSTANTIATE_TEST_SUITE_P(ExternalAndEmbeddedRedis, ServicePath, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "Embedded" : "External"; });
+
+// A corrupted plan file: the executor that reads it exits with status 1 (not
+// a signal, not an abort) and a message naming the iteration, rank and field;
+// nothing is allocated from the bad number first.
+struct CorruptPlanCase {
+  std::string name;
+  std::function<void(v1::ExecutionPlan&)> corrupt;
+  std::string field;  // the message names it
+};
+
+class CorruptPlan : public ::testing::TestWithParam<CorruptPlanCase> {};
+
+TEST_P(CorruptPlan, TheExecutorExitsWithAnErrorNamingTheField) {
+  const CorruptPlanCase& c = GetParam();
+  absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
+  ASSERT_THAT(redis, IsOk());
+  const std::filesystem::path dir = FreshDirectory("corrupt-" + c.name);
+  std::ofstream(dir / "job.json") << absl::StrCat(R"({"job_id": "corrupt",
+      "model": {"kind": "GPT", "num_layers": 2, "hidden_size": 16, "num_attention_heads": 2,
+                "ffn_hidden_size": 32, "vocab_size": 61, "dtype": "FLOAT32"},
+      "parallelism": {"pipeline": 1, "data": 1},
+      "cluster": {"device_memory_limit_mib": 64, "devices_per_node": 8},
+      "data": {"format": "SYNTHETIC", "tokens_per_global_batch": 600,
+               "max_sequence_length": 64, "seed": 3, "synthetic_num_samples": 2000},
+      "planner": {"tmax_interval_ms": 0.01},
+      "store": {"password_env": "VARIPIPE_TEST_REDIS_PASSWORD", "redis_address": "127.0.0.1:)",
+                                                  (*redis)->port(), R"("},
+      "training": {"iterations": 1, "watchdog_timeout_s": 60}})");
+  const CommandResult plan = RunCommand(absl::StrCat(
+      "cd '", dir.string(), "' && ", Bin("varipipe-plan"),
+      " --config job.json --iterations 1 --emit-plans plans"));
+  ASSERT_EQ(plan.exit_code, 0) << plan.output;
+  // The plan of iteration 0 (one rank), corrupted and written back.
+  absl::StatusOr<v1::ExecutionPlan> read = executor::ReadPlanFile((dir / "plans").string(), 0, 0);
+  ASSERT_THAT(read, IsOk());
+  v1::ExecutionPlan corrupted = *read;
+  c.corrupt(corrupted);
+  std::string json;
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(corrupted, &json).ok());
+  std::ofstream(executor::PlanFilePath((dir / "plans").string(), 0, 0), std::ios::trunc) << json;
+
+  const CommandResult run = LaunchRanks(dir, 1, (*redis)->password(),
+                                        "--config job.json --plans plans --run_id corrupt");
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  const std::optional<int> exit = ::varipipe::testing::RankExit(dir, 0);
+  ASSERT_TRUE(exit.has_value()) << run.output;
+  EXPECT_GT(*exit, 0) << run.output;
+  EXPECT_LT(*exit, 128) << "killed by a signal or aborted:\n" << run.output;
+  EXPECT_THAT(ReadFile(dir / "rank0.log"),
+              ::testing::AllOf(::testing::HasSubstr("plan of iteration 0 for rank 0"),
+                               ::testing::HasSubstr(c.field)))
+      << run.output;
+}
+
+v1::Instruction& FirstInstruction(v1::ExecutionPlan& plan, v1::Instruction::OpCase kind) {
+  for (v1::Instruction& in : *plan.mutable_instructions()) {
+    if (in.op_case() == kind) return in;
+  }
+  ADD_FAILURE() << "no instruction of kind " << static_cast<int>(kind);
+  return *plan.mutable_instructions(0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Executor, CorruptPlan,
+    ::testing::Values(
+        CorruptPlanCase{"HugeBufferCount",
+                        [](v1::ExecutionPlan& p) { p.set_num_buffers(4294967295u); },
+                        "num_buffers"},
+        CorruptPlanCase{"ShapeBeyondTheConfig",
+                        [](v1::ExecutionPlan& p) {
+                          FirstInstruction(p, v1::Instruction::kLoadInput)
+                              .mutable_load_input()
+                              ->mutable_tensors(0)
+                              ->set_dims(1, 1 << 30);
+                        },
+                        "load_input.tensors[0].dims[1]"},
+        CorruptPlanCase{"MismatchedBufferIdsAndTensors",
+                        [](v1::ExecutionPlan& p) {
+                          FirstInstruction(p, v1::Instruction::kLoadInput)
+                              .mutable_load_input()
+                              ->clear_tensors();
+                        },
+                        "load_input.tensors has 0 entries"},
+        CorruptPlanCase{"EmptyContents",
+                        [](v1::ExecutionPlan& p) {
+                          FirstInstruction(p, v1::Instruction::kLoadInput)
+                              .mutable_load_input()
+                              ->clear_contents();
+                        },
+                        "load_input.contents"},
+        CorruptPlanCase{"UnknownBufferId",
+                        [](v1::ExecutionPlan& p) {
+                          FirstInstruction(p, v1::Instruction::kForward)
+                              .mutable_forward()
+                              ->set_input_buffer_ids(0, p.num_buffers() + 3);
+                        },
+                        "forward.input_buffer_ids[0]"}),
+    [](const auto& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace varipipe

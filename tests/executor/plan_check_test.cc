@@ -1,0 +1,256 @@
+// The executor's plan check: every plan the planner emits passes it (GPT and
+// T5, every schedule, recompute mode and partition method, including packed
+// micro-batches), and each kind of corruption is refused with an error that
+// names the iteration, rank, instruction and field.
+#include "executor/runtime/plan_check.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/config/job_config.h"
+#include "common/dataset/minibatch_sampler.h"
+#include "common/dataset/sample_dataset.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "planner/planner.h"
+#include "tests/testing/status_matchers.h"
+
+namespace varipipe::executor {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::varipipe::testing::IsOk;
+using ::varipipe::testing::StatusIs;
+
+struct JobShape {
+  bool t5 = false;
+  uint32_t pp = 2;
+  uint32_t dp = 1;
+  uint32_t chunks = 1;
+  v1::ScheduleKind schedule = v1::ONE_F_ONE_B;
+  v1::RecomputeMode recompute = v1::RECOMPUTE_NONE;
+  v1::PartitionMethod method = v1::DYNAMIC_PROGRAMMING;
+  // Small enough that a mini-batch needs several micro-batches.
+  uint32_t memory_mib = 4;
+};
+
+v1::JobConfig Config(const JobShape& s) {
+  const std::string json = absl::StrCat(
+      R"({"job_id": "check", "model": {"kind": ")", s.t5 ? "T5" : "GPT",
+      R"(", "num_layers": 6, )", s.t5 ? R"("num_decoder_layers": 6, )" : "",
+      R"("hidden_size": 32, "num_attention_heads": 4, "ffn_hidden_size": 64, "vocab_size": 61,
+         "dtype": "FLOAT32"},
+      "parallelism": {"pipeline": )", s.pp, R"(, "data": )", s.dp, R"(, "virtual_chunks": )",
+      s.chunks, R"(},
+      "cluster": {"device_memory_limit_mib": )", s.memory_mib, R"(, "devices_per_node": 8},
+      "data": {"format": "SYNTHETIC", "tokens_per_global_batch": 1600,
+               "max_sequence_length": 96, )", s.t5 ? R"("max_target_length": 48, )" : "",
+      R"("seed": 5, "synthetic_num_samples": 5000},
+      "planner": {"tmax_interval_ms": 0.01},
+      "training": {"iterations": 10}})");
+  absl::StatusOr<v1::JobConfig> config = ParseJobConfigJson(json, "test");
+  EXPECT_THAT(config, IsOk());
+  v1::PlannerConfig& planner = *config->mutable_planner();
+  planner.clear_schedules();
+  planner.add_schedules(s.schedule);
+  planner.clear_recompute_modes();
+  planner.add_recompute_modes(s.recompute);
+  planner.clear_partition_methods();
+  planner.add_partition_methods(s.method);
+  ApplyJobConfigDefaults(*config);
+  EXPECT_THAT(ValidateJobConfig(*config, "test"), IsOk());
+  return *config;
+}
+
+std::vector<v1::ExecutionPlan> Plans(const v1::JobConfig& config, uint64_t iteration) {
+  absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(config);
+  EXPECT_THAT(dataset, IsOk());
+  absl::StatusOr<std::unique_ptr<MiniBatchSampler>> sampler =
+      MiniBatchSampler::Create((*dataset)->AllLengths(), SamplerOptionsFromConfig(config));
+  EXPECT_THAT(sampler, IsOk());
+  const SampledMiniBatch sampled = (*sampler)->Get(iteration);
+  absl::StatusOr<planner::Planner> planner = planner::Planner::Create(config);
+  EXPECT_THAT(planner, IsOk());
+  absl::StatusOr<planner::PlanningResult> result = planner->Plan(
+      {.iteration = iteration, .sample_ids = sampled.sample_ids, .lengths = sampled.lengths});
+  EXPECT_THAT(result, IsOk());
+  return result.ok() ? result->plans : std::vector<v1::ExecutionPlan>{};
+}
+
+// The plans of `iteration`, or none when the planner finds no feasible plan.
+std::vector<v1::ExecutionPlan> PlansIfFeasible(const v1::JobConfig& config, uint64_t iteration) {
+  absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(config);
+  EXPECT_THAT(dataset, IsOk());
+  absl::StatusOr<std::unique_ptr<MiniBatchSampler>> sampler =
+      MiniBatchSampler::Create((*dataset)->AllLengths(), SamplerOptionsFromConfig(config));
+  EXPECT_THAT(sampler, IsOk());
+  const SampledMiniBatch sampled = (*sampler)->Get(iteration);
+  absl::StatusOr<planner::Planner> planner = planner::Planner::Create(config);
+  EXPECT_THAT(planner, IsOk());
+  absl::StatusOr<planner::PlanningResult> result = planner->Plan(
+      {.iteration = iteration, .sample_ids = sampled.sample_ids, .lengths = sampled.lengths});
+  return result.ok() ? result->plans : std::vector<v1::ExecutionPlan>{};
+}
+
+PlanRecipient RecipientOf(const v1::ExecutionPlan& plan) {
+  return {.iteration = plan.iteration(),
+          .rank = plan.rank(),
+          .dp_rank = plan.dp_rank(),
+          .pp_rank = plan.pp_rank()};
+}
+
+std::string Name(const JobShape& s) {
+  return absl::StrCat(s.t5 ? "T5" : "GPT", " pp ", s.pp, " dp ", s.dp, " v ", s.chunks, " ",
+                      v1::ScheduleKind_Name(s.schedule), " ", v1::RecomputeMode_Name(s.recompute),
+                      " ", v1::PartitionMethod_Name(s.method));
+}
+
+TEST(PlanCheck, EveryPlanThePlannerEmitsPasses) {
+  std::vector<JobShape> shapes;
+  for (bool t5 : {false, true}) {
+    for (v1::ScheduleKind schedule : {v1::GPIPE, v1::ONE_F_ONE_B, v1::KFKB, v1::ADAPTIVE}) {
+      for (v1::RecomputeMode recompute :
+           {v1::RECOMPUTE_NONE, v1::RECOMPUTE_SELECTIVE, v1::RECOMPUTE_FULL}) {
+          shapes.push_back({.t5 = t5, .pp = 2, .dp = 2, .schedule = schedule,
+                          .recompute = recompute});
+      }
+    }
+    for (v1::PartitionMethod method : {v1::TOKEN_BASED, v1::FIXED_SIZE, v1::PACKING, v1::PADDING}) {
+      shapes.push_back({.t5 = t5, .pp = 3, .dp = 1, .method = method});
+    }
+  }
+  shapes.push_back({.pp = 2, .chunks = 3, .schedule = v1::INTERLEAVED_1F1B});
+  shapes.push_back({.pp = 3, .chunks = 2, .schedule = v1::INTERLEAVED_1F1B});
+  int checked = 0;
+  bool packed = false;
+  for (JobShape shape : shapes) {
+    for (uint64_t iteration : {0, 1}) {
+      // The smallest memory limit that plans: several micro-batches, and
+      // GPipe (which keeps all of them) still fits.
+      std::vector<v1::ExecutionPlan> plans;
+      v1::JobConfig config;
+      for (shape.memory_mib = 4; shape.memory_mib <= 64 && plans.empty(); shape.memory_mib *= 2) {
+        config = Config(shape);
+        plans = PlansIfFeasible(config, iteration);
+      }
+      ASSERT_EQ(plans.size(), shape.pp * shape.dp) << Name(shape) << " iteration " << iteration;
+      for (const v1::ExecutionPlan& plan : plans) {
+        EXPECT_THAT(CheckPlan(plan, config, RecipientOf(plan)), IsOk()) << Name(shape);
+        for (const v1::MicroBatch& mb : plan.micro_batches()) packed |= !mb.row_starts().empty();
+        ++checked;
+      }
+    }
+  }
+  std::printf("%d plans of %zu job shapes passed the check\n", checked, shapes.size());
+  EXPECT_TRUE(packed) << "no packed micro-batch was checked";
+}
+
+// A corruption of rank 1's plan (GPT, pp 2) and what the error must name.
+struct Corruption {
+  std::string name;
+  std::function<void(v1::ExecutionPlan&)> apply;
+  std::vector<std::string> expected;
+};
+
+// Index of the first instruction of `kind`.
+int First(const v1::ExecutionPlan& plan, v1::Instruction::OpCase kind) {
+  for (int i = 0; i < plan.instructions_size(); ++i) {
+    if (plan.instructions(i).op_case() == kind) return i;
+  }
+  return -1;
+}
+
+v1::Instruction& FirstOf(v1::ExecutionPlan& plan, v1::Instruction::OpCase kind) {
+  const int i = First(plan, kind);
+  EXPECT_GE(i, 0);
+  return *plan.mutable_instructions(i);
+}
+
+std::vector<Corruption> Corruptions() {
+  return {
+      {"HugeBufferCount", [](v1::ExecutionPlan& p) { p.set_num_buffers(4294967295u); },
+       {"num_buffers", "4294967295"}},
+      {"UnknownBufferId",
+       [](v1::ExecutionPlan& p) {
+         FirstOf(p, v1::Instruction::kForward).mutable_forward()->set_input_buffer_ids(
+             0, p.num_buffers() + 7);
+       },
+       {"forward.input_buffer_ids[0]", "num_buffers"}},
+      {"LengthBeyondTheConfig",
+       [](v1::ExecutionPlan& p) { p.mutable_micro_batches(0)->set_input_len(1 << 20); },
+       {"micro_batches[0].input_len", "data.max_sequence_length"}},
+      {"ActivationWiderThanTheModel",
+       [](v1::ExecutionPlan& p) {
+         FirstOf(p, v1::Instruction::kRecvStart).mutable_recv_start()->mutable_tensors(0)->set_dims(
+             2, 1 << 30);
+       },
+       {"instruction #", "recv_start", "tensors[0].dims[2]", "model.hidden_size"}},
+      {"MoreRowsThanTheMicroBatch",
+       [](v1::ExecutionPlan& p) {
+         FirstOf(p, v1::Instruction::kLoadInput)
+             .mutable_load_input()
+             ->mutable_tensors(0)
+             ->set_dims(0, 100000);
+       },
+       {"load_input.tensors[0].dims[0]", "rows"}},
+      {"BufferIdsWithoutTensors",
+       [](v1::ExecutionPlan& p) {
+         FirstOf(p, v1::Instruction::kRecvStart).mutable_recv_start()->clear_tensors();
+       },
+       {"tensors", "has 0 entries"}},
+      {"EmptyContents",
+       [](v1::ExecutionPlan& p) {
+         FirstOf(p, v1::Instruction::kLoadInput).mutable_load_input()->clear_contents();
+       },
+       {"load_input.contents"}},
+      {"ForwardOutputsWithoutShapes",
+       [](v1::ExecutionPlan& p) {
+         FirstOf(p, v1::Instruction::kBackward).mutable_backward()->add_input_grad_buffer_ids(0);
+       },
+       {"backward.input_grad_tensors"}},
+      {"PeerOutsideTheWorld",
+       [](v1::ExecutionPlan& p) {
+         FirstOf(p, v1::Instruction::kRecvWait).mutable_recv_wait()->set_peer(9);
+       },
+       {"peer", "is 9"}},
+      {"EmptyInstruction",
+       [](v1::ExecutionPlan& p) { p.mutable_instructions(2)->Clear(); }, {"instruction #2", "op"}},
+      {"UnknownMicroBatch",
+       [](v1::ExecutionPlan& p) {
+         FirstOf(p, v1::Instruction::kForward).set_micro_batch(p.micro_batches_size());
+       },
+       {"micro_batch", "micro-batches"}},
+      {"StageOfAnotherRank",
+       [](v1::ExecutionPlan& p) { FirstOf(p, v1::Instruction::kBackward).set_stage(0); },
+       {"stage", "not one of the plan's stages"}},
+      {"WrongRank", [](v1::ExecutionPlan& p) { p.set_rank(0); }, {"rank", "does not match"}},
+  };
+}
+
+class PlanCheckCorruption : public ::testing::TestWithParam<Corruption> {};
+
+TEST_P(PlanCheckCorruption, IsRefusedNamingTheField) {
+  const v1::JobConfig config = Config({.pp = 2, .dp = 1});
+  std::vector<v1::ExecutionPlan> plans = Plans(config, 3);
+  ASSERT_EQ(plans.size(), 2u);
+  v1::ExecutionPlan plan = plans[1];
+  const PlanRecipient recipient = RecipientOf(plan);
+  ASSERT_THAT(CheckPlan(plan, config, recipient), IsOk());
+  GetParam().apply(plan);
+  const absl::Status status = CheckPlan(plan, config, recipient);
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument,
+                               AllOf(HasSubstr("plan of iteration 3 for rank"))));
+  for (const std::string& part : GetParam().expected) {
+    EXPECT_THAT(std::string(status.message()), HasSubstr(part));
+  }
+  std::printf("%s: %s\n", GetParam().name.c_str(), std::string(status.message()).c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Plans, PlanCheckCorruption, ::testing::ValuesIn(Corruptions()),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace varipipe::executor
