@@ -2,11 +2,16 @@
 # Installs what is missing, builds, runs the whole CTest suite and prints a
 # final "N passed, N failed" line. Exit status 0 only when every test passed.
 #
-# Usage: tests/run.sh [--quick] [--preset NAME] [-- extra ctest arguments]
+# Usage: tests/run.sh [--quick] [--label L] [--repeat N] [--preset NAME] [-- ctest arguments]
 #   --quick        skip tests labelled `slow`
+#   --label L      run only tests labelled L (unit, integration, slow, ...)
+#   --repeat N     stress mode: run the selected tests N times, each round with
+#                  twice as many parallel jobs as cores, and list every test that
+#                  failed in any round (exit status 1 if one did)
 #   --preset NAME  CMake preset to build (default: default; see CMakePresets.json)
 #
-# Environment: JOBS (parallel build and test jobs; default: number of cores).
+# Environment: JOBS (parallel build and test jobs; default: number of cores;
+# in stress mode the tests run with 2 x JOBS).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -14,12 +19,22 @@ cd "$root"
 
 preset=default
 quick=0
+label=""
+repeat=0
 ctest_args=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) quick=1; shift ;;
-    --preset) preset="$2"; shift 2 ;;
-    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --preset) preset="${2:?--preset needs a name}"; shift 2 ;;
+    --label) label="${2:?--label needs a label}"; shift 2 ;;
+    --repeat)
+      repeat="${2:-}"
+      if ! [[ "$repeat" =~ ^[1-9][0-9]*$ ]]; then
+        echo "tests/run.sh: --repeat needs a positive count (got '${2:-}')" >&2
+        exit 2
+      fi
+      shift 2 ;;
+    -h|--help) sed -n '2,/^[^#]/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; ctest_args+=("$@"); break ;;
     *) echo "tests/run.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
@@ -53,26 +68,83 @@ if command -v ccache >/dev/null; then ccache --show-stats 2>/dev/null | grep -iE
 
 step "test"
 label_args=()
-[[ $quick -eq 1 ]] && label_args=(-LE slow)
+[[ $quick -eq 1 ]] && label_args+=(-LE slow)
+[[ -n "$label" ]] && label_args+=(-L "$label")
+
+# Runs ctest once with `$1` parallel jobs, output to the console and to `$2`;
+# returns ctest's exit status.
+run_ctest() {
+  local parallel=$1 out=$2 status
+  set +e
+  ctest --test-dir "$build_dir" -j "$parallel" --output-on-failure --no-tests=error \
+    "${label_args[@]}" "${ctest_args[@]}" 2>&1 | tee "$out"
+  status=${PIPESTATUS[0]}
+  set -e
+  return "$status"
+}
+
+# "N tests passed, M tests failed out of T" -> "M T" (empty when absent).
+failed_and_total() {
+  grep -E "tests passed, [0-9]+ tests failed out of [0-9]+" "$1" | tail -1 |
+    sed -E 's/.*tests passed, ([0-9]+) tests failed out of ([0-9]+).*/\1 \2/'
+}
+
+if [[ $repeat -gt 0 ]]; then
+  # Stress mode: the same tests, round after round, under twice the load the
+  # machine has cores for; a test that fails in any round is flaky (or broken).
+  parallel=$(( 2 * jobs ))
+  stress_dir="$build_dir/Testing/stress"
+  rm -rf "$stress_dir"
+  mkdir -p "$stress_dir"
+  passed_all=0
+  failed_all=0
+  for round in $(seq 1 "$repeat"); do
+    step "stress round $round of $repeat (-j $parallel)"
+    round_log="$stress_dir/round-$round.log"
+    run_ctest "$parallel" "$round_log" || true
+    read -r failed total < <(failed_and_total "$round_log") || true
+    if [[ -z "${total:-}" ]]; then
+      echo "tests/run.sh: round $round produced no ctest summary (see $round_log)" >&2
+      failed=1; total=1
+      echo "(no summary in round $round)" >> "$stress_dir/failed-tests"
+    fi
+    passed_all=$(( passed_all + total - failed ))
+    failed_all=$(( failed_all + failed ))
+    # ctest lists failures as "  12 - suite.Test (Failed)" after this line.
+    sed -n '/The following tests FAILED:/,$p' "$round_log" |
+      sed -nE 's/^[[:space:]]*[0-9]+ - ([^ ]+) .*/\1/p' |
+      sed "s/\$/ (round $round)/" >> "$stress_dir/failed-tests"
+  done
+  echo
+  echo "stress: $repeat rounds at -j $parallel, logs in $stress_dir"
+  if [[ -s "$stress_dir/failed-tests" ]]; then
+    echo "tests that failed at least once (name, failures, rounds):"
+    sed -E 's/ \(round ([0-9]+)\)$/ \1/' "$stress_dir/failed-tests" |
+      awk '{n[$1]++; r[$1] = r[$1] (r[$1] ? "," : "") $2} END {for (t in n) printf "  %s: %d of '"$repeat"' (rounds %s)\n", t, n[t], r[t]}' |
+      sort
+  else
+    echo "no test failed in any round"
+  fi
+  echo
+  echo "$passed_all passed, $failed_all failed"
+  [[ $failed_all -eq 0 ]]
+  exit
+fi
+
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-set +e
-ctest --test-dir "$build_dir" -j "$jobs" --output-on-failure --no-tests=error \
-  "${label_args[@]}" "${ctest_args[@]}" 2>&1 | tee "$log"
-ctest_status=${PIPESTATUS[0]}
-set -e
+ctest_status=0
+run_ctest "$jobs" "$log" || ctest_status=$?
 
 # Show that the Redis tests ran against a real server.
 grep -h "^redis-server .* on 127\.0\.0\.1:" "$build_dir/Testing/Temporary/LastTest.log" \
   2>/dev/null | sort -u | sed 's/^/  real server: /' || true
 
-summary=$(grep -E "tests passed, [0-9]+ tests failed out of [0-9]+" "$log" | tail -1 || true)
-if [[ -z "$summary" ]]; then
+read -r failed total < <(failed_and_total "$log") || true
+if [[ -z "${total:-}" ]]; then
   echo "0 passed, 1 failed (ctest produced no summary; exit status $ctest_status)"
   exit 1
 fi
-failed=$(sed -E 's/.*tests passed, ([0-9]+) tests failed out of ([0-9]+).*/\1/' <<<"$summary")
-total=$(sed -E 's/.*tests passed, ([0-9]+) tests failed out of ([0-9]+).*/\2/' <<<"$summary")
 echo
 echo "$(( total - failed )) passed, $failed failed"
 [[ $ctest_status -eq 0 && $failed -eq 0 ]]
