@@ -115,6 +115,10 @@ ModelStage::ModelStage(const ModelSpec& spec, const StageRole& role) : spec_(spe
   }
 }
 
+void ModelStage::SetSelectiveRecompute(bool on) {
+  for (const std::shared_ptr<TransformerLayer>& layer : layers_) layer->set_recompute_attention(on);
+}
+
 torch::Tensor ModelStage::Embed(const torch::Tensor& tokens, const torch::Tensor& word,
                                 const torch::Tensor& position) const {
   const int64_t s = tokens.size(1);

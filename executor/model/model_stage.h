@@ -72,6 +72,11 @@ class ModelStage : public torch::nn::Module {
   // decoder stage only the encoder output (its `hidden`).
   StageActivations Forward(const StageActivations& in, const StageBatch& batch);
 
+  // Selective recomputation (the plan's recompute "selective") for the
+  // following forward passes: every layer's attention core is recomputed in
+  // backward instead of stored.
+  void SetSelectiveRecompute(bool on);
+
  private:
   torch::Tensor Embed(const torch::Tensor& tokens, const torch::Tensor& word,
                       const torch::Tensor& position) const;

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "executor/model/attention_mask.h"
+#include "executor/model/recomputed_attention.h"
 
 namespace varipipe::executor {
 
@@ -54,16 +55,16 @@ torch::Tensor TransformerLayer::Forward(const torch::Tensor& x, const torch::Ten
   const torch::Tensor qkv = torch::linear(LayerNorm(x, ln1_weight_, ln1_bias_), qkv_weight_,
                                           qkv_bias_);
   const std::vector<torch::Tensor> parts = qkv.chunk(3, -1);
-  torch::Tensor y =
-      x + torch::linear(MaskedAttention(parts[0], parts[1], parts[2], self_mask, heads_),
-                        proj_weight_, proj_bias_);
+  const auto attention = recompute_attention_ ? RecomputedMaskedAttention : MaskedAttention;
+  torch::Tensor y = x + torch::linear(attention(parts[0], parts[1], parts[2], self_mask, heads_),
+                                      proj_weight_, proj_bias_);
   // Cross-attention branch (T5 decoder): queries from the decoder, keys and
   // values from the encoder output.
   if (cross_attention_) {
     const torch::Tensor q = torch::linear(LayerNorm(y, lnx_weight_, lnx_bias_), xq_weight_,
                                           xq_bias_);
     const std::vector<torch::Tensor> kv = torch::linear(memory, xkv_weight_, xkv_bias_).chunk(2, -1);
-    y = y + torch::linear(MaskedAttention(q, kv[0], kv[1], cross_mask, heads_), xproj_weight_,
+    y = y + torch::linear(attention(q, kv[0], kv[1], cross_mask, heads_), xproj_weight_,
                           xproj_bias_);
   }
   // MLP branch.

@@ -25,6 +25,11 @@ class TransformerLayer : public torch::nn::Module {
   torch::Tensor Forward(const torch::Tensor& x, const torch::Tensor& self_mask,
                         const torch::Tensor& memory = {}, const torch::Tensor& cross_mask = {});
 
+  // Selective recomputation: the attention cores (self and cross) keep no
+  // intermediates for backward and are recomputed there
+  // (recomputed_attention.h). Off by default.
+  void set_recompute_attention(bool on) { recompute_attention_ = on; }
+
  private:
   torch::Tensor LayerNorm(const torch::Tensor& x, const torch::Tensor& weight,
                           const torch::Tensor& bias) const;
@@ -32,6 +37,7 @@ class TransformerLayer : public torch::nn::Module {
   int64_t hidden_;
   int64_t heads_;
   bool cross_attention_;
+  bool recompute_attention_ = false;
   torch::Tensor ln1_weight_, ln1_bias_, qkv_weight_, qkv_bias_, proj_weight_, proj_bias_;
   torch::Tensor lnx_weight_, lnx_bias_, xq_weight_, xq_bias_, xkv_weight_, xkv_bias_,
       xproj_weight_, xproj_bias_;

@@ -36,6 +36,7 @@
 #include "executor/runtime/device.h"
 #include "executor/runtime/executor_status_service.h"
 #include "executor/runtime/launch_env.h"
+#include "executor/runtime/counting_allocator.h"
 #include "executor/runtime/plan_check.h"
 #include "executor/runtime/plan_files.h"
 #include "executor/runtime/plan_interpreter.h"
@@ -140,6 +141,9 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
                    executor::ExecutorStatusBoard& board) {
   const uint32_t pp = config.parallelism().pipeline();
   const uint32_t chunks = std::max<uint32_t>(1, config.parallelism().virtual_chunks());
+  // CPUs: count tensor bytes (activation peaks per instruction), before any
+  // model state exists.
+  if (!device.is_cuda) executor::InstallCountingCpuAllocator();
   // The data and the model.
   VP_ASSIGN_OR_RETURN(std::unique_ptr<SampleDataset> dataset, OpenSampleDataset(config));
   const SamplerOptions sampler = SamplerOptionsFromConfig(config);
@@ -240,6 +244,7 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
   options.pipeline_group = pipeline_group;
   options.host_transport = host;
   options.progress = board.progress();
+  if (!device.is_cuda) options.memory = &executor::ProcessMemoryAccount();
   // GPUs compute in the model dtype under autocast (fp32 master weights);
   // CPUs always compute in fp32.
   if (device.is_cuda && config.model().dtype() != v1::FLOAT32) {
@@ -320,6 +325,13 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
     const double real_tokens = totals[1] * n;
     const double padded_tokens = totals[2] * n;
     const int64_t peak_bytes = executor::PeakMemoryBytes(device);
+    // Rank 0's measured activation peak (CPU, counting allocator), -1 when
+    // not measured.
+    const double activation_peak_mib =
+        stats.memory_peak_bytes >= 0
+            ? static_cast<double>(stats.memory_peak_bytes - stats.memory_start_bytes) /
+                  (1024.0 * 1024.0)
+            : -1.0;
     const double peak_mib = static_cast<double>(peak_bytes) / (1024.0 * 1024.0);
     board.EndIteration(loss, real_tokens / step_seconds,
                        static_cast<uint64_t>(executor::CurrentMemoryBytes(device)),
@@ -357,12 +369,13 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
                        "\"compute_ms\": %.3f, \"communication_ms\": %.3f, "
                        "\"interpreter_overhead_ms\": %.4f, \"instructions\": %d, "
                        "\"learning_rate\": %.6g, \"grad_norm\": %.6f, \"peak_memory_mib\": %.1f, "
-                       "\"predicted_ms\": %.3f}",
+                       "\"activation_peak_mib\": %.3f, \"predicted_ms\": %.3f}",
                        iteration, loss, real_tokens / step_seconds,
                        padded_tokens > 0 ? real_tokens / padded_tokens : 0.0, step_seconds * 1e3,
                        stats.compute_seconds * 1e3, stats.communication_seconds * 1e3,
                        stats.overhead_seconds * 1e3, stats.instructions, stats.learning_rate,
-                       stats.grad_norm, peak_mib, plan->predicted_iteration_ms())
+                       stats.grad_norm, peak_mib, activation_peak_mib,
+                       plan->predicted_iteration_ms())
                 << std::endl;
       }
     }

@@ -3,6 +3,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <exception>
@@ -99,6 +100,12 @@ class IterationRun {
           static_cast<uint64_t>(mb.sample_ids_size()) * (mb.input_len() + mb.target_len());
     }
     InstructionProgress* progress = it_.options_.progress;
+    MemoryAccount* memory = it_.options_.memory;
+    if (memory != nullptr) {
+      stats_.memory_start_bytes = memory->current_bytes();
+      stats_.memory_peak_bytes = stats_.memory_start_bytes;
+      stats_.instruction_memory.reserve(static_cast<size_t>(plan_.instructions_size()));
+    }
     for (index_ = 0; index_ < plan_.instructions_size(); ++index_) {
       const v1::Instruction& in = plan_.instructions(index_);
       if (progress != nullptr) {
@@ -109,10 +116,16 @@ class IterationRun {
         progress->index.store(index_, std::memory_order_release);
       }
       absl::Status status;
+      if (memory != nullptr) memory->ResetPeak();
       try {
         status = Dispatch(in);
       } catch (const std::exception& e) {
         status = absl::InternalError(e.what());
+      }
+      if (memory != nullptr) {
+        const InstructionMemory m{memory->current_bytes(), memory->peak_bytes()};
+        stats_.instruction_memory.push_back(m);
+        stats_.memory_peak_bytes = std::max(stats_.memory_peak_bytes, m.peak_bytes);
       }
       if (!status.ok()) {
         return absl::Status(
@@ -287,6 +300,8 @@ class IterationRun {
     VP_RETURN_IF_ERROR(Inputs(in, &saved.in, &saved.batch));
     const bool recompute = plan_.recompute() == "full";
     // Full recomputation: the forward builds no graph; the backward re-runs it.
+    // Selective: the graph keeps everything but the attention cores.
+    stage->SetSelectiveRecompute(plan_.recompute() == "selective");
     std::optional<torch::NoGradGuard> no_grad;
     if (recompute) no_grad.emplace();
     StageActivations out =

@@ -29,6 +29,7 @@
 #include "executor/comm/transport.h"
 #include "executor/data/micro_batch_loader.h"
 #include "executor/model/model_stage.h"
+#include "executor/runtime/counting_allocator.h"
 #include "executor/runtime/instruction_progress.h"
 #include "executor/runtime/training_optimizer.h"
 #include "varipipe/v1/plan.pb.h"
@@ -55,6 +56,17 @@ struct InterpreterOptions {
   Transport* host_transport = nullptr;
   // Updated before every instruction when set.
   InstructionProgress* progress = nullptr;
+  // CPU memory measurement (counting_allocator.h): when set, the iteration
+  // records this account's bytes per instruction. The executor passes the
+  // process's account; threaded tests pass each rank's own.
+  MemoryAccount* memory = nullptr;
+};
+
+// Measured memory around one instruction: live bytes after it and the
+// highest level while it ran.
+struct InstructionMemory {
+  int64_t current_bytes = 0;
+  int64_t peak_bytes = 0;
 };
 
 // Compute time of one micro-batch on one stage: the forward pass, and the
@@ -87,6 +99,13 @@ struct IterationStats {
   double total_seconds = 0;
   // In the order of the first forward of each (stage, micro-batch).
   std::vector<MicroBatchTime> micro_batch_times;
+  // With InterpreterOptions::memory: live bytes when the iteration started
+  // (parameters, optimizer state, gradients after the first iteration), the
+  // peak during it, and per instruction. The activation peak is the
+  // difference of the first two. -1 / empty without measurement.
+  int64_t memory_start_bytes = -1;
+  int64_t memory_peak_bytes = -1;
+  std::vector<InstructionMemory> instruction_memory;
 };
 
 class PlanInterpreter {

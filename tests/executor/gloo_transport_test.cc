@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -86,15 +87,23 @@ TEST_F(GlooTransportTest, TransfersPairInChannelOrder) {
 }
 
 TEST_F(GlooTransportTest, AWaitWithoutAPeerTimesOutNamingThePeer) {
-  RunRanks(2, "timeout", [](int rank, GlooTransport& t) {
+  // Rank 0 stays alive (and connected) until rank 1's wait has timed out, so
+  // the outcome cannot depend on how fast either thread runs.
+  absl::Notification waited;
+  RunRanks(2, "timeout", [&waited](int rank, GlooTransport& t) {
     if (rank == 1) {
       float x = 0;
       auto r = t.StartRecv(0, &x, sizeof(x));
-      ASSERT_THAT(r, IsOk());
-      EXPECT_THAT((*r)->Wait(absl::Now() + absl::Milliseconds(300)),
-                  StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("rank 0")));
+      if (r.ok()) {
+        EXPECT_THAT((*r)->Wait(absl::Now() + absl::Milliseconds(300)),
+                    StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("rank 0")));
+      } else {
+        ADD_FAILURE() << r.status();
+      }
+      waited.Notify();
     } else {
-      absl::SleepFor(absl::Seconds(1));  // alive, but never sends
+      // Alive, but never sends. The bound only ends the test if rank 1 died.
+      EXPECT_TRUE(waited.WaitForNotificationWithTimeout(absl::Seconds(120)));
     }
   });
 }

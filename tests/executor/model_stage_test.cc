@@ -10,8 +10,10 @@
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "executor/runtime/counting_allocator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/seed.h"
@@ -297,6 +299,99 @@ TEST(ModelStageTest, PaddingDoesNotChangeRealPositions) {
   const int64_t n = static_cast<int64_t>(samples[0].input.size());
   EXPECT_TRUE(torch::allclose(a.hidden[0].slice(0, 0, n), b.hidden[0].slice(0, 0, n), 1e-5, 1e-6));
 }
+
+}  // namespace
+}  // namespace varipipe::executor
+
+namespace varipipe::executor {
+namespace {
+
+TEST(CountingAllocatorTest, CountsLiveStoragesAndThePeakPerAccount) {
+  InstallCountingCpuAllocator();
+  ASSERT_TRUE(CountingCpuAllocatorInstalled());
+  MemoryAccount account;
+  ScopedAccount scope(&account);
+  const int64_t before = account.current_bytes();
+  {
+    torch::Tensor a = torch::empty({1000}, torch::kFloat32);  // 4000 bytes
+    EXPECT_EQ(account.current_bytes() - before, 4000);
+    torch::Tensor b = torch::empty({250}, torch::kFloat64);  // 2000 bytes
+    EXPECT_EQ(account.current_bytes() - before, 6000);
+  }
+  EXPECT_EQ(account.current_bytes(), before);
+  EXPECT_EQ(account.peak_bytes() - before, 6000);
+  account.ResetPeak();
+  EXPECT_EQ(account.peak_bytes(), account.current_bytes());
+  // Another thread's allocations go to its own account (or the process's).
+  MemoryAccount other;
+  torch::Tensor kept;
+  std::thread([&] {
+    ScopedAccount other_scope(&other);
+    kept = torch::empty({100}, torch::kFloat32);
+  }).join();
+  EXPECT_EQ(other.current_bytes(), 400);
+  EXPECT_EQ(account.current_bytes(), before);
+  kept = torch::Tensor();  // freed here, credited to the account that paid
+  EXPECT_EQ(other.current_bytes(), 0);
+}
+
+// Selective recomputation (Korthikanti et al. section 4.2): the same loss and
+// gradients as no recomputation, while the forward keeps less: at least one
+// [b, heads, s, s] fp32 tensor per attention core fewer.
+class SelectiveRecomputeTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(SelectiveRecomputeTest, SameGradientsLessStoredMemory) {
+  InstallCountingCpuAllocator();
+  const bool t5 = GetParam();
+  const ModelSpec spec = t5 ? SmallT5() : SmallGpt();
+  std::mt19937 rng(::varipipe::testing::TestSeed("SelectiveRecomputeSameGradients"));
+  const std::vector<Sample> samples = RandomSamples(spec, 6, rng);
+  const StageBatch batch = MakeBatch(spec, samples, 12, LossScale(spec, samples));
+  const auto stages = BuildStages(spec, 1);
+  ModelStage& stage = *stages[0];
+  MemoryAccount account;
+  ScopedAccount scope(&account);
+
+  struct Run {
+    double loss = 0;
+    int64_t stored_bytes = 0;  // what the forward keeps for the backward
+    std::map<std::string, torch::Tensor> grads;
+  };
+  const auto run = [&](bool selective) {
+    Run r;
+    stage.SetSelectiveRecompute(selective);
+    for (auto& p : stage.parameters()) p.mutable_grad() = torch::Tensor();
+    const int64_t before = account.current_bytes();
+    StageActivations out = stage.Forward({}, batch);
+    r.stored_bytes = account.current_bytes() - before;
+    r.loss = out.loss.item<double>();
+    out.loss.backward();
+    for (const auto& item : stage.named_parameters()) r.grads[item.key()] = item.value().grad().clone();
+    return r;
+  };
+  const Run none = run(false);
+  const Run selective = run(true);
+  EXPECT_DOUBLE_EQ(selective.loss, none.loss);
+  for (const auto& [name, grad] : none.grads) {
+    EXPECT_LE(RelativeDifference(selective.grads.at(name), grad), 1e-6) << name;
+  }
+  const int64_t b = batch.input_tokens.size(0);
+  const int64_t s = batch.input_tokens.size(1);
+  const int64_t t = t5 ? batch.decoder_tokens.size(1) : 0;
+  // One [b, heads, q, k] fp32 tensor per attention core: encoder/GPT self
+  // attention s x s; T5 decoder self t x t and cross t x s.
+  const int64_t cores = spec.num_layers * s * s + spec.num_decoder_layers * (t * t + t * s);
+  const int64_t one_tensor_per_core = b * spec.num_attention_heads * cores * 4;
+  std::printf("stored by the forward: none %.1f KiB, selective %.1f KiB (saved %.1f KiB; "
+              "one score tensor per attention core is %.1f KiB)\n",
+              none.stored_bytes / 1024.0, selective.stored_bytes / 1024.0,
+              (none.stored_bytes - selective.stored_bytes) / 1024.0,
+              one_tensor_per_core / 1024.0);
+  EXPECT_GE(none.stored_bytes - selective.stored_bytes, one_tensor_per_core);
+}
+
+INSTANTIATE_TEST_SUITE_P(GptAndT5, SelectiveRecomputeTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "T5" : "Gpt"; });
 
 }  // namespace
 }  // namespace varipipe::executor

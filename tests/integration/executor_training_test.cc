@@ -246,7 +246,8 @@ TEST_P(ServicePath, ExecutorsTrainFromThePlannerService) {
                 .exit_code,
             0);
   std::string port;
-  for (int i = 0; i < 200 && (port.empty() || ReadFile(dir / "store").empty()); ++i) {
+  // Up to 2 minutes on a loaded machine.
+  for (int i = 0; i < 2400 && (port.empty() || ReadFile(dir / "store").empty()); ++i) {
     port = ReadFile(dir / "port");
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -294,7 +295,10 @@ TEST_F(TrainingService, AKilledExecutorIsNamedAndTheRerunResumesFromTheCheckpoin
 
 TEST_F(TrainingService, AStoppedRankShowsInThePeersStatusAndTheWatchdogNamesIt) {
   dir_ = FreshDirectory("stuck");
-  constexpr int kWatchdogSeconds = 4;
+  // Rank 0's status shows the stuck wait from the moment it blocks until its
+  // watchdog fires: 10 s is the window the test polls in, wide enough for a
+  // loaded machine.
+  constexpr int kWatchdogSeconds = 10;
   std::ofstream(dir_ / "job.json")
       << JobConfig("stuck", redis_->port(), 2, 1, 40,
                    absl::StrCat(R"(, "watchdog_timeout_s": )", kWatchdogSeconds));
@@ -306,15 +310,24 @@ TEST_F(TrainingService, AStoppedRankShowsInThePeersStatusAndTheWatchdogNamesIt) 
              "--config job.json --plans plans --run_id stuck --metrics_jsonl m.jsonl");
   ASSERT_TRUE(WaitForMetricLines(dir_ / "m.jsonl", 3)) << RankLogs(dir_, 2);
   Signal(dir_, "rank1", SIGSTOP);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   // Rank 0's status endpoint: the port it logged.
   const std::string log0 = ReadFile(dir_ / "rank0.log");
   const std::string marker = "status endpoint (StatusService, health) on 127.0.0.1:";
   const size_t at = log0.find(marker);
   ASSERT_NE(at, std::string::npos) << log0;
   const int port = std::stoi(log0.substr(at + marker.size()));
-  const CommandResult status =
-      RunCommand(absl::StrCat(Bin("varipipe-ctl"), " executor --address 127.0.0.1:", port));
+  // Polled until rank 0 has run into the wait on its stopped peer (it may
+  // still be computing when the signal lands).
+  CommandResult status;
+  const auto poll_until = Clock::now() + std::chrono::seconds(2 * kWatchdogSeconds);
+  do {
+    status = RunCommand(absl::StrCat(Bin("varipipe-ctl"), " executor --address 127.0.0.1:", port));
+    if (absl::StrContains(status.output, "in instruction #") &&
+        absl::StrContains(status.output, "wait")) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  } while (Clock::now() < poll_until && !RankExit(dir_, 0).has_value());
   std::printf("%s", status.output.c_str());
   EXPECT_EQ(status.exit_code, 0) << status.output;
   EXPECT_THAT(
@@ -329,7 +342,7 @@ TEST_F(TrainingService, AStoppedRankShowsInThePeersStatusAndTheWatchdogNamesIt) 
   ASSERT_TRUE(RankExit(dir_, 0).has_value()) << RankLogs(dir_, 2);
   EXPECT_NE(RankExit(dir_, 0), 0);
   EXPECT_THAT(ReadFile(dir_ / "rank0.log"),
-              ::testing::AllOf(HasSubstr("did not complete (watchdog timeout 4s)"),
+              ::testing::AllOf(HasSubstr(absl::StrCat("did not complete (watchdog timeout ", kWatchdogSeconds, "s)")),
                                HasSubstr("rank 1 stopped without reporting an error")))
       << RankLogs(dir_, 2);
 }

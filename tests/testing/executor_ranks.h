@@ -79,8 +79,9 @@ inline void StartRanks(const std::filesystem::path& dir, int ranks, const std::s
       Bin("varipipe-executor"), " ", flags, status_flags, " > rank$r.log 2>&1 & pid=$!; ",
       KillLater("$pid"),
       " echo $pid > rank$r.pid; wait $pid; echo $? > rank$r.exit) > /dev/null 2>&1 & done"));
-  // The pid files exist once every rank started.
-  for (int i = 0; i < 200; ++i) {
+  // The pid files exist once every rank started (up to a minute on a loaded
+  // machine).
+  for (int i = 0; i < 3000; ++i) {
     bool all = true;
     for (int r = 0; r < ranks; ++r) {
       all = all && ReadNumber(dir / absl::StrCat("rank", r, ".pid")).has_value();
@@ -135,7 +136,7 @@ inline std::string StartPlannerDaemon(const std::filesystem::path& dir, const st
                           " --listen 127.0.0.1:0 --port_file ", name, ".port > ", name,
                           ".log 2>&1 & pid=$!; ", KillLater("$pid"), " echo $pid > ", name,
                           ".pid) > /dev/null 2>&1"));
-  for (int i = 0; i < 300; ++i) {
+  for (int i = 0; i < 2400; ++i) {  // up to 2 minutes on a loaded machine
     if (std::optional<int> port = ReadNumber(dir / (name + ".port")); port && *port > 0) {
       return absl::StrCat("127.0.0.1:", *port);
     }

@@ -1,0 +1,67 @@
+#include "executor/model/recomputed_attention.h"
+
+#include <ATen/autocast_mode.h>
+
+#include "executor/model/attention_mask.h"
+
+namespace varipipe::executor {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+class RecomputedAttention : public torch::autograd::Function<RecomputedAttention> {
+ public:
+  // Runs without autograd (as every custom Function's forward): nothing of
+  // the core is kept.
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q,
+                               const torch::Tensor& k, const torch::Tensor& v,
+                               const torch::Tensor& mask, int64_t heads) {
+    ctx->save_for_backward({q, k, v, mask});
+    ctx->saved_data["heads"] = heads;
+    // The recomputation must see the forward's precision (CUDA autocast).
+    const bool autocast = at::autocast::is_enabled();
+    ctx->saved_data["autocast"] = autocast;
+    if (autocast) {
+      ctx->saved_data["autocast_dtype"] =
+          static_cast<int64_t>(at::autocast::get_autocast_gpu_dtype());
+    }
+    return MaskedAttention(q, k, v, mask, heads);
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
+    const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
+    const int64_t heads = ctx->saved_data["heads"].toInt();
+    const bool autocast = ctx->saved_data["autocast"].toBool();
+    torch::Tensor q = saved[0].detach().requires_grad_(true);
+    torch::Tensor k = saved[1].detach().requires_grad_(true);
+    torch::Tensor v = saved[2].detach().requires_grad_(true);
+    torch::Tensor out;
+    {
+      torch::AutoGradMode enable_grad(true);
+      const bool was_enabled = at::autocast::is_enabled();
+      const at::ScalarType was_dtype = at::autocast::get_autocast_gpu_dtype();
+      if (autocast) {
+        at::autocast::set_autocast_gpu_dtype(
+            static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()));
+      }
+      at::autocast::set_enabled(autocast);
+      out = MaskedAttention(q, k, v, saved[3], heads);
+      at::autocast::set_enabled(was_enabled);
+      at::autocast::set_autocast_gpu_dtype(was_dtype);
+    }
+    const tensor_list grads = torch::autograd::grad({out}, {q, k, v}, {grad_outputs[0]});
+    // One gradient per input of forward: none for the mask and the head count.
+    return {grads[0], grads[1], grads[2], torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor RecomputedMaskedAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                        const torch::Tensor& v, const torch::Tensor& mask,
+                                        int64_t heads) {
+  return RecomputedAttention::apply(q, k, v, mask, heads);
+}
+
+}  // namespace varipipe::executor
