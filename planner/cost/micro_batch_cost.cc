@@ -17,15 +17,17 @@ class DeviceSum {
     stored_ += count * v.stored_bytes;
     transient_ = std::max(transient_, v.peak_bytes - v.stored_bytes);
   }
-  void MergeInto(MicroBatchCost* out) const {
+  // `scale`: reference bytes per byte of this device (its room's share).
+  void MergeInto(MicroBatchCost* out, double scale = 1) const {
     const double time = forward_ms_ + backward_ms_;
     if (time > out->time_ms) {
       out->time_ms = time;
       out->forward_ms = forward_ms_;
       out->backward_ms = backward_ms_;
     }
-    out->stored_bytes = std::max(out->stored_bytes, stored_);
-    out->peak_bytes = std::max(out->peak_bytes, stored_ + transient_);
+    out->stored_bytes = std::max(out->stored_bytes, scale * stored_);
+    out->peak_bytes = std::max(out->peak_bytes, scale * (stored_ + transient_));
+    out->transient_bytes = std::max(out->transient_bytes, scale * transient_);
   }
 
  private:
@@ -80,6 +82,15 @@ absl::StatusOr<MicroBatchCostModel> MicroBatchCostModel::Create(const CostModel&
   return m;
 }
 
+void MicroBatchCostModel::SetDeviceRoom(const std::vector<double>& room, double reference) {
+  const uint32_t c = layout_.devices;
+  if (room.size() != c || c == 0) return;
+  first_scale_ = reference / room[0];
+  last_scale_ = reference / room[c - 1];
+  first_decoder_scale_ =
+      layout_.encoder_decoder && c > 1 ? reference / room[layout_.encoder_devices] : last_scale_;
+}
+
 bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& decoder,
                                   const CostValues& encoder_embedding,
                                   const CostValues& decoder_embedding,
@@ -92,17 +103,17 @@ bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& d
       only.Add(encoder, l.encoder_layers_per_device);
       only.Add(encoder_embedding, 1);
       only.Add(postprocess, 1);
-      only.MergeInto(out);
+      only.MergeInto(out, first_scale_);
       return true;
     }
     DeviceSum first;
     first.Add(encoder, l.encoder_layers_per_device);
     first.Add(encoder_embedding, 1);
-    first.MergeInto(out);
+    first.MergeInto(out, first_scale_);
     DeviceSum last;
     last.Add(encoder, l.encoder_layers_per_device);
     last.Add(postprocess, 1);
-    last.MergeInto(out);
+    last.MergeInto(out, last_scale_);
     return true;
   }
   if (l.shared_device()) {
@@ -112,24 +123,24 @@ bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& d
     only.Add(decoder, l.decoder_layers_per_device);
     only.Add(decoder_embedding, 1);
     only.Add(postprocess, 1);
-    only.MergeInto(out);
+    only.MergeInto(out, first_scale_);
     return true;
   }
   DeviceSum first_encoder;
   first_encoder.Add(encoder, l.encoder_layers_per_device);
   first_encoder.Add(encoder_embedding, 1);
-  first_encoder.MergeInto(out);
+  first_encoder.MergeInto(out, first_scale_);
   const bool one_decoder_device = l.devices - l.encoder_devices == 1;
   DeviceSum first_decoder;
   first_decoder.Add(decoder, l.decoder_layers_per_device);
   first_decoder.Add(decoder_embedding, 1);
   if (one_decoder_device) first_decoder.Add(postprocess, 1);
-  first_decoder.MergeInto(out);
+  first_decoder.MergeInto(out, first_decoder_scale_);
   if (!one_decoder_device) {
     DeviceSum last;
     last.Add(decoder, l.decoder_layers_per_device);
     last.Add(postprocess, 1);
-    last.MergeInto(out);
+    last.MergeInto(out, last_scale_);
   }
   return true;
 }

@@ -26,8 +26,13 @@ struct MicroBatchCost {
   double forward_ms = 0;    // bottleneck device
   double backward_ms = 0;   // bottleneck device
   double time_ms = 0;       // forward + backward of the bottleneck device
-  double stored_bytes = 0;  // largest per-device stored activation
-  double peak_bytes = 0;    // largest per-device peak
+  // Memory of the device closest to its room. Without SetDeviceRoom: the
+  // largest per-device value in bytes. With it: each device's bytes scaled
+  // by reference / room(device), so that one limit in reference bytes
+  // checks every device against its own room.
+  double stored_bytes = 0;     // stored activation
+  double peak_bytes = 0;       // stored + largest transient of one component
+  double transient_bytes = 0;  // largest transient (peak - stored) of any device
 };
 
 // Costs of one pipeline stage (device, or model chunk with interleaving)
@@ -78,6 +83,16 @@ class MicroBatchCostModel {
   bool EvaluateStages(uint32_t b, uint32_t input_len, uint32_t target_len, uint32_t chunks,
                       uint32_t hidden, uint32_t dtype_bytes, std::vector<StageCost>* out) const;
 
+  // Per-device memory (DynaPipe section 4, memory limits): `room[d]` is
+  // pipeline device d's activation room (its limit minus its own model
+  // state); Evaluate then reports memory in units of `reference` bytes
+  // (see MicroBatchCost). Each device class of Combine (first, last, T5's
+  // first decoder device) is scaled by its own device's room; devices
+  // between them hold a subset of the components and at least as much
+  // room, so they never bind first. REQUIRES: room.size() == devices, all
+  // positive.
+  void SetDeviceRoom(const std::vector<double>& room, double reference);
+
   const StageLayout& layout() const { return layout_; }
   Recompute recompute() const { return recompute_; }
 
@@ -98,6 +113,10 @@ class MicroBatchCostModel {
   // All grids share the encoder grid's b axis: one LocateBatch serves every
   // component.
   bool shared_b_axis_ = false;
+  // Memory scale of each device class (1: bytes).
+  double first_scale_ = 1;          // device 0
+  double first_decoder_scale_ = 1;  // T5: first decoder device
+  double last_scale_ = 1;           // last device
 };
 
 }  // namespace varipipe::planner

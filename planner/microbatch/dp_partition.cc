@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "planner/parallel.h"
 
 namespace varipipe::planner {
 namespace {
@@ -50,20 +51,42 @@ double RunDp(const RunTable& runs, const std::vector<uint32_t>& width, double tm
   return f[n];
 }
 
-// Phase 1: costs of all runs within the limits, keeping per-range maxima of
-// the lengths as a run grows. Runs stop growing at the first violation:
-// costs grow with the run.
-void BuildRuns(const DpProblem& p, double stored_limit, double run_cap, RunTable& runs) {
+// Phase 0: each sample alone (for errors, feasibility and the run cap).
+void CostSingles(const DpProblem& p, RunTable& runs) {
   const size_t n = p.order.size();
-  runs.offset.resize(n);
-  runs.width.resize(n);
   runs.single.resize(n);
   runs.single_known.assign(n, false);
-  runs.time.reserve(n * 8);
-  runs.stored.reserve(n * 8);
   MicroBatchCostModel::Row row;
   for (size_t i = 0; i < n; ++i) {
-    runs.offset[i] = static_cast<uint32_t>(runs.time.size());
+    const SampleLengths& s = p.samples[p.order[i]];
+    const uint32_t in = RoundUpLength(SequenceLength(s, p.policy), p.policy.multiple);
+    const uint32_t tg = p.policy.encoder_decoder ? RoundUpLength(s.target, p.policy.multiple) : 0;
+    runs.single_known[i] =
+        p.cost->PrepareRow(in, tg, &row) && p.cost->Evaluate(row, 1, &runs.single[i]);
+  }
+}
+
+// True when every sample fits a micro-batch of its own under the limit.
+bool SinglesFit(const DpProblem& p, const RunTable& runs, double stored_limit) {
+  for (size_t i = 0; i < runs.single.size(); ++i) {
+    if (!runs.single_known[i] || runs.single[i].stored_bytes > stored_limit ||
+        runs.single[i].peak_bytes > p.peak_limit_bytes) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Phase 1: costs of the runs starting at [begin, end) within the limits,
+// appended to time/stored with width[i] per start. Per-range maxima of the
+// lengths are kept as a run grows; runs stop growing at the first violation
+// (costs grow with the run).
+void BuildRunsFrom(const DpProblem& p, double stored_limit, double run_cap, size_t begin,
+                   size_t end, std::vector<uint32_t>& width, std::vector<double>& time,
+                   std::vector<double>& stored) {
+  const size_t n = p.order.size();
+  MicroBatchCostModel::Row row;
+  for (size_t i = begin; i < end; ++i) {
     uint32_t input_len = 0;
     uint32_t target_len = 0;
     bool row_ready = false;
@@ -80,18 +103,47 @@ void BuildRuns(const DpProblem& p, double stored_limit, double run_cap, RunTable
         if (!row_ready) break;
       }
       if (!p.cost->Evaluate(row, static_cast<uint32_t>(j - i + 1), &cost)) break;
-      if (j == i) {
-        runs.single[i] = cost;
-        runs.single_known[i] = true;
-      }
       if (cost.stored_bytes > stored_limit || cost.peak_bytes > p.peak_limit_bytes ||
           cost.time_ms > run_cap) {
         break;
       }
-      runs.time.push_back(cost.time_ms);
-      runs.stored.push_back(cost.stored_bytes);
+      time.push_back(cost.time_ms);
+      stored.push_back(cost.stored_bytes);
     }
-    runs.width[i] = static_cast<uint32_t>(j - i);
+    width[i] = static_cast<uint32_t>(j - i);
+  }
+}
+
+// Phase 1 over every start, in chunks of starts on p.threads threads; the
+// chunks are concatenated in order, so the table does not depend on the
+// thread count.
+void BuildRuns(const DpProblem& p, double stored_limit, double run_cap, RunTable& runs) {
+  const size_t n = p.order.size();
+  runs.offset.resize(n);
+  runs.width.resize(n);
+  const size_t chunks = p.threads > 1 ? std::min<size_t>(n, 8 * static_cast<size_t>(p.threads)) : 1;
+  std::vector<std::vector<double>> times(chunks);
+  std::vector<std::vector<double>> stored(chunks);
+  ParallelFor(chunks, p.threads, [&](size_t k) {
+    times[k].reserve(n / chunks * 8);
+    stored[k].reserve(n / chunks * 8);
+    BuildRunsFrom(p, stored_limit, run_cap, k * n / chunks, (k + 1) * n / chunks, runs.width,
+                  times[k], stored[k]);
+  });
+  size_t total = 0;
+  for (const std::vector<double>& t : times) total += t.size();
+  runs.time.clear();
+  runs.stored.clear();
+  runs.time.reserve(total);
+  runs.stored.reserve(total);
+  for (size_t k = 0; k < chunks; ++k) {
+    runs.time.insert(runs.time.end(), times[k].begin(), times[k].end());
+    runs.stored.insert(runs.stored.end(), stored[k].begin(), stored[k].end());
+  }
+  uint32_t offset = 0;
+  for (size_t i = 0; i < n; ++i) {
+    runs.offset[i] = offset;
+    offset += runs.width[i];
   }
 }
 
@@ -236,8 +288,43 @@ double PipelineObjective(double max_time_ms, double sum_time_ms, uint32_t pipeli
          sum_time_ms / std::max<uint32_t>(1, data_parallel);
 }
 
+namespace {
+
+// SolveBudget under a budget with depth: tightens the stored limit until
+// depth * max stored + max transient fits the peak limit (at most 8 rounds;
+// the simulator's check catches anything left).
+absl::StatusOr<DpSolution> SolveDepthBudget(const DpProblem& p, const RunTable& runs,
+                                            const DpBudget& budget, double cutoff,
+                                            double run_cap) {
+  double limit = budget.stored_limit_bytes;
+  for (int round = 0;; ++round) {
+    absl::StatusOr<DpSolution> solution = SolveBudget(p, runs, limit, cutoff, run_cap);
+    if (solution.ok()) solution->stored_limit_bytes = limit;
+    if (!solution.ok() || solution->pruned || budget.depth <= 1 || round == 8) return solution;
+    double stored = 0;
+    double transient = 0;
+    for (const MicroBatchCost& c : solution->costs) {
+      stored = std::max(stored, c.stored_bytes);
+      transient = std::max(transient, c.transient_bytes);
+    }
+    if (budget.depth * stored + transient <= p.peak_limit_bytes) return solution;
+    limit = (p.peak_limit_bytes - transient) / budget.depth;  // < stored <= limit
+  }
+}
+
+}  // namespace
+
 std::vector<absl::StatusOr<DpSolution>> SolveMicroBatchDpBudgets(
     const DpProblem& p, std::span<const double> stored_limits, double* cutoff) {
+  std::vector<DpBudget> budgets;
+  for (double limit : stored_limits) {
+    budgets.push_back({.stored_limit_bytes = limit, .cutoff = cutoff});
+  }
+  return SolveMicroBatchDpBudgets(p, budgets);
+}
+
+std::vector<absl::StatusOr<DpSolution>> SolveMicroBatchDpBudgets(
+    const DpProblem& p, std::span<const DpBudget> budgets) {
   std::vector<absl::StatusOr<DpSolution>> results;
   absl::Status invalid;
   if (p.cost == nullptr) {
@@ -249,7 +336,7 @@ std::vector<absl::StatusOr<DpSolution>> SolveMicroBatchDpBudgets(
     invalid = absl::InvalidArgumentError("micro-batch DP: invalid parameters");
   }
   if (!invalid.ok()) {
-    results.assign(stored_limits.size(), invalid);
+    results.assign(budgets.size(), invalid);
     return results;
   }
   // A run slower than this cannot be part of a partition that beats the
@@ -258,14 +345,47 @@ std::vector<absl::StatusOr<DpSolution>> SolveMicroBatchDpBudgets(
     return p.pipeline_stages > 1 && p.bound_search ? c * p.virtual_chunks / (p.pipeline_stages - 1)
                                                    : kInf;
   };
+  const auto cutoff_of = [](const DpBudget& b) { return b.cutoff != nullptr ? *b.cutoff : kInf; };
   RunTable runs;
-  const double largest =
-      stored_limits.empty() ? 0 : *std::max_element(stored_limits.begin(), stored_limits.end());
-  BuildRuns(p, largest, run_cap_for(*cutoff), runs);
-  for (double limit : stored_limits) {
+  CostSingles(p, runs);
+  double largest = 0;
+  double loosest = 0;  // runs up to the loosest cutoff's cap serve every budget
+  bool any_feasible = false;
+  for (const DpBudget& b : budgets) {
+    if (!SinglesFit(p, runs, b.stored_limit_bytes)) continue;  // needs no runs
+    largest = std::max(largest, b.stored_limit_bytes);
+    loosest = std::max(loosest, cutoff_of(b));
+    any_feasible = true;
+  }
+  // Where every sample fits alone, the all-singles partition is feasible:
+  // its objective bounds the optimum's, so no run of the optimum is slower
+  // than that objective * v / (c - 1). This keeps run widths independent of
+  // the mini-batch size (planning cost linear in the data-parallel width).
+  // Without a feasible budget no table is needed: each budget reports the
+  // sample that does not fit.
+  double run_cap = run_cap_for(loosest);
+  if (any_feasible) {
+    double max_single = 0;
+    double sum_single = 0;
+    for (const MicroBatchCost& c : runs.single) {
+      max_single = std::max(max_single, c.time_ms);
+      sum_single += c.time_ms;
+    }
+    run_cap = std::min(run_cap, run_cap_for(PipelineObjective(max_single, sum_single,
+                                                              p.pipeline_stages,
+                                                              p.virtual_chunks, p.data_parallel)));
+    BuildRuns(p, largest, run_cap, runs);
+  } else {
+    runs.offset.assign(p.order.size(), 0);
+    runs.width.assign(p.order.size(), 0);
+  }
+  for (const DpBudget& budget : budgets) {
+    const double cutoff = cutoff_of(budget);
     absl::StatusOr<DpSolution> solution =
-        SolveBudget(p, runs, limit, *cutoff, run_cap_for(*cutoff));
-    if (solution.ok() && !solution->pruned) *cutoff = std::min(*cutoff, solution->objective_ms);
+        SolveDepthBudget(p, runs, budget, cutoff, run_cap_for(cutoff));
+    if (solution.ok() && !solution->pruned && budget.cutoff != nullptr) {
+      *budget.cutoff = std::min(*budget.cutoff, solution->objective_ms);
+    }
     results.push_back(std::move(solution));
   }
   return results;

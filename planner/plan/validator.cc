@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "planner/parallel.h"
 
 namespace varipipe::planner {
 namespace {
@@ -208,8 +209,10 @@ absl::Status CheckRank(int rank, const v1::ExecutionPlan& plan, int ranks,
 }
 
 // The channel replay (check 3).
+// `ranks`: one set of ranks that only exchange transfers among themselves.
 absl::Status CheckDeadlockFree(std::span<const v1::ExecutionPlan> plans,
-                               const std::vector<std::vector<int>>& start_of_wait) {
+                               const std::vector<std::vector<int>>& start_of_wait,
+                               std::span<const int> ranks) {
   const int n = static_cast<int>(plans.size());
   struct Started {
     int rank;
@@ -260,7 +263,7 @@ absl::Status CheckDeadlockFree(std::span<const v1::ExecutionPlan> plans,
   while (true) {
     bool progress = false;
     bool all_done = true;
-    for (int r = 0; r < n; ++r) {
+    for (int r : ranks) {
       const v1::ExecutionPlan& plan = plans[r];
       while (pc[r] < plan.instructions_size()) {
         const v1::Instruction& in = plan.instructions(pc[r]);
@@ -288,18 +291,71 @@ absl::Status CheckDeadlockFree(std::span<const v1::ExecutionPlan> plans,
     if (all_done) return absl::OkStatus();
     if (!progress) {
       std::vector<std::string> stuck;
-      for (int r = 0; r < n; ++r) {
+      for (int r : ranks) {
         if (pc[r] < plans[r].instructions_size()) {
           stuck.push_back(absl::StrCat("rank ", r, " at instruction ", pc[r], " (",
                                        FormatInstruction(plans[r].instructions(pc[r])), ")"));
         }
       }
       int first = 0;
-      while (pc[first] == plans[first].instructions_size()) ++first;
+      for (int r : ranks) {
+        if (pc[r] < plans[r].instructions_size()) {
+          first = r;
+          break;
+        }
+      }
       return Fail(first, pc[first], plans[first],
                   absl::StrCat("deadlock: ", absl::StrJoin(stuck, "; ")));
     }
   }
+}
+
+// Ranks grouped by the transfers between them (union-find over peers),
+// each group ascending, groups by their first rank. Point-to-point transfers
+// stay within a pipeline replica, so each replica replays on its own.
+std::vector<std::vector<int>> TransferGroups(std::span<const v1::ExecutionPlan> plans) {
+  const int n = static_cast<int>(plans.size());
+  std::vector<int> parent(n);
+  for (int r = 0; r < n; ++r) parent[r] = r;
+  const auto find = [&](int r) {
+    while (parent[r] != r) r = parent[r] = parent[parent[r]];
+    return r;
+  };
+  for (int r = 0; r < n; ++r) {
+    for (const v1::Instruction& in : plans[r].instructions()) {
+      const v1::Instruction::OpCase op = in.op_case();
+      if (op != v1::Instruction::kSendStart && op != v1::Instruction::kRecvStart) continue;
+      const int peer = static_cast<int>(
+          op == v1::Instruction::kSendStart ? in.send_start().peer() : in.recv_start().peer());
+      if (peer < 0 || peer >= n) continue;  // CheckRank reports it
+      const int a = find(r);
+      const int b = find(peer);
+      parent[std::max(a, b)] = std::min(a, b);
+    }
+  }
+  std::vector<std::vector<int>> groups;
+  std::vector<int> group_of(n, -1);
+  for (int r = 0; r < n; ++r) {
+    const int root = find(r);
+    if (group_of[root] < 0) {
+      group_of[root] = static_cast<int>(groups.size());
+      groups.emplace_back();
+    }
+    groups[group_of[root]].push_back(r);
+  }
+  return groups;
+}
+
+absl::Status CheckPeaks(std::span<const double> peak_bytes, std::span<const double> limit_bytes) {
+  for (size_t r = 0; r < peak_bytes.size() && r < limit_bytes.size(); ++r) {
+    if (peak_bytes[r] > limit_bytes[r]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("invalid plan: rank ", r, ": predicted peak activation memory ",
+                       peak_bytes[r] / (1 << 20), " MiB exceeds the limit of ",
+                       limit_bytes[r] / (1 << 20), " MiB"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -344,21 +400,30 @@ std::string FormatInstruction(const v1::Instruction& in) {
 
 absl::Status ValidatePlans(std::span<const v1::ExecutionPlan> plans,
                            std::span<const double> peak_bytes, double memory_limit_bytes) {
+  const std::vector<double> limits(peak_bytes.size(), memory_limit_bytes);
+  return ValidatePlans(plans, peak_bytes, limits, 1);
+}
+
+absl::Status ValidatePlans(std::span<const v1::ExecutionPlan> plans,
+                           std::span<const double> peak_bytes,
+                           std::span<const double> memory_limit_bytes, int threads) {
   const int n = static_cast<int>(plans.size());
   std::vector<std::vector<int>> start_of_wait(n);
-  for (int r = 0; r < n; ++r) {
-    if (absl::Status s = CheckRank(r, plans[r], n, start_of_wait[r]); !s.ok()) return s;
+  std::vector<absl::Status> rank_status(n);
+  ParallelFor(n, threads,
+              [&](size_t r) { rank_status[r] = CheckRank(r, plans[r], n, start_of_wait[r]); });
+  for (const absl::Status& s : rank_status) {
+    if (!s.ok()) return s;
   }
-  if (absl::Status s = CheckDeadlockFree(plans, start_of_wait); !s.ok()) return s;
-  for (size_t r = 0; r < peak_bytes.size(); ++r) {
-    if (peak_bytes[r] > memory_limit_bytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("invalid plan: rank ", r, ": predicted peak activation memory ",
-                       peak_bytes[r] / (1 << 20), " MiB exceeds the limit of ",
-                       memory_limit_bytes / (1 << 20), " MiB"));
-    }
+  const std::vector<std::vector<int>> groups = TransferGroups(plans);
+  std::vector<absl::Status> group_status(groups.size());
+  ParallelFor(groups.size(), threads, [&](size_t g) {
+    group_status[g] = CheckDeadlockFree(plans, start_of_wait, groups[g]);
+  });
+  for (const absl::Status& s : group_status) {
+    if (!s.ok()) return s;
   }
-  return absl::OkStatus();
+  return CheckPeaks(peak_bytes, memory_limit_bytes);
 }
 
 }  // namespace varipipe::planner

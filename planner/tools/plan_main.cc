@@ -23,6 +23,7 @@
 #include "common/binary_main.h"
 #include "common/config/job_config.h"
 #include "common/dataset/minibatch_sampler.h"
+#include "common/dataset/sample_dataset.h"
 #include "common/dataset/synthetic_mixture.h"
 #include "common/logging.h"
 #include "common/shutdown_signal.h"
@@ -63,7 +64,7 @@ constexpr char kUsage[] =
     "\n"
     "Mini-batches: the training sampler's (shuffled per epoch, as daemons and\n"
     "executors draw them) over the samples of --lengths or the job's synthetic\n"
-    "FLAN-like dataset, truncated to the maximum lengths, up to\n"
+    "dataset (data.synthetic_mixture), truncated to the maximum lengths, up to\n"
     "data.tokens_per_global_batch tokens. Each is planned\n"
     "as the planner daemon would: the partition methods, schedules and recompute\n"
     "modes the config allows are searched, the fastest candidate that fits memory\n"
@@ -110,7 +111,8 @@ class MiniBatchSource {
                                                 const std::vector<Sample>& samples) {
     std::vector<SampleLengths> lengths;
     if (samples.empty()) {
-      const SyntheticMixture mixture = SyntheticMixture::Flan(config.data().seed());
+      const SyntheticMixture mixture = SyntheticMixture::Named(
+          SyntheticMixtureName(config.data().synthetic_mixture()), config.data().seed());
       for (uint64_t i = 0; i < config.data().synthetic_num_samples(); ++i) {
         lengths.push_back(mixture.Sample(i));
       }
@@ -151,10 +153,13 @@ google::protobuf::Value Str(const std::string& v) {
   return value;
 }
 
-std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& r) {
+std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& r,
+                       const absl::Status& status = absl::OkStatus()) {
   google::protobuf::Struct root;
   auto& f = *root.mutable_fields();
   f["iteration"] = Num(static_cast<double>(mb.iteration));
+  f["ok"].set_bool_value(status.ok());
+  if (!status.ok()) f["error"] = Str(std::string(status.message()));
   f["samples"] = Num(static_cast<double>(mb.sample_ids.size()));
   f["real_tokens"] = Num(static_cast<double>(r.real_tokens));
   f["partition_method"] = Str(r.partition_method);
@@ -167,6 +172,8 @@ std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& 
   f["input_padding_efficiency"] = Num(r.input_padding_efficiency);
   f["target_padding_efficiency"] = Num(r.target_padding_efficiency);
   f["activation_memory_limit_bytes"] = Num(r.memory_limit_bytes);
+  auto* limits = f["activation_memory_limit_bytes_per_rank"].mutable_list_value();
+  for (double l : r.memory_limit_per_rank) *limits->add_values() = Num(l);
   auto* peaks = f["peak_activation_bytes_per_rank"].mutable_list_value();
   for (double p : r.peak_bytes) *peaks->add_values() = Num(p);
   auto& timing = *f["planning_ms"].mutable_struct_value()->mutable_fields();
@@ -175,6 +182,7 @@ std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& 
   timing["plan_building"] = Num(r.plan_building_ms);
   timing["validation"] = Num(r.validation_ms);
   timing["total"] = Num(r.total_ms);
+  timing["threads"] = Num(r.threads);
   auto* mbs = f["micro_batch_list"].mutable_list_value();
   for (const auto& m : r.micro_batch_shapes) {
     google::protobuf::Value v;
@@ -196,7 +204,9 @@ std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& 
     cf["schedule"] = Str(c.schedule);
     cf["recompute"] = Str(c.recompute);
     cf["feasible"].set_bool_value(c.feasible);
+    if (!c.rejected_at.empty()) cf["rejected_at"] = Str(c.rejected_at);
     if (!c.reason.empty()) cf["reason"] = Str(c.reason);
+    if (c.dp_objective_ms > 0) cf["micro_batching_objective_ms"] = Num(c.dp_objective_ms);
     if (c.feasible) {
       cf["makespan_ms"] = Num(c.makespan_ms);
       cf["bubble_fraction"] = Num(c.bubble_fraction);
@@ -292,7 +302,11 @@ int Run() {
     if (config.parallelism().virtual_chunks() > 1) {
       all.mutable_planner()->add_schedules(v1::INTERLEAVED_1F1B);
     }
-    comparer.emplace(all, planner->cost_model());
+    // Every pair solved and scheduled, so that every (method, schedule) cell
+    // has its best recompute mode.
+    planner::PlannerOptions options = planner->options();
+    options.share_micro_batching_bound = false;
+    comparer.emplace(all, planner->cost_model(), options);
   }
   spdlog::info(
       "cost model: {} ({:.1f} ms to build)", planner->cost_model().description(),
@@ -310,7 +324,11 @@ int Run() {
         model.num_layers() + model.num_decoder_layers(), model.hidden_size(),
         config.parallelism().pipeline(), config.parallelism().data(),
         samples.empty()
-            ? absl::StrCat("synthetic FLAN-like data (seed ", config.data().seed(), ")").c_str()
+            ? absl::StrCat("synthetic ",
+                           config.data().synthetic_mixture() == v1::DOCUMENTS ? "documents-like"
+                                                                              : "FLAN-like",
+                           " data (seed ", config.data().seed(), ")")
+                  .c_str()
             : absl::StrCat(samples.size(), " samples from ", absl::GetFlag(FLAGS_lengths)).c_str(),
         static_cast<unsigned long long>(config.data().tokens_per_global_batch()),
         config.data().max_sequence_length());
@@ -329,8 +347,14 @@ int Run() {
   std::map<std::pair<std::string, std::string>, double> padding;
   for (int k = 0; k < iterations && !shutdown.Requested(); ++k) {
     const planner::MiniBatch mb = source->Next(static_cast<uint64_t>(first_iteration + k));
-    absl::StatusOr<planner::PlanningResult> result = planner->Plan(mb, !trace_path.empty());
-    if (!result.ok()) return Fail(result.status(), kExitFailure);
+    planner::PlanReport failed;
+    absl::StatusOr<planner::PlanningResult> result =
+        planner->Plan(mb, !trace_path.empty(), &failed);
+    if (!result.ok()) {
+      // What was tried and why each candidate was rejected.
+      if (json) std::printf("%s\n", ReportJson(mb, failed, result.status()).c_str());
+      return Fail(result.status(), kExitFailure);
+    }
     const planner::PlanReport& r = result->report;
     if (json) {
       std::printf("%s\n", ReportJson(mb, r).c_str());
