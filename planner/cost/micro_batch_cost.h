@@ -93,6 +93,12 @@ class MicroBatchCostModel {
   // positive.
   void SetDeviceRoom(const std::vector<double>& room, double reference);
 
+  // The micro-batch sizes every grid is sampled at (costs are linear in b
+  // between them); null when the grids' b axes differ.
+  const std::vector<uint32_t>* BatchAxis() const {
+    return shared_b_axis_ ? &encoder_->micro_batch_sizes() : nullptr;
+  }
+
   const StageLayout& layout() const { return layout_; }
   Recompute recompute() const { return recompute_; }
 

@@ -66,6 +66,47 @@ void CostSingles(const DpProblem& p, RunTable& runs) {
   }
 }
 
+// A lower bound on sum t(M) over every partition (decoder-only; 0 where it
+// cannot be shown). A run padded to L costs t(b, L) >= b * a(L), where a(L)
+// is the least per-sample time of any batch at L: between two grid sizes
+// b_k < b_k+1 costs are linear in b and grow with it (the assumption the
+// run table already makes), so t(b) / b >= t(b_k) / b_k+1. Every sample of a run is at most the run's
+// padded length, so a sample at l pays at least min over present L >= l of
+// a(L).
+double SumLowerBound(const DpProblem& p) {
+  const std::vector<uint32_t>* axis = p.cost->BatchAxis();
+  if (p.policy.encoder_decoder || axis == nullptr || axis->empty()) return 0;
+  std::vector<uint32_t> lengths;
+  for (uint32_t position : p.order) {
+    lengths.push_back(RoundUpLength(SequenceLength(p.samples[position], p.policy),
+                                    p.policy.multiple));
+  }
+  std::vector<uint32_t> distinct = lengths;
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  std::vector<double> least(distinct.size(), 0);
+  ParallelFor(distinct.size(), p.threads, [&](size_t k) {
+    MicroBatchCostModel::Row row;
+    if (!p.cost->PrepareRow(distinct[k], 0, &row)) return;
+    double a = std::numeric_limits<double>::infinity();
+    double previous = 0;
+    MicroBatchCost cost;
+    for (size_t g = 0; g < axis->size(); ++g) {
+      if (!p.cost->Evaluate(row, (*axis)[g], &cost) || cost.time_ms < previous) return;  // 0
+      previous = cost.time_ms;
+      const double next = g + 1 < axis->size() ? (*axis)[g + 1] : (*axis)[g];
+      a = std::min(a, cost.time_ms / next);
+    }
+    least[k] = a;
+  });
+  for (size_t k = distinct.size() - 1; k-- > 0;) least[k] = std::min(least[k], least[k + 1]);
+  double bound = 0;
+  for (uint32_t length : lengths) {
+    bound += least[std::lower_bound(distinct.begin(), distinct.end(), length) - distinct.begin()];
+  }
+  return bound;
+}
+
 // True when every sample fits a micro-batch of its own under the limit.
 bool SinglesFit(const DpProblem& p, const RunTable& runs, double stored_limit) {
   for (size_t i = 0; i < runs.single.size(); ++i) {
@@ -77,32 +118,66 @@ bool SinglesFit(const DpProblem& p, const RunTable& runs, double stored_limit) {
   return true;
 }
 
+// Cost-model rows of the padded lengths a decoder-only mini-batch has,
+// prepared once: a run's padded length is always one of its samples' (the
+// rows are the costly part of a cost evaluation).
+struct RowCache {
+  std::vector<int> slot;  // by padded length / multiple; -1: none
+  std::vector<MicroBatchCostModel::Row> rows;
+  std::vector<char> ok;
+
+  const MicroBatchCostModel::Row* Find(uint32_t input_len, uint32_t multiple) const {
+    const size_t k = input_len / multiple;
+    if (k >= slot.size() || slot[k] < 0 || !ok[slot[k]]) return nullptr;
+    return &rows[slot[k]];
+  }
+};
+
+void PrepareRows(const DpProblem& p, RowCache& cache) {
+  if (p.policy.encoder_decoder) return;  // runs pad to (max input, max target) pairs
+  std::vector<uint32_t> lengths;
+  for (uint32_t position : p.order) {
+    lengths.push_back(RoundUpLength(SequenceLength(p.samples[position], p.policy),
+                                    p.policy.multiple));
+  }
+  std::sort(lengths.begin(), lengths.end());
+  lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
+  cache.slot.assign(lengths.back() / p.policy.multiple + 1, -1);
+  cache.rows.resize(lengths.size());
+  cache.ok.assign(lengths.size(), 0);
+  for (size_t k = 0; k < lengths.size(); ++k) cache.slot[lengths[k] / p.policy.multiple] = k;
+  ParallelFor(lengths.size(), p.threads, [&](size_t k) {
+    cache.ok[k] = p.cost->PrepareRow(lengths[k], 0, &cache.rows[k]);
+  });
+}
+
 // Phase 1: costs of the runs starting at [begin, end) within the limits,
 // appended to time/stored with width[i] per start. Per-range maxima of the
 // lengths are kept as a run grows; runs stop growing at the first violation
 // (costs grow with the run).
-void BuildRunsFrom(const DpProblem& p, double stored_limit, double run_cap, size_t begin,
-                   size_t end, std::vector<uint32_t>& width, std::vector<double>& time,
-                   std::vector<double>& stored) {
+void BuildRunsFrom(const DpProblem& p, const RowCache& cache, double stored_limit,
+                   double run_cap, size_t begin, size_t end, std::vector<uint32_t>& width,
+                   std::vector<double>& time, std::vector<double>& stored) {
   const size_t n = p.order.size();
-  MicroBatchCostModel::Row row;
+  MicroBatchCostModel::Row own;
   for (size_t i = begin; i < end; ++i) {
     uint32_t input_len = 0;
     uint32_t target_len = 0;
-    bool row_ready = false;
+    const MicroBatchCostModel::Row* row = nullptr;
     size_t j = i;
     MicroBatchCost cost;
     for (; j < n; ++j) {
       const SampleLengths& s = p.samples[p.order[j]];
       const uint32_t in = RoundUpLength(SequenceLength(s, p.policy), p.policy.multiple);
       const uint32_t tg = p.policy.encoder_decoder ? RoundUpLength(s.target, p.policy.multiple) : 0;
-      if (in > input_len || tg > target_len || !row_ready) {
+      if (in > input_len || tg > target_len || row == nullptr) {
         input_len = std::max(input_len, in);
         target_len = std::max(target_len, tg);
-        row_ready = p.cost->PrepareRow(input_len, target_len, &row);
-        if (!row_ready) break;
+        row = cache.rows.empty() ? nullptr : cache.Find(input_len, p.policy.multiple);
+        if (row == nullptr && p.cost->PrepareRow(input_len, target_len, &own)) row = &own;
+        if (row == nullptr) break;
       }
-      if (!p.cost->Evaluate(row, static_cast<uint32_t>(j - i + 1), &cost)) break;
+      if (!p.cost->Evaluate(*row, static_cast<uint32_t>(j - i + 1), &cost)) break;
       if (cost.stored_bytes > stored_limit || cost.peak_bytes > p.peak_limit_bytes ||
           cost.time_ms > run_cap) {
         break;
@@ -121,14 +196,16 @@ void BuildRuns(const DpProblem& p, double stored_limit, double run_cap, RunTable
   const size_t n = p.order.size();
   runs.offset.resize(n);
   runs.width.resize(n);
+  RowCache cache;
+  PrepareRows(p, cache);
   const size_t chunks = p.threads > 1 ? std::min<size_t>(n, 8 * static_cast<size_t>(p.threads)) : 1;
   std::vector<std::vector<double>> times(chunks);
   std::vector<std::vector<double>> stored(chunks);
   ParallelFor(chunks, p.threads, [&](size_t k) {
     times[k].reserve(n / chunks * 8);
     stored[k].reserve(n / chunks * 8);
-    BuildRunsFrom(p, stored_limit, run_cap, k * n / chunks, (k + 1) * n / chunks, runs.width,
-                  times[k], stored[k]);
+    BuildRunsFrom(p, cache, stored_limit, run_cap, k * n / chunks, (k + 1) * n / chunks,
+                  runs.width, times[k], stored[k]);
   });
   size_t total = 0;
   for (const std::vector<double>& t : times) total += t.size();
@@ -371,9 +448,15 @@ std::vector<absl::StatusOr<DpSolution>> SolveMicroBatchDpBudgets(
       max_single = std::max(max_single, c.time_ms);
       sum_single += c.time_ms;
     }
-    run_cap = std::min(run_cap, run_cap_for(PipelineObjective(max_single, sum_single,
+    // Any partition with a run slower than cap has an objective above
+    // (c - 1) * cap / v + (lower bound of sum t) / |D|; the cap makes that
+    // the better of the all-singles objective and the loosest cutoff. The
+    // bound costs one row per distinct length: worth it on large batches.
+    const double upper = std::min(loosest, PipelineObjective(max_single, sum_single,
                                                               p.pipeline_stages,
-                                                              p.virtual_chunks, p.data_parallel)));
+                                                              p.virtual_chunks, p.data_parallel));
+    const double lower_sum = p.bound_search && p.order.size() > 1024 ? SumLowerBound(p) : 0;
+    run_cap = std::min(run_cap, run_cap_for(upper - lower_sum / p.data_parallel));
     BuildRuns(p, largest, run_cap, runs);
   } else {
     runs.offset.assign(p.order.size(), 0);
