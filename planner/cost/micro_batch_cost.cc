@@ -17,8 +17,9 @@ class DeviceSum {
     stored_ += count * v.stored_bytes;
     transient_ = std::max(transient_, v.peak_bytes - v.stored_bytes);
   }
-  // `scale`: reference bytes per byte of this device (its room's share).
-  void MergeInto(MicroBatchCost* out, double scale = 1) const {
+  // `scale`: reference bytes per byte of this device (its room's share);
+  // `depth`: micro-batches the class holds at once; `slot`: its class.
+  void MergeInto(MicroBatchCost* out, double scale, double depth, int slot) const {
     const double time = forward_ms_ + backward_ms_;
     if (time > out->time_ms) {
       out->time_ms = time;
@@ -28,6 +29,10 @@ class DeviceSum {
     out->stored_bytes = std::max(out->stored_bytes, scale * stored_);
     out->peak_bytes = std::max(out->peak_bytes, scale * (stored_ + transient_));
     out->transient_bytes = std::max(out->transient_bytes, scale * transient_);
+    out->depth_stored_bytes = std::max(out->depth_stored_bytes, depth * scale * stored_);
+    out->class_stored_bytes[slot] = std::max(out->class_stored_bytes[slot], scale * stored_);
+    out->class_transient_bytes[slot] =
+        std::max(out->class_transient_bytes[slot], scale * transient_);
   }
 
  private:
@@ -48,6 +53,12 @@ absl::StatusOr<MicroBatchCostModel> MicroBatchCostModel::Create(const CostModel&
   m.total_encoder_layers_ = layout.encoder_layers;
   m.total_decoder_layers_ = layout.decoder_layers;
   m.recompute_ = recompute;
+  if (!layout.shared_device() && layout.devices > 1) {
+    m.depth_ = {static_cast<double>(layout.devices),
+                layout.encoder_decoder ? static_cast<double>(layout.devices - layout.encoder_devices)
+                                       : 1.0,
+                1.0};
+  }
   m.encoder_ = model.Grid(Component::kEncoderLayer, recompute, tensor_parallel);
   m.postprocess_ = model.Grid(Component::kPostprocess, recompute, tensor_parallel);
   m.embedding_ = model.Grid(Component::kEmbedding, recompute, tensor_parallel);
@@ -103,17 +114,17 @@ bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& d
       only.Add(encoder, l.encoder_layers_per_device);
       only.Add(encoder_embedding, 1);
       only.Add(postprocess, 1);
-      only.MergeInto(out, first_scale_);
+      only.MergeInto(out, first_scale_, 1, kFirstDevice);
       return true;
     }
     DeviceSum first;
     first.Add(encoder, l.encoder_layers_per_device);
     first.Add(encoder_embedding, 1);
-    first.MergeInto(out, first_scale_);
+    first.MergeInto(out, first_scale_, depth_[kFirstDevice], kFirstDevice);
     DeviceSum last;
     last.Add(encoder, l.encoder_layers_per_device);
     last.Add(postprocess, 1);
-    last.MergeInto(out, last_scale_);
+    last.MergeInto(out, last_scale_, depth_[kLastDevice], kLastDevice);
     return true;
   }
   if (l.shared_device()) {
@@ -123,24 +134,25 @@ bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& d
     only.Add(decoder, l.decoder_layers_per_device);
     only.Add(decoder_embedding, 1);
     only.Add(postprocess, 1);
-    only.MergeInto(out, first_scale_);
+    only.MergeInto(out, first_scale_, 1, kFirstDevice);
     return true;
   }
   DeviceSum first_encoder;
   first_encoder.Add(encoder, l.encoder_layers_per_device);
   first_encoder.Add(encoder_embedding, 1);
-  first_encoder.MergeInto(out, first_scale_);
+  first_encoder.MergeInto(out, first_scale_, depth_[kFirstDevice], kFirstDevice);
   const bool one_decoder_device = l.devices - l.encoder_devices == 1;
   DeviceSum first_decoder;
   first_decoder.Add(decoder, l.decoder_layers_per_device);
   first_decoder.Add(decoder_embedding, 1);
   if (one_decoder_device) first_decoder.Add(postprocess, 1);
-  first_decoder.MergeInto(out, first_decoder_scale_);
+  first_decoder.MergeInto(out, first_decoder_scale_, depth_[kFirstDecoderDevice],
+                          kFirstDecoderDevice);
   if (!one_decoder_device) {
     DeviceSum last;
     last.Add(decoder, l.decoder_layers_per_device);
     last.Add(postprocess, 1);
-    last.MergeInto(out, last_scale_);
+    last.MergeInto(out, last_scale_, depth_[kLastDevice], kLastDevice);
   }
   return true;
 }

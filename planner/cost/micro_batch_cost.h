@@ -13,6 +13,7 @@
 #ifndef VARIPIPE_PLANNER_COST_MICRO_BATCH_COST_H_
 #define VARIPIPE_PLANNER_COST_MICRO_BATCH_COST_H_
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -33,7 +34,19 @@ struct MicroBatchCost {
   double stored_bytes = 0;     // stored activation
   double peak_bytes = 0;       // stored + largest transient of one component
   double transient_bytes = 0;  // largest transient (peak - stored) of any device
+  // Under a 1F1B-like schedule device d holds up to c - d micro-batches at
+  // once (DepthOf): the largest depth(d) * stored(d) (reference bytes).
+  double depth_stored_bytes = 0;
+  // Per device class (kFirstDevice, kFirstDecoderDevice, kLastDevice; 0
+  // where the layout has no such class): stored and transient bytes.
+  std::array<double, 3> class_stored_bytes{};
+  std::array<double, 3> class_transient_bytes{};
 };
+
+// The device classes of MicroBatchCost: device 0, T5's first decoder
+// device, the last device. Every other device holds a subset of one class's
+// components, at least as much room and fewer micro-batches in flight.
+enum DeviceClass { kFirstDevice = 0, kFirstDecoderDevice = 1, kLastDevice = 2 };
 
 // Costs of one pipeline stage (device, or model chunk with interleaving)
 // for one micro-batch, for schedules and the simulator.
@@ -99,6 +112,10 @@ class MicroBatchCostModel {
     return shared_b_axis_ ? &encoder_->micro_batch_sizes() : nullptr;
   }
 
+  // Micro-batches each device class holds at once under 1F1B (c - d for
+  // device d): c, c - encoder devices (T5), 1.
+  const std::array<double, 3>& ClassDepths() const { return depth_; }
+
   const StageLayout& layout() const { return layout_; }
   Recompute recompute() const { return recompute_; }
 
@@ -123,6 +140,7 @@ class MicroBatchCostModel {
   double first_scale_ = 1;          // device 0
   double first_decoder_scale_ = 1;  // T5: first decoder device
   double last_scale_ = 1;           // last device
+  std::array<double, 3> depth_{1, 1, 1};
 };
 
 }  // namespace varipipe::planner

@@ -1,6 +1,7 @@
 #include "planner/microbatch/dp_partition.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -13,6 +14,12 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// The stored activation a budget limits: per micro-batch (depth 1), or
+// everything a device holds at once over the depth (DpBudget).
+double BudgetStored(const MicroBatchCost& c, uint32_t depth) {
+  return depth > 1 ? c.depth_stored_bytes / depth : c.stored_bytes;
+}
+
 // Costs of the runs [i, i + k), k = 1..width[i], stored by start: the runs
 // within the largest stored limit and the peak limit whose time does not
 // exceed the cap.
@@ -21,6 +28,7 @@ struct RunTable {
   std::vector<uint32_t> width;
   std::vector<double> time;
   std::vector<double> stored;
+  std::vector<double> depth_stored;  // MicroBatchCost::depth_stored_bytes
   // Each sample alone (also when over a limit), for errors and pruning.
   std::vector<MicroBatchCost> single;
   std::vector<bool> single_known;
@@ -108,9 +116,10 @@ double SumLowerBound(const DpProblem& p) {
 }
 
 // True when every sample fits a micro-batch of its own under the limit.
-bool SinglesFit(const DpProblem& p, const RunTable& runs, double stored_limit) {
+bool SinglesFit(const DpProblem& p, const RunTable& runs, const DpBudget& budget) {
   for (size_t i = 0; i < runs.single.size(); ++i) {
-    if (!runs.single_known[i] || runs.single[i].stored_bytes > stored_limit ||
+    if (!runs.single_known[i] ||
+        BudgetStored(runs.single[i], budget.depth) > budget.stored_limit_bytes ||
         runs.single[i].peak_bytes > p.peak_limit_bytes) {
       return false;
     }
@@ -155,9 +164,17 @@ void PrepareRows(const DpProblem& p, RowCache& cache) {
 // appended to time/stored with width[i] per start. Per-range maxima of the
 // lengths are kept as a run grows; runs stop growing at the first violation
 // (costs grow with the run).
-void BuildRunsFrom(const DpProblem& p, const RowCache& cache, double stored_limit,
-                   double run_cap, size_t begin, size_t end, std::vector<uint32_t>& width,
-                   std::vector<double>& time, std::vector<double>& stored) {
+// The table's memory limits: a run is kept while it fits some budget.
+struct TableLimits {
+  double stored = -1;        // largest limit of the depth-1 budgets
+  double depth_stored = -1;  // largest limit * depth of the depth budgets
+  double run_cap = kInf;
+};
+
+void BuildRunsFrom(const DpProblem& p, const RowCache& cache, const TableLimits& limits,
+                   size_t begin, size_t end, std::vector<uint32_t>& width,
+                   std::vector<double>& time, std::vector<double>& stored,
+                   std::vector<double>& depth_stored) {
   const size_t n = p.order.size();
   MicroBatchCostModel::Row own;
   for (size_t i = begin; i < end; ++i) {
@@ -178,12 +195,13 @@ void BuildRunsFrom(const DpProblem& p, const RowCache& cache, double stored_limi
         if (row == nullptr) break;
       }
       if (!p.cost->Evaluate(*row, static_cast<uint32_t>(j - i + 1), &cost)) break;
-      if (cost.stored_bytes > stored_limit || cost.peak_bytes > p.peak_limit_bytes ||
-          cost.time_ms > run_cap) {
+      if ((cost.stored_bytes > limits.stored && cost.depth_stored_bytes > limits.depth_stored) ||
+          cost.peak_bytes > p.peak_limit_bytes || cost.time_ms > limits.run_cap) {
         break;
       }
       time.push_back(cost.time_ms);
       stored.push_back(cost.stored_bytes);
+      depth_stored.push_back(cost.depth_stored_bytes);
     }
     width[i] = static_cast<uint32_t>(j - i);
   }
@@ -192,7 +210,7 @@ void BuildRunsFrom(const DpProblem& p, const RowCache& cache, double stored_limi
 // Phase 1 over every start, in chunks of starts on p.threads threads; the
 // chunks are concatenated in order, so the table does not depend on the
 // thread count.
-void BuildRuns(const DpProblem& p, double stored_limit, double run_cap, RunTable& runs) {
+void BuildRuns(const DpProblem& p, const TableLimits& limits, RunTable& runs) {
   const size_t n = p.order.size();
   runs.offset.resize(n);
   runs.width.resize(n);
@@ -201,22 +219,27 @@ void BuildRuns(const DpProblem& p, double stored_limit, double run_cap, RunTable
   const size_t chunks = p.threads > 1 ? std::min<size_t>(n, 8 * static_cast<size_t>(p.threads)) : 1;
   std::vector<std::vector<double>> times(chunks);
   std::vector<std::vector<double>> stored(chunks);
+  std::vector<std::vector<double>> depth_stored(chunks);
   ParallelFor(chunks, p.threads, [&](size_t k) {
     times[k].reserve(n / chunks * 8);
     stored[k].reserve(n / chunks * 8);
-    BuildRunsFrom(p, cache, stored_limit, run_cap, k * n / chunks, (k + 1) * n / chunks,
-                  runs.width, times[k], stored[k]);
+    depth_stored[k].reserve(n / chunks * 8);
+    BuildRunsFrom(p, cache, limits, k * n / chunks, (k + 1) * n / chunks, runs.width, times[k],
+                  stored[k], depth_stored[k]);
   });
-  size_t total = 0;
-  for (const std::vector<double>& t : times) total += t.size();
-  runs.time.clear();
-  runs.stored.clear();
-  runs.time.reserve(total);
-  runs.stored.reserve(total);
-  for (size_t k = 0; k < chunks; ++k) {
-    runs.time.insert(runs.time.end(), times[k].begin(), times[k].end());
-    runs.stored.insert(runs.stored.end(), stored[k].begin(), stored[k].end());
-  }
+  const auto concatenate = [](std::vector<std::vector<double>>& parts, std::vector<double>& all) {
+    size_t total = 0;
+    for (const std::vector<double>& part : parts) total += part.size();
+    all.clear();
+    all.reserve(total);
+    for (std::vector<double>& part : parts) {
+      all.insert(all.end(), part.begin(), part.end());
+      std::vector<double>().swap(part);
+    }
+  };
+  concatenate(times, runs.time);
+  concatenate(stored, runs.stored);
+  concatenate(depth_stored, runs.depth_stored);
   uint32_t offset = 0;
   for (size_t i = 0; i < n; ++i) {
     runs.offset[i] = offset;
@@ -224,7 +247,8 @@ void BuildRuns(const DpProblem& p, double stored_limit, double run_cap, RunTable
   }
 }
 
-absl::Status DoesNotFit(const DpProblem& p, const RunTable& runs, size_t i, double stored_limit) {
+absl::Status DoesNotFit(const DpProblem& p, const RunTable& runs, size_t i, double stored_limit,
+                        uint32_t depth) {
   const SampleLengths& s = p.samples[p.order[i]];
   if (!runs.single_known[i]) {
     return absl::ResourceExhaustedError(absl::StrFormat(
@@ -237,22 +261,24 @@ absl::Status DoesNotFit(const DpProblem& p, const RunTable& runs, size_t i, doub
       "recompute %s: it needs %.1f MiB stored / %.1f MiB peak activation, the limits are "
       "%.1f / %.1f MiB",
       p.order[i], s.input, s.target, RecomputeName(p.cost->recompute()),
-      alone.stored_bytes / (1 << 20), alone.peak_bytes / (1 << 20), stored_limit / (1 << 20),
+      BudgetStored(alone, depth) / (1 << 20), alone.peak_bytes / (1 << 20),
+      stored_limit / (1 << 20),
       p.peak_limit_bytes / (1 << 20)));
 }
 
 // Phases 2-4 for one stored limit over a built table.
 absl::StatusOr<DpSolution> SolveBudget(const DpProblem& p, const RunTable& runs,
-                                       double stored_limit, double cutoff, double run_cap) {
+                                       double stored_limit, uint32_t depth, double cutoff,
+                                       double run_cap) {
   const size_t n = p.order.size();
   std::vector<uint32_t> width(n);
   double tmax_floor = 0;
   bool too_slow = false;
   for (size_t i = 0; i < n; ++i) {
     const MicroBatchCost& alone = runs.single[i];
-    if (!runs.single_known[i] || alone.stored_bytes > stored_limit ||
+    if (!runs.single_known[i] || BudgetStored(alone, depth) > stored_limit ||
         alone.peak_bytes > p.peak_limit_bytes) {
-      return DoesNotFit(p, runs, i, stored_limit);
+      return DoesNotFit(p, runs, i, stored_limit, depth);
     }
     // Every partition holds each sample in some run at least as slow as the
     // sample alone.
@@ -261,9 +287,11 @@ absl::StatusOr<DpSolution> SolveBudget(const DpProblem& p, const RunTable& runs,
     // The first run over the limit ends the usable runs (memory grows with
     // the run; a scan rather than a binary search stays safe on noisy
     // profiles).
-    const double* stored = runs.stored.data() + runs.offset[i];
+    const double* stored =
+        (depth > 1 ? runs.depth_stored.data() : runs.stored.data()) + runs.offset[i];
+    const double limit = depth > 1 ? stored_limit * depth : stored_limit;
     uint32_t w = 0;
-    while (w < runs.width[i] && stored[w] <= stored_limit) ++w;
+    while (w < runs.width[i] && stored[w] <= limit) ++w;
     width[i] = w;
   }
   DpSolution solution;
@@ -367,25 +395,45 @@ double PipelineObjective(double max_time_ms, double sum_time_ms, uint32_t pipeli
 
 namespace {
 
-// SolveBudget under a budget with depth: tightens the stored limit until
-// depth * max stored + max transient fits the peak limit (at most 8 rounds;
-// the simulator's check catches anything left).
+// Whether every device class can hold its depth of the solution's largest
+// stored activations plus its largest transient; when not, the transient to
+// reserve (the largest of a class that does not fit).
+double TransientToReserve(const DpProblem& p, const DpSolution& solution) {
+  const std::array<double, 3>& depth = p.cost->ClassDepths();
+  std::array<double, 3> stored{};
+  std::array<double, 3> transient{};
+  for (const MicroBatchCost& c : solution.costs) {
+    for (int k = 0; k < 3; ++k) {
+      stored[k] = std::max(stored[k], c.class_stored_bytes[k]);
+      transient[k] = std::max(transient[k], c.class_transient_bytes[k]);
+    }
+  }
+  double reserve = 0;
+  for (int k = 0; k < 3; ++k) {
+    if (depth[k] * stored[k] + transient[k] > p.peak_limit_bytes) {
+      reserve = std::max(reserve, transient[k]);
+    }
+  }
+  return reserve;
+}
+
+// SolveBudget under a budget with depth: while some device class cannot hold
+// its depth of the largest stored activations plus its largest transient,
+// the limit on what a device holds at once drops to peak - that transient
+// (at most 8 rounds; the simulator's check catches anything left).
 absl::StatusOr<DpSolution> SolveDepthBudget(const DpProblem& p, const RunTable& runs,
                                             const DpBudget& budget, double cutoff,
                                             double run_cap) {
   double limit = budget.stored_limit_bytes;
   for (int round = 0;; ++round) {
-    absl::StatusOr<DpSolution> solution = SolveBudget(p, runs, limit, cutoff, run_cap);
+    absl::StatusOr<DpSolution> solution =
+        SolveBudget(p, runs, limit, budget.depth, cutoff, run_cap);
     if (solution.ok()) solution->stored_limit_bytes = limit;
     if (!solution.ok() || solution->pruned || budget.depth <= 1 || round == 8) return solution;
-    double stored = 0;
-    double transient = 0;
-    for (const MicroBatchCost& c : solution->costs) {
-      stored = std::max(stored, c.stored_bytes);
-      transient = std::max(transient, c.transient_bytes);
-    }
-    if (budget.depth * stored + transient <= p.peak_limit_bytes) return solution;
-    limit = (p.peak_limit_bytes - transient) / budget.depth;  // < stored <= limit
+    const double reserve = TransientToReserve(p, *solution);
+    const double tighter = (p.peak_limit_bytes - reserve) / budget.depth;
+    if (reserve == 0 || !(tighter < limit)) return solution;
+    limit = tighter;
   }
 }
 
@@ -425,12 +473,16 @@ std::vector<absl::StatusOr<DpSolution>> SolveMicroBatchDpBudgets(
   const auto cutoff_of = [](const DpBudget& b) { return b.cutoff != nullptr ? *b.cutoff : kInf; };
   RunTable runs;
   CostSingles(p, runs);
-  double largest = 0;
+  TableLimits limits;
   double loosest = 0;  // runs up to the loosest cutoff's cap serve every budget
   bool any_feasible = false;
   for (const DpBudget& b : budgets) {
-    if (!SinglesFit(p, runs, b.stored_limit_bytes)) continue;  // needs no runs
-    largest = std::max(largest, b.stored_limit_bytes);
+    if (!SinglesFit(p, runs, b)) continue;  // needs no runs
+    if (b.depth > 1) {
+      limits.depth_stored = std::max(limits.depth_stored, b.stored_limit_bytes * b.depth);
+    } else {
+      limits.stored = std::max(limits.stored, b.stored_limit_bytes);
+    }
     loosest = std::max(loosest, cutoff_of(b));
     any_feasible = true;
   }
@@ -457,7 +509,8 @@ std::vector<absl::StatusOr<DpSolution>> SolveMicroBatchDpBudgets(
                                                               p.virtual_chunks, p.data_parallel));
     const double lower_sum = p.bound_search && p.order.size() > 1024 ? SumLowerBound(p) : 0;
     run_cap = std::min(run_cap, run_cap_for(upper - lower_sum / p.data_parallel));
-    BuildRuns(p, largest, run_cap, runs);
+    limits.run_cap = run_cap;
+    BuildRuns(p, limits, runs);
   } else {
     runs.offset.assign(p.order.size(), 0);
     runs.width.assign(p.order.size(), 0);

@@ -80,13 +80,16 @@ struct DpSolution {
 // One memory budget of a recompute mode.
 struct DpBudget {
   double stored_limit_bytes = 0;
-  // Micro-batches a device may hold at once under this budget (the pipeline
-  // depth c for 1F1B, kFkB, GPipe). With depth > 1 the solution also keeps
-  // depth * max stored + max transient within the peak limit: a device's
+  // 1: each micro-batch's stored activation is limited (the adaptive
+  // schedule's whole-device budget). The pipeline depth c (1F1B, kFkB,
+  // GPipe): what a device holds at once is limited to depth * limit, where
+  // device d holds up to c - d micro-batches
+  // (MicroBatchCost::depth_stored_bytes). The solution also leaves each
+  // device class room for its largest transient on top: a device's
   // simulated peak is everything in flight plus the running op's transient
   // (planner/sim/simulator.h), which a per-micro-batch peak check misses.
-  // The limit is tightened to (peak - transient) / depth and the DP re-run
-  // until the solution's own transient fits.
+  // When a class lacks it, the limit drops to (peak - transient) / depth and
+  // the DP re-runs on the same table.
   uint32_t depth = 1;
   // The objective to beat, shared by the budgets that compare (see
   // objective_cutoff_ms); lowered by every solution found. Null: none.

@@ -305,11 +305,14 @@ void SolveAllPairs(const CostModel& model, const StageLayout& layout,
   if (o.method != PartitionMethod::kDynamicProgramming) {
     baseline = BaselineGroups(result.samples, o, PolicyOf(o));
   }
-  // One bound per budget: the objective compares partitions under the same
-  // schedule family, not across budgets (a whole-device partition always
-  // has the smaller objective but runs under a different schedule).
-  double best_so_far[2] = {std::numeric_limits<double>::infinity(),
-                           std::numeric_limits<double>::infinity()};
+  // The bound is shared by the pipeline-depth pairs only. The objective
+  // compares partitions well where every device can hold its depth of them
+  // (1F1B-like schedules); under the whole-device budget the adaptive
+  // schedule holds as many as fit, so a mode with a worse objective (full
+  // recomputation: smaller activations, more in flight) often simulates
+  // faster, and each whole-device pair is solved to its own optimum. Nor
+  // is a whole-device objective comparable to a depth one.
+  double depth_best = std::numeric_limits<double>::infinity();
   for (Recompute mode : o.recompute_modes) {
     const Clock::time_point mode_start = Clock::now();
     absl::StatusOr<MicroBatchCostModel> cost = CostModelFor(model, layout, o, result, mode);
@@ -319,7 +322,8 @@ void SolveAllPairs(const CostModel& model, const StageLayout& layout,
     } else if (o.method == PartitionMethod::kDynamicProgramming) {
       std::vector<double*> cutoffs;
       for (const MicroBatchingCandidate& c : pairs) {
-        cutoffs.push_back(o.share_bound ? &best_so_far[static_cast<int>(c.budget)] : nullptr);
+        const bool shared = o.share_bound && c.budget == MemoryBudget::kPipelineDepth;
+        cutoffs.push_back(shared ? &depth_best : nullptr);
       }
       SolvePairsDp(*cost, o, result, cutoffs, pairs);
     } else {

@@ -175,12 +175,14 @@ BENCHMARK(BM_PlanT5OneFOneBOnly)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanT5Documents)->Unit(benchmark::kMillisecond);
 
 // Per-device memory: T5-11B pp = 8, FLAN-like; compare pred_iter_ms.
-void BM_T5MemoryPerDevice(benchmark::State& s) { Run(s, {.t5 = true}); }
-void BM_T5MemoryCommonBudget(benchmark::State& s) {
-  Run(s, {.t5 = true, .per_device_memory = false});
+void BM_T5MemoryPerDevice(benchmark::State& s) {
+  Run(s, {.t5 = true, .memory_mib = static_cast<uint32_t>(s.range(0))});
 }
-BENCHMARK(BM_T5MemoryPerDevice)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_T5MemoryCommonBudget)->Unit(benchmark::kMillisecond);
+void BM_T5MemoryCommonBudget(benchmark::State& s) {
+  Run(s, {.t5 = true, .per_device_memory = false, .memory_mib = static_cast<uint32_t>(s.range(0))});
+}
+BENCHMARK(BM_T5MemoryPerDevice)->Arg(36000)->Arg(40960)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_T5MemoryCommonBudget)->Arg(36000)->Arg(40960)->Unit(benchmark::kMillisecond);
 
 // The scale curve: GPT-6.7B, pp = 8, maximum length 8192, 65,536 tokens per
 // replica, documents-like; argument: dp.

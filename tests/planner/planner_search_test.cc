@@ -2,6 +2,7 @@
 // against the per-pair path, byte-identical plans for any thread count,
 // per-device memory, the depth budget's transient accounting, and reports of
 // failed searches.
+#include <array>
 #include <random>
 #include <string>
 #include <vector>
@@ -234,9 +235,10 @@ TEST(PlannerSearch, ValidatorChecksEachRankAgainstItsOwnLimit) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 1")));
 }
 
-// Under the pipeline-depth budget a device holds up to c micro-batches and
-// runs one op's transient on top: the DP keeps c * max stored + max
-// transient within the room (planner/microbatch/dp_partition.h, DpBudget).
+// Under the pipeline-depth budget device d holds up to c - d micro-batches
+// and runs one op's transient on top: the DP keeps (c - d) * max stored +
+// max transient within each device's room (planner/microbatch/dp_partition.h,
+// DpBudget).
 TEST(PlannerSearch, DepthBudgetLeavesRoomForTheTransient) {
   std::mt19937 rng(varipipe::testing::TestSeed("PlannerSearch.DepthBudgetLeavesRoomForTheTransient"));
   const ModelDims dims{.kind = ModelKind::kGpt,
@@ -274,21 +276,31 @@ TEST(PlannerSearch, DepthBudgetLeavesRoomForTheTransient) {
                             .order = order,
                             .policy = {.encoder_decoder = false, .multiple = 8},
                             .cost = &*cost,
-                            .pipeline_stages = 4,
+                            // An objective that favours large micro-batches
+                            // (the layout still has 4 devices).
+                            .pipeline_stages = 2,
                             .peak_limit_bytes = room,
                             .tmax_interval_ms = 0.05};
     const DpBudget budget{.stored_limit_bytes = room / 4, .depth = 4};
     std::vector<absl::StatusOr<DpSolution>> solved =
         SolveMicroBatchDpBudgets(problem, std::span<const DpBudget>(&budget, 1));
     if (!solved[0].ok()) continue;
-    double stored = 0;
-    double transient = 0;
+    std::array<double, 3> stored{};
+    std::array<double, 3> transient{};
     for (const MicroBatchCost& c : solved[0]->costs) {
-      stored = std::max(stored, c.stored_bytes);
-      transient = std::max(transient, c.transient_bytes);
-      EXPECT_LE(c.stored_bytes, solved[0]->stored_limit_bytes);
+      for (int k = 0; k < 3; ++k) {
+        stored[k] = std::max(stored[k], c.class_stored_bytes[k]);
+        transient[k] = std::max(transient[k], c.class_transient_bytes[k]);
+      }
+      EXPECT_LE(c.depth_stored_bytes, 4 * solved[0]->stored_limit_bytes * (1 + 1e-12));
     }
-    EXPECT_LE(4 * stored + transient, room * (1 + 1e-12)) << "trial " << trial;
+    // Device 0 holds 4 micro-batches under 1F1B, the last device 1.
+    EXPECT_EQ(cost->ClassDepths()[kFirstDevice], 4);
+    EXPECT_EQ(cost->ClassDepths()[kLastDevice], 1);
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_LE(cost->ClassDepths()[k] * stored[k] + transient[k], room * (1 + 1e-12))
+          << "trial " << trial << " class " << k;
+    }
     tightened += solved[0]->stored_limit_bytes < room / 4;
     ++solved_trials;
   }
