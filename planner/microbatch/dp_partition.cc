@@ -266,59 +266,50 @@ absl::Status DoesNotFit(const DpProblem& p, const RunTable& runs, size_t i, doub
       p.peak_limit_bytes / (1 << 20)));
 }
 
-// Phases 2-4 for one stored limit over a built table.
-absl::StatusOr<DpSolution> SolveBudget(const DpProblem& p, const RunTable& runs,
-                                       double stored_limit, uint32_t depth, double cutoff,
-                                       double run_cap) {
-  const size_t n = p.order.size();
-  std::vector<uint32_t> width(n);
+// Phase 2 prerequisites for one limit: each start's usable width (the first
+// run over the limit ends them: memory grows with the run; a scan rather
+// than a binary search stays safe on noisy profiles), the largest single
+// time (every partition holds each sample in a run at least as slow as the
+// sample alone) and whether some sample alone exceeds the run cap.
+struct BudgetRuns {
+  std::vector<uint32_t> width;
   double tmax_floor = 0;
   bool too_slow = false;
+};
+
+absl::StatusOr<BudgetRuns> UsableRuns(const DpProblem& p, const RunTable& runs,
+                                      double stored_limit, uint32_t depth, double run_cap) {
+  const size_t n = p.order.size();
+  BudgetRuns out;
+  out.width.resize(n);
+  const double* all = depth > 1 ? runs.depth_stored.data() : runs.stored.data();
+  const double limit = depth > 1 ? stored_limit * depth : stored_limit;
   for (size_t i = 0; i < n; ++i) {
     const MicroBatchCost& alone = runs.single[i];
     if (!runs.single_known[i] || BudgetStored(alone, depth) > stored_limit ||
         alone.peak_bytes > p.peak_limit_bytes) {
       return DoesNotFit(p, runs, i, stored_limit, depth);
     }
-    // Every partition holds each sample in some run at least as slow as the
-    // sample alone.
-    tmax_floor = std::max(tmax_floor, alone.time_ms);
-    too_slow |= alone.time_ms > run_cap;
-    // The first run over the limit ends the usable runs (memory grows with
-    // the run; a scan rather than a binary search stays safe on noisy
-    // profiles).
-    const double* stored =
-        (depth > 1 ? runs.depth_stored.data() : runs.stored.data()) + runs.offset[i];
-    const double limit = depth > 1 ? stored_limit * depth : stored_limit;
+    out.tmax_floor = std::max(out.tmax_floor, alone.time_ms);
+    out.too_slow |= alone.time_ms > run_cap;
+    const double* stored = all + runs.offset[i];
     uint32_t w = 0;
     while (w < runs.width[i] && stored[w] <= limit) ++w;
-    width[i] = w;
+    out.width[i] = w;
   }
-  DpSolution solution;
-  const auto pruned = [&](double lower_bound) {
-    solution.pruned = true;
-    solution.lower_bound_ms = std::min(cutoff, lower_bound);
-    return solution;
-  };
-  if (too_slow) return pruned(cutoff);
+  return out;
+}
 
-  std::vector<double> f(n + 1);
-  std::vector<uint32_t> prev(n + 1, 0);
-  const double unconstrained = RunDp(runs, width, kInf, f, prev);
-  const auto bound = [&](double tmax) {
-    return PipelineObjective(tmax, unconstrained, p.pipeline_stages, p.virtual_chunks,
-                             p.data_parallel);
-  };
-  if (p.bound_search && bound(tmax_floor) >= cutoff) return pruned(bound(tmax_floor));
-
-  // Phase 2: candidates. The largest value within each interval stands for
-  // all of them.
+// Phase 2: tmax candidates, the distinct usable run times from the floor up;
+// the largest value within each interval stands for all of them.
+std::vector<double> TmaxCandidates(const DpProblem& p, const RunTable& runs,
+                                   const BudgetRuns& usable) {
   std::vector<double> values;
   values.reserve(runs.time.size());
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < usable.width.size(); ++i) {
     const double* t = runs.time.data() + runs.offset[i];
-    for (uint32_t k = 0; k < width[i]; ++k) {
-      if (t[k] >= tmax_floor) values.push_back(t[k]);
+    for (uint32_t k = 0; k < usable.width[i]; ++k) {
+      if (t[k] >= usable.tmax_floor) values.push_back(t[k]);
     }
   }
   std::sort(values.begin(), values.end());
@@ -330,18 +321,33 @@ absl::StatusOr<DpSolution> SolveBudget(const DpProblem& p, const RunTable& runs,
     candidates.push_back(values[last]);
     k = last + 1;
   }
+  return candidates;
+}
 
-  // Phase 3: the DP per candidate in increasing order, stopping once
-  // (c - 1) * tmax / v + f(N; inf) / |D| cannot beat the best.
-  std::vector<uint32_t> best_prev;
-  double best = cutoff;
-  double best_max = 0;
-  double best_sum = 0;
-  solution.tmax_candidates = static_cast<int>(candidates.size());
+// The best partition of phase 3: its objective, times and cut points.
+struct BestPartition {
+  double objective = kInf;
+  double max_time = 0;
+  double sum_time = 0;
+  std::vector<uint32_t> prev;  // empty: none beat the cutoff
+};
+
+// Phase 3: the DP per candidate in increasing order, stopping once
+// (c - 1) * tmax / v + f(N; inf) / |D| cannot beat the best.
+BestPartition SearchCandidates(const DpProblem& p, const RunTable& runs, const BudgetRuns& usable,
+                               std::span<const double> candidates, double unconstrained,
+                               double cutoff, int* evaluated) {
+  const size_t n = usable.width.size();
+  std::vector<double> f(n + 1);
+  std::vector<uint32_t> prev(n + 1, 0);
+  BestPartition best{.objective = cutoff};
   for (double tmax : candidates) {
-    if (p.bound_search && bound(tmax) >= best) break;
-    ++solution.tmax_evaluated;
-    const double sum = RunDp(runs, width, tmax, f, prev);
+    if (p.bound_search && PipelineObjective(tmax, unconstrained, p.pipeline_stages,
+                                            p.virtual_chunks, p.data_parallel) >= best.objective) {
+      break;
+    }
+    ++*evaluated;
+    const double sum = RunDp(runs, usable.width, tmax, f, prev);
     if (sum == kInf) continue;
     // The objective uses the solution's actual largest time (<= tmax).
     double actual_max = 0;
@@ -350,24 +356,16 @@ absl::StatusOr<DpSolution> SolveBudget(const DpProblem& p, const RunTable& runs,
     }
     const double objective =
         PipelineObjective(actual_max, sum, p.pipeline_stages, p.virtual_chunks, p.data_parallel);
-    if (objective < best) {
-      best = objective;
-      best_max = actual_max;
-      best_sum = sum;
-      best_prev = prev;
-    }
+    if (objective < best.objective) best = {objective, actual_max, sum, prev};
   }
-  if (best_prev.empty()) {
-    if (cutoff == kInf) {
-      return absl::InternalError("micro-batch DP found no partition although every sample fits");
-    }
-    return pruned(bound(tmax_floor));
-  }
+  return best;
+}
 
-  // Phase 4: the runs of the best partition, front to back.
+// Phase 4: the runs of the best partition, front to back, with their costs.
+void BuildSolution(const DpProblem& p, const BestPartition& best, DpSolution& solution) {
   std::vector<std::pair<uint32_t, uint32_t>> cuts;
-  for (size_t end = n; end > 0; end = best_prev[end]) {
-    cuts.emplace_back(best_prev[end], static_cast<uint32_t>(end));
+  for (size_t end = p.order.size(); end > 0; end = best.prev[end]) {
+    cuts.emplace_back(best.prev[end], static_cast<uint32_t>(end));
   }
   std::reverse(cuts.begin(), cuts.end());
   for (const auto& [begin, end] : cuts) {
@@ -379,9 +377,42 @@ absl::StatusOr<DpSolution> SolveBudget(const DpProblem& p, const RunTable& runs,
     solution.groups.push_back(std::move(group));
     solution.costs.push_back(cost);
   }
-  solution.objective_ms = best;
-  solution.max_time_ms = best_max;
-  solution.sum_time_ms = best_sum;
+  solution.objective_ms = best.objective;
+  solution.max_time_ms = best.max_time;
+  solution.sum_time_ms = best.sum_time;
+}
+
+// Phases 2-4 for one stored limit over a built table.
+absl::StatusOr<DpSolution> SolveBudget(const DpProblem& p, const RunTable& runs,
+                                       double stored_limit, uint32_t depth, double cutoff,
+                                       double run_cap) {
+  absl::StatusOr<BudgetRuns> usable = UsableRuns(p, runs, stored_limit, depth, run_cap);
+  if (!usable.ok()) return usable.status();
+  DpSolution solution;
+  const auto pruned = [&](double lower_bound) {
+    solution.pruned = true;
+    solution.lower_bound_ms = std::min(cutoff, lower_bound);
+    return solution;
+  };
+  if (usable->too_slow) return pruned(cutoff);
+  std::vector<double> f(p.order.size() + 1);
+  std::vector<uint32_t> prev(p.order.size() + 1, 0);
+  const double unconstrained = RunDp(runs, usable->width, kInf, f, prev);
+  const double floor_bound = PipelineObjective(usable->tmax_floor, unconstrained,
+                                               p.pipeline_stages, p.virtual_chunks,
+                                               p.data_parallel);
+  if (p.bound_search && floor_bound >= cutoff) return pruned(floor_bound);
+  const std::vector<double> candidates = TmaxCandidates(p, runs, *usable);
+  solution.tmax_candidates = static_cast<int>(candidates.size());
+  const BestPartition best = SearchCandidates(p, runs, *usable, candidates, unconstrained, cutoff,
+                                              &solution.tmax_evaluated);
+  if (best.prev.empty()) {
+    if (cutoff == kInf) {
+      return absl::InternalError("micro-batch DP found no partition although every sample fits");
+    }
+    return pruned(floor_bound);
+  }
+  BuildSolution(p, best, solution);
   return solution;
 }
 
