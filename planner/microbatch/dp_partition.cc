@@ -59,18 +59,53 @@ double RunDp(const RunTable& runs, const std::vector<uint32_t>& width, double tm
   return f[n];
 }
 
+// Cost-model rows of the padded lengths a decoder-only mini-batch has,
+// prepared once: a run's padded length is always one of its samples' (the
+// rows are the costly part of a cost evaluation).
+struct RowCache {
+  std::vector<int> slot;  // by padded length / multiple; -1: none
+  std::vector<MicroBatchCostModel::Row> rows;
+  std::vector<char> ok;
+
+  const MicroBatchCostModel::Row* Find(uint32_t input_len, uint32_t multiple) const {
+    const size_t k = input_len / multiple;
+    if (k >= slot.size() || slot[k] < 0 || !ok[slot[k]]) return nullptr;
+    return &rows[slot[k]];
+  }
+};
+
+void PrepareRows(const DpProblem& p, RowCache& cache) {
+  if (p.policy.encoder_decoder) return;  // runs pad to (max input, max target) pairs
+  std::vector<uint32_t> lengths;
+  for (uint32_t position : p.order) {
+    lengths.push_back(RoundUpLength(SequenceLength(p.samples[position], p.policy),
+                                    p.policy.multiple));
+  }
+  std::sort(lengths.begin(), lengths.end());
+  lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
+  cache.slot.assign(lengths.back() / p.policy.multiple + 1, -1);
+  cache.rows.resize(lengths.size());
+  cache.ok.assign(lengths.size(), 0);
+  for (size_t k = 0; k < lengths.size(); ++k) cache.slot[lengths[k] / p.policy.multiple] = k;
+  ParallelFor(lengths.size(), p.threads, [&](size_t k) {
+    cache.ok[k] = p.cost->PrepareRow(lengths[k], 0, &cache.rows[k]);
+  });
+}
+
 // Phase 0: each sample alone (for errors, feasibility and the run cap).
-void CostSingles(const DpProblem& p, RunTable& runs) {
+void CostSingles(const DpProblem& p, const RowCache& cache, RunTable& runs) {
   const size_t n = p.order.size();
   runs.single.resize(n);
   runs.single_known.assign(n, false);
-  MicroBatchCostModel::Row row;
+  MicroBatchCostModel::Row own;
   for (size_t i = 0; i < n; ++i) {
     const SampleLengths& s = p.samples[p.order[i]];
     const uint32_t in = RoundUpLength(SequenceLength(s, p.policy), p.policy.multiple);
     const uint32_t tg = p.policy.encoder_decoder ? RoundUpLength(s.target, p.policy.multiple) : 0;
-    runs.single_known[i] =
-        p.cost->PrepareRow(in, tg, &row) && p.cost->Evaluate(row, 1, &runs.single[i]);
+    const MicroBatchCostModel::Row* row =
+        cache.rows.empty() ? nullptr : cache.Find(in, p.policy.multiple);
+    if (row == nullptr && p.cost->PrepareRow(in, tg, &own)) row = &own;
+    runs.single_known[i] = row != nullptr && p.cost->Evaluate(*row, 1, &runs.single[i]);
   }
 }
 
@@ -127,39 +162,6 @@ bool SinglesFit(const DpProblem& p, const RunTable& runs, const DpBudget& budget
   return true;
 }
 
-// Cost-model rows of the padded lengths a decoder-only mini-batch has,
-// prepared once: a run's padded length is always one of its samples' (the
-// rows are the costly part of a cost evaluation).
-struct RowCache {
-  std::vector<int> slot;  // by padded length / multiple; -1: none
-  std::vector<MicroBatchCostModel::Row> rows;
-  std::vector<char> ok;
-
-  const MicroBatchCostModel::Row* Find(uint32_t input_len, uint32_t multiple) const {
-    const size_t k = input_len / multiple;
-    if (k >= slot.size() || slot[k] < 0 || !ok[slot[k]]) return nullptr;
-    return &rows[slot[k]];
-  }
-};
-
-void PrepareRows(const DpProblem& p, RowCache& cache) {
-  if (p.policy.encoder_decoder) return;  // runs pad to (max input, max target) pairs
-  std::vector<uint32_t> lengths;
-  for (uint32_t position : p.order) {
-    lengths.push_back(RoundUpLength(SequenceLength(p.samples[position], p.policy),
-                                    p.policy.multiple));
-  }
-  std::sort(lengths.begin(), lengths.end());
-  lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
-  cache.slot.assign(lengths.back() / p.policy.multiple + 1, -1);
-  cache.rows.resize(lengths.size());
-  cache.ok.assign(lengths.size(), 0);
-  for (size_t k = 0; k < lengths.size(); ++k) cache.slot[lengths[k] / p.policy.multiple] = k;
-  ParallelFor(lengths.size(), p.threads, [&](size_t k) {
-    cache.ok[k] = p.cost->PrepareRow(lengths[k], 0, &cache.rows[k]);
-  });
-}
-
 // Phase 1: costs of the runs starting at [begin, end) within the limits,
 // appended to time/stored with width[i] per start. Per-range maxima of the
 // lengths are kept as a run grows; runs stop growing at the first violation
@@ -210,12 +212,11 @@ void BuildRunsFrom(const DpProblem& p, const RowCache& cache, const TableLimits&
 // Phase 1 over every start, in chunks of starts on p.threads threads; the
 // chunks are concatenated in order, so the table does not depend on the
 // thread count.
-void BuildRuns(const DpProblem& p, const TableLimits& limits, RunTable& runs) {
+void BuildRuns(const DpProblem& p, const TableLimits& limits, const RowCache& cache,
+               RunTable& runs) {
   const size_t n = p.order.size();
   runs.offset.resize(n);
   runs.width.resize(n);
-  RowCache cache;
-  PrepareRows(p, cache);
   const size_t chunks = p.threads > 1 ? std::min<size_t>(n, 8 * static_cast<size_t>(p.threads)) : 1;
   std::vector<std::vector<double>> times(chunks);
   std::vector<std::vector<double>> stored(chunks);
@@ -332,8 +333,14 @@ struct BestPartition {
   std::vector<uint32_t> prev;  // empty: none beat the cutoff
 };
 
-// Phase 3: the DP per candidate in increasing order, stopping once
-// (c - 1) * tmax / v + f(N; inf) / |D| cannot beat the best.
+// Phase 3: branch and bound over the candidates. f(N; tmax) never grows
+// with tmax, so every candidate k in [a, b] has an objective of at least
+// (c - 1) * tmax_a / v + f(N; tmax_b+1) / |D| (f(N; infinity) past the last
+// candidate); an interval whose bound cannot beat the best is skipped, and
+// otherwise its middle candidate is solved and both halves are searched,
+// the lower one first. With exact candidates (interval 0) the optimum's
+// own candidate is never skipped, so the result is optimal; with buckets it
+// is within (c - 1) * interval / v, as before. Ties go to the smaller tmax.
 BestPartition SearchCandidates(const DpProblem& p, const RunTable& runs, const BudgetRuns& usable,
                                std::span<const double> candidates, double unconstrained,
                                double cutoff, int* evaluated) {
@@ -341,14 +348,11 @@ BestPartition SearchCandidates(const DpProblem& p, const RunTable& runs, const B
   std::vector<double> f(n + 1);
   std::vector<uint32_t> prev(n + 1, 0);
   BestPartition best{.objective = cutoff};
-  for (double tmax : candidates) {
-    if (p.bound_search && PipelineObjective(tmax, unconstrained, p.pipeline_stages,
-                                            p.virtual_chunks, p.data_parallel) >= best.objective) {
-      break;
-    }
+  size_t best_index = candidates.size();
+  const auto solve = [&](size_t k) {
     ++*evaluated;
-    const double sum = RunDp(runs, usable.width, tmax, f, prev);
-    if (sum == kInf) continue;
+    const double sum = RunDp(runs, usable.width, candidates[k], f, prev);
+    if (sum == kInf) return sum;
     // The objective uses the solution's actual largest time (<= tmax).
     double actual_max = 0;
     for (size_t end = n; end > 0; end = prev[end]) {
@@ -356,7 +360,35 @@ BestPartition SearchCandidates(const DpProblem& p, const RunTable& runs, const B
     }
     const double objective =
         PipelineObjective(actual_max, sum, p.pipeline_stages, p.virtual_chunks, p.data_parallel);
-    if (objective < best.objective) best = {objective, actual_max, sum, prev};
+    // Strictly better than the cutoff; among equals, the smaller tmax.
+    const bool found = best_index < candidates.size();
+    if (objective < best.objective || (found && objective == best.objective && k < best_index)) {
+      best = {objective, actual_max, sum, prev};
+      best_index = k;
+    }
+    return sum;
+  };
+  struct Interval {
+    size_t first;
+    size_t last;
+    double sum_bound;  // f(N; tmax) for every tmax of the interval is at least this
+  };
+  std::vector<Interval> stack;
+  if (!candidates.empty()) stack.push_back({0, candidates.size() - 1, unconstrained});
+  while (!stack.empty()) {
+    const Interval in = stack.back();
+    stack.pop_back();
+    const double bound = PipelineObjective(candidates[in.first], in.sum_bound, p.pipeline_stages,
+                                           p.virtual_chunks, p.data_parallel);
+    if (p.bound_search &&
+        (bound > best.objective ||
+         (bound == best.objective && (best_index == candidates.size() || in.first >= best_index)))) {
+      continue;
+    }
+    const size_t middle = p.bound_search ? in.first + (in.last - in.first) / 2 : in.first;
+    const double sum = solve(middle);
+    if (middle < in.last) stack.push_back({middle + 1, in.last, in.sum_bound});
+    if (middle > in.first && sum != kInf) stack.push_back({in.first, middle - 1, sum});
   }
   return best;
 }
@@ -448,6 +480,18 @@ double TransientToReserve(const DpProblem& p, const DpSolution& solution) {
   return reserve;
 }
 
+// Whether a solution fits a depth budget: what each device holds at once
+// within the limit, and room left for each class's transient.
+bool FitsDepth(const DpProblem& p, const DpBudget& budget, const DpSolution& solution) {
+  for (const MicroBatchCost& c : solution.costs) {
+    if (c.depth_stored_bytes > budget.stored_limit_bytes * budget.depth ||
+        c.peak_bytes > p.peak_limit_bytes) {
+      return false;
+    }
+  }
+  return TransientToReserve(p, solution) == 0;
+}
+
 // SolveBudget under a budget with depth: while some device class cannot hold
 // its depth of the largest stored activations plus its largest transient,
 // the limit on what a device holds at once drops to peak - that transient
@@ -466,6 +510,65 @@ absl::StatusOr<DpSolution> SolveDepthBudget(const DpProblem& p, const RunTable& 
     if (reserve == 0 || !(tighter < limit)) return solution;
     limit = tighter;
   }
+}
+
+// The objective of the DP at tmax = the slowest sample alone, over a table
+// of only the runs that fast (cheap): a feasible partition of a whole-device
+// budget, so an upper bound of its optimum. Infinite when none is found.
+double QuickObjective(const DpProblem& p, const DpBudget& budget, const RunTable& probe,
+                      double max_single) {
+  absl::StatusOr<BudgetRuns> usable =
+      UsableRuns(p, probe, budget.stored_limit_bytes, budget.depth, kInf);
+  if (!usable.ok()) return kInf;
+  std::vector<double> f(p.order.size() + 1);
+  std::vector<uint32_t> prev(p.order.size() + 1, 0);
+  const double sum = RunDp(probe, usable->width, max_single, f, prev);
+  if (sum == kInf) return kInf;
+  double actual_max = 0;
+  for (size_t end = p.order.size(); end > 0; end = prev[end]) {
+    actual_max = std::max(actual_max, probe.time[probe.offset[prev[end]] + (end - prev[end] - 1)]);
+  }
+  return PipelineObjective(actual_max, sum, p.pipeline_stages, p.virtual_chunks, p.data_parallel);
+}
+
+// The slowest run worth building for any feasible budget (every sample fits
+// alone in at least one). A run slower than cap puts a partition's
+// objective above (c - 1) * cap / v + (lower bound of sum t) / |D|; cap
+// makes that the largest over budgets of the best known upper bound of the
+// budget's optimum: its cutoff, the all-singles objective, and on large
+// batches for whole-device budgets (whose limit never tightens) the DP at
+// the slowest single time over a small table. The bound and the small table
+// cost one row per distinct length and a table of short runs: worth it on
+// large batches only.
+double TableRunCap(const DpProblem& p, std::span<const DpBudget> budgets, const RowCache& cache,
+                   const RunTable& runs, const TableLimits& limits) {
+  if (p.pipeline_stages <= 1 || !p.bound_search) return kInf;
+  double max_single = 0;
+  double sum_single = 0;
+  for (const MicroBatchCost& c : runs.single) {
+    max_single = std::max(max_single, c.time_ms);
+    sum_single += c.time_ms;
+  }
+  const double singles = PipelineObjective(max_single, sum_single, p.pipeline_stages,
+                                           p.virtual_chunks, p.data_parallel);
+  const bool large = p.order.size() > 1024;
+  RunTable probe;
+  if (large) {
+    probe.single = runs.single;
+    probe.single_known = runs.single_known;
+    TableLimits small = limits;
+    small.run_cap = max_single;
+    BuildRuns(p, small, cache, probe);
+  }
+  double upper = 0;
+  for (const DpBudget& b : budgets) {
+    if (!SinglesFit(p, runs, b)) continue;
+    double bound = std::min(singles, b.cutoff != nullptr ? *b.cutoff : kInf);
+    if (large && b.depth <= 1) bound = std::min(bound, QuickObjective(p, b, probe, max_single));
+    upper = std::max(upper, bound);
+  }
+  const double lower_sum = large ? SumLowerBound(p) : 0;
+  return (upper - lower_sum / p.data_parallel) * p.virtual_chunks / (p.pipeline_stages - 1);
 }
 
 }  // namespace
@@ -502,8 +605,10 @@ std::vector<absl::StatusOr<DpSolution>> SolveMicroBatchDpBudgets(
                                                    : kInf;
   };
   const auto cutoff_of = [](const DpBudget& b) { return b.cutoff != nullptr ? *b.cutoff : kInf; };
+  RowCache cache;
+  PrepareRows(p, cache);
   RunTable runs;
-  CostSingles(p, runs);
+  CostSingles(p, cache, runs);
   TableLimits limits;
   double loosest = 0;  // runs up to the loosest cutoff's cap serve every budget
   bool any_feasible = false;
@@ -525,37 +630,46 @@ std::vector<absl::StatusOr<DpSolution>> SolveMicroBatchDpBudgets(
   // sample that does not fit.
   double run_cap = run_cap_for(loosest);
   if (any_feasible) {
-    double max_single = 0;
-    double sum_single = 0;
-    for (const MicroBatchCost& c : runs.single) {
-      max_single = std::max(max_single, c.time_ms);
-      sum_single += c.time_ms;
-    }
-    // Any partition with a run slower than cap has an objective above
-    // (c - 1) * cap / v + (lower bound of sum t) / |D|; the cap makes that
-    // the better of the all-singles objective and the loosest cutoff. The
-    // bound costs one row per distinct length: worth it on large batches.
-    const double upper = std::min(loosest, PipelineObjective(max_single, sum_single,
-                                                              p.pipeline_stages,
-                                                              p.virtual_chunks, p.data_parallel));
-    const double lower_sum = p.bound_search && p.order.size() > 1024 ? SumLowerBound(p) : 0;
-    run_cap = std::min(run_cap, run_cap_for(upper - lower_sum / p.data_parallel));
+    run_cap = std::min(run_cap, TableRunCap(p, budgets, cache, runs, limits));
     limits.run_cap = run_cap;
-    BuildRuns(p, limits, runs);
+    BuildRuns(p, limits, cache, runs);
   } else {
     runs.offset.assign(p.order.size(), 0);
     runs.width.assign(p.order.size(), 0);
   }
-  for (const DpBudget& budget : budgets) {
-    const double cutoff = cutoff_of(budget);
-    absl::StatusOr<DpSolution> solution =
-        SolveDepthBudget(p, runs, budget, cutoff, run_cap_for(cutoff));
-    if (solution.ok() && !solution->pruned && budget.cutoff != nullptr) {
-      *budget.cutoff = std::min(*budget.cutoff, solution->objective_ms);
+  // Whole-device budgets first: where a whole-device optimum also fits a
+  // pipeline-depth budget of the same mode (full recomputation: small
+  // activations), it is that budget's optimum too (the depth budget admits a
+  // subset of the partitions) and its DP is skipped. Results in input order.
+  std::vector<absl::StatusOr<DpSolution>> solved(budgets.size(),
+                                                 absl::UnknownError("not solved"));
+  const DpSolution* whole = nullptr;
+  for (size_t k = 0; k < budgets.size(); ++k) {
+    if (budgets[k].depth > 1) continue;
+    solved[k] = SolveDepthBudget(p, runs, budgets[k], cutoff_of(budgets[k]),
+                                 run_cap_for(cutoff_of(budgets[k])));
+    if (solved[k].ok() && !solved[k]->pruned) {
+      if (budgets[k].cutoff != nullptr) {
+        *budgets[k].cutoff = std::min(*budgets[k].cutoff, solved[k]->objective_ms);
+      }
+      whole = &*solved[k];
     }
-    results.push_back(std::move(solution));
   }
-  return results;
+  for (size_t k = 0; k < budgets.size(); ++k) {
+    const DpBudget& budget = budgets[k];
+    if (budget.depth <= 1) continue;
+    const double cutoff = cutoff_of(budget);
+    if (whole != nullptr && whole->objective_ms < cutoff && FitsDepth(p, budget, *whole)) {
+      solved[k] = *whole;
+      solved[k]->stored_limit_bytes = budget.stored_limit_bytes;
+    } else {
+      solved[k] = SolveDepthBudget(p, runs, budget, cutoff, run_cap_for(cutoff));
+    }
+    if (solved[k].ok() && !solved[k]->pruned && budget.cutoff != nullptr) {
+      *budget.cutoff = std::min(*budget.cutoff, solved[k]->objective_ms);
+    }
+  }
+  return solved;
 }
 
 absl::StatusOr<DpSolution> SolveMicroBatchDp(const DpProblem& p) {

@@ -181,8 +181,8 @@ void BM_T5MemoryPerDevice(benchmark::State& s) {
 void BM_T5MemoryCommonBudget(benchmark::State& s) {
   Run(s, {.t5 = true, .per_device_memory = false, .memory_mib = static_cast<uint32_t>(s.range(0))});
 }
-BENCHMARK(BM_T5MemoryPerDevice)->Arg(36000)->Arg(40960)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_T5MemoryCommonBudget)->Arg(36000)->Arg(40960)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_T5MemoryPerDevice)->Arg(36000)->Arg(40960)->Arg(49152)->Arg(57344)->Arg(65536)->Arg(81920)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_T5MemoryCommonBudget)->Arg(36000)->Arg(40960)->Arg(49152)->Arg(57344)->Arg(65536)->Arg(81920)->Unit(benchmark::kMillisecond);
 
 // The scale curve: GPT-6.7B, pp = 8, maximum length 8192, 65,536 tokens per
 // replica, documents-like; argument: dp.
