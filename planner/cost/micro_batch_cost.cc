@@ -33,6 +33,7 @@ class DeviceSum {
     out->class_stored_bytes[slot] = std::max(out->class_stored_bytes[slot], scale * stored_);
     out->class_transient_bytes[slot] =
         std::max(out->class_transient_bytes[slot], scale * transient_);
+    out->class_time_ms[slot] = std::max(out->class_time_ms[slot], time);
   }
 
  private:

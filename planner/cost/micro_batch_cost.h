@@ -41,6 +41,7 @@ struct MicroBatchCost {
   // where the layout has no such class): stored and transient bytes.
   std::array<double, 3> class_stored_bytes{};
   std::array<double, 3> class_transient_bytes{};
+  std::array<double, 3> class_time_ms{};  // forward + backward
 };
 
 // The device classes of MicroBatchCost: device 0, T5's first decoder

@@ -111,14 +111,15 @@ void CostSingles(const DpProblem& p, const RowCache& cache, RunTable& runs) {
 
 // A lower bound on sum t(M) over every partition (decoder-only; 0 where it
 // cannot be shown). A run padded to L costs t(b, L) >= b * a(L), where a(L)
-// is the least per-sample time of any batch at L: between two grid sizes
-// b_k < b_k+1 costs are linear in b and grow with it (the assumption the
-// run table already makes), so t(b) / b >= t(b_k) / b_k+1. Every sample of a run is at most the run's
-// padded length, so a sample at l pays at least min over present L >= l of
-// a(L).
-double SumLowerBound(const DpProblem& p) {
+// is the least per-sample time of any batch at L. Between two grid sizes
+// b_k < b_k+1 each device class's time A(b) is linear in b, so A(b) / b is
+// monotone there and at least min(A(b_k) / b_k, A(b_k+1) / b_k+1); t is the
+// largest class time, so t(b) / b is at least the largest of these over the
+// classes. Every sample of a run is at most the run's padded length, so a
+// sample at l pays at least min over present L >= l of a(L).
+double SumLowerBound(const DpProblem& p, const RowCache& cache) {
   const std::vector<uint32_t>* axis = p.cost->BatchAxis();
-  if (p.policy.encoder_decoder || axis == nullptr || axis->empty()) return 0;
+  if (p.policy.encoder_decoder || axis == nullptr || axis->empty() || cache.rows.empty()) return 0;
   std::vector<uint32_t> lengths;
   for (uint32_t position : p.order) {
     lengths.push_back(RoundUpLength(SequenceLength(p.samples[position], p.policy),
@@ -129,16 +130,23 @@ double SumLowerBound(const DpProblem& p) {
   distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
   std::vector<double> least(distinct.size(), 0);
   ParallelFor(distinct.size(), p.threads, [&](size_t k) {
-    MicroBatchCostModel::Row row;
-    if (!p.cost->PrepareRow(distinct[k], 0, &row)) return;
-    double a = std::numeric_limits<double>::infinity();
-    double previous = 0;
+    const MicroBatchCostModel::Row* row = cache.Find(distinct[k], p.policy.multiple);
+    if (row == nullptr) return;
+    std::vector<std::array<double, 3>> per_sample;  // class time / b at each grid size
     MicroBatchCost cost;
-    for (size_t g = 0; g < axis->size(); ++g) {
-      if (!p.cost->Evaluate(row, (*axis)[g], &cost) || cost.time_ms < previous) return;  // 0
-      previous = cost.time_ms;
-      const double next = g + 1 < axis->size() ? (*axis)[g + 1] : (*axis)[g];
-      a = std::min(a, cost.time_ms / next);
+    for (uint32_t b : *axis) {
+      if (!p.cost->Evaluate(*row, b, &cost)) break;  // beyond the grid: never a run
+      std::array<double, 3> share{};
+      for (int c = 0; c < 3; ++c) share[c] = cost.class_time_ms[c] / b;
+      per_sample.push_back(share);
+    }
+    if (per_sample.empty()) return;
+    double a = std::numeric_limits<double>::infinity();
+    for (size_t g = 0; g < per_sample.size(); ++g) {
+      const std::array<double, 3>& next = per_sample[std::min(g + 1, per_sample.size() - 1)];
+      double segment = 0;
+      for (int c = 0; c < 3; ++c) segment = std::max(segment, std::min(per_sample[g][c], next[c]));
+      a = std::min(a, segment);
     }
     least[k] = a;
   });
@@ -567,8 +575,100 @@ double TableRunCap(const DpProblem& p, std::span<const DpBudget> budgets, const 
     if (large && b.depth <= 1) bound = std::min(bound, QuickObjective(p, b, probe, max_single));
     upper = std::max(upper, bound);
   }
-  const double lower_sum = large ? SumLowerBound(p) : 0;
+  const double lower_sum = large ? SumLowerBound(p, cache) : 0;
   return (upper - lower_sum / p.data_parallel) * p.virtual_chunks / (p.pipeline_stages - 1);
+}
+
+double CutoffOf(const DpBudget& b) { return b.cutoff != nullptr ? *b.cutoff : kInf; }
+
+// A run slower than this cannot be part of a partition that beats the
+// cutoff: (c - 1) * max t / v alone would reach it.
+double RunCapFor(const DpProblem& p, double cutoff) {
+  return p.pipeline_stages > 1 && p.bound_search
+             ? cutoff * p.virtual_chunks / (p.pipeline_stages - 1)
+             : kInf;
+}
+
+// Phase 1 for every budget where each sample fits alone (the others need no
+// runs: they report the sample that does not fit). The runs kept fit some
+// budget and are no slower than TableRunCap, so run widths do not grow with
+// the mini-batch (planning cost linear in the data-parallel width).
+void BuildTable(const DpProblem& p, std::span<const DpBudget> budgets, const RowCache& cache,
+                RunTable& runs) {
+  TableLimits limits;
+  double loosest = 0;  // runs up to the loosest cutoff's cap serve every budget
+  bool any_feasible = false;
+  for (const DpBudget& b : budgets) {
+    if (!SinglesFit(p, runs, b)) continue;
+    if (b.depth > 1) {
+      limits.depth_stored = std::max(limits.depth_stored, b.stored_limit_bytes * b.depth);
+    } else {
+      limits.stored = std::max(limits.stored, b.stored_limit_bytes);
+    }
+    loosest = std::max(loosest, CutoffOf(b));
+    any_feasible = true;
+  }
+  if (!any_feasible) {
+    runs.offset.assign(p.order.size(), 0);
+    runs.width.assign(p.order.size(), 0);
+    return;
+  }
+  limits.run_cap =
+      std::min(RunCapFor(p, loosest), TableRunCap(p, budgets, cache, runs, limits));
+  BuildRuns(p, limits, cache, runs);
+}
+
+// Phases 1-4 per budget, whole-device budgets first, on a table built for
+// them alone: where a whole-device optimum also fits a pipeline-depth
+// budget of the same mode (full recomputation: small activations), it is
+// that budget's optimum too (the depth budget admits a subset of the
+// partitions) and the depth budget needs neither a table nor a DP. The
+// other depth budgets get a table of their own. Results in input order;
+// cutoffs lowered by every solution.
+std::vector<absl::StatusOr<DpSolution>> SolveAll(const DpProblem& p,
+                                                 std::span<const DpBudget> budgets,
+                                                 const RowCache& cache, RunTable& runs) {
+  std::vector<absl::StatusOr<DpSolution>> solved(budgets.size(),
+                                                 absl::UnknownError("not solved"));
+  const auto solve = [&](size_t k) {
+    const double cutoff = CutoffOf(budgets[k]);
+    solved[k] = SolveDepthBudget(p, runs, budgets[k], cutoff, RunCapFor(p, cutoff));
+    if (solved[k].ok() && !solved[k]->pruned && budgets[k].cutoff != nullptr) {
+      *budgets[k].cutoff = std::min(*budgets[k].cutoff, solved[k]->objective_ms);
+    }
+  };
+  std::vector<DpBudget> whole_budgets;
+  for (const DpBudget& b : budgets) {
+    if (b.depth <= 1) whole_budgets.push_back(b);
+  }
+  const DpSolution* whole = nullptr;
+  if (!whole_budgets.empty()) {
+    BuildTable(p, whole_budgets, cache, runs);
+    for (size_t k = 0; k < budgets.size(); ++k) {
+      if (budgets[k].depth > 1) continue;
+      solve(k);
+      if (solved[k].ok() && !solved[k]->pruned) whole = &*solved[k];
+    }
+  }
+  std::vector<size_t> rest;
+  std::vector<DpBudget> rest_budgets;
+  for (size_t k = 0; k < budgets.size(); ++k) {
+    const DpBudget& budget = budgets[k];
+    if (budget.depth <= 1) continue;
+    if (whole != nullptr && whole->objective_ms < CutoffOf(budget) &&
+        FitsDepth(p, budget, *whole)) {
+      solved[k] = *whole;
+      solved[k]->stored_limit_bytes = budget.stored_limit_bytes;
+      if (budget.cutoff != nullptr) *budget.cutoff = std::min(*budget.cutoff, whole->objective_ms);
+      continue;
+    }
+    rest.push_back(k);
+    rest_budgets.push_back(budget);
+  }
+  if (rest.empty()) return solved;
+  BuildTable(p, rest_budgets, cache, runs);
+  for (size_t k : rest) solve(k);
+  return solved;
 }
 
 }  // namespace
@@ -598,78 +698,11 @@ std::vector<absl::StatusOr<DpSolution>> SolveMicroBatchDpBudgets(
     results.assign(budgets.size(), invalid);
     return results;
   }
-  // A run slower than this cannot be part of a partition that beats the
-  // cutoff: (c - 1) * max t / v alone would reach it.
-  const auto run_cap_for = [&](double c) {
-    return p.pipeline_stages > 1 && p.bound_search ? c * p.virtual_chunks / (p.pipeline_stages - 1)
-                                                   : kInf;
-  };
-  const auto cutoff_of = [](const DpBudget& b) { return b.cutoff != nullptr ? *b.cutoff : kInf; };
   RowCache cache;
   PrepareRows(p, cache);
   RunTable runs;
   CostSingles(p, cache, runs);
-  TableLimits limits;
-  double loosest = 0;  // runs up to the loosest cutoff's cap serve every budget
-  bool any_feasible = false;
-  for (const DpBudget& b : budgets) {
-    if (!SinglesFit(p, runs, b)) continue;  // needs no runs
-    if (b.depth > 1) {
-      limits.depth_stored = std::max(limits.depth_stored, b.stored_limit_bytes * b.depth);
-    } else {
-      limits.stored = std::max(limits.stored, b.stored_limit_bytes);
-    }
-    loosest = std::max(loosest, cutoff_of(b));
-    any_feasible = true;
-  }
-  // Where every sample fits alone, the all-singles partition is feasible:
-  // its objective bounds the optimum's, so no run of the optimum is slower
-  // than that objective * v / (c - 1). This keeps run widths independent of
-  // the mini-batch size (planning cost linear in the data-parallel width).
-  // Without a feasible budget no table is needed: each budget reports the
-  // sample that does not fit.
-  double run_cap = run_cap_for(loosest);
-  if (any_feasible) {
-    run_cap = std::min(run_cap, TableRunCap(p, budgets, cache, runs, limits));
-    limits.run_cap = run_cap;
-    BuildRuns(p, limits, cache, runs);
-  } else {
-    runs.offset.assign(p.order.size(), 0);
-    runs.width.assign(p.order.size(), 0);
-  }
-  // Whole-device budgets first: where a whole-device optimum also fits a
-  // pipeline-depth budget of the same mode (full recomputation: small
-  // activations), it is that budget's optimum too (the depth budget admits a
-  // subset of the partitions) and its DP is skipped. Results in input order.
-  std::vector<absl::StatusOr<DpSolution>> solved(budgets.size(),
-                                                 absl::UnknownError("not solved"));
-  const DpSolution* whole = nullptr;
-  for (size_t k = 0; k < budgets.size(); ++k) {
-    if (budgets[k].depth > 1) continue;
-    solved[k] = SolveDepthBudget(p, runs, budgets[k], cutoff_of(budgets[k]),
-                                 run_cap_for(cutoff_of(budgets[k])));
-    if (solved[k].ok() && !solved[k]->pruned) {
-      if (budgets[k].cutoff != nullptr) {
-        *budgets[k].cutoff = std::min(*budgets[k].cutoff, solved[k]->objective_ms);
-      }
-      whole = &*solved[k];
-    }
-  }
-  for (size_t k = 0; k < budgets.size(); ++k) {
-    const DpBudget& budget = budgets[k];
-    if (budget.depth <= 1) continue;
-    const double cutoff = cutoff_of(budget);
-    if (whole != nullptr && whole->objective_ms < cutoff && FitsDepth(p, budget, *whole)) {
-      solved[k] = *whole;
-      solved[k]->stored_limit_bytes = budget.stored_limit_bytes;
-    } else {
-      solved[k] = SolveDepthBudget(p, runs, budget, cutoff, run_cap_for(cutoff));
-    }
-    if (solved[k].ok() && !solved[k]->pruned && budget.cutoff != nullptr) {
-      *budget.cutoff = std::min(*budget.cutoff, solved[k]->objective_ms);
-    }
-  }
-  return solved;
+  return SolveAll(p, budgets, cache, runs);
 }
 
 absl::StatusOr<DpSolution> SolveMicroBatchDp(const DpProblem& p) {
