@@ -31,7 +31,25 @@ if(VARIPIPE_WITH_TORCH)
             "or set -DVARIPIPE_WITH_TORCH=OFF to build without the executor, "
             "or -DCMAKE_PREFIX_PATH=<libtorch> for another LibTorch")
   endif()
-  find_package(Gloo CONFIG REQUIRED)
+  # PyTorch's wheels carry Gloo inside libtorch_cpu with its headers in
+  # LibTorch's include directory; linking a second Gloo next to that one
+  # would put two copies in one process (deploy/gpu/run-on-gpu.sh).
+  option(VARIPIPE_GLOO_FROM_TORCH "Use the Gloo inside LibTorch instead of a Gloo package" OFF)
+  if(VARIPIPE_GLOO_FROM_TORCH)
+    find_path(VARIPIPE_GLOO_INCLUDE_DIR gloo/transport/tcp/device.h
+              HINTS ${TORCH_INCLUDE_DIRS} NO_DEFAULT_PATH)
+    if(NOT VARIPIPE_GLOO_INCLUDE_DIR OR NOT TARGET torch_cpu)
+      message(FATAL_ERROR "VARIPIPE_GLOO_FROM_TORCH=ON but this LibTorch has no Gloo headers "
+              "(gloo/transport/tcp/device.h in ${TORCH_INCLUDE_DIRS}) or no torch_cpu target")
+    endif()
+    add_library(gloo INTERFACE IMPORTED)
+    set_target_properties(gloo PROPERTIES
+      INTERFACE_INCLUDE_DIRECTORIES ${VARIPIPE_GLOO_INCLUDE_DIR}
+      INTERFACE_LINK_LIBRARIES torch_cpu)
+    set(Gloo_VERSION "from LibTorch")
+  else()
+    find_package(Gloo CONFIG REQUIRED)
+  endif()
   # Debian's Gloo config names the library but not the threads it needs.
   find_package(MPI COMPONENTS CXX)
 endif()

@@ -2,9 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <memory>
-#include <tuple>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -14,6 +15,7 @@
 #include "planner/cost/cost_model_io.h"
 #include "planner/cost/micro_batch_cost.h"
 #include "planner/microbatch/micro_batching.h"
+#include "planner/parallel.h"
 #include "planner/plan/plan_builder.h"
 #include "planner/plan/validator.h"
 #include "planner/schedule/static_schedules.h"
@@ -29,6 +31,8 @@ using Clock = std::chrono::steady_clock;
 double MsSince(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
+
+double MiB(double bytes) { return bytes / (1 << 20); }
 
 std::string ScheduleName(v1::ScheduleKind kind) {
   switch (kind) {
@@ -49,325 +53,523 @@ std::string ScheduleName(v1::ScheduleKind kind) {
 
 Link MakeLink(double latency_us, double gbps) { return {latency_us / 1e3, gbps * 1e6}; }
 
-// One simulated candidate.
-struct Candidate {
-  CandidateReport report;
-  const MicroBatchingResult* micro_batching = nullptr;
-  v1::ScheduleKind schedule = v1::SCHEDULE_KIND_UNSPECIFIED;
-  Recompute recompute = Recompute::kNone;
-  PartitionMethod method = PartitionMethod::kDynamicProgramming;
-  std::vector<PipelineShape> shapes;   // per replica
-  std::vector<DeviceOrder> orders;     // per replica
-  std::vector<SimulationResult> sims;  // per replica
-  std::vector<double> peak_per_rank;
+// One replica's schedule and simulated timeline.
+struct ReplicaTimeline {
+  PipelineShape shape;
+  DeviceOrder order;
+  SimulationResult sim;
+  std::string error;  // why it could not be scheduled; empty when it was
 };
 
-}  // namespace
+// One (partition method, recompute mode, schedule) candidate.
+struct Candidate {
+  CandidateReport report;
+  PartitionMethod method = PartitionMethod::kDynamicProgramming;
+  Recompute recompute = Recompute::kNone;
+  v1::ScheduleKind schedule = v1::SCHEDULE_KIND_UNSPECIFIED;
+  uint32_t chunks = 1;
+  MicroBatchingResult* micro_batching = nullptr;  // owned by the search
+  int pair = -1;                                  // in micro_batching->candidates
+  std::vector<ReplicaTimeline> replicas;
+  std::vector<double> peak_per_rank;
 
-absl::StatusOr<Planner> Planner::Create(const v1::JobConfig& config) {
-  absl::StatusOr<CostModel> model = CostModelForJob(config);
-  if (!model.ok()) return model.status();
-  return Planner(config, *std::move(model));
-}
+  const MicroBatchingCandidate& split() const { return micro_batching->candidates[pair]; }
+  void Reject(const char* phase, std::string why) {
+    report.feasible = false;
+    report.rejected_at = phase;
+    report.reason = std::move(why);
+  }
+};
 
-Planner::Planner(v1::JobConfig config, CostModel model)
-    : config_(std::move(config)), model_(std::move(model)) {}
+// Per-method micro-batching of one mini-batch.
+struct MethodSplit {
+  PartitionMethod method;
+  MicroBatchingOptions options;
+  absl::StatusOr<MicroBatchingResult> result = absl::UnknownError("not run");
+  double ms = 0;
+};
 
-absl::StatusOr<PlanningResult> Planner::Plan(const MiniBatch& mini_batch, bool with_trace) const {
-  const Clock::time_point start = Clock::now();
-  if (mini_batch.sample_ids.size() != mini_batch.lengths.size()) {
+// The state of one Plan call: the phases below fill it in order.
+class Search {
+ public:
+  Search(const v1::JobConfig& config, const CostModel& model, const PlannerOptions& options,
+         const MiniBatch& mini_batch)
+      : c_(config), model_(model), options_(options), mini_batch_(mini_batch) {}
+
+  absl::Status Init();
+  void MicroBatch();
+  void EnumerateCandidates();
+  void Schedule(std::span<const size_t> which);
+  int Choose() const;
+  int SolvePrunedAndChoose();
+  absl::StatusOr<std::vector<v1::ExecutionPlan>> Lower(const Candidate& best);
+  absl::Status Validate(const Candidate& best, std::span<const v1::ExecutionPlan> plans);
+  PlanReport Report(const Candidate* best, bool with_trace) const;
+  absl::Status Failure() const;
+
+  std::vector<Candidate>& candidates() { return candidates_; }
+  double scheduling_ms() const { return scheduling_ms_; }
+
+ private:
+  ReplicaTimeline ScheduleReplica(const Candidate& cand, uint32_t r) const;
+  absl::StatusOr<DeviceOrder> StaticOrder(v1::ScheduleKind schedule,
+                                          const PipelineShape& shape) const;
+  void Judge(Candidate& cand) const;
+  std::vector<double> RankLimits(const MicroBatchingResult& mbr) const;
+  ReplicaPlan ReplicaOf(const Candidate& best, uint32_t r, absl::Status* status) const;
+
+  const v1::JobConfig& c_;
+  const CostModel& model_;
+  const PlannerOptions& options_;
+  const MiniBatch& mini_batch_;
+  uint32_t p_ = 1;
+  uint32_t dp_ = 1;
+  ModelDims dims_;
+  StageLayout layout_;
+  LengthPolicy policy_;
+  std::vector<MethodSplit> splits_;
+  std::map<Recompute, std::unique_ptr<absl::StatusOr<MicroBatchCostModel>>> cost_models_;
+  std::vector<Candidate> candidates_;
+  Clock::time_point start_ = Clock::now();
+  double micro_batching_ms_ = 0;
+  double scheduling_ms_ = 0;
+  double plan_building_ms_ = 0;
+  double validation_ms_ = 0;
+};
+
+absl::Status Search::Init() {
+  if (mini_batch_.sample_ids.size() != mini_batch_.lengths.size()) {
     return absl::InvalidArgumentError("mini-batch: sample ids and lengths differ in number");
   }
-  const v1::JobConfig& c = config_;
-  const uint32_t p = c.parallelism().pipeline();
-  const uint32_t dp = c.parallelism().data();
-  const uint32_t v = c.parallelism().virtual_chunks();
-  const ModelDims dims = ModelDimsFromConfig(c.model());
-  absl::StatusOr<StageLayout> layout = MakeStageLayout(dims, p, 1);
+  p_ = c_.parallelism().pipeline();
+  dp_ = c_.parallelism().data();
+  dims_ = ModelDimsFromConfig(c_.model());
+  absl::StatusOr<StageLayout> layout = MakeStageLayout(dims_, p_, 1);
   if (!layout.ok()) return layout.status();
-  const LengthPolicy policy{.encoder_decoder = dims.encoder_decoder(),
-                            .multiple = c.planner().length_multiple()};
+  layout_ = *layout;
+  policy_ = {.encoder_decoder = dims_.encoder_decoder(), .multiple = c_.planner().length_multiple()};
+  // Raw bytes per stage for schedules and the simulator.
+  for (int mode_value : c_.planner().recompute_modes()) {
+    const Recompute mode = RecomputeFromProto(static_cast<v1::RecomputeMode>(mode_value));
+    cost_models_[mode] = std::make_unique<absl::StatusOr<MicroBatchCostModel>>(
+        MicroBatchCostModel::Create(model_, layout_, mode, c_.parallelism().tensor()));
+  }
+  return absl::OkStatus();
+}
 
-  PlanReport report;
-  // Micro-batching per (method, recompute mode, budget), computed once.
-  std::map<std::tuple<int, int, int>, std::unique_ptr<absl::StatusOr<MicroBatchingResult>>> splits;
-  std::map<int, std::unique_ptr<absl::StatusOr<MicroBatchCostModel>>> cost_models;
-  std::vector<Candidate> candidates;
-  double micro_batching_ms = 0;
-  double scheduling_ms = 0;
+// Phase 1: one PlanMicroBatches per partition method over every (mode,
+// budget) pair: shared run tables and cross-pair bound.
+void Search::MicroBatch() {
+  for (int method_value : c_.planner().partition_methods()) {
+    MethodSplit split;
+    split.method = PartitionMethodFromProto(static_cast<v1::PartitionMethod>(method_value));
+    split.options = MicroBatchingOptionsFromConfig(c_, split.method);
+    split.options.share_bound = options_.share_micro_batching_bound;
+    split.options.per_device_memory = options_.per_device_memory;
+    split.options.threads = options_.threads;
+    const Clock::time_point t = Clock::now();
+    split.result = PlanMicroBatches(mini_batch_.lengths, model_, split.options);
+    split.ms = MsSince(t);
+    micro_batching_ms_ += split.ms;
+    splits_.push_back(std::move(split));
+  }
+}
 
-  for (int method_value : c.planner().partition_methods()) {
-    const PartitionMethod method =
-        PartitionMethodFromProto(static_cast<v1::PartitionMethod>(method_value));
-    for (int mode_value : c.planner().recompute_modes()) {
+// Every (method, mode, schedule): the pair it needs, or why it has none.
+void Search::EnumerateCandidates() {
+  for (MethodSplit& split : splits_) {
+    for (int mode_value : c_.planner().recompute_modes()) {
       const Recompute mode = RecomputeFromProto(static_cast<v1::RecomputeMode>(mode_value));
-      auto& cost = cost_models[mode_value];
-      if (!cost) {
-        cost = std::make_unique<absl::StatusOr<MicroBatchCostModel>>(
-            MicroBatchCostModel::Create(model_, *layout, mode, c.parallelism().tensor()));
-      }
-      for (int schedule_value : c.planner().schedules()) {
-        const auto schedule = static_cast<v1::ScheduleKind>(schedule_value);
-        const MemoryBudget budget =
-            schedule == v1::ADAPTIVE ? MemoryBudget::kWholeDevice : MemoryBudget::kPipelineDepth;
+      for (int schedule_value : c_.planner().schedules()) {
         Candidate cand;
-        cand.schedule = schedule;
+        cand.method = split.method;
         cand.recompute = mode;
-        cand.method = method;
-        cand.report.partition_method = PartitionMethodName(method);
-        cand.report.schedule = ScheduleName(schedule);
+        cand.schedule = static_cast<v1::ScheduleKind>(schedule_value);
+        cand.chunks = cand.schedule == v1::INTERLEAVED_1F1B ? c_.parallelism().virtual_chunks() : 1;
+        cand.report.partition_method = PartitionMethodName(split.method);
+        cand.report.schedule = ScheduleName(cand.schedule);
         cand.report.recompute = RecomputeName(mode);
-        auto& split = splits[{method_value, mode_value, static_cast<int>(budget)}];
-        if (!split) {
-          const Clock::time_point t = Clock::now();
-          MicroBatchingOptions options = MicroBatchingOptionsFromConfig(c, method);
-          options.recompute_modes = {mode};
-          options.budgets = {budget};
-          split = std::make_unique<absl::StatusOr<MicroBatchingResult>>(
-              PlanMicroBatches(mini_batch.lengths, model_, options));
-          micro_batching_ms += MsSince(t);
-        }
-        if (!split->ok()) {
-          cand.report.reason = std::string(split->status().message());
-          candidates.push_back(std::move(cand));
-          continue;
-        }
-        if (!cost->ok()) {
-          cand.report.reason = std::string(cost->status().message());
-          candidates.push_back(std::move(cand));
-          continue;
-        }
-        const MicroBatchingResult& mbr = **split;
-        cand.micro_batching = &mbr;
-        const MicroBatchingCandidate& best = mbr.best();
-        cand.report.micro_batches = static_cast<int>(best.groups.size());
-        cand.report.padding_efficiency = mbr.padding.Efficiency();
-        const uint32_t chunks = schedule == v1::INTERLEAVED_1F1B ? v : 1;
-        if (dims.encoder_decoder() && chunks > 1) {
-          cand.report.reason = "the interleaved schedule is not supported for T5 models";
-          candidates.push_back(std::move(cand));
-          continue;
-        }
-        if (chunks > 1 && dims.encoder_layers < p * chunks) {
-          cand.report.reason = "too few layers for the virtual chunks";
-          candidates.push_back(std::move(cand));
-          continue;
-        }
-        const Clock::time_point t = Clock::now();
-        bool ok = true;
-        cand.peak_per_rank.assign(static_cast<size_t>(p) * dp, 0);
-        const double available = mbr.available_activation_bytes;
-        for (uint32_t r = 0; r < dp && ok; ++r) {
-          const std::vector<uint32_t>& mine = mbr.replicas.replicas[r];
-          if (mine.empty()) {
-            cand.report.reason =
-                absl::StrCat("data-parallel replica ", r, " gets no micro-batch (",
-                             best.groups.size(), " micro-batches for ", dp, " replicas)");
-            ok = false;
-            break;
-          }
-          const PipelineShape shape{p, chunks, static_cast<uint32_t>(mine.size())};
-          StageCostTable costs(shape.stages(), std::vector<StageOpCost>(mine.size()));
-          std::vector<double> times(mine.size());
-          for (size_t k = 0; k < mine.size(); ++k) {
-            const MicroBatchGroup& g = best.groups[mine[k]];
-            std::vector<StageCost> stage_costs;
-            if (!(*cost)->EvaluateStages(static_cast<uint32_t>(g.size()), g.input_len, g.target_len,
-                                         chunks, dims.hidden, dims.dtype_bytes, &stage_costs)) {
-              cand.report.reason = "a micro-batch lies beyond the cost model";
-              ok = false;
-              break;
-            }
-            for (uint32_t s = 0; s < shape.stages(); ++s) {
-              const StageCost& sc = stage_costs[s];
-              costs[s][k] = {sc.forward_ms, sc.backward_ms,      sc.stored_bytes,
-                             sc.peak_bytes, sc.activation_bytes, sc.gradient_bytes};
-            }
-            times[k] = best.costs[mine[k]].time_ms;
-          }
-          if (!ok) break;
-          const ClusterNetwork network{
-              .devices_per_node = c.cluster().devices_per_node(),
-              .first_device = r * p,
-              .intra_node = MakeLink(c.cluster().intra_node_latency_us(),
-                                     c.cluster().intra_node_bandwidth_gbps()),
-              .inter_node = MakeLink(c.cluster().inter_node_latency_us(),
-                                     c.cluster().inter_node_bandwidth_gbps())};
-          absl::StatusOr<DeviceOrder> order;
-          SimulationResult sim;
-          switch (schedule) {
-            case v1::GPIPE:
-              order = GpipeSchedule(shape);
-              break;
-            case v1::ONE_F_ONE_B:
-              order = OneFOneBSchedule(shape);
-              break;
-            case v1::INTERLEAVED_1F1B:
-              order = InterleavedOneFOneBSchedule(shape);
-              break;
-            case v1::KFKB:
-              order = KfkbSchedule(shape, c.planner().kfkb_k());
-              break;
-            case v1::ADAPTIVE: {
-              absl::StatusOr<AdaptiveSearchResult> searched =
-                  SearchAdaptiveOrder(shape, costs, times, available, network);
-              if (searched.ok()) {
-                order = std::move(searched->order);
-                sim = std::move(searched->simulation);
-              } else {
-                order = searched.status();
-              }
-              break;
-            }
-            default:
-              order = absl::InvalidArgumentError("unknown schedule");
-          }
-          if (!order.ok()) {
-            cand.report.reason = std::string(order.status().message());
-            ok = false;
-            break;
-          }
-          if (!sim.completed) sim = Simulate(shape, *order, costs, network);
-          if (!sim.completed) {
-            cand.report.reason = absl::StrCat("schedule does not complete: ", sim.deadlock);
-            ok = false;
-            break;
-          }
-          for (uint32_t d = 0; d < p; ++d) cand.peak_per_rank[r * p + d] = sim.peak_bytes[d];
-          cand.shapes.push_back(shape);
-          cand.orders.push_back(*std::move(order));
-          cand.sims.push_back(std::move(sim));
-        }
-        scheduling_ms += MsSince(t);
-        if (ok) {
-          double makespan = 0;
-          double bubble = 0;
-          for (const SimulationResult& s : cand.sims) {
-            makespan = std::max(makespan, s.makespan_ms);
-            bubble += s.MeanBubbleFraction();
-          }
-          cand.report.makespan_ms = makespan;
-          cand.report.bubble_fraction = bubble / cand.sims.size();
-          cand.report.peak_bytes =
-              *std::max_element(cand.peak_per_rank.begin(), cand.peak_per_rank.end());
-          if (cand.report.peak_bytes > available) {
-            cand.report.reason = absl::StrFormat(
-                "simulated peak %.1f MiB exceeds the %.1f MiB available for activations",
-                cand.report.peak_bytes / (1 << 20), available / (1 << 20));
-          } else {
-            cand.report.feasible = true;
+        const MemoryBudget budget = cand.schedule == v1::ADAPTIVE ? MemoryBudget::kWholeDevice
+                                                                  : MemoryBudget::kPipelineDepth;
+        if (!split.result.ok()) {
+          cand.Reject("micro-batching", std::string(split.result.status().message()));
+        } else {
+          cand.micro_batching = &*split.result;
+          const std::vector<MicroBatchingCandidate>& pairs = split.result->candidates;
+          for (size_t k = 0; k < pairs.size(); ++k) {
+            if (pairs[k].recompute == mode && pairs[k].budget == budget) cand.pair = k;
           }
         }
-        candidates.push_back(std::move(cand));
+        candidates_.push_back(std::move(cand));
       }
     }
   }
+}
 
+absl::StatusOr<DeviceOrder> Search::StaticOrder(v1::ScheduleKind schedule,
+                                                const PipelineShape& shape) const {
+  switch (schedule) {
+    case v1::GPIPE:
+      return GpipeSchedule(shape);
+    case v1::ONE_F_ONE_B:
+      return OneFOneBSchedule(shape);
+    case v1::INTERLEAVED_1F1B:
+      return InterleavedOneFOneBSchedule(shape);
+    case v1::KFKB:
+      return KfkbSchedule(shape, c_.planner().kfkb_k());
+    default:
+      return absl::InvalidArgumentError("unknown schedule");
+  }
+}
+
+// Phase 2 for one replica: stage costs, schedule, simulation.
+ReplicaTimeline Search::ScheduleReplica(const Candidate& cand, uint32_t r) const {
+  ReplicaTimeline out;
+  const MicroBatchingCandidate& split = cand.split();
+  const std::vector<uint32_t>& mine = split.replicas.replicas[r];
+  if (mine.empty()) {
+    out.error = absl::StrCat("data-parallel replica ", r, " gets no micro-batch (",
+                             split.groups.size(), " micro-batches for ", dp_, " replicas)");
+    return out;
+  }
+  const MicroBatchCostModel& cost = **cost_models_.at(cand.recompute);
+  out.shape = {p_, cand.chunks, static_cast<uint32_t>(mine.size())};
+  StageCostTable costs(out.shape.stages(), std::vector<StageOpCost>(mine.size()));
+  std::vector<double> times(mine.size());
+  std::vector<StageCost> stage_costs;
+  for (size_t k = 0; k < mine.size(); ++k) {
+    const MicroBatchGroup& g = split.groups[mine[k]];
+    if (!cost.EvaluateStages(static_cast<uint32_t>(g.size()), g.input_len, g.target_len,
+                             cand.chunks, dims_.hidden, dims_.dtype_bytes, &stage_costs)) {
+      out.error = "a micro-batch lies beyond the cost model";
+      return out;
+    }
+    for (uint32_t s = 0; s < out.shape.stages(); ++s) {
+      const StageCost& sc = stage_costs[s];
+      costs[s][k] = {sc.forward_ms,     sc.backward_ms,      sc.stored_bytes,
+                     sc.peak_bytes,     sc.activation_bytes, sc.gradient_bytes};
+    }
+    times[k] = split.costs[mine[k]].time_ms;
+  }
+  const ClusterNetwork network{
+      .devices_per_node = c_.cluster().devices_per_node(),
+      .first_device = r * p_,
+      .intra_node =
+          MakeLink(c_.cluster().intra_node_latency_us(), c_.cluster().intra_node_bandwidth_gbps()),
+      .inter_node =
+          MakeLink(c_.cluster().inter_node_latency_us(), c_.cluster().inter_node_bandwidth_gbps())};
+  if (cand.schedule == v1::ADAPTIVE) {
+    absl::StatusOr<AdaptiveSearchResult> searched = SearchAdaptiveOrder(
+        out.shape, costs, times, cand.micro_batching->available_per_device, network);
+    if (!searched.ok()) {
+      out.error = std::string(searched.status().message());
+      return out;
+    }
+    out.order = std::move(searched->order);
+    out.sim = std::move(searched->simulation);
+    return out;
+  }
+  absl::StatusOr<DeviceOrder> order = StaticOrder(cand.schedule, out.shape);
+  if (!order.ok()) {
+    out.error = std::string(order.status().message());
+    return out;
+  }
+  out.order = *std::move(order);
+  out.sim = Simulate(out.shape, out.order, costs, network);
+  if (!out.sim.completed) out.error = absl::StrCat("schedule does not complete: ", out.sim.deadlock);
+  return out;
+}
+
+// Makespan, bubbles and each device's peak against its own room.
+void Search::Judge(Candidate& cand) const {
+  cand.peak_per_rank.assign(static_cast<size_t>(p_) * dp_, 0);
+  double makespan = 0;
+  double bubble = 0;
+  for (uint32_t r = 0; r < dp_; ++r) {
+    const ReplicaTimeline& t = cand.replicas[r];
+    if (!t.error.empty()) return cand.Reject("scheduling", t.error);
+    makespan = std::max(makespan, t.sim.makespan_ms);
+    bubble += t.sim.MeanBubbleFraction();
+    for (uint32_t d = 0; d < p_; ++d) cand.peak_per_rank[r * p_ + d] = t.sim.peak_bytes[d];
+  }
+  cand.report.makespan_ms = makespan;
+  cand.report.bubble_fraction = bubble / dp_;
+  cand.report.peak_bytes = *std::max_element(cand.peak_per_rank.begin(), cand.peak_per_rank.end());
+  const std::vector<double> limits = RankLimits(*cand.micro_batching);
+  for (size_t rank = 0; rank < limits.size(); ++rank) {
+    if (cand.peak_per_rank[rank] > limits[rank]) {
+      return cand.Reject(
+          "memory",
+          absl::StrFormat("simulated peak %.1f MiB on rank %d exceeds its %.1f MiB for "
+                          "activations (%+.1f%%)",
+                          MiB(cand.peak_per_rank[rank]), rank, MiB(limits[rank]),
+                          100 * (cand.peak_per_rank[rank] / limits[rank] - 1)));
+    }
+  }
+  cand.report.feasible = true;
+}
+
+// Phase 2: the candidates `which` whose pair has a partition, every
+// (candidate, replica) an independent task on the planner's threads.
+void Search::Schedule(std::span<const size_t> which) {
+  const Clock::time_point t = Clock::now();
+  std::vector<size_t> ready;
+  for (size_t k : which) {
+    Candidate& cand = candidates_[k];
+    if (cand.micro_batching == nullptr) continue;  // rejected already
+    if (cand.pair < 0) {
+      cand.Reject("micro-batching", "the schedule's memory budget was not searched");
+      continue;
+    }
+    const MicroBatchingCandidate& split = cand.split();
+    cand.report.dp_objective_ms = split.objective_ms;
+    if (!split.status.ok()) {
+      cand.Reject("micro-batching", std::string(split.status.message()));
+    } else if (split.pruned) {
+      cand.Reject("micro-batching",
+                  absl::StrFormat("pruned: its micro-batching objective is at least %.2f ms, no "
+                                  "better than the best pair's",
+                                  split.objective_ms));
+    } else if (dims_.encoder_decoder() && cand.chunks > 1) {
+      cand.Reject("scheduling", "the interleaved schedule is not supported for T5 models");
+    } else if (cand.chunks > 1 && dims_.encoder_layers < p_ * cand.chunks) {
+      cand.Reject("scheduling", "too few layers for the virtual chunks");
+    } else {
+      cand.report.micro_batches = static_cast<int>(split.groups.size());
+      cand.report.padding_efficiency = split.padding.Efficiency();
+      cand.replicas.assign(dp_, ReplicaTimeline());
+      ready.push_back(k);
+    }
+  }
+  ParallelFor(ready.size() * dp_, options_.threads, [&](size_t task) {
+    Candidate& cand = candidates_[ready[task / dp_]];
+    cand.replicas[task % dp_] = ScheduleReplica(cand, static_cast<uint32_t>(task % dp_));
+  });
+  for (size_t k : ready) Judge(candidates_[k]);
+  scheduling_ms_ += MsSince(t);
+}
+
+int Search::Choose() const {
   int chosen = -1;
-  for (size_t k = 0; k < candidates.size(); ++k) {
-    if (candidates[k].report.feasible &&
-        (chosen < 0 || candidates[k].report.makespan_ms < candidates[chosen].report.makespan_ms)) {
+  for (size_t k = 0; k < candidates_.size(); ++k) {
+    if (candidates_[k].report.feasible &&
+        (chosen < 0 || candidates_[k].report.makespan_ms < candidates_[chosen].report.makespan_ms)) {
       chosen = static_cast<int>(k);
     }
   }
-  for (const Candidate& cand : candidates) report.candidates.push_back(cand.report);
-  if (chosen < 0) {
-    std::vector<std::string> reasons;
-    for (const Candidate& cand : candidates) {
-      reasons.push_back(absl::StrCat(cand.report.partition_method, "/", cand.report.schedule, "/",
-                                     cand.report.recompute, ": ", cand.report.reason));
-    }
-    return absl::ResourceExhaustedError(absl::StrCat("iteration ", mini_batch.iteration,
-                                                     ": no candidate plan fits memory:\n  ",
-                                                     absl::StrJoin(reasons, "\n  ")));
-  }
+  return chosen;
+}
 
-  // Lower the chosen candidate to plans.
-  const Clock::time_point build_start = Clock::now();
-  const Candidate& best = candidates[chosen];
+// Nothing fits: solve the pruned pairs to their optimum, in increasing
+// order of their bound, and schedule their candidates until one fits.
+int Search::SolvePrunedAndChoose() {
+  std::vector<std::pair<double, size_t>> pruned;
+  for (size_t k = 0; k < candidates_.size(); ++k) {
+    const Candidate& cand = candidates_[k];
+    if (cand.micro_batching != nullptr && cand.pair >= 0 && cand.split().pruned) {
+      pruned.emplace_back(cand.split().objective_ms, k);
+    }
+  }
+  std::stable_sort(pruned.begin(), pruned.end());
+  for (const auto& [bound, k] : pruned) {
+    Candidate& cand = candidates_[k];
+    if (cand.split().pruned) {
+      const Clock::time_point t = Clock::now();
+      MethodSplit* split = nullptr;
+      for (MethodSplit& s : splits_) {
+        if (s.result.ok() && &*s.result == cand.micro_batching) split = &s;
+      }
+      (void)SolvePrunedPair(model_, split->options, cand.pair, cand.micro_batching);
+      micro_batching_ms_ += MsSince(t);
+    }
+    const size_t one[] = {k};
+    Schedule(one);
+    if (cand.report.feasible) return Choose();
+  }
+  return Choose();
+}
+
+std::vector<double> Search::RankLimits(const MicroBatchingResult& mbr) const {
+  std::vector<double> limits;
+  for (uint32_t r = 0; r < dp_; ++r) {
+    limits.insert(limits.end(), mbr.available_per_device.begin(), mbr.available_per_device.end());
+  }
+  return limits;
+}
+
+// Phase 4 for one replica: its micro-batches and communication plan.
+ReplicaPlan Search::ReplicaOf(const Candidate& best, uint32_t r, absl::Status* status) const {
   const MicroBatchingResult& mbr = *best.micro_batching;
-  const MicroBatchingCandidate& split = mbr.best();
-  std::vector<ReplicaPlan> replicas;
+  const MicroBatchingCandidate& split = best.split();
+  ReplicaPlan replica;
+  replica.shape = best.replicas[r].shape;
+  for (uint32_t g : split.replicas.replicas[r]) {
+    const MicroBatchGroup& group = split.groups[g];
+    PlannedMicroBatch planned;
+    for (uint32_t position : group.samples) {
+      planned.sample_ids.push_back(mini_batch_.sample_ids[position]);
+      const SampleLengths& s = mbr.samples[position];
+      // GPT: the whole sequence is input (target_len is 0).
+      planned.real_input_tokens += SequenceLength(s, policy_);
+      if (policy_.encoder_decoder) planned.real_target_tokens += s.target;
+    }
+    planned.input_len = group.input_len;
+    planned.target_len = group.target_len;
+    planned.rows = static_cast<uint32_t>(group.size());
+    planned.row_starts = group.row_starts;
+    replica.micro_batches.push_back(std::move(planned));
+  }
+  const ReplicaTimeline& timeline = best.replicas[r];
+  absl::StatusOr<CommPlan> comm = PlanCommunication(timeline.shape, timeline.order, timeline.sim);
+  if (comm.ok()) {
+    replica.comm = *std::move(comm);
+  } else {
+    *status = comm.status();
+  }
+  return replica;
+}
+
+// Phase 4: replicas in parallel, then one plan per rank.
+absl::StatusOr<std::vector<v1::ExecutionPlan>> Search::Lower(const Candidate& best) {
+  const Clock::time_point t = Clock::now();
+  std::vector<ReplicaPlan> replicas(dp_);
+  std::vector<absl::Status> status(dp_);
+  ParallelFor(dp_, options_.threads,
+              [&](size_t r) { replicas[r] = ReplicaOf(best, static_cast<uint32_t>(r), &status[r]); });
+  for (const absl::Status& s : status) {
+    if (!s.ok()) return s;
+  }
   uint64_t global_target_tokens = 0;
   // The loss normaliser (common/dataset/loss_tokens.h).
-  for (const SampleLengths& s : mbr.samples) {
-    global_target_tokens += LossTokens(s, dims.encoder_decoder());
-  }
-  for (uint32_t r = 0; r < dp; ++r) {
-    ReplicaPlan replica;
-    replica.shape = best.shapes[r];
-    for (uint32_t g : mbr.replicas.replicas[r]) {
-      const MicroBatchGroup& group = split.groups[g];
-      PlannedMicroBatch planned;
-      for (uint32_t position : group.samples) {
-        planned.sample_ids.push_back(mini_batch.sample_ids[position]);
-        const SampleLengths& s = mbr.samples[position];
-        // GPT: the whole sequence is input (target_len is 0).
-        planned.real_input_tokens += SequenceLength(s, policy);
-        if (policy.encoder_decoder) planned.real_target_tokens += s.target;
-      }
-      planned.input_len = group.input_len;
-      planned.target_len = group.target_len;
-      planned.rows = static_cast<uint32_t>(group.size());
-      planned.row_starts = group.row_starts;
-      replica.micro_batches.push_back(std::move(planned));
-      report.micro_batch_shapes.push_back({r, replica.micro_batches.back().sample_ids,
-                                           replica.micro_batches.back().rows, group.input_len,
-                                           group.target_len, split.costs[g].time_ms});
-    }
-    absl::StatusOr<CommPlan> comm = PlanCommunication(best.shapes[r], best.orders[r], best.sims[r]);
-    if (!comm.ok()) return comm.status();
-    replica.comm = *std::move(comm);
-    replicas.push_back(std::move(replica));
+  for (const SampleLengths& s : best.micro_batching->samples) {
+    global_target_tokens += LossTokens(s, dims_.encoder_decoder());
   }
   PlanBuildOptions options;
-  options.job_id = c.job_id();
-  options.iteration = mini_batch.iteration;
-  options.pipeline = p;
-  options.data_parallel = dp;
-  options.encoder_decoder = dims.encoder_decoder();
-  options.encoder_stages = dims.encoder_decoder() ? (p == 1 ? 1 : layout->encoder_devices) : p;
-  options.hidden = dims.hidden;
-  options.dtype = c.model().dtype();
+  options.job_id = c_.job_id();
+  options.iteration = mini_batch_.iteration;
+  options.pipeline = p_;
+  options.data_parallel = dp_;
+  options.encoder_decoder = dims_.encoder_decoder();
+  options.encoder_stages = dims_.encoder_decoder() ? (p_ == 1 ? 1 : layout_.encoder_devices) : p_;
+  options.hidden = dims_.hidden;
+  options.dtype = c_.model().dtype();
   options.recompute = RecomputeName(best.recompute);
   options.schedule = best.report.schedule;
   options.partition_method = best.report.partition_method;
   options.global_target_tokens = global_target_tokens;
   options.predicted_iteration_ms = best.report.makespan_ms;
-  absl::StatusOr<std::vector<v1::ExecutionPlan>> plans = BuildExecutionPlans(options, replicas);
-  if (!plans.ok()) return plans.status();
-  report.plan_building_ms = MsSince(build_start);
+  absl::StatusOr<std::vector<v1::ExecutionPlan>> plans =
+      BuildExecutionPlans(options, replicas, options_.threads);
+  plan_building_ms_ = MsSince(t);
+  return plans;
+}
 
-  const Clock::time_point validate_start = Clock::now();
-  if (absl::Status s = ValidatePlans(*plans, best.peak_per_rank, mbr.available_activation_bytes);
-      !s.ok()) {
-    return absl::InternalError(
-        absl::StrCat("planner bug: iteration ", mini_batch.iteration, ": ", s.message()));
-  }
-  report.validation_ms = MsSince(validate_start);
+// Phase 5.
+absl::Status Search::Validate(const Candidate& best, std::span<const v1::ExecutionPlan> plans) {
+  const Clock::time_point t = Clock::now();
+  const std::vector<double> limits = RankLimits(*best.micro_batching);
+  absl::Status s = ValidatePlans(plans, best.peak_per_rank, limits, options_.threads);
+  validation_ms_ = MsSince(t);
+  if (s.ok()) return s;
+  return absl::InternalError(
+      absl::StrCat("planner bug: iteration ", mini_batch_.iteration, ": ", s.message()));
+}
 
-  report.partition_method = best.report.partition_method;
-  report.schedule = best.report.schedule;
-  report.recompute = best.report.recompute;
-  report.predicted_iteration_ms = best.report.makespan_ms;
-  report.bubble_fraction = best.report.bubble_fraction;
-  report.peak_bytes = best.peak_per_rank;
+// The report, in one place; `best` null for a failed search.
+PlanReport Search::Report(const Candidate* best, bool with_trace) const {
+  PlanReport report;
+  for (const Candidate& cand : candidates_) report.candidates.push_back(cand.report);
+  report.micro_batching_ms = micro_batching_ms_;
+  report.scheduling_ms = scheduling_ms_;
+  report.plan_building_ms = plan_building_ms_;
+  report.validation_ms = validation_ms_;
+  report.threads = options_.threads;
+  report.total_ms = MsSince(start_);
+  if (best == nullptr) return report;
+  const MicroBatchingResult& mbr = *best->micro_batching;
+  const MicroBatchingCandidate& split = best->split();
+  report.partition_method = best->report.partition_method;
+  report.schedule = best->report.schedule;
+  report.recompute = best->report.recompute;
+  report.predicted_iteration_ms = best->report.makespan_ms;
+  report.bubble_fraction = best->report.bubble_fraction;
+  report.peak_bytes = best->peak_per_rank;
   report.memory_limit_bytes = mbr.available_activation_bytes;
-  report.padding_efficiency = mbr.padding.Efficiency();
-  report.input_padding_efficiency = mbr.padding.InputEfficiency();
-  report.target_padding_efficiency = mbr.padding.TargetEfficiency();
+  report.memory_limit_per_rank = RankLimits(mbr);
+  report.padding_efficiency = split.padding.Efficiency();
+  report.input_padding_efficiency = split.padding.InputEfficiency();
+  report.target_padding_efficiency = split.padding.TargetEfficiency();
   report.micro_batches = static_cast<int>(split.groups.size());
   for (const SampleLengths& s : mbr.samples) report.real_tokens += uint64_t{s.input} + s.target;
-  report.micro_batching_ms = micro_batching_ms;
-  report.scheduling_ms = scheduling_ms;
+  for (uint32_t r = 0; r < dp_; ++r) {
+    for (uint32_t g : split.replicas.replicas[r]) {
+      PlanReport::MicroBatchShape shape{r, {}, static_cast<uint32_t>(split.groups[g].size()),
+                                        split.groups[g].input_len, split.groups[g].target_len,
+                                        split.costs[g].time_ms};
+      for (uint32_t position : split.groups[g].samples) {
+        shape.sample_ids.push_back(mini_batch_.sample_ids[position]);
+      }
+      report.micro_batch_shapes.push_back(std::move(shape));
+    }
+  }
   if (with_trace) {
     report.chrome_trace = ChromeTraceJson(
-        best.sims[0],
-        absl::StrCat(c.job_id(), " iteration ", mini_batch.iteration, ": ", best.report.schedule,
-                     ", ", best.report.partition_method, ", recompute ", best.report.recompute));
+        best->replicas[0].sim,
+        absl::StrCat(c_.job_id(), " iteration ", mini_batch_.iteration, ": ",
+                     best->report.schedule, ", ", best->report.partition_method, ", recompute ",
+                     best->report.recompute));
   }
-  report.total_ms = MsSince(start);
-  return PlanningResult{*std::move(plans), std::move(report)};
+  return report;
+}
+
+absl::Status Search::Failure() const {
+  std::vector<std::string> reasons;
+  for (const Candidate& cand : candidates_) {
+    reasons.push_back(absl::StrCat(cand.report.partition_method, "/", cand.report.schedule, "/",
+                                   cand.report.recompute, ": ", cand.report.rejected_at, ": ",
+                                   cand.report.reason));
+  }
+  return absl::ResourceExhaustedError(absl::StrCat("iteration ", mini_batch_.iteration,
+                                                   ": no candidate plan fits memory:\n  ",
+                                                   absl::StrJoin(reasons, "\n  ")));
+}
+
+}  // namespace
+
+int PlannerThreads(const v1::JobConfig& config) {
+  if (config.planner().threads() > 0) return static_cast<int>(config.planner().threads());
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
+}
+
+absl::StatusOr<Planner> Planner::Create(const v1::JobConfig& config) {
+  absl::StatusOr<CostModel> model = CostModelForJob(config);
+  if (!model.ok()) return model.status();
+  return Planner(config, *std::move(model), PlannerOptions{.threads = PlannerThreads(config)});
+}
+
+Planner::Planner(v1::JobConfig config, CostModel model, PlannerOptions options)
+    : config_(std::move(config)), model_(std::move(model)), options_(options) {}
+
+absl::StatusOr<PlanningResult> Planner::Plan(const MiniBatch& mini_batch, bool with_trace,
+                                             PlanReport* failure_report) const {
+  Search search(config_, model_, options_, mini_batch);
+  if (absl::Status s = search.Init(); !s.ok()) return s;
+  search.MicroBatch();
+  search.EnumerateCandidates();
+  std::vector<size_t> all(search.candidates().size());
+  for (size_t k = 0; k < all.size(); ++k) all[k] = k;
+  search.Schedule(all);
+  int chosen = search.Choose();
+  if (chosen < 0) chosen = search.SolvePrunedAndChoose();
+  if (chosen < 0) {
+    if (failure_report != nullptr) *failure_report = search.Report(nullptr, false);
+    return search.Failure();
+  }
+  const Candidate& best = search.candidates()[chosen];
+  absl::StatusOr<std::vector<v1::ExecutionPlan>> plans = search.Lower(best);
+  if (!plans.ok()) return plans.status();
+  if (absl::Status s = search.Validate(best, *plans); !s.ok()) return s;
+  return PlanningResult{*std::move(plans), search.Report(&best, with_trace)};
 }
 
 }  // namespace varipipe::planner

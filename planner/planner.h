@@ -4,13 +4,22 @@
 //   absl::StatusOr<Planner> planner = Planner::Create(config);
 //   absl::StatusOr<PlanningResult> r = planner->Plan(mini_batch);
 //
-// Search (DynaPipe sections 4-6): for every allowed partition method,
-// recompute mode and schedule, the mini-batch is split into micro-batches
-// (under the memory budget the schedule implies), balanced over the
-// data-parallel replicas, scheduled and simulated; the candidate with the
-// smallest simulated makespan whose peak memory fits wins. Its timeline is
-// lowered to communication and execution plans, which are validated
-// (planner/plan/validator.h) before they are returned.
+// Search (DynaPipe sections 4-6), one function per phase in planner.cc:
+//   1. micro-batching: per partition method, one PlanMicroBatches over every
+//      (recompute mode, memory budget) pair, sharing run tables and the
+//      cross-pair bound; each device's budget is its own room (limit minus
+//      its own model state);
+//   2. scheduling and simulation: every (method, mode, schedule) candidate
+//      whose pair has a partition is scheduled and simulated per
+//      data-parallel replica; it fits when every device's simulated peak is
+//      within that device's room;
+//   3. choice: the smallest simulated makespan that fits. Pairs the DP
+//      proved slower (by its objective) are scheduled only when nothing
+//      fits: they are then solved to their optimum and tried in turn;
+//   4. lowering: communication plans and one ExecutionPlan per rank;
+//   5. validation (planner/plan/validator.h).
+// The per-replica work of phases 2, 4 and 5 runs on `threads` threads
+// (planner.threads); plans are byte-identical for any thread count.
 //
 // Thread safety: Plan() is const and may run concurrently.
 #ifndef VARIPIPE_PLANNER_PLANNER_H_
@@ -39,7 +48,11 @@ struct CandidateReport {
   std::string schedule;
   std::string recompute;
   bool feasible = false;
-  std::string reason;  // why infeasible, or empty
+  // Where it was rejected ("micro-batching", "scheduling", "memory") and
+  // why; empty when feasible.
+  std::string rejected_at;
+  std::string reason;
+  double dp_objective_ms = 0;  // the micro-batching objective (a bound when pruned)
   double makespan_ms = 0;
   double bubble_fraction = 0;  // mean over devices and replicas
   double peak_bytes = 0;       // largest device peak
@@ -54,7 +67,8 @@ struct PlanReport {
   double predicted_iteration_ms = 0;
   double bubble_fraction = 0;
   std::vector<double> peak_bytes;  // per rank
-  double memory_limit_bytes = 0;   // activation memory per device
+  double memory_limit_bytes = 0;   // the smallest device's activation room
+  std::vector<double> memory_limit_per_rank;  // each rank's own room
   double padding_efficiency = 0;
   double input_padding_efficiency = 0;
   double target_padding_efficiency = 0;
@@ -67,6 +81,7 @@ struct PlanReport {
   double plan_building_ms = 0;
   double validation_ms = 0;
   double total_ms = 0;
+  int threads = 1;
   // Chrome trace of data-parallel replica 0 (when asked for).
   std::string chrome_trace;
   // Micro-batches per replica: sample ids and padded shapes.
@@ -86,21 +101,40 @@ struct PlanningResult {
   PlanReport report;
 };
 
+struct PlannerOptions {
+  // Threads for the per-replica work of one iteration (1: the caller's).
+  int threads = 1;
+  // Off: every (mode, budget) pair is solved to its optimum and scheduled
+  // (the per-pair path, for tests and benchmarks).
+  bool share_micro_batching_bound = true;
+  // Off: every device gets the smallest device's room (the common budget).
+  bool per_device_memory = true;
+};
+
+// planner.threads of a config: 0 means one less than the cores, at least 1.
+int PlannerThreads(const v1::JobConfig& config);
+
 class Planner {
  public:
   // REQUIRES: a validated config (defaults applied). Builds or loads the
-  // job's cost model.
+  // job's cost model; threads from planner.threads.
   static absl::StatusOr<Planner> Create(const v1::JobConfig& config);
-  Planner(v1::JobConfig config, CostModel model);
+  Planner(v1::JobConfig config, CostModel model, PlannerOptions options = {});
 
-  absl::StatusOr<PlanningResult> Plan(const MiniBatch& mini_batch, bool with_trace = false) const;
+  // On failure, *failure_report (when given) receives every candidate and
+  // why it was rejected.
+  absl::StatusOr<PlanningResult> Plan(const MiniBatch& mini_batch, bool with_trace = false,
+                                      PlanReport* failure_report = nullptr) const;
 
   const v1::JobConfig& config() const { return config_; }
   const CostModel& cost_model() const { return model_; }
+  const PlannerOptions& options() const { return options_; }
+  void set_options(const PlannerOptions& options) { options_ = options; }
 
  private:
   v1::JobConfig config_;
   CostModel model_;
+  PlannerOptions options_;
 };
 
 }  // namespace varipipe::planner

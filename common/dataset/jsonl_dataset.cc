@@ -132,7 +132,7 @@ absl::Status SyntheticSampleDataset::ReadSample(uint64_t index, std::vector<int6
 }
 
 std::string SyntheticSampleDataset::Describe() const {
-  return absl::StrCat("synthetic FLAN-like dataset (seed ", seed_, ", ", samples_, " samples)");
+  return absl::StrCat("synthetic ", mixture_name_, " dataset (seed ", seed_, ", ", samples_, " samples)");
 }
 
 }  // namespace varipipe

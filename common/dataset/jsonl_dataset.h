@@ -36,14 +36,17 @@ class JsonlSampleDataset final : public SampleDataset {
   std::vector<std::vector<int64_t>> targets_;
 };
 
-// Tokens of the synthetic FLAN-like dataset: lengths from SyntheticMixture,
+// Tokens of the synthetic dataset (FLAN-like or documents-like lengths): lengths from SyntheticMixture,
 // token ids a deterministic function of (seed, sample, position) in
 // [1, vocab_size): each sample is one learnable pattern (an arithmetic
 // progression or a repeated motif) that its target continues.
 class SyntheticSampleDataset final : public SampleDataset {
  public:
-  SyntheticSampleDataset(uint64_t seed, uint64_t samples, int64_t vocab_size)
-      : mixture_(SyntheticMixture::Flan(seed)),
+  // `mixture`: "flan" or "documents" (SyntheticMixture::Named).
+  SyntheticSampleDataset(uint64_t seed, uint64_t samples, int64_t vocab_size,
+                         const std::string& mixture = "flan")
+      : mixture_(SyntheticMixture::Named(mixture, seed)),
+        mixture_name_(mixture == "documents" ? "documents-like" : "FLAN-like"),
         seed_(seed),
         samples_(samples),
         vocab_size_(vocab_size) {}
@@ -56,6 +59,7 @@ class SyntheticSampleDataset final : public SampleDataset {
 
  private:
   SyntheticMixture mixture_;
+  std::string mixture_name_;
   uint64_t seed_;
   uint64_t samples_;
   int64_t vocab_size_;

@@ -6,6 +6,10 @@
 
 namespace varipipe {
 
+std::string SyntheticMixtureName(v1::SyntheticMixtureKind kind) {
+  return kind == v1::DOCUMENTS ? "documents" : "flan";
+}
+
 std::vector<SampleLengths> SampleDataset::AllLengths() const {
   std::vector<SampleLengths> lengths(size());
   for (uint64_t i = 0; i < lengths.size(); ++i) lengths[i] = Lengths(i);
@@ -18,7 +22,8 @@ absl::StatusOr<std::unique_ptr<SampleDataset>> OpenSampleDataset(const v1::JobCo
   switch (d.format()) {
     case v1::SYNTHETIC:
       return std::unique_ptr<SampleDataset>(
-          new SyntheticSampleDataset(d.seed(), d.synthetic_num_samples(), vocab));
+          new SyntheticSampleDataset(d.seed(), d.synthetic_num_samples(), vocab,
+                                     SyntheticMixtureName(d.synthetic_mixture())));
     case v1::JSONL: {
       absl::StatusOr<std::unique_ptr<JsonlSampleDataset>> jsonl =
           JsonlSampleDataset::Open(d.path(), vocab);

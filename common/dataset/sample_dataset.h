@@ -45,6 +45,9 @@ class SampleDataset {
 // data.target_path, data.seed, model.vocab_size).
 absl::StatusOr<std::unique_ptr<SampleDataset>> OpenSampleDataset(const v1::JobConfig& config);
 
+// SyntheticMixture::Named's name of a data.synthetic_mixture value.
+std::string SyntheticMixtureName(v1::SyntheticMixtureKind kind);
+
 }  // namespace varipipe
 
 #endif  // VARIPIPE_COMMON_DATASET_SAMPLE_DATASET_H_

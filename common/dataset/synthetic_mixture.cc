@@ -47,6 +47,20 @@ SyntheticMixture SyntheticMixture::Flan(uint64_t seed) {
       seed);
 }
 
+SyntheticMixture SyntheticMixture::Documents(uint64_t seed) {
+  return SyntheticMixture(
+      {
+          {"short", 0.61, 38, 0.7, 3, 0.5},
+          {"medium", 0.30, 160, 0.8, 10, 0.6},
+          {"long", 0.09, 720, 1.15, 30, 0.7},
+      },
+      seed);
+}
+
+SyntheticMixture SyntheticMixture::Named(const std::string& name, uint64_t seed) {
+  return name == "documents" ? Documents(seed) : Flan(seed);
+}
+
 SyntheticMixture::SyntheticMixture(std::vector<SyntheticTask> tasks, uint64_t seed)
     : tasks_(std::move(tasks)), seed_(seed) {
   assert(!tasks_.empty());

@@ -16,6 +16,15 @@
 //   summarization    0.15    600 / 0.8           60  / 0.5
 //   long_context     0.10    1500 / 0.9          120 / 0.6
 //
+// The documents-like mixture (Documents()): text documents, mostly short
+// with a long tail up to the maximum length (about 350 samples per 65,536
+// tokens at a maximum length of 2,048; 330 at 8,192):
+//
+//   task             weight  input median/sigma  target median/sigma
+//   short            0.61    38  / 0.7           3   / 0.5
+//   medium           0.30    160 / 0.8           10  / 0.6
+//   long             0.09    720 / 1.15          30  / 0.7
+//
 // Lengths are at least 1. The generator does not truncate: callers apply the
 // job's maximum lengths.
 #ifndef VARIPIPE_COMMON_DATASET_SYNTHETIC_MIXTURE_H_
@@ -48,6 +57,10 @@ class SyntheticMixture {
  public:
   // The default FLAN-like mixture above.
   static SyntheticMixture Flan(uint64_t seed);
+  // The documents-like mixture above.
+  static SyntheticMixture Documents(uint64_t seed);
+  // By name: "flan" or "documents" (anything else: flan).
+  static SyntheticMixture Named(const std::string& name, uint64_t seed);
 
   // REQUIRES: tasks non-empty, weights non-negative with a positive sum,
   // medians positive, sigmas non-negative.

@@ -18,36 +18,26 @@ struct Keyed {
   ProgramEntry entry;
 };
 
-}  // namespace
+// Op index: (stage, micro-batch, forward/backward).
+size_t OpKey(const PipelineShape& shape, const Op& op) {
+  return (static_cast<size_t>(op.stage) * shape.micro_batches + op.micro_batch) * 2 +
+         (op.kind == OpKind::kBackward ? 1 : 0);
+}
 
-absl::StatusOr<CommPlan> PlanCommunication(const PipelineShape& shape, const DeviceOrder& order,
-                                           const SimulationResult& timeline) {
-  if (!timeline.completed) {
-    return absl::FailedPreconditionError("communication planning needs a completed simulation");
-  }
-  const uint32_t devices = shape.devices;
-  const uint32_t m = shape.micro_batches;
-  const auto key = [&](const Op& op) {
-    return (static_cast<size_t>(op.stage) * m + op.micro_batch) * 2 +
-           (op.kind == OpKind::kBackward ? 1 : 0);
-  };
-  const size_t ops = static_cast<size_t>(shape.stages()) * m * 2;
-  std::vector<double> start(ops, -1);
-  std::vector<double> end(ops, -1);
-  for (const TimedOp& t : timeline.ops) {
-    start[key(t.op)] = t.start_ms;
-    end[key(t.op)] = t.end_ms;
-  }
-  // Ops in order of end time (ties: device, position in its order).
-  struct Ended {
-    double end;
-    uint32_t device;
-    size_t index;
-  };
+// An op of device `device`'s order, by its end time.
+struct Ended {
+  double end;
+  uint32_t device;
+  size_t index;
+};
+
+// Every op in order of end time (ties: device, position in its order).
+absl::StatusOr<std::vector<Ended>> OpsByEnd(const PipelineShape& shape, const DeviceOrder& order,
+                                            const std::vector<double>& end) {
   std::vector<Ended> ended;
-  for (uint32_t d = 0; d < devices; ++d) {
+  for (uint32_t d = 0; d < shape.devices; ++d) {
     for (size_t i = 0; i < order[d].size(); ++i) {
-      const double e = end[key(order[d][i])];
+      const double e = end[OpKey(shape, order[d][i])];
       if (e < 0) {
         return absl::FailedPreconditionError(
             absl::StrCat("the simulation has no timing for ", order[d][i].ToString()));
@@ -58,11 +48,16 @@ absl::StatusOr<CommPlan> PlanCommunication(const PipelineShape& shape, const Dev
   std::sort(ended.begin(), ended.end(), [](const Ended& a, const Ended& b) {
     return std::tie(a.end, a.device, a.index) < std::tie(b.end, b.device, b.index);
   });
+  return ended;
+}
 
-  CommPlan plan;
-  std::vector<std::vector<Keyed>> keyed(devices);
-  // consumer op key -> transfer feeding it
-  std::map<size_t, uint32_t> feeds;
+// Transfers in the order their producers end, their Starts and each
+// device's computes keyed by time; feeds: consumer op key -> transfer.
+std::vector<std::vector<Keyed>> KeyedSteps(const PipelineShape& shape, const DeviceOrder& order,
+                                           const std::vector<Ended>& ended,
+                                           const std::vector<double>& start, CommPlan& plan,
+                                           std::map<size_t, uint32_t>& feeds) {
+  std::vector<std::vector<Keyed>> keyed(shape.devices);
   uint64_t sequence = 0;
   for (const Ended& e : ended) {
     const Op& op = order[e.device][e.index];
@@ -76,58 +71,86 @@ absl::StatusOr<CommPlan> PlanCommunication(const PipelineShape& shape, const Dev
     const uint64_t seq = sequence++;
     keyed[e.device].push_back({e.end, 0, seq, {ProgramStep::kSendStart, op, id}});
     keyed[to].push_back({e.end, 0, seq, {ProgramStep::kRecvStart, op, id}});
-    const Op consumer{op.kind, consumer_stage, op.micro_batch};
-    feeds[key(consumer)] = id;
+    feeds[OpKey(shape, Op{op.kind, consumer_stage, op.micro_batch})] = id;
   }
-  for (uint32_t d = 0; d < devices; ++d) {
+  for (uint32_t d = 0; d < shape.devices; ++d) {
     for (size_t i = 0; i < order[d].size(); ++i) {
-      keyed[d].push_back({start[key(order[d][i])], 1, i, {ProgramStep::kCompute, order[d][i], 0}});
+      keyed[d].push_back(
+          {start[OpKey(shape, order[d][i])], 1, i, {ProgramStep::kCompute, order[d][i], 0}});
     }
     std::stable_sort(keyed[d].begin(), keyed[d].end(), [](const Keyed& a, const Keyed& b) {
       return std::tie(a.time, a.klass, a.sequence) < std::tie(b.time, b.klass, b.sequence);
     });
   }
+  return keyed;
+}
 
-  // Waits: RecvWait before the consumer; activation SendWait before the
-  // sender's backward of the same (stage, micro-batch); gradient SendWaits
-  // at the end.
-  plan.programs.resize(devices);
-  for (uint32_t d = 0; d < devices; ++d) {
-    std::vector<ProgramEntry>& program = plan.programs[d];
-    std::map<size_t, uint32_t> pending_activation_sends;  // forward op key -> transfer
-    std::vector<uint32_t> gradient_sends;
-    for (const Keyed& k : keyed[d]) {
-      const ProgramEntry& entry = k.entry;
-      if (entry.step == ProgramStep::kCompute) {
-        if (const auto it = feeds.find(key(entry.op)); it != feeds.end()) {
-          program.push_back({ProgramStep::kRecvWait, entry.op, it->second});
-        }
-        if (entry.op.kind == OpKind::kBackward) {
-          const Op forward{OpKind::kForward, entry.op.stage, entry.op.micro_batch};
-          if (const auto it = pending_activation_sends.find(key(forward));
-              it != pending_activation_sends.end()) {
-            program.push_back({ProgramStep::kSendWait, forward, it->second});
-            pending_activation_sends.erase(it);
-          }
-        }
-        program.push_back(entry);
+// One device's program with its Waits: RecvWait before the consumer;
+// activation SendWait before the sender's backward of the same (stage,
+// micro-batch); gradient SendWaits at the end.
+std::vector<ProgramEntry> ProgramWithWaits(const PipelineShape& shape,
+                                           const std::vector<Keyed>& keyed, const CommPlan& plan,
+                                           const std::map<size_t, uint32_t>& feeds) {
+  std::vector<ProgramEntry> program;
+  std::map<size_t, uint32_t> pending_activation_sends;  // forward op key -> transfer
+  std::vector<uint32_t> gradient_sends;
+  for (const Keyed& k : keyed) {
+    const ProgramEntry& entry = k.entry;
+    if (entry.step != ProgramStep::kCompute) {
+      program.push_back(entry);
+      if (entry.step != ProgramStep::kSendStart) continue;
+      if (plan.transfers[entry.transfer].activation()) {
+        pending_activation_sends[OpKey(shape, entry.op)] = entry.transfer;
       } else {
-        program.push_back(entry);
-        if (entry.step == ProgramStep::kSendStart) {
-          if (plan.transfers[entry.transfer].activation()) {
-            pending_activation_sends[key(entry.op)] = entry.transfer;
-          } else {
-            gradient_sends.push_back(entry.transfer);
-          }
-        }
+        gradient_sends.push_back(entry.transfer);
+      }
+      continue;
+    }
+    if (const auto it = feeds.find(OpKey(shape, entry.op)); it != feeds.end()) {
+      program.push_back({ProgramStep::kRecvWait, entry.op, it->second});
+    }
+    if (entry.op.kind == OpKind::kBackward) {
+      const Op forward{OpKind::kForward, entry.op.stage, entry.op.micro_batch};
+      if (const auto it = pending_activation_sends.find(OpKey(shape, forward));
+          it != pending_activation_sends.end()) {
+        program.push_back({ProgramStep::kSendWait, forward, it->second});
+        pending_activation_sends.erase(it);
       }
     }
-    for (const auto& [unused, id] : pending_activation_sends) {
-      program.push_back({ProgramStep::kSendWait, plan.transfers[id].producer, id});
-    }
-    for (uint32_t id : gradient_sends) {
-      program.push_back({ProgramStep::kSendWait, plan.transfers[id].producer, id});
-    }
+    program.push_back(entry);
+  }
+  for (const auto& [unused, id] : pending_activation_sends) {
+    program.push_back({ProgramStep::kSendWait, plan.transfers[id].producer, id});
+  }
+  for (uint32_t id : gradient_sends) {
+    program.push_back({ProgramStep::kSendWait, plan.transfers[id].producer, id});
+  }
+  return program;
+}
+
+}  // namespace
+
+absl::StatusOr<CommPlan> PlanCommunication(const PipelineShape& shape, const DeviceOrder& order,
+                                           const SimulationResult& timeline) {
+  if (!timeline.completed) {
+    return absl::FailedPreconditionError("communication planning needs a completed simulation");
+  }
+  const size_t ops = static_cast<size_t>(shape.stages()) * shape.micro_batches * 2;
+  std::vector<double> start(ops, -1);
+  std::vector<double> end(ops, -1);
+  for (const TimedOp& t : timeline.ops) {
+    start[OpKey(shape, t.op)] = t.start_ms;
+    end[OpKey(shape, t.op)] = t.end_ms;
+  }
+  absl::StatusOr<std::vector<Ended>> ended = OpsByEnd(shape, order, end);
+  if (!ended.ok()) return ended.status();
+  CommPlan plan;
+  std::map<size_t, uint32_t> feeds;
+  const std::vector<std::vector<Keyed>> keyed =
+      KeyedSteps(shape, order, *ended, start, plan, feeds);
+  plan.programs.resize(shape.devices);
+  for (uint32_t d = 0; d < shape.devices; ++d) {
+    plan.programs[d] = ProgramWithWaits(shape, keyed[d], plan, feeds);
   }
   return plan;
 }

@@ -53,10 +53,10 @@ absl::Status Malformed(const fs::path& file, int line, absl::string_view why) {
       absl::StrCat(file.string(), line > 0 ? absl::StrCat(":", line) : "", ": ", why));
 }
 
-}  // namespace
+using PointMap = std::map<GridKey, std::map<PointKey, PointSum>>;
 
-absl::StatusOr<CostModel> ReadDynaPipeProfileDirectory(const std::string& directory,
-                                                       DynaPipeProfileSummary* summary) {
+// The profile files of a directory, sorted.
+absl::StatusOr<std::vector<fs::path>> ProfileFiles(const std::string& directory) {
   std::error_code error;
   if (!fs::is_directory(directory, error)) {
     return absl::NotFoundError(absl::StrCat(directory, ": not a directory of DynaPipe profiles"));
@@ -72,172 +72,216 @@ absl::StatusOr<CostModel> ReadDynaPipeProfileDirectory(const std::string& direct
         absl::StrCat(directory, ": no microbench_*.txt files (DynaPipe profile directory)"));
   }
   std::sort(files.begin(), files.end());
+  return files;
+}
 
+// The file name's point; the first file fixes the model's dimensions (in
+// *s), later ones must agree.
+absl::StatusOr<FileKey> ParseFileName(const fs::path& file, DynaPipeProfileSummary& s,
+                                      fs::path& first_file) {
   static const std::regex kName(
       R"(^microbench_tp(\d+)_hs(\d+)_ah(\d+)_kv(\d+)_ffhs(\d+)_(?:encsl(\d+)_decsl(\d+)|sl(\d+))_mbs(\d+)(_rc_selective|_rc_full_uniform|_rc_full)?\.txt$)");
-  std::map<GridKey, std::map<PointKey, PointSum>> points;
-  std::map<int, PointSum> parameters;  // component -> MB (forward_ms slot)
-  DynaPipeProfileSummary s;
-  fs::path first_file;
-  for (const fs::path& file : files) {
-    const std::string name = file.filename().string();
-    std::smatch m;
-    if (!std::regex_match(name, m, kName)) {
-      return Malformed(file, 0,
-                       "file name does not follow microbench_tp{tp}_hs{h}_ah{heads}_kv{kv}_"
-                       "ffhs{ffn}_(encsl{S}_decsl{T}|sl{S})_mbs{b}[_rc_selective|_rc_full]"
-                       ".txt");
-    }
-    const auto num = [&](int group) { return static_cast<uint32_t>(std::stoul(m[group].str())); };
-    const bool t5 = m[6].matched;
-    FileKey key;
-    key.tp = num(1);
-    key.b = num(9);
-    key.encoder_s = t5 ? num(6) : num(8);
-    key.decoder_s = t5 ? num(7) : 0;
-    const std::string rc = m[10].matched ? m[10].str() : "";
-    key.recompute = rc.empty()              ? Recompute::kNone
-                    : rc == "_rc_selective" ? Recompute::kSelective
-                                            : Recompute::kFull;
-    if (key.tp == 0 || key.b == 0 || key.encoder_s == 0 || (t5 && key.decoder_s == 0)) {
-      return Malformed(file, 0, "tp, mbs and sequence lengths must be positive");
-    }
-    if (s.files == 0) {
-      s.encoder_decoder = t5;
-      s.hidden = num(2);
-      s.heads = num(3);
-      s.kv_channels = num(4);
-      s.ffn = num(5);
-      first_file = file;
-    } else if (t5 != s.encoder_decoder || num(2) != s.hidden || num(3) != s.heads ||
-               num(4) != s.kv_channels || num(5) != s.ffn) {
-      return Malformed(
-          file, 0,
-          absl::StrCat("model dimensions or kind differ from ", first_file.filename().string(),
-                       " (one directory must profile one model)"));
-    }
-    ++s.files;
+  const std::string name = file.filename().string();
+  std::smatch m;
+  if (!std::regex_match(name, m, kName)) {
+    return Malformed(file, 0,
+                     "file name does not follow microbench_tp{tp}_hs{h}_ah{heads}_kv{kv}_"
+                     "ffhs{ffn}_(encsl{S}_decsl{T}|sl{S})_mbs{b}[_rc_selective|_rc_full]"
+                     ".txt");
+  }
+  const auto num = [&](int group) { return static_cast<uint32_t>(std::stoul(m[group].str())); };
+  const bool t5 = m[6].matched;
+  FileKey key;
+  key.tp = num(1);
+  key.b = num(9);
+  key.encoder_s = t5 ? num(6) : num(8);
+  key.decoder_s = t5 ? num(7) : 0;
+  const std::string rc = m[10].matched ? m[10].str() : "";
+  key.recompute = rc.empty()              ? Recompute::kNone
+                  : rc == "_rc_selective" ? Recompute::kSelective
+                                          : Recompute::kFull;
+  if (key.tp == 0 || key.b == 0 || key.encoder_s == 0 || (t5 && key.decoder_s == 0)) {
+    return Malformed(file, 0, "tp, mbs and sequence lengths must be positive");
+  }
+  if (s.files == 0) {
+    s.encoder_decoder = t5;
+    s.hidden = num(2);
+    s.heads = num(3);
+    s.kv_channels = num(4);
+    s.ffn = num(5);
+    first_file = file;
+  } else if (t5 != s.encoder_decoder || num(2) != s.hidden || num(3) != s.heads ||
+             num(4) != s.kv_channels || num(5) != s.ffn) {
+    return Malformed(
+        file, 0,
+        absl::StrCat("model dimensions or kind differ from ", first_file.filename().string(),
+                     " (one directory must profile one model)"));
+  }
+  ++s.files;
+  return key;
+}
 
-    std::ifstream in(file);
-    if (!in) return Malformed(file, 0, "cannot be read");
-    std::map<std::string, double> values;
-    std::string line;
-    for (int number = 1; std::getline(in, line); ++number) {
-      absl::string_view text = absl::StripAsciiWhitespace(line);
-      if (text.empty()) continue;
-      const std::vector<absl::string_view> parts = absl::StrSplit(text, ' ', absl::SkipEmpty());
-      double value = 0;
-      if (parts.size() != 3 || !absl::EndsWith(parts[0], ":") ||
-          !absl::SimpleAtod(parts[1], &value)) {
-        return Malformed(file, number,
-                         absl::StrCat("expected 'name: value unit', got '", text, "'"));
-      }
-      const std::string key_name(absl::StripSuffix(parts[0], ":"));
-      const absl::string_view unit = parts[2];
-      const bool is_time =
-          absl::StartsWith(key_name, "forward_") || absl::StartsWith(key_name, "backward_");
-      const bool is_memory =
-          absl::EndsWith(key_name, "_activation") || absl::StartsWith(key_name, "model_");
-      if ((is_time && unit != "ms") || (is_memory && unit != "MB")) {
-        return Malformed(file, number,
-                         absl::StrCat("unit of ", key_name, " must be ", is_time ? "ms" : "MB",
-                                      ", got '", unit, "'"));
-      }
-      if (!(value >= 0) || value == kInf) {
-        return Malformed(file, number,
-                         absl::StrCat(key_name, " must be a finite value >= 0, got ", parts[1]));
-      }
-      values[key_name] = value;
+// The 'name: value unit' lines of one file.
+absl::StatusOr<std::map<std::string, double>> ReadValues(const fs::path& file) {
+  std::ifstream in(file);
+  if (!in) return Malformed(file, 0, "cannot be read");
+  std::map<std::string, double> values;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    absl::string_view text = absl::StripAsciiWhitespace(line);
+    if (text.empty()) continue;
+    const std::vector<absl::string_view> parts = absl::StrSplit(text, ' ', absl::SkipEmpty());
+    double value = 0;
+    if (parts.size() != 3 || !absl::EndsWith(parts[0], ":") ||
+        !absl::SimpleAtod(parts[1], &value)) {
+      return Malformed(file, number, absl::StrCat("expected 'name: value unit', got '", text, "'"));
     }
-    const auto get = [&](const std::string& k) -> absl::StatusOr<double> {
-      const auto it = values.find(k);
-      if (it == values.end()) return Malformed(file, 0, absl::StrCat("has no '", k, ":' line"));
-      return it->second;
-    };
-    const auto component_point = [&](Component c, absl::string_view prefix,
-                                     bool memory) -> absl::Status {
-      absl::StatusOr<double> fw = get(absl::StrCat("forward_", prefix));
-      absl::StatusOr<double> bw = get(absl::StrCat("backward_", prefix));
-      if (!fw.ok()) return fw.status();
-      if (!bw.ok()) return bw.status();
-      CostValues v{*fw, *bw, 0, 0};
-      if (memory) {
-        absl::StatusOr<double> stored = get(absl::StrCat(prefix, "_activation"));
-        absl::StatusOr<double> peak = get(absl::StrCat("peak_", prefix, "_activation"));
-        if (!stored.ok()) return stored.status();
-        if (!peak.ok()) return peak.status();
-        v.stored_bytes = *stored * kMiB;
-        v.peak_bytes = std::max(*peak, *stored) * kMiB;
-      }
-      PointKey point;
-      switch (c) {
-        case Component::kDecoderLayer:
-          point = {key.b, key.encoder_s, key.decoder_s};
-          break;
-        case Component::kPostprocess:
-          point = {key.b, 0, t5 ? key.decoder_s : key.encoder_s};
-          break;
-        default:
-          point = {key.b, 0, key.encoder_s};
-      }
-      points[{static_cast<int>(c), static_cast<int>(key.recompute), key.tp}][point].Add(v);
-      return absl::OkStatus();
-    };
-    if (absl::Status st = component_point(Component::kEncoderLayer, "encoder", true); !st.ok()) {
-      return st;
+    const std::string key_name(absl::StripSuffix(parts[0], ":"));
+    const absl::string_view unit = parts[2];
+    const bool is_time =
+        absl::StartsWith(key_name, "forward_") || absl::StartsWith(key_name, "backward_");
+    const bool is_memory =
+        absl::EndsWith(key_name, "_activation") || absl::StartsWith(key_name, "model_");
+    if ((is_time && unit != "ms") || (is_memory && unit != "MB")) {
+      return Malformed(file, number,
+                       absl::StrCat("unit of ", key_name, " must be ", is_time ? "ms" : "MB",
+                                    ", got '", unit, "'"));
     }
-    if (t5) {
-      if (absl::Status st = component_point(Component::kDecoderLayer, "decoder", true); !st.ok()) {
-        return st;
-      }
+    if (!(value >= 0) || value == kInf) {
+      return Malformed(file, number,
+                       absl::StrCat(key_name, " must be a finite value >= 0, got ", parts[1]));
     }
-    if (absl::Status st = component_point(Component::kPostprocess, "postprocess", false);
+    values[key_name] = value;
+  }
+  return values;
+}
+
+// One file's point of one component's grid.
+absl::Status AddComponentPoint(const fs::path& file, const FileKey& key, bool t5,
+                               const std::map<std::string, double>& values, Component c,
+                               absl::string_view prefix, bool memory, PointMap& points) {
+  const auto get = [&](const std::string& k) -> absl::StatusOr<double> {
+    const auto it = values.find(k);
+    if (it == values.end()) return Malformed(file, 0, absl::StrCat("has no '", k, ":' line"));
+    return it->second;
+  };
+  absl::StatusOr<double> fw = get(absl::StrCat("forward_", prefix));
+  absl::StatusOr<double> bw = get(absl::StrCat("backward_", prefix));
+  if (!fw.ok()) return fw.status();
+  if (!bw.ok()) return bw.status();
+  CostValues v{*fw, *bw, 0, 0};
+  if (memory) {
+    absl::StatusOr<double> stored = get(absl::StrCat(prefix, "_activation"));
+    absl::StatusOr<double> peak = get(absl::StrCat("peak_", prefix, "_activation"));
+    if (!stored.ok()) return stored.status();
+    if (!peak.ok()) return peak.status();
+    v.stored_bytes = *stored * kMiB;
+    v.peak_bytes = std::max(*peak, *stored) * kMiB;
+  }
+  PointKey point;
+  switch (c) {
+    case Component::kDecoderLayer:
+      point = {key.b, key.encoder_s, key.decoder_s};
+      break;
+    case Component::kPostprocess:
+      point = {key.b, 0, t5 ? key.decoder_s : key.encoder_s};
+      break;
+    default:
+      point = {key.b, 0, key.encoder_s};
+  }
+  points[{static_cast<int>(c), static_cast<int>(key.recompute), key.tp}][point].Add(v);
+  return absl::OkStatus();
+}
+
+// Every component's point and parameter count of one file.
+absl::Status AddFile(const fs::path& file, const FileKey& key, bool t5, PointMap& points,
+                     std::map<int, PointSum>& parameters) {
+  absl::StatusOr<std::map<std::string, double>> values = ReadValues(file);
+  if (!values.ok()) return values.status();
+  if (absl::Status st = AddComponentPoint(file, key, t5, *values, Component::kEncoderLayer,
+                                          "encoder", true, points);
+      !st.ok()) {
+    return st;
+  }
+  if (t5) {
+    if (absl::Status st = AddComponentPoint(file, key, t5, *values, Component::kDecoderLayer,
+                                            "decoder", true, points);
         !st.ok()) {
       return st;
     }
-    for (const auto& [k, v] : values) {
-      if (absl::StartsWith(k, "model_embedding")) {
-        parameters[static_cast<int>(Component::kEmbedding)].Add({v, 0, 0, 0});
-      } else if (absl::StartsWith(k, "model_encoder")) {
-        parameters[static_cast<int>(Component::kEncoderLayer)].Add({v, 0, 0, 0});
-      } else if (absl::StartsWith(k, "model_decoder")) {
-        parameters[static_cast<int>(Component::kDecoderLayer)].Add({v, 0, 0, 0});
+  }
+  if (absl::Status st = AddComponentPoint(file, key, t5, *values, Component::kPostprocess,
+                                          "postprocess", false, points);
+      !st.ok()) {
+    return st;
+  }
+  for (const auto& [k, v] : *values) {
+    if (absl::StartsWith(k, "model_embedding")) {
+      parameters[static_cast<int>(Component::kEmbedding)].Add({v, 0, 0, 0});
+    } else if (absl::StartsWith(k, "model_encoder")) {
+      parameters[static_cast<int>(Component::kEncoderLayer)].Add({v, 0, 0, 0});
+    } else if (absl::StartsWith(k, "model_decoder")) {
+      parameters[static_cast<int>(Component::kDecoderLayer)].Add({v, 0, 0, 0});
+    }
+  }
+  return absl::OkStatus();
+}
+
+// One grid from its points (missing points: infinite, outside the grid).
+absl::Status AddGrid(const std::string& directory, const GridKey& grid_key,
+                     const std::map<PointKey, PointSum>& grid_points, CostModel& model) {
+  const auto [component, recompute, tp] = grid_key;
+  std::set<uint32_t> b_axis;
+  std::set<uint32_t> e_axis;
+  std::set<uint32_t> s_axis;
+  for (const auto& [p, unused] : grid_points) {
+    b_axis.insert(std::get<0>(p));
+    if (component == static_cast<int>(Component::kDecoderLayer)) e_axis.insert(std::get<1>(p));
+    s_axis.insert(std::get<2>(p));
+  }
+  std::vector<CostValues> values;
+  for (uint32_t b : b_axis) {
+    for (uint32_t e : e_axis.empty() ? std::set<uint32_t>{0} : e_axis) {
+      for (uint32_t sl : s_axis) {
+        const auto it = grid_points.find({b, e, sl});
+        values.push_back(it == grid_points.end() ? CostValues{kInf, kInf, kInf, kInf}
+                                                 : it->second.Mean());
       }
     }
   }
+  const Component c = static_cast<Component>(component);
+  const Recompute r = static_cast<Recompute>(recompute);
+  absl::StatusOr<ProfileGrid> grid =
+      ProfileGrid::Create({b_axis.begin(), b_axis.end()}, {s_axis.begin(), s_axis.end()},
+                          {e_axis.begin(), e_axis.end()}, std::move(values),
+                          absl::StrCat(directory, ": ", ComponentName(c), " (recompute ",
+                                       RecomputeName(r), ", tp ", tp, ")"));
+  if (!grid.ok()) return grid.status();
+  return model.SetGrid(c, r, tp, *std::move(grid));
+}
 
+}  // namespace
+
+absl::StatusOr<CostModel> ReadDynaPipeProfileDirectory(const std::string& directory,
+                                                       DynaPipeProfileSummary* summary) {
+  absl::StatusOr<std::vector<fs::path>> files = ProfileFiles(directory);
+  if (!files.ok()) return files.status();
+  PointMap points;
+  std::map<int, PointSum> parameters;  // component -> MB (forward_ms slot)
+  DynaPipeProfileSummary s;
+  fs::path first_file;
+  for (const fs::path& file : *files) {
+    absl::StatusOr<FileKey> key = ParseFileName(file, s, first_file);
+    if (!key.ok()) return key.status();
+    if (absl::Status st = AddFile(file, *key, s.encoder_decoder, points, parameters); !st.ok()) {
+      return st;
+    }
+  }
   CostModel model;
   model.set_description(
       absl::StrCat("DynaPipe profiles from ", directory, " (", s.files, " files)"));
   for (const auto& [grid_key, grid_points] : points) {
-    const auto [component, recompute, tp] = grid_key;
-    std::set<uint32_t> b_axis;
-    std::set<uint32_t> e_axis;
-    std::set<uint32_t> s_axis;
-    for (const auto& [p, unused] : grid_points) {
-      b_axis.insert(std::get<0>(p));
-      if (component == static_cast<int>(Component::kDecoderLayer)) e_axis.insert(std::get<1>(p));
-      s_axis.insert(std::get<2>(p));
-    }
-    std::vector<CostValues> values;
-    for (uint32_t b : b_axis) {
-      for (uint32_t e : e_axis.empty() ? std::set<uint32_t>{0} : e_axis) {
-        for (uint32_t sl : s_axis) {
-          const auto it = grid_points.find({b, e, sl});
-          values.push_back(it == grid_points.end() ? CostValues{kInf, kInf, kInf, kInf}
-                                                   : it->second.Mean());
-        }
-      }
-    }
-    const Component c = static_cast<Component>(component);
-    const Recompute r = static_cast<Recompute>(recompute);
-    absl::StatusOr<ProfileGrid> grid =
-        ProfileGrid::Create({b_axis.begin(), b_axis.end()}, {s_axis.begin(), s_axis.end()},
-                            {e_axis.begin(), e_axis.end()}, std::move(values),
-                            absl::StrCat(directory, ": ", ComponentName(c), " (recompute ",
-                                         RecomputeName(r), ", tp ", tp, ")"));
-    if (!grid.ok()) return grid.status();
-    if (absl::Status st = model.SetGrid(c, r, tp, *std::move(grid)); !st.ok()) return st;
+    if (absl::Status st = AddGrid(directory, grid_key, grid_points, model); !st.ok()) return st;
   }
   // 16-bit parameters: 2 bytes each.
   for (const auto& [component, sum] : parameters) {

@@ -104,4 +104,55 @@ absl::StatusOr<double> AvailableActivationBytes(const CostModel& model, const St
   return available;
 }
 
+std::vector<double> ParametersPerDevice(const CostModel& model, const StageLayout& layout) {
+  const double enc = model.Parameters(Component::kEncoderLayer);
+  const double dec = model.Parameters(Component::kDecoderLayer);
+  const double emb = model.Parameters(Component::kEmbedding);
+  const double post = model.Parameters(Component::kPostprocess);
+  const uint32_t c = layout.devices;
+  std::vector<double> params(c, 0);
+  if (c == 1) {
+    params[0] = layout.encoder_layers * enc + layout.decoder_layers * dec + post +
+                (layout.encoder_decoder ? 2 : 1) * emb;
+    return params;
+  }
+  const auto layers_of = [](uint32_t layers, uint32_t count, uint32_t index) {
+    return layers / count + (index < layers % count ? 1 : 0);
+  };
+  const uint32_t encoder_devices = layout.encoder_decoder ? layout.encoder_devices : c;
+  for (uint32_t d = 0; d < encoder_devices; ++d) {
+    params[d] = layers_of(layout.encoder_layers, encoder_devices, d) * enc;
+  }
+  params[0] += emb;
+  if (layout.encoder_decoder) {
+    for (uint32_t d = encoder_devices; d < c; ++d) {
+      params[d] = layers_of(layout.decoder_layers, c - encoder_devices, d - encoder_devices) * dec;
+    }
+    params[encoder_devices] += emb;
+  }
+  params[c - 1] += post;
+  return params;
+}
+
+absl::StatusOr<std::vector<double>> AvailableActivationBytesPerDevice(
+    const CostModel& model, const StageLayout& layout, uint32_t dtype_bytes, ZeroStage zero,
+    uint32_t data_parallel, double device_memory_limit_bytes) {
+  std::vector<double> available = ParametersPerDevice(model, layout);
+  for (size_t d = 0; d < available.size(); ++d) {
+    const double parameters = available[d];
+    const double state =
+        ModelStatePerDevice(parameters, dtype_bytes, zero, data_parallel).total();
+    available[d] = device_memory_limit_bytes - state;
+    if (available[d] <= 0) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "model state alone needs %.2f GiB on pipeline device %d (%.3g parameters, ZeRO stage "
+          "%d, data parallel %d) but the device memory limit is %.2f GiB; use more pipeline "
+          "stages, a higher ZeRO stage or a larger cluster.device_memory_limit_mib",
+          state / (1 << 30), d, parameters, static_cast<int>(zero), data_parallel,
+          device_memory_limit_bytes / (1 << 30)));
+    }
+  }
+  return available;
+}
+
 }  // namespace varipipe::planner

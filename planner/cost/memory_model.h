@@ -11,6 +11,7 @@
 #define VARIPIPE_PLANNER_COST_MEMORY_MODEL_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "planner/cost/cost_model.h"
@@ -63,6 +64,19 @@ absl::StatusOr<double> AvailableActivationBytes(const CostModel& model, const St
                                                 uint32_t dtype_bytes, ZeroStage zero,
                                                 uint32_t data_parallel,
                                                 double device_memory_limit_bytes);
+
+// Parameters held by each pipeline device (index 0..devices-1), layers split
+// as the stages are (planner/cost/micro_batch_cost.h, EvaluateStages: the
+// first devices of a stack take the remainder); embeddings on the first
+// device of each stack, the LM head on the last device.
+std::vector<double> ParametersPerDevice(const CostModel& model, const StageLayout& layout);
+
+// Each device's own room for activations: limit - its own model state.
+// ResourceExhausted (naming the device) when a device's model state alone
+// does not fit.
+absl::StatusOr<std::vector<double>> AvailableActivationBytesPerDevice(
+    const CostModel& model, const StageLayout& layout, uint32_t dtype_bytes, ZeroStage zero,
+    uint32_t data_parallel, double device_memory_limit_bytes);
 
 }  // namespace varipipe::planner
 

@@ -17,15 +17,23 @@ class DeviceSum {
     stored_ += count * v.stored_bytes;
     transient_ = std::max(transient_, v.peak_bytes - v.stored_bytes);
   }
-  void MergeInto(MicroBatchCost* out) const {
+  // `scale`: reference bytes per byte of this device (its room's share);
+  // `depth`: micro-batches the class holds at once; `slot`: its class.
+  void MergeInto(MicroBatchCost* out, double scale, double depth, int slot) const {
     const double time = forward_ms_ + backward_ms_;
     if (time > out->time_ms) {
       out->time_ms = time;
       out->forward_ms = forward_ms_;
       out->backward_ms = backward_ms_;
     }
-    out->stored_bytes = std::max(out->stored_bytes, stored_);
-    out->peak_bytes = std::max(out->peak_bytes, stored_ + transient_);
+    out->stored_bytes = std::max(out->stored_bytes, scale * stored_);
+    out->peak_bytes = std::max(out->peak_bytes, scale * (stored_ + transient_));
+    out->transient_bytes = std::max(out->transient_bytes, scale * transient_);
+    out->depth_stored_bytes = std::max(out->depth_stored_bytes, depth * scale * stored_);
+    out->class_stored_bytes[slot] = std::max(out->class_stored_bytes[slot], scale * stored_);
+    out->class_transient_bytes[slot] =
+        std::max(out->class_transient_bytes[slot], scale * transient_);
+    out->class_time_ms[slot] = std::max(out->class_time_ms[slot], time);
   }
 
  private:
@@ -46,6 +54,12 @@ absl::StatusOr<MicroBatchCostModel> MicroBatchCostModel::Create(const CostModel&
   m.total_encoder_layers_ = layout.encoder_layers;
   m.total_decoder_layers_ = layout.decoder_layers;
   m.recompute_ = recompute;
+  if (!layout.shared_device() && layout.devices > 1) {
+    m.depth_ = {static_cast<double>(layout.devices),
+                layout.encoder_decoder ? static_cast<double>(layout.devices - layout.encoder_devices)
+                                       : 1.0,
+                1.0};
+  }
   m.encoder_ = model.Grid(Component::kEncoderLayer, recompute, tensor_parallel);
   m.postprocess_ = model.Grid(Component::kPostprocess, recompute, tensor_parallel);
   m.embedding_ = model.Grid(Component::kEmbedding, recompute, tensor_parallel);
@@ -80,6 +94,15 @@ absl::StatusOr<MicroBatchCostModel> MicroBatchCostModel::Create(const CostModel&
   return m;
 }
 
+void MicroBatchCostModel::SetDeviceRoom(const std::vector<double>& room, double reference) {
+  const uint32_t c = layout_.devices;
+  if (room.size() != c || c == 0) return;
+  first_scale_ = reference / room[0];
+  last_scale_ = reference / room[c - 1];
+  first_decoder_scale_ =
+      layout_.encoder_decoder && c > 1 ? reference / room[layout_.encoder_devices] : last_scale_;
+}
+
 bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& decoder,
                                   const CostValues& encoder_embedding,
                                   const CostValues& decoder_embedding,
@@ -92,17 +115,17 @@ bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& d
       only.Add(encoder, l.encoder_layers_per_device);
       only.Add(encoder_embedding, 1);
       only.Add(postprocess, 1);
-      only.MergeInto(out);
+      only.MergeInto(out, first_scale_, 1, kFirstDevice);
       return true;
     }
     DeviceSum first;
     first.Add(encoder, l.encoder_layers_per_device);
     first.Add(encoder_embedding, 1);
-    first.MergeInto(out);
+    first.MergeInto(out, first_scale_, depth_[kFirstDevice], kFirstDevice);
     DeviceSum last;
     last.Add(encoder, l.encoder_layers_per_device);
     last.Add(postprocess, 1);
-    last.MergeInto(out);
+    last.MergeInto(out, last_scale_, depth_[kLastDevice], kLastDevice);
     return true;
   }
   if (l.shared_device()) {
@@ -112,24 +135,25 @@ bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& d
     only.Add(decoder, l.decoder_layers_per_device);
     only.Add(decoder_embedding, 1);
     only.Add(postprocess, 1);
-    only.MergeInto(out);
+    only.MergeInto(out, first_scale_, 1, kFirstDevice);
     return true;
   }
   DeviceSum first_encoder;
   first_encoder.Add(encoder, l.encoder_layers_per_device);
   first_encoder.Add(encoder_embedding, 1);
-  first_encoder.MergeInto(out);
+  first_encoder.MergeInto(out, first_scale_, depth_[kFirstDevice], kFirstDevice);
   const bool one_decoder_device = l.devices - l.encoder_devices == 1;
   DeviceSum first_decoder;
   first_decoder.Add(decoder, l.decoder_layers_per_device);
   first_decoder.Add(decoder_embedding, 1);
   if (one_decoder_device) first_decoder.Add(postprocess, 1);
-  first_decoder.MergeInto(out);
+  first_decoder.MergeInto(out, first_decoder_scale_, depth_[kFirstDecoderDevice],
+                          kFirstDecoderDevice);
   if (!one_decoder_device) {
     DeviceSum last;
     last.Add(decoder, l.decoder_layers_per_device);
     last.Add(postprocess, 1);
-    last.MergeInto(out);
+    last.MergeInto(out, last_scale_, depth_[kLastDevice], kLastDevice);
   }
   return true;
 }

@@ -13,6 +13,7 @@
 #ifndef VARIPIPE_PLANNER_COST_MICRO_BATCH_COST_H_
 #define VARIPIPE_PLANNER_COST_MICRO_BATCH_COST_H_
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -26,9 +27,27 @@ struct MicroBatchCost {
   double forward_ms = 0;    // bottleneck device
   double backward_ms = 0;   // bottleneck device
   double time_ms = 0;       // forward + backward of the bottleneck device
-  double stored_bytes = 0;  // largest per-device stored activation
-  double peak_bytes = 0;    // largest per-device peak
+  // Memory of the device closest to its room. Without SetDeviceRoom: the
+  // largest per-device value in bytes. With it: each device's bytes scaled
+  // by reference / room(device), so that one limit in reference bytes
+  // checks every device against its own room.
+  double stored_bytes = 0;     // stored activation
+  double peak_bytes = 0;       // stored + largest transient of one component
+  double transient_bytes = 0;  // largest transient (peak - stored) of any device
+  // Under a 1F1B-like schedule device d holds up to c - d micro-batches at
+  // once (DepthOf): the largest depth(d) * stored(d) (reference bytes).
+  double depth_stored_bytes = 0;
+  // Per device class (kFirstDevice, kFirstDecoderDevice, kLastDevice; 0
+  // where the layout has no such class): stored and transient bytes.
+  std::array<double, 3> class_stored_bytes{};
+  std::array<double, 3> class_transient_bytes{};
+  std::array<double, 3> class_time_ms{};  // forward + backward
 };
+
+// The device classes of MicroBatchCost: device 0, T5's first decoder
+// device, the last device. Every other device holds a subset of one class's
+// components, at least as much room and fewer micro-batches in flight.
+enum DeviceClass { kFirstDevice = 0, kFirstDecoderDevice = 1, kLastDevice = 2 };
 
 // Costs of one pipeline stage (device, or model chunk with interleaving)
 // for one micro-batch, for schedules and the simulator.
@@ -78,6 +97,26 @@ class MicroBatchCostModel {
   bool EvaluateStages(uint32_t b, uint32_t input_len, uint32_t target_len, uint32_t chunks,
                       uint32_t hidden, uint32_t dtype_bytes, std::vector<StageCost>* out) const;
 
+  // Per-device memory (DynaPipe section 4, memory limits): `room[d]` is
+  // pipeline device d's activation room (its limit minus its own model
+  // state); Evaluate then reports memory in units of `reference` bytes
+  // (see MicroBatchCost). Each device class of Combine (first, last, T5's
+  // first decoder device) is scaled by its own device's room; devices
+  // between them hold a subset of the components and at least as much
+  // room, so they never bind first. REQUIRES: room.size() == devices, all
+  // positive.
+  void SetDeviceRoom(const std::vector<double>& room, double reference);
+
+  // The micro-batch sizes every grid is sampled at (costs are linear in b
+  // between them); null when the grids' b axes differ.
+  const std::vector<uint32_t>* BatchAxis() const {
+    return shared_b_axis_ ? &encoder_->micro_batch_sizes() : nullptr;
+  }
+
+  // Micro-batches each device class holds at once under 1F1B (c - d for
+  // device d): c, c - encoder devices (T5), 1.
+  const std::array<double, 3>& ClassDepths() const { return depth_; }
+
   const StageLayout& layout() const { return layout_; }
   Recompute recompute() const { return recompute_; }
 
@@ -98,6 +137,11 @@ class MicroBatchCostModel {
   // All grids share the encoder grid's b axis: one LocateBatch serves every
   // component.
   bool shared_b_axis_ = false;
+  // Memory scale of each device class (1: bytes).
+  double first_scale_ = 1;          // device 0
+  double first_decoder_scale_ = 1;  // T5: first decoder device
+  double last_scale_ = 1;           // last device
+  std::array<double, 3> depth_{1, 1, 1};
 };
 
 }  // namespace varipipe::planner

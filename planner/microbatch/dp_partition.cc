@@ -1,16 +1,24 @@
 #include "planner/microbatch/dp_partition.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "planner/parallel.h"
 
 namespace varipipe::planner {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The stored activation a budget limits: per micro-batch (depth 1), or
+// everything a device holds at once over the depth (DpBudget).
+double BudgetStored(const MicroBatchCost& c, uint32_t depth) {
+  return depth > 1 ? c.depth_stored_bytes / depth : c.stored_bytes;
+}
 
 // Costs of the runs [i, i + k), k = 1..width[i], stored by start: the runs
 // within the largest stored limit and the peak limit whose time does not
@@ -20,6 +28,7 @@ struct RunTable {
   std::vector<uint32_t> width;
   std::vector<double> time;
   std::vector<double> stored;
+  std::vector<double> depth_stored;  // MicroBatchCost::depth_stored_bytes
   // Each sample alone (also when over a limit), for errors and pruning.
   std::vector<MicroBatchCost> single;
   std::vector<bool> single_known;
@@ -50,52 +59,205 @@ double RunDp(const RunTable& runs, const std::vector<uint32_t>& width, double tm
   return f[n];
 }
 
-// Phase 1: costs of all runs within the limits, keeping per-range maxima of
-// the lengths as a run grows. Runs stop growing at the first violation:
-// costs grow with the run.
-void BuildRuns(const DpProblem& p, double stored_limit, double run_cap, RunTable& runs) {
+// Cost-model rows of the padded lengths a decoder-only mini-batch has,
+// prepared once: a run's padded length is always one of its samples' (the
+// rows are the costly part of a cost evaluation).
+struct RowCache {
+  std::vector<int> slot;  // by padded length / multiple; -1: none
+  std::vector<MicroBatchCostModel::Row> rows;
+  std::vector<char> ok;
+
+  const MicroBatchCostModel::Row* Find(uint32_t input_len, uint32_t multiple) const {
+    const size_t k = input_len / multiple;
+    if (k >= slot.size() || slot[k] < 0 || !ok[slot[k]]) return nullptr;
+    return &rows[slot[k]];
+  }
+};
+
+void PrepareRows(const DpProblem& p, RowCache& cache) {
+  if (p.policy.encoder_decoder) return;  // runs pad to (max input, max target) pairs
+  std::vector<uint32_t> lengths;
+  for (uint32_t position : p.order) {
+    lengths.push_back(RoundUpLength(SequenceLength(p.samples[position], p.policy),
+                                    p.policy.multiple));
+  }
+  std::sort(lengths.begin(), lengths.end());
+  lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
+  cache.slot.assign(lengths.back() / p.policy.multiple + 1, -1);
+  cache.rows.resize(lengths.size());
+  cache.ok.assign(lengths.size(), 0);
+  for (size_t k = 0; k < lengths.size(); ++k) cache.slot[lengths[k] / p.policy.multiple] = k;
+  ParallelFor(lengths.size(), p.threads, [&](size_t k) {
+    cache.ok[k] = p.cost->PrepareRow(lengths[k], 0, &cache.rows[k]);
+  });
+}
+
+// Phase 0: each sample alone (for errors, feasibility and the run cap).
+void CostSingles(const DpProblem& p, const RowCache& cache, RunTable& runs) {
   const size_t n = p.order.size();
-  runs.offset.resize(n);
-  runs.width.resize(n);
   runs.single.resize(n);
   runs.single_known.assign(n, false);
-  runs.time.reserve(n * 8);
-  runs.stored.reserve(n * 8);
-  MicroBatchCostModel::Row row;
+  MicroBatchCostModel::Row own;
   for (size_t i = 0; i < n; ++i) {
-    runs.offset[i] = static_cast<uint32_t>(runs.time.size());
+    const SampleLengths& s = p.samples[p.order[i]];
+    const uint32_t in = RoundUpLength(SequenceLength(s, p.policy), p.policy.multiple);
+    const uint32_t tg = p.policy.encoder_decoder ? RoundUpLength(s.target, p.policy.multiple) : 0;
+    const MicroBatchCostModel::Row* row =
+        cache.rows.empty() ? nullptr : cache.Find(in, p.policy.multiple);
+    if (row == nullptr && p.cost->PrepareRow(in, tg, &own)) row = &own;
+    runs.single_known[i] = row != nullptr && p.cost->Evaluate(*row, 1, &runs.single[i]);
+  }
+}
+
+// A lower bound on sum t(M) over every partition (decoder-only; 0 where it
+// cannot be shown). A run padded to L costs t(b, L) >= b * a(L), where a(L)
+// is the least per-sample time of any batch at L. Between two grid sizes
+// b_k < b_k+1 each device class's time A(b) is linear in b, so A(b) / b is
+// monotone there and at least min(A(b_k) / b_k, A(b_k+1) / b_k+1); t is the
+// largest class time, so t(b) / b is at least the largest of these over the
+// classes. Every sample of a run is at most the run's padded length, so a
+// sample at l pays at least min over present L >= l of a(L).
+double SumLowerBound(const DpProblem& p, const RowCache& cache) {
+  const std::vector<uint32_t>* axis = p.cost->BatchAxis();
+  if (p.policy.encoder_decoder || axis == nullptr || axis->empty() || cache.rows.empty()) return 0;
+  std::vector<uint32_t> lengths;
+  for (uint32_t position : p.order) {
+    lengths.push_back(RoundUpLength(SequenceLength(p.samples[position], p.policy),
+                                    p.policy.multiple));
+  }
+  std::vector<uint32_t> distinct = lengths;
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  std::vector<double> least(distinct.size(), 0);
+  ParallelFor(distinct.size(), p.threads, [&](size_t k) {
+    const MicroBatchCostModel::Row* row = cache.Find(distinct[k], p.policy.multiple);
+    if (row == nullptr) return;
+    std::vector<std::array<double, 3>> per_sample;  // class time / b at each grid size
+    MicroBatchCost cost;
+    for (uint32_t b : *axis) {
+      if (!p.cost->Evaluate(*row, b, &cost)) break;  // beyond the grid: never a run
+      std::array<double, 3> share{};
+      for (int c = 0; c < 3; ++c) share[c] = cost.class_time_ms[c] / b;
+      per_sample.push_back(share);
+    }
+    if (per_sample.empty()) return;
+    double a = std::numeric_limits<double>::infinity();
+    for (size_t g = 0; g < per_sample.size(); ++g) {
+      const std::array<double, 3>& next = per_sample[std::min(g + 1, per_sample.size() - 1)];
+      double segment = 0;
+      for (int c = 0; c < 3; ++c) segment = std::max(segment, std::min(per_sample[g][c], next[c]));
+      a = std::min(a, segment);
+    }
+    least[k] = a;
+  });
+  for (size_t k = distinct.size() - 1; k-- > 0;) least[k] = std::min(least[k], least[k + 1]);
+  double bound = 0;
+  for (uint32_t length : lengths) {
+    bound += least[std::lower_bound(distinct.begin(), distinct.end(), length) - distinct.begin()];
+  }
+  return bound;
+}
+
+// True when every sample fits a micro-batch of its own under the limit.
+bool SinglesFit(const DpProblem& p, const RunTable& runs, const DpBudget& budget) {
+  for (size_t i = 0; i < runs.single.size(); ++i) {
+    if (!runs.single_known[i] ||
+        BudgetStored(runs.single[i], budget.depth) > budget.stored_limit_bytes ||
+        runs.single[i].peak_bytes > p.peak_limit_bytes) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Phase 1: costs of the runs starting at [begin, end) within the limits,
+// appended to time/stored with width[i] per start. Per-range maxima of the
+// lengths are kept as a run grows; runs stop growing at the first violation
+// (costs grow with the run).
+// The table's memory limits: a run is kept while it fits some budget.
+struct TableLimits {
+  double stored = -1;        // largest limit of the depth-1 budgets
+  double depth_stored = -1;  // largest limit * depth of the depth budgets
+  double run_cap = kInf;
+};
+
+void BuildRunsFrom(const DpProblem& p, const RowCache& cache, const TableLimits& limits,
+                   size_t begin, size_t end, std::vector<uint32_t>& width,
+                   std::vector<double>& time, std::vector<double>& stored,
+                   std::vector<double>& depth_stored) {
+  const size_t n = p.order.size();
+  MicroBatchCostModel::Row own;
+  for (size_t i = begin; i < end; ++i) {
     uint32_t input_len = 0;
     uint32_t target_len = 0;
-    bool row_ready = false;
+    const MicroBatchCostModel::Row* row = nullptr;
     size_t j = i;
     MicroBatchCost cost;
     for (; j < n; ++j) {
       const SampleLengths& s = p.samples[p.order[j]];
       const uint32_t in = RoundUpLength(SequenceLength(s, p.policy), p.policy.multiple);
       const uint32_t tg = p.policy.encoder_decoder ? RoundUpLength(s.target, p.policy.multiple) : 0;
-      if (in > input_len || tg > target_len || !row_ready) {
+      if (in > input_len || tg > target_len || row == nullptr) {
         input_len = std::max(input_len, in);
         target_len = std::max(target_len, tg);
-        row_ready = p.cost->PrepareRow(input_len, target_len, &row);
-        if (!row_ready) break;
+        row = cache.rows.empty() ? nullptr : cache.Find(input_len, p.policy.multiple);
+        if (row == nullptr && p.cost->PrepareRow(input_len, target_len, &own)) row = &own;
+        if (row == nullptr) break;
       }
-      if (!p.cost->Evaluate(row, static_cast<uint32_t>(j - i + 1), &cost)) break;
-      if (j == i) {
-        runs.single[i] = cost;
-        runs.single_known[i] = true;
-      }
-      if (cost.stored_bytes > stored_limit || cost.peak_bytes > p.peak_limit_bytes ||
-          cost.time_ms > run_cap) {
+      if (!p.cost->Evaluate(*row, static_cast<uint32_t>(j - i + 1), &cost)) break;
+      if ((cost.stored_bytes > limits.stored && cost.depth_stored_bytes > limits.depth_stored) ||
+          cost.peak_bytes > p.peak_limit_bytes || cost.time_ms > limits.run_cap) {
         break;
       }
-      runs.time.push_back(cost.time_ms);
-      runs.stored.push_back(cost.stored_bytes);
+      time.push_back(cost.time_ms);
+      stored.push_back(cost.stored_bytes);
+      depth_stored.push_back(cost.depth_stored_bytes);
     }
-    runs.width[i] = static_cast<uint32_t>(j - i);
+    width[i] = static_cast<uint32_t>(j - i);
   }
 }
 
-absl::Status DoesNotFit(const DpProblem& p, const RunTable& runs, size_t i, double stored_limit) {
+// Phase 1 over every start, in chunks of starts on p.threads threads; the
+// chunks are concatenated in order, so the table does not depend on the
+// thread count.
+void BuildRuns(const DpProblem& p, const TableLimits& limits, const RowCache& cache,
+               RunTable& runs) {
+  const size_t n = p.order.size();
+  runs.offset.resize(n);
+  runs.width.resize(n);
+  const size_t chunks = p.threads > 1 ? std::min<size_t>(n, 8 * static_cast<size_t>(p.threads)) : 1;
+  std::vector<std::vector<double>> times(chunks);
+  std::vector<std::vector<double>> stored(chunks);
+  std::vector<std::vector<double>> depth_stored(chunks);
+  ParallelFor(chunks, p.threads, [&](size_t k) {
+    times[k].reserve(n / chunks * 8);
+    stored[k].reserve(n / chunks * 8);
+    depth_stored[k].reserve(n / chunks * 8);
+    BuildRunsFrom(p, cache, limits, k * n / chunks, (k + 1) * n / chunks, runs.width, times[k],
+                  stored[k], depth_stored[k]);
+  });
+  const auto concatenate = [](std::vector<std::vector<double>>& parts, std::vector<double>& all) {
+    size_t total = 0;
+    for (const std::vector<double>& part : parts) total += part.size();
+    all.clear();
+    all.reserve(total);
+    for (std::vector<double>& part : parts) {
+      all.insert(all.end(), part.begin(), part.end());
+      std::vector<double>().swap(part);
+    }
+  };
+  concatenate(times, runs.time);
+  concatenate(stored, runs.stored);
+  concatenate(depth_stored, runs.depth_stored);
+  uint32_t offset = 0;
+  for (size_t i = 0; i < n; ++i) {
+    runs.offset[i] = offset;
+    offset += runs.width[i];
+  }
+}
+
+absl::Status DoesNotFit(const DpProblem& p, const RunTable& runs, size_t i, double stored_limit,
+                        uint32_t depth) {
   const SampleLengths& s = p.samples[p.order[i]];
   if (!runs.single_known[i]) {
     return absl::ResourceExhaustedError(absl::StrFormat(
@@ -108,60 +270,55 @@ absl::Status DoesNotFit(const DpProblem& p, const RunTable& runs, size_t i, doub
       "recompute %s: it needs %.1f MiB stored / %.1f MiB peak activation, the limits are "
       "%.1f / %.1f MiB",
       p.order[i], s.input, s.target, RecomputeName(p.cost->recompute()),
-      alone.stored_bytes / (1 << 20), alone.peak_bytes / (1 << 20), stored_limit / (1 << 20),
+      BudgetStored(alone, depth) / (1 << 20), alone.peak_bytes / (1 << 20),
+      stored_limit / (1 << 20),
       p.peak_limit_bytes / (1 << 20)));
 }
 
-// Phases 2-4 for one stored limit over a built table.
-absl::StatusOr<DpSolution> SolveBudget(const DpProblem& p, const RunTable& runs,
-                                       double stored_limit, double cutoff, double run_cap) {
-  const size_t n = p.order.size();
-  std::vector<uint32_t> width(n);
+// Phase 2 prerequisites for one limit: each start's usable width (the first
+// run over the limit ends them: memory grows with the run; a scan rather
+// than a binary search stays safe on noisy profiles), the largest single
+// time (every partition holds each sample in a run at least as slow as the
+// sample alone) and whether some sample alone exceeds the run cap.
+struct BudgetRuns {
+  std::vector<uint32_t> width;
   double tmax_floor = 0;
   bool too_slow = false;
+};
+
+absl::StatusOr<BudgetRuns> UsableRuns(const DpProblem& p, const RunTable& runs,
+                                      double stored_limit, uint32_t depth, double run_cap) {
+  const size_t n = p.order.size();
+  BudgetRuns out;
+  out.width.resize(n);
+  const double* all = depth > 1 ? runs.depth_stored.data() : runs.stored.data();
+  const double limit = depth > 1 ? stored_limit * depth : stored_limit;
   for (size_t i = 0; i < n; ++i) {
     const MicroBatchCost& alone = runs.single[i];
-    if (!runs.single_known[i] || alone.stored_bytes > stored_limit ||
+    if (!runs.single_known[i] || BudgetStored(alone, depth) > stored_limit ||
         alone.peak_bytes > p.peak_limit_bytes) {
-      return DoesNotFit(p, runs, i, stored_limit);
+      return DoesNotFit(p, runs, i, stored_limit, depth);
     }
-    // Every partition holds each sample in some run at least as slow as the
-    // sample alone.
-    tmax_floor = std::max(tmax_floor, alone.time_ms);
-    too_slow |= alone.time_ms > run_cap;
-    // The first run over the limit ends the usable runs (memory grows with
-    // the run; a scan rather than a binary search stays safe on noisy
-    // profiles).
-    const double* stored = runs.stored.data() + runs.offset[i];
+    out.tmax_floor = std::max(out.tmax_floor, alone.time_ms);
+    out.too_slow |= alone.time_ms > run_cap;
+    const double* stored = all + runs.offset[i];
     uint32_t w = 0;
-    while (w < runs.width[i] && stored[w] <= stored_limit) ++w;
-    width[i] = w;
+    while (w < runs.width[i] && stored[w] <= limit) ++w;
+    out.width[i] = w;
   }
-  DpSolution solution;
-  const auto pruned = [&](double lower_bound) {
-    solution.pruned = true;
-    solution.lower_bound_ms = std::min(cutoff, lower_bound);
-    return solution;
-  };
-  if (too_slow) return pruned(cutoff);
+  return out;
+}
 
-  std::vector<double> f(n + 1);
-  std::vector<uint32_t> prev(n + 1, 0);
-  const double unconstrained = RunDp(runs, width, kInf, f, prev);
-  const auto bound = [&](double tmax) {
-    return PipelineObjective(tmax, unconstrained, p.pipeline_stages, p.virtual_chunks,
-                             p.data_parallel);
-  };
-  if (p.bound_search && bound(tmax_floor) >= cutoff) return pruned(bound(tmax_floor));
-
-  // Phase 2: candidates. The largest value within each interval stands for
-  // all of them.
+// Phase 2: tmax candidates, the distinct usable run times from the floor up;
+// the largest value within each interval stands for all of them.
+std::vector<double> TmaxCandidates(const DpProblem& p, const RunTable& runs,
+                                   const BudgetRuns& usable) {
   std::vector<double> values;
   values.reserve(runs.time.size());
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < usable.width.size(); ++i) {
     const double* t = runs.time.data() + runs.offset[i];
-    for (uint32_t k = 0; k < width[i]; ++k) {
-      if (t[k] >= tmax_floor) values.push_back(t[k]);
+    for (uint32_t k = 0; k < usable.width[i]; ++k) {
+      if (t[k] >= usable.tmax_floor) values.push_back(t[k]);
     }
   }
   std::sort(values.begin(), values.end());
@@ -173,19 +330,37 @@ absl::StatusOr<DpSolution> SolveBudget(const DpProblem& p, const RunTable& runs,
     candidates.push_back(values[last]);
     k = last + 1;
   }
+  return candidates;
+}
 
-  // Phase 3: the DP per candidate in increasing order, stopping once
-  // (c - 1) * tmax / v + f(N; inf) / |D| cannot beat the best.
-  std::vector<uint32_t> best_prev;
-  double best = cutoff;
-  double best_max = 0;
-  double best_sum = 0;
-  solution.tmax_candidates = static_cast<int>(candidates.size());
-  for (double tmax : candidates) {
-    if (p.bound_search && bound(tmax) >= best) break;
-    ++solution.tmax_evaluated;
-    const double sum = RunDp(runs, width, tmax, f, prev);
-    if (sum == kInf) continue;
+// The best partition of phase 3: its objective, times and cut points.
+struct BestPartition {
+  double objective = kInf;
+  double max_time = 0;
+  double sum_time = 0;
+  std::vector<uint32_t> prev;  // empty: none beat the cutoff
+};
+
+// Phase 3: branch and bound over the candidates. f(N; tmax) never grows
+// with tmax, so every candidate k in [a, b] has an objective of at least
+// (c - 1) * tmax_a / v + f(N; tmax_b+1) / |D| (f(N; infinity) past the last
+// candidate); an interval whose bound cannot beat the best is skipped, and
+// otherwise its middle candidate is solved and both halves are searched,
+// the lower one first. With exact candidates (interval 0) the optimum's
+// own candidate is never skipped, so the result is optimal; with buckets it
+// is within (c - 1) * interval / v, as before. Ties go to the smaller tmax.
+BestPartition SearchCandidates(const DpProblem& p, const RunTable& runs, const BudgetRuns& usable,
+                               std::span<const double> candidates, double unconstrained,
+                               double cutoff, int* evaluated) {
+  const size_t n = usable.width.size();
+  std::vector<double> f(n + 1);
+  std::vector<uint32_t> prev(n + 1, 0);
+  BestPartition best{.objective = cutoff};
+  size_t best_index = candidates.size();
+  const auto solve = [&](size_t k) {
+    ++*evaluated;
+    const double sum = RunDp(runs, usable.width, candidates[k], f, prev);
+    if (sum == kInf) return sum;
     // The objective uses the solution's actual largest time (<= tmax).
     double actual_max = 0;
     for (size_t end = n; end > 0; end = prev[end]) {
@@ -193,24 +368,44 @@ absl::StatusOr<DpSolution> SolveBudget(const DpProblem& p, const RunTable& runs,
     }
     const double objective =
         PipelineObjective(actual_max, sum, p.pipeline_stages, p.virtual_chunks, p.data_parallel);
-    if (objective < best) {
-      best = objective;
-      best_max = actual_max;
-      best_sum = sum;
-      best_prev = prev;
+    // Strictly better than the cutoff; among equals, the smaller tmax.
+    const bool found = best_index < candidates.size();
+    if (objective < best.objective || (found && objective == best.objective && k < best_index)) {
+      best = {objective, actual_max, sum, prev};
+      best_index = k;
     }
-  }
-  if (best_prev.empty()) {
-    if (cutoff == kInf) {
-      return absl::InternalError("micro-batch DP found no partition although every sample fits");
+    return sum;
+  };
+  struct Interval {
+    size_t first;
+    size_t last;
+    double sum_bound;  // f(N; tmax) for every tmax of the interval is at least this
+  };
+  std::vector<Interval> stack;
+  if (!candidates.empty()) stack.push_back({0, candidates.size() - 1, unconstrained});
+  while (!stack.empty()) {
+    const Interval in = stack.back();
+    stack.pop_back();
+    const double bound = PipelineObjective(candidates[in.first], in.sum_bound, p.pipeline_stages,
+                                           p.virtual_chunks, p.data_parallel);
+    if (p.bound_search &&
+        (bound > best.objective ||
+         (bound == best.objective && (best_index == candidates.size() || in.first >= best_index)))) {
+      continue;
     }
-    return pruned(bound(tmax_floor));
+    const size_t middle = p.bound_search ? in.first + (in.last - in.first) / 2 : in.first;
+    const double sum = solve(middle);
+    if (middle < in.last) stack.push_back({middle + 1, in.last, in.sum_bound});
+    if (middle > in.first && sum != kInf) stack.push_back({in.first, middle - 1, sum});
   }
+  return best;
+}
 
-  // Phase 4: the runs of the best partition, front to back.
+// Phase 4: the runs of the best partition, front to back, with their costs.
+void BuildSolution(const DpProblem& p, const BestPartition& best, DpSolution& solution) {
   std::vector<std::pair<uint32_t, uint32_t>> cuts;
-  for (size_t end = n; end > 0; end = best_prev[end]) {
-    cuts.emplace_back(best_prev[end], static_cast<uint32_t>(end));
+  for (size_t end = p.order.size(); end > 0; end = best.prev[end]) {
+    cuts.emplace_back(best.prev[end], static_cast<uint32_t>(end));
   }
   std::reverse(cuts.begin(), cuts.end());
   for (const auto& [begin, end] : cuts) {
@@ -222,9 +417,42 @@ absl::StatusOr<DpSolution> SolveBudget(const DpProblem& p, const RunTable& runs,
     solution.groups.push_back(std::move(group));
     solution.costs.push_back(cost);
   }
-  solution.objective_ms = best;
-  solution.max_time_ms = best_max;
-  solution.sum_time_ms = best_sum;
+  solution.objective_ms = best.objective;
+  solution.max_time_ms = best.max_time;
+  solution.sum_time_ms = best.sum_time;
+}
+
+// Phases 2-4 for one stored limit over a built table.
+absl::StatusOr<DpSolution> SolveBudget(const DpProblem& p, const RunTable& runs,
+                                       double stored_limit, uint32_t depth, double cutoff,
+                                       double run_cap) {
+  absl::StatusOr<BudgetRuns> usable = UsableRuns(p, runs, stored_limit, depth, run_cap);
+  if (!usable.ok()) return usable.status();
+  DpSolution solution;
+  const auto pruned = [&](double lower_bound) {
+    solution.pruned = true;
+    solution.lower_bound_ms = std::min(cutoff, lower_bound);
+    return solution;
+  };
+  if (usable->too_slow) return pruned(cutoff);
+  std::vector<double> f(p.order.size() + 1);
+  std::vector<uint32_t> prev(p.order.size() + 1, 0);
+  const double unconstrained = RunDp(runs, usable->width, kInf, f, prev);
+  const double floor_bound = PipelineObjective(usable->tmax_floor, unconstrained,
+                                               p.pipeline_stages, p.virtual_chunks,
+                                               p.data_parallel);
+  if (p.bound_search && floor_bound >= cutoff) return pruned(floor_bound);
+  const std::vector<double> candidates = TmaxCandidates(p, runs, *usable);
+  solution.tmax_candidates = static_cast<int>(candidates.size());
+  const BestPartition best = SearchCandidates(p, runs, *usable, candidates, unconstrained, cutoff,
+                                              &solution.tmax_evaluated);
+  if (best.prev.empty()) {
+    if (cutoff == kInf) {
+      return absl::InternalError("micro-batch DP found no partition although every sample fits");
+    }
+    return pruned(floor_bound);
+  }
+  BuildSolution(p, best, solution);
   return solution;
 }
 
@@ -236,8 +464,226 @@ double PipelineObjective(double max_time_ms, double sum_time_ms, uint32_t pipeli
          sum_time_ms / std::max<uint32_t>(1, data_parallel);
 }
 
+namespace {
+
+// Whether every device class can hold its depth of the solution's largest
+// stored activations plus its largest transient; when not, the transient to
+// reserve (the largest of a class that does not fit).
+double TransientToReserve(const DpProblem& p, const DpSolution& solution) {
+  const std::array<double, 3>& depth = p.cost->ClassDepths();
+  std::array<double, 3> stored{};
+  std::array<double, 3> transient{};
+  for (const MicroBatchCost& c : solution.costs) {
+    for (int k = 0; k < 3; ++k) {
+      stored[k] = std::max(stored[k], c.class_stored_bytes[k]);
+      transient[k] = std::max(transient[k], c.class_transient_bytes[k]);
+    }
+  }
+  double reserve = 0;
+  for (int k = 0; k < 3; ++k) {
+    if (depth[k] * stored[k] + transient[k] > p.peak_limit_bytes) {
+      reserve = std::max(reserve, transient[k]);
+    }
+  }
+  return reserve;
+}
+
+// Whether a solution fits a depth budget: what each device holds at once
+// within the limit, and room left for each class's transient.
+bool FitsDepth(const DpProblem& p, const DpBudget& budget, const DpSolution& solution) {
+  for (const MicroBatchCost& c : solution.costs) {
+    if (c.depth_stored_bytes > budget.stored_limit_bytes * budget.depth ||
+        c.peak_bytes > p.peak_limit_bytes) {
+      return false;
+    }
+  }
+  return TransientToReserve(p, solution) == 0;
+}
+
+// SolveBudget under a budget with depth: while some device class cannot hold
+// its depth of the largest stored activations plus its largest transient,
+// the limit on what a device holds at once drops to peak - that transient
+// (at most 8 rounds; the simulator's check catches anything left).
+absl::StatusOr<DpSolution> SolveDepthBudget(const DpProblem& p, const RunTable& runs,
+                                            const DpBudget& budget, double cutoff,
+                                            double run_cap) {
+  double limit = budget.stored_limit_bytes;
+  for (int round = 0;; ++round) {
+    absl::StatusOr<DpSolution> solution =
+        SolveBudget(p, runs, limit, budget.depth, cutoff, run_cap);
+    if (solution.ok()) solution->stored_limit_bytes = limit;
+    if (!solution.ok() || solution->pruned || budget.depth <= 1 || round == 8) return solution;
+    const double reserve = TransientToReserve(p, *solution);
+    const double tighter = (p.peak_limit_bytes - reserve) / budget.depth;
+    if (reserve == 0 || !(tighter < limit)) return solution;
+    limit = tighter;
+  }
+}
+
+// The objective of the DP at tmax = the slowest sample alone, over a table
+// of only the runs that fast (cheap): a feasible partition of a whole-device
+// budget, so an upper bound of its optimum. Infinite when none is found.
+double QuickObjective(const DpProblem& p, const DpBudget& budget, const RunTable& probe,
+                      double max_single) {
+  absl::StatusOr<BudgetRuns> usable =
+      UsableRuns(p, probe, budget.stored_limit_bytes, budget.depth, kInf);
+  if (!usable.ok()) return kInf;
+  std::vector<double> f(p.order.size() + 1);
+  std::vector<uint32_t> prev(p.order.size() + 1, 0);
+  const double sum = RunDp(probe, usable->width, max_single, f, prev);
+  if (sum == kInf) return kInf;
+  double actual_max = 0;
+  for (size_t end = p.order.size(); end > 0; end = prev[end]) {
+    actual_max = std::max(actual_max, probe.time[probe.offset[prev[end]] + (end - prev[end] - 1)]);
+  }
+  return PipelineObjective(actual_max, sum, p.pipeline_stages, p.virtual_chunks, p.data_parallel);
+}
+
+// The slowest run worth building for any feasible budget (every sample fits
+// alone in at least one). A run slower than cap puts a partition's
+// objective above (c - 1) * cap / v + (lower bound of sum t) / |D|; cap
+// makes that the largest over budgets of the best known upper bound of the
+// budget's optimum: its cutoff, the all-singles objective, and on large
+// batches for whole-device budgets (whose limit never tightens) the DP at
+// the slowest single time over a small table. The bound and the small table
+// cost one row per distinct length and a table of short runs: worth it on
+// large batches only.
+double TableRunCap(const DpProblem& p, std::span<const DpBudget> budgets, const RowCache& cache,
+                   const RunTable& runs, const TableLimits& limits) {
+  if (p.pipeline_stages <= 1 || !p.bound_search) return kInf;
+  double max_single = 0;
+  double sum_single = 0;
+  for (const MicroBatchCost& c : runs.single) {
+    max_single = std::max(max_single, c.time_ms);
+    sum_single += c.time_ms;
+  }
+  const double singles = PipelineObjective(max_single, sum_single, p.pipeline_stages,
+                                           p.virtual_chunks, p.data_parallel);
+  const bool large = p.order.size() > 1024;
+  RunTable probe;
+  if (large) {
+    probe.single = runs.single;
+    probe.single_known = runs.single_known;
+    TableLimits small = limits;
+    small.run_cap = max_single;
+    BuildRuns(p, small, cache, probe);
+  }
+  double upper = 0;
+  for (const DpBudget& b : budgets) {
+    if (!SinglesFit(p, runs, b)) continue;
+    double bound = std::min(singles, b.cutoff != nullptr ? *b.cutoff : kInf);
+    if (large && b.depth <= 1) bound = std::min(bound, QuickObjective(p, b, probe, max_single));
+    upper = std::max(upper, bound);
+  }
+  const double lower_sum = large ? SumLowerBound(p, cache) : 0;
+  return (upper - lower_sum / p.data_parallel) * p.virtual_chunks / (p.pipeline_stages - 1);
+}
+
+double CutoffOf(const DpBudget& b) { return b.cutoff != nullptr ? *b.cutoff : kInf; }
+
+// A run slower than this cannot be part of a partition that beats the
+// cutoff: (c - 1) * max t / v alone would reach it.
+double RunCapFor(const DpProblem& p, double cutoff) {
+  return p.pipeline_stages > 1 && p.bound_search
+             ? cutoff * p.virtual_chunks / (p.pipeline_stages - 1)
+             : kInf;
+}
+
+// Phase 1 for every budget where each sample fits alone (the others need no
+// runs: they report the sample that does not fit). The runs kept fit some
+// budget and are no slower than TableRunCap, so run widths do not grow with
+// the mini-batch (planning cost linear in the data-parallel width).
+void BuildTable(const DpProblem& p, std::span<const DpBudget> budgets, const RowCache& cache,
+                RunTable& runs) {
+  TableLimits limits;
+  double loosest = 0;  // runs up to the loosest cutoff's cap serve every budget
+  bool any_feasible = false;
+  for (const DpBudget& b : budgets) {
+    if (!SinglesFit(p, runs, b)) continue;
+    if (b.depth > 1) {
+      limits.depth_stored = std::max(limits.depth_stored, b.stored_limit_bytes * b.depth);
+    } else {
+      limits.stored = std::max(limits.stored, b.stored_limit_bytes);
+    }
+    loosest = std::max(loosest, CutoffOf(b));
+    any_feasible = true;
+  }
+  if (!any_feasible) {
+    runs.offset.assign(p.order.size(), 0);
+    runs.width.assign(p.order.size(), 0);
+    return;
+  }
+  limits.run_cap =
+      std::min(RunCapFor(p, loosest), TableRunCap(p, budgets, cache, runs, limits));
+  BuildRuns(p, limits, cache, runs);
+}
+
+// Phases 1-4 per budget, whole-device budgets first, on a table built for
+// them alone: where a whole-device optimum also fits a pipeline-depth
+// budget of the same mode (full recomputation: small activations), it is
+// that budget's optimum too (the depth budget admits a subset of the
+// partitions) and the depth budget needs neither a table nor a DP. The
+// other depth budgets get a table of their own. Results in input order;
+// cutoffs lowered by every solution.
+std::vector<absl::StatusOr<DpSolution>> SolveAll(const DpProblem& p,
+                                                 std::span<const DpBudget> budgets,
+                                                 const RowCache& cache, RunTable& runs) {
+  std::vector<absl::StatusOr<DpSolution>> solved(budgets.size(),
+                                                 absl::UnknownError("not solved"));
+  const auto solve = [&](size_t k) {
+    const double cutoff = CutoffOf(budgets[k]);
+    solved[k] = SolveDepthBudget(p, runs, budgets[k], cutoff, RunCapFor(p, cutoff));
+    if (solved[k].ok() && !solved[k]->pruned && budgets[k].cutoff != nullptr) {
+      *budgets[k].cutoff = std::min(*budgets[k].cutoff, solved[k]->objective_ms);
+    }
+  };
+  std::vector<DpBudget> whole_budgets;
+  for (const DpBudget& b : budgets) {
+    if (b.depth <= 1) whole_budgets.push_back(b);
+  }
+  const DpSolution* whole = nullptr;
+  if (!whole_budgets.empty()) {
+    BuildTable(p, whole_budgets, cache, runs);
+    for (size_t k = 0; k < budgets.size(); ++k) {
+      if (budgets[k].depth > 1) continue;
+      solve(k);
+      if (solved[k].ok() && !solved[k]->pruned) whole = &*solved[k];
+    }
+  }
+  std::vector<size_t> rest;
+  std::vector<DpBudget> rest_budgets;
+  for (size_t k = 0; k < budgets.size(); ++k) {
+    const DpBudget& budget = budgets[k];
+    if (budget.depth <= 1) continue;
+    if (whole != nullptr && whole->objective_ms < CutoffOf(budget) &&
+        FitsDepth(p, budget, *whole)) {
+      solved[k] = *whole;
+      solved[k]->stored_limit_bytes = budget.stored_limit_bytes;
+      if (budget.cutoff != nullptr) *budget.cutoff = std::min(*budget.cutoff, whole->objective_ms);
+      continue;
+    }
+    rest.push_back(k);
+    rest_budgets.push_back(budget);
+  }
+  if (rest.empty()) return solved;
+  BuildTable(p, rest_budgets, cache, runs);
+  for (size_t k : rest) solve(k);
+  return solved;
+}
+
+}  // namespace
+
 std::vector<absl::StatusOr<DpSolution>> SolveMicroBatchDpBudgets(
     const DpProblem& p, std::span<const double> stored_limits, double* cutoff) {
+  std::vector<DpBudget> budgets;
+  for (double limit : stored_limits) {
+    budgets.push_back({.stored_limit_bytes = limit, .cutoff = cutoff});
+  }
+  return SolveMicroBatchDpBudgets(p, budgets);
+}
+
+std::vector<absl::StatusOr<DpSolution>> SolveMicroBatchDpBudgets(
+    const DpProblem& p, std::span<const DpBudget> budgets) {
   std::vector<absl::StatusOr<DpSolution>> results;
   absl::Status invalid;
   if (p.cost == nullptr) {
@@ -249,26 +695,14 @@ std::vector<absl::StatusOr<DpSolution>> SolveMicroBatchDpBudgets(
     invalid = absl::InvalidArgumentError("micro-batch DP: invalid parameters");
   }
   if (!invalid.ok()) {
-    results.assign(stored_limits.size(), invalid);
+    results.assign(budgets.size(), invalid);
     return results;
   }
-  // A run slower than this cannot be part of a partition that beats the
-  // cutoff: (c - 1) * max t / v alone would reach it.
-  const auto run_cap_for = [&](double c) {
-    return p.pipeline_stages > 1 && p.bound_search ? c * p.virtual_chunks / (p.pipeline_stages - 1)
-                                                   : kInf;
-  };
+  RowCache cache;
+  PrepareRows(p, cache);
   RunTable runs;
-  const double largest =
-      stored_limits.empty() ? 0 : *std::max_element(stored_limits.begin(), stored_limits.end());
-  BuildRuns(p, largest, run_cap_for(*cutoff), runs);
-  for (double limit : stored_limits) {
-    absl::StatusOr<DpSolution> solution =
-        SolveBudget(p, runs, limit, *cutoff, run_cap_for(*cutoff));
-    if (solution.ok() && !solution->pruned) *cutoff = std::min(*cutoff, solution->objective_ms);
-    results.push_back(std::move(solution));
-  }
-  return results;
+  CostSingles(p, cache, runs);
+  return SolveAll(p, budgets, cache, runs);
 }
 
 absl::StatusOr<DpSolution> SolveMicroBatchDp(const DpProblem& p) {

@@ -56,6 +56,8 @@ struct DpProblem {
   // slower than cutoff * v / (c - 1) are never built, and when nothing beats
   // the cutoff the solution comes back `pruned`.
   double objective_cutoff_ms = std::numeric_limits<double>::infinity();
+  // Threads for building the run table (the result does not depend on it).
+  int threads = 1;
 };
 
 struct DpSolution {
@@ -70,6 +72,28 @@ struct DpSolution {
   // and lower_bound_ms bounds every partition's objective from below.
   bool pruned = false;
   double lower_bound_ms = 0;
+  // The stored-activation limit the solution was found under (lower than
+  // the budget's when transients forced a tighter one, see DpBudget).
+  double stored_limit_bytes = 0;
+};
+
+// One memory budget of a recompute mode.
+struct DpBudget {
+  double stored_limit_bytes = 0;
+  // 1: each micro-batch's stored activation is limited (the adaptive
+  // schedule's whole-device budget). The pipeline depth c (1F1B, kFkB,
+  // GPipe): what a device holds at once is limited to depth * limit, where
+  // device d holds up to c - d micro-batches
+  // (MicroBatchCost::depth_stored_bytes). The solution also leaves each
+  // device class room for its largest transient on top: a device's
+  // simulated peak is everything in flight plus the running op's transient
+  // (planner/sim/simulator.h), which a per-micro-batch peak check misses.
+  // When a class lacks it, the limit drops to (peak - transient) / depth and
+  // the DP re-runs on the same table.
+  uint32_t depth = 1;
+  // The objective to beat, shared by the budgets that compare (see
+  // objective_cutoff_ms); lowered by every solution found. Null: none.
+  double* cutoff = nullptr;
 };
 
 // The objective for given times (shared with baselines and tests).
@@ -87,6 +111,9 @@ absl::StatusOr<DpSolution> SolveMicroBatchDp(const DpProblem& problem);
 // for better partitions. One result per limit, in order.
 std::vector<absl::StatusOr<DpSolution>> SolveMicroBatchDpBudgets(
     const DpProblem& problem, std::span<const double> stored_limits, double* cutoff);
+// The same with one cutoff per budget (DpBudget::cutoff).
+std::vector<absl::StatusOr<DpSolution>> SolveMicroBatchDpBudgets(const DpProblem& problem,
+                                                                 std::span<const DpBudget> budgets);
 
 }  // namespace varipipe::planner
 

@@ -176,6 +176,206 @@ std::string CandidateName(const MicroBatchingCandidate& c) {
                       MemoryBudgetName(c.budget), " budget");
 }
 
+
+bool ValidOptions(const MicroBatchingOptions& o) {
+  return o.pipeline > 0 && o.data_parallel > 0 && o.virtual_chunks > 0 && o.tensor_parallel > 0 &&
+         o.length_multiple > 0 && o.device_memory_limit_bytes > 0 && !o.recompute_modes.empty() &&
+         !o.budgets.empty() && o.max_input_len > 0 &&
+         !(o.dims.encoder_decoder() && o.max_target_len == 0);
+}
+
+LengthPolicy PolicyOf(const MicroBatchingOptions& o) {
+  return {.encoder_decoder = o.dims.encoder_decoder(), .multiple = o.length_multiple};
+}
+
+// The cost model of one recompute mode, memory in reference bytes.
+absl::StatusOr<MicroBatchCostModel> CostModelFor(const CostModel& model, const StageLayout& layout,
+                                                 const MicroBatchingOptions& o,
+                                                 const MicroBatchingResult& result, Recompute mode) {
+  absl::StatusOr<MicroBatchCostModel> cost =
+      MicroBatchCostModel::Create(model, layout, mode, o.tensor_parallel);
+  if (cost.ok()) cost->SetDeviceRoom(result.available_per_device, result.available_activation_bytes);
+  return cost;
+}
+
+// Rooms per device, truncation and the sample order.
+absl::Status PrepareSamples(const CostModel& model, const StageLayout& layout,
+                            const MicroBatchingOptions& o, MicroBatchingResult& result) {
+  if (absl::Status s = CheckAndTruncate(o, result.samples, result.truncated); !s.ok()) return s;
+  absl::StatusOr<std::vector<double>> rooms = AvailableActivationBytesPerDevice(
+      model, layout, o.dims.dtype_bytes, o.zero, o.data_parallel, o.device_memory_limit_bytes);
+  if (!rooms.ok()) return rooms.status();
+  const double smallest = *std::min_element(rooms->begin(), rooms->end());
+  if (!o.per_device_memory) rooms->assign(rooms->size(), smallest);
+  result.available_per_device = *std::move(rooms);
+  result.available_activation_bytes = smallest;
+  const LengthPolicy policy = PolicyOf(o);
+  if (o.truncate) {
+    absl::StatusOr<MicroBatchCostModel> permissive =
+        CostModelFor(model, layout, o, result, o.recompute_modes.back());
+    if (!permissive.ok()) return permissive.status();
+    if (absl::Status s = TruncateForMemory(*permissive, policy, smallest, result.samples,
+                                           result.truncated);
+        !s.ok()) {
+      return s;
+    }
+  }
+  const Clock::time_point order_start = Clock::now();
+  result.order = OrderSamples(result.samples, policy, o.order);
+  result.ordering_ms = MsSince(order_start);
+  return absl::OkStatus();
+}
+
+// The (mode, budget) pairs of one mode, limits set, no solution yet.
+std::vector<MicroBatchingCandidate> PairsOf(const MicroBatchingOptions& o, double available,
+                                            Recompute mode) {
+  std::vector<MicroBatchingCandidate> pairs;
+  for (MemoryBudget budget : o.budgets) {
+    MicroBatchingCandidate c;
+    c.recompute = mode;
+    c.budget = budget;
+    c.peak_limit_bytes = available;
+    c.stored_limit_bytes =
+        budget == MemoryBudget::kWholeDevice ? available : available / o.pipeline;
+    pairs.push_back(std::move(c));
+  }
+  return pairs;
+}
+
+void TakeSolution(absl::StatusOr<DpSolution>& solution, MicroBatchingCandidate& c) {
+  if (!solution.ok()) {
+    c.status = solution.status();
+    return;
+  }
+  c.tmax_candidates = solution->tmax_candidates;
+  c.tmax_evaluated = solution->tmax_evaluated;
+  c.stored_limit_bytes = solution->stored_limit_bytes;
+  if (solution->pruned) {
+    c.pruned = true;
+    c.objective_ms = solution->lower_bound_ms;
+    return;
+  }
+  c.groups = std::move(solution->groups);
+  c.costs = std::move(solution->costs);
+  c.objective_ms = solution->objective_ms;
+  c.max_time_ms = solution->max_time_ms;
+  c.sum_time_ms = solution->sum_time_ms;
+}
+
+// The DP for `pairs` (one mode) sharing one run table; cutoffs[k] (null:
+// none) is the objective pair k must beat, lowered by its solution.
+void SolvePairsDp(const MicroBatchCostModel& cost, const MicroBatchingOptions& o,
+                  const MicroBatchingResult& result, std::span<double* const> cutoffs,
+                  std::vector<MicroBatchingCandidate>& pairs) {
+  const DpProblem problem{.samples = result.samples,
+                          .order = result.order,
+                          .policy = PolicyOf(o),
+                          .cost = &cost,
+                          .pipeline_stages = o.pipeline,
+                          .virtual_chunks = o.virtual_chunks,
+                          .data_parallel = o.data_parallel,
+                          .peak_limit_bytes = result.available_activation_bytes,
+                          .tmax_interval_ms = o.tmax_interval_ms,
+                          .threads = o.threads};
+  std::vector<DpBudget> budgets;
+  for (size_t k = 0; k < pairs.size(); ++k) {
+    const MicroBatchingCandidate& c = pairs[k];
+    budgets.push_back({.stored_limit_bytes = c.stored_limit_bytes,
+                       .depth = c.budget == MemoryBudget::kPipelineDepth ? o.pipeline : 1u,
+                       .cutoff = cutoffs[k]});
+  }
+  std::vector<absl::StatusOr<DpSolution>> solutions = SolveMicroBatchDpBudgets(problem, budgets);
+  for (size_t k = 0; k < pairs.size(); ++k) TakeSolution(solutions[k], pairs[k]);
+}
+
+// Balancing and padding of a solved pair.
+void FinishPair(const MicroBatchingOptions& o, const MicroBatchingResult& result,
+                MicroBatchingCandidate& c) {
+  if (!c.solved()) return;
+  std::vector<double> times;
+  for (const MicroBatchCost& mc : c.costs) times.push_back(mc.time_ms);
+  c.replicas = BalanceReplicas(times, o.data_parallel);
+  c.padding = ComputePaddingStats(result.samples, c.groups, PolicyOf(o));
+}
+
+// Every pair of every mode, in order of the options.
+void SolveAllPairs(const CostModel& model, const StageLayout& layout,
+                   const MicroBatchingOptions& o, MicroBatchingResult& result) {
+  std::vector<MicroBatchGroup> baseline;
+  if (o.method != PartitionMethod::kDynamicProgramming) {
+    baseline = BaselineGroups(result.samples, o, PolicyOf(o));
+  }
+  // The bound is shared by the pipeline-depth pairs only. The objective
+  // compares partitions well where every device can hold its depth of them
+  // (1F1B-like schedules); under the whole-device budget the adaptive
+  // schedule holds as many as fit, so a mode with a worse objective (full
+  // recomputation: smaller activations, more in flight) often simulates
+  // faster, and each whole-device pair is solved to its own optimum. Nor
+  // is a whole-device objective comparable to a depth one.
+  double depth_best = std::numeric_limits<double>::infinity();
+  for (Recompute mode : o.recompute_modes) {
+    const Clock::time_point mode_start = Clock::now();
+    absl::StatusOr<MicroBatchCostModel> cost = CostModelFor(model, layout, o, result, mode);
+    std::vector<MicroBatchingCandidate> pairs = PairsOf(o, result.available_activation_bytes, mode);
+    if (!cost.ok()) {
+      for (MicroBatchingCandidate& c : pairs) c.status = cost.status();
+    } else if (o.method == PartitionMethod::kDynamicProgramming) {
+      std::vector<double*> cutoffs;
+      for (const MicroBatchingCandidate& c : pairs) {
+        const bool shared = o.share_bound && c.budget == MemoryBudget::kPipelineDepth;
+        cutoffs.push_back(shared ? &depth_best : nullptr);
+      }
+      SolvePairsDp(*cost, o, result, cutoffs, pairs);
+    } else {
+      for (MicroBatchingCandidate& c : pairs) EvaluateGroups(*cost, o, baseline, c);
+    }
+    // One solve covers every budget of the mode; its time is shared.
+    const double mode_ms = MsSince(mode_start);
+    for (MicroBatchingCandidate& c : pairs) {
+      c.solve_ms = mode_ms / pairs.size();
+      FinishPair(o, result, c);
+      result.candidates.push_back(std::move(c));
+    }
+  }
+}
+
+absl::Status NoPairFits(const MicroBatchingResult& result) {
+  std::vector<std::string> lines;
+  for (const MicroBatchingCandidate& c : result.candidates) {
+    lines.push_back(absl::StrCat(CandidateName(c), ": ", c.status.message()));
+  }
+  // A missing grid is a setup error; otherwise memory is the problem.
+  const bool all_missing =
+      std::all_of(result.candidates.begin(), result.candidates.end(),
+                  [](const MicroBatchingCandidate& c) { return absl::IsNotFound(c.status); });
+  const std::string message =
+      absl::StrCat("no recompute mode and memory budget can hold the mini-batch (",
+                   absl::StrFormat("%.1f MiB", MiB(result.available_activation_bytes)),
+                   " per device for activations):\n  ", absl::StrJoin(lines, "\n  "));
+  return all_missing ? absl::NotFoundError(message) : absl::ResourceExhaustedError(message);
+}
+
+std::string Explain(const MicroBatchingResult& result) {
+  const MicroBatchingCandidate& best = result.best();
+  std::vector<std::string> lines;
+  lines.push_back(absl::StrFormat("chose %s: %d micro-batches, predicted %.2f ms per iteration",
+                                  CandidateName(best), best.groups.size(), best.objective_ms));
+  for (size_t k = 0; k < result.candidates.size(); ++k) {
+    if (static_cast<int>(k) == result.chosen) continue;
+    const MicroBatchingCandidate& c = result.candidates[k];
+    if (!c.status.ok()) {
+      lines.push_back(absl::StrCat("  ", CandidateName(c), ": infeasible: ", c.status.message()));
+    } else if (c.pruned) {
+      lines.push_back(absl::StrFormat("  %s: slower (at least %.2f ms; search stopped early)",
+                                      CandidateName(c), c.objective_ms));
+    } else {
+      lines.push_back(absl::StrFormat("  %s: %.2f ms (%+.1f%%)", CandidateName(c), c.objective_ms,
+                                      100 * (c.objective_ms / best.objective_ms - 1)));
+    }
+  }
+  return absl::StrJoin(lines, "\n");
+}
+
 }  // namespace
 
 const char* PartitionMethodName(PartitionMethod method) {
@@ -253,153 +453,54 @@ absl::StatusOr<MicroBatchingResult> PlanMicroBatches(std::span<const SampleLengt
                                                      const CostModel& model,
                                                      const MicroBatchingOptions& o) {
   const Clock::time_point start = Clock::now();
-  if (o.pipeline == 0 || o.data_parallel == 0 || o.virtual_chunks == 0 || o.tensor_parallel == 0 ||
-      o.length_multiple == 0 || !(o.device_memory_limit_bytes > 0) || o.recompute_modes.empty() ||
-      o.budgets.empty() || o.max_input_len == 0 ||
-      (o.dims.encoder_decoder() && o.max_target_len == 0)) {
+  if (!ValidOptions(o)) {
     return absl::InvalidArgumentError(
         "micro-batching options: degrees, length multiple, memory limit, maximum lengths, "
         "recompute modes and budgets must all be set");
   }
-  MicroBatchingResult result;
-  result.samples.assign(samples.begin(), samples.end());
-  if (absl::Status s = CheckAndTruncate(o, result.samples, result.truncated); !s.ok()) return s;
-
   absl::StatusOr<StageLayout> layout = MakeStageLayout(o.dims, o.pipeline, o.virtual_chunks);
   if (!layout.ok()) return layout.status();
-  absl::StatusOr<double> available = AvailableActivationBytes(
-      model, *layout, o.dims.dtype_bytes, o.zero, o.data_parallel, o.device_memory_limit_bytes);
-  if (!available.ok()) return available.status();
-  result.available_activation_bytes = *available;
-  const LengthPolicy policy{.encoder_decoder = o.dims.encoder_decoder(),
-                            .multiple = o.length_multiple};
-
-  if (o.truncate) {
-    absl::StatusOr<MicroBatchCostModel> permissive =
-        MicroBatchCostModel::Create(model, *layout, o.recompute_modes.back(), o.tensor_parallel);
-    if (!permissive.ok()) return permissive.status();
-    if (absl::Status s =
-            TruncateForMemory(*permissive, policy, *available, result.samples, result.truncated);
-        !s.ok()) {
-      return s;
-    }
-  }
-
-  const Clock::time_point order_start = Clock::now();
-  const std::vector<uint32_t> order = OrderSamples(result.samples, policy, o.order);
-  result.ordering_ms = MsSince(order_start);
-  std::vector<MicroBatchGroup> baseline;
-  if (o.method != PartitionMethod::kDynamicProgramming) {
-    baseline = BaselineGroups(result.samples, o, policy);
-  }
-
-  double best_so_far = std::numeric_limits<double>::infinity();
-  for (Recompute mode : o.recompute_modes) {
-    const Clock::time_point mode_start = Clock::now();
-    absl::StatusOr<MicroBatchCostModel> cost =
-        MicroBatchCostModel::Create(model, *layout, mode, o.tensor_parallel);
-    std::vector<MicroBatchingCandidate> pairs;
-    std::vector<double> limits;
-    for (MemoryBudget budget : o.budgets) {
-      MicroBatchingCandidate c;
-      c.recompute = mode;
-      c.budget = budget;
-      c.peak_limit_bytes = *available;
-      c.stored_limit_bytes =
-          budget == MemoryBudget::kWholeDevice ? *available : *available / o.pipeline;
-      limits.push_back(c.stored_limit_bytes);
-      if (!cost.ok()) c.status = cost.status();
-      pairs.push_back(std::move(c));
-    }
-    if (cost.ok() && o.method == PartitionMethod::kDynamicProgramming) {
-      DpProblem problem{.samples = result.samples,
-                        .order = order,
-                        .policy = policy,
-                        .cost = &*cost,
-                        .pipeline_stages = o.pipeline,
-                        .virtual_chunks = o.virtual_chunks,
-                        .data_parallel = o.data_parallel,
-                        .peak_limit_bytes = *available,
-                        .tmax_interval_ms = o.tmax_interval_ms};
-      std::vector<absl::StatusOr<DpSolution>> solutions =
-          SolveMicroBatchDpBudgets(problem, limits, &best_so_far);
-      for (size_t k = 0; k < pairs.size(); ++k) {
-        MicroBatchingCandidate& c = pairs[k];
-        absl::StatusOr<DpSolution>& solution = solutions[k];
-        if (!solution.ok()) {
-          c.status = solution.status();
-          continue;
-        }
-        c.tmax_candidates = solution->tmax_candidates;
-        c.tmax_evaluated = solution->tmax_evaluated;
-        if (solution->pruned) {
-          c.pruned = true;
-          c.objective_ms = solution->lower_bound_ms;
-          continue;
-        }
-        c.groups = std::move(solution->groups);
-        c.costs = std::move(solution->costs);
-        c.objective_ms = solution->objective_ms;
-        c.max_time_ms = solution->max_time_ms;
-        c.sum_time_ms = solution->sum_time_ms;
-      }
-    } else if (cost.ok()) {
-      for (MicroBatchingCandidate& c : pairs) EvaluateGroups(*cost, o, baseline, c);
-    }
-    // One solve covers every budget of the mode; its time is shared.
-    const double mode_ms = MsSince(mode_start);
-    for (MicroBatchingCandidate& c : pairs) {
-      c.solve_ms = mode_ms / pairs.size();
-      result.candidates.push_back(std::move(c));
-    }
-  }
-
-  std::vector<std::string> lines;
+  MicroBatchingResult result;
+  result.samples.assign(samples.begin(), samples.end());
+  if (absl::Status s = PrepareSamples(model, *layout, o, result); !s.ok()) return s;
+  SolveAllPairs(model, *layout, o, result);
   for (size_t k = 0; k < result.candidates.size(); ++k) {
     const MicroBatchingCandidate& c = result.candidates[k];
-    if (c.status.ok() && !c.pruned &&
+    if (c.solved() &&
         (result.chosen < 0 || c.objective_ms < result.candidates[result.chosen].objective_ms)) {
       result.chosen = static_cast<int>(k);
     }
   }
-  if (result.chosen < 0) {
-    for (const MicroBatchingCandidate& c : result.candidates) {
-      lines.push_back(absl::StrCat(CandidateName(c), ": ", c.status.message()));
-    }
-    // A missing grid is a setup error; otherwise memory is the problem.
-    const bool all_missing =
-        std::all_of(result.candidates.begin(), result.candidates.end(),
-                    [](const MicroBatchingCandidate& c) { return absl::IsNotFound(c.status); });
-    const std::string message =
-        absl::StrCat("no recompute mode and memory budget can hold the mini-batch (",
-                     absl::StrFormat("%.1f MiB", MiB(*available)),
-                     " per device for activations):\n  ", absl::StrJoin(lines, "\n  "));
-    return all_missing ? absl::NotFoundError(message) : absl::ResourceExhaustedError(message);
-  }
-  const MicroBatchingCandidate& best = result.candidates[result.chosen];
-  lines.push_back(absl::StrFormat("chose %s: %d micro-batches, predicted %.2f ms per iteration",
-                                  CandidateName(best), best.groups.size(), best.objective_ms));
-  for (size_t k = 0; k < result.candidates.size(); ++k) {
-    if (static_cast<int>(k) == result.chosen) continue;
-    const MicroBatchingCandidate& c = result.candidates[k];
-    if (!c.status.ok()) {
-      lines.push_back(absl::StrCat("  ", CandidateName(c), ": infeasible: ", c.status.message()));
-    } else if (c.pruned) {
-      lines.push_back(absl::StrFormat("  %s: slower (at least %.2f ms; search stopped early)",
-                                      CandidateName(c), c.objective_ms));
-    } else {
-      lines.push_back(absl::StrFormat("  %s: %.2f ms (%+.1f%%)", CandidateName(c), c.objective_ms,
-                                      100 * (c.objective_ms / best.objective_ms - 1)));
-    }
-  }
-  result.reason = absl::StrJoin(lines, "\n");
-
-  std::vector<double> times;
-  for (const MicroBatchCost& c : best.costs) times.push_back(c.time_ms);
-  result.replicas = BalanceReplicas(times, o.data_parallel);
-  result.padding = ComputePaddingStats(result.samples, best.groups, policy);
+  if (result.chosen < 0) return NoPairFits(result);
+  result.reason = Explain(result);
+  result.replicas = result.best().replicas;
+  result.padding = result.best().padding;
   result.total_ms = MsSince(start);
   return result;
+}
+
+absl::Status SolvePrunedPair(const CostModel& model, const MicroBatchingOptions& o, size_t index,
+                             MicroBatchingResult* result) {
+  if (index >= result->candidates.size() || !result->candidates[index].pruned) {
+    return absl::InvalidArgumentError("SolvePrunedPair: not a pruned pair");
+  }
+  absl::StatusOr<StageLayout> layout = MakeStageLayout(o.dims, o.pipeline, o.virtual_chunks);
+  if (!layout.ok()) return layout.status();
+  MicroBatchingCandidate& c = result->candidates[index];
+  absl::StatusOr<MicroBatchCostModel> cost = CostModelFor(model, *layout, o, *result, c.recompute);
+  if (!cost.ok()) return cost.status();
+  std::vector<MicroBatchingCandidate> pairs = {
+      PairsOf(o, result->available_activation_bytes, c.recompute)[0]};
+  pairs[0].budget = c.budget;
+  pairs[0].stored_limit_bytes = c.budget == MemoryBudget::kWholeDevice
+                                    ? result->available_activation_bytes
+                                    : result->available_activation_bytes / o.pipeline;
+  double* const no_cutoff[] = {nullptr};
+  SolvePairsDp(*cost, o, *result, no_cutoff, pairs);
+  FinishPair(o, *result, pairs[0]);
+  pairs[0].solve_ms = c.solve_ms;
+  c = std::move(pairs[0]);
+  return c.status;
 }
 
 }  // namespace varipipe::planner

@@ -12,9 +12,12 @@
 // The peak limit is always the available activation memory. Every
 // (recompute mode, budget) pair is considered and the fastest feasible one
 // wins: taking the first mode that fits would pick full recomputation where a
-// larger budget without recomputation is faster. Pairs are solved in order;
-// each DP only searches for partitions that beat the best pair so far, and a
-// pair that provably cannot is reported as pruned with its lower bound.
+// larger budget without recomputation is faster. Pairs are solved in order,
+// sharing one table of run costs per mode; each DP only searches for
+// partitions that beat the best pair of the same budget so far (the
+// objective compares partitions under one schedule family, not across
+// budgets), and a pair that provably cannot is reported as pruned with its
+// lower bound.
 #ifndef VARIPIPE_PLANNER_MICROBATCH_MICRO_BATCHING_H_
 #define VARIPIPE_PLANNER_MICROBATCH_MICRO_BATCHING_H_
 
@@ -64,6 +67,16 @@ struct MicroBatchingOptions {
   bool truncate = false;
   uint32_t fixed_micro_batch_size = 8;    // FIXED_SIZE, PADDING; PACKING rows
   uint64_t micro_batch_token_budget = 0;  // TOKEN_BASED
+  // Each device's own room (limit - its own model state) instead of the
+  // busiest device's for all. Off: the common budget (for comparisons).
+  bool per_device_memory = true;
+  // Later pairs only search for partitions that beat the best pair so far
+  // (pruned pairs come back without groups; SolvePrunedPair solves one).
+  // Off: every pair is solved to its optimum (the per-pair path, for tests
+  // and benchmarks).
+  bool share_bound = true;
+  // Threads for the DP's run tables (the result does not depend on it).
+  int threads = 1;
 };
 
 // Options for `method` under a validated job config (defaults applied).
@@ -75,6 +88,9 @@ PartitionMethod PartitionMethodFromProto(v1::PartitionMethod method);
 struct MicroBatchingCandidate {
   Recompute recompute = Recompute::kNone;
   MemoryBudget budget = MemoryBudget::kPipelineDepth;
+  // In reference bytes (MicroBatchingResult::available_activation_bytes is
+  // the reference): the budget's limit, possibly tightened for transients
+  // (DpBudget).
   double stored_limit_bytes = 0;
   double peak_limit_bytes = 0;
   // Why the pair is infeasible; OK when it produced a partition.
@@ -91,6 +107,11 @@ struct MicroBatchingCandidate {
   // The DP proved this pair cannot beat an earlier pair; objective_ms is
   // then a lower bound and groups are empty.
   bool pruned = false;
+  // For a pair with groups: their data-parallel assignment and padding.
+  ReplicaAssignment replicas;
+  PaddingStats padding;
+
+  bool solved() const { return status.ok() && !pruned; }
 };
 
 struct MicroBatchingResult {
@@ -98,6 +119,12 @@ struct MicroBatchingResult {
   std::vector<SampleLengths> samples;
   // Positions whose lengths were truncated.
   std::vector<uint32_t> truncated;
+  // The partition order of the samples.
+  std::vector<uint32_t> order;
+  // Each pipeline device's activation room (limit - its own model state;
+  // with per_device_memory off, every device gets the smallest).
+  std::vector<double> available_per_device;
+  // The smallest room: the reference of the candidates' memory numbers.
   double available_activation_bytes = 0;
   std::vector<MicroBatchingCandidate> candidates;
   int chosen = -1;
@@ -119,6 +146,12 @@ struct MicroBatchingResult {
 absl::StatusOr<MicroBatchingResult> PlanMicroBatches(std::span<const SampleLengths> samples,
                                                      const CostModel& model,
                                                      const MicroBatchingOptions& options);
+
+// Solves the pruned pair result->candidates[index] to its optimum (no
+// cutoff), with its replicas and padding; `options` and `model` as given to
+// PlanMicroBatches. The chosen pair is unchanged.
+absl::Status SolvePrunedPair(const CostModel& model, const MicroBatchingOptions& options,
+                             size_t index, MicroBatchingResult* result);
 
 }  // namespace varipipe::planner
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "planner/parallel.h"
 
 namespace varipipe::planner {
 namespace {
@@ -290,12 +291,11 @@ class RankPlanBuilder {
 }  // namespace
 
 absl::StatusOr<std::vector<v1::ExecutionPlan>> BuildExecutionPlans(
-    const PlanBuildOptions& options, const std::vector<ReplicaPlan>& replicas) {
+    const PlanBuildOptions& options, const std::vector<ReplicaPlan>& replicas, int threads) {
   if (replicas.size() != options.data_parallel) {
     return absl::InvalidArgumentError(absl::StrCat(
         "plan builder: ", replicas.size(), " replicas for data parallel ", options.data_parallel));
   }
-  std::vector<v1::ExecutionPlan> plans;
   for (uint32_t r = 0; r < replicas.size(); ++r) {
     const ReplicaPlan& replica = replicas[r];
     if (replica.shape.devices != options.pipeline ||
@@ -304,12 +304,21 @@ absl::StatusOr<std::vector<v1::ExecutionPlan>> BuildExecutionPlans(
       return absl::InvalidArgumentError(
           absl::StrCat("plan builder: replica ", r, " does not match the pipeline"));
     }
-    for (uint32_t d = 0; d < options.pipeline; ++d) {
-      RankPlanBuilder builder(options, replica, r, d);
-      absl::StatusOr<v1::ExecutionPlan> plan = builder.Build();
-      if (!plan.ok()) return plan.status();
-      plans.push_back(*std::move(plan));
-    }
+  }
+  // One slot per rank: the result does not depend on `threads`.
+  const size_t ranks = replicas.size() * static_cast<size_t>(options.pipeline);
+  std::vector<absl::StatusOr<v1::ExecutionPlan>> built(ranks, absl::UnknownError("not built"));
+  ParallelFor(ranks, threads, [&](size_t rank) {
+    const uint32_t r = static_cast<uint32_t>(rank / options.pipeline);
+    const uint32_t d = static_cast<uint32_t>(rank % options.pipeline);
+    RankPlanBuilder builder(options, replicas[r], r, d);
+    built[rank] = builder.Build();
+  });
+  std::vector<v1::ExecutionPlan> plans;
+  plans.reserve(ranks);
+  for (absl::StatusOr<v1::ExecutionPlan>& plan : built) {
+    if (!plan.ok()) return plan.status();
+    plans.push_back(*std::move(plan));
   }
   return plans;
 }

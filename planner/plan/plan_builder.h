@@ -66,10 +66,11 @@ struct PlanBuildOptions {
   double predicted_iteration_ms = 0;
 };
 
-// One plan per rank, in rank order. REQUIRES: replicas.size() ==
+// One plan per rank, in rank order, ranks built on up to `threads` threads
+// (the result does not depend on it). REQUIRES: replicas.size() ==
 // data_parallel, each with `pipeline` devices.
 absl::StatusOr<std::vector<v1::ExecutionPlan>> BuildExecutionPlans(
-    const PlanBuildOptions& options, const std::vector<ReplicaPlan>& replicas);
+    const PlanBuildOptions& options, const std::vector<ReplicaPlan>& replicas, int threads = 1);
 
 // Deterministic binary serialization (byte-identical for equal plans).
 std::string SerializePlanDeterministically(const v1::ExecutionPlan& plan);

@@ -34,6 +34,13 @@ namespace varipipe::planner {
 // reason when a check fails; a deadlock lists where every stuck rank waits.
 absl::Status ValidatePlans(std::span<const v1::ExecutionPlan> plans,
                            std::span<const double> peak_bytes = {}, double memory_limit_bytes = 0);
+// Per-rank limits (each device's own room), checks spread over `threads`:
+// ranks are checked one by one and the channel replay runs per group of
+// ranks that exchange transfers (one pipeline replica each). The result
+// does not depend on `threads`.
+absl::Status ValidatePlans(std::span<const v1::ExecutionPlan> plans,
+                           std::span<const double> peak_bytes,
+                           std::span<const double> memory_limit_bytes, int threads);
 
 // One line per instruction, e.g. "12: recv_wait ACTIVATION from 3 [2x128x256
 // BFLOAT16] buffers 4" (for varipipe-ctl and error messages).

@@ -12,6 +12,17 @@ absl::StatusOr<DeviceOrder> AdaptiveSchedule(const PipelineShape& shape,
                                              const StageCostTable& costs,
                                              std::span<const uint32_t> injection_order,
                                              double memory_limit_bytes) {
+  const std::vector<double> limits(shape.devices, memory_limit_bytes);
+  return AdaptiveSchedule(shape, costs, injection_order, limits);
+}
+
+absl::StatusOr<DeviceOrder> AdaptiveSchedule(const PipelineShape& shape,
+                                             const StageCostTable& costs,
+                                             std::span<const uint32_t> injection_order,
+                                             std::span<const double> memory_limit_bytes) {
+  if (memory_limit_bytes.size() != shape.devices) {
+    return absl::InvalidArgumentError("one memory limit per device is needed");
+  }
   if (shape.chunks != 1) {
     return absl::InvalidArgumentError("the adaptive schedule needs one chunk per device");
   }
@@ -54,7 +65,7 @@ absl::StatusOr<DeviceOrder> AdaptiveSchedule(const PipelineShape& shape,
         const uint32_t mb = forward_ready[j].front();
         const StageOpCost& cost = costs[j][mb];
         if (in_flight[j] == 0 ||
-            memory[j] + cost.stored_bytes + max_transient[j] <= memory_limit_bytes) {
+            memory[j] + cost.stored_bytes + max_transient[j] <= memory_limit_bytes[j]) {
           forward_ready[j].pop_front();
           memory[j] += cost.stored_bytes;
           ++in_flight[j];

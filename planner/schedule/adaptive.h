@@ -30,6 +30,12 @@ namespace varipipe::planner {
 
 // REQUIRES: shape.chunks == 1; injection_order a permutation of the
 // micro-batches; costs[stage][micro_batch].
+// `memory_limit_bytes[d]`: device d's own activation room (per-device
+// memory); the scalar form gives every device the same.
+absl::StatusOr<DeviceOrder> AdaptiveSchedule(const PipelineShape& shape,
+                                             const StageCostTable& costs,
+                                             std::span<const uint32_t> injection_order,
+                                             std::span<const double> memory_limit_bytes);
 absl::StatusOr<DeviceOrder> AdaptiveSchedule(const PipelineShape& shape,
                                              const StageCostTable& costs,
                                              std::span<const uint32_t> injection_order,

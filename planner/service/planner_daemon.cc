@@ -128,6 +128,12 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const v1::Jo
                      : config.planner().threads() > 0
                          ? static_cast<int>(config.planner().threads())
                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
+  // planner.threads is the daemon's share of cores: the workers split it for
+  // the per-replica work of their iterations.
+  planner::PlannerOptions planner_options = d->planner_->options();
+  planner_options.threads =
+      std::max(1, planner::PlannerThreads(config) / std::max(1, d->worker_count_));
+  d->planner_->set_options(planner_options);
   for (int w = 0; w < d->worker_count_; ++w) {
     d->workers_.emplace_back([daemon = d.get(), w] { daemon->WorkerLoop(w); });
   }

@@ -7,10 +7,27 @@
 
 namespace varipipe::planner {
 
+double PeakOverLimit(std::span<const double> peak_bytes, std::span<const double> limit_bytes) {
+  double worst = 0;
+  for (size_t d = 0; d < peak_bytes.size() && d < limit_bytes.size(); ++d) {
+    worst = std::max(worst, peak_bytes[d] / limit_bytes[d]);
+  }
+  return worst;
+}
+
 absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(const PipelineShape& shape,
                                                          const StageCostTable& costs,
                                                          std::span<const double> times_ms,
                                                          double memory_limit_bytes,
+                                                         const ClusterNetwork& network) {
+  const std::vector<double> limits(shape.devices, memory_limit_bytes);
+  return SearchAdaptiveOrder(shape, costs, times_ms, limits, network);
+}
+
+absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(const PipelineShape& shape,
+                                                         const StageCostTable& costs,
+                                                         std::span<const double> times_ms,
+                                                         std::span<const double> memory_limit_bytes,
                                                          const ClusterNetwork& network) {
   const uint32_t m = shape.micro_batches;
   if (times_ms.size() != m) {
@@ -45,12 +62,14 @@ absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(const PipelineShape& sh
     SimulationResult sim = Simulate(shape, *order, costs, network);
     if (!sim.completed)
       return absl::InternalError(absl::StrCat("adaptive schedule: ", sim.deadlock));
-    const bool fits = sim.MaxPeakBytes() <= memory_limit_bytes;
+    const double over = PeakOverLimit(sim.peak_bytes, memory_limit_bytes);
+    const bool fits = over <= 1;
     ++best.orders_tried;
     const bool better =
         !have || (fits && !best.fits_memory) ||
         (fits == best.fits_memory && (fits ? sim.makespan_ms < best.simulation.makespan_ms
-                                           : sim.MaxPeakBytes() < best.simulation.MaxPeakBytes()));
+                                           : over < PeakOverLimit(best.simulation.peak_bytes,
+                                                                  memory_limit_bytes)));
     if (better) {
       const int tried = best.orders_tried;
       best = {injection, *std::move(order), std::move(sim), tried, fits};

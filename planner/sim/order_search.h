@@ -28,11 +28,23 @@ struct AdaptiveSearchResult {
 // order) plus the given order, each is scheduled and simulated, and the
 // smallest makespan whose peak memory fits wins (if none fits: the smallest
 // peak).
+// `memory_limit_bytes[d]`: device d's own room; a simulation fits when
+// every device's peak is within its own limit (the scalar form: one limit
+// for all).
+absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(const PipelineShape& shape,
+                                                         const StageCostTable& costs,
+                                                         std::span<const double> times_ms,
+                                                         std::span<const double> memory_limit_bytes,
+                                                         const ClusterNetwork& network);
 absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(const PipelineShape& shape,
                                                          const StageCostTable& costs,
                                                          std::span<const double> times_ms,
                                                          double memory_limit_bytes,
                                                          const ClusterNetwork& network);
+
+// How far the worst device's simulated peak is over its limit: max over
+// devices of peak / limit (<= 1 fits).
+double PeakOverLimit(std::span<const double> peak_bytes, std::span<const double> limit_bytes);
 
 }  // namespace varipipe::planner
 

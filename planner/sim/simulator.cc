@@ -59,124 +59,169 @@ std::string CheckScheduleCoverage(const PipelineShape& shape, const DeviceOrder&
   return "";
 }
 
-SimulationResult Simulate(const PipelineShape& shape, const DeviceOrder& order,
-                          const StageCostTable& costs, const ClusterNetwork& network) {
-  const uint32_t devices = shape.devices;
-  const uint32_t stages = shape.stages();
-  const uint32_t m = shape.micro_batches;
-  const auto key = [m](uint32_t stage, uint32_t mb) { return static_cast<size_t>(stage) * m + mb; };
-  // When the input of F(s, mb) / the gradient of B(s, mb) is on its device.
-  std::vector<double> forward_ready(static_cast<size_t>(stages) * m, kUnknown);
-  std::vector<double> backward_ready(static_cast<size_t>(stages) * m, kUnknown);
-  std::vector<double> forward_end(static_cast<size_t>(stages) * m, kUnknown);
-  for (uint32_t mb = 0; mb < m; ++mb) forward_ready[key(0, mb)] = 0;
+namespace {
 
-  SimulationResult r;
-  r.busy_ms.assign(devices, 0);
-  r.peak_bytes.assign(devices, 0);
-  r.peak_in_flight.assign(devices, 0);
-  std::vector<size_t> next(devices, 0);
-  std::vector<double> device_free(devices, 0);
-  std::vector<double> memory(devices, 0);
-  std::vector<uint32_t> in_flight(devices, 0);
-  // channel_free[from * devices + to]
-  std::vector<double> channel_free(static_cast<size_t>(devices) * devices, 0);
+// The wait-free replay of one order (see simulator.h): each step runs the
+// op that can start earliest on any device.
+class Replay {
+ public:
+  Replay(const PipelineShape& shape, const DeviceOrder& order, const StageCostTable& costs,
+         const ClusterNetwork& network)
+      : shape_(shape), order_(order), costs_(costs), network_(network) {
+    const uint32_t devices = shape.devices;
+    const size_t keys = static_cast<size_t>(shape.stages()) * shape.micro_batches;
+    forward_ready_.assign(keys, kUnknown);
+    backward_ready_.assign(keys, kUnknown);
+    forward_end_.assign(keys, kUnknown);
+    for (uint32_t mb = 0; mb < shape.micro_batches; ++mb) forward_ready_[Key(0, mb)] = 0;
+    r_.busy_ms.assign(devices, 0);
+    r_.peak_bytes.assign(devices, 0);
+    r_.peak_in_flight.assign(devices, 0);
+    next_.assign(devices, 0);
+    device_free_.assign(devices, 0);
+    memory_.assign(devices, 0);
+    in_flight_.assign(devices, 0);
+    channel_free_.assign(static_cast<size_t>(devices) * devices, 0);
+  }
 
-  size_t remaining = 0;
-  for (const auto& ops : order) remaining += ops.size();
-  r.ops.reserve(remaining);
+  SimulationResult Run() {
+    size_t remaining = 0;
+    for (const auto& ops : order_) remaining += ops.size();
+    r_.ops.reserve(remaining);
+    for (; remaining > 0; --remaining) {
+      double start = 0;
+      const int d = Earliest(&start);
+      if (d < 0) {
+        r_.deadlock = Deadlock();
+        return std::move(r_);
+      }
+      Execute(static_cast<uint32_t>(d), start);
+    }
+    r_.completed = true;
+    r_.bubble_fraction.resize(shape_.devices);
+    for (uint32_t d = 0; d < shape_.devices; ++d) {
+      r_.bubble_fraction[d] = r_.makespan_ms > 0 ? 1 - r_.busy_ms[d] / r_.makespan_ms : 0;
+    }
+    return std::move(r_);
+  }
 
-  const auto send = [&](const Op& producer, uint32_t from, uint32_t to, double bytes,
-                        double produced_at) {
-    if (from == to) return produced_at;
-    double& free_at = channel_free[static_cast<size_t>(from) * devices + to];
-    const double start = std::max(free_at, produced_at);
-    const double end = start + network.Between(from, to).TransferMs(bytes);
-    free_at = end;
-    r.transfers.push_back({producer, from, to, bytes, start, end});
-    return end;
-  };
+ private:
+  size_t Key(uint32_t stage, uint32_t mb) const {
+    return static_cast<size_t>(stage) * shape_.micro_batches + mb;
+  }
 
-  while (remaining > 0) {
+  // When the next op of device d has its inputs; kUnknown: not yet known.
+  double Ready(uint32_t d) const {
+    const Op& op = order_[d][next_[d]];
+    if (op.kind == OpKind::kForward) return forward_ready_[Key(op.stage, op.micro_batch)];
+    const double own = forward_end_[Key(op.stage, op.micro_batch)];
+    const double grad = backward_ready_[Key(op.stage, op.micro_batch)];
+    return own == kUnknown || grad == kUnknown ? kUnknown : std::max(own, grad);
+  }
+
+  // The device whose next op starts earliest (ties: the lowest device); -1
+  // when no next op can start.
+  int Earliest(double* start) const {
     int best = -1;
     double best_start = std::numeric_limits<double>::infinity();
-    for (uint32_t d = 0; d < devices; ++d) {
-      if (next[d] >= order[d].size()) continue;
-      const Op& op = order[d][next[d]];
-      double ready;
-      if (op.kind == OpKind::kForward) {
-        ready = forward_ready[key(op.stage, op.micro_batch)];
-      } else {
-        const double own = forward_end[key(op.stage, op.micro_batch)];
-        const double grad = backward_ready[key(op.stage, op.micro_batch)];
-        ready = own == kUnknown || grad == kUnknown ? kUnknown : std::max(own, grad);
-      }
+    for (uint32_t d = 0; d < shape_.devices; ++d) {
+      if (next_[d] >= order_[d].size()) continue;
+      const double ready = Ready(d);
       if (ready == kUnknown) continue;
-      const double start = std::max(ready, device_free[d]);
-      if (start < best_start) {
-        best_start = start;
+      const double at = std::max(ready, device_free_[d]);
+      if (at < best_start) {
+        best_start = at;
         best = static_cast<int>(d);
       }
     }
-    if (best < 0) {
-      std::vector<std::string> stuck;
-      for (uint32_t d = 0; d < devices; ++d) {
-        if (next[d] < order[d].size()) {
-          const Op& op = order[d][next[d]];
-          const bool fwd = op.kind == OpKind::kForward;
-          const std::string needs =
-              fwd ? absl::StrCat("the activation of ", op.stage - 1, "F", op.micro_batch)
-              : forward_end[key(op.stage, op.micro_batch)] == kUnknown
-                  ? absl::StrCat("its own forward ", op.stage, "F", op.micro_batch)
-                  : absl::StrCat("the gradient of ", op.stage + 1, "B", op.micro_batch);
-          stuck.push_back(absl::StrCat("device ", d, " waits at ", op.ToString(), " (op ", next[d],
-                                       ") for ", needs));
-        }
-      }
-      r.deadlock = absl::StrCat("deadlock: ", absl::StrJoin(stuck, "; "));
-      return r;
+    *start = best_start;
+    return best;
+  }
+
+  std::string Deadlock() const {
+    std::vector<std::string> stuck;
+    for (uint32_t d = 0; d < shape_.devices; ++d) {
+      if (next_[d] >= order_[d].size()) continue;
+      const Op& op = order_[d][next_[d]];
+      const std::string needs =
+          op.kind == OpKind::kForward
+              ? absl::StrCat("the activation of ", op.stage - 1, "F", op.micro_batch)
+          : forward_end_[Key(op.stage, op.micro_batch)] == kUnknown
+              ? absl::StrCat("its own forward ", op.stage, "F", op.micro_batch)
+              : absl::StrCat("the gradient of ", op.stage + 1, "B", op.micro_batch);
+      stuck.push_back(absl::StrCat("device ", d, " waits at ", op.ToString(), " (op ", next_[d],
+                                   ") for ", needs));
     }
-    const uint32_t d = static_cast<uint32_t>(best);
-    const Op op = order[d][next[d]++];
-    --remaining;
-    const StageOpCost& c = costs[op.stage][op.micro_batch];
+    return absl::StrCat("deadlock: ", absl::StrJoin(stuck, "; "));
+  }
+
+  // A transfer on the (from, to) channel once it is free; returns its end.
+  double Send(const Op& producer, uint32_t from, uint32_t to, double bytes, double produced_at) {
+    if (from == to) return produced_at;
+    double& free_at = channel_free_[static_cast<size_t>(from) * shape_.devices + to];
+    const double start = std::max(free_at, produced_at);
+    const double end = start + network_.Between(from, to).TransferMs(bytes);
+    free_at = end;
+    r_.transfers.push_back({producer, from, to, bytes, start, end});
+    return end;
+  }
+
+  // Runs device d's next op from `start`: time, memory (stored from forward
+  // start to backward end, plus the running op's transient), and what it
+  // makes ready.
+  void Execute(uint32_t d, double start) {
+    const Op op = order_[d][next_[d]++];
+    const StageOpCost& c = costs_[op.stage][op.micro_batch];
     const bool forward = op.kind == OpKind::kForward;
-    const double end = best_start + (forward ? c.forward_ms : c.backward_ms);
-    device_free[d] = end;
-    r.busy_ms[d] += end - best_start;
-    r.ops.push_back({op, d, best_start, end});
-    r.makespan_ms = std::max(r.makespan_ms, end);
-    // Memory: stored from forward start to backward end, plus the running
-    // op's transient.
-    const double transient = c.peak_bytes - c.stored_bytes;
+    const double end = start + (forward ? c.forward_ms : c.backward_ms);
+    device_free_[d] = end;
+    r_.busy_ms[d] += end - start;
+    r_.ops.push_back({op, d, start, end});
+    r_.makespan_ms = std::max(r_.makespan_ms, end);
     if (forward) {
-      memory[d] += c.stored_bytes;
-      r.peak_in_flight[d] = std::max(r.peak_in_flight[d], ++in_flight[d]);
+      memory_[d] += c.stored_bytes;
+      r_.peak_in_flight[d] = std::max(r_.peak_in_flight[d], ++in_flight_[d]);
     }
-    r.peak_bytes[d] = std::max(r.peak_bytes[d], memory[d] + transient);
+    r_.peak_bytes[d] = std::max(r_.peak_bytes[d], memory_[d] + c.peak_bytes - c.stored_bytes);
     if (forward) {
-      forward_end[key(op.stage, op.micro_batch)] = end;
-      if (op.stage + 1 < stages) {
-        forward_ready[key(op.stage + 1, op.micro_batch)] =
-            send(op, d, shape.DeviceOf(op.stage + 1), c.activation_bytes, end);
+      forward_end_[Key(op.stage, op.micro_batch)] = end;
+      if (op.stage + 1 < shape_.stages()) {
+        forward_ready_[Key(op.stage + 1, op.micro_batch)] =
+            Send(op, d, shape_.DeviceOf(op.stage + 1), c.activation_bytes, end);
       } else {
-        backward_ready[key(op.stage, op.micro_batch)] = end;  // the loss
+        backward_ready_[Key(op.stage, op.micro_batch)] = end;  // the loss
       }
-    } else {
-      memory[d] -= c.stored_bytes;
-      --in_flight[d];
-      if (op.stage > 0) {
-        backward_ready[key(op.stage - 1, op.micro_batch)] =
-            send(op, d, shape.DeviceOf(op.stage - 1), c.gradient_bytes, end);
-      }
+      return;
+    }
+    memory_[d] -= c.stored_bytes;
+    --in_flight_[d];
+    if (op.stage > 0) {
+      backward_ready_[Key(op.stage - 1, op.micro_batch)] =
+          Send(op, d, shape_.DeviceOf(op.stage - 1), c.gradient_bytes, end);
     }
   }
-  r.completed = true;
-  r.bubble_fraction.resize(devices);
-  for (uint32_t d = 0; d < devices; ++d) {
-    r.bubble_fraction[d] = r.makespan_ms > 0 ? 1 - r.busy_ms[d] / r.makespan_ms : 0;
-  }
-  return r;
+
+  const PipelineShape& shape_;
+  const DeviceOrder& order_;
+  const StageCostTable& costs_;
+  const ClusterNetwork& network_;
+  // When the input of F(s, mb) / the gradient of B(s, mb) is on its device.
+  std::vector<double> forward_ready_;
+  std::vector<double> backward_ready_;
+  std::vector<double> forward_end_;
+  std::vector<size_t> next_;
+  std::vector<double> device_free_;
+  std::vector<double> memory_;
+  std::vector<uint32_t> in_flight_;
+  std::vector<double> channel_free_;  // [from * devices + to]
+  SimulationResult r_;
+};
+
+}  // namespace
+
+SimulationResult Simulate(const PipelineShape& shape, const DeviceOrder& order,
+                          const StageCostTable& costs, const ClusterNetwork& network) {
+  return Replay(shape, order, costs, network).Run();
 }
 
 }  // namespace varipipe::planner

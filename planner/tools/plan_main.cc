@@ -23,6 +23,7 @@
 #include "common/binary_main.h"
 #include "common/config/job_config.h"
 #include "common/dataset/minibatch_sampler.h"
+#include "common/dataset/sample_dataset.h"
 #include "common/dataset/synthetic_mixture.h"
 #include "common/logging.h"
 #include "common/shutdown_signal.h"
@@ -63,7 +64,7 @@ constexpr char kUsage[] =
     "\n"
     "Mini-batches: the training sampler's (shuffled per epoch, as daemons and\n"
     "executors draw them) over the samples of --lengths or the job's synthetic\n"
-    "FLAN-like dataset, truncated to the maximum lengths, up to\n"
+    "dataset (data.synthetic_mixture), truncated to the maximum lengths, up to\n"
     "data.tokens_per_global_batch tokens. Each is planned\n"
     "as the planner daemon would: the partition methods, schedules and recompute\n"
     "modes the config allows are searched, the fastest candidate that fits memory\n"
@@ -110,7 +111,8 @@ class MiniBatchSource {
                                                 const std::vector<Sample>& samples) {
     std::vector<SampleLengths> lengths;
     if (samples.empty()) {
-      const SyntheticMixture mixture = SyntheticMixture::Flan(config.data().seed());
+      const SyntheticMixture mixture = SyntheticMixture::Named(
+          SyntheticMixtureName(config.data().synthetic_mixture()), config.data().seed());
       for (uint64_t i = 0; i < config.data().synthetic_num_samples(); ++i) {
         lengths.push_back(mixture.Sample(i));
       }
@@ -151,10 +153,13 @@ google::protobuf::Value Str(const std::string& v) {
   return value;
 }
 
-std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& r) {
+std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& r,
+                       const absl::Status& status = absl::OkStatus()) {
   google::protobuf::Struct root;
   auto& f = *root.mutable_fields();
   f["iteration"] = Num(static_cast<double>(mb.iteration));
+  f["ok"].set_bool_value(status.ok());
+  if (!status.ok()) f["error"] = Str(std::string(status.message()));
   f["samples"] = Num(static_cast<double>(mb.sample_ids.size()));
   f["real_tokens"] = Num(static_cast<double>(r.real_tokens));
   f["partition_method"] = Str(r.partition_method);
@@ -167,6 +172,8 @@ std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& 
   f["input_padding_efficiency"] = Num(r.input_padding_efficiency);
   f["target_padding_efficiency"] = Num(r.target_padding_efficiency);
   f["activation_memory_limit_bytes"] = Num(r.memory_limit_bytes);
+  auto* limits = f["activation_memory_limit_bytes_per_rank"].mutable_list_value();
+  for (double l : r.memory_limit_per_rank) *limits->add_values() = Num(l);
   auto* peaks = f["peak_activation_bytes_per_rank"].mutable_list_value();
   for (double p : r.peak_bytes) *peaks->add_values() = Num(p);
   auto& timing = *f["planning_ms"].mutable_struct_value()->mutable_fields();
@@ -175,6 +182,7 @@ std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& 
   timing["plan_building"] = Num(r.plan_building_ms);
   timing["validation"] = Num(r.validation_ms);
   timing["total"] = Num(r.total_ms);
+  timing["threads"] = Num(r.threads);
   auto* mbs = f["micro_batch_list"].mutable_list_value();
   for (const auto& m : r.micro_batch_shapes) {
     google::protobuf::Value v;
@@ -196,7 +204,9 @@ std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& 
     cf["schedule"] = Str(c.schedule);
     cf["recompute"] = Str(c.recompute);
     cf["feasible"].set_bool_value(c.feasible);
+    if (!c.rejected_at.empty()) cf["rejected_at"] = Str(c.rejected_at);
     if (!c.reason.empty()) cf["reason"] = Str(c.reason);
+    if (c.dp_objective_ms > 0) cf["micro_batching_objective_ms"] = Num(c.dp_objective_ms);
     if (c.feasible) {
       cf["makespan_ms"] = Num(c.makespan_ms);
       cf["bubble_fraction"] = Num(c.bubble_fraction);
@@ -240,162 +250,212 @@ int Fail(const absl::Status& status, int code) {
   return code;
 }
 
-int Run() {
-  const std::string config_path = absl::GetFlag(FLAGS_config);
-  if (config_path.empty()) {
+// The command line's job: the config (with --cost_model applied) and the
+// samples of --lengths; an exit code when they are unusable.
+struct Job {
+  v1::JobConfig config;
+  std::vector<Sample> samples;
+  std::string config_path;
+};
+
+std::optional<int> LoadJob(Job& job) {
+  job.config_path = absl::GetFlag(FLAGS_config);
+  if (job.config_path.empty()) {
     std::fprintf(stderr, "varipipe-plan: --config is required (try --help)\n");
     return kExitUsage;
   }
-  const int iterations = absl::GetFlag(FLAGS_iterations);
-  if (iterations < 1) {
-    std::fprintf(stderr, "varipipe-plan: --iterations must be at least 1 (got %d)\n", iterations);
+  if (absl::GetFlag(FLAGS_iterations) < 1) {
+    std::fprintf(stderr, "varipipe-plan: --iterations must be at least 1 (got %d)\n",
+                 absl::GetFlag(FLAGS_iterations));
     return kExitUsage;
   }
-  const int64_t first_iteration = absl::GetFlag(FLAGS_first_iteration);
-  if (first_iteration < 0) {
+  if (absl::GetFlag(FLAGS_first_iteration) < 0) {
     std::fprintf(stderr, "varipipe-plan: --first_iteration must not be negative\n");
     return kExitUsage;
   }
-  absl::StatusOr<v1::JobConfig> loaded = LoadJobConfigFile(config_path);
+  absl::StatusOr<v1::JobConfig> loaded = LoadJobConfigFile(job.config_path);
   if (!loaded.ok()) return Fail(loaded.status(), kExitUsage);
-  v1::JobConfig config = *std::move(loaded);
+  job.config = *std::move(loaded);
   if (!absl::GetFlag(FLAGS_cost_model).empty()) {
-    config.mutable_planner()->set_cost_model_path(absl::GetFlag(FLAGS_cost_model));
+    job.config.mutable_planner()->set_cost_model_path(absl::GetFlag(FLAGS_cost_model));
   }
-  std::vector<Sample> samples;
   if (!absl::GetFlag(FLAGS_lengths).empty()) {
     absl::StatusOr<std::vector<Sample>> read = ReadLengthsCsv(absl::GetFlag(FLAGS_lengths));
     if (!read.ok()) return Fail(read.status(), kExitUsage);
-    samples = *std::move(read);
-  } else if (config.data().format() != v1::SYNTHETIC) {
+    job.samples = *std::move(read);
+  } else if (job.config.data().format() != v1::SYNTHETIC) {
     std::fprintf(stderr,
                  "varipipe-plan: %s: data.format %s needs --lengths (this tool reads lengths "
                  "from a CSV or the synthetic dataset)\n",
-                 config_path.c_str(), v1::DatasetFormat_Name(config.data().format()).c_str());
+                 job.config_path.c_str(),
+                 v1::DatasetFormat_Name(job.config.data().format()).c_str());
     return kExitUsage;
   }
+  return std::nullopt;
+}
+
+// --compare: every partition method and schedule, every pair solved and
+// scheduled, so that every (method, schedule) cell has its best recompute
+// mode.
+planner::Planner MakeComparer(const v1::JobConfig& config, const planner::Planner& planner) {
+  v1::JobConfig all = config;
+  all.mutable_planner()->clear_partition_methods();
+  for (auto m :
+       {v1::DYNAMIC_PROGRAMMING, v1::TOKEN_BASED, v1::FIXED_SIZE, v1::PACKING, v1::PADDING}) {
+    all.mutable_planner()->add_partition_methods(m);
+  }
+  all.mutable_planner()->clear_schedules();
+  for (auto s : {v1::GPIPE, v1::ONE_F_ONE_B, v1::KFKB, v1::ADAPTIVE}) {
+    all.mutable_planner()->add_schedules(s);
+  }
+  if (config.parallelism().virtual_chunks() > 1) {
+    all.mutable_planner()->add_schedules(v1::INTERLEAVED_1F1B);
+  }
+  planner::PlannerOptions options = planner.options();
+  options.share_micro_batching_bound = false;
+  return planner::Planner(all, planner.cost_model(), options);
+}
+
+void PrintHeader(const Job& job) {
+  const v1::JobConfig& config = job.config;
+  const v1::ModelConfig& model = config.model();
+  const std::string data =
+      job.samples.empty()
+          ? absl::StrCat("synthetic ",
+                         config.data().synthetic_mixture() == v1::DOCUMENTS ? "documents-like"
+                                                                            : "FLAN-like",
+                         " data (seed ", config.data().seed(), ")")
+          : absl::StrCat(job.samples.size(), " samples from ", absl::GetFlag(FLAGS_lengths));
+  std::printf(
+      "job %s: %s, %u layers, hidden %u; pp=%u dp=%u; %s; %llu tokens per global "
+      "batch, max length %u\n",
+      config.job_id().c_str(), v1::ModelKind_Name(model.kind()).c_str(),
+      model.num_layers() + model.num_decoder_layers(), model.hidden_size(),
+      config.parallelism().pipeline(), config.parallelism().data(), data.c_str(),
+      static_cast<unsigned long long>(config.data().tokens_per_global_batch()),
+      config.data().max_sequence_length());
+  std::printf("%-5s %7s %-20s %-16s %-10s %4s %12s %7s %9s %8s\n", "iter", "samples", "method",
+              "schedule", "recompute", "mbs", "pred_iter_ms", "bubble", "peak_GiB", "plan_ms");
+}
+
+// Sums over the planned iterations, and per (method, schedule) for
+// --compare.
+struct Totals {
+  int planned = 0;
+  double predicted = 0;
+  double plan_ms = 0;
+  std::map<std::pair<std::string, std::string>, std::pair<double, int>> throughput;
+  std::map<std::pair<std::string, std::string>, double> padding;
+};
+
+// Best recompute mode per (method, schedule) of one mini-batch.
+void Compare(const planner::Planner& comparer, const planner::MiniBatch& mb, Totals& totals) {
+  absl::StatusOr<planner::PlanningResult> all = comparer.Plan(mb);
+  if (!all.ok()) {
+    spdlog::warn("comparison of iteration {} failed: {}", mb.iteration, all.status().message());
+    return;
+  }
+  std::map<std::pair<std::string, std::string>, const planner::CandidateReport*> best;
+  for (const planner::CandidateReport& c : all->report.candidates) {
+    const auto key = std::make_pair(c.partition_method, c.schedule);
+    if (!c.feasible) continue;
+    if (!best.count(key) || c.makespan_ms < best[key]->makespan_ms) best[key] = &c;
+  }
+  for (const auto& [key, c] : best) {
+    totals.throughput[key].first +=
+        static_cast<double>(all->report.real_tokens) / (c->makespan_ms / 1e3);
+    totals.throughput[key].second += 1;
+    totals.padding[key] += c->padding_efficiency;
+  }
+}
+
+// Plans one mini-batch and prints it (and its trace, plans, comparison).
+std::optional<int> PlanOne(const planner::Planner& planner, const planner::Planner* comparer,
+                           const planner::MiniBatch& mb, std::string& trace_path,
+                           Totals& totals) {
+  const bool json = absl::GetFlag(FLAGS_json);
+  planner::PlanReport failed;
+  absl::StatusOr<planner::PlanningResult> result = planner.Plan(mb, !trace_path.empty(), &failed);
+  if (!result.ok()) {
+    // What was tried and why each candidate was rejected.
+    if (json) std::printf("%s\n", ReportJson(mb, failed, result.status()).c_str());
+    return Fail(result.status(), kExitFailure);
+  }
+  const planner::PlanReport& r = result->report;
+  if (json) {
+    std::printf("%s\n", ReportJson(mb, r).c_str());
+  } else {
+    std::printf("%-5lld %7zu %-20s %-16s %-10s %4d %12.2f %6.1f%% %9.2f %8.2f\n",
+                static_cast<long long>(mb.iteration), mb.sample_ids.size(),
+                r.partition_method.c_str(), r.schedule.c_str(), r.recompute.c_str(),
+                r.micro_batches, r.predicted_iteration_ms, 100 * r.bubble_fraction,
+                GiB(*std::max_element(r.peak_bytes.begin(), r.peak_bytes.end())), r.total_ms);
+  }
+  if (!trace_path.empty()) {
+    std::ofstream out(trace_path);
+    out << r.chrome_trace;
+    if (!out) return Fail(ErrnoToStatus(errno, absl::StrCat("write ", trace_path)), kExitFailure);
+    spdlog::info("wrote the Chrome trace of iteration {} to {}", mb.iteration, trace_path);
+    trace_path.clear();
+  }
+  if (!absl::GetFlag(FLAGS_emit_plans).empty()) {
+    if (absl::Status s = EmitPlans(absl::GetFlag(FLAGS_emit_plans), mb.iteration, result->plans);
+        !s.ok()) {
+      return Fail(s, kExitFailure);
+    }
+  }
+  if (comparer != nullptr) Compare(*comparer, mb, totals);
+  totals.predicted += r.predicted_iteration_ms;
+  totals.plan_ms += r.total_ms;
+  ++totals.planned;
+  return std::nullopt;
+}
+
+void PrintSummary(const Totals& totals) {
+  std::printf(
+      "summary: %d mini-batches; mean predicted iteration %.2f ms; mean planning "
+      "time %.2f ms\n",
+      totals.planned, totals.predicted / totals.planned, totals.plan_ms / totals.planned);
+  if (totals.throughput.empty()) return;
+  std::printf("\ncomparison (best recompute mode per cell, mean over %d mini-batches):\n",
+              totals.planned);
+  std::printf("  %-20s %-16s %9s %22s\n", "method", "schedule", "padding",
+              "real tokens/s predicted");
+  for (const auto& [key, t] : totals.throughput) {
+    std::printf("  %-20s %-16s %8.1f%% %22.0f\n", key.first.c_str(), key.second.c_str(),
+                100 * totals.padding.at(key) / t.second, t.first / t.second);
+  }
+}
+
+int Run() {
+  Job job;
+  if (std::optional<int> code = LoadJob(job)) return *code;
   const auto build_start = std::chrono::steady_clock::now();
-  absl::StatusOr<planner::Planner> planner = planner::Planner::Create(config);
+  absl::StatusOr<planner::Planner> planner = planner::Planner::Create(job.config);
   if (!planner.ok()) return Fail(planner.status(), kExitUsage);
   std::optional<planner::Planner> comparer;
-  if (absl::GetFlag(FLAGS_compare)) {
-    v1::JobConfig all = config;
-    all.mutable_planner()->clear_partition_methods();
-    for (auto m :
-         {v1::DYNAMIC_PROGRAMMING, v1::TOKEN_BASED, v1::FIXED_SIZE, v1::PACKING, v1::PADDING}) {
-      all.mutable_planner()->add_partition_methods(m);
-    }
-    all.mutable_planner()->clear_schedules();
-    for (auto s : {v1::GPIPE, v1::ONE_F_ONE_B, v1::KFKB, v1::ADAPTIVE}) {
-      all.mutable_planner()->add_schedules(s);
-    }
-    if (config.parallelism().virtual_chunks() > 1) {
-      all.mutable_planner()->add_schedules(v1::INTERLEAVED_1F1B);
-    }
-    comparer.emplace(all, planner->cost_model());
-  }
+  if (absl::GetFlag(FLAGS_compare)) comparer.emplace(MakeComparer(job.config, *planner));
   spdlog::info(
       "cost model: {} ({:.1f} ms to build)", planner->cost_model().description(),
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - build_start)
           .count());
-
   ShutdownSignal shutdown;
-  const bool json = absl::GetFlag(FLAGS_json);
-  const v1::ModelConfig& model = config.model();
-  if (!json) {
-    std::printf(
-        "job %s: %s, %u layers, hidden %u; pp=%u dp=%u; %s; %llu tokens per global "
-        "batch, max length %u\n",
-        config.job_id().c_str(), v1::ModelKind_Name(model.kind()).c_str(),
-        model.num_layers() + model.num_decoder_layers(), model.hidden_size(),
-        config.parallelism().pipeline(), config.parallelism().data(),
-        samples.empty()
-            ? absl::StrCat("synthetic FLAN-like data (seed ", config.data().seed(), ")").c_str()
-            : absl::StrCat(samples.size(), " samples from ", absl::GetFlag(FLAGS_lengths)).c_str(),
-        static_cast<unsigned long long>(config.data().tokens_per_global_batch()),
-        config.data().max_sequence_length());
-    std::printf("%-5s %7s %-20s %-16s %-10s %4s %12s %7s %9s %8s\n", "iter", "samples", "method",
-                "schedule", "recompute", "mbs", "pred_iter_ms", "bubble", "peak_GiB", "plan_ms");
-  }
-  absl::StatusOr<MiniBatchSource> source = MiniBatchSource::Create(config, samples);
+  if (!absl::GetFlag(FLAGS_json)) PrintHeader(job);
+  absl::StatusOr<MiniBatchSource> source = MiniBatchSource::Create(job.config, job.samples);
   if (!source.ok()) return Fail(source.status(), kExitUsage);
-
-  int planned = 0;
-  double predicted_sum = 0;
-  double plan_ms_sum = 0;
+  Totals totals;
   std::string trace_path = absl::GetFlag(FLAGS_trace);
-  // (method, schedule) -> sums for --compare
-  std::map<std::pair<std::string, std::string>, std::pair<double, int>> throughput;
-  std::map<std::pair<std::string, std::string>, double> padding;
-  for (int k = 0; k < iterations && !shutdown.Requested(); ++k) {
-    const planner::MiniBatch mb = source->Next(static_cast<uint64_t>(first_iteration + k));
-    absl::StatusOr<planner::PlanningResult> result = planner->Plan(mb, !trace_path.empty());
-    if (!result.ok()) return Fail(result.status(), kExitFailure);
-    const planner::PlanReport& r = result->report;
-    if (json) {
-      std::printf("%s\n", ReportJson(mb, r).c_str());
-    } else {
-      std::printf("%-5lld %7zu %-20s %-16s %-10s %4d %12.2f %6.1f%% %9.2f %8.2f\n",
-                  static_cast<long long>(mb.iteration), mb.sample_ids.size(),
-                  r.partition_method.c_str(), r.schedule.c_str(), r.recompute.c_str(),
-                  r.micro_batches, r.predicted_iteration_ms, 100 * r.bubble_fraction,
-                  GiB(*std::max_element(r.peak_bytes.begin(), r.peak_bytes.end())), r.total_ms);
-    }
-    if (!trace_path.empty()) {
-      std::ofstream out(trace_path);
-      out << r.chrome_trace;
-      if (!out) return Fail(ErrnoToStatus(errno, absl::StrCat("write ", trace_path)), kExitFailure);
-      spdlog::info("wrote the Chrome trace of iteration {} to {}", mb.iteration, trace_path);
-      trace_path.clear();
-    }
-    if (!absl::GetFlag(FLAGS_emit_plans).empty()) {
-      if (absl::Status s = EmitPlans(absl::GetFlag(FLAGS_emit_plans), mb.iteration, result->plans);
-          !s.ok()) {
-        return Fail(s, kExitFailure);
-      }
-    }
-    if (comparer.has_value()) {
-      absl::StatusOr<planner::PlanningResult> all = comparer->Plan(mb);
-      if (all.ok()) {
-        // Best over recompute modes per (method, schedule).
-        std::map<std::pair<std::string, std::string>, const planner::CandidateReport*> best;
-        for (const planner::CandidateReport& c : all->report.candidates) {
-          const auto key = std::make_pair(c.partition_method, c.schedule);
-          if (!c.feasible) continue;
-          if (!best.count(key) || c.makespan_ms < best[key]->makespan_ms) best[key] = &c;
-        }
-        for (const auto& [key, c] : best) {
-          throughput[key].first +=
-              static_cast<double>(all->report.real_tokens) / (c->makespan_ms / 1e3);
-          throughput[key].second += 1;
-          padding[key] += c->padding_efficiency;
-        }
-      } else {
-        spdlog::warn("comparison of iteration {} failed: {}", mb.iteration, all.status().message());
-      }
-    }
-    predicted_sum += r.predicted_iteration_ms;
-    plan_ms_sum += r.total_ms;
-    ++planned;
-  }
-  if (planned == 0) return kExitFailure;
-  if (!json) {
-    std::printf(
-        "summary: %d mini-batches; mean predicted iteration %.2f ms; mean planning "
-        "time %.2f ms\n",
-        planned, predicted_sum / planned, plan_ms_sum / planned);
-    if (!throughput.empty()) {
-      std::printf("\ncomparison (best recompute mode per cell, mean over %d mini-batches):\n",
-                  planned);
-      std::printf("  %-20s %-16s %9s %22s\n", "method", "schedule", "padding",
-                  "real tokens/s predicted");
-      for (const auto& [key, t] : throughput) {
-        std::printf("  %-20s %-16s %8.1f%% %22.0f\n", key.first.c_str(), key.second.c_str(),
-                    100 * padding[key] / t.second, t.first / t.second);
-      }
+  const int64_t first = absl::GetFlag(FLAGS_first_iteration);
+  for (int k = 0; k < absl::GetFlag(FLAGS_iterations) && !shutdown.Requested(); ++k) {
+    const planner::MiniBatch mb = source->Next(static_cast<uint64_t>(first + k));
+    if (std::optional<int> code =
+            PlanOne(*planner, comparer ? &*comparer : nullptr, mb, trace_path, totals)) {
+      return *code;
     }
   }
-  if (shutdown.Requested()) spdlog::info("stopped after {} mini-batches", planned);
+  if (totals.planned == 0) return kExitFailure;
+  if (!absl::GetFlag(FLAGS_json)) PrintSummary(totals);
+  if (shutdown.Requested()) spdlog::info("stopped after {} mini-batches", totals.planned);
   return kExitOk;
 }
 

@@ -8,8 +8,10 @@
 //
 // Each iteration plans one mini-batch end to end: validation, ordering, the
 // DP for every recompute mode and memory budget, balancing and statistics
-// (PlanMicroBatches). Baselines in the same process: the same DP without the
-// candidate bound, and exact (unbucketed) tmax candidates.
+// (PlanMicroBatches, as Planner::Plan calls it). Mixtures: FLAN-like and
+// documents-like (*Documents: about 350 samples per mini-batch). Baselines
+// in the same process: the same DP without the candidate bound, and exact
+// (unbucketed) tmax candidates.
 //
 // Run: build/bench/microbatch_bench --benchmark_repetitions=5
 //        --benchmark_report_aggregates_only=true
@@ -36,11 +38,13 @@ struct Setup {
   CostModel model;
   MicroBatchingOptions options;
   std::vector<std::vector<SampleLengths>> batches;
+  std::vector<std::vector<SampleLengths>> documents;
 };
 
 // Consecutive samples of the mixture, truncated, until the token budget.
-std::vector<std::vector<SampleLengths>> MakeBatches(bool t5) {
-  const SyntheticMixture mixture = SyntheticMixture::Flan(2024);
+std::vector<std::vector<SampleLengths>> MakeBatches(bool t5, bool documents) {
+  const SyntheticMixture mixture =
+      documents ? SyntheticMixture::Documents(2024) : SyntheticMixture::Flan(2024);
   std::vector<std::vector<SampleLengths>> batches;
   uint64_t index = 0;
   for (int b = 0; b < kMiniBatches; ++b) {
@@ -95,7 +99,8 @@ const Setup& GetSetup(bool t5) {
   o.max_input_len = kMaxLength;
   o.max_target_len = t5 ? kMaxTarget : 0;
   o.tmax_interval_ms = 0.5;
-  s->batches = MakeBatches(t5);
+  s->batches = MakeBatches(t5, false);
+  s->documents = MakeBatches(t5, true);
   setups[t5] = s;
   return *s;
 }
@@ -107,15 +112,17 @@ void Report(benchmark::State& state, const MicroBatchingResult& r, size_t sample
   state.counters["pred_iter_ms"] = r.best().objective_ms;
 }
 
-void PlanMiniBatch(benchmark::State& state, bool t5, double interval, bool bound) {
+void PlanMiniBatch(benchmark::State& state, bool t5, double interval, bool bound,
+                   bool documents = false) {
   const Setup& s = GetSetup(t5);
+  const std::vector<std::vector<SampleLengths>>& batches = documents ? s.documents : s.batches;
   MicroBatchingOptions o = s.options;
   o.tmax_interval_ms = interval;
   int i = 0;
   MicroBatchingResult last;
   size_t samples = 0;
   for (auto _ : state) {
-    const std::vector<SampleLengths>& batch = s.batches[i++ % kMiniBatches];
+    const std::vector<SampleLengths>& batch = batches[i++ % kMiniBatches];
     if (bound) {
       absl::StatusOr<MicroBatchingResult> r = PlanMicroBatches(batch, s.model, o);
       if (!r.ok()) {
@@ -161,7 +168,16 @@ void BM_T5(benchmark::State& state) { PlanMiniBatch(state, true, 0.5, true); }
 void BM_T5NoBound(benchmark::State& state) { PlanMiniBatch(state, true, 0.5, false); }
 void BM_T5Exact(benchmark::State& state) { PlanMiniBatch(state, true, 0, true); }
 
+void BM_GptDocuments(benchmark::State& state) { PlanMiniBatch(state, false, 0.5, true, true); }
+void BM_GptDocumentsNoBound(benchmark::State& state) {
+  PlanMiniBatch(state, false, 0.5, false, true);
+}
+void BM_T5Documents(benchmark::State& state) { PlanMiniBatch(state, true, 0.5, true, true); }
+
 BENCHMARK(BM_Gpt)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GptDocuments)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GptDocumentsNoBound)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_T5Documents)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GptNoBound)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GptExact)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_T5)->Unit(benchmark::kMillisecond);

@@ -1,11 +1,26 @@
-// Full planning speed (micro-batching, schedule search with simulation,
-// communication planning, plan building and validation) on DynaPipe's
-// setting: 65,536-token FLAN-like mini-batches, maximum length 2048, A100-40GB
-// analytic cost model, one thread.
-//   GPT-6.7B-like, pp = 4;  T5-11B-like, pp = 8; schedules adaptive and 1F1B,
-//   all three recompute modes, the dynamic program.
-// Baseline in the same process: the same with only 1F1B (no adaptive
-// ordering search).
+// Full planning speed: Planner::Plan end to end (micro-batching, schedule
+// search with simulation, communication planning, plan building and
+// validation), one thread unless the name says otherwise.
+//
+// DynaPipe's setting: 65,536-token mini-batches per replica, maximum length
+// 2048 (T5 targets 512), A100-40GB analytic cost model, schedules adaptive
+// and 1F1B, all three recompute modes, the dynamic program:
+//   GPT-6.7B-like, pp = 4;  T5-11B-like, pp = 8.
+// Length mixtures (common/dataset/synthetic_mixture.h): FLAN-like (about
+// 180 samples per 65,536 tokens) and documents-like (about 350, mostly
+// short, a long tail up to the maximum length).
+//
+// Baselines in the same process:
+//   *PerPair:      every (recompute mode, budget) pair solved to its optimum
+//                  and scheduled (no shared bound);
+//   *OneFOneBOnly: without the adaptive schedule;
+//   BM_Scale*:     GPT-6.7B pp = 8, maximum length 8192, 65,536 tokens per
+//                  replica, dp = 1, 8, 32, 64, one and two threads;
+//   BM_T5Memory*:  T5-11B pp = 8 with each device's own room vs the common
+//                  budget (counter pred_iter_ms).
+//
+// Run: build/bench/planner_bench --benchmark_repetitions=5
+//        --benchmark_report_aggregates_only=true
 #include <string>
 #include <vector>
 
@@ -19,11 +34,24 @@ namespace {
 
 constexpr int kMiniBatches = 8;
 
-v1::JobConfig Config(bool t5, bool adaptive) {
+struct Setting {
+  bool t5 = false;
+  bool adaptive = true;
+  bool documents = false;
+  uint32_t pipeline = 0;  // 0: 8 for T5, 4 for GPT
+  uint32_t data = 1;
+  uint32_t max_length = 2048;
+  int threads = 1;
+  bool per_pair = false;
+  bool per_device_memory = true;
+  uint32_t memory_mib = 40960;
+};
+
+v1::JobConfig Config(const Setting& s) {
   v1::JobConfig c;
-  c.set_job_id(t5 ? "t5-11b" : "gpt-6.7b");
+  c.set_job_id(s.t5 ? "t5-11b" : "gpt-6.7b");
   v1::ModelConfig& m = *c.mutable_model();
-  if (t5) {
+  if (s.t5) {
     m.set_kind(v1::T5);
     m.set_num_layers(24);
     m.set_num_decoder_layers(24);
@@ -40,23 +68,29 @@ v1::JobConfig Config(bool t5, bool adaptive) {
     m.set_ffn_hidden_size(16384);
     m.set_vocab_size(50432);
   }
-  c.mutable_parallelism()->set_pipeline(t5 ? 8 : 4);
-  c.mutable_cluster()->set_device_memory_limit_mib(40960);
+  c.mutable_parallelism()->set_pipeline(s.pipeline != 0 ? s.pipeline : (s.t5 ? 8 : 4));
+  c.mutable_parallelism()->set_data(s.data);
+  c.mutable_cluster()->set_device_memory_limit_mib(s.memory_mib);
   c.mutable_cluster()->set_hardware("a100-40gb");
   c.mutable_data()->set_format(v1::SYNTHETIC);
-  c.mutable_data()->set_tokens_per_global_batch(65536);
-  c.mutable_data()->set_max_sequence_length(2048);
-  if (t5) c.mutable_data()->set_max_target_length(512);
-  if (adaptive) c.mutable_planner()->add_schedules(v1::ADAPTIVE);
+  c.mutable_data()->set_tokens_per_global_batch(65536ull * s.data);
+  c.mutable_data()->set_max_sequence_length(s.max_length);
+  if (s.t5) c.mutable_data()->set_max_target_length(512);
+  if (s.adaptive) c.mutable_planner()->add_schedules(v1::ADAPTIVE);
   c.mutable_planner()->add_schedules(v1::ONE_F_ONE_B);
+  c.mutable_planner()->set_threads(s.threads);
   c.mutable_training()->set_iterations(1);
   ApplyJobConfigDefaults(c);
   return c;
 }
 
-std::vector<MiniBatch> Batches(const v1::JobConfig& c) {
+// Consecutive samples of the mixture, truncated, until the token budget.
+std::vector<MiniBatch> Batches(const v1::JobConfig& c, bool documents) {
   const bool t5 = c.model().kind() == v1::T5;
-  const SyntheticMixture mixture = SyntheticMixture::Flan(2024);
+  const uint32_t max_len = c.data().max_sequence_length();
+  const uint32_t max_target = t5 ? c.data().max_target_length() : max_len;
+  const SyntheticMixture mixture =
+      documents ? SyntheticMixture::Documents(2024) : SyntheticMixture::Flan(2024);
   std::vector<MiniBatch> batches;
   uint64_t index = 0;
   for (int b = 0; b < kMiniBatches; ++b) {
@@ -66,12 +100,12 @@ std::vector<MiniBatch> Batches(const v1::JobConfig& c) {
     while (true) {
       SampleLengths s = mixture.Sample(index);
       if (t5) {
-        s = {std::min(s.input, 2048u), std::min(s.target, 512u)};
+        s = {std::min(s.input, max_len), std::min(s.target, max_target)};
       } else {
-        s.target = std::min(s.target, 2048u);
-        s.input = std::min(s.input, 2048u - s.target);
+        s.target = std::min(s.target, max_len);
+        s.input = std::min(s.input, max_len - s.target);
       }
-      if (tokens + s.input + s.target > 65536) break;
+      if (tokens + s.input + s.target > c.data().tokens_per_global_batch()) break;
       tokens += s.input + s.target;
       mb.sample_ids.push_back(index++);
       mb.lengths.push_back(s);
@@ -81,40 +115,109 @@ std::vector<MiniBatch> Batches(const v1::JobConfig& c) {
   return batches;
 }
 
-void Run(benchmark::State& state, bool t5, bool adaptive) {
-  const v1::JobConfig config = Config(t5, adaptive);
+void Run(benchmark::State& state, const Setting& setting) {
+  const v1::JobConfig config = Config(setting);
   absl::StatusOr<Planner> planner = Planner::Create(config);
   if (!planner.ok()) {
     state.SkipWithError(std::string(planner.status().message()).c_str());
     return;
   }
-  const std::vector<MiniBatch> batches = Batches(config);
+  planner->set_options({.threads = setting.threads,
+                        .share_micro_batching_bound = !setting.per_pair,
+                        .per_device_memory = setting.per_device_memory});
+  const std::vector<MiniBatch> batches = Batches(config, setting.documents);
   int i = 0;
+  double samples = 0;
+  double predicted = 0;
+  int planned = 0;
   PlanReport last;
   for (auto _ : state) {
-    absl::StatusOr<PlanningResult> r = planner->Plan(batches[i++ % kMiniBatches]);
+    const MiniBatch& mb = batches[i++ % kMiniBatches];
+    absl::StatusOr<PlanningResult> r = planner->Plan(mb);
     if (!r.ok()) {
       state.SkipWithError(std::string(r.status().message()).c_str());
       return;
     }
     benchmark::DoNotOptimize(r->plans.size());
+    samples += mb.sample_ids.size();
+    predicted += r->report.predicted_iteration_ms;
+    ++planned;
     last = std::move(r->report);
   }
-  state.counters["pred_iter_ms"] = last.predicted_iteration_ms;
+  state.counters["samples"] = samples / std::max(1, planned);
+  state.counters["pred_iter_ms"] = predicted / std::max(1, planned);
   state.counters["micro_batches"] = last.micro_batches;
   state.counters["micro_batching_ms"] = last.micro_batching_ms;
   state.counters["scheduling_ms"] = last.scheduling_ms;
+  state.counters["building_ms"] = last.plan_building_ms;
   state.counters["validation_ms"] = last.validation_ms;
 }
 
-void BM_PlanGpt(benchmark::State& s) { Run(s, false, true); }
-void BM_PlanGptOneFOneBOnly(benchmark::State& s) { Run(s, false, false); }
-void BM_PlanT5(benchmark::State& s) { Run(s, true, true); }
-void BM_PlanT5OneFOneBOnly(benchmark::State& s) { Run(s, true, false); }
+void BM_PlanGpt(benchmark::State& s) { Run(s, {}); }
+void BM_PlanGptPerPair(benchmark::State& s) { Run(s, {.per_pair = true}); }
+void BM_PlanGptOneFOneBOnly(benchmark::State& s) { Run(s, {.adaptive = false}); }
+void BM_PlanGptDocuments(benchmark::State& s) { Run(s, {.documents = true}); }
+void BM_PlanGptDocumentsPerPair(benchmark::State& s) {
+  Run(s, {.documents = true, .per_pair = true});
+}
+// The documents-like setting at 36,000 MiB per device.
+void BM_PlanGptDocuments36000(benchmark::State& s) {
+  Run(s, {.documents = true, .memory_mib = 36000});
+}
+void BM_PlanGptDocuments36000PerPair(benchmark::State& s) {
+  Run(s, {.documents = true, .per_pair = true, .memory_mib = 36000});
+}
+void BM_PlanT5(benchmark::State& s) { Run(s, {.t5 = true}); }
+void BM_PlanT5PerPair(benchmark::State& s) { Run(s, {.t5 = true, .per_pair = true}); }
+void BM_PlanT5OneFOneBOnly(benchmark::State& s) { Run(s, {.t5 = true, .adaptive = false}); }
+void BM_PlanT5Documents(benchmark::State& s) { Run(s, {.t5 = true, .documents = true}); }
 BENCHMARK(BM_PlanGpt)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanGptPerPair)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanGptOneFOneBOnly)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanGptDocuments)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanGptDocumentsPerPair)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanGptDocuments36000)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanGptDocuments36000PerPair)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanT5)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanT5PerPair)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanT5OneFOneBOnly)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanT5Documents)->Unit(benchmark::kMillisecond);
+
+// Per-device memory: T5-11B pp = 8, FLAN-like; compare pred_iter_ms.
+void BM_T5MemoryPerDevice(benchmark::State& s) {
+  Run(s, {.t5 = true, .memory_mib = static_cast<uint32_t>(s.range(0))});
+}
+void BM_T5MemoryCommonBudget(benchmark::State& s) {
+  Run(s, {.t5 = true, .per_device_memory = false, .memory_mib = static_cast<uint32_t>(s.range(0))});
+}
+BENCHMARK(BM_T5MemoryPerDevice)->Arg(36000)->Arg(40960)->Arg(65536)->Arg(81920)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_T5MemoryCommonBudget)->Arg(36000)->Arg(40960)->Arg(65536)->Arg(81920)->Unit(benchmark::kMillisecond);
+
+// The scale curve: GPT-6.7B, pp = 8, maximum length 8192, 65,536 tokens per
+// replica, documents-like; argument: dp.
+void BM_ScaleGpt(benchmark::State& s) {
+  Run(s, {.documents = true,
+          .pipeline = 8,
+          .data = static_cast<uint32_t>(s.range(0)),
+          .max_length = 8192});
+}
+void BM_ScaleGptTwoThreads(benchmark::State& s) {
+  Run(s, {.documents = true,
+          .pipeline = 8,
+          .data = static_cast<uint32_t>(s.range(0)),
+          .max_length = 8192,
+          .threads = 2});
+}
+void BM_ScaleGptFlan(benchmark::State& s) {
+  Run(s, {.pipeline = 8, .data = static_cast<uint32_t>(s.range(0)), .max_length = 8192});
+}
+BENCHMARK(BM_ScaleGptFlan)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ScaleGpt)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond);
+void BM_ScaleGptFlanTwoThreads(benchmark::State& s) {
+  Run(s, {.pipeline = 8, .data = static_cast<uint32_t>(s.range(0)), .max_length = 8192, .threads = 2});
+}
+BENCHMARK(BM_ScaleGptTwoThreads)->Arg(64)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ScaleGptFlanTwoThreads)->Arg(64)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace varipipe::planner

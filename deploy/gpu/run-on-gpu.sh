@@ -1,0 +1,1040 @@
+#!/usr/bin/env bash
+# Builds Varipipe on a GPU machine that has CUDA, NCCL and PyTorch but no
+# package registry, and runs the GPU checks (docs/gpu.md), one command.
+#
+#  1. machine: GPU, driver, CUDA, PyTorch, NCCL, glibc, compiler, and how
+#     LibTorch carries Gloo and protobuf (machine.txt);
+#  2. unpack: the Debian packages of deploy/gpu/fetch-debs.sh into a prefix
+#     in the build folder (never over /), their CMake and pkg-config files
+#     pointed at the prefix, link names of system libraries repaired;
+#  3. configure and build with ninja against PyTorch's LibTorch and NCCL,
+#     VARIPIPE_WITH_CUDA=ON, in its own build folder;
+#  4. the checks, in order, each PASS, FAIL or SKIP with a note; a failing
+#     check never stops the ones after it, and none starts once the time
+#     budget is spent.
+#
+# Everything it writes goes to one results folder: summary.txt (updated
+# after every check), run.log, machine.txt, logs/ and, at the end,
+# results.tar.gz holding all of them. --compact leaves only summary.txt,
+# run.log and results.tar.gz there.
+#
+# Usage: deploy/gpu/run-on-gpu.sh [options]
+#   --out DIR          results folder (default: $OUT when set, else gpu-results)
+#   --compact          keep only summary.txt, run.log and results.tar.gz in DIR
+#   --checks LIST      comma-separated checks or groups (all, gpu, cpu; default all);
+#                      --list-checks names them
+#   --list-checks      print the checks and exit
+#   --time-budget S    start no check later than S seconds after the start, and
+#                      stop running ones then (default 540)
+#   --debs DIR         the carried packages and their MANIFEST (default .gpu-debs)
+#   --build DIR        build folder; the prefix is DIR/prefix (default build-gpu)
+#   --python PATH      Python with PyTorch (default: python3)
+#   --torch-dir DIR    folder of TorchConfig.cmake (default: PyTorch's own)
+#   --nccl-home DIR    NCCL with include/nccl.h and lib/libnccl.so* (default:
+#                      $NCCL_HOME, else PyTorch's nvidia-nccl package)
+#   --gloo MODE        auto (default), torch (LibTorch's own Gloo) or debian
+#   --jobs N           build jobs (default: cores)
+#   --peak-tflops X    the GPU's dense bf16 peak for MFU (default: by GPU name)
+#   --skip-build       reuse the build folder and prefix as they are
+#   --configure-only   stop after configuring
+#   --cpu-smoke        no GPU needed: unpack and configure against a CPU
+#                      LibTorch (--torch-dir), CUDA AUTO, then stop
+#   --dry-run          print what would run, run nothing
+#   -h, --help         this text
+# The checks and the exit trap are called by name (run_check, trap).
+# shellcheck disable=SC2317
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+started=$(date +%s)
+
+out=${OUT:-}
+[[ -n "$out" ]] || out="$root/gpu-results"
+compact=0
+checks_arg=all
+time_budget=540
+debs="$root/.gpu-debs"
+build="$root/build-gpu"
+python=python3
+torch_dir=""
+nccl_home=${NCCL_HOME:-}
+gloo_mode=auto
+jobs=$(nproc)
+peak_tflops=""
+skip_build=0
+configure_only=0
+cpu_smoke=0
+dry_run=0
+
+# name|group|what it checks (in run order; build steps come first).
+CHECKS=(
+  "gloo-transport|gpu|Gloo transport unit test on the CUDA build (CPU tensors); first, as it shows a clash between two Gloo copies"
+  "gpu-fp32-vs-cpu|gpu|one rank, fp32, the quickstart's multi-task job: losses on cuda:0 (TF32 off) match the CPU run of the same plans"
+  "gpu-bf16-train|gpu|the quickstart's multi-task job, one rank on cuda:0 under torchrun, bf16 autocast, 30 iterations: the loss falls"
+  "two-ranks-one-gpu-nccl|gpu|two pipeline ranks on cuda:0 with NCCL: a clear refusal (NCCL rejects two ranks on one GPU) or success, never a hang"
+  "two-ranks-one-gpu-gloo|gpu|two ranks sharing the GPU over Gloo with device tensors (pending: the executor has no such option)"
+  "nccl-allreduce-one-rank|gpu|ncclAllReduce on a one-rank communicator (pending: the NCCL transport skips groups of one)"
+  "layer-timings|gpu|per-micro-batch forward/backward times of GPT-1.3B-like and GPT-6.7B-like layer stacks (executor timings, CUDA_LAUNCH_BLOCKING=1)"
+  "speed|gpu|tokens/s, MFU and interpreter overhead per micro-batching method, GPT-1.3B-like stack, bf16"
+  "profile|gpu|varipipe-profile on the same layer stacks (runs only once that binary exists)"
+  "gpu-tests|gpu|CTest tests labelled gpu, GPU visible, TF32 off (runs only once such tests exist)"
+  "equivalence-cpu|cpu|the equivalence tests (plan_interpreter_test, executor_training_test) on the CUDA build with the GPU hidden"
+  "ctest-cpu|cpu|the rest of the CTest suite on the CUDA build with the GPU hidden"
+)
+
+usage() { sed -n '2,/^# The checks and the exit trap/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+die() { echo "run-on-gpu.sh: $*" >&2; exit 2; }
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --out) out="$2"; shift 2 ;;
+    --compact) compact=1; shift ;;
+    --checks) checks_arg="$2"; shift 2 ;;
+    --list-checks)
+      for c in "${CHECKS[@]}"; do IFS='|' read -r n g d <<< "$c"; printf '%-24s %-4s %s\n' "$n" "$g" "$d"; done
+      exit 0 ;;
+    --time-budget) time_budget="$2"; shift 2 ;;
+    --debs) debs="$2"; shift 2 ;;
+    --build) build="$2"; shift 2 ;;
+    --python) python="$2"; shift 2 ;;
+    --torch-dir) torch_dir="$2"; shift 2 ;;
+    --nccl-home) nccl_home="$2"; shift 2 ;;
+    --gloo) gloo_mode="$2"; shift 2 ;;
+    --jobs) jobs="$2"; shift 2 ;;
+    --peak-tflops) peak_tflops="$2"; shift 2 ;;
+    --skip-build) skip_build=1; shift ;;
+    --configure-only) configure_only=1; shift ;;
+    --cpu-smoke) cpu_smoke=1; configure_only=1; shift ;;
+    --dry-run) dry_run=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown argument '$1' (try --help)" ;;
+  esac
+done
+[[ "$time_budget" =~ ^[0-9]+$ ]] || die "--time-budget must be a number of seconds"
+[[ "$jobs" =~ ^[0-9]+$ && "$jobs" -ge 1 ]] || die "--jobs must be a positive integer"
+case "$gloo_mode" in auto|torch|debian) ;; *) die "--gloo must be auto, torch or debian" ;; esac
+
+# The selected checks, as a space-separated list with spaces around.
+selected=" "
+IFS=',' read -r -a wanted <<< "$checks_arg"
+for w in "${wanted[@]}"; do
+  found=0
+  for c in "${CHECKS[@]}"; do
+    IFS='|' read -r n g _ <<< "$c"
+    if [[ "$w" == all || "$w" == "$g" || "$w" == "$n" ]]; then selected+="$n "; found=1; fi
+  done
+  [[ $found -eq 1 ]] || die "unknown check '$w' (--list-checks names them)"
+done
+is_selected() { [[ "$selected" == *" $1 "* ]]; }
+
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+mkdir -p "$build"
+build=$(cd "$build" && pwd)
+prefix="$build/prefix"
+work="$build/work"
+logs="$out/logs"
+mkdir -p "$work"
+[[ "$dry_run" -eq 1 ]] || { rm -rf "$logs"; mkdir -p "$logs"; }
+deadline=$((started + time_budget))
+summary="$out/summary.txt"
+results=()   # "STATUS|name|seconds|note"
+facts=()     # lines for the summary's header
+
+if [[ "$dry_run" -eq 0 ]]; then
+  exec > >(tee "$out/run.log") 2>&1
+fi
+say() { printf '[%s +%4ds] %s\n' "$(date +%H:%M:%S)" "$(( $(date +%s) - started ))" "$*"; }
+
+write_summary() {
+  [[ "$dry_run" -eq 0 ]] || return 0
+  local p=0 f=0 s=0 r st n sec note
+  {
+    echo "Varipipe GPU run, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(( $(date +%s) - started )) s so far"
+    for r in "${facts[@]}"; do echo "  $r"; done
+    echo
+    printf '%-6s %-24s %7s  %s\n' status check seconds note
+    for r in "${results[@]}"; do
+      IFS='|' read -r st n sec note <<< "$r"
+      printf '%-6s %-24s %7s  %s\n' "$st" "$n" "$sec" "$note"
+      case "$st" in PASS) p=$((p + 1)) ;; FAIL) f=$((f + 1)) ;; *) s=$((s + 1)) ;; esac
+    done
+    echo
+    echo "$p passed, $f failed, $s skipped"
+  } > "$summary.tmp"
+  mv "$summary.tmp" "$summary"
+}
+record() {  # STATUS NAME SECONDS NOTE
+  local note=${4//$'\n'/ }
+  results+=("$1|$2|$3|${note//|//}")
+  say "$1 $2 (${3} s): $note"
+  write_summary
+}
+
+# Packs the results folder at exit, whatever happened.
+finish() {
+  local rc=$?
+  [[ "$dry_run" -eq 0 ]] || exit "$rc"
+  write_summary
+  sleep 0.5  # let tee flush run.log
+  (cd "$out" && tar czf results.tar.gz --exclude=results.tar.gz -- *) 2> /dev/null || true
+  if [[ "$compact" -eq 1 ]]; then
+    find "$out" -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name run.log \
+      ! -name results.tar.gz -exec rm -rf {} +
+  fi
+  exit "$rc"
+}
+trap finish EXIT
+trap 'exit 130' INT TERM
+
+run_dry() { printf '  $'; printf ' %q' "$@"; printf '\n'; }
+
+# ---------------------------------------------------------------------------
+# 1. The machine.
+# ---------------------------------------------------------------------------
+say "Varipipe GPU run: results in $out, build in $build"
+missing=()
+need() { command -v "$1" > /dev/null || missing+=("$2"); }
+need c++ "a C++ compiler (c++; g++ 10 or newer)"
+need cmake "cmake (3.25 or newer)"
+need ninja "ninja"
+need nm "nm (binutils)"
+need dpkg-deb "dpkg-deb (dpkg)"
+need tar "tar"
+if [[ "$cpu_smoke" -eq 0 ]]; then
+  need nvidia-smi "nvidia-smi (the NVIDIA driver)"
+  need "$python" "$python (Python with PyTorch; --python)"
+fi
+
+# PyTorch's facts, as KEY=VALUE lines (empty when there is no PyTorch).
+torch_facts=""
+if command -v "$python" > /dev/null; then
+  torch_facts=$("$python" - 2> "$work/torch-facts.err" << 'EOF' || true
+import glob, os, site
+try:
+    import torch
+except Exception as e:  # no PyTorch
+    print(f"error=import torch: {e}")
+    raise SystemExit(0)
+root = os.path.dirname(torch.__file__)
+print(f"version={torch.__version__}")
+print(f"cuda={torch.version.cuda}")
+print(f"root={root}")
+print(f"cmake_prefix={torch.utils.cmake_prefix_path}")
+print(f"cxx11_abi={int(torch._C._GLIBCXX_USE_CXX11_ABI)}")
+ok = torch.cuda.is_available()
+print(f"cuda_available={int(ok)}")
+if ok:
+    p = torch.cuda.get_device_properties(0)
+    print(f"device_name={p.name}")
+    print(f"device_count={torch.cuda.device_count()}")
+    print(f"capability={p.major}.{p.minor}")
+    print(f"device_memory_gib={p.total_memory / 2**30:.1f}")
+try:
+    print("torch_nccl=" + ".".join(map(str, torch.cuda.nccl.version())))
+except Exception:
+    pass
+# NCCL of PyTorch's nvidia-nccl package: the one its libtorch_cuda loads.
+dirs = []
+try:
+    import nvidia.nccl
+    dirs += list(nvidia.nccl.__path__)
+except Exception:
+    pass
+for sp in site.getsitepackages() + [site.getusersitepackages()]:
+    dirs += glob.glob(os.path.join(sp, "nvidia", "*"))
+for d in dirs:
+    headers = glob.glob(os.path.join(d, "**", "nccl.h"), recursive=True)
+    libs = sorted(glob.glob(os.path.join(d, "**", "libnccl.so*"), recursive=True))
+    if headers and libs:
+        print(f"nccl_include={os.path.dirname(headers[0])}")
+        print(f"nccl_library={libs[0]}")
+        break
+EOF
+)
+fi
+tf() { sed -n "s/^$1=//p" <<< "$torch_facts" | head -n 1; }
+
+[[ -n "$torch_dir" ]] || { [[ -n "$(tf cmake_prefix)" ]] && torch_dir="$(tf cmake_prefix)/Torch"; }
+torch_root=$(tf root)
+[[ -n "$torch_dir" && -f "$torch_dir/TorchConfig.cmake" ]] ||
+  missing+=("LibTorch's TorchConfig.cmake (PyTorch in $python, or --torch-dir; got '${torch_dir:-none}')")
+
+# NCCL: --nccl-home / NCCL_HOME, else the pip package PyTorch uses.
+nccl_include=""
+nccl_library=""
+if [[ -n "$nccl_home" ]]; then
+  nccl_include="$nccl_home/include"
+  nccl_library=$(find "$nccl_home/lib" "$nccl_home/lib64" -maxdepth 1 -name 'libnccl.so*' 2> /dev/null | sort | head -n 1 || true)
+else
+  nccl_include=$(tf nccl_include)
+  nccl_library=$(tf nccl_library)
+  # Else an NCCL installed into CUDA's folder.
+  if [[ -z "$nccl_library" && -f /usr/local/cuda/include/nccl.h ]]; then
+    nccl_include=/usr/local/cuda/include
+    nccl_library=$(find /usr/local/cuda/lib64 /usr/local/cuda/lib -maxdepth 1 -name 'libnccl.so*' 2> /dev/null | sort | head -n 1 || true)
+  fi
+fi
+if [[ "$cpu_smoke" -eq 0 ]]; then
+  [[ -f "$nccl_include/nccl.h" && -n "$nccl_library" ]] ||
+    missing+=("NCCL (nccl.h and libnccl.so*: --nccl-home, NCCL_HOME or PyTorch's nvidia-nccl package)")
+  [[ -x /usr/local/cuda/bin/nvcc ]] || missing+=("the CUDA Toolkit in /usr/local/cuda (nvcc)")
+  [[ "$(tf cuda_available)" == 1 ]] || missing+=("a GPU that PyTorch sees (torch.cuda.is_available() is false: $(tf error))")
+fi
+[[ -f "$debs/MANIFEST" ]] || missing+=("the carried packages: $debs/MANIFEST (run deploy/gpu/fetch-debs.sh where Debian's archive is reachable, and carry that folder)")
+
+# Gloo and protobuf inside LibTorch: headers shipped, symbols exported.
+torch_cpu_lib=""
+[[ -n "$torch_root" ]] && torch_cpu_lib="$torch_root/lib/libtorch_cpu.so"
+[[ -z "$torch_root" && -n "$torch_dir" ]] && torch_cpu_lib=$(find "$torch_dir/../../.." -maxdepth 2 -name libtorch_cpu.so 2> /dev/null | head -n 1 || true)
+gloo_headers=0
+gloo_symbols=0
+protobuf_symbols=0
+if [[ -n "$torch_root" && -f "$torch_root/include/gloo/transport/tcp/device.h" ]]; then gloo_headers=1; fi
+if [[ -n "$torch_cpu_lib" && -f "$torch_cpu_lib" ]] && command -v nm > /dev/null; then
+  nm -D --defined-only "$torch_cpu_lib" 2> /dev/null | awk '{print $NF}' > "$work/torch_cpu.symbols" || true
+  gloo_symbols=$(grep -c '^_ZN4gloo' "$work/torch_cpu.symbols" || true)
+  protobuf_symbols=$(grep -c '^_ZN6google8protobuf' "$work/torch_cpu.symbols" || true)
+fi
+if [[ "$gloo_mode" == auto ]]; then
+  if [[ "$gloo_headers" -eq 1 && "$gloo_symbols" -gt 0 ]]; then gloo_mode=torch; else gloo_mode=debian; fi
+fi
+
+glibc=$(getconf GNU_LIBC_VERSION 2> /dev/null || ldd --version 2> /dev/null | head -n 1 || echo unknown)
+# Debian 12's binaries need glibc 2.36 at most.
+glibc_version=$(grep -oE '[0-9]+\.[0-9]+' <<< "$glibc" | tail -n 1 || true)
+if [[ -n "$glibc_version" ]] &&
+   ! printf '2.36\n%s\n' "$glibc_version" | sort -V -C; then
+  missing+=("glibc 2.36 or newer for Debian 12's libraries (found $glibc_version)")
+fi
+gpu_line=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2> /dev/null | head -n 1 || true)
+nvcc_version=$(/usr/local/cuda/bin/nvcc --version 2> /dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p' || true)
+cmake_version=$(cmake --version 2> /dev/null | sed -n '1s/[^0-9]*//p' || true)
+if [[ -n "$(tf version)" ]]; then
+  torch_line="PyTorch $(tf version) for CUDA $(tf cuda), C++11 ABI $(tf cxx11_abi), NCCL $(tf torch_nccl)"
+  [[ "$(tf cuda_available)" == 1 ]] && gpu_line+=" (PyTorch sees $(tf device_count): $(tf device_name), compute capability $(tf capability))"
+else
+  torch_line="no PyTorch in $python ($(tf error))"
+fi
+facts+=("GPU: ${gpu_line:-none}")
+facts+=("CUDA ${nvcc_version:-not found} (nvcc); $torch_line; NCCL for the build: ${nccl_library:-not found}")
+os_name=$(sed -n 's/^PRETTY_NAME=//p' /etc/os-release 2> /dev/null | tr -d '"')
+facts+=("${os_name:-unknown OS}, $glibc, $(c++ --version 2> /dev/null | head -n 1), cmake $cmake_version, ninja $(ninja --version 2> /dev/null), $(nproc) cores")
+facts+=("LibTorch: ${torch_dir:-not found}; Gloo: $gloo_mode (headers in LibTorch: $gloo_headers, gloo symbols exported by libtorch_cpu: $gloo_symbols); protobuf symbols exported by libtorch_cpu: $protobuf_symbols")
+if commit=$(git -C "$root" rev-parse --short HEAD 2> /dev/null); then
+  git -C "$root" diff --quiet HEAD 2> /dev/null || commit+=" with local changes"
+else
+  commit="not a git checkout"
+fi
+facts+=("source: $commit")
+if [[ "$dry_run" -eq 0 ]]; then
+  {
+    printf '%s\n' "${facts[@]}"
+    echo
+    echo "== nvidia-smi"; nvidia-smi 2>&1 || true
+    echo "== PyTorch"; echo "$torch_facts"; cat "$work/torch-facts.err" 2> /dev/null || true
+    echo "== LibTorch include folders of note"
+    for d in gloo fmt spdlog google/protobuf; do
+      [[ -n "$torch_root" && -d "$torch_root/include/$d" ]] && echo "  $torch_root/include/$d exists"
+    done
+    echo "== /etc/os-release"; cat /etc/os-release 2> /dev/null || true
+    echo "== CUDA"; cat /usr/local/cuda/version.json 2> /dev/null || true
+    echo "== ldd libtorch_cuda.so"; ldd "$torch_root/lib/libtorch_cuda.so" 2> /dev/null | grep -Ei 'nccl|cudart|cublas' || true
+    echo "== carried packages"; cat "$debs/MANIFEST" 2> /dev/null || true
+  } > "$out/machine.txt"
+fi
+for f in "${facts[@]}"; do say "$f"; done
+
+# Gloo symbols exported by libtorch_cpu and a second Gloo linked beside it
+# would mean two copies of Gloo in one process.
+gloo_note=""
+if [[ "$gloo_mode" == debian && "$gloo_symbols" -gt 0 ]]; then
+  gloo_note="; WARNING: libtorch_cpu exports $gloo_symbols Gloo symbols and Debian's Gloo is linked too (two Gloo copies: see gloo-transport)"
+fi
+if [[ ${#missing[@]} -gt 0 ]]; then
+  record FAIL machine 0 "missing: $(IFS=';'; echo "${missing[*]}")"
+  if [[ "$dry_run" -eq 0 ]]; then
+    for c in "${CHECKS[@]}"; do IFS='|' read -r n _ _ <<< "$c"; is_selected "$n" && record SKIP "$n" 0 "machine check failed"; done
+    exit 1
+  fi
+else
+  record PASS machine "$(( $(date +%s) - started ))" "${gpu_line:-no GPU (--cpu-smoke)}; glibc ${glibc##* }; gloo from $gloo_mode$gloo_note"
+fi
+
+# ---------------------------------------------------------------------------
+# 2. Unpack the carried packages into the prefix.
+# ---------------------------------------------------------------------------
+# Left out when LibTorch brings its own Gloo.
+gloo_group='^(libgloo-dev|libgloo0|libibverbs-dev|libibverbs1|libnl-3-dev|libnl-3-200|libnl-route-3-dev|libnl-route-3-200)$'
+arch_lib="usr/lib/x86_64-linux-gnu"
+
+# The prefix's tools first; PyTorch's torchrun and CUDA's nvcc when the PATH
+# lacks them (after it, so that cmake stays the one checked above).
+python_bin=$(dirname "$(command -v "$python" 2> /dev/null || echo /usr/bin/python3)")
+export PATH="$prefix/usr/bin:$PATH:$python_bin:/usr/local/cuda/bin"
+export LD_LIBRARY_PATH="$prefix/$arch_lib:$prefix/usr/lib:$prefix/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PKG_CONFIG_PATH="$prefix/$arch_lib/pkgconfig:$prefix/usr/lib/pkgconfig:$prefix/usr/share/pkgconfig"
+export VARIPIPE_REDIS_SERVER="$prefix/usr/bin/redis-server"
+# No InfiniBand on one machine; keeps NCCL away from the carried libibverbs.
+export NCCL_IB_DISABLE=1
+export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" CUDAARCHS="${CUDAARCHS:-90}"
+
+# A link name (libz.so) whose target is a system library (libz.so.1.2.13
+# on Debian, libz.so.1.3 elsewhere) is pointed at the system's library of
+# the same soname; one whose target the prefix holds is pointed there.
+repair_links() {
+  local link target base soname system fixed=0 broken=()
+  while IFS= read -r link; do
+    target=$(readlink "$link")
+    base=$(basename "$target")
+    if [[ "$target" == /* && -e "$prefix$target" ]]; then
+      ln -sfn "$prefix$target" "$link"; fixed=$((fixed + 1)); continue
+    fi
+    [[ -e "$link" ]] && continue
+    soname=$(sed -E 's/(\.so\.[0-9]+).*/\1/' <<< "$base")
+    system=$(ldconfig -p 2> /dev/null | awk -v s="$soname" '$1 == s && /x86-64/ {print $NF; exit}')
+    if [[ -n "$system" ]]; then
+      ln -sfn "$system" "$link"; fixed=$((fixed + 1))
+    else
+      broken+=("$(basename "$link")")
+    fi
+  done < <(find "$prefix" -type l \( -name '*.so' -o -name '*.so.*' \))
+  echo "link names repaired: $fixed; still dangling (unused unless linked): ${broken[*]:-none}"
+}
+
+unpack() {
+  local pkg version file bytes n=0 skipped=()
+  rm -rf "$prefix"
+  mkdir -p "$prefix"
+  while read -r pkg version file bytes; do
+    [[ "$pkg" == \#* || -z "$pkg" ]] && continue
+    if [[ "$gloo_mode" == torch && "$pkg" =~ $gloo_group ]]; then skipped+=("$pkg"); continue; fi
+    [[ -f "$debs/$file" ]] || { echo "missing $debs/$file ($pkg $version): run deploy/gpu/fetch-debs.sh again"; return 1; }
+    [[ "$(stat -c %s "$debs/$file")" == "$bytes" ]] || { echo "$debs/$file: size differs from MANIFEST"; return 1; }
+    dpkg-deb -x "$debs/$file" "$prefix" || { echo "dpkg-deb -x $file failed"; return 1; }
+    n=$((n + 1))
+  done < "$debs/MANIFEST"
+  echo "unpacked $n packages into $prefix; left out (LibTorch has Gloo): ${skipped[*]:-none}"
+  # Debian's CMake files name /usr in a few places (Gloo's library path,
+  # the "/usr move" checks, Hiredis' hints); pkg-config files name it as
+  # their prefix.
+  grep -rlZ '"/usr' --include='*.cmake' "$prefix" | xargs -0 -r sed -i -E "s#\"/usr([/\"])#\"$prefix/usr\\1#g"
+  find "$prefix" -name '*.pc' -print0 | xargs -0 -r sed -i -E "s#^([A-Za-z_]+)=/usr(/|\$)#\\1=$prefix/usr\\2#"
+  repair_links
+  # The tools must run from the prefix.
+  protoc --version || return 1
+  redis-server --version || return 1
+  echo "hiredis $(pkg-config --modversion hiredis)" || return 1
+  [[ -x "$prefix/usr/bin/grpc_cpp_plugin" ]] || { echo "no grpc_cpp_plugin in the prefix"; return 1; }
+}
+
+# ---------------------------------------------------------------------------
+# 3. Configure and build.
+# ---------------------------------------------------------------------------
+cmake_args=(
+  -S "$root" -B "$build" -G Ninja
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  "-DCMAKE_PREFIX_PATH=$prefix/usr"
+  "-DTorch_DIR=$torch_dir"
+  "-DProtobuf_PROTOC_EXECUTABLE=$prefix/usr/bin/protoc"
+  "-DVARIPIPE_GRPC_CPP_PLUGIN=$prefix/usr/bin/grpc_cpp_plugin"
+  "-DVARIPIPE_REDIS_SERVER=$prefix/usr/bin/redis-server"
+  "-DPKG_CONFIG_EXECUTABLE=$prefix/usr/bin/pkg-config"
+)
+if [[ "$gloo_mode" == torch ]]; then cmake_args+=(-DVARIPIPE_GLOO_FROM_TORCH=ON); else cmake_args+=(-DVARIPIPE_GLOO_FROM_TORCH=OFF); fi
+if [[ "$cpu_smoke" -eq 1 ]]; then
+  cmake_args+=(-DVARIPIPE_WITH_CUDA=AUTO)
+else
+  cmake_args+=(-DVARIPIPE_WITH_CUDA=ON -DCUDAToolkit_ROOT=/usr/local/cuda)
+fi
+if [[ -n "$nccl_library" ]]; then
+  cmake_args+=("-DVARIPIPE_NCCL_INCLUDE_DIR=$nccl_include" "-DVARIPIPE_NCCL_LIBRARY=$nccl_library")
+fi
+# CMake 4 refuses configs that ask for policies older than 3.5.
+if [[ "${cmake_version%%.*}" =~ ^[0-9]+$ && "${cmake_version%%.*}" -ge 4 ]]; then
+  cmake_args+=(-DCMAKE_POLICY_VERSION_MINIMUM=3.5)
+fi
+core_targets=(varipipe-executor varipipe-plan varipipe-planner varipipe-ctl varipipe-convert-jsonl gloo_transport_test)
+
+# Every dependency must come from the prefix (or LibTorch/CUDA), not from
+# whatever the machine happens to have in /usr.
+check_cache_paths() {
+  local cache="$build/CMakeCache.txt" var value bad=()
+  for var in absl_DIR gRPC_DIR GTest_DIR benchmark_DIR spdlog_DIR fmt_DIR Protobuf_INCLUDE_DIR \
+             Protobuf_LIBRARY Protobuf_LIBRARY_RELEASE Protobuf_PROTOC_EXECUTABLE VARIPIPE_GRPC_CPP_PLUGIN \
+             VARIPIPE_REDIS_SERVER pkgcfg_lib_HIREDIS_hiredis Gloo_DIR; do
+    value=$(sed -n "s/^$var:[A-Z]*=//p" "$cache" | head -n 1)
+    [[ -z "$value" || "$value" == *-NOTFOUND ]] && continue
+    [[ "$value" == "$prefix"* ]] || bad+=("$var=$value")
+    echo "$var=$value"
+  done
+  [[ ${#bad[@]} -eq 0 ]] || { echo "found outside the prefix: ${bad[*]}"; return 1; }
+}
+
+if [[ "$dry_run" -eq 1 ]]; then
+  echo
+  echo "Would unpack into $prefix (gloo: $gloo_mode; the gloo group is left out when torch):"
+  awk '!/^#/ {printf "  %s %s (%s)\n", $1, $2, $3}' "$debs/MANIFEST" 2> /dev/null || echo "  ($debs/MANIFEST is missing)"
+  echo "then rewrite \"/usr in *.cmake and prefix=/usr in *.pc to $prefix/usr, and repair link names."
+  echo "Environment: PATH=$PATH"
+  echo "             LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  echo "             PKG_CONFIG_PATH=$PKG_CONFIG_PATH NCCL_IB_DISABLE=1 TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST CUDAARCHS=$CUDAARCHS"
+  echo "Would configure:"; run_dry cmake "${cmake_args[@]}"
+  [[ "$configure_only" -eq 1 ]] && { echo "and stop there (--configure-only)."; exit 0; }
+  echo "Would build:"; run_dry cmake --build "$build" -j "$jobs" --target "${core_targets[@]}"
+  echo "Checks, in order (SKIP once the ${time_budget} s budget is spent):"
+  for c in "${CHECKS[@]}"; do
+    IFS='|' read -r n g d <<< "$c"
+    if is_selected "$n"; then printf '  %-24s %s\n' "$n" "$d"; else printf '  %-24s (not selected)\n' "$n"; fi
+  done
+  exit 0
+fi
+
+# Seconds to the deadline, at least 1 (timeout 0 would mean no limit).
+budget_left() { local s=$((deadline - $(date +%s))); echo $((s > 1 ? s : 1)); }
+step_start=0
+begin() { step_start=$(date +%s); say "== $1"; }
+elapsed() { echo $(( $(date +%s) - step_start )); }
+first_error() {
+  { grep -m 1 -E ' error: |CMake Error|undefined reference' "$1" || grep -m 1 'FAILED' "$1" || tail -n 1 "$1"; } |
+    cut -c 1-300
+}
+skip_rest() {
+  local c n
+  for c in "${CHECKS[@]}"; do IFS='|' read -r n _ _ <<< "$c"; is_selected "$n" && record SKIP "$n" 0 "$1"; done
+  exit 1
+}
+
+if [[ "$skip_build" -eq 0 ]]; then
+  begin unpack
+  if unpack > "$logs/unpack.log" 2>&1; then
+    record PASS unpack "$(elapsed)" "$(grep -m 1 '^unpacked' "$logs/unpack.log")"
+  else
+    record FAIL unpack "$(elapsed)" "$(tail -n 1 "$logs/unpack.log") (logs/unpack.log)"
+    skip_rest "unpack failed"
+  fi
+
+  begin configure
+  if timeout "$(budget_left)" cmake "${cmake_args[@]}" > "$logs/configure.log" 2>&1 &&
+     check_cache_paths >> "$logs/configure.log" 2>&1; then
+    record PASS configure "$(elapsed)" "$(grep -m 1 -o 'Varipipe dependencies: .*' "$logs/configure.log")"
+  else
+    record FAIL configure "$(elapsed)" "$(grep -m 1 -E 'CMake Error|found outside' "$logs/configure.log" || tail -n 1 "$logs/configure.log") (logs/configure.log)"
+    skip_rest "configure failed"
+  fi
+  [[ "$configure_only" -eq 0 ]] || { say "stopping after configure (--configure-only)"; exit 0; }
+
+  begin build
+  rm -f "$build/.built-all"
+  if timeout "$(budget_left)" cmake --build "$build" -j "$jobs" --target "${core_targets[@]}" \
+       > "$logs/build.log" 2>&1; then
+    record PASS build "$(elapsed)" "executor, planner tools and gloo_transport_test with $jobs jobs"
+  else
+    record FAIL build "$(elapsed)" "$(first_error "$logs/build.log") (logs/build.log)"
+    skip_rest "build failed"
+  fi
+else
+  [[ -x "$build/bin/varipipe-executor" ]] || die "--skip-build but $build/bin/varipipe-executor does not exist"
+  record SKIP build 0 "--skip-build: using $build as it is"
+fi
+bin="$build/bin"
+
+# ---------------------------------------------------------------------------
+# 4. The checks.
+# ---------------------------------------------------------------------------
+# Helpers for the checks; each check runs in a subshell with its own log,
+# writes a one-line note to $note, and exits 0 (PASS), 77 (SKIP) or other.
+cat > "$work/gpu_tools.py" << 'EOF'
+"""Job configs and result checks for deploy/gpu/run-on-gpu.sh."""
+import glob, json, math, os, re, sys
+
+
+def jsonl(path):
+    rows = []
+    if os.path.exists(path):
+        for line in open(path):
+            line = line.strip()
+            if line:
+                rows.append(json.loads(line))
+    return rows
+
+
+def configs(template, data, jobs, hardware):
+    """Writes the job configs every check uses into JOBS."""
+    base = json.load(open(template))
+    def mt(job_id, dtype, iterations, pipeline=1):
+        c = json.loads(json.dumps(base))
+        c["job_id"] = job_id
+        c["model"]["dtype"] = dtype
+        c["parallelism"] = {"pipeline": pipeline, "data": 1}
+        c["cluster"] = {"devices_per_node": pipeline, "device_memory_limit_mib": 24}
+        c["data"]["path"] = os.path.join(data, "multitask_input")
+        c["data"]["target_path"] = os.path.join(data, "multitask_target")
+        c["planner"]["plan_ahead"] = 32
+        c["training"]["iterations"] = iterations
+        c["training"].pop("checkpoint_dir", None)
+        c["training"]["watchdog_timeout_s"] = 120
+        return c
+    def gpt(job_id, layers, hidden, heads, methods):
+        return {
+            "job_id": job_id,
+            "model": {"kind": "gpt", "num_layers": layers, "hidden_size": hidden,
+                      "num_attention_heads": heads, "ffn_hidden_size": 4 * hidden,
+                      "vocab_size": 50432, "dtype": "bfloat16"},
+            "parallelism": {"pipeline": 1, "data": 1},
+            "cluster": {"devices_per_node": 1, "device_memory_limit_mib": 65536,
+                        "hardware": hardware},
+            "data": {"format": "synthetic", "tokens_per_global_batch": 65536,
+                     "max_sequence_length": 2048, "seed": 1234,
+                     "synthetic_num_samples": 100000},
+            "planner": {"partition_methods": methods, "plan_ahead": 16},
+            "training": {"iterations": 6, "learning_rate": 1e-4, "warmup_iterations": 1,
+                         "watchdog_timeout_s": 300},
+        }
+    os.makedirs(jobs, exist_ok=True)
+    out = {
+        "mt-fp32": mt("gpu-mt-fp32", "float32", 10),
+        "mt-bf16": mt("gpu-mt-bf16", "bfloat16", 30),
+        "mt-pp2": mt("gpu-mt-pp2", "float32", 2, pipeline=2),
+        # Layer stacks with the shapes of GPT-1.3B and GPT-6.7B, fewer layers.
+        "gpt1.3b-like": gpt("gpu-gpt1.3b-like", 8, 2048, 16, ["dynamic_programming"]),
+        "gpt6.7b-like": gpt("gpu-gpt6.7b-like", 4, 4096, 32, ["dynamic_programming"]),
+    }
+    for m in ["dynamic_programming", "token_based", "fixed_size", "padding"]:
+        out["speed-" + m] = gpt("gpu-speed-" + m.replace("_", "-"), 8, 2048, 16, [m])
+    for name, c in out.items():
+        d = os.path.join(jobs, name)
+        os.makedirs(d, exist_ok=True)
+        json.dump(c, open(os.path.join(d, "job.json"), "w"), indent=1)
+
+
+def compare(cpu_dir, gpu_dir, tolerance):
+    """Per-iteration losses and gradient norms of two runs of the same plans."""
+    cpu, gpu = jsonl(cpu_dir + "/metrics.jsonl"), jsonl(gpu_dir + "/metrics.jsonl")
+    if not cpu or len(cpu) != len(gpu):
+        print(f"iterations: cpu {len(cpu)}, gpu {len(gpu)}")
+        return 1
+    worst = 0.0
+    for c, g in zip(cpu, gpu):
+        rel = abs(c["loss"] - g["loss"]) / max(abs(c["loss"]), 1e-12)
+        grad = abs(c["grad_norm"] - g["grad_norm"]) / max(abs(c["grad_norm"]), 1e-12)
+        worst = max(worst, rel)
+        print(f"iteration {c['iteration']}: loss cpu {c['loss']:.6f} gpu {g['loss']:.6f} "
+              f"(rel {rel:.2e}); grad norm cpu {c['grad_norm']:.5f} gpu {g['grad_norm']:.5f} "
+              f"(rel {grad:.2e})")
+    verdict = "match" if worst <= tolerance else "DIFFER"
+    print(f"NOTE {len(cpu)} iterations, losses {verdict}: largest relative difference "
+          f"{worst:.2e} (tolerance {tolerance:g}); cpu {cpu[-1]['loss']:.4f}, gpu {gpu[-1]['loss']:.4f} at the end")
+    return 0 if worst <= tolerance else 1
+
+
+def loss_falls(run_dir, iterations):
+    rows = jsonl(run_dir + "/metrics.jsonl")
+    if len(rows) < iterations:
+        print(f"NOTE only {len(rows)} of {iterations} iterations ran")
+        return 1
+    first = sum(r["loss"] for r in rows[:3]) / 3
+    last = sum(r["loss"] for r in rows[-3:]) / 3
+    tokens = [r["real_tokens_per_s"] for r in rows[1:]]
+    print(f"NOTE loss {rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f} (mean of first 3 "
+          f"{first:.4f}, last 3 {last:.4f}); {sum(tokens) / len(tokens):.0f} real tokens/s; "
+          f"peak {max(r['peak_memory_mib'] for r in rows):.0f} MiB")
+    return 0 if last < 0.9 * first and all(math.isfinite(r["loss"]) for r in rows) else 1
+
+
+def flops_per_token(model, seq):
+    """Training FLOPs per token, Megatron's count (no recomputation)."""
+    h, L = model["hidden_size"], model["num_layers"]
+    f, v = model.get("ffn_hidden_size", 4 * h), model["vocab_size"]
+    return 3 * (L * (8 * h * h + 4 * h * f + 4 * seq * h) + 2 * h * v)
+
+
+def plans(run_dir):
+    """Micro-batch shapes per iteration from `varipipe-ctl plan` output."""
+    shapes = {}
+    for path in glob.glob(run_dir + "/plan-*.txt"):
+        it = int(re.search(r"plan-(\d+)\.txt", path).group(1))
+        shapes[it] = {int(m.group(1)): (int(m.group(2)), int(m.group(3)))
+                      for m in re.finditer(r"micro-batch (\d+): (\d+) samples, padded (\d+)",
+                                           open(path).read())}
+    return shapes
+
+
+def timings(run_dir, name, peak_tflops):
+    """Per-micro-batch times (from the progress reports) joined with the plans."""
+    job = json.load(open(run_dir + "/job.json"))
+    model = job["model"]
+    shapes = plans(run_dir)
+    reports = {}
+    for r in jsonl(run_dir + "/reports.jsonl"):
+        reports[int(r.get("iteration", 0))] = r
+    rows = jsonl(run_dir + "/metrics.jsonl")
+    with open(run_dir + "/timings.tsv", "w") as tsv:
+        tsv.write("iteration\tmicro_batch\tsamples\tpadded_len\ttokens\tforward_ms\tbackward_ms\n")
+        for it in sorted(reports):
+            for t in reports[it].get("timings", []):
+                mb = int(t.get("micro_batch", t.get("microBatch", 0)))
+                samples, length = shapes.get(it, {}).get(mb, (0, 0))
+                tsv.write(f"{it}\t{mb}\t{samples}\t{length}\t{samples * length}\t"
+                          f"{t.get('forward_ms', t.get('forwardMs', 0)):.3f}\t"
+                          f"{t.get('backward_ms', t.get('backwardMs', 0)):.3f}\n")
+    if len(rows) < job["training"]["iterations"]:
+        print(f"NOTE {name}: only {len(rows)} of {job['training']['iterations']} iterations ran")
+        return 1
+    steady = rows[1:] or rows
+    step = sum(r["step_ms"] for r in steady) / len(steady)
+    tokens = sum(r["real_tokens_per_s"] for r in steady) / len(steady)
+    overhead = sum(r["interpreter_overhead_ms"] for r in steady) / len(steady)
+    instructions = sum(r["instructions"] for r in steady) / len(steady)
+    padded = [(s * l, l) for it in shapes for (s, l) in shapes[it].values()]
+    seq = (sum(t * l for t, l in padded) / sum(t for t, _ in padded)) if padded else \
+        job["data"]["max_sequence_length"] / 2
+    mfu = ""
+    if peak_tflops > 0:
+        mfu = f"{100 * tokens * flops_per_token(model, seq) / (peak_tflops * 1e12):.1f}%"
+    with open(run_dir + "/speed.tsv", "w") as s:
+        s.write("run\ttokens_per_s\tstep_ms\tcompute_ms\tinterpreter_ms\tinstructions\t"
+                "padding_efficiency\tmean_padded_len\tmfu\n")
+        s.write(f"{name}\t{tokens:.0f}\t{step:.1f}\t"
+                f"{sum(r['compute_ms'] for r in steady) / len(steady):.1f}\t{overhead:.3f}\t"
+                f"{instructions:.0f}\t"
+                f"{sum(r['padding_efficiency'] for r in steady) / len(steady):.3f}\t{seq:.0f}\t{mfu}\n")
+    print(f"NOTE {name}: {tokens:.0f} tokens/s, step {step:.0f} ms, MFU {mfu or 'n/a'}, "
+          f"interpreter {overhead:.2f} ms for {instructions:.0f} instructions, "
+          f"{sum(len(r.get('timings', [])) for r in reports.values())} micro-batch timings")
+    return 0
+
+
+if __name__ == "__main__":
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "configs":
+        configs(*args)
+    elif cmd == "compare":
+        sys.exit(compare(args[0], args[1], float(args[2])))
+    elif cmd == "loss-falls":
+        sys.exit(loss_falls(args[0], int(args[1])))
+    elif cmd == "timings":
+        sys.exit(timings(args[0], args[1], float(args[2])))
+    else:
+        sys.exit(f"unknown command {cmd}")
+EOF
+
+hardware=h100-80gb
+device_name=$(tf device_name)
+[[ "$device_name" == *H200* ]] && hardware=h200
+if [[ -z "$peak_tflops" ]]; then
+  # Dense bf16 peaks from NVIDIA's datasheets (SXM parts); 0: MFU not computed.
+  case "$device_name" in
+    *H100*PCIe*) peak_tflops=756 ;;
+    *H100*|*H200*) peak_tflops=989 ;;
+    *) peak_tflops=0 ;;
+  esac
+fi
+"$python" "$work/gpu_tools.py" configs "$root/deploy/configs/quickstart-train.json" \
+  "$work/data" "$work/jobs" "$hardware"
+
+# The quickstart's multi-task dataset, made once.
+ensure_dataset() {
+  [[ -s "$work/data/multitask_input.idx" ]] && return 0
+  mkdir -p "$work/data"
+  "$root/deploy/make-multitask-dataset.sh" "$work/data/multitask.jsonl" --samples 4000 --vocab 128 --seed 7
+  "$bin/varipipe-convert-jsonl" --input "$work/data/multitask.jsonl" \
+    --output_prefix "$work/data/multitask" --vocab_size 128 > /dev/null
+}
+
+# train RUN_DIR JOB DEVICE LAUNCHER [SECONDS]: a planner daemon (embedded
+# Redis) and one executor rank on DEVICE (cpu: the GPU hidden) started by
+# LAUNCHER (direct or torchrun); metrics.jsonl, the rank's progress reports
+# (reports.jsonl), the plans (plan-N.txt) and the logs land in RUN_DIR.
+train() {
+  local dir=$1 job=$2 device=$3 launcher=$4 limit=${5:-300} planner_pid="" exec_pid="" addr pw i n
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  cp "$work/jobs/$job/job.json" "$dir/job.json"
+  local job_id iterations
+  job_id=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["job_id"])' "$dir/job.json")
+  iterations=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["training"]["iterations"])' "$dir/job.json")
+  "$bin/varipipe-planner" --config "$dir/job.json" --listen 127.0.0.1:0 --port_file "$dir/planner.port" \
+    --store_file "$dir/store" --progress_interval_s 0 2> "$dir/planner.log" &
+  planner_pid=$!
+  # shellcheck disable=SC2064  # the pid is known now
+  trap "kill $planner_pid 2> /dev/null || true" EXIT
+  for _ in $(seq 1 300); do
+    [[ -s "$dir/planner.port" && -s "$dir/store" ]] && break
+    kill -0 "$planner_pid" 2> /dev/null || { cat "$dir/planner.log"; return 1; }
+    sleep 0.1
+  done
+  local planner
+  planner="127.0.0.1:$(cat "$dir/planner.port")"
+  read -r addr pw < "$dir/store"
+  # The plans, before the executor acknowledges (and so deletes) them;
+  # at most a minute for all (the daemon plans ahead of any executor).
+  local dump_end=$(( $(date +%s) + 60 ))
+  for i in $(seq 0 $((iterations - 1))); do
+    until "$bin/varipipe-ctl" --planner "$planner" plan --iteration "$i" --rank 0 \
+            > "$dir/plan-$i.txt" 2> /dev/null; do
+      [[ $(date +%s) -lt $dump_end ]] || break 2
+      sleep 0.1
+    done
+  done
+  local -a device_env=()
+  [[ "$device" == cpu ]] && device_env=(CUDA_VISIBLE_DEVICES=)
+  local -a exec_args=(--planner "$planner" --store_file "$dir/store" --metrics_jsonl "$dir/metrics.jsonl"
+                      --status_port -1 --run_id "$job_id")
+  if [[ "$launcher" == torchrun ]]; then
+    (cd "$dir" && env "${device_env[@]}" timeout "$limit" torchrun --standalone --nnodes 1 \
+       --nproc_per_node 1 --no_python --redirects 2 --tee 2 --log_dir "$dir/torchrun" \
+       "$bin/varipipe-executor" "${exec_args[@]}") > "$dir/executor.log" 2>&1 &
+  else
+    (cd "$dir" && env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 "${device_env[@]}" timeout "$limit" \
+       "$bin/varipipe-executor" "${exec_args[@]}") \
+      > "$dir/executor.log" 2>&1 &
+  fi
+  exec_pid=$!
+  # Progress reports: the last one per rank lives in Redis; poll it while
+  # the executor runs, and once after.
+  poll() {
+    redis-cli -h "${addr%:*}" -p "${addr##*:}" --no-auth-warning -a "$pw" \
+      HGET "varipipe:$job_id:reports" 0 >> "$dir/reports.raw" 2> /dev/null || true
+    n=$((n + 1))
+  }
+  n=0
+  while kill -0 "$exec_pid" 2> /dev/null; do poll; sleep 0.2; done
+  local rc=0
+  wait "$exec_pid" || rc=$?
+  poll
+  grep '^{' "$dir/reports.raw" 2> /dev/null | awk '!seen[$0]++' > "$dir/reports.jsonl" || true
+  kill "$planner_pid" 2> /dev/null || true
+  wait "$planner_pid" 2> /dev/null || true
+  trap - EXIT
+  echo "executor exit status $rc; $(wc -l < "$dir/reports.jsonl") reports from $n polls"
+  tail -n 5 "$dir/executor.log"
+  return "$rc"
+}
+
+note_file=""
+check_end=0
+left() { local s=$((check_end - $(date +%s))); echo $((s > 1 ? s : 1)); }
+note() { echo "$*" > "$note_file"; }
+
+check_gloo_transport() {
+  CUDA_VISIBLE_DEVICES='' timeout "$(left)" ctest --test-dir "$build" -R '^gloo_transport_test\.' \
+    --output-on-failure --no-tests=error > "$1/ctest.log" 2>&1 || {
+    cat "$1/ctest.log"
+    note "$(grep -m 1 -E 'tests passed|No tests were found|SEGFAULT|Exception' "$1/ctest.log" || tail -n 1 "$1/ctest.log")"
+    return 1
+  }
+  cat "$1/ctest.log"
+  note "$(grep -m 1 'tests passed' "$1/ctest.log")"
+}
+
+check_gpu_fp32_vs_cpu() {
+  ensure_dataset
+  local half=$(( $(left) / 2 ))
+  train "$1/cpu" mt-fp32 cpu direct "$half" || { note "the CPU run failed (exit $?; 124: out of time)"; return 1; }
+  NVIDIA_TF32_OVERRIDE=0 train "$1/gpu" mt-fp32 cuda direct "$(left)" ||
+    { note "the GPU run failed (exit $?): $(grep -m 1 -iE 'error|fail' "$1/gpu/executor.log" | cut -c 1-200)"; return 1; }
+  grep -q 'device cuda:0' "$1/gpu/executor.log" || { note "the GPU run did not report device cuda:0"; return 1; }
+  grep -q 'device cpu' "$1/cpu/executor.log" || { note "the CPU run did not report device cpu"; return 1; }
+  local rc=0
+  "$python" "$work/gpu_tools.py" compare "$1/cpu" "$1/gpu" 1e-3 > "$1/compare.txt" || rc=$?
+  cat "$1/compare.txt"
+  note "$(sed -n 's/^NOTE //p' "$1/compare.txt")"
+  return "$rc"
+}
+
+check_gpu_bf16_train() {
+  ensure_dataset
+  command -v torchrun > /dev/null || { note "torchrun not found next to $python"; return 1; }
+  train "$1/run" mt-bf16 cuda torchrun "$(left)" ||
+    { note "the run failed (exit $?): $(grep -m 1 -iE 'error|fail' "$1/run/executor.log" | cut -c 1-200)"; return 1; }
+  grep -q 'mixed precision: CUDA autocast to BFLOAT16' "$1/run/executor.log" ||
+    { note "no 'mixed precision: CUDA autocast to BFLOAT16' in the executor's log"; return 1; }
+  local rc=0
+  "$python" "$work/gpu_tools.py" loss-falls "$1/run" 30 > "$1/loss.txt" || rc=$?
+  cat "$1/loss.txt"
+  note "bf16 autocast: $(sed -n 's/^NOTE //p' "$1/loss.txt")"
+  return "$rc"
+}
+
+check_two_ranks_one_gpu_nccl() {
+  ensure_dataset
+  local dir=$1/run planner_pid pids=() r rc=0 limit
+  limit=$(( $(left) < 150 ? $(left) : 150 ))
+  mkdir -p "$dir"
+  cp "$work/jobs/mt-pp2/job.json" "$dir/job.json"
+  "$bin/varipipe-planner" --config "$dir/job.json" --listen 127.0.0.1:0 --port_file "$dir/planner.port" \
+    --store_file "$dir/store" --progress_interval_s 0 2> "$dir/planner.log" &
+  planner_pid=$!
+  # shellcheck disable=SC2064  # the pid is known now
+  trap "kill $planner_pid 2> /dev/null || true" EXIT
+  for _ in $(seq 1 300); do [[ -s "$dir/planner.port" && -s "$dir/store" ]] && break; sleep 0.1; done
+  # Both ranks on cuda:0: LOCAL_RANK 0 for each.
+  for r in 0 1; do
+    (cd "$dir" && RANK=$r WORLD_SIZE=2 LOCAL_RANK=0 timeout "$limit" "$bin/varipipe-executor" \
+       --planner "127.0.0.1:$(cat "$dir/planner.port")" --store_file "$dir/store" --status_port -1 \
+       --run_id two-ranks > "$dir/rank$r.log" 2>&1) &
+    pids+=($!)
+  done
+  for r in 0 1; do wait "${pids[$r]}" || rc=$?; done
+  tail -n 20 "$dir/rank0.log" "$dir/rank1.log"
+  if [[ $rc -eq 124 ]]; then note "hung for $limit s (no clear error)"; return 1; fi
+  if [[ $rc -eq 0 ]]; then note "both ranks trained on one GPU over NCCL (NCCL accepted two ranks on one device)"; return 0; fi
+  local line
+  line=$(grep -h -m 1 -i 'nccl' "$dir/rank0.log" "$dir/rank1.log" | head -n 1 | cut -c 1-220 || true)
+  if [[ -n "$line" ]]; then note "refused clearly, as expected: $line"; return 0; fi
+  note "failed without naming NCCL: $(grep -h -m 1 -iE 'error' "$dir/rank0.log" | cut -c 1-200)"
+  return 1
+}
+
+check_pending() {  # DIR REASON
+  note "$2"
+  return 77
+}
+
+check_layer_timings() {
+  local model rc=0 notes=()
+  for model in gpt1.3b-like gpt6.7b-like; do
+    # Synchronous launches: the executor's host-side timings then cover the
+    # device work of each forward and backward.
+    if CUDA_LAUNCH_BLOCKING=1 train "$1/$model" "$model" cuda direct "$(( $(left) * 2 / 3 ))"; then
+      "$python" "$work/gpu_tools.py" timings "$1/$model" "$model" "$peak_tflops" > "$1/$model/result.txt" || rc=1
+      cp "$1/$model/timings.tsv" "$logs/timings-$model.tsv" 2> /dev/null || true
+      notes+=("$(sed -n 's/^NOTE //p' "$1/$model/result.txt")")
+    else
+      notes+=("$model failed: $(grep -m 1 -iE 'error|out of memory' "$1/$model/executor.log" | cut -c 1-160)")
+      rc=1
+    fi
+  done
+  note "$(IFS=';'; echo "${notes[*]}") (with CUDA_LAUNCH_BLOCKING=1)"
+  return "$rc"
+}
+
+check_speed() {
+  local method rc=0 failed=() methods=(dynamic_programming token_based fixed_size padding) i=0
+  printf 'run\ttokens_per_s\tstep_ms\tcompute_ms\tinterpreter_ms\tinstructions\tpadding_efficiency\tmean_padded_len\tmfu\n' > "$logs/speed.tsv"
+  # Not packing: the executor runs only unpacked micro-batches.
+  for method in "${methods[@]}"; do
+    i=$((i + 1))
+    if [[ $(left) -lt 30 ]]; then failed+=("$method (no time left)"); rc=1; continue; fi
+    # An equal share of the time left for each method still to run.
+    if train "$1/$method" "speed-$method" cuda direct "$(( $(left) / (${#methods[@]} - i + 1) ))" &&
+       "$python" "$work/gpu_tools.py" timings "$1/$method" "$method" "$peak_tflops" > "$1/$method/result.txt"; then
+      tail -n 1 "$1/$method/speed.tsv" >> "$logs/speed.tsv"
+    else
+      failed+=("$method"); rc=1
+    fi
+  done
+  cat "$logs/speed.tsv"
+  note "$(awk -F'\t' 'NR > 1 {printf "%s%s %s tok/s MFU %s interp %s ms", sep, $1, $2, ($9 == "" ? "n/a" : $9), $5; sep = "; "}' "$logs/speed.tsv")${failed[*]:+; failed: ${failed[*]}}; table in logs/speed.tsv"
+  return "$rc"
+}
+
+check_profile() {
+  [[ -x "$bin/varipipe-profile" ]] ||
+    { note "varipipe-profile does not exist yet; layer-timings has the executor's per-micro-batch timings"; return 77; }
+  local model rc=0
+  for model in gpt1.3b-like gpt6.7b-like; do
+    timeout "$(( $(left) / 2 ))" "$bin/varipipe-profile" --config "$work/jobs/$model/job.json" \
+      --out "$logs/profile-$model" || rc=1
+  done
+  note "varipipe-profile --config JOB --out DIR on both stacks: exit $rc (logs/profile-*)"
+  return "$rc"
+}
+
+# Tests labelled gpu (none yet): GPU visible, TF32 off.
+check_gpu_tests() {
+  local rc=0
+  grep -qE 'LABELS? +gpu' "$root/tests/CMakeLists.txt" ||
+    { note "no CTest test is labelled gpu yet (tests that run the equivalence on device cuda are pending)"; return 77; }
+  ensure_build_all || return 1
+  NVIDIA_TF32_OVERRIDE=0 timeout "$(left)" ctest --test-dir "$build" -L gpu --output-on-failure \
+    --no-tests=error -j 2 > "$1/ctest.log" 2>&1 || rc=$?
+  cat "$1/ctest.log"
+  note "$(grep -m 1 'tests passed' "$1/ctest.log")"
+  return "$rc"
+}
+
+ensure_build_all() {
+  [[ -f "$build/.built-all" ]] && return 0
+  say "building every target (tests)"
+  timeout "$(left)" cmake --build "$build" -j "$jobs" > "$logs/build-all.log" 2>&1 ||
+    { note "building the tests failed: $(first_error "$logs/build-all.log"), see logs/build-all.log"; return 1; }
+  touch "$build/.built-all"
+}
+
+# Hidden GPU: the CPU path of a CUDA build, with the launcher tests that
+# need Open MPI and the tests that build or run elsewhere left out.
+ctest_cpu() {  # LOG ARGS...
+  local log=$1 rc=0
+  shift
+  ensure_build_all || return 1
+  CUDA_VISIBLE_DEVICES='' timeout "$(left)" ctest --test-dir "$build" --output-on-failure --no-tests=error \
+    -j "$(( jobs / 2 > 1 ? jobs / 2 : 1 ))" "$@" > "$log" 2>&1 || rc=$?
+  cat "$log"
+  note "$(grep -m 1 'tests passed' "$log" || echo "ctest exit $rc") $(grep -A 20 'The following tests FAILED' "$log" | grep -oE '[A-Za-z_]+_test\.[A-Za-z0-9_./]+' | head -n 5 | tr '\n' ' ')"
+  return "$rc"
+}
+check_equivalence_cpu() {
+  ctest_cpu "$1/ctest.log" -R '^(plan_interpreter_test|executor_training_test)\.'
+}
+check_ctest_cpu() {
+  ctest_cpu "$1/ctest.log" -E '^(plan_interpreter_test\.|executor_training_test\.|gloo_transport_test\.|quickstart\.quick$|build\.configure_options$|launcher_test\.VaripipeExecutor\.StartedByMpirun$)'
+}
+
+# run_check NAME MAX_SECONDS FUNCTION [ARGS...]
+run_check() {
+  local name=$1 max=$2 fn=$3
+  shift 3
+  is_selected "$name" || return 0
+  local now remaining
+  now=$(date +%s)
+  remaining=$((deadline - now))
+  if [[ $remaining -lt 30 ]]; then
+    record SKIP "$name" 0 "out of time (--time-budget $time_budget); run it again with --checks $name"
+    return 0
+  fi
+  check_end=$(( now + (max < remaining ? max : remaining) ))
+  note_file="$work/$name.note"
+  : > "$note_file"
+  rm -rf "${work:?}/$name"
+  mkdir -p "$work/$name"
+  begin "$name"
+  local rc=0 pid watchdog text
+  # Its own process group (set -m), so that the watchdog can stop all of
+  # it; not the main script's traps (its EXIT trap packs the results).
+  set -m
+  ( trap - EXIT INT TERM; set -euo pipefail; "$fn" "$work/$name" "$@" ) > "$logs/$name.log" 2>&1 &
+  pid=$!
+  set +m
+  ( sleep $((check_end - now + 20)); kill -TERM -- "-$pid"; sleep 10; kill -KILL -- "-$pid" ) \
+    > /dev/null 2>&1 &
+  watchdog=$!
+  wait "$pid" || rc=$?
+  kill "$watchdog" 2> /dev/null || true
+  text=$(head -c 600 "$note_file")
+  case "$rc" in
+    0) record PASS "$name" "$(elapsed)" "$text" ;;
+    77) record SKIP "$name" "$(elapsed)" "$text" ;;
+    143|137) record FAIL "$name" "$(elapsed)" "stopped after its limit of $((check_end - now)) s; ${text:-no note} (logs/$name.log)" ;;
+    *) record FAIL "$name" "$(elapsed)" "${text:-exit $rc} (logs/$name.log)" ;;
+  esac
+}
+
+run_check gloo-transport 120 check_gloo_transport
+run_check gpu-fp32-vs-cpu 240 check_gpu_fp32_vs_cpu
+run_check gpu-bf16-train 240 check_gpu_bf16_train
+run_check two-ranks-one-gpu-nccl 150 check_two_ranks_one_gpu_nccl
+run_check two-ranks-one-gpu-gloo 10 check_pending \
+  "pending: every rank on cuda:0 with the Gloo transport over device tensors needs an executor option (today a CUDA rank always uses NCCL, on cuda:LOCAL_RANK)"
+run_check nccl-allreduce-one-rank 10 check_pending \
+  "pending: the NCCL transport creates no communicator for a group of one, so ncclAllReduce is not reached; NCCL send/recv between two ranks needs two GPUs"
+run_check layer-timings 300 check_layer_timings
+run_check speed 420 check_speed
+run_check profile 300 check_profile
+run_check gpu-tests 420 check_gpu_tests
+run_check equivalence-cpu 420 check_equivalence_cpu
+run_check ctest-cpu 600 check_ctest_cpu
+
+say "done: $(tail -n 1 "$summary")"
+grep -q '^FAIL' "$summary" && exit 1
+exit 0

@@ -1,0 +1,361 @@
+// The planner's search (planner/planner.h): the shared-bound fast path
+// against the per-pair path, byte-identical plans for any thread count,
+// per-device memory, the depth budget's transient accounting, and reports of
+// failed searches.
+#include <array>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/config/job_config.h"
+#include "common/dataset/synthetic_mixture.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "planner/cost/analytic_model.h"
+#include "planner/cost/hardware.h"
+#include "planner/cost/memory_model.h"
+#include "planner/microbatch/dp_partition.h"
+#include "planner/microbatch/micro_batching.h"
+#include "planner/plan/plan_builder.h"
+#include "planner/plan/validator.h"
+#include "planner/planner.h"
+#include "tests/testing/seed.h"
+#include "tests/testing/status_matchers.h"
+
+namespace varipipe::planner {
+namespace {
+
+using ::testing::HasSubstr;
+using ::varipipe::testing::IsOk;
+using ::varipipe::testing::StatusIs;
+
+struct Job {
+  bool t5 = false;
+  uint32_t pp = 4;
+  uint32_t dp = 1;
+  uint32_t memory_mib = 4096;
+  uint64_t tokens = 8192;
+};
+
+v1::JobConfig Config(const Job& job) {
+  const std::string json = absl::StrCat(
+      R"({"job_id": "search", "model": {"kind": ")", job.t5 ? "T5" : "GPT",
+      R"(", "num_layers": 8, "hidden_size": 256, "num_attention_heads": 4, "vocab_size": 32000},
+      "parallelism": {"pipeline": )",
+      job.pp, R"(, "data": )", job.dp, R"(},
+      "cluster": {"device_memory_limit_mib": )",
+      job.memory_mib, R"(, "devices_per_node": 4},
+      "data": {"format": "SYNTHETIC", "tokens_per_global_batch": )",
+      job.tokens, R"(, "max_sequence_length": 1024},
+      "planner": {"tmax_interval_ms": 0.05, "threads": 1},
+      "training": {"iterations": 1}})");
+  absl::StatusOr<v1::JobConfig> config = ParseJobConfigJson(json, "test");
+  EXPECT_THAT(config, IsOk());
+  ApplyJobConfigDefaults(*config);
+  EXPECT_THAT(ValidateJobConfig(*config, "test"), IsOk());
+  return *config;
+}
+
+MiniBatch Draw(const SyntheticMixture& mixture, uint64_t* cursor, uint64_t tokens_budget,
+               uint64_t iteration) {
+  MiniBatch mb;
+  mb.iteration = iteration;
+  uint64_t tokens = 0;
+  while (true) {
+    SampleLengths s = mixture.Sample(*cursor);
+    s.target = std::min(s.target, 512u);
+    s.input = std::min(s.input, 1024u - s.target);
+    if (tokens + s.input + s.target > tokens_budget) break;
+    tokens += s.input + s.target;
+    mb.sample_ids.push_back(*cursor);
+    mb.lengths.push_back(s);
+    ++*cursor;
+  }
+  return mb;
+}
+
+std::vector<std::string> Bytes(const PlanningResult& r) {
+  std::vector<std::string> bytes;
+  for (const v1::ExecutionPlan& plan : r.plans) bytes.push_back(SerializePlanDeterministically(plan));
+  return bytes;
+}
+
+// planner.threads changes where the per-replica work runs, never the plans.
+TEST(PlannerSearch, PlansAreByteIdenticalForAnyThreadCount) {
+  std::mt19937 rng(varipipe::testing::TestSeed("PlannerSearch.PlansAreByteIdenticalForAnyThreadCount"));
+  for (const Job& job : {Job{.pp = 4, .dp = 4, .tokens = 32768},
+                         Job{.t5 = true, .pp = 4, .dp = 3, .tokens = 24576}}) {
+    absl::StatusOr<Planner> one = Planner::Create(Config(job));
+    ASSERT_THAT(one, IsOk());
+    Planner three = *one;
+    three.set_options({.threads = 3});
+    const SyntheticMixture mixture =
+        rng() % 2 ? SyntheticMixture::Documents(rng()) : SyntheticMixture::Flan(rng());
+    uint64_t cursor = 0;
+    for (int iteration = 0; iteration < 4; ++iteration) {
+      const MiniBatch mb = Draw(mixture, &cursor, job.tokens, iteration);
+      absl::StatusOr<PlanningResult> a = one->Plan(mb);
+      absl::StatusOr<PlanningResult> b = three.Plan(mb);
+      ASSERT_THAT(a, IsOk());
+      ASSERT_THAT(b, IsOk());
+      EXPECT_EQ(b->report.threads, 3);
+      EXPECT_EQ(Bytes(*a), Bytes(*b)) << (job.t5 ? "T5" : "GPT") << " iteration " << iteration;
+      ASSERT_EQ(a->report.candidates.size(), b->report.candidates.size());
+      for (size_t k = 0; k < a->report.candidates.size(); ++k) {
+        EXPECT_EQ(a->report.candidates[k].makespan_ms, b->report.candidates[k].makespan_ms);
+        EXPECT_EQ(a->report.candidates[k].reason, b->report.candidates[k].reason);
+      }
+    }
+  }
+}
+
+// The shared bound only skips pairs: every pair the fast path solves has the
+// per-pair path's partition, and whenever the per-pair path's winner comes
+// from a pair the fast path solved, both emit the same plans.
+TEST(PlannerSearch, FastPathAgreesWithThePerPairPath) {
+  std::mt19937 rng(varipipe::testing::TestSeed("PlannerSearch.FastPathAgreesWithThePerPairPath"));
+  int compared = 0;
+  int same_plans = 0;
+  for (const Job& job : {Job{.pp = 4, .memory_mib = 3072}, Job{.pp = 2, .dp = 2, .tokens = 16384},
+                         Job{.t5 = true, .pp = 4, .memory_mib = 3072}}) {
+    absl::StatusOr<Planner> fast = Planner::Create(Config(job));
+    ASSERT_THAT(fast, IsOk());
+    Planner per_pair = *fast;
+    per_pair.set_options({.share_micro_batching_bound = false});
+    const SyntheticMixture mixture =
+        rng() % 2 ? SyntheticMixture::Documents(rng()) : SyntheticMixture::Flan(rng());
+    uint64_t cursor = 0;
+    for (int iteration = 0; iteration < 6; ++iteration) {
+      const MiniBatch mb = Draw(mixture, &cursor, job.tokens, iteration);
+      absl::StatusOr<PlanningResult> a = fast->Plan(mb);
+      absl::StatusOr<PlanningResult> b = per_pair.Plan(mb);
+      ASSERT_EQ(a.ok(), b.ok());
+      if (!a.ok()) continue;
+      ++compared;
+      const std::vector<CandidateReport>& fc = a->report.candidates;
+      const std::vector<CandidateReport>& pc = b->report.candidates;
+      ASSERT_EQ(fc.size(), pc.size());
+      for (size_t k = 0; k < fc.size(); ++k) {
+        if (!fc[k].feasible && fc[k].rejected_at == "micro-batching") continue;
+        // Solved in both: the same partition, hence the same simulation.
+        EXPECT_EQ(fc[k].micro_batches, pc[k].micro_batches) << k;
+        EXPECT_EQ(fc[k].makespan_ms, pc[k].makespan_ms) << k;
+        EXPECT_EQ(fc[k].feasible, pc[k].feasible) << k;
+      }
+      // The per-pair path sees a superset of candidates.
+      EXPECT_LE(b->report.predicted_iteration_ms, a->report.predicted_iteration_ms);
+      if (b->report.predicted_iteration_ms == a->report.predicted_iteration_ms) {
+        EXPECT_EQ(Bytes(*a), Bytes(*b));
+        ++same_plans;
+      }
+    }
+  }
+  EXPECT_GE(compared, 12);
+  std::printf("same plans in %d of %d mini-batches\n", same_plans, compared);
+}
+
+// Each device's budget is its own room: the rooms follow each device's own
+// model state, and every rank's simulated peak stays within its own room.
+TEST(PlannerSearch, EachDeviceGetsItsOwnRoom) {
+  const Job job{.t5 = true, .pp = 4, .memory_mib = 2048};
+  const v1::JobConfig config = Config(job);
+  absl::StatusOr<Planner> planner = Planner::Create(config);
+  ASSERT_THAT(planner, IsOk());
+  const ModelDims dims = ModelDimsFromConfig(config.model());
+  absl::StatusOr<StageLayout> layout = MakeStageLayout(dims, job.pp, 1);
+  ASSERT_THAT(layout, IsOk());
+  const std::vector<double> params = ParametersPerDevice(planner->cost_model(), *layout);
+  absl::StatusOr<std::vector<double>> rooms = AvailableActivationBytesPerDevice(
+      planner->cost_model(), *layout, dims.dtype_bytes, ZeroStage::k0, 1, 2048.0 * (1 << 20));
+  ASSERT_THAT(rooms, IsOk());
+  ASSERT_EQ(rooms->size(), 4u);
+  for (size_t d = 0; d < 4; ++d) {
+    EXPECT_DOUBLE_EQ((*rooms)[d], 2048.0 * (1 << 20) -
+                                      ModelStatePerDevice(params[d], dims.dtype_bytes,
+                                                          ZeroStage::k0, 1)
+                                          .total())
+        << d;
+  }
+  // The busiest device's room is the common budget.
+  EXPECT_DOUBLE_EQ(*std::min_element(rooms->begin(), rooms->end()),
+                   *AvailableActivationBytes(planner->cost_model(), *layout, dims.dtype_bytes,
+                                             ZeroStage::k0, 1, 2048.0 * (1 << 20)));
+  const SyntheticMixture mixture = SyntheticMixture::Flan(11);
+  uint64_t cursor = 0;
+  for (int iteration = 0; iteration < 4; ++iteration) {
+    absl::StatusOr<PlanningResult> r = planner->Plan(Draw(mixture, &cursor, job.tokens, iteration));
+    ASSERT_THAT(r, IsOk());
+    ASSERT_EQ(r->report.memory_limit_per_rank.size(), 4u);
+    for (size_t rank = 0; rank < 4; ++rank) {
+      EXPECT_DOUBLE_EQ(r->report.memory_limit_per_rank[rank], (*rooms)[rank]);
+      EXPECT_LE(r->report.peak_bytes[rank], (*rooms)[rank]) << rank;
+    }
+  }
+}
+
+// With more room on some devices, per-device budgets never predict a slower
+// iteration than the common budget on the same partitions' candidates, and
+// the validator checks each rank against its own limit.
+TEST(PlannerSearch, PerDeviceBudgetIsNeverWorseThanTheCommonOne) {
+  const Job job{.t5 = true, .pp = 4, .memory_mib = 1536};
+  absl::StatusOr<Planner> own = Planner::Create(Config(job));
+  ASSERT_THAT(own, IsOk());
+  Planner common = *own;
+  common.set_options({.share_micro_batching_bound = false, .per_device_memory = false});
+  Planner own_all = *own;
+  own_all.set_options({.share_micro_batching_bound = false});
+  const SyntheticMixture mixture = SyntheticMixture::Flan(5);
+  uint64_t cursor = 0;
+  for (int iteration = 0; iteration < 4; ++iteration) {
+    const MiniBatch mb = Draw(mixture, &cursor, job.tokens, iteration);
+    absl::StatusOr<PlanningResult> a = own_all.Plan(mb);
+    absl::StatusOr<PlanningResult> b = common.Plan(mb);
+    if (!b.ok()) {
+      EXPECT_THAT(b, StatusIs(absl::StatusCode::kResourceExhausted));
+      continue;
+    }
+    ASSERT_THAT(a, IsOk());
+    // Larger rooms admit every partition the common budget admits (before
+    // simulation); the simulated choice may differ, but rarely loses much.
+    EXPECT_LE(a->report.predicted_iteration_ms, b->report.predicted_iteration_ms * 1.05);
+  }
+}
+
+TEST(PlannerSearch, ValidatorChecksEachRankAgainstItsOwnLimit) {
+  absl::StatusOr<Planner> planner = Planner::Create(Config({.pp = 2}));
+  ASSERT_THAT(planner, IsOk());
+  const SyntheticMixture mixture = SyntheticMixture::Flan(3);
+  uint64_t cursor = 0;
+  absl::StatusOr<PlanningResult> r = planner->Plan(Draw(mixture, &cursor, 8192, 0));
+  ASSERT_THAT(r, IsOk());
+  const std::vector<double> peaks = {100, 200};
+  EXPECT_THAT(ValidatePlans(r->plans, peaks, std::vector<double>{150, 250}, 2), IsOk());
+  EXPECT_THAT(ValidatePlans(r->plans, peaks, std::vector<double>{250, 150}, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 1")));
+}
+
+// Under the pipeline-depth budget device d holds up to c - d micro-batches
+// and runs one op's transient on top: the DP keeps (c - d) * max stored +
+// max transient within each device's room (planner/microbatch/dp_partition.h,
+// DpBudget).
+TEST(PlannerSearch, DepthBudgetLeavesRoomForTheTransient) {
+  std::mt19937 rng(varipipe::testing::TestSeed("PlannerSearch.DepthBudgetLeavesRoomForTheTransient"));
+  const ModelDims dims{.kind = ModelKind::kGpt,
+                       .encoder_layers = 8,
+                       .hidden = 1024,
+                       .heads = 16,
+                       .kv_channels = 64,
+                       .ffn = 4096,
+                       .vocab = 50000,
+                       .dtype_bytes = 2};
+  absl::StatusOr<CostModel> model = BuildAnalyticCostModel(
+      dims, *HardwarePreset("a100-40gb"), {.max_micro_batch_size = 512, .max_seq_len = 2048});
+  ASSERT_THAT(model, IsOk());
+  absl::StatusOr<StageLayout> layout = MakeStageLayout(dims, 4, 1);
+  ASSERT_THAT(layout, IsOk());
+  int tightened = 0;
+  int solved_trials = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const Recompute mode = static_cast<Recompute>(trial % 3);
+    absl::StatusOr<MicroBatchCostModel> cost = MicroBatchCostModel::Create(*model, *layout, mode, 1);
+    ASSERT_THAT(cost, IsOk());
+    std::vector<SampleLengths> samples;
+    std::uniform_int_distribution<uint32_t> length(1, 2048);
+    for (int i = 0; i < 60; ++i) samples.push_back({length(rng), 0});
+    std::vector<uint32_t> order(samples.size());
+    for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(),
+              [&](uint32_t a, uint32_t b) { return samples[a].input < samples[b].input; });
+    MicroBatchCost longest;
+    ASSERT_TRUE(cost->Evaluate(1, 2048, 0, &longest));
+    // Rooms from barely four longest samples' stored activation upwards.
+    const double room =
+        4 * longest.stored_bytes * std::uniform_real_distribution<double>(1.0, 3.0)(rng);
+    const DpProblem problem{.samples = samples,
+                            .order = order,
+                            .policy = {.encoder_decoder = false, .multiple = 8},
+                            .cost = &*cost,
+                            // An objective that favours large micro-batches
+                            // (the layout still has 4 devices).
+                            .pipeline_stages = 2,
+                            .peak_limit_bytes = room,
+                            .tmax_interval_ms = 0.05};
+    const DpBudget budget{.stored_limit_bytes = room / 4, .depth = 4};
+    std::vector<absl::StatusOr<DpSolution>> solved =
+        SolveMicroBatchDpBudgets(problem, std::span<const DpBudget>(&budget, 1));
+    if (!solved[0].ok()) continue;
+    std::array<double, 3> stored{};
+    std::array<double, 3> transient{};
+    for (const MicroBatchCost& c : solved[0]->costs) {
+      for (int k = 0; k < 3; ++k) {
+        stored[k] = std::max(stored[k], c.class_stored_bytes[k]);
+        transient[k] = std::max(transient[k], c.class_transient_bytes[k]);
+      }
+      EXPECT_LE(c.depth_stored_bytes, 4 * solved[0]->stored_limit_bytes * (1 + 1e-12));
+    }
+    // Device 0 holds 4 micro-batches under 1F1B, the last device 1.
+    EXPECT_EQ(cost->ClassDepths()[kFirstDevice], 4);
+    EXPECT_EQ(cost->ClassDepths()[kLastDevice], 1);
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_LE(cost->ClassDepths()[k] * stored[k] + transient[k], room * (1 + 1e-12))
+          << "trial " << trial << " class " << k;
+    }
+    tightened += solved[0]->stored_limit_bytes < room / 4;
+    ++solved_trials;
+  }
+  EXPECT_GT(tightened, 0);  // the test exercises the tightening
+  EXPECT_GT(solved_trials, tightened);
+}
+
+// A failed search still reports every candidate and why it was rejected.
+TEST(PlannerSearch, FailedPlanReportsEveryCandidate) {
+  absl::StatusOr<Planner> planner = Planner::Create(Config({.pp = 2, .memory_mib = 160}));
+  ASSERT_THAT(planner, IsOk());
+  const SyntheticMixture mixture = SyntheticMixture::Flan(9);
+  uint64_t cursor = 0;
+  PlanReport report;
+  absl::StatusOr<PlanningResult> r = planner->Plan(Draw(mixture, &cursor, 8192, 0), false, &report);
+  ASSERT_THAT(r, StatusIs(absl::StatusCode::kResourceExhausted));
+  ASSERT_EQ(report.candidates.size(), 6u);  // 3 recompute modes x 2 schedules
+  for (const CandidateReport& c : report.candidates) {
+    EXPECT_FALSE(c.feasible);
+    EXPECT_FALSE(c.rejected_at.empty()) << c.schedule << "/" << c.recompute;
+    EXPECT_FALSE(c.reason.empty()) << c.schedule << "/" << c.recompute;
+  }
+}
+
+TEST(DocumentsMixture, ShortSamplesWithALongTail) {
+  const SyntheticMixture mixture = SyntheticMixture::Documents(2024);
+  uint64_t cursor = 0;
+  std::vector<size_t> per_batch;
+  for (int b = 0; b < 20; ++b) {
+    uint64_t tokens = 0;
+    size_t samples = 0;
+    while (true) {
+      SampleLengths s = mixture.Sample(cursor);
+      s.target = std::min(s.target, 2048u);
+      s.input = std::min(s.input, 2048u - s.target);
+      if (tokens + s.input + s.target > 65536) break;
+      tokens += s.input + s.target;
+      ++samples;
+      ++cursor;
+    }
+    per_batch.push_back(samples);
+  }
+  double mean = 0;
+  for (size_t s : per_batch) mean += static_cast<double>(s) / per_batch.size();
+  EXPECT_GT(mean, 300);
+  EXPECT_LT(mean, 420);
+  std::vector<uint32_t> lengths;
+  for (uint64_t i = 0; i < 20000; ++i) {
+    const SampleLengths s = mixture.Sample(i);
+    lengths.push_back(s.input + s.target);
+  }
+  std::sort(lengths.begin(), lengths.end());
+  EXPECT_LT(lengths[lengths.size() / 2], 120u);        // most are short
+  EXPECT_GT(lengths[lengths.size() * 995 / 1000], 2048u);  // the tail reaches the maximum
+}
+
+}  // namespace
+}  // namespace varipipe::planner
