@@ -910,9 +910,8 @@ check_layer_timings() {
 }
 
 check_speed() {
-  local method rc=0 failed=() methods=(dynamic_programming token_based fixed_size padding) i=0
+  local method rc=0 failed=() methods=(dynamic_programming packing token_based fixed_size padding) i=0
   printf 'run\ttokens_per_s\tstep_ms\tcompute_ms\tinterpreter_ms\tinstructions\tpadding_efficiency\tmean_padded_len\tmfu\n' > "$logs/speed.tsv"
-  # Not packing: the executor runs only unpacked micro-batches.
   for method in "${methods[@]}"; do
     i=$((i + 1))
     if [[ $(left) -lt 30 ]]; then failed+=("$method (no time left)"); rc=1; continue; fi

@@ -8,44 +8,89 @@
 #include "common/status.h"
 
 namespace varipipe::executor {
-namespace {
 
-absl::Status CheckUnpacked(const v1::MicroBatch& micro_batch) {
-  if (micro_batch.row_starts_size() == 0) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat(
-      "micro-batch ", micro_batch.id(),
-      " is packed (several samples per row); the executor runs only unpacked micro-batches: "
-      "plan with another partition method"));
+absl::StatusOr<std::vector<std::vector<MicroBatchLoader::Placed>>> MicroBatchLoader::Rows(
+    const v1::MicroBatch& micro_batch) const {
+  const bool t5 = sampler_.encoder_decoder;
+  const int samples = micro_batch.sample_ids_size();
+  // Row r holds samples [starts[r], starts[r + 1]); unpacked: one each.
+  std::vector<int> starts(micro_batch.row_starts().begin(), micro_batch.row_starts().end());
+  if (starts.empty()) {
+    for (int i = 0; i < samples; ++i) starts.push_back(i);
+  }
+  starts.push_back(samples);
+  std::vector<std::vector<Placed>> rows(starts.size() - 1);
+  for (size_t r = 0; r + 1 < starts.size(); ++r) {
+    if (starts[r] >= starts[r + 1] || starts[r + 1] > samples) {
+      return absl::InvalidArgumentError(absl::StrCat("micro-batch ", micro_batch.id(),
+                                                     ": row_starts are not increasing below ",
+                                                     samples, " samples"));
+    }
+    uint32_t input_used = 0;
+    uint32_t target_used = 0;
+    for (int i = starts[r]; i < starts[r + 1]; ++i) {
+      const uint64_t id = micro_batch.sample_ids(i);
+      if (id >= dataset_->size()) {
+        return absl::OutOfRangeError(absl::StrCat("micro-batch ", micro_batch.id(), ": sample ",
+                                                  id, " is beyond the ", dataset_->size(),
+                                                  " samples of ", dataset_->Describe()));
+      }
+      const SampleLengths s = TruncateSample(dataset_->Lengths(id), sampler_);
+      const uint32_t sequence = t5 ? s.input : s.input + s.target;
+      Placed placed{id, s, input_used, target_used};
+      input_used += sequence;
+      target_used += t5 ? s.target : 0;
+      if (sequence == 0 || input_used > micro_batch.input_len() ||
+          (t5 && (s.target == 0 || target_used > micro_batch.target_len()))) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "micro-batch ", micro_batch.id(), ": sample ", id, " (", s.input, " input and ",
+            s.target, " target tokens", micro_batch.row_starts_size() > 0 ? ", packed" : "",
+            ") does not fit the planned padded lengths ", micro_batch.input_len(), "/",
+            micro_batch.target_len(),
+            "; was the plan made for this dataset and these maximum lengths?"));
+      }
+      rows[r].push_back(placed);
+    }
+  }
+  return rows;
 }
 
-}  // namespace
-
 absl::StatusOr<RowLengths> MicroBatchLoader::Lengths(const v1::MicroBatch& micro_batch) const {
-  VP_RETURN_IF_ERROR(CheckUnpacked(micro_batch));
-  const int64_t rows = micro_batch.sample_ids_size();
+  VP_ASSIGN_OR_RETURN(const std::vector<std::vector<Placed>> rows, Rows(micro_batch));
+  const bool t5 = sampler_.encoder_decoder;
+  const bool packed = micro_batch.row_starts_size() > 0;
+  const int64_t b = static_cast<int64_t>(rows.size());
   RowLengths lengths;
-  lengths.input = torch::empty({rows}, torch::kInt64);
-  if (sampler_.encoder_decoder) lengths.target = torch::empty({rows}, torch::kInt64);
+  lengths.input = torch::zeros({b}, torch::kInt64);
+  if (t5) lengths.target = torch::zeros({b}, torch::kInt64);
+  if (packed) {
+    lengths.input_segments = torch::full({b, micro_batch.input_len()}, -1, torch::kInt64);
+    lengths.input_positions = torch::zeros({b, micro_batch.input_len()}, torch::kInt64);
+    if (t5) {
+      lengths.target_segments = torch::full({b, micro_batch.target_len()}, -1, torch::kInt64);
+      lengths.target_positions = torch::zeros({b, micro_batch.target_len()}, torch::kInt64);
+    }
+  }
   auto input = lengths.input.accessor<int64_t, 1>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint64_t id = micro_batch.sample_ids(static_cast<int>(r));
-    if (id >= dataset_->size()) {
-      return absl::OutOfRangeError(absl::StrCat("micro-batch ", micro_batch.id(), ": sample ", id,
-                                                " is beyond the ", dataset_->size(), " samples of ",
-                                                dataset_->Describe()));
+  for (int64_t r = 0; r < b; ++r) {
+    for (size_t k = 0; k < rows[r].size(); ++k) {
+      const Placed& p = rows[r][k];
+      const uint32_t sequence = t5 ? p.lengths.input : p.lengths.input + p.lengths.target;
+      input[r] += sequence;
+      if (t5) lengths.target.accessor<int64_t, 1>()[r] += p.lengths.target;
+      if (!packed) continue;
+      // Segment k of the row, positions restarting at 0.
+      const auto fill = [&](torch::Tensor& segments, torch::Tensor& positions, uint32_t offset,
+                            uint32_t count) {
+        const int64_t begin = offset;
+        const int64_t end = begin + count;
+        segments[r].slice(0, begin, end).fill_(static_cast<int64_t>(k));
+        positions[r].slice(0, begin, end).copy_(torch::arange(static_cast<int64_t>(count), torch::kInt64));
+      };
+      fill(lengths.input_segments, lengths.input_positions, p.input_offset, sequence);
+      if (t5) fill(lengths.target_segments, lengths.target_positions, p.target_offset,
+                   p.lengths.target);
     }
-    const SampleLengths s = TruncateSample(dataset_->Lengths(id), sampler_);
-    const uint32_t sequence = sampler_.encoder_decoder ? s.input : s.input + s.target;
-    if (sequence == 0 || sequence > micro_batch.input_len() ||
-        (sampler_.encoder_decoder && (s.target == 0 || s.target > micro_batch.target_len()))) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "micro-batch ", micro_batch.id(), ": sample ", id, " (", s.input, " input and ",
-          s.target, " target tokens) does not fit the planned padded lengths ",
-          micro_batch.input_len(), "/", micro_batch.target_len(),
-          "; was the plan made for this dataset and these maximum lengths?"));
-    }
-    input[r] = sequence;
-    if (sampler_.encoder_decoder) lengths.target[r] = static_cast<int64_t>(s.target);
   }
   return lengths;
 }
@@ -53,75 +98,64 @@ absl::StatusOr<RowLengths> MicroBatchLoader::Lengths(const v1::MicroBatch& micro
 absl::StatusOr<torch::Tensor> MicroBatchLoader::Load(const v1::MicroBatch& micro_batch,
                                                      v1::LoadInput::Content content,
                                                      const v1::TensorSpec& spec) const {
-  VP_RETURN_IF_ERROR(CheckUnpacked(micro_batch));
-  const int64_t rows = micro_batch.sample_ids_size();
+  VP_ASSIGN_OR_RETURN(const std::vector<std::vector<Placed>> rows, Rows(micro_batch));
+  const int64_t b = static_cast<int64_t>(rows.size());
   const bool t5 = sampler_.encoder_decoder;
   const int64_t padded = (content == v1::LoadInput::INPUT_TOKENS) ? micro_batch.input_len()
                          : t5                                     ? micro_batch.target_len()
                                                                   : micro_batch.input_len();
-  if (spec.dims_size() != 2 || spec.dims(0) != rows || spec.dims(1) != padded ||
+  if (spec.dims_size() != 2 || spec.dims(0) != b || spec.dims(1) != padded ||
       spec.dtype() != v1::INT64) {
     return absl::FailedPreconditionError(absl::StrCat(
         "micro-batch ", micro_batch.id(), ": LoadInput ", v1::LoadInput::Content_Name(content),
-        " expects an INT64 [", rows, ", ", padded, "] tensor but the plan says ",
+        " expects an INT64 [", b, ", ", padded, "] tensor but the plan says ",
         spec.ShortDebugString()));
   }
   if (content == v1::LoadInput::DECODER_INPUT_TOKENS && !t5) {
     return absl::FailedPreconditionError("DECODER_INPUT_TOKENS in a plan for a decoder-only model");
   }
   const int64_t fill = content == v1::LoadInput::LABELS ? kIgnoredLabel : 0;
-  torch::Tensor tensor = torch::full({rows, padded}, fill, torch::kInt64);
+  torch::Tensor tensor = torch::full({b, padded}, fill, torch::kInt64);
   auto out = tensor.accessor<int64_t, 2>();
   std::vector<int64_t> input;
   std::vector<int64_t> target;
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint64_t id = micro_batch.sample_ids(static_cast<int>(r));
-    if (id >= dataset_->size()) {
-      return absl::OutOfRangeError(absl::StrCat("micro-batch ", micro_batch.id(), ": sample ", id,
-                                                " is beyond the dataset"));
-    }
-    VP_RETURN_IF_ERROR(dataset_->ReadSample(id, &input, &target));
-    const SampleLengths s = TruncateSample(
-        {static_cast<uint32_t>(input.size()), static_cast<uint32_t>(target.size())}, sampler_);
-    input.resize(s.input);
-    target.resize(s.target);
-    // GPT: the sequence is input ++ target.
-    std::vector<int64_t> sequence = input;
-    if (!t5) sequence.insert(sequence.end(), target.begin(), target.end());
-    const int64_t limit = t5 && content != v1::LoadInput::INPUT_TOKENS
-                              ? static_cast<int64_t>(target.size())
-                              : static_cast<int64_t>(sequence.size());
-    if (limit > padded) {
-      return absl::FailedPreconditionError(absl::StrCat("micro-batch ", micro_batch.id(),
-                                                        ": sample ", id, " has ", limit,
-                                                        " tokens, more than the padded ", padded));
-    }
-    switch (content) {
-      case v1::LoadInput::INPUT_TOKENS:
-        for (size_t j = 0; j < sequence.size(); ++j) out[r][static_cast<int64_t>(j)] = sequence[j];
-        break;
-      case v1::LoadInput::DECODER_INPUT_TOKENS:
-        // Targets shifted right behind a start token (id 0).
-        for (size_t j = 0; j + 1 < target.size(); ++j) {
-          out[r][static_cast<int64_t>(j + 1)] = target[j];
-        }
-        break;
-      case v1::LoadInput::LABELS: {
-        // Position p - 1 (GPT) or p (T5) predicts token p of the span.
-        const LossSpan span = LossTokenSpan(s, t5);
-        for (uint32_t p = span.begin; p < span.end; ++p) {
-          if (t5) {
-            out[r][p] = target[p];
-          } else {
-            out[r][p - 1] = sequence[p];
+  for (int64_t r = 0; r < b; ++r) {
+    for (const Placed& p : rows[r]) {
+      VP_RETURN_IF_ERROR(dataset_->ReadSample(p.id, &input, &target));
+      input.resize(p.lengths.input);
+      target.resize(p.lengths.target);
+      // GPT: the sequence is input ++ target.
+      std::vector<int64_t> sequence = input;
+      if (!t5) sequence.insert(sequence.end(), target.begin(), target.end());
+      const int64_t in = p.input_offset;   // where the sample's sequence starts in the row
+      const int64_t tg = p.target_offset;  // T5: where its target starts
+      switch (content) {
+        case v1::LoadInput::INPUT_TOKENS:
+          for (size_t j = 0; j < sequence.size(); ++j) out[r][in + static_cast<int64_t>(j)] = sequence[j];
+          break;
+        case v1::LoadInput::DECODER_INPUT_TOKENS:
+          // The sample's targets shifted right behind a start token (id 0).
+          for (size_t j = 0; j + 1 < target.size(); ++j) {
+            out[r][tg + static_cast<int64_t>(j) + 1] = target[j];
           }
+          break;
+        case v1::LoadInput::LABELS: {
+          // Position p - 1 (GPT) or p (T5) of the sample predicts its token p.
+          const LossSpan span = LossTokenSpan(p.lengths, t5);
+          for (uint32_t q = span.begin; q < span.end; ++q) {
+            if (t5) {
+              out[r][tg + q] = target[q];
+            } else {
+              out[r][in + q - 1] = sequence[q];
+            }
+          }
+          break;
         }
-        break;
+        default:
+          return absl::InvalidArgumentError(absl::StrCat("micro-batch ", micro_batch.id(),
+                                                         ": LoadInput with unknown content ",
+                                                         static_cast<int>(content)));
       }
-      default:
-        return absl::InvalidArgumentError(absl::StrCat("micro-batch ", micro_batch.id(),
-                                                       ": LoadInput with unknown content ",
-                                                       static_cast<int>(content)));
     }
   }
   return tensor;

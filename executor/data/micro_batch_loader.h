@@ -10,6 +10,8 @@
 
 #include <torch/torch.h>
 
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "common/dataset/minibatch_sampler.h"
 #include "common/dataset/sample_dataset.h"
@@ -20,9 +22,20 @@ namespace varipipe::executor {
 // Label value of positions the loss ignores.
 inline constexpr int64_t kIgnoredLabel = -1;
 
+// What the attention masks and position embeddings of a micro-batch need.
+// Unpacked micro-batches (one sample per row) give the real lengths only.
+// Packed ones (several samples per row, back to back, MicroBatch.row_starts)
+// also give, per position, the sample it belongs to within its row (0, 1,
+// ...; -1 for padding) and its position inside that sample (restarting at 0
+// for every sample; 0 for padding), for the input rows and (T5) the target
+// rows; a sample's encoder and decoder segments carry the same number.
 struct RowLengths {
-  torch::Tensor input;   // int64 [b]: GPT sequence (input + target) / T5 input
+  torch::Tensor input;   // int64 [b]: GPT sequence (input + target) / T5 input, per row
   torch::Tensor target;  // int64 [b]: T5 target; undefined for GPT
+  torch::Tensor input_segments;    // packed: int64 [b, input_len]
+  torch::Tensor input_positions;   // packed: int64 [b, input_len]
+  torch::Tensor target_segments;   // packed T5: int64 [b, target_len]
+  torch::Tensor target_positions;  // packed T5: int64 [b, target_len]
 };
 
 class MicroBatchLoader {
@@ -33,17 +46,31 @@ class MicroBatchLoader {
       : dataset_(dataset), sampler_(sampler) {}
 
   // FailedPrecondition when a row does not fit the micro-batch's padded
-  // lengths (a plan made for other data or other maxima); Unimplemented for
-  // packed micro-batches (several samples per row).
+  // lengths (a plan made for other data or other maxima).
   absl::StatusOr<RowLengths> Lengths(const v1::MicroBatch& micro_batch) const;
 
   // The tensor of one LoadInput buffer, shaped by `spec` ([b, padded] INT64).
-  // Errors name the micro-batch and the sample.
+  // In a packed row every sample's tokens, decoder inputs (shifted right
+  // behind a start token, per sample) and labels (the sample's own loss
+  // tokens; never a prediction across two samples) follow the previous
+  // sample's. Errors name the micro-batch and the sample.
   absl::StatusOr<torch::Tensor> Load(const v1::MicroBatch& micro_batch,
                                      v1::LoadInput::Content content,
                                      const v1::TensorSpec& spec) const;
 
  private:
+  // One sample of a row: its id, truncated lengths and where its input
+  // (GPT: sequence) and target start in the row.
+  struct Placed {
+    uint64_t id = 0;
+    SampleLengths lengths;
+    uint32_t input_offset = 0;
+    uint32_t target_offset = 0;
+  };
+  // The rows of a micro-batch (one sample each when unpacked), checked
+  // against its padded lengths.
+  absl::StatusOr<std::vector<std::vector<Placed>>> Rows(const v1::MicroBatch& micro_batch) const;
+
   const SampleDataset* dataset_;
   SamplerOptions sampler_;
 };

@@ -26,6 +26,26 @@ torch::Tensor CrossAttentionMask(const torch::Tensor& key_lengths, int64_t queri
   return keys.unsqueeze(1).unsqueeze(1).expand({key_lengths.size(0), 1, queries, padded_keys});
 }
 
+torch::Tensor SegmentSelfAttentionMask(const torch::Tensor& segments, bool causal) {
+  const torch::Tensor queries = segments.unsqueeze(2);  // [b, q, 1]
+  const torch::Tensor keys = segments.unsqueeze(1);     // [b, 1, k]
+  torch::Tensor mask = queries == keys;
+  if (causal) {
+    const int64_t s = segments.size(1);
+    const auto options = torch::TensorOptions().dtype(torch::kInt64).device(segments.device());
+    const torch::Tensor positions = torch::arange(s, options);
+    mask = mask.logical_and((positions.unsqueeze(1) >= positions.unsqueeze(0)).unsqueeze(0));
+  }
+  return mask.logical_or(queries < 0).unsqueeze(1);
+}
+
+torch::Tensor SegmentCrossAttentionMask(const torch::Tensor& query_segments,
+                                        const torch::Tensor& key_segments) {
+  const torch::Tensor queries = query_segments.unsqueeze(2);  // [b, t, 1]
+  const torch::Tensor mask = (queries == key_segments.unsqueeze(1)).logical_or(queries < 0);
+  return mask.unsqueeze(1);
+}
+
 torch::Tensor MaskedAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& mask, int64_t heads) {
   const int64_t b = q.size(0);

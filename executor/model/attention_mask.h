@@ -20,6 +20,19 @@ torch::Tensor SelfAttentionMask(const torch::Tensor& lengths, int64_t padded, bo
 torch::Tensor CrossAttentionMask(const torch::Tensor& key_lengths, int64_t queries,
                                  int64_t padded_keys);
 
+// Packed rows (several samples back to back; `segments` int64 [b, s] gives
+// each position's sample within its row, -1 for padding): a query attends
+// only to keys of its own sample (block-diagonal, and causal with `causal`),
+// so no sample sees another. Padding queries attend to every key, which keeps
+// their softmax finite; their outputs reach no loss.
+torch::Tensor SegmentSelfAttentionMask(const torch::Tensor& segments, bool causal);
+
+// Packed T5 cross-attention: decoder position q attends to the encoder
+// positions of the same sample (`query_segments` [b, t], `key_segments`
+// [b, s]); decoder padding attends to every key.
+torch::Tensor SegmentCrossAttentionMask(const torch::Tensor& query_segments,
+                                        const torch::Tensor& key_segments);
+
 // Scaled dot-product attention of q [b, sq, heads*d], k, v [b, sk, heads*d]
 // under `mask` [b, 1, sq, sk]; returns [b, sq, heads*d].
 torch::Tensor MaskedAttention(const torch::Tensor& q, const torch::Tensor& k,

@@ -120,7 +120,9 @@ void ModelStage::SetSelectiveRecompute(bool on) {
 }
 
 torch::Tensor ModelStage::Embed(const torch::Tensor& tokens, const torch::Tensor& word,
-                                const torch::Tensor& position) const {
+                                const torch::Tensor& position,
+                                const torch::Tensor& positions) const {
+  if (positions.defined()) return torch::embedding(word, tokens) + torch::embedding(position, positions);
   const int64_t s = tokens.size(1);
   return torch::embedding(word, tokens) + position.slice(0, 0, s).unsqueeze(0);
 }
@@ -131,10 +133,15 @@ StageActivations ModelStage::Forward(const StageActivations& in, const StageBatc
   torch::Tensor memory = in.memory;
   size_t next_layer = 0;
   // Encoder (GPT: the whole model) part.
-  if (role_.embeds_input) hidden = Embed(batch.input_tokens, word_embedding_, position_embedding_);
+  const bool packed = batch.input_segments.defined();
+  if (role_.embeds_input) {
+    hidden = Embed(batch.input_tokens, word_embedding_, position_embedding_, batch.input_positions);
+  }
   if (role_.encoder_layers.size() > 0) {
+    const bool causal = !spec_.encoder_decoder;
     const torch::Tensor mask =
-        SelfAttentionMask(batch.input_lengths, hidden.size(1), /*causal=*/!spec_.encoder_decoder);
+        packed ? SegmentSelfAttentionMask(batch.input_segments, causal)
+               : SelfAttentionMask(batch.input_lengths, hidden.size(1), causal);
     for (int64_t i = 0; i < role_.encoder_layers.size(); ++i) {
       hidden = layers_[next_layer++]->Forward(hidden, mask);
     }
@@ -147,12 +154,15 @@ StageActivations ModelStage::Forward(const StageActivations& in, const StageBatc
   if (spec_.encoder_decoder && (role_.embeds_decoder || role_.decoder_layers.size() > 0)) {
     if (role_.embeds_decoder) {
       memory = hidden;  // the encoder output
-      hidden = Embed(batch.decoder_tokens, decoder_word_embedding_, decoder_position_embedding_);
+      hidden = Embed(batch.decoder_tokens, decoder_word_embedding_, decoder_position_embedding_,
+                     batch.target_positions);
     }
     const torch::Tensor self_mask =
-        SelfAttentionMask(batch.target_lengths, hidden.size(1), /*causal=*/true);
+        packed ? SegmentSelfAttentionMask(batch.target_segments, /*causal=*/true)
+               : SelfAttentionMask(batch.target_lengths, hidden.size(1), /*causal=*/true);
     const torch::Tensor cross_mask =
-        CrossAttentionMask(batch.input_lengths, hidden.size(1), memory.size(1));
+        packed ? SegmentCrossAttentionMask(batch.target_segments, batch.input_segments)
+               : CrossAttentionMask(batch.input_lengths, hidden.size(1), memory.size(1));
     for (int64_t i = 0; i < role_.decoder_layers.size(); ++i) {
       hidden = layers_[next_layer++]->Forward(hidden, self_mask, memory, cross_mask);
     }

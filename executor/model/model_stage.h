@@ -47,6 +47,13 @@ struct StageBatch {
   torch::Tensor decoder_tokens;  // T5: [b, t] decoder input (targets shifted right)
   torch::Tensor target_lengths;  // T5: [b]
   torch::Tensor labels;          // last stage: [b, s or t], -1 where no loss
+  // Packed rows (several samples per row; undefined when unpacked): each
+  // position's sample within its row (-1 padding) and its position inside
+  // that sample, for the input (GPT sequence, T5 encoder) and T5 target rows
+  // (MicroBatchLoader's RowLengths). Attention is block-diagonal per sample
+  // and position embeddings restart per sample.
+  torch::Tensor input_segments, input_positions;    // [b, s]
+  torch::Tensor target_segments, target_positions;  // T5: [b, t]
   // Multiplies the summed token loss: 1 / (real target tokens of the whole
   // global mini-batch), so the micro-batch losses add up to the global mean.
   double loss_scale = 1.0;
@@ -78,8 +85,10 @@ class ModelStage : public torch::nn::Module {
   void SetSelectiveRecompute(bool on);
 
  private:
+  // Token plus position embeddings; `positions` [b, s] for packed rows,
+  // else 0..s-1 in every row.
   torch::Tensor Embed(const torch::Tensor& tokens, const torch::Tensor& word,
-                      const torch::Tensor& position) const;
+                      const torch::Tensor& position, const torch::Tensor& positions) const;
 
   ModelSpec spec_;
   StageRole role_;

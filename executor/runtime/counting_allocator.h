@@ -38,6 +38,8 @@ class MemoryAccount {
 MemoryAccount& ProcessMemoryAccount();
 
 // Charges the current thread's CPU allocations to `account` while it lives.
+// The account must outlive every storage charged to it (they credit it back
+// when freed).
 class ScopedAccount {
  public:
   explicit ScopedAccount(MemoryAccount* account);

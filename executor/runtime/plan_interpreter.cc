@@ -242,6 +242,14 @@ class IterationRun {
     stats_.data_seconds += Seconds(Clock::now() - start);
     batch->input_lengths = lengths.input.to(it_.options_.device);
     if (lengths.target.defined()) batch->target_lengths = lengths.target.to(it_.options_.device);
+    // Packed micro-batches: per-position samples and positions.
+    const auto to_device = [&](const torch::Tensor& t) {
+      return t.defined() ? t.to(it_.options_.device) : t;
+    };
+    batch->input_segments = to_device(lengths.input_segments);
+    batch->input_positions = to_device(lengths.input_positions);
+    batch->target_segments = to_device(lengths.target_segments);
+    batch->target_positions = to_device(lengths.target_positions);
     batch->loss_scale = 1.0 / static_cast<double>(plan_.global_target_tokens());
     std::vector<torch::Tensor> received;
     for (uint32_t id : in.forward().input_buffer_ids()) {

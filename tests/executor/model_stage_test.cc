@@ -342,6 +342,8 @@ class SelectiveRecomputeTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(SelectiveRecomputeTest, SameGradientsLessStoredMemory) {
   InstallCountingCpuAllocator();
+  // Declared first: it must outlive every tensor charged to it.
+  MemoryAccount account;
   const bool t5 = GetParam();
   const ModelSpec spec = t5 ? SmallT5() : SmallGpt();
   std::mt19937 rng(::varipipe::testing::TestSeed("SelectiveRecomputeSameGradients"));
@@ -349,7 +351,6 @@ TEST_P(SelectiveRecomputeTest, SameGradientsLessStoredMemory) {
   const StageBatch batch = MakeBatch(spec, samples, 12, LossScale(spec, samples));
   const auto stages = BuildStages(spec, 1);
   ModelStage& stage = *stages[0];
-  MemoryAccount account;
   ScopedAccount scope(&account);
 
   struct Run {

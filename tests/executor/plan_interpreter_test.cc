@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "common/config/job_config.h"
 #include "common/dataset/minibatch_sampler.h"
+#include "common/dataset/loss_tokens.h"
 #include "common/dataset/sample_dataset.h"
 #include "executor/comm/gloo/gloo_transport.h"
 #include "executor/model/model_spec.h"
@@ -46,6 +47,7 @@ struct Case {
   v1::RecomputeMode recompute = v1::RECOMPUTE_NONE;
   std::string name;
   uint32_t chunks = 1;  // parallelism.virtual_chunks (interleaved 1F1B)
+  v1::PartitionMethod method = v1::DYNAMIC_PROGRAMMING;
 };
 
 // adam_epsilon is 1e-6 rather than 1e-8: some gradients are exactly zero in
@@ -76,6 +78,8 @@ v1::JobConfig TinyConfig(const Case& c, uint32_t pp, uint32_t dp) {
   config->mutable_planner()->add_schedules(c.schedule);
   config->mutable_planner()->clear_recompute_modes();
   config->mutable_planner()->add_recompute_modes(c.recompute);
+  config->mutable_planner()->clear_partition_methods();
+  config->mutable_planner()->add_partition_methods(c.method);
   ApplyJobConfigDefaults(*config);
   EXPECT_THAT(ValidateJobConfig(*config, "test"), IsOk());
   return *config;
@@ -145,14 +149,20 @@ class PlanInterpreterTest : public ::testing::TestWithParam<Case> {
     const int pp = static_cast<int>(config.parallelism().pipeline());
     std::vector<InstructionProgress> progress(size);
     InstallCountingCpuAllocator();
-    memory_ = std::vector<MemoryAccount>(size);
+    // Fresh accounts per run; earlier ones stay alive (tensors they paid for,
+    // such as the returned parameters, may outlive the run).
+    memory_.clear();
+    for (int r = 0; r < size; ++r) {
+      accounts_.push_back(std::make_unique<MemoryAccount>());
+      memory_.push_back(accounts_.back().get());
+    }
     std::vector<absl::StatusOr<IterationStats>> results(size, absl::UnknownError("not run"));
     parameters->assign(size, {});
     std::vector<std::thread> threads;
     const std::string run = absl::StrCat("run", ++runs_);
     for (int r = 0; r < size; ++r) {
       threads.emplace_back([&, r] {
-        ScopedAccount account(&memory_[r]);
+        ScopedAccount account(memory_[r]);
         GlooTransport::Options o;
         o.redis.host = redis_->host();
         o.redis.port = redis_->port();
@@ -184,7 +194,7 @@ class PlanInterpreterTest : public ::testing::TestWithParam<Case> {
         InterpreterOptions options;
         options.wait_timeout = control.timeouts.empty() ? timeout : control.timeouts[r];
         options.progress = &progress[r];
-        options.memory = &memory_[r];
+        options.memory = memory_[r];
         for (int k = 0; k < pp; ++k) options.pipeline_group.push_back(r / pp * pp + k);
         PlanInterpreter interpreter(by_id, transport->get(), &loader, &optimizer, options);
         if (control.before_run) control.before_run(r, progress);
@@ -202,7 +212,9 @@ class PlanInterpreterTest : public ::testing::TestWithParam<Case> {
 
   std::unique_ptr<RedisServer> redis_;
   int runs_ = 0;
-  std::vector<MemoryAccount> memory_;  // per rank, of the last RunRanks
+  // Per rank, of the last RunRanks; every account lives as long as the test.
+  std::vector<MemoryAccount*> memory_;
+  std::vector<std::unique_ptr<MemoryAccount>> accounts_;
 };
 
 TEST_P(PlanInterpreterTest, OneStepEqualsUnpipelinedTraining) {
@@ -266,6 +278,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{false, v1::INTERLEAVED_1F1B, v1::RECOMPUTE_NONE, "GptInterleaved3", 3},
                       Case{true, v1::GPIPE, v1::RECOMPUTE_FULL, "T5GPipeRecompute"},
                       Case{true, v1::KFKB, v1::RECOMPUTE_NONE, "T5Kfkb"},
+                      Case{false, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, "GptPacked1F1B", 1,
+                           v1::PACKING},
+                      Case{true, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, "T5Packed1F1B", 1,
+                           v1::PACKING},
                       Case{true, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, "T51F1B"},
                       Case{true, v1::ADAPTIVE, v1::RECOMPUTE_FULL, "T5AdaptiveRecompute"}),
     [](const auto& info) { return info.param.name; });
@@ -308,6 +324,106 @@ TEST_F(PlanInterpreterTest, SelectiveRecomputationLowersTheMeasuredActivationPea
     }
   }
 }
+
+// Packed rows (several samples back to back, block-diagonal attention,
+// positions restarting per sample, each sample's own labels) give the loss and
+// every gradient of the same samples one per row: the whole model on one
+// stage, the micro-batches built by the executor's loader.
+class PackingTest : public ::testing::TestWithParam<bool> {};
+
+struct WholeModelPass {
+  double loss = 0;
+  std::map<std::string, torch::Tensor> grads;
+};
+
+WholeModelPass RunWholeModel(const v1::JobConfig& config, const MicroBatchLoader& loader,
+                             const v1::MicroBatch& mb, double loss_scale) {
+  const ModelSpec spec = *ModelSpecFromConfig(config);
+  ModelStage stage(spec, (*PipelineStageRoles(spec, 1))[0]);
+  const bool t5 = spec.encoder_decoder;
+  const int64_t rows = mb.row_starts_size() > 0 ? mb.row_starts_size() : mb.sample_ids_size();
+  const auto tokens = [&](int64_t len) {
+    v1::TensorSpec s;
+    s.add_dims(rows);
+    s.add_dims(len);
+    s.set_dtype(v1::INT64);
+    return s;
+  };
+  absl::StatusOr<RowLengths> lengths = loader.Lengths(mb);
+  EXPECT_THAT(lengths, IsOk());
+  StageBatch batch;
+  batch.input_lengths = lengths->input;
+  batch.target_lengths = lengths->target;
+  batch.input_segments = lengths->input_segments;
+  batch.input_positions = lengths->input_positions;
+  batch.target_segments = lengths->target_segments;
+  batch.target_positions = lengths->target_positions;
+  batch.input_tokens = *loader.Load(mb, v1::LoadInput::INPUT_TOKENS, tokens(mb.input_len()));
+  if (t5) {
+    batch.decoder_tokens =
+        *loader.Load(mb, v1::LoadInput::DECODER_INPUT_TOKENS, tokens(mb.target_len()));
+  }
+  batch.labels =
+      *loader.Load(mb, v1::LoadInput::LABELS, tokens(t5 ? mb.target_len() : mb.input_len()));
+  batch.loss_scale = loss_scale;
+  WholeModelPass pass;
+  StageActivations out = stage.Forward({}, batch);
+  pass.loss = out.loss.item<double>();
+  out.loss.backward();
+  for (const auto& item : stage.named_parameters()) {
+    pass.grads[item.key()] = item.value().grad().clone();
+  }
+  return pass;
+}
+
+TEST_P(PackingTest, PackedRowsGiveTheGradientsOfUnpackedRows) {
+  const bool t5 = GetParam();
+  const v1::JobConfig config = TinyConfig({.t5 = t5}, 1, 1);
+  absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(config);
+  ASSERT_THAT(dataset, IsOk());
+  const SamplerOptions sampler = SamplerOptionsFromConfig(config);
+  MicroBatchLoader loader(dataset->get(), sampler);
+  // Seven samples: unpacked one per row; packed 3 + 2 + 2 per row.
+  v1::MicroBatch unpacked;
+  v1::MicroBatch packed;
+  std::vector<uint32_t> row_input(3, 0);
+  std::vector<uint32_t> row_target(3, 0);
+  const std::vector<int> row_of = {0, 0, 0, 1, 1, 2, 2};
+  double loss_tokens = 0;
+  for (int i = 0; i < 7; ++i) {
+    const uint64_t id = 100 + 37 * static_cast<uint64_t>(i);
+    const SampleLengths s = TruncateSample((*dataset)->Lengths(id), sampler);
+    const uint32_t sequence = t5 ? s.input : s.input + s.target;
+    unpacked.add_sample_ids(id);
+    packed.add_sample_ids(id);
+    unpacked.set_input_len(std::max(unpacked.input_len(), sequence));
+    unpacked.set_target_len(std::max(unpacked.target_len(), t5 ? s.target : 0));
+    row_input[row_of[i]] += sequence;
+    row_target[row_of[i]] += t5 ? s.target : 0;
+    loss_tokens += static_cast<double>(LossTokens(s, t5));
+  }
+  for (int start : {0, 3, 5}) packed.add_row_starts(start);
+  packed.set_input_len(*std::max_element(row_input.begin(), row_input.end()) + 3);
+  packed.set_target_len(t5 ? *std::max_element(row_target.begin(), row_target.end()) + 2 : 0);
+  const WholeModelPass one_per_row = RunWholeModel(config, loader, unpacked, 1.0 / loss_tokens);
+  const WholeModelPass rows = RunWholeModel(config, loader, packed, 1.0 / loss_tokens);
+  std::printf("loss: packed %.9f, unpacked %.9f (rows %u/%u/%u tokens, padded to %u)\n",
+              rows.loss, one_per_row.loss, row_input[0], row_input[1], row_input[2],
+              packed.input_len());
+  EXPECT_NEAR(rows.loss, one_per_row.loss, 1e-6 * one_per_row.loss);
+  double worst = 0;
+  for (const auto& [name, grad] : one_per_row.grads) {
+    const double scale = std::max(grad.abs().max().item<double>(), 1e-30);
+    const double difference = (rows.grads.at(name) - grad).abs().max().item<double>() / scale;
+    EXPECT_LE(difference, 1e-5) << name;
+    worst = std::max(worst, difference);
+  }
+  std::printf("worst relative gradient difference %.3g over %zu tensors\n", worst,
+              one_per_row.grads.size());
+}
+
+INSTANTIATE_TEST_SUITE_P(GptAndT5, PackingTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "T5" : "Gpt"; });
 
 class WatchdogTest : public PlanInterpreterTest {};
 
