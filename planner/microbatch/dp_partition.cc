@@ -32,6 +32,11 @@ struct RunTable {
   bool depth_memory = false;
   std::vector<std::vector<double>> time_chunks;
   std::vector<std::vector<double>> memory_chunks;
+  // Decoder-only tables: run [i, j] costs lookup_time[row][j - i], row the
+  // cache row (RowCache) of the run's padded length (RunCosts); row_slot
+  // maps a padded length / multiple to its row. Empty otherwise.
+  std::vector<std::vector<double>> lookup_time;
+  const std::vector<int>* row_slot = nullptr;
   // Each sample alone (also when over a limit), for errors and pruning.
   std::vector<MicroBatchCost> single;
   std::vector<bool> single_known;
@@ -184,6 +189,64 @@ struct TableLimits {
   double run_cap = kInf;
 };
 
+// Decoder-only runs cost t(b, L) for b samples padded to the longest, L:
+// one table per padded length of the run costs b = 1, 2, ... until the
+// first that breaks a limit (memory and time grow with b). A run of the
+// table is then a lookup: far fewer cost evaluations than runs when many
+// samples share a padded length (large or documents-like batches).
+struct RunCosts {
+  std::vector<std::vector<double>> time;    // by cache row, then b - 1
+  std::vector<std::vector<double>> memory;  // the table's measure
+
+  // Fills the costs of every row; `n` bounds b.
+  void Build(const DpProblem& p, const RowCache& cache, const TableLimits& limits, size_t n) {
+    time.assign(cache.rows.size(), {});
+    memory.assign(cache.rows.size(), {});
+    ParallelFor(cache.rows.size(), p.threads, [&](size_t k) {
+      if (!cache.ok[k]) return;
+      MicroBatchCost cost;
+      for (uint32_t b = 1; b <= n; ++b) {
+        if (!p.cost->Evaluate(cache.rows[k], b, &cost)) break;
+        const double held = limits.depth ? cost.depth_stored_bytes : cost.stored_bytes;
+        if (held > limits.memory || cost.peak_bytes > p.peak_limit_bytes ||
+            cost.time_ms > limits.run_cap) {
+          break;
+        }
+        time[k].push_back(cost.time_ms);
+        memory[k].push_back(held);
+      }
+    });
+  }
+};
+
+// Phase 1 with RunCosts: runs [i, j] while j - i + 1 is within the costs of
+// the running longest length's row.
+void LookUpRunsFrom(const DpProblem& p, const RowCache& cache, const RunCosts& costs,
+                    size_t begin, size_t end, std::vector<uint32_t>& width,
+                    std::vector<size_t>& offset, std::vector<double>& time,
+                    std::vector<double>& memory) {
+  const size_t n = p.order.size();
+  for (size_t i = begin; i < end; ++i) {
+    offset[i] = time.size();
+    uint32_t input_len = 0;
+    int row = -1;
+    size_t j = i;
+    for (; j < n; ++j) {
+      const uint32_t in =
+          RoundUpLength(SequenceLength(p.samples[p.order[j]], p.policy), p.policy.multiple);
+      if (in > input_len || row < 0) {
+        input_len = std::max(input_len, in);
+        row = cache.slot[input_len / p.policy.multiple];
+      }
+      const size_t b = j - i + 1;
+      if (b > costs.time[row].size()) break;
+      time.push_back(costs.time[row][b - 1]);
+      memory.push_back(costs.memory[row][b - 1]);
+    }
+    width[i] = static_cast<uint32_t>(j - i);
+  }
+}
+
 void BuildRunsFrom(const DpProblem& p, const RowCache& cache, const TableLimits& limits,
                    size_t begin, size_t end, std::vector<uint32_t>& width,
                    std::vector<size_t>& offset, std::vector<double>& time,
@@ -233,10 +296,26 @@ void BuildRuns(const DpProblem& p, const TableLimits& limits, const RowCache& ca
   runs.time_chunks.assign(chunks, {});
   runs.memory_chunks.assign(chunks, {});
   std::vector<size_t> offset(n, 0);
+  // Decoder-only: every padded length has a row (PrepareRows).
+  const bool lookup = !cache.rows.empty();
+  RunCosts costs;
+  if (lookup) costs.Build(p, cache, limits, n);
+  runs.row_slot = lookup ? &cache.slot : nullptr;
   ParallelFor(chunks, p.threads, [&](size_t k) {
-    BuildRunsFrom(p, cache, limits, k * n / chunks, (k + 1) * n / chunks, runs.width, offset,
-                  runs.time_chunks[k], runs.memory_chunks[k]);
+    // Room for a typical width up front: growing tables of millions of runs
+    // by doubling copies them and faults in fresh pages each time.
+    const size_t starts = (k + 1) * n / chunks - k * n / chunks;
+    runs.time_chunks[k].reserve(starts * std::min<size_t>(n, 128));
+    runs.memory_chunks[k].reserve(starts * std::min<size_t>(n, 128));
+    if (lookup) {
+      LookUpRunsFrom(p, cache, costs, k * n / chunks, (k + 1) * n / chunks, runs.width, offset,
+                     runs.time_chunks[k], runs.memory_chunks[k]);
+    } else {
+      BuildRunsFrom(p, cache, limits, k * n / chunks, (k + 1) * n / chunks, runs.width, offset,
+                    runs.time_chunks[k], runs.memory_chunks[k]);
+    }
   });
+  runs.lookup_time = std::move(costs.time);
   runs.time_at.resize(n);
   runs.memory_at.resize(n);
   for (size_t k = 0; k < chunks; ++k) {
@@ -302,13 +381,48 @@ absl::StatusOr<BudgetRuns> UsableRuns(const DpProblem& p, const RunTable& runs,
 
 // Phase 2: tmax candidates, the distinct usable run times from the floor up;
 // the largest value within each interval stands for all of them.
+// The distinct run times of a decoder-only table: each usable run's (row,
+// b) is marked and the marked costs are collected, instead of sorting
+// every run's time (the same set, in linear time).
+std::vector<double> MarkedTimes(const DpProblem& p, const RunTable& runs,
+                                const BudgetRuns& usable) {
+  std::vector<std::vector<char>> used(runs.lookup_time.size());
+  for (size_t r = 0; r < used.size(); ++r) used[r].assign(runs.lookup_time[r].size(), 0);
+  const size_t n = usable.width.size();
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t input_len = 0;
+    int row = -1;
+    for (uint32_t k = 0; k < usable.width[i]; ++k) {
+      const uint32_t in = RoundUpLength(SequenceLength(p.samples[p.order[i + k]], p.policy),
+                                        p.policy.multiple);
+      if (in > input_len || row < 0) {
+        input_len = std::max(input_len, in);
+        row = (*runs.row_slot)[input_len / p.policy.multiple];
+      }
+      used[row][k] = 1;
+    }
+  }
+  std::vector<double> values;
+  for (size_t r = 0; r < used.size(); ++r) {
+    for (size_t b = 0; b < used[r].size(); ++b) {
+      const double t = runs.lookup_time[r][b];
+      if (used[r][b] && t >= usable.tmax_floor) values.push_back(t);
+    }
+  }
+  return values;
+}
+
 std::vector<double> TmaxCandidates(const DpProblem& p, const RunTable& runs,
                                    const BudgetRuns& usable) {
   std::vector<double> values;
-  for (size_t i = 0; i < usable.width.size(); ++i) {
-    const double* t = runs.time_at[i];
-    for (uint32_t k = 0; k < usable.width[i]; ++k) {
-      if (t[k] >= usable.tmax_floor) values.push_back(t[k]);
+  if (runs.row_slot != nullptr) {
+    values = MarkedTimes(p, runs, usable);
+  } else {
+    for (size_t i = 0; i < usable.width.size(); ++i) {
+      const double* t = runs.time_at[i];
+      for (uint32_t k = 0; k < usable.width[i]; ++k) {
+        if (t[k] >= usable.tmax_floor) values.push_back(t[k]);
+      }
     }
   }
   std::sort(values.begin(), values.end());
@@ -596,6 +710,8 @@ void BuildTable(const DpProblem& p, std::span<const DpBudget> budgets, const Row
     any_feasible = true;
   }
   if (!any_feasible) {
+    runs.row_slot = nullptr;
+    runs.lookup_time.clear();
     runs.width.assign(p.order.size(), 0);
     runs.time_at.assign(p.order.size(), nullptr);
     runs.memory_at.assign(p.order.size(), nullptr);
