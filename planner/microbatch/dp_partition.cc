@@ -220,30 +220,42 @@ struct RunCosts {
 };
 
 // Phase 1 with RunCosts: runs [i, j] while j - i + 1 is within the costs of
-// the running longest length's row.
+// the running longest length's row. Widths first, so the chunk's storage is
+// allocated once at its exact size.
 void LookUpRunsFrom(const DpProblem& p, const RowCache& cache, const RunCosts& costs,
                     size_t begin, size_t end, std::vector<uint32_t>& width,
                     std::vector<size_t>& offset, std::vector<double>& time,
                     std::vector<double>& memory) {
   const size_t n = p.order.size();
+  size_t total = 0;
+  for (size_t i = begin; i < end; ++i) {
+    uint32_t input_len = 0;
+    size_t j = i;
+    for (; j < n; ++j) {
+      const uint32_t in =
+          RoundUpLength(SequenceLength(p.samples[p.order[j]], p.policy), p.policy.multiple);
+      input_len = std::max(input_len, in);
+      if (j - i + 1 > costs.time[cache.slot[input_len / p.policy.multiple]].size()) break;
+    }
+    width[i] = static_cast<uint32_t>(j - i);
+    total += width[i];
+  }
+  time.reserve(total);
+  memory.reserve(total);
   for (size_t i = begin; i < end; ++i) {
     offset[i] = time.size();
     uint32_t input_len = 0;
     int row = -1;
-    size_t j = i;
-    for (; j < n; ++j) {
+    for (size_t j = i; j < i + width[i]; ++j) {
       const uint32_t in =
           RoundUpLength(SequenceLength(p.samples[p.order[j]], p.policy), p.policy.multiple);
       if (in > input_len || row < 0) {
         input_len = std::max(input_len, in);
         row = cache.slot[input_len / p.policy.multiple];
       }
-      const size_t b = j - i + 1;
-      if (b > costs.time[row].size()) break;
-      time.push_back(costs.time[row][b - 1]);
-      memory.push_back(costs.memory[row][b - 1]);
+      time.push_back(costs.time[row][j - i]);
+      memory.push_back(costs.memory[row][j - i]);
     }
-    width[i] = static_cast<uint32_t>(j - i);
   }
 }
 
@@ -305,8 +317,10 @@ void BuildRuns(const DpProblem& p, const TableLimits& limits, const RowCache& ca
     // Room for a typical width up front: growing tables of millions of runs
     // by doubling copies them and faults in fresh pages each time.
     const size_t starts = (k + 1) * n / chunks - k * n / chunks;
-    runs.time_chunks[k].reserve(starts * std::min<size_t>(n, 128));
-    runs.memory_chunks[k].reserve(starts * std::min<size_t>(n, 128));
+    if (!lookup) {
+      runs.time_chunks[k].reserve(starts * std::min<size_t>(n, 128));
+      runs.memory_chunks[k].reserve(starts * std::min<size_t>(n, 128));
+    }
     if (lookup) {
       LookUpRunsFrom(p, cache, costs, k * n / chunks, (k + 1) * n / chunks, runs.width, offset,
                      runs.time_chunks[k], runs.memory_chunks[k]);
