@@ -37,6 +37,7 @@ struct RunTable {
   // maps a padded length / multiple to its row. Empty otherwise.
   std::vector<std::vector<double>> lookup_time;
   const std::vector<int>* row_slot = nullptr;
+  std::vector<int> row_at;  // the cache row of each position's own length
   // Each sample alone (also when over a limit), for errors and pruning.
   std::vector<MicroBatchCost> single;
   std::vector<bool> single_known;
@@ -219,23 +220,32 @@ struct RunCosts {
   }
 };
 
+// The cache row of each position's own padded length. Rows are sorted by
+// length, so a run's row is the largest of its positions' rows.
+std::vector<int> RowsByPosition(const DpProblem& p, const RowCache& cache) {
+  std::vector<int> rows(p.order.size());
+  for (size_t j = 0; j < rows.size(); ++j) {
+    rows[j] = cache.slot[RoundUpLength(SequenceLength(p.samples[p.order[j]], p.policy),
+                                       p.policy.multiple) /
+                         p.policy.multiple];
+  }
+  return rows;
+}
+
 // Phase 1 with RunCosts: runs [i, j] while j - i + 1 is within the costs of
-// the running longest length's row. Widths first, so the chunk's storage is
-// allocated once at its exact size.
-void LookUpRunsFrom(const DpProblem& p, const RowCache& cache, const RunCosts& costs,
-                    size_t begin, size_t end, std::vector<uint32_t>& width,
-                    std::vector<size_t>& offset, std::vector<double>& time,
-                    std::vector<double>& memory) {
-  const size_t n = p.order.size();
+// the run's row. Widths first, so the chunk's storage is allocated once at
+// its exact size.
+void LookUpRunsFrom(const std::vector<int>& row_at, const RunCosts& costs, size_t begin,
+                    size_t end, std::vector<uint32_t>& width, std::vector<size_t>& offset,
+                    std::vector<double>& time, std::vector<double>& memory) {
+  const size_t n = row_at.size();
   size_t total = 0;
   for (size_t i = begin; i < end; ++i) {
-    uint32_t input_len = 0;
+    int row = -1;
     size_t j = i;
     for (; j < n; ++j) {
-      const uint32_t in =
-          RoundUpLength(SequenceLength(p.samples[p.order[j]], p.policy), p.policy.multiple);
-      input_len = std::max(input_len, in);
-      if (j - i + 1 > costs.time[cache.slot[input_len / p.policy.multiple]].size()) break;
+      row = std::max(row, row_at[j]);
+      if (j - i + 1 > costs.time[row].size()) break;
     }
     width[i] = static_cast<uint32_t>(j - i);
     total += width[i];
@@ -244,15 +254,9 @@ void LookUpRunsFrom(const DpProblem& p, const RowCache& cache, const RunCosts& c
   memory.reserve(total);
   for (size_t i = begin; i < end; ++i) {
     offset[i] = time.size();
-    uint32_t input_len = 0;
     int row = -1;
     for (size_t j = i; j < i + width[i]; ++j) {
-      const uint32_t in =
-          RoundUpLength(SequenceLength(p.samples[p.order[j]], p.policy), p.policy.multiple);
-      if (in > input_len || row < 0) {
-        input_len = std::max(input_len, in);
-        row = cache.slot[input_len / p.policy.multiple];
-      }
+      row = std::max(row, row_at[j]);
       time.push_back(costs.time[row][j - i]);
       memory.push_back(costs.memory[row][j - i]);
     }
@@ -313,6 +317,7 @@ void BuildRuns(const DpProblem& p, const TableLimits& limits, const RowCache& ca
   RunCosts costs;
   if (lookup) costs.Build(p, cache, limits, n);
   runs.row_slot = lookup ? &cache.slot : nullptr;
+  const std::vector<int> row_at = lookup ? RowsByPosition(p, cache) : std::vector<int>();
   ParallelFor(chunks, p.threads, [&](size_t k) {
     // Room for a typical width up front: growing tables of millions of runs
     // by doubling copies them and faults in fresh pages each time.
@@ -322,7 +327,7 @@ void BuildRuns(const DpProblem& p, const TableLimits& limits, const RowCache& ca
       runs.memory_chunks[k].reserve(starts * std::min<size_t>(n, 128));
     }
     if (lookup) {
-      LookUpRunsFrom(p, cache, costs, k * n / chunks, (k + 1) * n / chunks, runs.width, offset,
+      LookUpRunsFrom(row_at, costs, k * n / chunks, (k + 1) * n / chunks, runs.width, offset,
                      runs.time_chunks[k], runs.memory_chunks[k]);
     } else {
       BuildRunsFrom(p, cache, limits, k * n / chunks, (k + 1) * n / chunks, runs.width, offset,
@@ -330,6 +335,7 @@ void BuildRuns(const DpProblem& p, const TableLimits& limits, const RowCache& ca
     }
   });
   runs.lookup_time = std::move(costs.time);
+  runs.row_at = row_at;
   runs.time_at.resize(n);
   runs.memory_at.resize(n);
   for (size_t k = 0; k < chunks; ++k) {
@@ -403,16 +409,11 @@ std::vector<double> MarkedTimes(const DpProblem& p, const RunTable& runs,
   std::vector<std::vector<char>> used(runs.lookup_time.size());
   for (size_t r = 0; r < used.size(); ++r) used[r].assign(runs.lookup_time[r].size(), 0);
   const size_t n = usable.width.size();
+  const std::vector<int>& row_at = runs.row_at;
   for (size_t i = 0; i < n; ++i) {
-    uint32_t input_len = 0;
     int row = -1;
     for (uint32_t k = 0; k < usable.width[i]; ++k) {
-      const uint32_t in = RoundUpLength(SequenceLength(p.samples[p.order[i + k]], p.policy),
-                                        p.policy.multiple);
-      if (in > input_len || row < 0) {
-        input_len = std::max(input_len, in);
-        row = (*runs.row_slot)[input_len / p.policy.multiple];
-      }
+      row = std::max(row, row_at[i + k]);
       used[row][k] = 1;
     }
   }
