@@ -20,15 +20,24 @@ double BudgetStored(const MicroBatchCost& c, uint32_t depth) {
   return depth > 1 ? c.depth_stored_bytes / depth : c.stored_bytes;
 }
 
-// Costs of the runs [i, i + k), k = 1..width[i], stored by start: the runs
-// within the largest stored limit and the peak limit whose time does not
-// exceed the cap.
+// Costs of the runs [i, i + k), k = 1..width[i], by start: the runs within
+// the largest limit and the peak limit whose time does not exceed the cap.
+// A table serves either whole-device budgets (memory: stored_bytes) or
+// pipeline-depth budgets (memory: depth_stored_bytes). Runs live in chunks
+// of starts (built in parallel); time_at[i][k] is run [i, i + k + 1).
 struct RunTable {
-  std::vector<uint32_t> offset;
   std::vector<uint32_t> width;
-  std::vector<double> time;
-  std::vector<double> stored;
-  std::vector<double> depth_stored;  // MicroBatchCost::depth_stored_bytes
+  std::vector<const double*> time_at;
+  std::vector<const double*> memory_at;
+  bool depth_memory = false;
+  std::vector<std::vector<double>> time_chunks;
+  std::vector<std::vector<double>> memory_chunks;
+  // Decoder-only tables: run [i, j] costs lookup_time[row][j - i], row the
+  // cache row (RowCache) of the run's padded length (RunCosts); row_slot
+  // maps a padded length / multiple to its row. Empty otherwise.
+  std::vector<std::vector<double>> lookup_time;
+  const std::vector<int>* row_slot = nullptr;
+  std::vector<int> row_at;  // the cache row of each position's own length
   // Each sample alone (also when over a limit), for errors and pruning.
   std::vector<MicroBatchCost> single;
   std::vector<bool> single_known;
@@ -45,7 +54,7 @@ double RunDp(const RunTable& runs, const std::vector<uint32_t>& width, double tm
   for (size_t i = 0; i < n; ++i) {
     const double base = f[i];
     if (base == kInf) continue;
-    const double* t = runs.time.data() + runs.offset[i];
+    const double* t = runs.time_at[i];
     const uint32_t w = width[i];
     for (uint32_t k = 0; k < w; ++k) {
       if (t[k] > tmax) break;  // times grow with the run
@@ -176,18 +185,92 @@ bool SinglesFit(const DpProblem& p, const RunTable& runs, const DpBudget& budget
 // (costs grow with the run).
 // The table's memory limits: a run is kept while it fits some budget.
 struct TableLimits {
-  double stored = -1;        // largest limit of the depth-1 budgets
-  double depth_stored = -1;  // largest limit * depth of the depth budgets
+  bool depth = false;  // the budgets are pipeline-depth budgets
+  double memory = -1;  // largest limit (depth budgets: limit * depth)
   double run_cap = kInf;
 };
 
+// Decoder-only runs cost t(b, L) for b samples padded to the longest, L:
+// one table per padded length of the run costs b = 1, 2, ... until the
+// first that breaks a limit (memory and time grow with b). A run of the
+// table is then a lookup: far fewer cost evaluations than runs when many
+// samples share a padded length (large or documents-like batches).
+struct RunCosts {
+  std::vector<std::vector<double>> time;    // by cache row, then b - 1
+  std::vector<std::vector<double>> memory;  // the table's measure
+
+  // Fills the costs of every row; `n` bounds b.
+  void Build(const DpProblem& p, const RowCache& cache, const TableLimits& limits, size_t n) {
+    time.assign(cache.rows.size(), {});
+    memory.assign(cache.rows.size(), {});
+    ParallelFor(cache.rows.size(), p.threads, [&](size_t k) {
+      if (!cache.ok[k]) return;
+      MicroBatchCost cost;
+      for (uint32_t b = 1; b <= n; ++b) {
+        if (!p.cost->Evaluate(cache.rows[k], b, &cost)) break;
+        const double held = limits.depth ? cost.depth_stored_bytes : cost.stored_bytes;
+        if (held > limits.memory || cost.peak_bytes > p.peak_limit_bytes ||
+            cost.time_ms > limits.run_cap) {
+          break;
+        }
+        time[k].push_back(cost.time_ms);
+        memory[k].push_back(held);
+      }
+    });
+  }
+};
+
+// The cache row of each position's own padded length. Rows are sorted by
+// length, so a run's row is the largest of its positions' rows.
+std::vector<int> RowsByPosition(const DpProblem& p, const RowCache& cache) {
+  std::vector<int> rows(p.order.size());
+  for (size_t j = 0; j < rows.size(); ++j) {
+    rows[j] = cache.slot[RoundUpLength(SequenceLength(p.samples[p.order[j]], p.policy),
+                                       p.policy.multiple) /
+                         p.policy.multiple];
+  }
+  return rows;
+}
+
+// Phase 1 with RunCosts: runs [i, j] while j - i + 1 is within the costs of
+// the run's row. Widths first, so the chunk's storage is allocated once at
+// its exact size.
+void LookUpRunsFrom(const std::vector<int>& row_at, const RunCosts& costs, size_t begin,
+                    size_t end, std::vector<uint32_t>& width, std::vector<size_t>& offset,
+                    std::vector<double>& time, std::vector<double>& memory) {
+  const size_t n = row_at.size();
+  size_t total = 0;
+  for (size_t i = begin; i < end; ++i) {
+    int row = -1;
+    size_t j = i;
+    for (; j < n; ++j) {
+      row = std::max(row, row_at[j]);
+      if (j - i + 1 > costs.time[row].size()) break;
+    }
+    width[i] = static_cast<uint32_t>(j - i);
+    total += width[i];
+  }
+  time.reserve(total);
+  memory.reserve(total);
+  for (size_t i = begin; i < end; ++i) {
+    offset[i] = time.size();
+    int row = -1;
+    for (size_t j = i; j < i + width[i]; ++j) {
+      row = std::max(row, row_at[j]);
+      time.push_back(costs.time[row][j - i]);
+      memory.push_back(costs.memory[row][j - i]);
+    }
+  }
+}
+
 void BuildRunsFrom(const DpProblem& p, const RowCache& cache, const TableLimits& limits,
                    size_t begin, size_t end, std::vector<uint32_t>& width,
-                   std::vector<double>& time, std::vector<double>& stored,
-                   std::vector<double>& depth_stored) {
+                   std::vector<size_t>& offset, std::vector<double>& time,
+                   std::vector<double>& memory) {
   const size_t n = p.order.size();
   MicroBatchCostModel::Row own;
   for (size_t i = begin; i < end; ++i) {
+    offset[i] = time.size();
     uint32_t input_len = 0;
     uint32_t target_len = 0;
     const MicroBatchCostModel::Row* row = nullptr;
@@ -205,54 +288,61 @@ void BuildRunsFrom(const DpProblem& p, const RowCache& cache, const TableLimits&
         if (row == nullptr) break;
       }
       if (!p.cost->Evaluate(*row, static_cast<uint32_t>(j - i + 1), &cost)) break;
-      if ((cost.stored_bytes > limits.stored && cost.depth_stored_bytes > limits.depth_stored) ||
-          cost.peak_bytes > p.peak_limit_bytes || cost.time_ms > limits.run_cap) {
+      const double held = limits.depth ? cost.depth_stored_bytes : cost.stored_bytes;
+      if (held > limits.memory || cost.peak_bytes > p.peak_limit_bytes ||
+          cost.time_ms > limits.run_cap) {
         break;
       }
       time.push_back(cost.time_ms);
-      stored.push_back(cost.stored_bytes);
-      depth_stored.push_back(cost.depth_stored_bytes);
+      memory.push_back(held);
     }
     width[i] = static_cast<uint32_t>(j - i);
   }
 }
 
-// Phase 1 over every start, in chunks of starts on p.threads threads; the
-// chunks are concatenated in order, so the table does not depend on the
-// thread count.
+// Phase 1 over every start, in chunks of starts on p.threads threads; each
+// chunk keeps its own storage, so the table does not depend on the thread
+// count and is never copied.
 void BuildRuns(const DpProblem& p, const TableLimits& limits, const RowCache& cache,
                RunTable& runs) {
   const size_t n = p.order.size();
-  runs.offset.resize(n);
-  runs.width.resize(n);
+  runs.width.assign(n, 0);
+  runs.depth_memory = limits.depth;
   const size_t chunks = p.threads > 1 ? std::min<size_t>(n, 8 * static_cast<size_t>(p.threads)) : 1;
-  std::vector<std::vector<double>> times(chunks);
-  std::vector<std::vector<double>> stored(chunks);
-  std::vector<std::vector<double>> depth_stored(chunks);
+  runs.time_chunks.assign(chunks, {});
+  runs.memory_chunks.assign(chunks, {});
+  std::vector<size_t> offset(n, 0);
+  // Decoder-only: every padded length has a row (PrepareRows).
+  const bool lookup = !cache.rows.empty();
+  RunCosts costs;
+  if (lookup) costs.Build(p, cache, limits, n);
+  runs.row_slot = lookup ? &cache.slot : nullptr;
+  const std::vector<int> row_at = lookup ? RowsByPosition(p, cache) : std::vector<int>();
   ParallelFor(chunks, p.threads, [&](size_t k) {
-    times[k].reserve(n / chunks * 8);
-    stored[k].reserve(n / chunks * 8);
-    depth_stored[k].reserve(n / chunks * 8);
-    BuildRunsFrom(p, cache, limits, k * n / chunks, (k + 1) * n / chunks, runs.width, times[k],
-                  stored[k], depth_stored[k]);
-  });
-  const auto concatenate = [](std::vector<std::vector<double>>& parts, std::vector<double>& all) {
-    size_t total = 0;
-    for (const std::vector<double>& part : parts) total += part.size();
-    all.clear();
-    all.reserve(total);
-    for (std::vector<double>& part : parts) {
-      all.insert(all.end(), part.begin(), part.end());
-      std::vector<double>().swap(part);
+    // Room for a typical width up front: growing tables of millions of runs
+    // by doubling copies them and faults in fresh pages each time.
+    const size_t starts = (k + 1) * n / chunks - k * n / chunks;
+    if (!lookup) {
+      runs.time_chunks[k].reserve(starts * std::min<size_t>(n, 128));
+      runs.memory_chunks[k].reserve(starts * std::min<size_t>(n, 128));
     }
-  };
-  concatenate(times, runs.time);
-  concatenate(stored, runs.stored);
-  concatenate(depth_stored, runs.depth_stored);
-  uint32_t offset = 0;
-  for (size_t i = 0; i < n; ++i) {
-    runs.offset[i] = offset;
-    offset += runs.width[i];
+    if (lookup) {
+      LookUpRunsFrom(row_at, costs, k * n / chunks, (k + 1) * n / chunks, runs.width, offset,
+                     runs.time_chunks[k], runs.memory_chunks[k]);
+    } else {
+      BuildRunsFrom(p, cache, limits, k * n / chunks, (k + 1) * n / chunks, runs.width, offset,
+                    runs.time_chunks[k], runs.memory_chunks[k]);
+    }
+  });
+  runs.lookup_time = std::move(costs.time);
+  runs.row_at = row_at;
+  runs.time_at.resize(n);
+  runs.memory_at.resize(n);
+  for (size_t k = 0; k < chunks; ++k) {
+    for (size_t i = k * n / chunks; i < (k + 1) * n / chunks; ++i) {
+      runs.time_at[i] = runs.time_chunks[k].data() + offset[i];
+      runs.memory_at[i] = runs.memory_chunks[k].data() + offset[i];
+    }
   }
 }
 
@@ -291,7 +381,7 @@ absl::StatusOr<BudgetRuns> UsableRuns(const DpProblem& p, const RunTable& runs,
   const size_t n = p.order.size();
   BudgetRuns out;
   out.width.resize(n);
-  const double* all = depth > 1 ? runs.depth_stored.data() : runs.stored.data();
+  // The table holds the budget's own memory measure (BuildTable).
   const double limit = depth > 1 ? stored_limit * depth : stored_limit;
   for (size_t i = 0; i < n; ++i) {
     const MicroBatchCost& alone = runs.single[i];
@@ -301,7 +391,7 @@ absl::StatusOr<BudgetRuns> UsableRuns(const DpProblem& p, const RunTable& runs,
     }
     out.tmax_floor = std::max(out.tmax_floor, alone.time_ms);
     out.too_slow |= alone.time_ms > run_cap;
-    const double* stored = all + runs.offset[i];
+    const double* stored = runs.memory_at[i];
     uint32_t w = 0;
     while (w < runs.width[i] && stored[w] <= limit) ++w;
     out.width[i] = w;
@@ -311,14 +401,43 @@ absl::StatusOr<BudgetRuns> UsableRuns(const DpProblem& p, const RunTable& runs,
 
 // Phase 2: tmax candidates, the distinct usable run times from the floor up;
 // the largest value within each interval stands for all of them.
+// The distinct run times of a decoder-only table: each usable run's (row,
+// b) is marked and the marked costs are collected, instead of sorting
+// every run's time (the same set, in linear time).
+std::vector<double> MarkedTimes(const DpProblem& p, const RunTable& runs,
+                                const BudgetRuns& usable) {
+  std::vector<std::vector<char>> used(runs.lookup_time.size());
+  for (size_t r = 0; r < used.size(); ++r) used[r].assign(runs.lookup_time[r].size(), 0);
+  const size_t n = usable.width.size();
+  const std::vector<int>& row_at = runs.row_at;
+  for (size_t i = 0; i < n; ++i) {
+    int row = -1;
+    for (uint32_t k = 0; k < usable.width[i]; ++k) {
+      row = std::max(row, row_at[i + k]);
+      used[row][k] = 1;
+    }
+  }
+  std::vector<double> values;
+  for (size_t r = 0; r < used.size(); ++r) {
+    for (size_t b = 0; b < used[r].size(); ++b) {
+      const double t = runs.lookup_time[r][b];
+      if (used[r][b] && t >= usable.tmax_floor) values.push_back(t);
+    }
+  }
+  return values;
+}
+
 std::vector<double> TmaxCandidates(const DpProblem& p, const RunTable& runs,
                                    const BudgetRuns& usable) {
   std::vector<double> values;
-  values.reserve(runs.time.size());
-  for (size_t i = 0; i < usable.width.size(); ++i) {
-    const double* t = runs.time.data() + runs.offset[i];
-    for (uint32_t k = 0; k < usable.width[i]; ++k) {
-      if (t[k] >= usable.tmax_floor) values.push_back(t[k]);
+  if (runs.row_slot != nullptr) {
+    values = MarkedTimes(p, runs, usable);
+  } else {
+    for (size_t i = 0; i < usable.width.size(); ++i) {
+      const double* t = runs.time_at[i];
+      for (uint32_t k = 0; k < usable.width[i]; ++k) {
+        if (t[k] >= usable.tmax_floor) values.push_back(t[k]);
+      }
     }
   }
   std::sort(values.begin(), values.end());
@@ -364,7 +483,7 @@ BestPartition SearchCandidates(const DpProblem& p, const RunTable& runs, const B
     // The objective uses the solution's actual largest time (<= tmax).
     double actual_max = 0;
     for (size_t end = n; end > 0; end = prev[end]) {
-      actual_max = std::max(actual_max, runs.time[runs.offset[prev[end]] + (end - prev[end] - 1)]);
+      actual_max = std::max(actual_max, runs.time_at[prev[end]][end - prev[end] - 1]);
     }
     const double objective =
         PipelineObjective(actual_max, sum, p.pipeline_stages, p.virtual_chunks, p.data_parallel);
@@ -534,7 +653,7 @@ double QuickObjective(const DpProblem& p, const DpBudget& budget, const RunTable
   if (sum == kInf) return kInf;
   double actual_max = 0;
   for (size_t end = p.order.size(); end > 0; end = prev[end]) {
-    actual_max = std::max(actual_max, probe.time[probe.offset[prev[end]] + (end - prev[end] - 1)]);
+    actual_max = std::max(actual_max, probe.time_at[prev[end]][end - prev[end] - 1]);
   }
   return PipelineObjective(actual_max, sum, p.pipeline_stages, p.virtual_chunks, p.data_parallel);
 }
@@ -561,7 +680,7 @@ double TableRunCap(const DpProblem& p, std::span<const DpBudget> budgets, const 
                                            p.virtual_chunks, p.data_parallel);
   const bool large = p.order.size() > 1024;
   RunTable probe;
-  if (large) {
+  if (large && !limits.depth) {
     probe.single = runs.single;
     probe.single_known = runs.single_known;
     TableLimits small = limits;
@@ -572,7 +691,7 @@ double TableRunCap(const DpProblem& p, std::span<const DpBudget> budgets, const 
   for (const DpBudget& b : budgets) {
     if (!SinglesFit(p, runs, b)) continue;
     double bound = std::min(singles, b.cutoff != nullptr ? *b.cutoff : kInf);
-    if (large && b.depth <= 1) bound = std::min(bound, QuickObjective(p, b, probe, max_single));
+    if (large && !limits.depth) bound = std::min(bound, QuickObjective(p, b, probe, max_single));
     upper = std::max(upper, bound);
   }
   const double lower_sum = large ? SumLowerBound(p, cache) : 0;
@@ -600,17 +719,17 @@ void BuildTable(const DpProblem& p, std::span<const DpBudget> budgets, const Row
   bool any_feasible = false;
   for (const DpBudget& b : budgets) {
     if (!SinglesFit(p, runs, b)) continue;
-    if (b.depth > 1) {
-      limits.depth_stored = std::max(limits.depth_stored, b.stored_limit_bytes * b.depth);
-    } else {
-      limits.stored = std::max(limits.stored, b.stored_limit_bytes);
-    }
+    limits.depth = b.depth > 1;  // REQUIRES: all budgets of one kind (SolveAll)
+    limits.memory = std::max(limits.memory, b.stored_limit_bytes * std::max(1u, b.depth));
     loosest = std::max(loosest, CutoffOf(b));
     any_feasible = true;
   }
   if (!any_feasible) {
-    runs.offset.assign(p.order.size(), 0);
+    runs.row_slot = nullptr;
+    runs.lookup_time.clear();
     runs.width.assign(p.order.size(), 0);
+    runs.time_at.assign(p.order.size(), nullptr);
+    runs.memory_at.assign(p.order.size(), nullptr);
     return;
   }
   limits.run_cap =

@@ -18,11 +18,14 @@
 // the optimum; w = 0 is exact.
 //
 // Speed (docs/benchmarks.md): per-range maxima of the lengths are kept while
-// a run grows; costs are evaluated on a per-length row of the cost grid;
-// runs stop growing at the first memory violation (costs grow with the run);
-// candidates are visited in increasing order and the search stops once
-// (c - 1) * tmax / v + f(N; infinity) / |D| cannot beat the best objective.
-// Inner loops are flat arrays: no allocation, hashing or virtual calls.
+// a run grows; costs are evaluated on a per-length row of the cost grid,
+// prepared once per padded length; runs stop growing at the first memory
+// violation (costs grow with the run) and at a cap no run of the optimum
+// exceeds ((upper bound of the objective - lower bound of sum t / |D|) *
+// v / (c - 1)); the candidates are searched by branch and bound: f(N; tmax)
+// never grows with tmax, so an interval [a, b] of candidates is skipped when
+// (c - 1) * tmax_a / v + f(N; tmax_b+1) / |D| cannot beat the best. Inner
+// loops are flat arrays: no allocation, hashing or virtual calls.
 #ifndef VARIPIPE_PLANNER_MICROBATCH_DP_PARTITION_H_
 #define VARIPIPE_PLANNER_MICROBATCH_DP_PARTITION_H_
 

@@ -471,7 +471,13 @@ absl::StatusOr<MicroBatchingResult> PlanMicroBatches(std::span<const SampleLengt
       result.chosen = static_cast<int>(k);
     }
   }
-  if (result.chosen < 0) return NoPairFits(result);
+  if (result.chosen < 0) {
+    const absl::Status none = NoPairFits(result);
+    if (o.fail_without_pair) return none;
+    result.reason = std::string(none.message());
+    result.total_ms = MsSince(start);
+    return result;
+  }
   result.reason = Explain(result);
   result.replicas = result.best().replicas;
   result.padding = result.best().padding;

@@ -77,6 +77,10 @@ struct MicroBatchingOptions {
   bool share_bound = true;
   // Threads for the DP's run tables (the result does not depend on it).
   int threads = 1;
+  // When no pair fits: fail (true), or return the result with chosen = -1,
+  // every pair's status and the explanation in `reason` (the planner reports
+  // each candidate's own reason).
+  bool fail_without_pair = true;
 };
 
 // Options for `method` under a validated job config (defaults applied).
