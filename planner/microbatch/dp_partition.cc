@@ -381,8 +381,6 @@ absl::StatusOr<BudgetRuns> UsableRuns(const DpProblem& p, const RunTable& runs,
   const size_t n = p.order.size();
   BudgetRuns out;
   out.width.resize(n);
-  // The table holds the budget's own memory measure (BuildTable).
-  const double limit = depth > 1 ? stored_limit * depth : stored_limit;
   for (size_t i = 0; i < n; ++i) {
     const MicroBatchCost& alone = runs.single[i];
     if (!runs.single_known[i] || BudgetStored(alone, depth) > stored_limit ||
@@ -391,42 +389,55 @@ absl::StatusOr<BudgetRuns> UsableRuns(const DpProblem& p, const RunTable& runs,
     }
     out.tmax_floor = std::max(out.tmax_floor, alone.time_ms);
     out.too_slow |= alone.time_ms > run_cap;
-    const double* stored = runs.memory_at[i];
-    uint32_t w = 0;
-    while (w < runs.width[i] && stored[w] <= limit) ++w;
-    out.width[i] = w;
   }
+  // The table holds the budget's own memory measure (BuildTable).
+  const double limit = depth > 1 ? stored_limit * depth : stored_limit;
+  const size_t chunks = p.threads > 1 ? std::min<size_t>(n, 8 * static_cast<size_t>(p.threads)) : 1;
+  ParallelFor(chunks, p.threads, [&](size_t k) {
+    for (size_t i = k * n / chunks; i < (k + 1) * n / chunks; ++i) {
+      const double* stored = runs.memory_at[i];
+      uint32_t w = 0;
+      while (w < runs.width[i] && stored[w] <= limit) ++w;
+      out.width[i] = w;
+    }
+  });
   return out;
 }
 
-// Phase 2: tmax candidates, the distinct usable run times from the floor up;
-// the largest value within each interval stands for all of them.
 // The distinct run times of a decoder-only table: each usable run's (row,
-// b) is marked and the marked costs are collected, instead of sorting
-// every run's time (the same set, in linear time).
+// b) is marked (per chunk of starts, then merged) and the marked costs are
+// collected, instead of sorting every run's time (the same set, in linear
+// time).
 std::vector<double> MarkedTimes(const DpProblem& p, const RunTable& runs,
                                 const BudgetRuns& usable) {
-  std::vector<std::vector<char>> used(runs.lookup_time.size());
-  for (size_t r = 0; r < used.size(); ++r) used[r].assign(runs.lookup_time[r].size(), 0);
   const size_t n = usable.width.size();
-  const std::vector<int>& row_at = runs.row_at;
-  for (size_t i = 0; i < n; ++i) {
-    int row = -1;
-    for (uint32_t k = 0; k < usable.width[i]; ++k) {
-      row = std::max(row, row_at[i + k]);
-      used[row][k] = 1;
+  const size_t chunks = p.threads > 1 ? std::min<size_t>(n, 2 * static_cast<size_t>(p.threads)) : 1;
+  std::vector<std::vector<std::vector<char>>> used(chunks);
+  ParallelFor(chunks, p.threads, [&](size_t c) {
+    used[c].resize(runs.lookup_time.size());
+    for (size_t r = 0; r < used[c].size(); ++r) used[c][r].assign(runs.lookup_time[r].size(), 0);
+    for (size_t i = c * n / chunks; i < (c + 1) * n / chunks; ++i) {
+      int row = -1;
+      for (uint32_t k = 0; k < usable.width[i]; ++k) {
+        row = std::max(row, runs.row_at[i + k]);
+        used[c][row][k] = 1;
+      }
     }
-  }
+  });
   std::vector<double> values;
-  for (size_t r = 0; r < used.size(); ++r) {
-    for (size_t b = 0; b < used[r].size(); ++b) {
+  for (size_t r = 0; r < runs.lookup_time.size(); ++r) {
+    for (size_t b = 0; b < runs.lookup_time[r].size(); ++b) {
+      bool marked = false;
+      for (size_t c = 0; c < chunks && !marked; ++c) marked = used[c][r][b] != 0;
       const double t = runs.lookup_time[r][b];
-      if (used[r][b] && t >= usable.tmax_floor) values.push_back(t);
+      if (marked && t >= usable.tmax_floor) values.push_back(t);
     }
   }
   return values;
 }
 
+// Phase 2: tmax candidates, the distinct usable run times from the floor up;
+// the largest value within each interval stands for all of them.
 std::vector<double> TmaxCandidates(const DpProblem& p, const RunTable& runs,
                                    const BudgetRuns& usable) {
   std::vector<double> values;

@@ -19,7 +19,9 @@
 //
 // Speed (docs/benchmarks.md): per-range maxima of the lengths are kept while
 // a run grows; costs are evaluated on a per-length row of the cost grid,
-// prepared once per padded length; runs stop growing at the first memory
+// prepared once per padded length (decoder-only: the cost of b samples at
+// padded length L is computed once per (L, b) and runs are looked up); runs
+// stop growing at the first memory
 // violation (costs grow with the run) and at a cap no run of the optimum
 // exceeds ((upper bound of the objective - lower bound of sum t / |D|) *
 // v / (c - 1)); the candidates are searched by branch and bound: f(N; tmax)
