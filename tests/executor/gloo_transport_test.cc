@@ -109,8 +109,15 @@ TEST_F(GlooTransportTest, AWaitWithoutAPeerTimesOutNamingThePeer) {
 }
 
 TEST_F(GlooTransportTest, ADeadPeerIsReportedAsUnavailable) {
-  RunRanks(2, "dead", [](int rank, GlooTransport& t) {
-    if (rank == 1) {
+  // Rank 0 leaves only once rank 1 has finished its rendezvous: leaving
+  // earlier would fail rank 1's rendezvous instead (a race the stress mode
+  // found).
+  absl::Notification connected;
+  RunRanks(2, "dead", [&connected](int rank, GlooTransport& t) {
+    if (rank == 0) {
+      EXPECT_TRUE(connected.WaitForNotificationWithTimeout(absl::Seconds(120)));
+    } else {
+      connected.Notify();
       float x = 0;
       auto r = t.StartRecv(0, &x, sizeof(x));
       // Depending on timing the dead connection shows when the receive is
@@ -118,7 +125,7 @@ TEST_F(GlooTransportTest, ADeadPeerIsReportedAsUnavailable) {
       const absl::Status s = r.ok() ? (*r)->Wait(absl::Now() + absl::Seconds(20)) : r.status();
       EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("rank 0")));
     }
-    // Rank 0 returns at once: its transport closes its connections.
+    // Rank 0 returns: its transport closes its connections.
   });
 }
 
