@@ -65,33 +65,30 @@ v1::JobConfig Config(const JobShape& s) {
   return *config;
 }
 
-std::vector<v1::ExecutionPlan> Plans(const v1::JobConfig& config, uint64_t iteration) {
+// The planner's answer for `iteration` of `config`'s data.
+absl::StatusOr<planner::PlanningResult> PlanIteration(const v1::JobConfig& config,
+                                                      uint64_t iteration) {
   absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(config);
-  EXPECT_THAT(dataset, IsOk());
+  if (!dataset.ok()) return dataset.status();
   absl::StatusOr<std::unique_ptr<MiniBatchSampler>> sampler =
       MiniBatchSampler::Create((*dataset)->AllLengths(), SamplerOptionsFromConfig(config));
-  EXPECT_THAT(sampler, IsOk());
+  if (!sampler.ok()) return sampler.status();
   const SampledMiniBatch sampled = (*sampler)->Get(iteration);
   absl::StatusOr<planner::Planner> planner = planner::Planner::Create(config);
-  EXPECT_THAT(planner, IsOk());
-  absl::StatusOr<planner::PlanningResult> result = planner->Plan(
+  if (!planner.ok()) return planner.status();
+  return planner->Plan(
       {.iteration = iteration, .sample_ids = sampled.sample_ids, .lengths = sampled.lengths});
+}
+
+std::vector<v1::ExecutionPlan> Plans(const v1::JobConfig& config, uint64_t iteration) {
+  absl::StatusOr<planner::PlanningResult> result = PlanIteration(config, iteration);
   EXPECT_THAT(result, IsOk());
   return result.ok() ? result->plans : std::vector<v1::ExecutionPlan>{};
 }
 
 // The plans of `iteration`, or none when the planner finds no feasible plan.
 std::vector<v1::ExecutionPlan> PlansIfFeasible(const v1::JobConfig& config, uint64_t iteration) {
-  absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(config);
-  EXPECT_THAT(dataset, IsOk());
-  absl::StatusOr<std::unique_ptr<MiniBatchSampler>> sampler =
-      MiniBatchSampler::Create((*dataset)->AllLengths(), SamplerOptionsFromConfig(config));
-  EXPECT_THAT(sampler, IsOk());
-  const SampledMiniBatch sampled = (*sampler)->Get(iteration);
-  absl::StatusOr<planner::Planner> planner = planner::Planner::Create(config);
-  EXPECT_THAT(planner, IsOk());
-  absl::StatusOr<planner::PlanningResult> result = planner->Plan(
-      {.iteration = iteration, .sample_ids = sampled.sample_ids, .lengths = sampled.lengths});
+  absl::StatusOr<planner::PlanningResult> result = PlanIteration(config, iteration);
   return result.ok() ? result->plans : std::vector<v1::ExecutionPlan>{};
 }
 
