@@ -14,9 +14,8 @@ class RecomputedAttention : public torch::autograd::Function<RecomputedAttention
  public:
   // Runs without autograd (as every custom Function's forward): nothing of
   // the core is kept.
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q,
-                               const torch::Tensor& k, const torch::Tensor& v,
-                               const torch::Tensor& mask, int64_t heads) {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, const torch::Tensor& mask, int64_t heads) {
     ctx->save_for_backward({q, k, v, mask});
     ctx->saved_data["heads"] = heads;
     // The recomputation must see the forward's precision (CUDA autocast).

@@ -60,8 +60,9 @@ class PlanChecker {
     // buffers than the ids its instructions name; this bounds what the
     // interpreter allocates by the plan's own size.
     if (plan_.num_buffers() > named_buffers) {
-      return Error("num_buffers", absl::StrCat("is ", plan_.num_buffers(), " but the instructions name only ",
-                                               named_buffers, " buffer ids"));
+      return Error("num_buffers",
+                   absl::StrCat("is ", plan_.num_buffers(), " but the instructions name only ",
+                                named_buffers, " buffer ids"));
     }
     return absl::OkStatus();
   }
@@ -94,10 +95,10 @@ class PlanChecker {
     }
     if (plan_.rank() != recipient_.rank || plan_.dp_rank() != recipient_.dp_rank ||
         plan_.pp_rank() != recipient_.pp_rank) {
-      return Error("rank", absl::StrCat("(dp ", plan_.dp_rank(), ", pp ", plan_.pp_rank(),
-                                        ") does not match this executor: rank ", recipient_.rank,
-                                        " (dp ", recipient_.dp_rank, ", pp ", recipient_.pp_rank,
-                                        ")"));
+      return Error("rank",
+                   absl::StrCat("(dp ", plan_.dp_rank(), ", pp ", plan_.pp_rank(),
+                                ") does not match this executor: rank ", recipient_.rank, " (dp ",
+                                recipient_.dp_rank, ", pp ", recipient_.pp_rank, ")"));
     }
     if (plan_.stages().empty()) return Error("stages", "is empty");
     for (int i = 0; i < plan_.stages_size(); ++i) {
@@ -114,8 +115,8 @@ class PlanChecker {
     }
     if (plan_.recompute() != "none" && plan_.recompute() != "selective" &&
         plan_.recompute() != "full") {
-      return Error("recompute", absl::StrCat("is '", plan_.recompute(),
-                                             "' (expected none, selective or full)"));
+      return Error("recompute",
+                   absl::StrCat("is '", plan_.recompute(), "' (expected none, selective or full)"));
     }
     if (plan_.global_target_tokens() == 0 ||
         plan_.global_target_tokens() > config_.data().tokens_per_global_batch()) {
@@ -166,8 +167,8 @@ class PlanChecker {
                                 mb.input_len()));
     }
     if (mb.real_target_tokens() > rows * std::max(mb.target_len(), mb.input_len())) {
-      return Error(name + ".real_target_tokens",
-                   absl::StrCat("is ", mb.real_target_tokens(), ", more than the micro-batch holds"));
+      return Error(name + ".real_target_tokens", absl::StrCat("is ", mb.real_target_tokens(),
+                                                              ", more than the micro-batch holds"));
     }
     return absl::OkStatus();
   }
@@ -188,9 +189,9 @@ class PlanChecker {
                         uint64_t* named_buffers) const {
     for (int k = 0; k < ids.size(); ++k) {
       if (ids[k] >= plan_.num_buffers()) {
-        return Error(absl::StrCat(field, "[", k, "]"),
-                     absl::StrCat("is buffer ", ids[k], " but num_buffers is ",
-                                  plan_.num_buffers()));
+        return Error(
+            absl::StrCat(field, "[", k, "]"),
+            absl::StrCat("is buffer ", ids[k], " but num_buffers is ", plan_.num_buffers()));
       }
     }
     *named_buffers += static_cast<uint64_t>(ids.size());
@@ -213,9 +214,9 @@ class PlanChecker {
     }
     const int64_t rows = static_cast<int64_t>(Rows(mb));
     if (spec.dims(0) != rows) {
-      return Error(absl::StrCat(field, ".dims[0]"),
-                   absl::StrCat("is ", spec.dims(0), " but micro-batch ", mb.id(), " has ", rows,
-                                " rows"));
+      return Error(
+          absl::StrCat(field, ".dims[0]"),
+          absl::StrCat("is ", spec.dims(0), " but micro-batch ", mb.id(), " has ", rows, " rows"));
     }
     const int64_t length = spec.dims(1);
     if (length != static_cast<int64_t>(mb.input_len()) &&
@@ -255,8 +256,8 @@ class PlanChecker {
                                         " (expected ACTIVATION or GRADIENT)"));
     }
     if (t.peer() < 0 || t.peer() >= world_ || t.peer() == plan_.rank()) {
-      return Error("peer", absl::StrCat("is ", t.peer(), " (expected another rank below ",
-                                        world_, ")"));
+      return Error("peer",
+                   absl::StrCat("is ", t.peer(), " (expected another rank below ", world_, ")"));
     }
     if (t.buffer_ids().empty()) return Error("buffer_ids", "is empty");
     if (absl::Status s = CheckIds("buffer_ids", t.buffer_ids(), named_buffers); !s.ok()) return s;
@@ -290,7 +291,8 @@ class PlanChecker {
           const int content = load.contents(k);
           if (content <= v1::LoadInput::CONTENT_UNSPECIFIED || content > v1::LoadInput::LABELS) {
             return Error(absl::StrCat("load_input.contents[", k, "]"),
-                         absl::StrCat("is ", content, " (expected INPUT_TOKENS, "
+                         absl::StrCat("is ", content,
+                                      " (expected INPUT_TOKENS, "
                                       "DECODER_INPUT_TOKENS or LABELS)"));
           }
         }
@@ -305,13 +307,13 @@ class PlanChecker {
         if (absl::Status s = CheckMicroBatchAndStage(in); !s.ok()) return s;
         const v1::ForwardPass& f = in.forward();
         if (f.input_buffer_ids().empty()) return Error("forward.input_buffer_ids", "is empty");
-        if (absl::Status s = CheckIds("forward.input_buffer_ids", f.input_buffer_ids(),
-                                      named_buffers);
+        if (absl::Status s =
+                CheckIds("forward.input_buffer_ids", f.input_buffer_ids(), named_buffers);
             !s.ok()) {
           return s;
         }
-        if (absl::Status s = CheckIds("forward.output_buffer_ids", f.output_buffer_ids(),
-                                      named_buffers);
+        if (absl::Status s =
+                CheckIds("forward.output_buffer_ids", f.output_buffer_ids(), named_buffers);
             !s.ok()) {
           return s;
         }
@@ -322,8 +324,8 @@ class PlanChecker {
       case v1::Instruction::kBackward: {
         if (absl::Status s = CheckMicroBatchAndStage(in); !s.ok()) return s;
         const v1::BackwardPass& b = in.backward();
-        if (absl::Status s = CheckIds("backward.output_grad_buffer_ids",
-                                      b.output_grad_buffer_ids(), named_buffers);
+        if (absl::Status s = CheckIds("backward.output_grad_buffer_ids", b.output_grad_buffer_ids(),
+                                      named_buffers);
             !s.ok()) {
           return s;
         }
@@ -345,7 +347,8 @@ class PlanChecker {
       case v1::Instruction::kRecvWait:
         return CheckTransfer(in, in.recv_wait(), named_buffers);
       case v1::Instruction::kFreeBuffer:
-        if (in.free_buffer().buffer_ids().empty()) return Error("free_buffer.buffer_ids", "is empty");
+        if (in.free_buffer().buffer_ids().empty())
+          return Error("free_buffer.buffer_ids", "is empty");
         return CheckIds("free_buffer.buffer_ids", in.free_buffer().buffer_ids(), named_buffers);
       case v1::Instruction::kAllReduce: {
         const v1::AllReduceGradients& reduce = in.all_reduce();

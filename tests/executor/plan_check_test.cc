@@ -39,15 +39,17 @@ struct JobShape {
 
 v1::JobConfig Config(const JobShape& s) {
   const std::string json = absl::StrCat(
-      R"({"job_id": "check", "model": {"kind": ")", s.t5 ? "T5" : "GPT",
-      R"(", "num_layers": 6, )", s.t5 ? R"("num_decoder_layers": 6, )" : "",
+      R"({"job_id": "check", "model": {"kind": ")", s.t5 ? "T5" : "GPT", R"(", "num_layers": 6, )",
+      s.t5 ? R"("num_decoder_layers": 6, )" : "",
       R"("hidden_size": 32, "num_attention_heads": 4, "ffn_hidden_size": 64, "vocab_size": 61,
          "dtype": "FLOAT32"},
-      "parallelism": {"pipeline": )", s.pp, R"(, "data": )", s.dp, R"(, "virtual_chunks": )",
-      s.chunks, R"(},
-      "cluster": {"device_memory_limit_mib": )", s.memory_mib, R"(, "devices_per_node": 8},
+      "parallelism": {"pipeline": )",
+      s.pp, R"(, "data": )", s.dp, R"(, "virtual_chunks": )", s.chunks, R"(},
+      "cluster": {"device_memory_limit_mib": )",
+      s.memory_mib, R"(, "devices_per_node": 8},
       "data": {"format": "SYNTHETIC", "tokens_per_global_batch": 1600,
-               "max_sequence_length": 96, )", s.t5 ? R"("max_target_length": 48, )" : "",
+               "max_sequence_length": 96, )",
+      s.t5 ? R"("max_target_length": 48, )" : "",
       R"("seed": 5, "synthetic_num_samples": 5000},
       "planner": {"tmax_interval_ms": 0.01},
       "training": {"iterations": 10}})");
@@ -111,8 +113,8 @@ TEST(PlanCheck, EveryPlanThePlannerEmitsPasses) {
     for (v1::ScheduleKind schedule : {v1::GPIPE, v1::ONE_F_ONE_B, v1::KFKB, v1::ADAPTIVE}) {
       for (v1::RecomputeMode recompute :
            {v1::RECOMPUTE_NONE, v1::RECOMPUTE_SELECTIVE, v1::RECOMPUTE_FULL}) {
-          shapes.push_back({.t5 = t5, .pp = 2, .dp = 2, .schedule = schedule,
-                          .recompute = recompute});
+        shapes.push_back(
+            {.t5 = t5, .pp = 2, .dp = 2, .schedule = schedule, .recompute = recompute});
       }
     }
     for (v1::PartitionMethod method : {v1::TOKEN_BASED, v1::FIXED_SIZE, v1::PACKING, v1::PADDING}) {
@@ -168,12 +170,14 @@ v1::Instruction& FirstOf(v1::ExecutionPlan& plan, v1::Instruction::OpCase kind) 
 
 std::vector<Corruption> Corruptions() {
   return {
-      {"HugeBufferCount", [](v1::ExecutionPlan& p) { p.set_num_buffers(4294967295u); },
+      {"HugeBufferCount",
+       [](v1::ExecutionPlan& p) { p.set_num_buffers(4294967295u); },
        {"num_buffers", "4294967295"}},
       {"UnknownBufferId",
        [](v1::ExecutionPlan& p) {
-         FirstOf(p, v1::Instruction::kForward).mutable_forward()->set_input_buffer_ids(
-             0, p.num_buffers() + 7);
+         FirstOf(p, v1::Instruction::kForward)
+             .mutable_forward()
+             ->set_input_buffer_ids(0, p.num_buffers() + 7);
        },
        {"forward.input_buffer_ids[0]", "num_buffers"}},
       {"LengthBeyondTheConfig",
@@ -181,8 +185,10 @@ std::vector<Corruption> Corruptions() {
        {"micro_batches[0].input_len", "data.max_sequence_length"}},
       {"ActivationWiderThanTheModel",
        [](v1::ExecutionPlan& p) {
-         FirstOf(p, v1::Instruction::kRecvStart).mutable_recv_start()->mutable_tensors(0)->set_dims(
-             2, 1 << 30);
+         FirstOf(p, v1::Instruction::kRecvStart)
+             .mutable_recv_start()
+             ->mutable_tensors(0)
+             ->set_dims(2, 1 << 30);
        },
        {"instruction #", "recv_start", "tensors[0].dims[2]", "model.hidden_size"}},
       {"MoreRowsThanTheMicroBatch",
@@ -214,7 +220,8 @@ std::vector<Corruption> Corruptions() {
        },
        {"peer", "is 9"}},
       {"EmptyInstruction",
-       [](v1::ExecutionPlan& p) { p.mutable_instructions(2)->Clear(); }, {"instruction #2", "op"}},
+       [](v1::ExecutionPlan& p) { p.mutable_instructions(2)->Clear(); },
+       {"instruction #2", "op"}},
       {"UnknownMicroBatch",
        [](v1::ExecutionPlan& p) {
          FirstOf(p, v1::Instruction::kForward).set_micro_batch(p.micro_batches_size());
