@@ -85,7 +85,8 @@ absl::StatusOr<RowLengths> MicroBatchLoader::Lengths(const v1::MicroBatch& micro
         const int64_t begin = offset;
         const int64_t end = begin + count;
         segments[r].slice(0, begin, end).fill_(static_cast<int64_t>(k));
-        positions[r].slice(0, begin, end).copy_(torch::arange(static_cast<int64_t>(count), torch::kInt64));
+        positions[r].slice(0, begin, end).copy_(
+            torch::arange(static_cast<int64_t>(count), torch::kInt64));
       };
       fill(lengths.input_segments, lengths.input_positions, p.input_offset, sequence);
       if (t5) fill(lengths.target_segments, lengths.target_positions, p.target_offset,
@@ -131,7 +132,9 @@ absl::StatusOr<torch::Tensor> MicroBatchLoader::Load(const v1::MicroBatch& micro
       const int64_t tg = p.target_offset;  // T5: where its target starts
       switch (content) {
         case v1::LoadInput::INPUT_TOKENS:
-          for (size_t j = 0; j < sequence.size(); ++j) out[r][in + static_cast<int64_t>(j)] = sequence[j];
+          for (size_t j = 0; j < sequence.size(); ++j) {
+            out[r][in + static_cast<int64_t>(j)] = sequence[j];
+          }
           break;
         case v1::LoadInput::DECODER_INPUT_TOKENS:
           // The sample's targets shifted right behind a start token (id 0).

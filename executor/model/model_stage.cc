@@ -122,9 +122,9 @@ void ModelStage::SetSelectiveRecompute(bool on) {
 torch::Tensor ModelStage::Embed(const torch::Tensor& tokens, const torch::Tensor& word,
                                 const torch::Tensor& position,
                                 const torch::Tensor& positions) const {
-  if (positions.defined()) return torch::embedding(word, tokens) + torch::embedding(position, positions);
-  const int64_t s = tokens.size(1);
-  return torch::embedding(word, tokens) + position.slice(0, 0, s).unsqueeze(0);
+  const torch::Tensor words = torch::embedding(word, tokens);
+  if (positions.defined()) return words + torch::embedding(position, positions);
+  return words + position.slice(0, 0, tokens.size(1)).unsqueeze(0);
 }
 
 StageActivations ModelStage::Forward(const StageActivations& in, const StageBatch& batch) {

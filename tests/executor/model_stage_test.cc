@@ -367,7 +367,9 @@ TEST_P(SelectiveRecomputeTest, SameGradientsLessStoredMemory) {
     r.stored_bytes = account.current_bytes() - before;
     r.loss = out.loss.item<double>();
     out.loss.backward();
-    for (const auto& item : stage.named_parameters()) r.grads[item.key()] = item.value().grad().clone();
+    for (const auto& item : stage.named_parameters()) {
+      r.grads[item.key()] = item.value().grad().clone();
+    }
     return r;
   };
   const Run none = run(false);

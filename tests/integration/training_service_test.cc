@@ -342,7 +342,8 @@ TEST_F(TrainingService, AStoppedRankShowsInThePeersStatusAndTheWatchdogNamesIt) 
   ASSERT_TRUE(RankExit(dir_, 0).has_value()) << RankLogs(dir_, 2);
   EXPECT_NE(RankExit(dir_, 0), 0);
   EXPECT_THAT(ReadFile(dir_ / "rank0.log"),
-              ::testing::AllOf(HasSubstr(absl::StrCat("did not complete (watchdog timeout ", kWatchdogSeconds, "s)")),
+              ::testing::AllOf(HasSubstr(absl::StrCat("did not complete (watchdog timeout ",
+                                                      kWatchdogSeconds, "s)")),
                                HasSubstr("rank 1 stopped without reporting an error")))
       << RankLogs(dir_, 2);
 }
