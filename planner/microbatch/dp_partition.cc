@@ -485,7 +485,8 @@ BestPartition SearchCandidates(const DpProblem& p, const RunTable& runs, const B
   const size_t n = usable.width.size();
   std::vector<double> f(n + 1);
   std::vector<uint32_t> prev(n + 1, 0);
-  BestPartition best{.objective = cutoff};
+  BestPartition best;
+  best.objective = cutoff;
   size_t best_index = candidates.size();
   const auto solve = [&](size_t k) {
     ++*evaluated;

@@ -291,7 +291,9 @@ INSTANTIATE_TEST_SUITE_P(
 // gives the same parameters, and every rank's measured activation peak
 // (counting CPU allocator) is lower with selective recomputation.
 TEST_F(PlanInterpreterTest, SelectiveRecomputationLowersTheMeasuredActivationPeak) {
-  const v1::JobConfig config = TinyConfig({false, v1::ONE_F_ONE_B, v1::RECOMPUTE_SELECTIVE}, 2, 1);
+  Case selective;
+  selective.recompute = v1::RECOMPUTE_SELECTIVE;
+  const v1::JobConfig config = TinyConfig(selective, 2, 1);
   absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(config);
   ASSERT_THAT(dataset, IsOk());
   const std::vector<v1::ExecutionPlan> selective = Plans(config, 1, **dataset);
@@ -305,7 +307,9 @@ TEST_F(PlanInterpreterTest, SelectiveRecomputationLowersTheMeasuredActivationPea
     for (const auto& r : RunRanks(config, plans, **dataset, trained, absl::Seconds(60))) {
       EXPECT_THAT(r, IsOk());
       peaks.push_back(r.ok() ? r->memory_peak_bytes - r->memory_start_bytes : -1);
-      if (r.ok()) EXPECT_EQ(r->instruction_memory.size(), static_cast<size_t>(r->instructions));
+      if (r.ok()) {
+        EXPECT_EQ(r->instruction_memory.size(), static_cast<size_t>(r->instructions));
+      }
     }
     return peaks;
   };
@@ -378,7 +382,9 @@ WholeModelPass RunWholeModel(const v1::JobConfig& config, const MicroBatchLoader
 
 TEST_P(PackingTest, PackedRowsGiveTheGradientsOfUnpackedRows) {
   const bool t5 = GetParam();
-  const v1::JobConfig config = TinyConfig({.t5 = t5}, 1, 1);
+  Case model;
+  model.t5 = t5;
+  const v1::JobConfig config = TinyConfig(model, 1, 1);
   absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(config);
   ASSERT_THAT(dataset, IsOk());
   const SamplerOptions sampler = SamplerOptionsFromConfig(config);
@@ -436,7 +442,9 @@ class WatchdogTest : public PlanInterpreterTest {};
 // few kilobytes; rank 0's own watchdog is longer still, so it is still waiting
 // when rank 1 reports.
 TEST_F(WatchdogTest, DroppedSendTripsTheWatchdogWithADiagnostic) {
-  const v1::JobConfig config = TinyConfig({.schedule = v1::GPIPE}, 2, 1);
+  Case gpipe;
+  gpipe.schedule = v1::GPIPE;
+  const v1::JobConfig config = TinyConfig(gpipe, 2, 1);
   absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(config);
   ASSERT_THAT(dataset, IsOk());
   std::vector<v1::ExecutionPlan> plans = Plans(config, 0, **dataset);

@@ -99,7 +99,9 @@ TEST(PlannerSearch, PlansAreByteIdenticalForAnyThreadCount) {
     uint64_t cursor = 0;
     for (int iteration = 0; iteration < (large ? 2 : 4); ++iteration) {
       const MiniBatch mb = Draw(mixture, &cursor, job.tokens, iteration);
-      if (large) EXPECT_GT(mb.lengths.size(), 1024u);
+      if (large) {
+        EXPECT_GT(mb.lengths.size(), 1024u);
+      }
       absl::StatusOr<PlanningResult> a = one->Plan(mb);
       absl::StatusOr<PlanningResult> b = three.Plan(mb);
       ASSERT_THAT(a, IsOk());
