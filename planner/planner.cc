@@ -59,6 +59,7 @@ struct ReplicaTimeline {
   DeviceOrder order;
   SimulationResult sim;
   std::string error;  // why it could not be scheduled; empty when it was
+  bool starved = false;  // the replica got no micro-batch
 };
 
 // One (partition method, recompute mode, schedule) candidate.
@@ -72,6 +73,7 @@ struct Candidate {
   int pair = -1;                                  // in micro_batching->candidates
   std::vector<ReplicaTimeline> replicas;
   std::vector<double> peak_per_rank;
+  bool starved = false;  // a replica got no micro-batch: not a memory failure
 
   const MicroBatchingCandidate& split() const { return micro_batching->candidates[pair]; }
   void Reject(const char* phase, std::string why) {
@@ -231,6 +233,7 @@ ReplicaTimeline Search::ScheduleReplica(const Candidate& cand, uint32_t r) const
   if (mine.empty()) {
     out.error = absl::StrCat("data-parallel replica ", r, " gets no micro-batch (",
                              split.groups.size(), " micro-batches for ", dp_, " replicas)");
+    out.starved = true;
     return out;
   }
   const MicroBatchCostModel& cost = **cost_models_.at(cand.recompute);
@@ -288,7 +291,10 @@ void Search::Judge(Candidate& cand) const {
   double bubble = 0;
   for (uint32_t r = 0; r < dp_; ++r) {
     const ReplicaTimeline& t = cand.replicas[r];
-    if (!t.error.empty()) return cand.Reject("scheduling", t.error);
+    if (!t.error.empty()) {
+      cand.starved = t.starved;
+      return cand.Reject("scheduling", t.error);
+    }
     makespan = std::max(makespan, t.sim.makespan_ms);
     bubble += t.sim.MeanBubbleFraction();
     for (uint32_t d = 0; d < p_; ++d) cand.peak_per_rank[r * p_ + d] = t.sim.peak_bytes[d];
@@ -525,10 +531,21 @@ PlanReport Search::Report(const Candidate* best, bool with_trace) const {
 
 absl::Status Search::Failure() const {
   std::vector<std::string> reasons;
+  bool all_starved = !candidates_.empty();
   for (const Candidate& cand : candidates_) {
     reasons.push_back(absl::StrCat(cand.report.partition_method, "/", cand.report.schedule, "/",
                                    cand.report.recompute, ": ", cand.report.rejected_at, ": ",
                                    cand.report.reason));
+    all_starved = all_starved && cand.starved;
+  }
+  // Too few micro-batches for the replicas is not a memory failure: say so.
+  if (all_starved) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "iteration ", mini_batch_.iteration, ": the mini-batch (", mini_batch_.lengths.size(),
+        " samples) splits into fewer micro-batches than the ", dp_,
+        " data-parallel replicas in every candidate, and each replica needs at least one; "
+        "use fewer replicas or more data.tokens_per_global_batch:\n  ",
+        absl::StrJoin(reasons, "\n  ")));
   }
   return absl::ResourceExhaustedError(absl::StrCat("iteration ", mini_batch_.iteration,
                                                    ": no candidate plan fits memory:\n  ",

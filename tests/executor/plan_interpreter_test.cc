@@ -291,9 +291,9 @@ INSTANTIATE_TEST_SUITE_P(
 // gives the same parameters, and every rank's measured activation peak
 // (counting CPU allocator) is lower with selective recomputation.
 TEST_F(PlanInterpreterTest, SelectiveRecomputationLowersTheMeasuredActivationPeak) {
-  Case selective;
-  selective.recompute = v1::RECOMPUTE_SELECTIVE;
-  const v1::JobConfig config = TinyConfig(selective, 2, 1);
+  Case planned_selective;
+  planned_selective.recompute = v1::RECOMPUTE_SELECTIVE;
+  const v1::JobConfig config = TinyConfig(planned_selective, 2, 1);
   absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(config);
   ASSERT_THAT(dataset, IsOk());
   const std::vector<v1::ExecutionPlan> selective = Plans(config, 1, **dataset);

@@ -21,6 +21,7 @@
 namespace varipipe::planner {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::varipipe::testing::IsOk;
 using ::varipipe::testing::StatusIs;
@@ -147,8 +148,8 @@ TEST(Planner, ValidatorAcceptsThousandsOfRandomPlans) {
         mb.lengths.push_back({input, target});
       }
       absl::StatusOr<PlanningResult> r = planner->Plan(mb);
-      if (!r.ok() && absl::IsResourceExhausted(r.status()) &&
-          absl::StrContains(r.status().message(), "gets no micro-batch")) {
+      if (!r.ok() && absl::IsFailedPrecondition(r.status()) &&
+          absl::StrContains(r.status().message(), "fewer micro-batches than the")) {
         continue;  // fewer micro-batches than replicas
       }
       ASSERT_THAT(r, IsOk()) << "job " << (&job - jobs.data()) << " trial " << trial;
@@ -163,6 +164,22 @@ TEST(Planner, ValidatorAcceptsThousandsOfRandomPlans) {
   }
   std::printf("validated plans for %d random mini-batches\n", accepted);
   EXPECT_GE(accepted, 1900);
+}
+
+// A mini-batch that splits into fewer micro-batches than there are
+// data-parallel replicas is refused as such, not as a memory failure.
+TEST(Planner, TooFewMicroBatchesForTheReplicasIsNamedAsSuch) {
+  absl::StatusOr<Planner> planner = Planner::Create(Config(false, 2, 4, 1, {v1::ONE_F_ONE_B}));
+  ASSERT_THAT(planner, IsOk());
+  MiniBatch mb;
+  mb.iteration = 7;
+  mb.sample_ids = {11, 12};
+  mb.lengths = {{30, 10}, {40, 10}};
+  EXPECT_THAT(planner->Plan(mb),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("iteration 7"), HasSubstr("2 samples"),
+                             HasSubstr("fewer micro-batches than the 4 data-parallel replicas"),
+                             HasSubstr("gets no micro-batch"))));
 }
 
 class ValidatorFaults : public ::testing::Test {
