@@ -170,6 +170,7 @@ void Search::MicroBatch() {
     split.options.per_device_memory = options_.per_device_memory;
     split.options.threads = options_.threads;
     split.options.fail_without_pair = false;  // each candidate reports its own pair
+    split.options.sample_ids = mini_batch_.sample_ids;
     const Clock::time_point t = Clock::now();
     split.result = PlanMicroBatches(mini_batch_.lengths, model_, split.options);
     split.ms = MsSince(t);

@@ -346,20 +346,29 @@ void BuildRuns(const DpProblem& p, const TableLimits& limits, const RowCache& ca
   }
 }
 
+// "sample ID (position I of the mini-batch)", or "sample I" without ids.
+std::string SampleName(const DpProblem& p, uint32_t position) {
+  if (position < p.sample_ids.size()) {
+    return absl::StrFormat("sample %d (position %d of the mini-batch)", p.sample_ids[position],
+                           position);
+  }
+  return absl::StrFormat("sample %d", position);
+}
+
 absl::Status DoesNotFit(const DpProblem& p, const RunTable& runs, size_t i, double stored_limit,
                         uint32_t depth) {
   const SampleLengths& s = p.samples[p.order[i]];
   if (!runs.single_known[i]) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "sample %d (input %d, target %d tokens) lies beyond the cost model's grid (recompute %s)",
-        p.order[i], s.input, s.target, RecomputeName(p.cost->recompute())));
+        "%s (input %d, target %d tokens) lies beyond the cost model's grid (recompute %s)",
+        SampleName(p, p.order[i]), s.input, s.target, RecomputeName(p.cost->recompute())));
   }
   const MicroBatchCost& alone = runs.single[i];
   return absl::ResourceExhaustedError(absl::StrFormat(
-      "sample %d (input %d, target %d tokens) does not fit a micro-batch on its own with "
+      "%s (input %d, target %d tokens) does not fit a micro-batch on its own with "
       "recompute %s: it needs %.1f MiB stored / %.1f MiB peak activation, the limits are "
       "%.1f / %.1f MiB",
-      p.order[i], s.input, s.target, RecomputeName(p.cost->recompute()),
+      SampleName(p, p.order[i]), s.input, s.target, RecomputeName(p.cost->recompute()),
       BudgetStored(alone, depth) / (1 << 20), alone.peak_bytes / (1 << 20),
       stored_limit / (1 << 20),
       p.peak_limit_bytes / (1 << 20)));

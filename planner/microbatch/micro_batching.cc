@@ -22,6 +22,14 @@ double MsSince(Clock::time_point start) {
 
 double MiB(double bytes) { return bytes / (1 << 20); }
 
+// "sample ID (position I of the mini-batch)", or "sample at position I".
+std::string SampleName(const MicroBatchingOptions& o, uint32_t i) {
+  if (i < o.sample_ids.size()) {
+    return absl::StrFormat("sample %d (position %d of the mini-batch)", o.sample_ids[i], i);
+  }
+  return absl::StrFormat("sample at position %d", i);
+}
+
 // Checks lengths against the maxima; truncates or fails.
 absl::Status CheckAndTruncate(const MicroBatchingOptions& o, std::vector<SampleLengths>& samples,
                               std::vector<uint32_t>& truncated) {
@@ -31,7 +39,7 @@ absl::Status CheckAndTruncate(const MicroBatchingOptions& o, std::vector<SampleL
     SampleLengths& s = samples[i];
     if (t5 ? (s.input == 0 || s.target == 0) : s.input + s.target == 0) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "sample %d has zero length (input %d, target %d tokens)%s", i, s.input, s.target,
+          "%s has zero length (input %d, target %d tokens)%s", SampleName(o, i), s.input, s.target,
           t5 ? "; encoder-decoder samples need input and target tokens" : ""));
     }
     const bool too_long = t5 ? (s.input > o.max_input_len || s.target > o.max_target_len)
@@ -39,14 +47,16 @@ absl::Status CheckAndTruncate(const MicroBatchingOptions& o, std::vector<SampleL
     if (!too_long) continue;
     if (!o.truncate) {
       return absl::InvalidArgumentError(
-          t5 ? absl::StrFormat("sample %d (input %d, target %d tokens) exceeds the maximum "
+          t5 ? absl::StrFormat("%s (input %d, target %d tokens) exceeds the maximum "
                                "lengths (input %d, target %d); set planner.truncate_long_samples "
                                "to truncate such samples",
-                               i, s.input, s.target, o.max_input_len, o.max_target_len)
-             : absl::StrFormat("sample %d (%d tokens: input %d + target %d) exceeds the maximum "
+                               SampleName(o, i), s.input, s.target, o.max_input_len,
+                               o.max_target_len)
+             : absl::StrFormat("%s (%d tokens: input %d + target %d) exceeds the maximum "
                                "sequence length %d; set planner.truncate_long_samples to "
                                "truncate such samples",
-                               i, s.input + s.target, s.input, s.target, o.max_input_len));
+                               SampleName(o, i), s.input + s.target, s.input, s.target,
+                               o.max_input_len));
     }
     if (t5) {
       s.input = std::min(s.input, o.max_input_len);
@@ -62,8 +72,9 @@ absl::Status CheckAndTruncate(const MicroBatchingOptions& o, std::vector<SampleL
 
 // Shortens samples that do not fit a micro-batch of their own under the most
 // permissive pair (the last allowed recompute mode with the whole device).
-absl::Status TruncateForMemory(const MicroBatchCostModel& cost, const LengthPolicy& policy,
-                               double limit, std::vector<SampleLengths>& samples,
+absl::Status TruncateForMemory(const MicroBatchCostModel& cost, const MicroBatchingOptions& o,
+                               const LengthPolicy& policy, double limit,
+                               std::vector<SampleLengths>& samples,
                                std::vector<uint32_t>& truncated) {
   const auto fits = [&](const SampleLengths& s) {
     MicroBatchCost c;
@@ -98,9 +109,9 @@ absl::Status TruncateForMemory(const MicroBatchCostModel& cost, const LengthPoli
       probe.target = 1;
       if (!fits(probe)) {
         return absl::ResourceExhaustedError(absl::StrFormat(
-            "sample %d does not fit memory even truncated to one token (recompute %s, %.1f MiB "
+            "%s does not fit memory even truncated to one token (recompute %s, %.1f MiB "
             "for activations)",
-            i, RecomputeName(cost.recompute()), MiB(limit)));
+            SampleName(o, i), RecomputeName(cost.recompute()), MiB(limit)));
       }
       while (lo < hi) {
         const uint32_t mid = lo + (hi - lo + 1) / 2;
@@ -214,7 +225,7 @@ absl::Status PrepareSamples(const CostModel& model, const StageLayout& layout,
     absl::StatusOr<MicroBatchCostModel> permissive =
         CostModelFor(model, layout, o, result, o.recompute_modes.back());
     if (!permissive.ok()) return permissive.status();
-    if (absl::Status s = TruncateForMemory(*permissive, policy, smallest, result.samples,
+    if (absl::Status s = TruncateForMemory(*permissive, o, policy, smallest, result.samples,
                                            result.truncated);
         !s.ok()) {
       return s;
@@ -269,6 +280,7 @@ void SolvePairsDp(const MicroBatchCostModel& cost, const MicroBatchingOptions& o
                   std::vector<MicroBatchingCandidate>& pairs) {
   const DpProblem problem{.samples = result.samples,
                           .order = result.order,
+                          .sample_ids = o.sample_ids,
                           .policy = PolicyOf(o),
                           .cost = &cost,
                           .pipeline_stages = o.pipeline,

@@ -57,6 +57,10 @@ struct MicroBatchingOptions {
   std::vector<MemoryBudget> budgets = {MemoryBudget::kPipelineDepth, MemoryBudget::kWholeDevice};
   PartitionMethod method = PartitionMethod::kDynamicProgramming;
   SampleOrder order = SampleOrder::kLengthSort;
+  // The mini-batch's sample ids, parallel to the lengths, for error messages
+  // ("sample 81234 (position 3 of the mini-batch)"); empty: positions only.
+  // Must outlive the call.
+  std::span<const uint64_t> sample_ids = {};
   uint32_t length_multiple = 8;
   double tmax_interval_ms = 0.5;
   // Longest input (decoder-only: sequence) and target a sample may have.

@@ -136,11 +136,19 @@ TEST(MicroBatching, BadSamplesAreNamed) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no samples")));
   std::vector<SampleLengths> s = {{10, 2}, {0, 0}};
   EXPECT_THAT(PlanMicroBatches(s, model, o),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sample 1 has zero length")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("sample at position 1 has zero length")));
+  // With the mini-batch's sample ids, errors name the sample by its id.
+  const std::vector<uint64_t> ids = {4711, 81234};
+  MicroBatchingOptions named = o;
+  named.sample_ids = ids;
+  EXPECT_THAT(PlanMicroBatches(s, model, named),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("sample 81234 (position 1 of the mini-batch) has zero length")));
   s = {{10, 2}, {3000, 10}};
   EXPECT_THAT(PlanMicroBatches(s, model, o),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("sample 1 (3010 tokens"), HasSubstr("2048"),
+                       AllOf(HasSubstr("sample at position 1 (3010 tokens"), HasSubstr("2048"),
                              HasSubstr("truncate_long_samples"))));
   MicroBatchingOptions truncating = o;
   truncating.truncate = true;
