@@ -14,6 +14,35 @@ namespace varipipe::testing {
 using executor::MicroBatchLoader;
 using executor::ModelStage;
 
+executor::StageBatch WholeModelBatch(const MicroBatchLoader& loader, const v1::MicroBatch& mb,
+                                     bool t5, double loss_scale) {
+  const int64_t rows = mb.row_starts_size() > 0 ? mb.row_starts_size() : mb.sample_ids_size();
+  const auto tokens = [&](int64_t len) {
+    v1::TensorSpec s;
+    s.add_dims(rows);
+    s.add_dims(len);
+    s.set_dtype(v1::INT64);
+    return s;
+  };
+  const executor::RowLengths lengths = *loader.Lengths(mb);
+  executor::StageBatch batch;
+  batch.input_lengths = lengths.input;
+  batch.target_lengths = lengths.target;
+  batch.input_segments = lengths.input_segments;
+  batch.input_positions = lengths.input_positions;
+  batch.target_segments = lengths.target_segments;
+  batch.target_positions = lengths.target_positions;
+  batch.input_tokens = *loader.Load(mb, v1::LoadInput::INPUT_TOKENS, tokens(mb.input_len()));
+  if (t5) {
+    batch.decoder_tokens =
+        *loader.Load(mb, v1::LoadInput::DECODER_INPUT_TOKENS, tokens(mb.target_len()));
+  }
+  batch.labels =
+      *loader.Load(mb, v1::LoadInput::LABELS, tokens(t5 ? mb.target_len() : mb.input_len()));
+  batch.loss_scale = loss_scale;
+  return batch;
+}
+
 ReferenceStep UnpipelinedStep(const v1::JobConfig& config,
                               const std::vector<v1::ExecutionPlan>& plans,
                               const SampleDataset& dataset) {
@@ -32,29 +61,10 @@ ReferenceStep UnpipelinedStep(const v1::JobConfig& config,
       all.set_target_len(std::max(all.target_len(), mb.target_len()));
     }
   }
-  const SamplerOptions sampler = SamplerOptionsFromConfig(config);
-  MicroBatchLoader loader(&dataset, sampler);
-  const int64_t rows = all.sample_ids_size();
-  const auto tokens = [&](int64_t len) {
-    v1::TensorSpec s;
-    s.add_dims(rows);
-    s.add_dims(len);
-    s.set_dtype(v1::INT64);
-    return s;
-  };
-  const bool t5 = spec.encoder_decoder;
-  executor::StageBatch batch;
-  const executor::RowLengths lengths = *loader.Lengths(all);
-  batch.input_lengths = lengths.input;
-  batch.target_lengths = lengths.target;
-  batch.input_tokens = *loader.Load(all, v1::LoadInput::INPUT_TOKENS, tokens(all.input_len()));
-  if (t5) {
-    batch.decoder_tokens =
-        *loader.Load(all, v1::LoadInput::DECODER_INPUT_TOKENS, tokens(all.target_len()));
-  }
-  batch.labels =
-      *loader.Load(all, v1::LoadInput::LABELS, tokens(t5 ? all.target_len() : all.input_len()));
-  batch.loss_scale = 1.0 / static_cast<double>(plans[0].global_target_tokens());
+  MicroBatchLoader loader(&dataset, SamplerOptionsFromConfig(config));
+  const executor::StageBatch batch =
+      WholeModelBatch(loader, all, spec.encoder_decoder,
+                      1.0 / static_cast<double>(plans[0].global_target_tokens()));
   executor::StageActivations out = stage.Forward({}, batch);
   step.loss = out.loss.item<double>();
   out.loss.backward();

@@ -11,6 +11,8 @@
 #include <torch/torch.h>
 
 #include "common/dataset/sample_dataset.h"
+#include "executor/data/micro_batch_loader.h"
+#include "executor/model/model_stage.h"
 #include "varipipe/v1/config.pb.h"
 #include "varipipe/v1/plan.pb.h"
 
@@ -21,6 +23,12 @@ struct ReferenceStep {
   std::map<std::string, torch::Tensor> initial;  // parameters before the step
   std::map<std::string, torch::Tensor> trained;  // and after
 };
+
+// Everything one stage holding the whole model needs to run micro-batch `mb`
+// in one pass, read through the executor's loader (packed rows included):
+// lengths, segments and positions, tokens, decoder tokens (T5) and labels.
+executor::StageBatch WholeModelBatch(const executor::MicroBatchLoader& loader,
+                                     const v1::MicroBatch& mb, bool t5, double loss_scale);
 
 // `config` with defaults applied; `plans` one per rank of one iteration.
 ReferenceStep UnpipelinedStep(const v1::JobConfig& config,
