@@ -414,10 +414,28 @@ ReplicaPlan Search::ReplicaOf(const Candidate& best, uint32_t r, absl::Status* s
   for (uint32_t g : split.replicas.replicas[r]) {
     const MicroBatchGroup& group = split.groups[g];
     PlannedMicroBatch planned;
-    for (uint32_t position : group.samples) {
+    // Packed rows start at row_starts; unpacked, every sample starts a row.
+    size_t next_row = 0;
+    uint32_t input_offset = 0;
+    uint32_t target_offset = 0;
+    for (size_t i = 0; i < group.samples.size(); ++i) {
+      const uint32_t position = group.samples[i];
       planned.sample_ids.push_back(mini_batch_.sample_ids[position]);
+      // The lengths after truncation: what the executor feeds.
       const SampleLengths& s = mbr.samples[position];
+      if (group.row_starts.empty() ||
+          (next_row < group.row_starts.size() && group.row_starts[next_row] == i)) {
+        ++next_row;
+        input_offset = 0;
+        target_offset = 0;
+      }
+      planned.input_lens.push_back(s.input);
+      planned.target_lens.push_back(s.target);
+      planned.input_offsets.push_back(input_offset);
+      planned.target_offsets.push_back(target_offset);
       // GPT: the whole sequence is input (target_len is 0).
+      input_offset += SequenceLength(s, policy_);
+      if (policy_.encoder_decoder) target_offset += s.target;
       planned.real_input_tokens += SequenceLength(s, policy_);
       if (policy_.encoder_decoder) planned.real_target_tokens += s.target;
     }
@@ -466,6 +484,7 @@ absl::StatusOr<std::vector<v1::ExecutionPlan>> Search::Lower(const Candidate& be
   options.partition_method = best.report.partition_method;
   options.global_target_tokens = global_target_tokens;
   options.predicted_iteration_ms = best.report.makespan_ms;
+  options.predicted_activation_peak_bytes = best.peak_per_rank;
   absl::StatusOr<std::vector<v1::ExecutionPlan>> plans =
       BuildExecutionPlans(options, replicas, options_.threads);
   plan_building_ms_ = MsSince(t);

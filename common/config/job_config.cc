@@ -428,7 +428,7 @@ void ApplyJobConfigDefaults(JobConfig& config) {
   v1::TrainingConfig& t = *config.mutable_training();
   if (t.learning_rate() == 0) t.set_learning_rate(1e-4);
   if (!t.has_min_learning_rate()) t.set_min_learning_rate(t.learning_rate() / 10);
-  if (!t.has_weight_decay()) t.set_weight_decay(0.01);
+  if (!t.has_weight_decay()) t.set_weight_decay(t.optimizer() == v1::SGD ? 0.0 : 0.01);
   if (!t.has_adam_beta1()) t.set_adam_beta1(0.9);
   if (!t.has_adam_beta2()) t.set_adam_beta2(0.95);
   if (t.adam_epsilon() == 0) t.set_adam_epsilon(1e-8);

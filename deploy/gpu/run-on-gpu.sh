@@ -78,7 +78,7 @@ CHECKS=(
   "speed|gpu|tokens/s, MFU and interpreter overhead per micro-batching method, GPT-1.3B-like stack, bf16"
   "profile|gpu|varipipe-profile on the same layer stacks (runs only once that binary exists)"
   "gpu-tests|gpu|CTest tests labelled gpu, GPU visible, TF32 off (runs only once such tests exist)"
-  "equivalence-cpu|cpu|the equivalence tests (plan_interpreter_test, executor_training_test) on the CUDA build with the GPU hidden"
+  "equivalence-cpu|cpu|the equivalence tests (equivalence_test, plan_interpreter_test, executor_training_test) on the CUDA build with the GPU hidden"
   "ctest-cpu|cpu|the rest of the CTest suite on the CUDA build with the GPU hidden"
 )
 
@@ -974,10 +974,10 @@ ctest_cpu() {  # LOG ARGS...
   return "$rc"
 }
 check_equivalence_cpu() {
-  ctest_cpu "$1/ctest.log" -R '^(plan_interpreter_test|executor_training_test)\.'
+  ctest_cpu "$1/ctest.log" -R '^(equivalence_test|plan_interpreter_test|executor_training_test)\.'
 }
 check_ctest_cpu() {
-  ctest_cpu "$1/ctest.log" -E '^(plan_interpreter_test\.|executor_training_test\.|gloo_transport_test\.|quickstart\.quick$|build\.configure_options$|launcher_test\.VaripipeExecutor\.StartedByMpirun$)'
+  ctest_cpu "$1/ctest.log" -E '^(equivalence_test\.|plan_interpreter_test\.|executor_training_test\.|gloo_transport_test\.|quickstart\.quick$|build\.configure_options$|launcher_test\.VaripipeExecutor\.StartedByMpirun$)'
 }
 
 # run_check NAME MAX_SECONDS FUNCTION [ARGS...]

@@ -2,9 +2,11 @@
 // the real lengths of its rows, which every stage needs for its attention
 // masks (read from the dataset's index), and the padded token ids and labels
 // of LoadInput instructions, which only the stages that embed or compute the
-// loss read. Samples are truncated exactly as the planner's sampler truncates
-// them (TruncateSample), keeping prefixes; the loss covers the tokens of
-// LossTokenSpan.
+// loss read. Each sample's lengths and its offset in its row come from the
+// plan (MicroBatch.sample_input_lens ...; the planner's truncation, by the
+// data limits or to fit memory), never re-derived here: a sample feeds the
+// prefixes of its input and target of those lengths; the loss covers the
+// tokens of LossTokenSpan of those lengths.
 #ifndef VARIPIPE_EXECUTOR_DATA_MICRO_BATCH_LOADER_H_
 #define VARIPIPE_EXECUTOR_DATA_MICRO_BATCH_LOADER_H_
 
@@ -59,7 +61,7 @@ class MicroBatchLoader {
                                      const v1::TensorSpec& spec) const;
 
  private:
-  // One sample of a row: its id, truncated lengths and where its input
+  // One sample of a row: its id, the plan's lengths and where its input
   // (GPT: sequence) and target start in the row.
   struct Placed {
     uint64_t id = 0;

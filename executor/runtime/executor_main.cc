@@ -369,12 +369,14 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
                        "\"compute_ms\": %.3f, \"communication_ms\": %.3f, "
                        "\"interpreter_overhead_ms\": %.4f, \"instructions\": %d, "
                        "\"learning_rate\": %.6g, \"grad_norm\": %.6f, \"peak_memory_mib\": %.1f, "
-                       "\"activation_peak_mib\": %.3f, \"predicted_ms\": %.3f}",
+                       "\"activation_peak_mib\": %.3f, "
+                       "\"predicted_activation_peak_mib\": %.3f, \"predicted_ms\": %.3f}",
                        iteration, loss, real_tokens / step_seconds,
                        padded_tokens > 0 ? real_tokens / padded_tokens : 0.0, step_seconds * 1e3,
                        stats.compute_seconds * 1e3, stats.communication_seconds * 1e3,
                        stats.overhead_seconds * 1e3, stats.instructions, stats.learning_rate,
                        stats.grad_norm, peak_mib, activation_peak_mib,
+                       plan->predicted_activation_peak_bytes() / (1024.0 * 1024.0),
                        plan->predicted_iteration_ms())
                 << std::endl;
       }

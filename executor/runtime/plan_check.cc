@@ -160,6 +160,7 @@ class PlanChecker {
                                   mb.sample_ids_size(), " samples)"));
       }
     }
+    if (absl::Status s = CheckSamples(mb, name); !s.ok()) return s;
     const uint64_t rows = Rows(mb);
     if (mb.real_input_tokens() > rows * mb.input_len()) {
       return Error(name + ".real_input_tokens",
@@ -169,6 +170,74 @@ class PlanChecker {
     if (mb.real_target_tokens() > rows * std::max(mb.target_len(), mb.input_len())) {
       return Error(name + ".real_target_tokens", absl::StrCat("is ", mb.real_target_tokens(),
                                                               ", more than the micro-batch holds"));
+    }
+    return absl::OkStatus();
+  }
+
+  // The per-sample lengths and offsets (what the executor feeds): one entry
+  // per sample each, every sample inside the padded lengths and after the
+  // previous sample of its row. Whether a length is within the sample's real
+  // length is the loader's check (it reads the dataset).
+  absl::Status CheckSamples(const v1::MicroBatch& mb, const std::string& name) const {
+    const int n = mb.sample_ids_size();
+    const std::pair<const char*, const Repeated<uint32_t>*> fields[] = {
+        {"sample_input_lens", &mb.sample_input_lens()},
+        {"sample_target_lens", &mb.sample_target_lens()},
+        {"sample_input_offsets", &mb.sample_input_offsets()},
+        {"sample_target_offsets", &mb.sample_target_offsets()}};
+    for (const auto& [field, values] : fields) {
+      if (values->size() != n) {
+        return Error(
+            absl::StrCat(name, ".", field),
+            absl::StrCat("has ", values->size(), " entries for ", n, " samples (one per sample)"));
+      }
+    }
+    const bool packed = !mb.row_starts().empty();
+    int next_row = 0;
+    uint64_t input_end = 0;
+    uint64_t target_end = 0;
+    for (int i = 0; i < n; ++i) {
+      if (!packed || (next_row < mb.row_starts_size() &&
+                      mb.row_starts(next_row) == static_cast<uint32_t>(i))) {
+        ++next_row;
+        input_end = 0;
+        target_end = 0;
+      }
+      const uint64_t input = t5_ ? mb.sample_input_lens(i)
+                                 : uint64_t{mb.sample_input_lens(i)} + mb.sample_target_lens(i);
+      const uint64_t target = t5_ ? mb.sample_target_lens(i) : 0;
+      if (input == 0 || (t5_ && target == 0)) {
+        return Error(
+            absl::StrCat(name, ".sample_", input == 0 ? "input" : "target", "_lens[", i, "]"),
+            "gives the sample no tokens");
+      }
+      const auto place = [&](const char* field, uint32_t offset, uint64_t length, uint64_t* end,
+                             uint32_t padded) -> absl::Status {
+        if ((!packed && offset != 0) || offset < *end || offset + length > padded) {
+          return Error(absl::StrCat(name, ".", field, "[", i, "]"),
+                       absl::StrCat("is ", offset, " for ", length, " tokens (",
+                                    packed ? "samples follow each other in a row"
+                                           : "unpacked samples start at 0",
+                                    " within the padded length ", padded, ")"));
+        }
+        *end = offset + length;
+        return absl::OkStatus();
+      };
+      if (absl::Status s = place("sample_input_offsets", mb.sample_input_offsets(i), input,
+                                 &input_end, mb.input_len());
+          !s.ok()) {
+        return s;
+      }
+      if (t5_) {
+        if (absl::Status s = place("sample_target_offsets", mb.sample_target_offsets(i), target,
+                                   &target_end, mb.target_len());
+            !s.ok()) {
+          return s;
+        }
+      } else if (mb.sample_target_offsets(i) != 0) {
+        return Error(absl::StrCat(name, ".sample_target_offsets[", i, "]"),
+                     "must be 0 for GPT (the target is part of the sequence)");
+      }
     }
     return absl::OkStatus();
   }

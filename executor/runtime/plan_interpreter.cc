@@ -505,6 +505,7 @@ class IterationRun {
       squared *= static_cast<float>(group.size());
     }
     stats_.grad_norm = std::sqrt(static_cast<double>(squared));
+    if (it_.options_.before_optimizer_step) it_.options_.before_optimizer_step(stats_);
     const Clock::time_point start = Clock::now();
     stats_.learning_rate = it_.optimizer_->Step(plan_.iteration(), stats_.grad_norm);
     stats_.compute_seconds += Seconds(Clock::now() - start);

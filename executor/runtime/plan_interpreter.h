@@ -19,6 +19,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -35,6 +36,8 @@
 #include "varipipe/v1/plan.pb.h"
 
 namespace varipipe::executor {
+
+struct IterationStats;
 
 struct InterpreterOptions {
   // A Wait blocking longer than this aborts the iteration with a diagnostic
@@ -60,6 +63,11 @@ struct InterpreterOptions {
   // records this account's bytes per instruction. The executor passes the
   // process's account; threaded tests pass each rank's own.
   MemoryAccount* memory = nullptr;
+  // Called by OptimizerStep once the gradients are final (data-parallel
+  // all-reduce done, the global norm in `grad_norm`) and before clipping and
+  // the update, on the interpreter's thread: equivalence tests read the
+  // gradients the optimizer is about to apply. Empty: nothing is called.
+  std::function<void(const IterationStats&)> before_optimizer_step;
 };
 
 // Measured memory around one instruction: live bytes after it and the

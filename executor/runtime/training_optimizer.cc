@@ -22,11 +22,17 @@ double LearningRateAt(const v1::TrainingConfig& training, uint64_t iteration) {
 TrainingOptimizer::TrainingOptimizer(std::vector<torch::Tensor> parameters,
                                      const v1::TrainingConfig& training)
     : parameters_(std::move(parameters)), training_(training) {
+  if (training.optimizer() == v1::SGD) {
+    torch::optim::SGDOptions options(training.learning_rate());
+    options.momentum(0).weight_decay(training.weight_decay());
+    optimizer_ = std::make_unique<torch::optim::SGD>(parameters_, options);
+    return;
+  }
   torch::optim::AdamWOptions options(training.learning_rate());
   options.betas({training.adam_beta1(), training.adam_beta2()});
   options.eps(training.adam_epsilon());
   options.weight_decay(training.weight_decay());
-  adamw_ = std::make_unique<torch::optim::AdamW>(parameters_, options);
+  optimizer_ = std::make_unique<torch::optim::AdamW>(parameters_, options);
 }
 
 double TrainingOptimizer::LocalSquaredGradNorm() const {
@@ -47,18 +53,16 @@ double TrainingOptimizer::Step(uint64_t iteration, double global_grad_norm) {
     }
   }
   const double lr = LearningRateAt(training_, iteration);
-  for (auto& group : adamw_->param_groups()) {
-    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-  }
-  adamw_->step();
-  adamw_->zero_grad();
+  for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
+  optimizer_->step();
+  optimizer_->zero_grad();
   return lr;
 }
 
 void TrainingOptimizer::Save(torch::serialize::OutputArchive& archive) const {
-  adamw_->save(archive);
+  optimizer_->save(archive);
 }
 
-void TrainingOptimizer::Load(torch::serialize::InputArchive& archive) { adamw_->load(archive); }
+void TrainingOptimizer::Load(torch::serialize::InputArchive& archive) { optimizer_->load(archive); }
 
 }  // namespace varipipe::executor

@@ -1,7 +1,7 @@
-// The optimizer step of an iteration: AdamW (decoupled weight decay) over the
-// parameters of this rank's stages, after clipping by the global gradient
-// norm (over the whole model, not per stage), with linear warm-up followed by
-// cosine decay of the learning rate.
+// The optimizer step of an iteration: AdamW (decoupled weight decay) or plain
+// SGD (training.optimizer) over the parameters of this rank's stages, after
+// clipping by the global gradient norm (over the whole model, not per stage),
+// with linear warm-up followed by cosine decay of the learning rate.
 #ifndef VARIPIPE_EXECUTOR_RUNTIME_TRAINING_OPTIMIZER_H_
 #define VARIPIPE_EXECUTOR_RUNTIME_TRAINING_OPTIMIZER_H_
 
@@ -29,20 +29,21 @@ class TrainingOptimizer {
   // sums it over the pipeline to get the global squared norm.
   double LocalSquaredGradNorm() const;
 
-  // Scales gradients by min(1, clip / global_norm), applies AdamW with the
-  // iteration's learning rate and zeroes the gradients. Returns the learning
-  // rate used.
+  // Scales gradients by min(1, clip / global_norm), applies the update rule
+  // with the iteration's learning rate and zeroes the gradients. Returns the
+  // learning rate used.
   double Step(uint64_t iteration, double global_grad_norm);
 
-  // AdamW's state (step counts, first and second moments) for checkpoints;
-  // Load expects the state of an optimizer over the same parameters.
+  // The optimizer's state (AdamW: step counts, first and second moments;
+  // SGD: none) for checkpoints; Load expects the state of the same kind of
+  // optimizer over the same parameters.
   void Save(torch::serialize::OutputArchive& archive) const;
   void Load(torch::serialize::InputArchive& archive);
 
  private:
   std::vector<torch::Tensor> parameters_;
   v1::TrainingConfig training_;
-  std::unique_ptr<torch::optim::AdamW> adamw_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
 
 }  // namespace varipipe::executor

@@ -46,12 +46,20 @@ class RankPlanBuilder {
       out->set_real_input_tokens(mb.real_input_tokens);
       out->set_real_target_tokens(mb.real_target_tokens);
       for (uint32_t r : mb.row_starts) out->add_row_starts(r);
+      for (uint32_t n : mb.input_lens) out->add_sample_input_lens(n);
+      for (uint32_t n : mb.target_lens) out->add_sample_target_lens(n);
+      for (uint32_t n : mb.input_offsets) out->add_sample_input_offsets(n);
+      for (uint32_t n : mb.target_offsets) out->add_sample_target_offsets(n);
     }
     plan_.set_recompute(o_.recompute);
     plan_.set_global_target_tokens(o_.global_target_tokens);
     plan_.set_schedule(o_.schedule);
     plan_.set_partition_method(o_.partition_method);
     plan_.set_predicted_iteration_ms(o_.predicted_iteration_ms);
+    const size_t rank = static_cast<size_t>(RankOf(device_));
+    if (rank < o_.predicted_activation_peak_bytes.size()) {
+      plan_.set_predicted_activation_peak_bytes(o_.predicted_activation_peak_bytes[rank]);
+    }
 
     for (const ProgramEntry& e : replica_.comm.programs[device_]) {
       absl::Status status;

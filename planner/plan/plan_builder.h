@@ -41,6 +41,12 @@ struct PlannedMicroBatch {
   uint64_t real_target_tokens = 0;
   uint32_t rows = 0;                 // micro-batch size b
   std::vector<uint32_t> row_starts;  // packed rows (see MicroBatch.row_starts)
+  // Per sample, parallel to sample_ids (MicroBatch.sample_input_lens ...):
+  // the lengths after any truncation and where each sample starts in its row.
+  std::vector<uint32_t> input_lens;
+  std::vector<uint32_t> target_lens;
+  std::vector<uint32_t> input_offsets;
+  std::vector<uint32_t> target_offsets;
 };
 
 struct ReplicaPlan {
@@ -64,6 +70,8 @@ struct PlanBuildOptions {
   std::string partition_method;  // for reports
   uint64_t global_target_tokens = 0;
   double predicted_iteration_ms = 0;
+  // Per global rank: the simulated activation peak (ExecutionPlan field).
+  std::vector<double> predicted_activation_peak_bytes;
 };
 
 // One plan per rank, in rank order, ranks built on up to `threads` threads

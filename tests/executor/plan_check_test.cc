@@ -231,6 +231,22 @@ std::vector<Corruption> Corruptions() {
        [](v1::ExecutionPlan& p) { FirstOf(p, v1::Instruction::kBackward).set_stage(0); },
        {"stage", "not one of the plan's stages"}},
       {"WrongRank", [](v1::ExecutionPlan& p) { p.set_rank(0); }, {"rank", "does not match"}},
+      {"SampleLengthsMissing",
+       [](v1::ExecutionPlan& p) { p.mutable_micro_batches(0)->clear_sample_input_lens(); },
+       {"micro_batches[0].sample_input_lens", "one per sample"}},
+      {"SampleWithoutTokens",
+       [](v1::ExecutionPlan& p) {
+         v1::MicroBatch& mb = *p.mutable_micro_batches(0);
+         mb.set_sample_input_lens(0, 0);
+         mb.set_sample_target_lens(0, 0);
+       },
+       {"micro_batches[0].sample_input_lens[0]", "no tokens"}},
+      {"SampleBeyondThePaddedLength",
+       [](v1::ExecutionPlan& p) {
+         v1::MicroBatch& mb = *p.mutable_micro_batches(0);
+         mb.set_sample_input_offsets(0, mb.input_len());
+       },
+       {"micro_batches[0].sample_input_offsets[0]", "padded length"}},
   };
 }
 

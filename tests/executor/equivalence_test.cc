@@ -1,0 +1,323 @@
+// Independent equivalence: the planner's plans, run by the executor's ranks
+// (threads, Gloo over loopback TCP, rendezvous through a real redis-server),
+// against the plain reference model of tests/testing/reference_model.h (the
+// whole model, one sample at a time, written separately from executor/model).
+//
+// Each cell of the matrix {GPT, T5} x {GPipe, 1F1B, interleaved 1F1B (GPT),
+// kFkB, adaptive} x {none, selective, full recomputation} x (pp, dp) in
+// {(1,1), (2,1), (2,2), (4,1)}, plus packed micro-batches, runs three
+// iterations with plain SGD (constant learning rate, no clipping, so the
+// update is the gradient times the learning rate and a wrong gradient scale
+// shows) and checks, every iteration:
+// - the loss normaliser (the plan's global_target_tokens) equals the
+//   reference's count of loss tokens;
+// - the loss (summed over the replicas' last stages) and the global gradient
+//   norm within 1e-5 relative;
+// - every parameter's gradient after the data-parallel reduction, before the
+//   optimizer, within 1e-5 relative (max |difference| / max |reference|);
+// and, after the three steps, every parameter within 1e-5 relative.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/config/job_config.h"
+#include "common/dataset/minibatch_sampler.h"
+#include "common/dataset/sample_dataset.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/redis_server.h"
+#include "tests/testing/reference_model.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/threaded_ranks.h"
+#include "tests/testing/tiny_job.h"
+
+namespace varipipe::testing {
+namespace {
+
+constexpr int kIterations = 3;
+constexpr double kTolerance = 1e-5;
+
+struct Cell {
+  bool t5 = false;
+  v1::ScheduleKind schedule = v1::ONE_F_ONE_B;
+  v1::RecomputeMode recompute = v1::RECOMPUTE_NONE;
+  uint32_t pp = 1;
+  uint32_t dp = 1;
+  uint32_t chunks = 1;
+  v1::PartitionMethod method = v1::DYNAMIC_PROGRAMMING;
+};
+
+std::string ScheduleName(const Cell& c) {
+  switch (c.schedule) {
+    case v1::GPIPE:
+      return "GPipe";
+    case v1::ONE_F_ONE_B:
+      return "OneFOneB";
+    case v1::INTERLEAVED_1F1B:
+      return absl::StrCat("Interleaved", c.chunks);
+    case v1::KFKB:
+      return "Kfkb";
+    case v1::ADAPTIVE:
+      return "Adaptive";
+    default:
+      return v1::ScheduleKind_Name(c.schedule);
+  }
+}
+
+std::string RecomputeName(v1::RecomputeMode mode) {
+  switch (mode) {
+    case v1::RECOMPUTE_NONE:
+      return "RecomputeNone";
+    case v1::RECOMPUTE_SELECTIVE:
+      return "RecomputeSelective";
+    case v1::RECOMPUTE_FULL:
+      return "RecomputeFull";
+    default:
+      return v1::RecomputeMode_Name(mode);
+  }
+}
+
+std::string CellName(const Cell& c) {
+  return absl::StrCat(c.t5 ? "T5" : "Gpt", c.method == v1::PACKING ? "Packed" : "", "_",
+                      ScheduleName(c), "_", RecomputeName(c.recompute), "_pp", c.pp, "dp", c.dp);
+}
+
+std::vector<Cell> Matrix() {
+  std::vector<Cell> cells;
+  const std::pair<uint32_t, uint32_t> shapes[] = {{1, 1}, {2, 1}, {2, 2}, {4, 1}};
+  for (bool t5 : {false, true}) {
+    for (v1::ScheduleKind schedule :
+         {v1::GPIPE, v1::ONE_F_ONE_B, v1::INTERLEAVED_1F1B, v1::KFKB, v1::ADAPTIVE}) {
+      if (t5 && schedule == v1::INTERLEAVED_1F1B) continue;  // GPT only
+      for (v1::RecomputeMode recompute :
+           {v1::RECOMPUTE_NONE, v1::RECOMPUTE_SELECTIVE, v1::RECOMPUTE_FULL}) {
+        for (const auto& [pp, dp] : shapes) {
+          Cell c;
+          c.t5 = t5;
+          c.schedule = schedule;
+          c.recompute = recompute;
+          c.pp = pp;
+          c.dp = dp;
+          c.chunks = schedule == v1::INTERLEAVED_1F1B ? 2 : 1;
+          cells.push_back(c);
+        }
+      }
+    }
+  }
+  // Three virtual chunks per device, and packed micro-batches.
+  Cell interleaved3;
+  interleaved3.schedule = v1::INTERLEAVED_1F1B;
+  interleaved3.chunks = 3;
+  interleaved3.pp = 2;
+  cells.push_back(interleaved3);
+  for (bool t5 : {false, true}) {
+    for (const auto& [pp, dp] : {std::pair<uint32_t, uint32_t>{1, 1}, {2, 2}}) {
+      Cell packed;
+      packed.t5 = t5;
+      packed.method = v1::PACKING;
+      packed.pp = pp;
+      packed.dp = dp;
+      cells.push_back(packed);
+    }
+  }
+  return cells;
+}
+
+// Plans `iterations` iterations of `config`, runs them on threaded ranks and
+// checks every iteration and the final parameters against the reference
+// (the checks listed at the top). Returns the plans ([iteration][rank]).
+std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& config,
+                                                          const std::string& name) {
+  const int iterations = static_cast<int>(config.training().iterations());
+  const uint32_t dp = config.parallelism().data();
+  absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(config);
+  EXPECT_THAT(dataset, IsOk());
+  if (!dataset.ok()) return {};
+  absl::StatusOr<std::unique_ptr<MiniBatchSampler>> sampler =
+      MiniBatchSampler::Create((*dataset)->AllLengths(), SamplerOptionsFromConfig(config));
+  EXPECT_THAT(sampler, IsOk());
+  if (!sampler.ok()) return {};
+
+  std::vector<std::vector<v1::ExecutionPlan>> plans;
+  for (int it = 0; it < iterations; ++it) {
+    uint64_t limit = 0;
+    absl::StatusOr<std::vector<v1::ExecutionPlan>> p =
+        PlanTinyIteration(config, it, **dataset, &limit);
+    EXPECT_THAT(p, IsOk()) << "iteration " << it;
+    if (!p.ok()) return {};
+    int micro_batches = 0;
+    for (const v1::ExecutionPlan& plan : *p) {
+      if (plan.pp_rank() == 0) micro_batches += plan.micro_batches_size();
+    }
+    std::printf(
+        "iteration %d: %d micro-batches over %u replicas, %d instructions on rank 0, "
+        "planned with %llu MiB per device\n",
+        it, micro_batches, dp, (*p)[0].instructions_size(), static_cast<unsigned long long>(limit));
+    // Every sample of the mini-batch is fed exactly once.
+    std::vector<uint64_t> fed;
+    for (const ReferenceSample& s : IterationSamples(*p)) fed.push_back(s.id);
+    std::vector<uint64_t> sampled = (*sampler)->Get(it).sample_ids;
+    std::sort(fed.begin(), fed.end());
+    std::sort(sampled.begin(), sampled.end());
+    EXPECT_EQ(fed, sampled) << "iteration " << it;
+    plans.push_back(*std::move(p));
+  }
+
+  absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
+  EXPECT_THAT(redis, IsOk());
+  if (!redis.ok()) return {};
+  ThreadedRanksOptions options;
+  options.redis_host = (*redis)->host();
+  options.redis_port = (*redis)->port();
+  options.redis_password = (*redis)->password();
+  options.prefix = "equivalence";
+  options.capture_gradients = true;
+  const std::vector<RankRun> ranks = RunThreadedRanks(config, plans, **dataset, options);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    EXPECT_THAT(ranks[r].status, IsOk()) << "rank " << r;
+    if (!ranks[r].status.ok() || ranks[r].stats.size() != size_t(iterations) ||
+        ranks[r].gradients.size() != size_t(iterations)) {
+      ADD_FAILURE() << "rank " << r << " ran " << ranks[r].stats.size() << " iterations";
+      return plans;
+    }
+  }
+
+  ReferenceModel reference(config);
+  const NamedTensors initial = [&] {
+    NamedTensors copy;
+    for (const auto& [name, p] : reference.parameters()) copy[name] = p.detach().clone();
+    return copy;
+  }();
+  double worst_gradient = 0;
+  double worst_loss = 0;
+  double worst_norm = 0;
+  std::string worst_gradient_name;
+  for (int it = 0; it < iterations; ++it) {
+    const ReferencePass pass = reference.Gradients(IterationSamples(plans[it]), **dataset);
+    EXPECT_EQ(plans[it][0].global_target_tokens(), pass.loss_tokens) << "iteration " << it;
+    double loss = 0;
+    int compared = 0;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      const executor::IterationStats& stats = ranks[r].stats[it];
+      if (stats.has_loss) loss += stats.loss;
+      EXPECT_DOUBLE_EQ(stats.learning_rate, config.training().learning_rate());
+      const double norm_error = std::abs(stats.grad_norm - pass.grad_norm) / pass.grad_norm;
+      EXPECT_LE(norm_error, kTolerance) << "rank " << r << " iteration " << it << ": grad norm "
+                                        << stats.grad_norm << " vs " << pass.grad_norm;
+      worst_norm = std::max(worst_norm, norm_error);
+      const TensorDifference d = MaxRelativeDifference(ranks[r].gradients[it], pass.gradients);
+      EXPECT_LE(d.worst, kTolerance)
+          << "rank " << r << " iteration " << it << ": gradient of " << d.worst_name;
+      if (d.worst > worst_gradient) {
+        worst_gradient = d.worst;
+        worst_gradient_name = d.worst_name;
+      }
+      compared += d.compared;
+    }
+    // Each replica holds the whole model once.
+    EXPECT_EQ(compared, static_cast<int>(dp * pass.gradients.size())) << "iteration " << it;
+    const double loss_error = std::abs(loss - pass.loss) / pass.loss;
+    EXPECT_LE(loss_error, kTolerance)
+        << "iteration " << it << ": loss " << loss << " vs " << pass.loss;
+    worst_loss = std::max(worst_loss, loss_error);
+    std::printf("iteration %d: loss %.9f (reference %.9f), grad norm %.9f (reference %.9f)\n", it,
+                loss, pass.loss, ranks[0].stats[it].grad_norm, pass.grad_norm);
+    reference.SgdStep(pass.gradients, config.training().learning_rate());
+  }
+  double worst_parameter = 0;
+  double worst_update = 0;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const TensorDifference d = MaxRelativeDifference(ranks[r].parameters, reference.parameters());
+    EXPECT_LE(d.worst, kTolerance) << "rank " << r << ": parameter " << d.worst_name;
+    worst_parameter = std::max(worst_parameter, d.worst);
+    // The steps' total update, a stricter view of the same.
+    NamedTensors update;
+    NamedTensors reference_update;
+    for (const auto& [name, p] : ranks[r].parameters) {
+      update[name] = p - initial.at(name);
+      reference_update[name] = reference.parameters().at(name).detach() - initial.at(name);
+    }
+    worst_update = std::max(worst_update, MaxRelativeDifference(update, reference_update).worst);
+  }
+  std::printf(
+      "%s: worst relative difference over %d iterations: gradients %.3g (%s), loss %.3g, "
+      "grad norm %.3g, parameters %.3g, updates %.3g\n",
+      name.c_str(), iterations, worst_gradient, worst_gradient_name.c_str(), worst_loss, worst_norm,
+      worst_parameter, worst_update);
+  return plans;
+}
+
+class Equivalence : public ::testing::TestWithParam<Cell> {};
+
+TEST_P(Equivalence, ThreeSgdStepsMatchTheReference) {
+  const Cell& c = GetParam();
+  TinyJob job;
+  job.t5 = c.t5;
+  job.schedule = c.schedule;
+  job.recompute = c.recompute;
+  job.method = c.method;
+  job.pipeline = c.pp;
+  job.data = c.dp;
+  job.chunks = c.chunks;
+  job.optimizer = v1::SGD;
+  job.iterations = kIterations;
+  absl::StatusOr<v1::JobConfig> config = TinyJobConfig(job);
+  ASSERT_THAT(config, IsOk());
+  const std::vector<std::vector<v1::ExecutionPlan>> plans = RunAndCompare(*config, CellName(c));
+  ASSERT_EQ(plans.size(), size_t{kIterations});
+  for (const std::vector<v1::ExecutionPlan>& iteration : plans) {
+    ASSERT_EQ(iteration.size(), size_t{c.pp} * c.dp);
+    for (const v1::ExecutionPlan& plan : iteration) {
+      EXPECT_EQ(plan.recompute(), c.recompute == v1::RECOMPUTE_FULL        ? "full"
+                                  : c.recompute == v1::RECOMPUTE_SELECTIVE ? "selective"
+                                                                           : "none");
+      EXPECT_EQ(plan.partition_method(),
+                c.method == v1::PACKING ? "packing" : "dynamic_programming");
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, Equivalence, ::testing::ValuesIn(Matrix()),
+                         [](const auto& info) { return CellName(info.param); });
+
+// Samples the planner shortens to fit memory (planner.truncate_long_samples)
+// are fed as the plan says: the reference reads the plan's lengths, so an
+// executor that re-derived them (by the data limits alone) would train on
+// other tokens and differ. The memory limit is low enough that some samples
+// are shortened below the data limit.
+TEST(TruncationEquivalence, SamplesShortenedToFitMemoryAreFedAsPlanned) {
+  TinyJob job;
+  job.pipeline = 2;
+  job.optimizer = v1::SGD;
+  job.iterations = 1;
+  job.max_sequence_length = 2048;
+  job.truncate_long_samples = true;
+  job.memory_mib = 6;
+  absl::StatusOr<v1::JobConfig> config = TinyJobConfig(job);
+  ASSERT_THAT(config, IsOk());
+  absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(*config);
+  ASSERT_THAT(dataset, IsOk());
+  const std::vector<std::vector<v1::ExecutionPlan>> plans =
+      RunAndCompare(*config, "TruncatedToFitMemory");
+  ASSERT_EQ(plans.size(), 1u);
+  const SamplerOptions sampler = SamplerOptionsFromConfig(*config);
+  int shortened = 0;
+  uint32_t longest = 0;
+  for (const ReferenceSample& s : IterationSamples(plans[0])) {
+    const SampleLengths by_data_limits = TruncateSample((*dataset)->Lengths(s.id), sampler);
+    EXPECT_LE(s.input, by_data_limits.input);
+    EXPECT_LE(s.target, by_data_limits.target);
+    if (s.input + s.target < by_data_limits.input + by_data_limits.target) ++shortened;
+    longest = std::max(longest, s.input + s.target);
+  }
+  std::printf("%d samples shortened to fit memory; the longest sample fed has %u tokens\n",
+              shortened, longest);
+  EXPECT_GE(shortened, 1);
+}
+
+}  // namespace
+}  // namespace varipipe::testing

@@ -1,0 +1,314 @@
+#include "tests/testing/reference_model.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace varipipe::testing {
+namespace {
+
+// The initialisation rule: component ids and the seed mixing (SplitMix64's
+// finaliser) as documented in docs/executor.md.
+constexpr uint64_t kEmbeddingComponent = 1;
+constexpr uint64_t kEncoderLayerComponent = 2;
+constexpr uint64_t kDecoderLayerComponent = 3;
+constexpr uint64_t kHeadComponent = 4;
+constexpr double kStddev = 0.02;
+
+uint64_t SplitMix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// Draws N(0, stddev^2) tensors in call order from one component's generator.
+class Draws {
+ public:
+  Draws(uint64_t seed, uint64_t component, uint64_t index)
+      : generator_(at::make_generator<at::CPUGeneratorImpl>(
+            SplitMix(SplitMix(seed) ^ (component << 48) ^ index))) {}
+  torch::Tensor Normal(std::vector<int64_t> shape, double stddev) {
+    return at::normal(0.0, stddev, shape, generator_, torch::dtype(torch::kFloat32));
+  }
+
+ private:
+  at::Generator generator_;
+};
+
+torch::Tensor Ones(int64_t n) { return torch::ones({n}, torch::kFloat32); }
+torch::Tensor Zeros(int64_t n) { return torch::zeros({n}, torch::kFloat32); }
+
+torch::Tensor LayerNorm(const torch::Tensor& x, const torch::Tensor& weight,
+                        const torch::Tensor& bias) {
+  const torch::Tensor mean = x.mean(-1, /*keepdim=*/true);
+  const torch::Tensor centered = x - mean;
+  const torch::Tensor variance = centered.pow(2).mean(-1, /*keepdim=*/true);
+  return centered / (variance + 1e-5).sqrt() * weight + bias;
+}
+
+// GELU with the error function (not the tanh approximation).
+torch::Tensor Gelu(const torch::Tensor& x) {
+  return 0.5 * x * (1.0 + torch::erf(x / std::sqrt(2.0)));
+}
+
+torch::Tensor Affine(const torch::Tensor& x, const torch::Tensor& weight,
+                     const torch::Tensor& bias = {}) {
+  torch::Tensor y = x.matmul(weight.t());
+  return bias.defined() ? y + bias : y;
+}
+
+// Softmax attention of q [n_q, heads * d] over k, v [n_k, heads * d], one
+// head at a time; with `causal` query i sees keys 0..i.
+torch::Tensor Attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        int64_t heads, bool causal) {
+  const int64_t d = q.size(1) / heads;
+  std::vector<torch::Tensor> contexts;
+  for (int64_t h = 0; h < heads; ++h) {
+    const torch::Tensor qh = q.narrow(1, h * d, d);
+    const torch::Tensor kh = k.narrow(1, h * d, d);
+    const torch::Tensor vh = v.narrow(1, h * d, d);
+    torch::Tensor scores = qh.matmul(kh.t()) / std::sqrt(static_cast<double>(d));
+    if (causal) {
+      const torch::Tensor future =
+          torch::ones({q.size(0), k.size(0)}, torch::kBool).triu(/*diagonal=*/1);
+      scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+    }
+    const torch::Tensor shifted = scores - std::get<0>(scores.max(-1, /*keepdim=*/true)).detach();
+    const torch::Tensor weights = shifted.exp() / shifted.exp().sum(-1, /*keepdim=*/true);
+    contexts.push_back(weights.matmul(vh));
+  }
+  return torch::cat(contexts, 1);
+}
+
+// Summed negative log-likelihood of `labels` under `logits` [n, vocab].
+torch::Tensor TokenLoss(const torch::Tensor& logits, const std::vector<int64_t>& labels) {
+  const torch::Tensor top = std::get<0>(logits.max(-1, /*keepdim=*/true)).detach();
+  const torch::Tensor log_normaliser = (logits - top).exp().sum(-1, /*keepdim=*/true).log() + top;
+  const torch::Tensor log_probs = logits - log_normaliser;
+  const torch::Tensor index = torch::tensor(labels, torch::kInt64).unsqueeze(1);
+  return -log_probs.gather(1, index).sum();
+}
+
+}  // namespace
+
+std::vector<ReferenceSample> IterationSamples(const std::vector<v1::ExecutionPlan>& plans) {
+  std::vector<ReferenceSample> samples;
+  for (const v1::ExecutionPlan& plan : plans) {
+    if (plan.pp_rank() != 0) continue;  // each replica's micro-batches once
+    for (const v1::MicroBatch& mb : plan.micro_batches()) {
+      for (int i = 0; i < mb.sample_ids_size(); ++i) {
+        samples.push_back({mb.sample_ids(i), mb.sample_input_lens(i), mb.sample_target_lens(i)});
+      }
+    }
+  }
+  return samples;
+}
+
+ReferenceModel::ReferenceModel(const v1::JobConfig& config) {
+  const v1::ModelConfig& m = config.model();
+  t5_ = m.kind() == v1::T5;
+  encoder_layers_ = m.num_layers();
+  decoder_layers_ = t5_ ? m.num_decoder_layers() : 0;
+  hidden_ = m.hidden_size();
+  heads_ = m.num_attention_heads();
+  const int64_t h = hidden_;
+  const int64_t inner = heads_ * m.kv_channels();
+  const int64_t ffn = m.ffn_hidden_size();
+  const int64_t vocab = m.vocab_size();
+  const int64_t positions =
+      std::max(config.data().max_sequence_length(), config.data().max_target_length());
+  const uint64_t seed = config.data().seed();
+  const double residual_stddev =
+      kStddev / std::sqrt(2.0 * static_cast<double>(encoder_layers_ + decoder_layers_));
+  {
+    Draws draw(seed, kEmbeddingComponent, 0);
+    parameters_["word_embedding"] = draw.Normal({vocab, h}, kStddev);
+    parameters_["position_embedding"] = draw.Normal({positions, h}, kStddev);
+  }
+  if (t5_) {
+    Draws draw(seed, kEmbeddingComponent, 1);
+    parameters_["decoder_word_embedding"] = draw.Normal({vocab, h}, kStddev);
+    parameters_["decoder_position_embedding"] = draw.Normal({positions, h}, kStddev);
+    parameters_["encoder_ln_weight"] = Ones(h);
+    parameters_["encoder_ln_bias"] = Zeros(h);
+  }
+  const auto layer = [&](const std::string& prefix, uint64_t component, int64_t index) {
+    Draws draw(seed, component, static_cast<uint64_t>(index));
+    const bool cross = component == kDecoderLayerComponent;
+    // Draw order: qkv, proj, [xq, xkv, xproj], fc1, fc2.
+    parameters_[prefix + "qkv_weight"] = draw.Normal({3 * inner, h}, kStddev);
+    parameters_[prefix + "proj_weight"] = draw.Normal({h, inner}, residual_stddev);
+    if (cross) {
+      parameters_[prefix + "xq_weight"] = draw.Normal({inner, h}, kStddev);
+      parameters_[prefix + "xkv_weight"] = draw.Normal({2 * inner, h}, kStddev);
+      parameters_[prefix + "xproj_weight"] = draw.Normal({h, inner}, residual_stddev);
+      parameters_[prefix + "lnx_weight"] = Ones(h);
+      parameters_[prefix + "lnx_bias"] = Zeros(h);
+      parameters_[prefix + "xq_bias"] = Zeros(inner);
+      parameters_[prefix + "xkv_bias"] = Zeros(2 * inner);
+      parameters_[prefix + "xproj_bias"] = Zeros(h);
+    }
+    parameters_[prefix + "fc1_weight"] = draw.Normal({ffn, h}, kStddev);
+    parameters_[prefix + "fc2_weight"] = draw.Normal({h, ffn}, residual_stddev);
+    parameters_[prefix + "ln1_weight"] = Ones(h);
+    parameters_[prefix + "ln1_bias"] = Zeros(h);
+    parameters_[prefix + "qkv_bias"] = Zeros(3 * inner);
+    parameters_[prefix + "proj_bias"] = Zeros(h);
+    parameters_[prefix + "ln2_weight"] = Ones(h);
+    parameters_[prefix + "ln2_bias"] = Zeros(h);
+    parameters_[prefix + "fc1_bias"] = Zeros(ffn);
+    parameters_[prefix + "fc2_bias"] = Zeros(h);
+  };
+  for (int64_t i = 0; i < encoder_layers_; ++i) {
+    layer(absl::StrCat("encoder_layer_", i, "."), kEncoderLayerComponent, i);
+  }
+  for (int64_t i = 0; i < decoder_layers_; ++i) {
+    layer(absl::StrCat("decoder_layer_", i, "."), kDecoderLayerComponent, i);
+  }
+  {
+    Draws draw(seed, kHeadComponent, 0);
+    parameters_["head_weight"] = draw.Normal({vocab, h}, kStddev);
+    parameters_["final_ln_weight"] = Ones(h);
+    parameters_["final_ln_bias"] = Zeros(h);
+  }
+  for (auto& [name, p] : parameters_) p.requires_grad_(true);
+}
+
+torch::Tensor& ReferenceModel::P(const std::string& name) {
+  const auto it = parameters_.find(name);
+  TORCH_CHECK(it != parameters_.end(), "the reference model has no parameter ", name);
+  return it->second;
+}
+
+torch::Tensor ReferenceModel::Embed(const std::string& prefix, const std::vector<int64_t>& tokens) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const torch::Tensor ids = torch::tensor(tokens, torch::kInt64);
+  return P(prefix + "word_embedding").index_select(0, ids) +
+         P(prefix + "position_embedding").narrow(0, 0, n);
+}
+
+// Pre-LayerNorm layer: x + SelfAttention(LN1(x)), [+ CrossAttention(LNx(.),
+// memory)], + MLP(LN2(.)) with GELU.
+torch::Tensor ReferenceModel::Layer(const std::string& prefix, const torch::Tensor& x, bool causal,
+                                    const torch::Tensor& memory) {
+  const torch::Tensor qkv = Affine(LayerNorm(x, P(prefix + "ln1_weight"), P(prefix + "ln1_bias")),
+                                   P(prefix + "qkv_weight"), P(prefix + "qkv_bias"));
+  const int64_t inner = qkv.size(1) / 3;
+  torch::Tensor y = x + Affine(Attention(qkv.narrow(1, 0, inner), qkv.narrow(1, inner, inner),
+                                         qkv.narrow(1, 2 * inner, inner), heads_, causal),
+                               P(prefix + "proj_weight"), P(prefix + "proj_bias"));
+  if (memory.defined()) {
+    const torch::Tensor q = Affine(LayerNorm(y, P(prefix + "lnx_weight"), P(prefix + "lnx_bias")),
+                                   P(prefix + "xq_weight"), P(prefix + "xq_bias"));
+    const torch::Tensor kv = Affine(memory, P(prefix + "xkv_weight"), P(prefix + "xkv_bias"));
+    y = y + Affine(Attention(q, kv.narrow(1, 0, inner), kv.narrow(1, inner, inner), heads_,
+                             /*causal=*/false),
+                   P(prefix + "xproj_weight"), P(prefix + "xproj_bias"));
+  }
+  const torch::Tensor mlp =
+      Gelu(Affine(LayerNorm(y, P(prefix + "ln2_weight"), P(prefix + "ln2_bias")),
+                  P(prefix + "fc1_weight"), P(prefix + "fc1_bias")));
+  return y + Affine(mlp, P(prefix + "fc2_weight"), P(prefix + "fc2_bias"));
+}
+
+// GPT: the sequence input ++ target; position p predicts token p + 1, and
+// the loss covers the target tokens (every token after the first when there
+// is no target). T5: the encoder reads the input, the decoder reads a start
+// token (id 0) followed by the target shifted right and predicts every
+// target token.
+torch::Tensor ReferenceModel::SampleLoss(const std::vector<int64_t>& input,
+                                         const std::vector<int64_t>& target,
+                                         uint64_t* loss_tokens) {
+  const auto head = [&](const torch::Tensor& x) {
+    return Affine(LayerNorm(x, P("final_ln_weight"), P("final_ln_bias")), P("head_weight"));
+  };
+  if (!t5_) {
+    std::vector<int64_t> sequence = input;
+    sequence.insert(sequence.end(), target.begin(), target.end());
+    torch::Tensor x = Embed("", sequence);
+    for (int64_t i = 0; i < encoder_layers_; ++i) {
+      x = Layer(absl::StrCat("encoder_layer_", i, "."), x, /*causal=*/true, {});
+    }
+    const size_t first = target.empty() ? 1 : std::max<size_t>(input.size(), 1);
+    std::vector<int64_t> labels(sequence.begin() + static_cast<ptrdiff_t>(first), sequence.end());
+    *loss_tokens += labels.size();
+    if (labels.empty()) return torch::zeros({}, torch::kFloat32);
+    const torch::Tensor predicting =
+        head(x).narrow(0, static_cast<int64_t>(first) - 1, static_cast<int64_t>(labels.size()));
+    return TokenLoss(predicting, labels);
+  }
+  torch::Tensor memory = Embed("", input);
+  for (int64_t i = 0; i < encoder_layers_; ++i) {
+    memory = Layer(absl::StrCat("encoder_layer_", i, "."), memory, /*causal=*/false, {});
+  }
+  memory = LayerNorm(memory, P("encoder_ln_weight"), P("encoder_ln_bias"));
+  std::vector<int64_t> decoder_input = {0};
+  decoder_input.insert(decoder_input.end(), target.begin(), target.end() - 1);
+  torch::Tensor x = Embed("decoder_", decoder_input);
+  for (int64_t i = 0; i < decoder_layers_; ++i) {
+    x = Layer(absl::StrCat("decoder_layer_", i, "."), x, /*causal=*/true, memory);
+  }
+  *loss_tokens += target.size();
+  return TokenLoss(head(x), target);
+}
+
+ReferencePass ReferenceModel::Gradients(const std::vector<ReferenceSample>& samples,
+                                        const SampleDataset& dataset) {
+  ReferencePass pass;
+  std::vector<torch::Tensor> losses;
+  std::vector<int64_t> input;
+  std::vector<int64_t> target;
+  for (const ReferenceSample& s : samples) {
+    const absl::Status read = dataset.ReadSample(s.id, &input, &target);
+    TORCH_CHECK(read.ok(), "reading sample ", s.id, ": ", std::string(read.message()));
+    TORCH_CHECK(s.input <= input.size() && s.target <= target.size(), "sample ", s.id,
+                " is shorter than the plan says");
+    input.resize(s.input);
+    target.resize(s.target);
+    losses.push_back(SampleLoss(input, target, &pass.loss_tokens));
+  }
+  for (auto& [name, p] : parameters_) p.mutable_grad() = torch::Tensor();
+  const double scale = 1.0 / static_cast<double>(pass.loss_tokens);
+  const torch::Tensor loss = torch::stack(losses).sum() * scale;
+  loss.backward();
+  pass.loss = loss.item<double>();
+  double squared = 0;
+  for (auto& [name, p] : parameters_) {
+    torch::Tensor g = p.grad().defined() ? p.grad().detach().clone() : torch::zeros_like(p);
+    squared += g.to(torch::kFloat64).pow(2).sum().item<double>();
+    pass.gradients[name] = g;
+  }
+  pass.grad_norm = std::sqrt(squared);
+  return pass;
+}
+
+void ReferenceModel::SgdStep(const NamedTensors& gradients, double learning_rate) {
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : parameters_) p.sub_(gradients.at(name) * learning_rate);
+}
+
+TensorDifference MaxRelativeDifference(const NamedTensors& a, const NamedTensors& b) {
+  TensorDifference d;
+  for (const auto& [name, tensor] : a) {
+    const auto other = b.find(name);
+    TORCH_CHECK(other != b.end(), "the reference has no tensor ", name);
+    const torch::Tensor expected = other->second.detach().to(torch::kFloat64);
+    const double scale = std::max(expected.abs().max().item<double>(), 1e-30);
+    const double difference =
+        (tensor.detach().to(torch::kFloat64) - expected).abs().max().item<double>() / scale;
+    if (difference >= d.worst) {
+      d.worst = difference;
+      d.worst_name = name;
+    }
+    ++d.compared;
+  }
+  return d;
+}
+
+}  // namespace varipipe::testing

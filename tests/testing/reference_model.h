@@ -1,0 +1,94 @@
+// The independent reference of the equivalence tests: the whole GPT or T5
+// written here from the model's definition (docs/executor.md), not from
+// executor/model. It runs one sample at a time with no padding and no masks
+// but causality, and spells out layer norm, GELU, attention (one head at a
+// time) and the cross-entropy, so a defect in the executor's batching,
+// masking, packing, pipelining, recomputation or gradient reduction cannot
+// hide in shared code. It shares with the executor only the deterministic
+// initialisation rule (a SplitMix64-seeded LibTorch CPU generator per model
+// component, drawn in a fixed order) and the parameter names, so both start
+// from the same parameters and can be compared by name.
+#ifndef VARIPIPE_TESTS_TESTING_REFERENCE_MODEL_H_
+#define VARIPIPE_TESTS_TESTING_REFERENCE_MODEL_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/dataset/sample_dataset.h"
+#include "varipipe/v1/config.pb.h"
+#include "varipipe/v1/plan.pb.h"
+
+namespace varipipe::testing {
+
+// One sample as a plan feeds it: its dataset id and the lengths the plan
+// gives it (the first `input` input and `target` target tokens).
+struct ReferenceSample {
+  uint64_t id = 0;
+  uint32_t input = 0;
+  uint32_t target = 0;
+};
+
+// Every sample of one iteration's plans (one plan per rank): the micro-
+// batches of every data-parallel replica, each sample once.
+std::vector<ReferenceSample> IterationSamples(const std::vector<v1::ExecutionPlan>& plans);
+
+using NamedTensors = std::map<std::string, torch::Tensor>;
+
+// The loss and gradients of one iteration.
+struct ReferencePass {
+  double loss = 0;           // sum of token losses / loss_tokens
+  uint64_t loss_tokens = 0;  // tokens the loss covers over all samples
+  double grad_norm = 0;      // L2 norm over every gradient entry
+  NamedTensors gradients;    // by parameter name
+};
+
+class ReferenceModel {
+ public:
+  // `config` with defaults applied (ApplyJobConfigDefaults).
+  explicit ReferenceModel(const v1::JobConfig& config);
+
+  // The mean token loss over `samples` (the global mini-batch: every sample's
+  // summed token loss divided by the loss tokens of all of them) and its
+  // gradient.
+  ReferencePass Gradients(const std::vector<ReferenceSample>& samples,
+                          const SampleDataset& dataset);
+
+  // Plain SGD: p -= lr * gradient.
+  void SgdStep(const NamedTensors& gradients, double learning_rate);
+
+  const NamedTensors& parameters() const { return parameters_; }
+
+ private:
+  torch::Tensor& P(const std::string& name);
+  torch::Tensor Embed(const std::string& prefix, const std::vector<int64_t>& tokens);
+  torch::Tensor Layer(const std::string& prefix, const torch::Tensor& x, bool causal,
+                      const torch::Tensor& memory);
+  // Summed token loss of one sample.
+  torch::Tensor SampleLoss(const std::vector<int64_t>& input, const std::vector<int64_t>& target,
+                           uint64_t* loss_tokens);
+
+  bool t5_ = false;
+  int64_t encoder_layers_ = 0;  // GPT: all layers
+  int64_t decoder_layers_ = 0;
+  int64_t hidden_ = 0;
+  int64_t heads_ = 0;
+  NamedTensors parameters_;
+};
+
+// max over `a`'s tensors of max|a - b| / max|b| (per tensor, over its
+// entries), and how many tensors were compared; every tensor of `a` must be
+// in `b`.
+struct TensorDifference {
+  double worst = 0;
+  std::string worst_name;
+  int compared = 0;
+};
+TensorDifference MaxRelativeDifference(const NamedTensors& a, const NamedTensors& b);
+
+}  // namespace varipipe::testing
+
+#endif  // VARIPIPE_TESTS_TESTING_REFERENCE_MODEL_H_

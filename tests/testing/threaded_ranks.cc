@@ -1,0 +1,111 @@
+#include "tests/testing/threaded_ranks.h"
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/dataset/minibatch_sampler.h"
+#include "executor/comm/gloo/gloo_transport.h"
+#include "executor/data/micro_batch_loader.h"
+#include "executor/model/model_spec.h"
+#include "executor/model/model_stage.h"
+#include "executor/runtime/training_optimizer.h"
+
+namespace varipipe::testing {
+namespace {
+
+using executor::ModelStage;
+
+// Rank r of a run: its stages (looped placement for interleaved schedules:
+// stage s on pipeline rank s % pp, as the executor places them), optimizer
+// and interpreter.
+void RunRank(const v1::JobConfig& config,
+             const std::vector<std::vector<v1::ExecutionPlan>>& iterations,
+             const SampleDataset& dataset, const ThreadedRanksOptions& options, int rank, int size,
+             std::vector<executor::InstructionProgress>& progress, RankRun& out) {
+  std::optional<executor::ScopedAccount> account;
+  if (!options.memory.empty()) account.emplace(options.memory[rank]);
+  executor::GlooTransport::Options o;
+  o.redis.host = options.redis_host;
+  o.redis.port = options.redis_port;
+  o.redis.password = options.redis_password;
+  o.prefix = options.prefix;
+  o.rank = rank;
+  o.size = size;
+  o.connect_timeout = absl::Seconds(30);
+  absl::StatusOr<std::unique_ptr<executor::GlooTransport>> transport =
+      executor::GlooTransport::Create(o);
+  if (!transport.ok()) {
+    out.status = transport.status();
+    return;
+  }
+  const int pp = static_cast<int>(config.parallelism().pipeline());
+  const executor::ModelSpec spec = *executor::ModelSpecFromConfig(config);
+  const int chunks = static_cast<int>(std::max(1u, config.parallelism().virtual_chunks()));
+  const std::vector<executor::StageRole> roles = *executor::PipelineStageRoles(spec, pp * chunks);
+  std::vector<std::unique_ptr<ModelStage>> stages;
+  std::map<uint32_t, ModelStage*> by_id;
+  std::vector<torch::Tensor> trainable;
+  for (int s = rank % pp; s < pp * chunks; s += pp) {
+    stages.push_back(std::make_unique<ModelStage>(spec, roles[s]));
+    by_id[static_cast<uint32_t>(s)] = stages.back().get();
+    for (const torch::Tensor& p : stages.back()->parameters()) trainable.push_back(p);
+  }
+  executor::TrainingOptimizer optimizer(trainable, config.training());
+  executor::MicroBatchLoader loader(&dataset, SamplerOptionsFromConfig(config));
+  executor::InterpreterOptions interpreter_options;
+  interpreter_options.wait_timeout =
+      options.timeouts.empty() ? options.timeout : options.timeouts[rank];
+  interpreter_options.progress = &progress[rank];
+  if (!options.memory.empty()) interpreter_options.memory = options.memory[rank];
+  for (int k = 0; k < pp; ++k) interpreter_options.pipeline_group.push_back(rank / pp * pp + k);
+  if (options.capture_gradients) {
+    interpreter_options.before_optimizer_step = [&](const executor::IterationStats&) {
+      std::map<std::string, torch::Tensor>& grads = out.gradients.emplace_back();
+      for (const auto& stage : stages) {
+        for (const auto& item : stage->named_parameters()) {
+          const torch::Tensor& g = item.value().grad();
+          grads[item.key()] = g.defined() ? g.detach().clone() : torch::zeros_like(item.value());
+        }
+      }
+    };
+  }
+  executor::PlanInterpreter interpreter(by_id, transport->get(), &loader, &optimizer,
+                                        interpreter_options);
+  if (options.before_run) options.before_run(rank, progress);
+  for (const std::vector<v1::ExecutionPlan>& plans : iterations) {
+    absl::StatusOr<executor::IterationStats> stats = interpreter.Run(plans[rank]);
+    if (!stats.ok()) {
+      out.status = stats.status();
+      break;
+    }
+    out.stats.push_back(*std::move(stats));
+  }
+  for (const auto& stage : stages) {
+    for (const auto& item : stage->named_parameters()) {
+      out.parameters[item.key()] = item.value().detach().clone();
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<RankRun> RunThreadedRanks(const v1::JobConfig& config,
+                                      const std::vector<std::vector<v1::ExecutionPlan>>& iterations,
+                                      const SampleDataset& dataset,
+                                      const ThreadedRanksOptions& options) {
+  const int size = iterations.empty() ? 0 : static_cast<int>(iterations.front().size());
+  std::vector<RankRun> runs(size);
+  std::vector<executor::InstructionProgress> progress(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back(
+        [&, r] { RunRank(config, iterations, dataset, options, r, size, progress, runs[r]); });
+  }
+  for (std::thread& t : threads) t.join();
+  return runs;
+}
+
+}  // namespace varipipe::testing

@@ -1,0 +1,65 @@
+// Executor ranks as threads of the test process: each rank builds its model
+// stages, a Gloo transport over loopback TCP (rendezvous through a real
+// redis-server) and a plan interpreter, as varipipe-executor does, and runs
+// its plans of consecutive iterations.
+#ifndef VARIPIPE_TESTS_TESTING_THREADED_RANKS_H_
+#define VARIPIPE_TESTS_TESTING_THREADED_RANKS_H_
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/dataset/sample_dataset.h"
+#include "executor/runtime/counting_allocator.h"
+#include "executor/runtime/instruction_progress.h"
+#include "executor/runtime/plan_interpreter.h"
+#include "varipipe/v1/config.pb.h"
+#include "varipipe/v1/plan.pb.h"
+
+namespace varipipe::testing {
+
+struct ThreadedRanksOptions {
+  // The redis-server of the Gloo rendezvous, and a prefix no other run of
+  // the same server uses.
+  std::string redis_host;
+  int redis_port = 0;
+  std::string redis_password;
+  std::string prefix;
+  // Watchdog timeout of every rank, or per rank when `timeouts` is set.
+  absl::Duration timeout = absl::Seconds(60);
+  std::vector<absl::Duration> timeouts;
+  // Per rank when set: the counting allocator's account of the rank's
+  // thread (every account must outlive the tensors it paid for).
+  std::vector<executor::MemoryAccount*> memory;
+  // Called on rank r's thread after the rendezvous, before its first plan
+  // runs, with every rank's instruction progress.
+  std::function<void(int rank, const std::vector<executor::InstructionProgress>& progress)>
+      before_run;
+  // Record the gradients each rank's optimizer step is about to apply.
+  bool capture_gradients = false;
+};
+
+struct RankRun {
+  absl::Status status;                          // the first error; the rank stops there
+  std::vector<executor::IterationStats> stats;  // per iteration run
+  // Per iteration (capture_gradients): gradient by parameter name, after the
+  // data-parallel reduction and before clipping and the update.
+  std::vector<std::map<std::string, torch::Tensor>> gradients;
+  std::map<std::string, torch::Tensor> parameters;  // after the last iteration
+};
+
+// Runs `iterations[i][r]` (iteration i's plan of rank r) on one thread per
+// rank, every iteration in order on the same stages and optimizer.
+std::vector<RankRun> RunThreadedRanks(const v1::JobConfig& config,
+                                      const std::vector<std::vector<v1::ExecutionPlan>>& iterations,
+                                      const SampleDataset& dataset,
+                                      const ThreadedRanksOptions& options);
+
+}  // namespace varipipe::testing
+
+#endif  // VARIPIPE_TESTS_TESTING_THREADED_RANKS_H_
