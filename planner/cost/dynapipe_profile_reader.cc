@@ -121,8 +121,11 @@ absl::StatusOr<FileKey> ParseFileName(const fs::path& file, DynaPipeProfileSumma
   return key;
 }
 
-// The 'name: value unit' lines of one file.
-absl::StatusOr<std::map<std::string, double>> ReadValues(const fs::path& file) {
+// The 'name: value unit' lines of one file. Comment lines ('#', as the
+// configuration header DynaPipe's profiler writes first) and other lines
+// that are not 'name: value unit' are skipped and counted in `skipped`; a
+// known name with a wrong unit or value is an error.
+absl::StatusOr<std::map<std::string, double>> ReadValues(const fs::path& file, int* skipped) {
   std::ifstream in(file);
   if (!in) return Malformed(file, 0, "cannot be read");
   std::map<std::string, double> values;
@@ -132,9 +135,10 @@ absl::StatusOr<std::map<std::string, double>> ReadValues(const fs::path& file) {
     if (text.empty()) continue;
     const std::vector<absl::string_view> parts = absl::StrSplit(text, ' ', absl::SkipEmpty());
     double value = 0;
-    if (parts.size() != 3 || !absl::EndsWith(parts[0], ":") ||
+    if (absl::StartsWith(text, "#") || parts.size() != 3 || !absl::EndsWith(parts[0], ":") ||
         !absl::SimpleAtod(parts[1], &value)) {
-      return Malformed(file, number, absl::StrCat("expected 'name: value unit', got '", text, "'"));
+      ++*skipped;
+      continue;
     }
     const std::string key_name(absl::StripSuffix(parts[0], ":"));
     const absl::string_view unit = parts[2];
@@ -195,8 +199,8 @@ absl::Status AddComponentPoint(const fs::path& file, const FileKey& key, bool t5
 
 // Every component's point and parameter count of one file.
 absl::Status AddFile(const fs::path& file, const FileKey& key, bool t5, PointMap& points,
-                     std::map<int, PointSum>& parameters) {
-  absl::StatusOr<std::map<std::string, double>> values = ReadValues(file);
+                     std::map<int, PointSum>& parameters, int* skipped_lines) {
+  absl::StatusOr<std::map<std::string, double>> values = ReadValues(file, skipped_lines);
   if (!values.ok()) return values.status();
   if (absl::Status st = AddComponentPoint(file, key, t5, *values, Component::kEncoderLayer,
                                           "encoder", true, points);
@@ -273,13 +277,16 @@ absl::StatusOr<CostModel> ReadDynaPipeProfileDirectory(const std::string& direct
   for (const fs::path& file : *files) {
     absl::StatusOr<FileKey> key = ParseFileName(file, s, first_file);
     if (!key.ok()) return key.status();
-    if (absl::Status st = AddFile(file, *key, s.encoder_decoder, points, parameters); !st.ok()) {
+    if (absl::Status st =
+            AddFile(file, *key, s.encoder_decoder, points, parameters, &s.skipped_lines);
+        !st.ok()) {
       return st;
     }
   }
   CostModel model;
-  model.set_description(
-      absl::StrCat("DynaPipe profiles from ", directory, " (", s.files, " files)"));
+  model.set_description(absl::StrCat("DynaPipe profiles from ", directory, " (", s.files,
+                                     " files, ", s.skipped_lines,
+                                     " comment or unknown lines skipped)"));
   for (const auto& [grid_key, grid_points] : points) {
     if (absl::Status st = AddGrid(directory, grid_key, grid_points, model); !st.ok()) return st;
   }

@@ -1,6 +1,7 @@
 #include "planner/microbatch/micro_batching.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -71,17 +72,30 @@ absl::Status CheckAndTruncate(const MicroBatchingOptions& o, std::vector<SampleL
 }
 
 // Shortens samples that do not fit a micro-batch of their own under the most
-// permissive pair (the last allowed recompute mode with the whole device).
+// permissive pair: the last allowed recompute mode with the whole device, or,
+// when no schedule takes the whole-device budget, with the pipeline-depth
+// budget: every device class holds its depth of the sample's stored
+// activations plus its transient (what the DP's depth budgets require,
+// SolveDepthBudget).
 absl::Status TruncateForMemory(const MicroBatchCostModel& cost, const MicroBatchingOptions& o,
                                const LengthPolicy& policy, double limit,
                                std::vector<SampleLengths>& samples,
                                std::vector<uint32_t>& truncated) {
+  const bool whole_device =
+      std::find(o.budgets.begin(), o.budgets.end(), MemoryBudget::kWholeDevice) != o.budgets.end();
+  const auto fits_depth = [&](const MicroBatchCost& c) {
+    const std::array<double, 3>& depth = cost.ClassDepths();
+    for (size_t k = 0; k < depth.size(); ++k) {
+      if (depth[k] * c.class_stored_bytes[k] + c.class_transient_bytes[k] > limit) return false;
+    }
+    return c.depth_stored_bytes <= limit;
+  };
   const auto fits = [&](const SampleLengths& s) {
     MicroBatchCost c;
     return cost.Evaluate(1, RoundUpLength(SequenceLength(s, policy), policy.multiple),
                          policy.encoder_decoder ? RoundUpLength(s.target, policy.multiple) : 0,
                          &c) &&
-           c.stored_bytes <= limit && c.peak_bytes <= limit;
+           c.peak_bytes <= limit && (whole_device ? c.stored_bytes <= limit : fits_depth(c));
   };
   for (uint32_t i = 0; i < samples.size(); ++i) {
     SampleLengths& s = samples[i];

@@ -295,6 +295,7 @@ TEST(TruncationEquivalence, SamplesShortenedToFitMemoryAreFedAsPlanned) {
   job.optimizer = v1::SGD;
   job.iterations = 1;
   job.max_sequence_length = 2048;
+  job.tokens_per_global_batch = 4096;
   job.truncate_long_samples = true;
   job.memory_mib = 6;
   absl::StatusOr<v1::JobConfig> config = TinyJobConfig(job);

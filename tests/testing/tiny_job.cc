@@ -32,7 +32,8 @@ absl::StatusOr<v1::JobConfig> TinyJobConfig(const TinyJob& job) {
       : job.t5 && job.recompute == v1::RECOMPUTE_NONE ? 8u
                                                       : 4u,
       R"(, "devices_per_node": 8},
-      "data": {"format": "SYNTHETIC", "tokens_per_global_batch": 1200,
+      "data": {"format": "SYNTHETIC", "tokens_per_global_batch": )",
+      job.tokens_per_global_batch, R"(,
                "max_sequence_length": )",
       job.max_sequence_length, ", ", job.t5 ? R"("max_target_length": 48, )" : "",
       R"("seed": 11, "synthetic_num_samples": 5000},

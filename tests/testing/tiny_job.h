@@ -26,9 +26,10 @@ struct TinyJob {
   // learning rate without clipping.
   v1::Optimizer optimizer = v1::ADAMW;
   uint64_t iterations = 10;
-  uint32_t max_sequence_length = 96;   // data.max_sequence_length
-  bool truncate_long_samples = false;  // planner.truncate_long_samples
-  uint32_t memory_mib = 0;             // 0: 4 MiB (8 for T5 without recomputation)
+  uint32_t max_sequence_length = 96;        // data.max_sequence_length
+  uint32_t tokens_per_global_batch = 1200;  // data.tokens_per_global_batch
+  bool truncate_long_samples = false;       // planner.truncate_long_samples
+  uint32_t memory_mib = 0;                  // 0: 4 MiB (8 for T5 without recomputation)
 };
 
 // The job's config with defaults applied and validated (InvalidArgument
