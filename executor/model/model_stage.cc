@@ -119,6 +119,10 @@ void ModelStage::SetSelectiveRecompute(bool on) {
   for (const std::shared_ptr<TransformerLayer>& layer : layers_) layer->set_recompute_attention(on);
 }
 
+void ModelStage::SetFullRecompute(bool on) {
+  for (const std::shared_ptr<TransformerLayer>& layer : layers_) layer->set_recompute_full(on);
+}
+
 torch::Tensor ModelStage::Embed(const torch::Tensor& tokens, const torch::Tensor& word,
                                 const torch::Tensor& position,
                                 const torch::Tensor& positions) const {

@@ -84,6 +84,11 @@ class ModelStage : public torch::nn::Module {
   // backward instead of stored.
   void SetSelectiveRecompute(bool on);
 
+  // Full recomputation (the plan's recompute "full") for the following
+  // forward passes: every layer keeps only its inputs and is re-run, one
+  // layer at a time, in backward (TransformerLayer::set_recompute_full).
+  void SetFullRecompute(bool on);
+
  private:
   // Token plus position embeddings; `positions` [b, s] for packed rows,
   // else 0..s-1 in every row.

@@ -1,7 +1,10 @@
 #include "executor/model/transformer_layer.h"
 
+#include <ATen/autocast_mode.h>
+
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "executor/model/attention_mask.h"
 #include "executor/model/recomputed_attention.h"
@@ -48,7 +51,100 @@ torch::Tensor TransformerLayer::LayerNorm(const torch::Tensor& x, const torch::T
   return torch::layer_norm(x, {hidden_}, weight, bias, 1e-5);
 }
 
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// Full recomputation of one layer: nothing but the inputs is kept; the
+// backward re-runs TransformerLayer::Compute with autograd on detached
+// inputs and back-propagates through it, which accumulates the parameters'
+// gradients directly (as PyTorch's reentrant checkpoint does) and gives the
+// inputs' gradients. The masks travel in saved_data (LibTorch's Functions
+// take no undefined tensor as an input); `memory` is an input only for
+// decoder layers (CheckpointedDecoderLayer).
+void SaveForRecompute(AutogradContext* ctx, TransformerLayer* layer, const torch::Tensor& self_mask,
+                      const torch::Tensor& cross_mask) {
+  ctx->saved_data["layer"] = reinterpret_cast<int64_t>(layer);
+  ctx->saved_data["self_mask"] = self_mask;
+  ctx->saved_data["has_cross_mask"] = cross_mask.defined();
+  if (cross_mask.defined()) ctx->saved_data["cross_mask"] = cross_mask;
+  ctx->saved_data["autocast"] = at::autocast::is_enabled();
+  ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(at::autocast::get_autocast_gpu_dtype());
+}
+
+// Re-runs the layer on `x` (and `memory`), leaves requiring gradients, and
+// back-propagates `grad` through it.
+void Recompute(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& memory,
+               const torch::Tensor& grad) {
+  auto* layer = reinterpret_cast<TransformerLayer*>(ctx->saved_data["layer"].toInt());
+  const torch::Tensor self_mask = ctx->saved_data["self_mask"].toTensor();
+  const torch::Tensor cross_mask = ctx->saved_data["has_cross_mask"].toBool()
+                                       ? ctx->saved_data["cross_mask"].toTensor()
+                                       : torch::Tensor();
+  torch::AutoGradMode enable_grad(true);
+  const bool was_enabled = at::autocast::is_enabled();
+  const at::ScalarType was_dtype = at::autocast::get_autocast_gpu_dtype();
+  const bool autocast = ctx->saved_data["autocast"].toBool();
+  if (autocast) {
+    at::autocast::set_autocast_gpu_dtype(
+        static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()));
+  }
+  at::autocast::set_enabled(autocast);
+  const torch::Tensor out = layer->Compute(x, self_mask, memory, cross_mask);
+  at::autocast::set_enabled(was_enabled);
+  at::autocast::set_autocast_gpu_dtype(was_dtype);
+  torch::autograd::backward({out}, {grad});
+}
+
+class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               TransformerLayer* layer, const torch::Tensor& self_mask) {
+    ctx->save_for_backward({x});
+    SaveForRecompute(ctx, layer, self_mask, torch::Tensor());
+    return layer->Compute(x, self_mask, torch::Tensor(), torch::Tensor());
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
+    const torch::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    Recompute(ctx, x, torch::Tensor(), grad_outputs[0]);
+    return {x.grad(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+class CheckpointedDecoderLayer : public torch::autograd::Function<CheckpointedDecoderLayer> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& memory, TransformerLayer* layer,
+                               const torch::Tensor& self_mask, const torch::Tensor& cross_mask) {
+    ctx->save_for_backward({x, memory});
+    SaveForRecompute(ctx, layer, self_mask, cross_mask);
+    return layer->Compute(x, self_mask, memory, cross_mask);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
+    const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
+    const torch::Tensor x = saved[0].detach().requires_grad_(true);
+    const torch::Tensor memory = saved[1].detach().requires_grad_(true);
+    Recompute(ctx, x, memory, grad_outputs[0]);
+    return {x.grad(), memory.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
 torch::Tensor TransformerLayer::Forward(const torch::Tensor& x, const torch::Tensor& self_mask,
+                                        const torch::Tensor& memory,
+                                        const torch::Tensor& cross_mask) {
+  if (recompute_full_ && torch::GradMode::is_enabled()) {
+    if (memory.defined()) {
+      return CheckpointedDecoderLayer::apply(x, memory, this, self_mask, cross_mask);
+    }
+    return CheckpointedLayer::apply(x, this, self_mask);
+  }
+  return Compute(x, self_mask, memory, cross_mask);
+}
+
+torch::Tensor TransformerLayer::Compute(const torch::Tensor& x, const torch::Tensor& self_mask,
                                         const torch::Tensor& memory,
                                         const torch::Tensor& cross_mask) {
   // Self-attention branch.

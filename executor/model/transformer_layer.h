@@ -30,6 +30,17 @@ class TransformerLayer : public torch::nn::Module {
   // (recomputed_attention.h). Off by default.
   void set_recompute_attention(bool on) { recompute_attention_ = on; }
 
+  // Full recomputation (Megatron's full activation recomputation, one layer
+  // per checkpoint): the forward keeps only the layer's inputs; the backward
+  // re-runs the layer with autograd (under the forward's autocast state) and
+  // differentiates it, one layer at a time. Off by default.
+  void set_recompute_full(bool on) { recompute_full_ = on; }
+
+  // The layer's computation as an autograd graph, whatever the recompute
+  // setting (Forward and the full recomputation call it).
+  torch::Tensor Compute(const torch::Tensor& x, const torch::Tensor& self_mask,
+                        const torch::Tensor& memory, const torch::Tensor& cross_mask);
+
  private:
   torch::Tensor LayerNorm(const torch::Tensor& x, const torch::Tensor& weight,
                           const torch::Tensor& bias) const;
@@ -38,6 +49,7 @@ class TransformerLayer : public torch::nn::Module {
   int64_t heads_;
   bool cross_attention_;
   bool recompute_attention_ = false;
+  bool recompute_full_ = false;
   torch::Tensor ln1_weight_, ln1_bias_, qkv_weight_, qkv_bias_, proj_weight_, proj_bias_;
   torch::Tensor lnx_weight_, lnx_bias_, xq_weight_, xq_bias_, xkv_weight_, xkv_bias_,
       xproj_weight_, xproj_bias_;

@@ -146,7 +146,7 @@ class IterationRun {
   // What a forward pass keeps for its backward pass.
   struct Saved {
     StageActivations in;
-    StageActivations out;  // empty under full recomputation
+    StageActivations out;
     StageBatch batch;
   };
   struct Pending {
@@ -306,15 +306,12 @@ class IterationRun {
     ModelStage* stage = it_.stages_.at(in.stage());
     Saved saved;
     VP_RETURN_IF_ERROR(Inputs(in, &saved.in, &saved.batch));
-    const bool recompute = plan_.recompute() == "full";
-    // Full recomputation: the forward builds no graph; the backward re-runs it.
-    // Selective: the graph keeps everything but the attention cores.
+    // Selective: the graph keeps everything but the attention cores. Full:
+    // every layer keeps only its inputs and is re-run in the backward.
     stage->SetSelectiveRecompute(plan_.recompute() == "selective");
-    std::optional<torch::NoGradGuard> no_grad;
-    if (recompute) no_grad.emplace();
+    stage->SetFullRecompute(plan_.recompute() == "full");
     StageActivations out =
         RunStage(stage, saved, &TimeOf(in.stage(), in.micro_batch()).forward_seconds);
-    no_grad.reset();
     const v1::ForwardPass& f = in.forward();
     if (stage->role().has_head) {
       if (!out.loss.defined()) return absl::InternalError("the last stage produced no loss");
@@ -333,7 +330,7 @@ class IterationRun {
         VP_RETURN_IF_ERROR(Store(f.output_buffer_ids(k), outputs[k], f.output_tensors(k)));
       }
     }
-    if (!recompute) saved.out = std::move(out);
+    saved.out = std::move(out);
     saved_[{in.stage(), in.micro_batch()}] = std::move(saved);
     return absl::OkStatus();
   }
@@ -346,9 +343,6 @@ class IterationRun {
     Saved saved = std::move(node.mapped());
     ModelStage* stage = it_.stages_.at(in.stage());
     double& backward_seconds = TimeOf(in.stage(), in.micro_batch()).backward_seconds;
-    if (!saved.out.hidden.defined()) {
-      saved.out = RunStage(stage, saved, &backward_seconds);  // full recomputation
-    }
     const v1::BackwardPass& b = in.backward();
     const Clock::time_point start = Clock::now();
     if (stage->role().has_head) {

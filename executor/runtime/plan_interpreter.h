@@ -2,10 +2,11 @@
 // in order (docs/plan_format.md). Start instructions launch transfers without
 // blocking; Wait instructions block on them under the watchdog's deadline;
 // buffers are addressed by the plan's ids and dropped at FreeBuffer; forward
-// passes keep what their backward passes need (only the stage inputs under
-// full recomputation, which re-runs the forward inside the backward);
-// AllReduceGradients averages gradients over the data-parallel group and
-// OptimizerStep clips by the global norm over the pipeline and applies AdamW.
+// passes keep what their backward passes need (only each layer's inputs
+// under full recomputation, which re-runs one layer at a time inside the
+// backward); AllReduceGradients averages gradients over the data-parallel
+// group and OptimizerStep clips by the global norm over the pipeline and
+// applies the optimizer (AdamW or SGD).
 //
 // Nothing is exchanged at run time except the tensors: receive buffers are
 // allocated from the shapes in the plan, and every tensor a rank produces is

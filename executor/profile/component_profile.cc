@@ -1,0 +1,294 @@
+#include "executor/profile/component_profile.h"
+
+#include <ATen/autocast_mode.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "executor/model/attention_mask.h"
+#include "executor/model/initializer.h"
+#include "executor/model/transformer_layer.h"
+#include "executor/runtime/counting_allocator.h"
+
+#if __has_include(<c10/cuda/impl/cuda_cmake_macros.h>)
+#include <c10/cuda/CUDACachingAllocator.h>
+#define VARIPIPE_PROFILE_HAS_CUDA_ALLOCATOR 1
+#endif
+
+namespace varipipe::executor {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// Live and peak bytes of the device: this thread's counting-allocator account
+// on the CPU (it must be created before, and outlive, every tensor it
+// counts), the caching allocator's statistics on a GPU.
+class MemoryProbe {
+ public:
+  explicit MemoryProbe(torch::Device device) : device_(device), scope_(&account_) {}
+
+  int64_t Current() const {
+#ifdef VARIPIPE_PROFILE_HAS_CUDA_ALLOCATOR
+    if (device_.is_cuda()) return Stat().current;
+#endif
+    return account_.current_bytes();
+  }
+  int64_t Peak() const {
+#ifdef VARIPIPE_PROFILE_HAS_CUDA_ALLOCATOR
+    if (device_.is_cuda()) return Stat().peak;
+#endif
+    return account_.peak_bytes();
+  }
+  void ResetPeak() {
+#ifdef VARIPIPE_PROFILE_HAS_CUDA_ALLOCATOR
+    if (device_.is_cuda()) {
+      c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index());
+      return;
+    }
+#endif
+    account_.ResetPeak();
+  }
+
+ private:
+#ifdef VARIPIPE_PROFILE_HAS_CUDA_ALLOCATOR
+  c10::cuda::CUDACachingAllocator::Stat Stat() const {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index())
+        .allocated_bytes[static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE)];
+  }
+#endif
+  torch::Device device_;
+  MemoryAccount account_;
+  ScopedAccount scope_;
+};
+
+// One component ready to run: its forward (output, or the loss for the LM
+// head), the activations it reads that collect gradients, the gradient its
+// output receives (undefined for the loss) and its parameters.
+struct Runnable {
+  std::function<torch::Tensor()> forward;
+  std::vector<torch::Tensor> inputs;
+  torch::Tensor grad_output;
+  std::vector<torch::Tensor> parameters;
+  std::shared_ptr<TransformerLayer> layer;  // layers only
+};
+
+torch::Tensor Activation(const ProfilePoint& p, int64_t length, int64_t hidden,
+                         torch::Device device) {
+  return torch::randn({p.micro_batch, length, hidden}, torch::dtype(torch::kFloat32))
+      .to(device)
+      .requires_grad_(true);
+}
+
+Runnable Build(const ModelSpec& spec, const ProfilePoint& p, torch::Device device) {
+  Runnable r;
+  const int64_t b = p.micro_batch;
+  const int64_t s = p.seq_len;
+  const int64_t h = spec.hidden_size;
+  const auto lengths = [&](int64_t n) { return torch::full({b}, n, torch::kInt64).to(device); };
+  const int64_t total_layers = spec.num_layers + spec.num_decoder_layers;
+  switch (p.component) {
+    case v1::DECODER_LAYER:
+    case v1::ENCODER_LAYER: {
+      const bool decoder = p.component == v1::DECODER_LAYER;
+      r.layer = std::make_shared<TransformerLayer>(
+          spec, decoder ? ModelComponent::kDecoderLayer : ModelComponent::kEncoderLayer, 0,
+          total_layers);
+      r.layer->to(device);
+      r.layer->set_recompute_attention(p.recompute == v1::RECOMPUTE_SELECTIVE);
+      r.layer->set_recompute_full(p.recompute == v1::RECOMPUTE_FULL);
+      for (const torch::Tensor& t : r.layer->parameters()) r.parameters.push_back(t);
+      torch::Tensor x = Activation(p, s, h, device);
+      r.inputs.push_back(x);
+      // GPT layers and T5 decoder layers are causal; T5 encoder layers not.
+      const bool causal = decoder || !spec.encoder_decoder;
+      torch::Tensor self_mask = SelfAttentionMask(lengths(s), s, causal);
+      if (!decoder) {
+        r.forward = [layer = r.layer, x, self_mask] { return layer->Forward(x, self_mask); };
+        break;
+      }
+      torch::Tensor memory = Activation(p, p.encoder_len, h, device);
+      r.inputs.push_back(memory);
+      torch::Tensor cross_mask = CrossAttentionMask(lengths(p.encoder_len), s, p.encoder_len);
+      r.forward = [layer = r.layer, x, self_mask, memory, cross_mask] {
+        return layer->Forward(x, self_mask, memory, cross_mask);
+      };
+      break;
+    }
+    case v1::EMBEDDING: {
+      Initializer init(spec.seed, ModelComponent::kEmbedding, 0);
+      torch::Tensor word = init.Normal({spec.vocab_size, h}, kInitStddev).to(device);
+      torch::Tensor position = init.Normal({spec.max_sequence_length, h}, kInitStddev).to(device);
+      word.requires_grad_(true);
+      position.requires_grad_(true);
+      r.parameters = {word, position};
+      torch::Tensor tokens = torch::randint(spec.vocab_size, {b, s}, torch::kInt64).to(device);
+      r.forward = [word, position, tokens, s] {
+        return torch::embedding(word, tokens) + position.slice(0, 0, s).unsqueeze(0);
+      };
+      break;
+    }
+    default: {  // POSTPROCESS: final LayerNorm, LM head and the summed token loss
+      Initializer init(spec.seed, ModelComponent::kHead, 0);
+      torch::Tensor weight = Initializer::Ones({h}).to(device).requires_grad_(true);
+      torch::Tensor bias = Initializer::Zeros({h}).to(device).requires_grad_(true);
+      torch::Tensor head = init.Normal({spec.vocab_size, h}, kInitStddev).to(device);
+      head.requires_grad_(true);
+      r.parameters = {weight, bias, head};
+      torch::Tensor x = Activation(p, s, h, device);
+      r.inputs.push_back(x);
+      torch::Tensor labels = torch::randint(spec.vocab_size, {b * s}, torch::kInt64).to(device);
+      const int64_t vocab = spec.vocab_size;
+      r.forward = [x, weight, bias, head, labels, h, vocab] {
+        const torch::Tensor logits =
+            torch::linear(torch::layer_norm(x, {h}, weight, bias, 1e-5), head);
+        return torch::nn::functional::cross_entropy(
+            logits.reshape({-1, vocab}).to(torch::kFloat32), labels,
+            torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+      };
+      break;
+    }
+  }
+  if (p.component != v1::POSTPROCESS) {
+    const int64_t length = s;
+    r.grad_output = torch::randn({b, length, h}, torch::dtype(torch::kFloat32)).to(device);
+  }
+  return r;
+}
+
+void Synchronize(torch::Device device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+struct Pass {
+  double forward_ms = 0;
+  double backward_ms = 0;
+  int64_t stored = 0;
+  int64_t peak = 0;
+};
+
+// One forward and backward as the executor runs them (the layer's own
+// recompute settings: selective and full recomputation happen inside it).
+Pass RunOnce(Runnable& r, const ProfileSettings& settings, MemoryProbe& probe) {
+  const auto forward = [&] {
+    const bool autocast = settings.cuda_autocast_dtype.has_value();
+    if (autocast) {
+      at::autocast::set_autocast_gpu_dtype(*settings.cuda_autocast_dtype);
+      at::autocast::set_enabled(true);
+    }
+    torch::Tensor out = r.forward();
+    if (autocast) {
+      at::autocast::set_enabled(false);
+      at::autocast::clear_cache();
+    }
+    return out;
+  };
+  for (torch::Tensor& x : r.inputs) x.mutable_grad() = torch::Tensor();
+  Synchronize(settings.device);
+  probe.ResetPeak();
+  const int64_t base = probe.Current();
+  Pass pass;
+  const Clock::time_point start = Clock::now();
+  torch::Tensor out = forward();
+  Synchronize(settings.device);
+  const Clock::time_point forwarded = Clock::now();
+  pass.stored = probe.Current() - base;
+  if (r.grad_output.defined()) {
+    out.backward(r.grad_output.to(out.scalar_type()));
+  } else {
+    out.backward();
+  }
+  out = torch::Tensor();
+  Synchronize(settings.device);
+  const Clock::time_point done = Clock::now();
+  pass.peak = probe.Peak() - base;
+  pass.forward_ms = Ms(forwarded - start);
+  pass.backward_ms = Ms(done - forwarded);
+  {
+    torch::NoGradGuard no_grad;
+    for (torch::Tensor& w : r.parameters) {
+      if (w.grad().defined()) w.mutable_grad().zero_();
+    }
+  }
+  return pass;
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+}  // namespace
+
+absl::StatusOr<PointCosts> MeasurePoint(const ModelSpec& spec, const ProfilePoint& point,
+                                        const ProfileSettings& settings) {
+  if (point.micro_batch < 1 || point.seq_len < 1 ||
+      (point.component == v1::DECODER_LAYER && point.encoder_len < 1)) {
+    return absl::InvalidArgumentError("profile points need positive sizes and lengths");
+  }
+  try {
+    MemoryProbe probe(settings.device);  // outlives every tensor below
+    Runnable runnable = Build(spec, point, settings.device);
+    // Warm-up passes also allocate the parameters' gradients, which are
+    // model state and must not count as activation memory.
+    for (int i = 0; i < std::max(1, settings.warmup); ++i) {
+      RunOnce(runnable, settings, probe);
+    }
+    std::vector<double> forward;
+    std::vector<double> backward;
+    PointCosts costs;
+    for (int i = 0; i < std::max(1, settings.repeats); ++i) {
+      const Pass pass = RunOnce(runnable, settings, probe);
+      forward.push_back(pass.forward_ms);
+      backward.push_back(pass.backward_ms);
+      costs.stored_mib = std::max(costs.stored_mib, static_cast<double>(pass.stored) / kMiB);
+      costs.peak_mib = std::max(costs.peak_mib, static_cast<double>(pass.peak) / kMiB);
+    }
+    costs.forward_ms = Median(forward);
+    costs.backward_ms = Median(backward);
+    costs.peak_mib = std::max(costs.peak_mib, costs.stored_mib);
+    return costs;
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    const std::string where = absl::StrCat(v1::CostComponent_Name(point.component),
+                                           " b=", point.micro_batch, " s=", point.seq_len);
+    if (absl::StrContains(what, "out of memory") || absl::StrContains(what, "bad_alloc")) {
+      return absl::ResourceExhaustedError(absl::StrCat(where, ": out of memory: ", what));
+    }
+    return absl::InternalError(absl::StrCat(where, ": ", what));
+  }
+}
+
+double ComponentParameters(const ModelSpec& spec, v1::CostComponent component) {
+  const double h = static_cast<double>(spec.hidden_size);
+  const double vocab = static_cast<double>(spec.vocab_size);
+  switch (component) {
+    case v1::ENCODER_LAYER:
+    case v1::DECODER_LAYER: {
+      torch::NoGradGuard no_grad;
+      const TransformerLayer layer(spec,
+                                   component == v1::DECODER_LAYER ? ModelComponent::kDecoderLayer
+                                                                  : ModelComponent::kEncoderLayer,
+                                   0, spec.num_layers + spec.num_decoder_layers);
+      double n = 0;
+      for (const torch::Tensor& t : layer.parameters()) n += static_cast<double>(t.numel());
+      return n;
+    }
+    case v1::EMBEDDING:
+      return (vocab + static_cast<double>(spec.max_sequence_length)) * h;
+    default:
+      return vocab * h + 2 * h;  // LM head and the final LayerNorm
+  }
+}
+
+}  // namespace varipipe::executor

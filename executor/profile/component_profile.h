@@ -1,0 +1,65 @@
+// Measures the executor's own model components (executor/model: the same
+// TransformerLayer, embeddings and LM head the stages run) at one grid point
+// of the planner's cost model (docs/cost-model.md): forward and backward time
+// and the activation memory it keeps for the backward and at its peak, under
+// one recompute mode, on the device it runs on.
+//
+// Memory is measured, not modelled: on the CPU by the counting c10 allocator
+// (counting_allocator.h), on GPUs by the CUDA caching allocator's statistics.
+// Stored is what the forward leaves alive (its output included, which the
+// next component keeps as its input); peak is the highest level during the
+// forward and the backward, stored included. Parameter gradients are
+// allocated by a warm-up pass first and never counted.
+#ifndef VARIPIPE_EXECUTOR_PROFILE_COMPONENT_PROFILE_H_
+#define VARIPIPE_EXECUTOR_PROFILE_COMPONENT_PROFILE_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "absl/status/statusor.h"
+#include "executor/model/model_spec.h"
+#include "varipipe/v1/config.pb.h"
+#include "varipipe/v1/cost_model.pb.h"
+
+namespace varipipe::executor {
+
+struct ProfilePoint {
+  v1::CostComponent component = v1::ENCODER_LAYER;
+  v1::RecomputeMode recompute = v1::RECOMPUTE_NONE;
+  int64_t micro_batch = 1;
+  int64_t seq_len = 1;      // the component's own length (decoder: decoder length)
+  int64_t encoder_len = 0;  // DECODER_LAYER only
+};
+
+struct ProfileSettings {
+  torch::Device device = torch::kCPU;
+  // GPUs: forward passes under CUDA autocast to this dtype, as the executor
+  // runs them (InterpreterOptions::cuda_autocast_dtype).
+  std::optional<torch::ScalarType> cuda_autocast_dtype;
+  int warmup = 1;   // passes before measuring
+  int repeats = 5;  // measured passes; times are their median
+};
+
+struct PointCosts {
+  double forward_ms = 0;
+  double backward_ms = 0;  // with its recomputation (selective, full)
+  double stored_mib = 0;
+  double peak_mib = 0;
+};
+
+// Measures `point` of the model `spec`. On the CPU the counting allocator
+// must be installed (InstallCountingCpuAllocator) before the first tensor.
+// LibTorch errors (out of memory included) are returned as ResourceExhausted
+// when the device ran out of memory, Internal otherwise.
+absl::StatusOr<PointCosts> MeasurePoint(const ModelSpec& spec, const ProfilePoint& point,
+                                        const ProfileSettings& settings);
+
+// Parameters of one instance of `component` (one layer, the embedding, the
+// LM head with its final LayerNorm), counted from the executor's modules.
+double ComponentParameters(const ModelSpec& spec, v1::CostComponent component);
+
+}  // namespace varipipe::executor
+
+#endif  // VARIPIPE_EXECUTOR_PROFILE_COMPONENT_PROFILE_H_

@@ -1,0 +1,149 @@
+// Predicted against measured memory: varipipe-profile measures the executor's
+// components on this CPU, the planner plans with that cost model, and the
+// executor's ranks (threads, the counting allocator) run the plans. Each
+// rank's measured activation peak is printed next to the plan's prediction
+// (ExecutionPlan.predicted_activation_peak_bytes) and must lie within 30%
+// of it. The prediction is 4-21% low today: the per-component profile does
+// not see a stage's received input activations, its attention masks or its
+// token and label buffers (docs/cost-model.md).
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/dataset/sample_dataset.h"
+#include "executor/runtime/counting_allocator.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "tests/testing/command.h"
+#include "tests/testing/executor_ranks.h"
+#include "tests/testing/redis_server.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/threaded_ranks.h"
+#include "tests/testing/tiny_job.h"
+
+namespace varipipe::testing {
+namespace {
+
+constexpr double kTolerance = 0.30;
+
+struct MemoryCase {
+  v1::RecomputeMode recompute = v1::RECOMPUTE_SELECTIVE;
+  v1::ScheduleKind schedule = v1::ONE_F_ONE_B;
+  std::string name;
+};
+
+class MeasuredMemory : public ::testing::TestWithParam<MemoryCase> {};
+
+TEST_P(MeasuredMemory, ProfiledPredictionMatchesTheMeasuredPeak) {
+  const MemoryCase& c = GetParam();
+  TinyJob job;
+  job.pipeline = 2;
+  job.schedule = c.schedule;
+  job.recompute = c.recompute;
+  job.iterations = 1;
+  absl::StatusOr<v1::JobConfig> config = TinyJobConfig(job);
+  ASSERT_THAT(config, IsOk());
+  const std::filesystem::path dir = FreshDirectory("measured-memory-" + c.name);
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(*config, &json, options).ok());
+  std::ofstream(dir / "job.json") << json;
+  const CommandResult profile =
+      RunCommand(absl::StrCat(Bin("varipipe-profile"), " --config ", (dir / "job.json").string(),
+                              " --out ", (dir / "cost.json").string(), " --quick 2>&1"));
+  ASSERT_EQ(profile.exit_code, 0) << profile.output;
+  config->mutable_planner()->set_cost_model_path((dir / "cost.json").string());
+
+  absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(*config);
+  ASSERT_THAT(dataset, IsOk());
+  absl::StatusOr<std::vector<v1::ExecutionPlan>> plans = PlanTinyIteration(*config, 0, **dataset);
+  ASSERT_THAT(plans, IsOk());
+  absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
+  ASSERT_THAT(redis, IsOk());
+  executor::InstallCountingCpuAllocator();
+  std::vector<std::unique_ptr<executor::MemoryAccount>> accounts;
+  ThreadedRanksOptions run;
+  run.redis_host = (*redis)->host();
+  run.redis_port = (*redis)->port();
+  run.redis_password = (*redis)->password();
+  run.prefix = "memory";
+  for (size_t r = 0; r < plans->size(); ++r) {
+    accounts.push_back(std::make_unique<executor::MemoryAccount>());
+    run.memory.push_back(accounts.back().get());
+  }
+  const std::vector<RankRun> ranks = RunThreadedRanks(*config, {*plans}, **dataset, run);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    ASSERT_THAT(ranks[r].status, IsOk());
+    const executor::IterationStats& stats = ranks[r].stats.front();
+    const double measured = static_cast<double>(stats.memory_peak_bytes - stats.memory_start_bytes);
+    const double predicted = (*plans)[r].predicted_activation_peak_bytes();
+    std::printf(
+        "%s rank %zu: %d micro-batches, measured activation peak %.1f KiB, predicted "
+        "%.1f KiB (%+.1f%%)\n",
+        c.name.c_str(), r, (*plans)[r].micro_batches_size(), measured / 1024, predicted / 1024,
+        100 * (predicted - measured) / measured);
+    EXPECT_GT(measured, 0);
+    EXPECT_LE(std::abs(predicted - measured) / measured, kTolerance) << "rank " << r;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, MeasuredMemory,
+    ::testing::Values(MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ONE_F_ONE_B, "Selective1F1B"},
+                      MemoryCase{v1::RECOMPUTE_NONE, v1::ONE_F_ONE_B, "None1F1B"},
+                      MemoryCase{v1::RECOMPUTE_FULL, v1::ONE_F_ONE_B, "Full1F1B"},
+                      MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ADAPTIVE, "SelectiveAdaptive"}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(ProfileCli, HelpNamesTheFlags) {
+  const CommandResult help = RunCommand(Bin("varipipe-profile") + " --help 2>&1");
+  EXPECT_EQ(help.exit_code, 0) << help.output;
+  EXPECT_THAT(help.output,
+              ::testing::AllOf(::testing::HasSubstr("--quick"), ::testing::HasSubstr("--out"),
+                               ::testing::HasSubstr("--config")));
+  const CommandResult missing = RunCommand(Bin("varipipe-profile") + " --out x.json 2>&1");
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_THAT(missing.output, ::testing::HasSubstr("--config"));
+}
+
+// A run killed part-way continues from OUT.partial: the second run measures
+// only what is left and writes the same grids.
+TEST(ProfileCli, AKilledRunContinuesWhereItStopped) {
+  TinyJob job;
+  job.t5 = true;  // three layer kinds' worth of points
+  absl::StatusOr<v1::JobConfig> config = TinyJobConfig(job);
+  ASSERT_THAT(config, IsOk());
+  const std::filesystem::path dir = FreshDirectory("profile-resume");
+  std::string json;
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(*config, &json).ok());
+  std::ofstream(dir / "job.json") << json;
+  const std::string command =
+      absl::StrCat(Bin("varipipe-profile"), " --config ", (dir / "job.json").string(), " --out ",
+                   (dir / "cost.json").string(), " --quick 2>&1");
+  // SIGKILL once some points are on disk (polling the partial file).
+  const CommandResult killed = RunCommand(
+      absl::StrCat("(", command, ") & pid=$!; for i in $(seq 1 600); do ", "[ $(wc -l < ",
+                   (dir / "cost.json.partial").string(), " 2>/dev/null || echo 0) -gt 20 ] ",
+                   "&& break; sleep 0.05; done; kill -KILL $pid; wait $pid"));
+  EXPECT_EQ(killed.exit_code, 128 + 9) << killed.output;
+  ASSERT_FALSE(std::filesystem::exists(dir / "cost.json"));
+  const CommandResult resumed = RunCommand(command);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_THAT(resumed.output, ::testing::ContainsRegex("\\(([2-9][0-9]|[1-9][0-9][0-9]+) "
+                                                       "already measured"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "cost.json"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "cost.json.partial"));
+  std::printf("%s\n", resumed.output.c_str());
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace varipipe::testing
