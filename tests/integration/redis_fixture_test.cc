@@ -1,7 +1,10 @@
 // The Redis test fixture against a real redis-server: SET/GET through hiredis
 // with the fixture's password, and the password is enforced.
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -98,6 +101,35 @@ TEST(RedisServer, StopsCleanlyAndFreesItsPort) {
   Context context(redisConnect("127.0.0.1", port));
   ASSERT_NE(context, nullptr);
   EXPECT_NE(context->err, 0) << "port " << port << " still accepts connections";
+}
+
+// The password reaches redis-server on standard input: its command line,
+// which every local user can read, holds no secret. A password with quotes,
+// spaces and backslashes survives the config syntax.
+TEST_F(RedisFixtureTest, PasswordIsNotOnTheCommandLine) {
+  ASSERT_NE(server_, nullptr);
+  for (const RedisServer* server : std::vector<const RedisServer*>{server_, nullptr}) {
+    std::unique_ptr<RedisServer> odd;
+    if (server == nullptr) {
+      absl::StatusOr<std::unique_ptr<RedisServer>> started =
+          RedisServer::Start({.password = "a \"quoted\" pass\\word #1"});
+      ASSERT_TRUE(started.ok()) << started.status();
+      odd = *std::move(started);
+      server = odd.get();
+    }
+    std::ifstream in("/proc/" + std::to_string(server->pid()) + "/cmdline");
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string command_line = text.str();
+    ASSERT_FALSE(command_line.empty());
+    EXPECT_EQ(command_line.find(server->password()), std::string::npos) << command_line;
+    EXPECT_EQ(command_line.find("requirepass"), std::string::npos) << command_line;
+    Context context(redisConnect(server->host().c_str(), server->port()));
+    ASSERT_NE(context, nullptr);
+    Reply auth = Command(context.get(), "AUTH %s", server->password());
+    ASSERT_NE(auth, nullptr);
+    EXPECT_EQ(auth->type, REDIS_REPLY_STATUS) << auth->str;
+  }
 }
 
 }  // namespace
