@@ -63,13 +63,20 @@ std::unique_ptr<PlanSource> PlanFileSource(std::string dir, int rank) {
 }
 
 PlannerServiceSource::PlannerServiceSource(std::vector<std::string> addresses, int rank,
-                                           absl::Duration wait, int prefetch)
+                                           absl::Duration wait, int prefetch,
+                                           const ClientSecurity& security)
     : addresses_(std::move(addresses)), rank_(rank), wait_(wait), prefetch_(std::max(prefetch, 0)) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   for (const std::string& address : addresses_) {
-    stubs_.push_back(v1::PlanService::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+        CreateClientChannel(address, security, args);
+    if (!channel.ok()) {
+      channel_error_ = Annotate(channel.status(), absl::StrCat("planner ", address));
+      stubs_.clear();
+      return;
+    }
+    stubs_.push_back(v1::PlanService::NewStub(*channel));
   }
 }
 
@@ -85,6 +92,7 @@ PlannerServiceSource::~PlannerServiceSource() {
 
 template <typename Call>
 absl::Status PlannerServiceSource::WithFailover(const char* what, Call call) {
+  if (!channel_error_.ok()) return channel_error_;
   absl::Status last = absl::UnavailableError("no planner address");
   for (size_t attempt = 0; attempt < stubs_.size(); ++attempt) {
     const size_t index = (current_ + attempt) % stubs_.size();

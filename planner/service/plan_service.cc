@@ -26,8 +26,9 @@ grpc::Status PlanServiceImpl::CheckJob(const std::string& job_id) const {
   return grpc::Status::OK;
 }
 
-grpc::Status PlanServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
+grpc::Status PlanServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                                      v1::GetJobResponse* response) {
+  if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   if (grpc::Status s = CheckJob(request->job_id()); !s.ok()) return s;
   *response->mutable_config() = daemon_->config();
   response->set_config_hash(ConfigHash(daemon_->config()));
@@ -89,6 +90,7 @@ grpc::Status PlanServiceImpl::FetchPlan(grpc::ServerContext* context, uint64_t i
 grpc::Status PlanServiceImpl::GetPlan(grpc::ServerContext* context,
                                       const v1::GetPlanRequest* request,
                                       v1::PlanEnvelope* response) {
+  if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   if (grpc::Status s = CheckJob(request->job_id()); !s.ok()) return s;
   return FetchPlan(context, request->iteration(), request->rank(), response);
 }
@@ -96,6 +98,7 @@ grpc::Status PlanServiceImpl::GetPlan(grpc::ServerContext* context,
 grpc::Status PlanServiceImpl::WatchPlans(grpc::ServerContext* context,
                                          const v1::WatchPlansRequest* request,
                                          grpc::ServerWriter<v1::PlanEnvelope>* writer) {
+  if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   if (grpc::Status s = CheckJob(request->job_id()); !s.ok()) return s;
   for (uint64_t i = request->first_iteration();
        i < daemon_->config().training().iterations() && !context->IsCancelled(); ++i) {
@@ -107,9 +110,10 @@ grpc::Status PlanServiceImpl::WatchPlans(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status PlanServiceImpl::ReportProgress(grpc::ServerContext*,
+grpc::Status PlanServiceImpl::ReportProgress(grpc::ServerContext* context,
                                              const v1::ReportProgressRequest* request,
                                              v1::ReportProgressResponse* response) {
+  if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   if (grpc::Status s = CheckJob(request->job_id()); !s.ok()) return s;
   const int world = WorldSize(daemon_->config());
   if (request->rank() < 0 || request->rank() >= world) {

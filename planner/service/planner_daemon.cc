@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/auth/job_token.h"
 #include "common/config/job_config.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -96,6 +97,12 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const v1::Jo
         RedisInstructionStore::Open(d->redis_options_, d->store_options_);
     if (!first.ok()) return Annotate(first.status(), "instruction store");
     VP_RETURN_IF_ERROR((*first)->RegisterJob(config));
+    std::string candidate = options.token;
+    if (candidate.empty()) {
+      VP_ASSIGN_OR_RETURN(candidate, GenerateJobToken());
+    }
+    VP_ASSIGN_OR_RETURN(d->token_, (*first)->RegisterToken(candidate, !options.token.empty()));
+    d->verifier_ = CallTokenVerifier(d->token_);
     absl::MutexLock lock(&d->mu_);
     d->pool_.push_back(*std::move(first));
   }
@@ -111,16 +118,23 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const v1::Jo
   d->status_service_ = std::make_unique<StatusServiceImpl>(d.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  VP_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                      ServerCredentialsFromFiles(options.tls));
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &d->port_);
+  // gRPC sets SO_REUSEPORT by default, so a second daemon on a taken port
+  // would share it and clients would reach either job at random: off.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddListeningPort(options.listen_address, credentials, &d->port_);
   builder.RegisterService(d->plan_service_.get());
   builder.RegisterService(d->status_service_.get());
   builder.SetMaxReceiveMessageSize(256 << 20);
   builder.SetMaxSendMessageSize(256 << 20);
   d->server_ = builder.BuildAndStart();
   if (d->server_ == nullptr || d->port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options.listen_address, " (address in use?)"));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", options.listen_address,
+        " (--listen): the port is in use by another process, or the host is not an address "
+        "of this machine"));
   }
   // Workers.
   d->worker_count_ = options.worker_threads < 0   ? 0
@@ -140,8 +154,11 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const v1::Jo
   if (options.progress_interval > absl::ZeroDuration()) {
     d->progress_thread_ = std::thread([daemon = d.get()] { daemon->ProgressLoop(); });
   }
-  spdlog::info("planner {} serving job {} on port {} with {} planning workers (store {})",
-               d->planner_id_, config.job_id(), d->port_, d->worker_count_, d->store_address());
+  spdlog::info(
+      "planner {} serving job {} on {} (port {}, {}, job token required) with {} planning "
+      "workers (store {})",
+      d->planner_id_, config.job_id(), options.listen_address, d->port_,
+      options.tls.enabled() ? "TLS" : "plaintext", d->worker_count_, d->store_address());
   return d;
 }
 
@@ -251,6 +268,12 @@ void PlannerDaemon::WorkerLoop(int worker) {
       // Redis may have lost the job (restarted without persistence).
       if (absl::Status s = store->RegisterJob(config_); !s.ok()) {
         spdlog::error("worker {}: {}", worker, s.message());
+      } else if (absl::StatusOr<std::string> token = store->RegisterToken(token_, false);
+                 !token.ok()) {
+        spdlog::error("worker {}: {}", worker, token.status().message());
+      } else if (*token != token_) {
+        spdlog::error("worker {}: the store holds another token for job {} than this daemon's",
+                      worker, config_.job_id());
       }
     }
     absl::StatusOr<StoreCounters> counters = store->Counters();

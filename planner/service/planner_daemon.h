@@ -8,6 +8,8 @@
 // StatusService from the store, plus the standard health service and server
 // reflection. With no store.redis_address the daemon starts a private
 // redis-server (random password, no persistence) and stops it on shutdown.
+// PlanService and StatusService calls must carry the job token
+// (docs/security.md); the port is never shared with another process.
 //
 // Thread safety: Start/Shutdown from one thread; Status() from any.
 #ifndef VARIPIPE_PLANNER_SERVICE_PLANNER_DAEMON_H_
@@ -27,6 +29,8 @@
 #include "absl/time/time.h"
 #include "common/dataset/minibatch_sampler.h"
 #include "common/dataset/sample_dataset.h"
+#include "common/grpc/call_token.h"
+#include "common/grpc/tls_files.h"
 #include "common/redis/redis_client.h"
 #include "common/redis/redis_server_process.h"
 #include "planner/planner.h"
@@ -54,6 +58,11 @@ struct DaemonOptions {
   absl::Duration lease = absl::Seconds(30);
   // Progress log interval; zero disables.
   absl::Duration progress_interval = absl::Seconds(10);
+  // The job token clients must present (--token_file); empty: the one the
+  // store holds, generated when the job has none yet.
+  std::string token;
+  // TLS for the gRPC server (--tls_cert, --tls_key, --tls_ca); none: plaintext.
+  TlsFiles tls = {};
 };
 
 class PlannerDaemon {
@@ -74,6 +83,12 @@ class PlannerDaemon {
   const std::string& planner_id() const { return planner_id_; }
   std::string store_address() const;
   const std::string& store_password() const { return redis_options_.password; }
+  // The job token clients present (the store's, or DaemonOptions::token).
+  const std::string& token() const { return token_; }
+  // OK when the call carries the job token; UNAUTHENTICATED otherwise.
+  grpc::Status Authenticate(const grpc::ServerContext& context) const {
+    return verifier_.Verify(context);
+  }
   v1::PlannerStatus Status() const;
 
   // Used by the gRPC services.
@@ -103,6 +118,8 @@ class PlannerDaemon {
   std::string planner_id_;
   RedisClient::Options redis_options_;
   StoreOptions store_options_;
+  std::string token_;
+  CallTokenVerifier verifier_{""};
   std::unique_ptr<RedisServer> embedded_redis_;
   std::unique_ptr<SampleDataset> dataset_;
   std::unique_ptr<MiniBatchSampler> sampler_;

@@ -165,6 +165,22 @@ absl::Status RedisInstructionStore::RegisterJob(const v1::JobConfig& config) {
                    "); start every daemon of a job with the same config, or use another job_id"));
 }
 
+absl::StatusOr<std::string> RedisInstructionStore::RegisterToken(const std::string& candidate,
+                                                                 bool must_match) {
+  VP_ASSIGN_OR_RETURN(
+      std::vector<RedisReply> replies,
+      redis_->Pipeline({{"SET", Key("token"), candidate, "NX"}, {"GET", Key("token")}}));
+  for (const RedisReply& r : replies) VP_RETURN_IF_ERROR(RedisReplyError(r, "SET token"));
+  const std::string stored = replies[1].str();
+  if (must_match && stored != candidate) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", options_.job_id,
+        " already has another token in the instruction store than the one in --token_file; "
+        "give every daemon of a job the same token file"));
+  }
+  return stored;
+}
+
 absl::StatusOr<v1::JobConfig> RedisInstructionStore::LoadJob() {
   VP_ASSIGN_OR_RETURN(RedisReply reply, redis_->Command({"GET", Key("config")}));
   VP_RETURN_IF_ERROR(RedisReplyError(reply, "GET config"));

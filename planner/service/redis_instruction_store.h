@@ -4,6 +4,8 @@
 //
 //   P:config, P:config_hash   the job, written once; a daemon with another
 //                             config is refused
+//   P:token                   the job's secret token for gRPC clients,
+//                             written once (docs/security.md)
 //   P:claimed                 next iteration never claimed (INCR-like, in Lua)
 //   P:unpublished             claimed but unpublished iterations (sorted set)
 //   P:lease:<i>               the daemon planning iteration i (expires, so a
@@ -68,6 +70,10 @@ class RedisInstructionStore {
   // Writes the job config if none is stored; otherwise checks it matches
   // (FAILED_PRECONDITION naming both digests and the first differing field).
   absl::Status RegisterJob(const v1::JobConfig& config);
+  // Stores `candidate` as the job's token unless the job has one, and
+  // returns the stored token. With `must_match` (a daemon given
+  // --token_file), another stored token is FAILED_PRECONDITION.
+  absl::StatusOr<std::string> RegisterToken(const std::string& candidate, bool must_match);
   // The stored job config; NOT_FOUND when none.
   absl::StatusOr<v1::JobConfig> LoadJob();
 

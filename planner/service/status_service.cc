@@ -8,16 +8,18 @@
 
 namespace varipipe::service {
 
-grpc::Status StatusServiceImpl::GetPlannerStatus(grpc::ServerContext*,
+grpc::Status StatusServiceImpl::GetPlannerStatus(grpc::ServerContext* context,
                                                  const v1::GetPlannerStatusRequest*,
                                                  v1::PlannerStatus* response) {
+  if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   *response = daemon_->Status();
   return grpc::Status::OK;
 }
 
-grpc::Status StatusServiceImpl::GetJobStatus(grpc::ServerContext*,
+grpc::Status StatusServiceImpl::GetJobStatus(grpc::ServerContext* context,
                                              const v1::GetJobStatusRequest* request,
                                              v1::JobStatus* response) {
+  if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   const v1::JobConfig& c = daemon_->config();
   if (!request->job_id().empty() && request->job_id() != c.job_id()) {
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
@@ -54,8 +56,10 @@ grpc::Status StatusServiceImpl::GetJobStatus(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status StatusServiceImpl::GetTrace(grpc::ServerContext*, const v1::GetTraceRequest* request,
+grpc::Status StatusServiceImpl::GetTrace(grpc::ServerContext* context,
+                                         const v1::GetTraceRequest* request,
                                          v1::TraceResponse* response) {
+  if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   const v1::JobConfig& c = daemon_->config();
   if (!request->job_id().empty() && request->job_id() != c.job_id()) {
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
