@@ -71,7 +71,8 @@ grpc::Status PlanServiceImpl::FetchPlan(grpc::ServerContext* context, uint64_t i
         return grpc::Status(grpc::StatusCode::DATA_LOSS,
                             absl::StrCat("stored plan of iteration ", iteration, " is corrupt"));
       }
-      return grpc::Status::OK;
+      // Only a rank that fetched a plan may report the iteration.
+      return ToGrpc((*store)->RecordFetch(iteration, rank));
     }
     if (!asked_for_planning) {
       // Nobody may be planning it (e.g. Redis restarted without data):
@@ -120,15 +121,21 @@ grpc::Status PlanServiceImpl::ReportProgress(grpc::ServerContext* context,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("rank ", request->rank(), " is outside the job"));
   }
+  const uint64_t total = daemon_->config().training().iterations();
+  if (request->iteration() >= total) {
+    return grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
+                        absl::StrCat("iteration ", request->iteration(),
+                                     " is past the job's last (", total - 1, ")"));
+  }
   absl::StatusOr<PlannerDaemon::StoreLease> store = daemon_->AcquireStore();
   if (!store.ok()) return ToGrpc(store.status());
   std::string json;
   (void)google::protobuf::util::MessageToJsonString(*request, &json);
-  if (absl::Status s = (*store)->Acknowledge(request->iteration(), request->rank()); !s.ok()) {
-    return ToGrpc(s);
-  }
-  if (absl::Status s = (*store)->ReportProgress(request->rank(), request->iteration(), json);
+  // Checked and applied atomically: a report for an iteration the rank never
+  // fetched, or beyond the one it is due to run, changes nothing.
+  if (absl::Status s = (*store)->CheckedReport(request->iteration(), request->rank(), json);
       !s.ok()) {
+    spdlog::warn("{}", s.message());
     return ToGrpc(s);
   }
   response->set_continue_training(request->iteration() + 1 <

@@ -243,6 +243,16 @@ absl::Status PlannerDaemon::PlanAndPublish(RedisInstructionStore& store, uint64_
 
 absl::Status PlannerDaemon::PlanOnDemand(uint64_t iteration) {
   VP_ASSIGN_OR_RETURN(StoreLease store, AcquireStore());
+  VP_ASSIGN_OR_RETURN(const auto progress, store->Progress());
+  if (!progress.empty()) {
+    uint64_t slowest = ~uint64_t{0};
+    for (const auto& [rank, completed] : progress) slowest = std::min(slowest, completed);
+    if (iteration > slowest + 1 + config_.planner().plan_ahead()) {
+      spdlog::debug("not planning iteration {} on demand: beyond the window ({} + 1 + {})",
+                    iteration, slowest, config_.planner().plan_ahead());
+      return absl::OkStatus();
+    }
+  }
   VP_ASSIGN_OR_RETURN(bool claimed, store->ClaimIteration(iteration, planner_id_));
   if (!claimed) return absl::OkStatus();
   spdlog::info("planning iteration {} on demand", iteration);

@@ -98,7 +98,11 @@ class PlannerDaemon {
   // A store connection for one request; returned to the pool when released.
   class StoreLease;
   absl::StatusOr<StoreLease> AcquireStore();
-  // Plans and publishes `iteration` now if nobody else is (on-demand).
+  // Plans and publishes `iteration` now if nobody else is (on-demand), and
+  // only inside the planning window: at most planner.plan_ahead iterations
+  // beyond the next iteration of the slowest rank that reported progress
+  // (any iteration while no rank has reported: a new job, or a store that
+  // lost its data). Outside it, nothing is planned (the caller waits).
   absl::Status PlanOnDemand(uint64_t iteration);
   // Builds the PlanEnvelopes and summary of an iteration (no store access).
   absl::StatusOr<std::vector<std::string>> PlanIteration(uint64_t iteration, std::string* summary,

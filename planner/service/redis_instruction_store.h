@@ -13,6 +13,8 @@
 //   P:plan:<i>                hash rank:<r> -> serialized PlanEnvelope, plus
 //                             "summary"; deleted once every rank acknowledged
 //                             it, with a safety TTL
+//   P:fetched:<i>             ranks that fetched iteration i's plan (only
+//                             they may report it); deleted with the plan
 //   P:acks:<i>                ranks that acknowledged iteration i
 //   P:events                  stream of published iterations (bounded), for
 //                             blocking waits without polling
@@ -97,6 +99,15 @@ class RedisInstructionStore {
                                                       absl::Duration timeout);
   // Records that `rank` has its plan; deletes the plan once every rank did.
   absl::Status Acknowledge(uint64_t iteration, int rank);
+  // Records that `rank` fetched the plan of `iteration`: it may report it.
+  absl::Status RecordFetch(uint64_t iteration, int rank);
+  // A rank's report that it completed `iteration`, checked and applied
+  // atomically: acknowledges the plan (deleting it once every rank did) and
+  // records the progress and the JSON report. PERMISSION_DENIED when the
+  // rank never fetched the iteration's plan; FAILED_PRECONDITION when the
+  // iteration is beyond the one the rank is due to run next (its last
+  // report + 1). A rejected report changes nothing.
+  absl::Status CheckedReport(uint64_t iteration, int rank, const std::string& report_json);
   // Records that `rank` completed `iteration`, with a JSON report.
   absl::Status ReportProgress(int rank, uint64_t iteration, const std::string& report_json);
   // Per-rank last completed iteration (ranks that never reported absent).

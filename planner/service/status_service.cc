@@ -68,6 +68,18 @@ grpc::Status StatusServiceImpl::GetTrace(grpc::ServerContext* context,
   if (request->iteration() >= c.training().iterations()) {
     return grpc::Status(grpc::StatusCode::OUT_OF_RANGE, "iteration past the end of the job");
   }
+  // Planning is the expensive part: only iterations the job has planned (or
+  // is planning) are traced, never one beyond the planning window.
+  absl::StatusOr<PlannerDaemon::StoreLease> store = daemon_->AcquireStore();
+  if (!store.ok()) return ToGrpc(store.status());
+  absl::StatusOr<StoreCounters> counters = (*store)->Counters();
+  if (!counters.ok()) return ToGrpc(counters.status());
+  if (request->iteration() >= counters->claimed) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("iteration ", request->iteration(),
+                     " is not planned yet (planned so far: below ", counters->claimed, ")"));
+  }
   std::string summary;
   double ms = 0;
   std::string trace;

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -28,6 +29,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "planner/service/planner_daemon.h"
+#include "planner/service/redis_instruction_store.h"
 #include "tests/testing/command.h"
 #include "tests/testing/planner_process.h"
 #include "tests/testing/redis_server.h"
@@ -443,6 +445,102 @@ TEST_F(PlannerSecurityTest, TokenFileIsTheJobsTokenAndAnotherIsRefused) {
   }
   EXPECT_EQ(first.Stop(), 0) << first.Log();
   EXPECT_EQ(plain.Stop(), 0) << plain.Log();
+}
+
+// Done when: a rogue ReportProgress for an iteration not yet fetched changes
+// nothing (a real daemon: the plans are still there, back-pressure holds);
+// reports beyond a rank's next iteration or past the job (2^64-1) are
+// refused too; a GetPlan far beyond the planning window does not plan it;
+// GetTrace traces planned iterations only.
+TEST_F(PlannerSecurityTest, RogueProgressReportsAndFarRequestsChangeNothing) {
+  const std::string token = "rogue-test-token-0123456789abcdef";
+  WritePrivate(dir_ / "token", token + "\n");
+  PlannerProcess& daemon =
+      Spawn("checked", {"--config", WriteConfig().string(), "--listen", "127.0.0.1:0",
+                        "--token_file", (dir_ / "token").string(), "--threads", "1"});
+  const int port = daemon.WaitForPort();
+  ASSERT_GT(port, 0) << daemon.Log();
+  absl::StatusOr<std::unique_ptr<RedisInstructionStore>> store = RedisInstructionStore::Open(
+      {.host = redis_->host(), .port = redis_->port(), .password = redis_->password()},
+      {.job_id = "sec", .world_size = 2, .total_iterations = 20});
+  ASSERT_THAT(store, IsOk());
+  // planner.plan_ahead = 4: the daemon publishes iterations 0-3 and holds.
+  const absl::Time deadline = absl::Now() + absl::Minutes(2);
+  while ((*store)->Counters()->published < 4 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ((*store)->Counters()->published, 4u) << daemon.Log();
+  // Everything the job holds in Redis, key by key with its value.
+  const auto snapshot = [&] {
+    std::map<std::string, std::string> keys;
+    absl::StatusOr<RedisReply> names = (*store)->redis().Command({"KEYS", "varipipe:sec:*"});
+    EXPECT_THAT(names, IsOk());
+    for (size_t k = 0; k < names->size(); ++k) {
+      const std::string name = ElementString(names->element(k));
+      absl::StatusOr<RedisReply> dump = (*store)->redis().Command({"DUMP", name});
+      EXPECT_THAT(dump, IsOk());
+      keys[name] = dump->str();
+    }
+    return keys;
+  };
+  const std::map<std::string, std::string> before = snapshot();
+  auto stub = v1::PlanService::NewStub(Channel(port, token));
+  const auto report = [&](int rank, uint64_t iteration) {
+    v1::ReportProgressRequest request;
+    request.set_rank(rank);
+    request.set_iteration(iteration);
+    v1::ReportProgressResponse response;
+    return stub->ReportProgress(Context().get(), request, &response);
+  };
+  const auto get_plan = [&](int rank, uint64_t iteration, int timeout_s = 30) {
+    auto context = Context();
+    context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(timeout_s));
+    v1::GetPlanRequest request;
+    request.set_rank(rank);
+    request.set_iteration(iteration);
+    v1::PlanEnvelope envelope;
+    return stub->GetPlan(context.get(), request, &envelope);
+  };
+  // Published, never fetched: refused.
+  for (const auto& [rank, iteration] : {std::pair{0, 2}, std::pair{1, 0}, std::pair{1, 3}}) {
+    const grpc::Status s = report(rank, iteration);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("without having fetched its plan"));
+  }
+  // Past the job, up to 2^64-1.
+  for (const uint64_t iteration : {uint64_t{20}, ~uint64_t{0}}) {
+    EXPECT_EQ(report(0, iteration).error_code(), grpc::StatusCode::OUT_OF_RANGE) << iteration;
+  }
+  EXPECT_EQ(snapshot(), before) << "a refused report changed the store";
+  for (uint64_t i = 0; i < 4; ++i) EXPECT_TRUE(*(*store)->IsPublished(i)) << i;
+  EXPECT_TRUE((*store)->Progress()->empty());
+
+  // Rank 0 fetches and completes iteration 0; fetching iteration 2 does not
+  // let it report 2 before 1.
+  ASSERT_TRUE(get_plan(0, 0).ok());
+  ASSERT_TRUE(report(0, 0).ok());
+  ASSERT_TRUE(get_plan(0, 2).ok());
+  const grpc::Status early = report(0, 2);
+  EXPECT_EQ(early.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << early.error_message();
+  EXPECT_THAT(early.error_message(), HasSubstr("due to run iteration"));
+  EXPECT_EQ((*store)->Progress()->at(0), (std::pair<int, uint64_t>{0, 0}));
+
+  // Iteration 15 is far beyond the window (rank 0 is due at 1, plan_ahead 4):
+  // a GetPlan waits for it and nothing plans it.
+  EXPECT_EQ(get_plan(1, 15, 3).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_FALSE(*(*store)->IsPublished(15));
+  EXPECT_EQ((*store)->Counters()->claimed, 4u) << "back-pressure was lifted";
+
+  auto status = v1::StatusService::NewStub(Channel(port, token));
+  v1::GetTraceRequest trace_request;
+  trace_request.set_iteration(12);
+  v1::TraceResponse trace;
+  EXPECT_EQ(status->GetTrace(Context().get(), trace_request, &trace).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  trace_request.set_iteration(1);
+  const grpc::Status traced = status->GetTrace(Context().get(), trace_request, &trace);
+  EXPECT_TRUE(traced.ok()) << traced.error_message();
+  EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
 }
 
 // TLS with gRPC's SSL credentials: a client that trusts the CA and presents

@@ -255,7 +255,11 @@ TEST_F(PlannerServiceTest, BackPressureHoldsWithoutProgress) {
   };
   EXPECT_EQ(published_reaches(8), 8u);
   auto stub = Stub((*daemon)->port());
-  for (int rank = 0; rank < 2; ++rank) ASSERT_TRUE(Report(*stub, 3, rank).ok());
+  for (int rank = 0; rank < 2; ++rank) {
+    v1::PlanEnvelope envelope;
+    ASSERT_TRUE(GetPlan(*stub, 3, rank, &envelope).ok());  // only a fetched plan is reported
+    ASSERT_TRUE(Report(*stub, 3, rank).ok());
+  }
   EXPECT_EQ(published_reaches(12), 12u);  // 4 completed + 8 ahead
 }
 
