@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/config/job_config.h"
@@ -15,6 +16,13 @@ namespace varipipe::service {
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+grpc::Status PlanServiceImpl::TooManyWaiting() const {
+  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      absl::StrCat("this planner already serves ", daemon_->max_calls(),
+                                   " waiting GetPlan/WatchPlans calls (--max_calls); try "
+                                   "another planner or later"));
 }
 
 grpc::Status PlanServiceImpl::CheckJob(const std::string& job_id) const {
@@ -93,6 +101,8 @@ grpc::Status PlanServiceImpl::GetPlan(grpc::ServerContext* context,
                                       v1::PlanEnvelope* response) {
   if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   if (grpc::Status s = CheckJob(request->job_id()); !s.ok()) return s;
+  if (!daemon_->EnterWait()) return TooManyWaiting();
+  const absl::Cleanup leave = [this] { daemon_->LeaveWait(); };
   return FetchPlan(context, request->iteration(), request->rank(), response);
 }
 
@@ -101,6 +111,8 @@ grpc::Status PlanServiceImpl::WatchPlans(grpc::ServerContext* context,
                                          grpc::ServerWriter<v1::PlanEnvelope>* writer) {
   if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   if (grpc::Status s = CheckJob(request->job_id()); !s.ok()) return s;
+  if (!daemon_->EnterWait()) return TooManyWaiting();
+  const absl::Cleanup leave = [this] { daemon_->LeaveWait(); };
   for (uint64_t i = request->first_iteration();
        i < daemon_->config().training().iterations() && !context->IsCancelled(); ++i) {
     v1::PlanEnvelope envelope;

@@ -16,6 +16,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "planner/plan/plan_builder.h"
 #include "planner/service/plan_service.h"
 #include "planner/service/status_service.h"
@@ -39,10 +40,14 @@ std::string HostName() {
 }  // namespace
 
 PlannerDaemon::StoreLease::~StoreLease() {
-  if (store_ != nullptr && daemon_ != nullptr) {
-    absl::MutexLock lock(&daemon_->mu_);
+  if (store_ == nullptr || daemon_ == nullptr) return;
+  absl::MutexLock lock(&daemon_->mu_);
+  if (static_cast<int>(daemon_->pool_.size()) < kIdleConnections) {
     daemon_->pool_.push_back(std::move(store_));
+    return;
   }
+  --daemon_->open_connections_;
+  // Closed as store_ goes (the connection's close does not block).
 }
 
 absl::StatusOr<PlannerDaemon::StoreLease> PlannerDaemon::AcquireStore() {
@@ -53,11 +58,28 @@ absl::StatusOr<PlannerDaemon::StoreLease> PlannerDaemon::AcquireStore() {
       pool_.pop_back();
       return StoreLease(this, std::move(store));
     }
+    if (open_connections_ >= options_.max_calls + kSpareConnections) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("all ", open_connections_,
+                       " instruction-store connections of this daemon are in use (--max_calls ",
+                       options_.max_calls, ")"));
+    }
+    ++open_connections_;
   }
   absl::StatusOr<std::unique_ptr<RedisInstructionStore>> store =
       RedisInstructionStore::Open(redis_options_, store_options_);
-  if (!store.ok()) return store.status();
+  if (!store.ok()) {
+    absl::MutexLock lock(&mu_);
+    --open_connections_;
+    return store.status();
+  }
   return StoreLease(this, *std::move(store));
+}
+
+bool PlannerDaemon::EnterWait() {
+  if (waiting_calls_.fetch_add(1) < options_.max_calls) return true;
+  waiting_calls_.fetch_sub(1);
+  return false;
 }
 
 std::string PlannerDaemon::store_address() const {
@@ -66,6 +88,10 @@ std::string PlannerDaemon::store_address() const {
 
 absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const v1::JobConfig& config,
                                                                     const DaemonOptions& options) {
+  if (options.max_calls < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_calls must be at least 1 (not ", options.max_calls, ")"));
+  }
   std::unique_ptr<PlannerDaemon> d(new PlannerDaemon());
   d->config_ = config;
   d->options_ = options;
@@ -105,6 +131,7 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const v1::Jo
     d->verifier_ = CallTokenVerifier(d->token_);
     absl::MutexLock lock(&d->mu_);
     d->pool_.push_back(*std::move(first));
+    d->open_connections_ = 1;
   }
   // The data and the planner.
   VP_ASSIGN_OR_RETURN(d->dataset_, OpenSampleDataset(config));
@@ -124,6 +151,10 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const v1::Jo
   // gRPC sets SO_REUSEPORT by default, so a second daemon on a taken port
   // would share it and clients would reach either job at random: off.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Bounded threads: each call of the synchronous server holds one.
+  grpc::ResourceQuota quota("varipipe-planner");
+  quota.SetMaxThreads(options.max_calls + kSpareThreads);
+  builder.SetResourceQuota(quota);
   builder.AddListeningPort(options.listen_address, credentials, &d->port_);
   builder.RegisterService(d->plan_service_.get());
   builder.RegisterService(d->status_service_.get());
@@ -174,6 +205,7 @@ void PlannerDaemon::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
     pool_.clear();
+    open_connections_ = 0;
   }
   if (embedded_redis_ != nullptr) {
     (void)embedded_redis_->Stop();

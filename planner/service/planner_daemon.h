@@ -63,10 +63,22 @@ struct DaemonOptions {
   std::string token;
   // TLS for the gRPC server (--tls_cert, --tls_key, --tls_ca); none: plaintext.
   TlsFiles tls = {};
+  // Calls that may wait for a plan (GetPlan, WatchPlans) at once; more get
+  // RESOURCE_EXHAUSTED. The server's threads are capped at max_calls +
+  // kSpareThreads (a gRPC resource quota), the store connections the calls
+  // use at max_calls + kSpareConnections.
+  int max_calls = 1024;
 };
 
 class PlannerDaemon {
  public:
+  // Server threads beyond max_calls, for the calls that do not wait.
+  static constexpr int kSpareThreads = 16;
+  // Store connections beyond max_calls (on-demand planning, status calls);
+  // idle ones beyond kIdleConnections are closed.
+  static constexpr int kSpareConnections = 16;
+  static constexpr int kIdleConnections = 8;
+
   // Connects to (or starts) Redis, registers the job (refusing a different
   // config), opens the dataset, starts the workers and the gRPC server.
   static absl::StatusOr<std::unique_ptr<PlannerDaemon>> Start(const v1::JobConfig& config,
@@ -96,8 +108,14 @@ class PlannerDaemon {
   const planner::Planner& planner() const { return *planner_; }
   const MiniBatchSampler& sampler() const { return *sampler_; }
   // A store connection for one request; returned to the pool when released.
+  // RESOURCE_EXHAUSTED when max_calls + kSpareConnections are in use.
   class StoreLease;
   absl::StatusOr<StoreLease> AcquireStore();
+  // Admits a call that may wait (false when max_calls already wait); every
+  // admitted call ends with LeaveWait().
+  bool EnterWait();
+  void LeaveWait() { waiting_calls_.fetch_sub(1); }
+  int max_calls() const { return options_.max_calls; }
   // Plans and publishes `iteration` now if nobody else is (on-demand), and
   // only inside the planning window: at most planner.plan_ahead iterations
   // beyond the next iteration of the slowest rank that reported progress
@@ -139,9 +157,11 @@ class PlannerDaemon {
   std::vector<std::thread> workers_;
   std::thread progress_thread_;
   std::atomic<bool> shut_down_{false};
+  std::atomic<int> waiting_calls_{0};
 
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<RedisInstructionStore>> pool_ ABSL_GUARDED_BY(mu_);
+  int open_connections_ ABSL_GUARDED_BY(mu_) = 0;     // pooled and leased
   std::vector<double> plan_ms_ ABSL_GUARDED_BY(mu_);  // recent planning times
   uint64_t planned_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t errors_ ABSL_GUARDED_BY(mu_) = 0;

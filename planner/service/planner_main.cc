@@ -24,6 +24,9 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "gRPC listen address (host:port; port 0 picks a free one). Loopback by default: give "
           "this host's address (or 0.0.0.0) for executors on other hosts. A port another "
           "process holds is an error.");
+ABSL_FLAG(int, max_calls, 1024,
+          "Most GetPlan/WatchPlans calls waiting at once (two per executor rank served); "
+          "more get RESOURCE_EXHAUSTED. Bounds the server's threads and store connections.");
 ABSL_FLAG(int, threads, 0, "Planning worker threads (0: planner.threads, else cores - 1).");
 ABSL_FLAG(std::string, port_file, "",
           "Write the gRPC port to this file once serving (for scripts).");
@@ -89,6 +92,7 @@ int main(int argc, char** argv) {
   varipipe::service::DaemonOptions options;
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.worker_threads = absl::GetFlag(FLAGS_threads);
+  options.max_calls = absl::GetFlag(FLAGS_max_calls);
   options.progress_interval = absl::Seconds(absl::GetFlag(FLAGS_progress_interval_s));
   options.lease = absl::Milliseconds(std::max(100, absl::GetFlag(FLAGS_lease_ms)));
   options.tls = {.cert_file = absl::GetFlag(FLAGS_tls_cert),

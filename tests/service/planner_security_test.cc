@@ -4,10 +4,14 @@
 // a command line and in private files only, optional TLS.
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +20,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -358,9 +363,18 @@ TEST_F(PlannerSecurityTest, CallsWithoutTheJobTokenAreUnauthenticated) {
 // the token beside the store file (and is refused without it).
 TEST_F(PlannerSecurityTest, EmbeddedRedisSecretsStayOffCommandLinesAndInPrivateFiles) {
   const fs::path store_file = dir_ / "store";
+  // redis-server rewrites its process title once started, so a wrapper
+  // records the arguments it is started with (what /proc/PID/cmdline shows
+  // until then).
+  const fs::path wrapper = dir_ / "redis-server";
+  std::ofstream(wrapper) << "#!/bin/sh\nprintf '%s\\n' \"$0\" \"$@\" > '"
+                         << (dir_ / "argv").string() << "'\nexec redis-server \"$@\"\n";
+  fs::permissions(wrapper, fs::perms::owner_all);
+  setenv("VARIPIPE_REDIS_SERVER", wrapper.c_str(), 1);
   PlannerProcess& daemon =
       Spawn("embedded", {"--config", WriteConfig(/*embedded=*/true).string(), "--listen",
                          "127.0.0.1:0", "--store_file", store_file.string()});
+  unsetenv("VARIPIPE_REDIS_SERVER");
   const int port = daemon.WaitForPort();
   ASSERT_GT(port, 0) << daemon.Log();
   ASSERT_TRUE(fs::exists(store_file));
@@ -391,6 +405,9 @@ TEST_F(PlannerSecurityTest, EmbeddedRedisSecretsStayOffCommandLinesAndInPrivateF
     }
   }
   ASSERT_EQ(redis_servers.size(), 1u) << "the daemon's redis-server child";
+  const std::string argv = ReadFile(dir_ / "argv");
+  EXPECT_THAT(argv, HasSubstr("redis-server"));
+  EXPECT_THAT(argv, Not(HasSubstr(password))) << argv;
   for (pid_t pid : {redis_servers[0], daemon.pid()}) {
     const std::string command_line = CommandLine(pid);
     ASSERT_FALSE(command_line.empty());
@@ -540,6 +557,104 @@ TEST_F(PlannerSecurityTest, RogueProgressReportsAndFarRequestsChangeNothing) {
   trace_request.set_iteration(1);
   const grpc::Status traced = status->GetTrace(Context().get(), trace_request, &trace);
   EXPECT_TRUE(traced.ok()) << traced.error_message();
+  EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
+}
+
+// A resource bound: 200 clients wait for a plan from a daemon with
+// --max_calls 16; 16 wait, the others get RESOURCE_EXHAUSTED at once, and the
+// daemon's threads and Redis connections stay under the caps.
+TEST_F(PlannerSecurityTest, WaitingCallsThreadsAndStoreConnectionsAreBounded) {
+  constexpr int kMaxCalls = 16;
+  constexpr int kClients = 200;
+  const std::string token = "bounded-test-token-0123456789abcdef";
+  WritePrivate(dir_ / "token", token + "\n");
+  PlannerProcess& daemon =
+      Spawn("bounded", {"--config", WriteConfig().string(), "--listen", "127.0.0.1:0",
+                        "--token_file", (dir_ / "token").string(), "--threads", "1", "--max_calls",
+                        std::to_string(kMaxCalls)});
+  const int port = daemon.WaitForPort();
+  ASSERT_GT(port, 0) << daemon.Log();
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int c = 0; c < 8; ++c) {
+    grpc::ChannelArguments args;
+    args.SetInt("grpc.channel_id", c);  // a connection per channel
+    channels.push_back(
+        *CreateClientChannel(absl::StrCat("127.0.0.1:", port), {.token = token}, args));
+  }
+  // Rank 0 completes iteration 0, so iteration 15 is beyond the planning
+  // window: nobody plans it and its GetPlan calls wait.
+  auto stub = v1::PlanService::NewStub(channels[0]);
+  {
+    v1::GetPlanRequest request;
+    v1::PlanEnvelope envelope;
+    ASSERT_TRUE(stub->GetPlan(Context().get(), request, &envelope).ok());
+    v1::ReportProgressRequest report;
+    v1::ReportProgressResponse response;
+    ASSERT_TRUE(stub->ReportProgress(Context().get(), report, &response).ok());
+  }
+  std::atomic<int> exhausted{0};
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  for (int c = 0; c < kClients; ++c) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    contexts.back()->set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
+  }
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      auto client = v1::PlanService::NewStub(channels[c % channels.size()]);
+      v1::GetPlanRequest request;
+      request.set_iteration(15);
+      request.set_rank(1);
+      v1::PlanEnvelope envelope;
+      const grpc::Status s = client->GetPlan(contexts[c].get(), request, &envelope);
+      if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) ++exhausted;
+    });
+  }
+  const auto threads = [&] {
+    std::istringstream status(ReadFile(absl::StrCat("/proc/", daemon.pid(), "/status")));
+    std::string line;
+    int count = 0;
+    while (std::getline(status, line)) {
+      if (line.rfind("Threads:", 0) == 0) (void)absl::SimpleAtoi(line.substr(8), &count);
+    }
+    return count;
+  };
+  absl::StatusOr<std::unique_ptr<RedisClient>> redis = RedisClient::Connect(
+      {.host = redis_->host(), .port = redis_->port(), .password = redis_->password()});
+  ASSERT_THAT(redis, IsOk());
+  const auto connections = [&] {
+    absl::StatusOr<RedisReply> list = (*redis)->Command({"CLIENT", "LIST"});
+    if (!list.ok()) return -1;
+    const std::string clients = list->str();
+    return static_cast<int>(std::count(clients.begin(), clients.end(), '\n')) - 1;
+  };
+  int most_threads = 0;
+  int most_connections = 0;
+  const absl::Time deadline = absl::Now() + absl::Minutes(2);
+  while (exhausted.load() < kClients - kMaxCalls && absl::Now() < deadline) {
+    most_threads = std::max(most_threads, threads());
+    most_connections = std::max(most_connections, connections());
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_GE(exhausted.load(), kClients - kMaxCalls);
+  std::printf("%d of %d calls refused; at most %d daemon threads, %d store connections\n",
+              exhausted.load(), kClients, most_threads, most_connections);
+  for (int sample = 0; sample < 20; ++sample) {
+    most_threads = std::max(most_threads, threads());
+    most_connections = std::max(most_connections, connections());
+  }
+  // The gRPC quota (max_calls + 16 threads) plus the daemon's own: main,
+  // one planning worker and gRPC's internal executors.
+  EXPECT_LE(most_threads, kMaxCalls + PlannerDaemon::kSpareThreads + 16);
+  // The daemon's connections besides this test's: one per waiting call, the
+  // worker's, a few spare ones.
+  EXPECT_LE(most_connections, kMaxCalls + PlannerDaemon::kSpareConnections + 1);
+  // Calls that do not wait are still served.
+  v1::GetJobResponse job;
+  const grpc::Status s = stub->GetJob(Context().get(), {}, &job);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  for (auto& context : contexts) context->TryCancel();
+  for (std::thread& t : clients) t.join();
   EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
 }
 
