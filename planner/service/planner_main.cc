@@ -29,7 +29,8 @@ ABSL_FLAG(int, max_calls, 1024,
           "more get RESOURCE_EXHAUSTED. Bounds the server's threads and store connections.");
 ABSL_FLAG(int, threads, 0, "Planning worker threads (0: planner.threads, else cores - 1).");
 ABSL_FLAG(std::string, port_file, "",
-          "Write the gRPC port to this file once serving (for scripts).");
+          "Write the gRPC port to this file once serving (for scripts; written after the "
+          "--store_file files).");
 ABSL_FLAG(std::string, store_file, "",
           "Write 'host:port password' of the instruction store to this file, and the job token "
           "to FILE.token, both created with mode 0600, once serving: how local executors and "
@@ -116,9 +117,6 @@ int main(int argc, char** argv) {
                ? varipipe::kExitUsage
                : varipipe::kExitFailure;
   }
-  if (!absl::GetFlag(FLAGS_port_file).empty()) {
-    std::ofstream(absl::GetFlag(FLAGS_port_file)) << (*daemon)->port() << "\n";
-  }
   if (const std::string file = absl::GetFlag(FLAGS_store_file); !file.empty()) {
     // The token file first: a reader that sees the store file finds both.
     absl::Status s =
@@ -132,6 +130,10 @@ int main(int argc, char** argv) {
       (*daemon)->Shutdown();
       return varipipe::kExitFailure;
     }
+  }
+  // The port file last: once it exists, the store and token files do too.
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    std::ofstream(absl::GetFlag(FLAGS_port_file)) << (*daemon)->port() << "\n";
   }
   if (absl::GetFlag(FLAGS_exit_when_done)) {
     std::thread waiter([&] {
