@@ -125,10 +125,11 @@ TEST_F(RedisFixtureTest, PasswordIsNeverOnTheCommandLine) {
   absl::StatusOr<std::unique_ptr<RedisServer>> started =
       RedisServer::Start({.password = "a \"quoted\" pass\\word #1"});
   unsetenv("VARIPIPE_REDIS_SERVER");
-  ASSERT_TRUE(started.ok()) << started.status();
-  const RedisServer& server = **started;
   std::stringstream argv;
   argv << std::ifstream(dir / "argv").rdbuf();
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(started.ok()) << started.status();
+  const RedisServer& server = **started;
   EXPECT_THAT(argv.str(), ::testing::HasSubstr("redis-server"));
   EXPECT_EQ(argv.str().find(server.password()), std::string::npos) << argv.str();
   EXPECT_EQ(argv.str().find("requirepass"), std::string::npos) << argv.str();
@@ -141,7 +142,6 @@ TEST_F(RedisFixtureTest, PasswordIsNeverOnTheCommandLine) {
   Reply auth = Command(context.get(), "AUTH %s", server.password());
   ASSERT_NE(auth, nullptr);
   EXPECT_EQ(auth->type, REDIS_REPLY_STATUS) << auth->str;
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
