@@ -24,6 +24,8 @@ PACKAGES=(
   libabsl-dev libspdlog-dev libfmt-dev
   # Tests and benchmarks.
   libgtest-dev libgmock-dev libbenchmark-dev
+  # TLS test certificates (planner_security_test).
+  openssl
   # Executor: LibTorch, Gloo, torchrun, Open MPI.
   libtorch-dev libgloo-dev python3-torch libopenmpi-dev openmpi-bin
 )

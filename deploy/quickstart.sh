@@ -112,9 +112,11 @@ echo "planner daemon on $planner (log: $out/planner.log)"
 
 # The Chrome trace of one iteration, from the daemon, then stop it.
 trace_iteration=$((iterations / 2))
-"$bin/varipipe-ctl" --planner "$planner" trace --iteration "$trace_iteration" \
+"$bin/varipipe-ctl" --planner "$planner" --store_file "$out/store" trace \
+  --iteration "$trace_iteration" \
   --out "$out/trace.json" > /dev/null
-"$bin/varipipe-ctl" --planner "$planner" status > "$out/planner-status.txt" || true
+"$bin/varipipe-ctl" --planner "$planner" --store_file "$out/store" status \
+  > "$out/planner-status.txt" || true
 cleanup
 planner_pid=""
 

@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -44,6 +45,21 @@ std::string RandomPassword() {
   std::string password(32, 'x');
   for (char& c : password) c = kAlphabet[device() % (sizeof(kAlphabet) - 1)];
   return password;
+}
+
+// A value for redis.conf: double-quoted, every byte but letters, digits and
+// a few safe characters as \xHH, so no password or path can end the value.
+std::string ConfigString(absl::string_view value) {
+  std::string quoted = "\"";
+  for (const char c : value) {
+    if (absl::ascii_isalnum(c) || c == '/' || c == '.' || c == '-' || c == '_') {
+      quoted.push_back(c);
+    } else {
+      absl::StrAppend(&quoted, "\\x", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
+    }
+  }
+  quoted.push_back('"');
+  return quoted;
 }
 
 // Connects, authenticates and asks for the server version. Unavailable while
@@ -109,42 +125,53 @@ absl::StatusOr<std::unique_ptr<RedisServer>> RedisServer::Start(Options options)
     const std::string log_file = server->directory_ + "/redis.log";
     std::filesystem::remove(log_file);
     const char* binary = std::getenv("VARIPIPE_REDIS_SERVER");
+    // The configuration, password included, goes through a socket on standard
+    // input ("redis-server -"), never the command line, which every local
+    // user can read in /proc/PID/cmdline.
+    const std::string config = absl::StrCat(
+        "port ", port, "\nbind ", server->host_, "\nrequirepass ", ConfigString(server->password_),
+        "\nsave \"\"\nappendonly no\ndir ", ConfigString(server->directory_), "\nlogfile ",
+        ConfigString(log_file), "\ndaemonize no\nprotected-mode yes\n");
     std::vector<std::string> args = {
-        binary != nullptr && *binary ? binary : VARIPIPE_REDIS_SERVER_PATH,
-        "--port",
-        port,
-        "--bind",
-        server->host_,
-        "--requirepass",
-        server->password_,
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--dir",
-        server->directory_,
-        "--logfile",
-        log_file,
-        "--daemonize",
-        "no",
-        "--protected-mode",
-        "yes"};
+        binary != nullptr && *binary ? binary : VARIPIPE_REDIS_SERVER_PATH, "-"};
     std::vector<char*> argv;
     for (std::string& arg : args) argv.push_back(arg.data());
     argv.push_back(nullptr);
 
+    // A socket pair rather than a pipe: send() with MSG_NOSIGNAL cannot raise
+    // SIGPIPE when the server died before reading.
+    int config_socket[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, config_socket) != 0) {
+      return ErrnoToStatus(errno, "socketpair");
+    }
     const pid_t parent = getpid();
     const pid_t pid = fork();
-    if (pid < 0) return ErrnoToStatus(errno, "fork");
+    if (pid < 0) {
+      const int error = errno;
+      close(config_socket[0]);
+      close(config_socket[1]);
+      return ErrnoToStatus(error, "fork");
+    }
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(127);
       const int devnull = open("/dev/null", O_RDWR);
-      dup2(devnull, STDIN_FILENO);
+      dup2(config_socket[0], STDIN_FILENO);  // dup2 clears O_CLOEXEC on the copy
       dup2(devnull, STDOUT_FILENO);
       execvp(argv[0], argv.data());
       _exit(127);
     }
+    close(config_socket[0]);
+    // A few hundred bytes: the socket buffer takes them whether or not the
+    // server reads yet. A failure (the server died) shows as its exit below.
+    for (size_t sent = 0; sent < config.size();) {
+      const ssize_t n =
+          send(config_socket[1], config.data() + sent, config.size() - sent, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      sent += static_cast<size_t>(n);
+    }
+    close(config_socket[1]);
     server->pid_ = pid;
 
     const absl::Time deadline = absl::Now() + options.startup_timeout;

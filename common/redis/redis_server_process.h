@@ -1,7 +1,9 @@
 // A private redis-server process: started on a free loopback port with a
 // random password and no persistence, stopped (and its files removed) when
 // the object is destroyed. The planner daemon's single-machine mode and the
-// tests' Redis fixture use it.
+// tests' Redis fixture use it. The server reads its configuration, password
+// included, from standard input ("redis-server -"): its command line, which
+// every local user can read, holds no secret.
 //
 //   absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
 //   if (!redis.ok()) return redis.status();

@@ -770,7 +770,8 @@ train() {
   # at most a minute for all (the daemon plans ahead of any executor).
   local dump_end=$(( $(date +%s) + 60 ))
   for i in $(seq 0 $((iterations - 1))); do
-    until "$bin/varipipe-ctl" --planner "$planner" plan --iteration "$i" --rank 0 \
+    until "$bin/varipipe-ctl" --planner "$planner" --store_file "$dir/store" plan \
+            --iteration "$i" --rank 0 \
             > "$dir/plan-$i.txt" 2> /dev/null; do
       [[ $(date +%s) -lt $dump_end ]] || break 2
       sleep 0.1

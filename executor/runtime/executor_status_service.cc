@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc/call_token.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 
@@ -51,24 +52,30 @@ v1::ExecutorStatus ExecutorStatusBoard::Snapshot() const {
 
 class ExecutorStatusServer::Service final : public v1::StatusService::Service {
  public:
-  explicit Service(const ExecutorStatusBoard* board) : board_(board) {}
-  grpc::Status GetExecutorStatus(grpc::ServerContext*, const v1::GetExecutorStatusRequest*,
+  Service(const ExecutorStatusBoard* board, std::string token)
+      : board_(board), verifier_(std::move(token)) {}
+  grpc::Status GetExecutorStatus(grpc::ServerContext* context, const v1::GetExecutorStatusRequest*,
                                  v1::ExecutorStatus* response) override {
+    if (grpc::Status s = verifier_.Verify(*context); !s.ok()) return s;
     *response = board_->Snapshot();
     return grpc::Status::OK;
   }
 
  private:
   const ExecutorStatusBoard* board_;
+  CallTokenVerifier verifier_;
 };
 
 absl::StatusOr<std::unique_ptr<ExecutorStatusServer>> ExecutorStatusServer::Start(
-    const std::string& host, int port, const ExecutorStatusBoard* board) {
+    const std::string& host, int port, const ExecutorStatusBoard* board, const std::string& token) {
   std::unique_ptr<ExecutorStatusServer> server(new ExecutorStatusServer());
-  server->service_ = std::make_unique<Service>(board);
+  server->service_ = std::make_unique<Service>(board, token);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // A port another process holds is an error, not shared (gRPC's default
+  // SO_REUSEPORT would let two jobs' executors answer on one port).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   const std::string address = absl::StrCat(
       host.find(':') != std::string::npos ? absl::StrCat("[", host, "]") : host, ":", port);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &server->port_);

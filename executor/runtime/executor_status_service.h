@@ -45,9 +45,12 @@ class ExecutorStatusBoard {
 
 class ExecutorStatusServer {
  public:
-  // Listens on host:port (port 0: a free one).
+  // Listens on host:port (port 0: a free one). With a `token`,
+  // GetExecutorStatus calls must carry it (common/grpc/call_token.h;
+  // UNAUTHENTICATED otherwise); the health service answers everyone.
   static absl::StatusOr<std::unique_ptr<ExecutorStatusServer>> Start(
-      const std::string& host, int port, const ExecutorStatusBoard* board);
+      const std::string& host, int port, const ExecutorStatusBoard* board,
+      const std::string& token = "");
   ~ExecutorStatusServer();
 
   int port() const { return port_; }

@@ -63,13 +63,20 @@ std::unique_ptr<PlanSource> PlanFileSource(std::string dir, int rank) {
 }
 
 PlannerServiceSource::PlannerServiceSource(std::vector<std::string> addresses, int rank,
-                                           absl::Duration wait, int prefetch)
+                                           absl::Duration wait, int prefetch,
+                                           const ClientSecurity& security)
     : addresses_(std::move(addresses)), rank_(rank), wait_(wait), prefetch_(std::max(prefetch, 0)) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   for (const std::string& address : addresses_) {
-    stubs_.push_back(v1::PlanService::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+        CreateClientChannel(address, security, args);
+    if (!channel.ok()) {
+      channel_error_ = Annotate(channel.status(), absl::StrCat("planner ", address));
+      stubs_.clear();
+      return;
+    }
+    stubs_.push_back(v1::PlanService::NewStub(*channel));
   }
 }
 
@@ -85,6 +92,7 @@ PlannerServiceSource::~PlannerServiceSource() {
 
 template <typename Call>
 absl::Status PlannerServiceSource::WithFailover(const char* what, Call call) {
+  if (!channel_error_.ok()) return channel_error_;
   absl::Status last = absl::UnavailableError("no planner address");
   for (size_t attempt = 0; attempt < stubs_.size(); ++attempt) {
     const size_t index = (current_ + attempt) % stubs_.size();
@@ -304,11 +312,20 @@ absl::Status PlannerServiceSource::Done(const v1::ReportProgressRequest& progres
   request.set_job_id(job_id_);
   request.set_rank(rank_);
   v1::ReportProgressResponse response;
-  return WithFailover("ReportProgress", [&](v1::PlanService::Stub& stub) {
+  const absl::Status status = WithFailover("ReportProgress", [&](v1::PlanService::Stub& stub) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
     return stub.ReportProgress(&context, request, &response);
   });
+  // The planners check reports (docs/security.md): one for a plan they have
+  // no record of this rank fetching (a Redis that lost its data, a retried
+  // report whose first attempt succeeded) is ignored, not an error of the
+  // training: the next report, of a plan fetched since, counts.
+  if (absl::IsPermissionDenied(status) || absl::IsFailedPrecondition(status)) {
+    spdlog::warn("{}", std::string(status.message()));
+    return absl::OkStatus();
+  }
+  return status;
 }
 
 std::string PlannerServiceSource::Describe() const {

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/grpc/client_channel.h"
 #include "varipipe/v1/plan.pb.h"
 #include "varipipe/v1/service.grpc.pb.h"
 
@@ -45,9 +46,11 @@ class PlannerServiceSource final : public PlanSource {
   // `addresses`: planner daemons ("host:port"), all serving the same job.
   // `wait` bounds how long Get waits for a plan that is not published yet.
   // `prefetch`: plans streamed ahead of the executor (WatchPlans); 0: none,
-  // every plan is fetched with GetPlan when asked for.
+  // every plan is fetched with GetPlan when asked for. `security`: the job
+  // token every call carries, and TLS (docs/security.md); a channel that
+  // cannot be made (an unreadable TLS file) fails every call with the reason.
   PlannerServiceSource(std::vector<std::string> addresses, int rank, absl::Duration wait,
-                       int prefetch = 4);
+                       int prefetch = 4, const ClientSecurity& security = {});
   // Cancels the stream and joins the prefetcher.
   ~PlannerServiceSource() override;
 
@@ -80,7 +83,8 @@ class PlannerServiceSource final : public PlanSource {
 
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<v1::PlanService::Stub>> stubs_;
-  size_t current_ = 0;  // the direct calls' planner
+  absl::Status channel_error_;  // why stubs_ is empty, if it is
+  size_t current_ = 0;          // the direct calls' planner
   int rank_;
   absl::Duration wait_;
   int prefetch_;

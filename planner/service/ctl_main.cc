@@ -12,7 +12,9 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/auth/job_token.h"
 #include "common/binary_main.h"
+#include "common/grpc/client_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "planner/plan/validator.h"
@@ -26,6 +28,15 @@ ABSL_FLAG(std::string, out, "", "Output file for 'trace' (default: standard outp
 ABSL_FLAG(std::string, address, "",
           "Executor status endpoint (host:port) for 'executor': --status_port + local rank.");
 ABSL_FLAG(int, timeout_s, 30, "Seconds to wait for an answer (a plan may not be published yet).");
+ABSL_FLAG(std::string, token_file, "",
+          "File holding the job token (first line; not readable by other users).");
+ABSL_FLAG(std::string, store_file, "",
+          "A planner daemon's --store_file: the job token is read from FILE.token beside it.");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA certificates to verify a TLS daemon with (its --tls_cert's issuer).");
+ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate for a daemon that requires one.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(bool, tls, false, "Speak TLS, verifying the daemon with the system's CA roots.");
 
 namespace {
 
@@ -35,7 +46,11 @@ constexpr char kUsage[] =
     "Usage: varipipe-ctl [--planner host:port] status\n"
     "       varipipe-ctl [--planner host:port] plan --iteration N --rank R\n"
     "       varipipe-ctl [--planner host:port] trace --iteration N [--out trace.json]\n"
-    "       varipipe-ctl executor --address host:port   (an executor's status)";
+    "       varipipe-ctl executor --address host:port   (an executor's status)\n"
+    "\n"
+    "Calls carry the job token from --token_file, or from the file beside a daemon's\n"
+    "--store_file (--store_file FILE reads FILE.token); --tls_ca, --tls_cert and --tls_key\n"
+    "for a daemon that serves TLS (docs/security.md).";
 
 int Fail(const std::string& what, const grpc::Status& s) {
   std::fprintf(stderr, "varipipe-ctl: %s: %s (%d)\n", what.c_str(), s.error_message().c_str(),
@@ -51,9 +66,36 @@ std::unique_ptr<grpc::ClientContext> Context() {
   return context;
 }
 
+// A channel carrying the job token (and TLS when asked), or nullptr after
+// printing why not.
+std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+  absl::StatusOr<std::string> token =
+      varipipe::ClientJobToken(absl::GetFlag(FLAGS_token_file), absl::GetFlag(FLAGS_store_file));
+  if (!token.ok()) {
+    std::fprintf(stderr, "varipipe-ctl: %s\n", std::string(token.status().message()).c_str());
+    return nullptr;
+  }
+  grpc::ChannelArguments channel_args;
+  channel_args.SetMaxReceiveMessageSize(256 << 20);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      varipipe::CreateClientChannel(address,
+                                    {.token = *token,
+                                     .tls = {.cert_file = absl::GetFlag(FLAGS_tls_cert),
+                                             .key_file = absl::GetFlag(FLAGS_tls_key),
+                                             .ca_file = absl::GetFlag(FLAGS_tls_ca),
+                                             .force = absl::GetFlag(FLAGS_tls)}},
+                                    channel_args);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "varipipe-ctl: %s\n", std::string(channel.status().message()).c_str());
+    return nullptr;
+  }
+  return *channel;
+}
+
 // An executor's StatusService and health service; exits 1 unless SERVING.
 int ExecutorStatus(const std::string& address) {
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto channel = Channel(address);
+  if (channel == nullptr) return varipipe::kExitUsage;
   auto status = varipipe::v1::StatusService::NewStub(channel);
   varipipe::v1::ExecutorStatus e;
   grpc::Status s = status->GetExecutorStatus(Context().get(), {}, &e);
@@ -113,9 +155,8 @@ int PlannerStatusCommand(varipipe::v1::StatusService::Stub& status, const std::s
               static_cast<unsigned long long>(planner.iterations_acknowledged()),
               static_cast<unsigned long long>(job_status.total_iterations()),
               planner.queue_depth());
-  std::printf("  plan time p50 %.2f ms, p99 %.2f ms; errors %llu%s%s\n",
-              planner.plan_time_p50_ms(), planner.plan_time_p99_ms(),
-              static_cast<unsigned long long>(planner.errors()),
+  std::printf("  plan time p50 %.2f ms, p99 %.2f ms; errors %llu%s%s\n", planner.plan_time_p50_ms(),
+              planner.plan_time_p99_ms(), static_cast<unsigned long long>(planner.errors()),
               planner.last_error().empty() ? "" : " (last: ",
               planner.last_error().empty() ? "" : (planner.last_error() + ")").c_str());
   std::printf("  executors: %d ranks reported, %.0f tokens/s\n", job_status.ranks_size(),
@@ -189,10 +230,8 @@ int main(int argc, char** argv) {
     }
     return ExecutorStatus(absl::GetFlag(FLAGS_address));
   }
-  grpc::ChannelArguments channel_args;
-  channel_args.SetMaxReceiveMessageSize(256 << 20);
-  auto channel = grpc::CreateCustomChannel(absl::GetFlag(FLAGS_planner),
-                                           grpc::InsecureChannelCredentials(), channel_args);
+  auto channel = Channel(absl::GetFlag(FLAGS_planner));
+  if (channel == nullptr) return varipipe::kExitUsage;
   auto plans = varipipe::v1::PlanService::NewStub(channel);
   auto status = varipipe::v1::StatusService::NewStub(channel);
   const std::string job = absl::GetFlag(FLAGS_job);

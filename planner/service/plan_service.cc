@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/config/job_config.h"
@@ -17,6 +18,13 @@ grpc::Status ToGrpc(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
+grpc::Status PlanServiceImpl::TooManyWaiting() const {
+  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      absl::StrCat("this planner already serves ", daemon_->max_calls(),
+                                   " waiting GetPlan/WatchPlans calls (--max_calls); try "
+                                   "another planner or later"));
+}
+
 grpc::Status PlanServiceImpl::CheckJob(const std::string& job_id) const {
   if (!job_id.empty() && job_id != daemon_->config().job_id()) {
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
@@ -26,8 +34,9 @@ grpc::Status PlanServiceImpl::CheckJob(const std::string& job_id) const {
   return grpc::Status::OK;
 }
 
-grpc::Status PlanServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
+grpc::Status PlanServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                                      v1::GetJobResponse* response) {
+  if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   if (grpc::Status s = CheckJob(request->job_id()); !s.ok()) return s;
   *response->mutable_config() = daemon_->config();
   response->set_config_hash(ConfigHash(daemon_->config()));
@@ -70,7 +79,8 @@ grpc::Status PlanServiceImpl::FetchPlan(grpc::ServerContext* context, uint64_t i
         return grpc::Status(grpc::StatusCode::DATA_LOSS,
                             absl::StrCat("stored plan of iteration ", iteration, " is corrupt"));
       }
-      return grpc::Status::OK;
+      // Only a rank that fetched a plan may report the iteration.
+      return ToGrpc((*store)->RecordFetch(iteration, rank));
     }
     if (!asked_for_planning) {
       // Nobody may be planning it (e.g. Redis restarted without data):
@@ -89,14 +99,20 @@ grpc::Status PlanServiceImpl::FetchPlan(grpc::ServerContext* context, uint64_t i
 grpc::Status PlanServiceImpl::GetPlan(grpc::ServerContext* context,
                                       const v1::GetPlanRequest* request,
                                       v1::PlanEnvelope* response) {
+  if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   if (grpc::Status s = CheckJob(request->job_id()); !s.ok()) return s;
+  if (!daemon_->EnterWait()) return TooManyWaiting();
+  const absl::Cleanup leave = [this] { daemon_->LeaveWait(); };
   return FetchPlan(context, request->iteration(), request->rank(), response);
 }
 
 grpc::Status PlanServiceImpl::WatchPlans(grpc::ServerContext* context,
                                          const v1::WatchPlansRequest* request,
                                          grpc::ServerWriter<v1::PlanEnvelope>* writer) {
+  if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   if (grpc::Status s = CheckJob(request->job_id()); !s.ok()) return s;
+  if (!daemon_->EnterWait()) return TooManyWaiting();
+  const absl::Cleanup leave = [this] { daemon_->LeaveWait(); };
   for (uint64_t i = request->first_iteration();
        i < daemon_->config().training().iterations() && !context->IsCancelled(); ++i) {
     v1::PlanEnvelope envelope;
@@ -107,24 +123,31 @@ grpc::Status PlanServiceImpl::WatchPlans(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status PlanServiceImpl::ReportProgress(grpc::ServerContext*,
+grpc::Status PlanServiceImpl::ReportProgress(grpc::ServerContext* context,
                                              const v1::ReportProgressRequest* request,
                                              v1::ReportProgressResponse* response) {
+  if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   if (grpc::Status s = CheckJob(request->job_id()); !s.ok()) return s;
   const int world = WorldSize(daemon_->config());
   if (request->rank() < 0 || request->rank() >= world) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("rank ", request->rank(), " is outside the job"));
   }
+  const uint64_t total = daemon_->config().training().iterations();
+  if (request->iteration() >= total) {
+    return grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
+                        absl::StrCat("iteration ", request->iteration(),
+                                     " is past the job's last (", total - 1, ")"));
+  }
   absl::StatusOr<PlannerDaemon::StoreLease> store = daemon_->AcquireStore();
   if (!store.ok()) return ToGrpc(store.status());
   std::string json;
   (void)google::protobuf::util::MessageToJsonString(*request, &json);
-  if (absl::Status s = (*store)->Acknowledge(request->iteration(), request->rank()); !s.ok()) {
-    return ToGrpc(s);
-  }
-  if (absl::Status s = (*store)->ReportProgress(request->rank(), request->iteration(), json);
+  // Checked and applied atomically: a report for an iteration the rank never
+  // fetched, or beyond the one it is due to run, changes nothing.
+  if (absl::Status s = (*store)->CheckedReport(request->iteration(), request->rank(), json);
       !s.ok()) {
+    spdlog::warn("{}", s.message());
     return ToGrpc(s);
   }
   response->set_continue_training(request->iteration() + 1 <

@@ -2,9 +2,13 @@
 // plans from the instruction store, waiting (without polling) until they are
 // published; progress reports that acknowledge plans; the job description.
 //
-// Status codes: NOT_FOUND for another job, OUT_OF_RANGE past the last
-// iteration, INVALID_ARGUMENT for a rank outside the job, DEADLINE_EXCEEDED
-// while waiting, UNAVAILABLE when Redis is unreachable.
+// Status codes: UNAUTHENTICATED without the job token, NOT_FOUND for another
+// job, OUT_OF_RANGE past the last iteration, INVALID_ARGUMENT for a rank
+// outside the job, DEADLINE_EXCEEDED while waiting, UNAVAILABLE when Redis is
+// unreachable, RESOURCE_EXHAUSTED beyond --max_calls waiting calls; for
+// ReportProgress PERMISSION_DENIED when the rank never
+// fetched the iteration's plan and FAILED_PRECONDITION for an iteration
+// beyond the rank's next (rejected reports change nothing).
 #ifndef VARIPIPE_PLANNER_SERVICE_PLAN_SERVICE_H_
 #define VARIPIPE_PLANNER_SERVICE_PLAN_SERVICE_H_
 
@@ -35,6 +39,7 @@ class PlanServiceImpl final : public v1::PlanService::Service {
   grpc::Status FetchPlan(grpc::ServerContext* context, uint64_t iteration, int rank,
                          v1::PlanEnvelope* out);
   grpc::Status CheckJob(const std::string& job_id) const;
+  grpc::Status TooManyWaiting() const;
 
   PlannerDaemon* daemon_;
 };

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/auth/job_token.h"
 #include "common/config/job_config.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -15,6 +16,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "planner/plan/plan_builder.h"
 #include "planner/service/plan_service.h"
 #include "planner/service/status_service.h"
@@ -38,10 +40,14 @@ std::string HostName() {
 }  // namespace
 
 PlannerDaemon::StoreLease::~StoreLease() {
-  if (store_ != nullptr && daemon_ != nullptr) {
-    absl::MutexLock lock(&daemon_->mu_);
+  if (store_ == nullptr || daemon_ == nullptr) return;
+  absl::MutexLock lock(&daemon_->mu_);
+  if (static_cast<int>(daemon_->pool_.size()) < kIdleConnections) {
     daemon_->pool_.push_back(std::move(store_));
+    return;
   }
+  --daemon_->open_connections_;
+  // Closed as store_ goes (the connection's close does not block).
 }
 
 absl::StatusOr<PlannerDaemon::StoreLease> PlannerDaemon::AcquireStore() {
@@ -52,11 +58,28 @@ absl::StatusOr<PlannerDaemon::StoreLease> PlannerDaemon::AcquireStore() {
       pool_.pop_back();
       return StoreLease(this, std::move(store));
     }
+    if (open_connections_ >= options_.max_calls + kSpareConnections) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("all ", open_connections_,
+                       " instruction-store connections of this daemon are in use (--max_calls ",
+                       options_.max_calls, ")"));
+    }
+    ++open_connections_;
   }
   absl::StatusOr<std::unique_ptr<RedisInstructionStore>> store =
       RedisInstructionStore::Open(redis_options_, store_options_);
-  if (!store.ok()) return store.status();
+  if (!store.ok()) {
+    absl::MutexLock lock(&mu_);
+    --open_connections_;
+    return store.status();
+  }
   return StoreLease(this, *std::move(store));
+}
+
+bool PlannerDaemon::EnterWait() {
+  if (waiting_calls_.fetch_add(1) < options_.max_calls) return true;
+  waiting_calls_.fetch_sub(1);
+  return false;
 }
 
 std::string PlannerDaemon::store_address() const {
@@ -65,6 +88,10 @@ std::string PlannerDaemon::store_address() const {
 
 absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const v1::JobConfig& config,
                                                                     const DaemonOptions& options) {
+  if (options.max_calls < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_calls must be at least 1 (not ", options.max_calls, ")"));
+  }
   std::unique_ptr<PlannerDaemon> d(new PlannerDaemon());
   d->config_ = config;
   d->options_ = options;
@@ -96,8 +123,15 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const v1::Jo
         RedisInstructionStore::Open(d->redis_options_, d->store_options_);
     if (!first.ok()) return Annotate(first.status(), "instruction store");
     VP_RETURN_IF_ERROR((*first)->RegisterJob(config));
+    std::string candidate = options.token;
+    if (candidate.empty()) {
+      VP_ASSIGN_OR_RETURN(candidate, GenerateJobToken());
+    }
+    VP_ASSIGN_OR_RETURN(d->token_, (*first)->RegisterToken(candidate, !options.token.empty()));
+    d->verifier_ = CallTokenVerifier(d->token_);
     absl::MutexLock lock(&d->mu_);
     d->pool_.push_back(*std::move(first));
+    d->open_connections_ = 1;
   }
   // The data and the planner.
   VP_ASSIGN_OR_RETURN(d->dataset_, OpenSampleDataset(config));
@@ -111,16 +145,27 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const v1::Jo
   d->status_service_ = std::make_unique<StatusServiceImpl>(d.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  VP_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                      ServerCredentialsFromFiles(options.tls));
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &d->port_);
+  // gRPC sets SO_REUSEPORT by default, so a second daemon on a taken port
+  // would share it and clients would reach either job at random: off.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Bounded threads: each call of the synchronous server holds one.
+  grpc::ResourceQuota quota("varipipe-planner");
+  quota.SetMaxThreads(options.max_calls + kSpareThreads);
+  builder.SetResourceQuota(quota);
+  builder.AddListeningPort(options.listen_address, credentials, &d->port_);
   builder.RegisterService(d->plan_service_.get());
   builder.RegisterService(d->status_service_.get());
   builder.SetMaxReceiveMessageSize(256 << 20);
   builder.SetMaxSendMessageSize(256 << 20);
   d->server_ = builder.BuildAndStart();
   if (d->server_ == nullptr || d->port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options.listen_address, " (address in use?)"));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", options.listen_address,
+        " (--listen): the port is in use by another process, or the host is not an address "
+        "of this machine"));
   }
   // Workers.
   d->worker_count_ = options.worker_threads < 0   ? 0
@@ -140,8 +185,11 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const v1::Jo
   if (options.progress_interval > absl::ZeroDuration()) {
     d->progress_thread_ = std::thread([daemon = d.get()] { daemon->ProgressLoop(); });
   }
-  spdlog::info("planner {} serving job {} on port {} with {} planning workers (store {})",
-               d->planner_id_, config.job_id(), d->port_, d->worker_count_, d->store_address());
+  spdlog::info(
+      "planner {} serving job {} on {} (port {}, {}, job token required) with {} planning "
+      "workers (store {})",
+      d->planner_id_, config.job_id(), options.listen_address, d->port_,
+      options.tls.enabled() ? "TLS" : "plaintext", d->worker_count_, d->store_address());
   return d;
 }
 
@@ -157,6 +205,7 @@ void PlannerDaemon::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
     pool_.clear();
+    open_connections_ = 0;
   }
   if (embedded_redis_ != nullptr) {
     (void)embedded_redis_->Stop();
@@ -226,6 +275,16 @@ absl::Status PlannerDaemon::PlanAndPublish(RedisInstructionStore& store, uint64_
 
 absl::Status PlannerDaemon::PlanOnDemand(uint64_t iteration) {
   VP_ASSIGN_OR_RETURN(StoreLease store, AcquireStore());
+  VP_ASSIGN_OR_RETURN(const auto progress, store->Progress());
+  if (!progress.empty()) {
+    uint64_t slowest = ~uint64_t{0};
+    for (const auto& [rank, completed] : progress) slowest = std::min(slowest, completed);
+    if (iteration > slowest + 1 + config_.planner().plan_ahead()) {
+      spdlog::debug("not planning iteration {} on demand: beyond the window ({} + 1 + {})",
+                    iteration, slowest, config_.planner().plan_ahead());
+      return absl::OkStatus();
+    }
+  }
   VP_ASSIGN_OR_RETURN(bool claimed, store->ClaimIteration(iteration, planner_id_));
   if (!claimed) return absl::OkStatus();
   spdlog::info("planning iteration {} on demand", iteration);
@@ -251,6 +310,12 @@ void PlannerDaemon::WorkerLoop(int worker) {
       // Redis may have lost the job (restarted without persistence).
       if (absl::Status s = store->RegisterJob(config_); !s.ok()) {
         spdlog::error("worker {}: {}", worker, s.message());
+      } else if (absl::StatusOr<std::string> token = store->RegisterToken(token_, false);
+                 !token.ok()) {
+        spdlog::error("worker {}: {}", worker, token.status().message());
+      } else if (*token != token_) {
+        spdlog::error("worker {}: the store holds another token for job {} than this daemon's",
+                      worker, config_.job_id());
       }
     }
     absl::StatusOr<StoreCounters> counters = store->Counters();

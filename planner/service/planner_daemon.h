@@ -8,6 +8,8 @@
 // StatusService from the store, plus the standard health service and server
 // reflection. With no store.redis_address the daemon starts a private
 // redis-server (random password, no persistence) and stops it on shutdown.
+// PlanService and StatusService calls must carry the job token
+// (docs/security.md); the port is never shared with another process.
 //
 // Thread safety: Start/Shutdown from one thread; Status() from any.
 #ifndef VARIPIPE_PLANNER_SERVICE_PLANNER_DAEMON_H_
@@ -27,6 +29,8 @@
 #include "absl/time/time.h"
 #include "common/dataset/minibatch_sampler.h"
 #include "common/dataset/sample_dataset.h"
+#include "common/grpc/call_token.h"
+#include "common/grpc/tls_files.h"
 #include "common/redis/redis_client.h"
 #include "common/redis/redis_server_process.h"
 #include "planner/planner.h"
@@ -54,10 +58,27 @@ struct DaemonOptions {
   absl::Duration lease = absl::Seconds(30);
   // Progress log interval; zero disables.
   absl::Duration progress_interval = absl::Seconds(10);
+  // The job token clients must present (--token_file); empty: the one the
+  // store holds, generated when the job has none yet.
+  std::string token;
+  // TLS for the gRPC server (--tls_cert, --tls_key, --tls_ca); none: plaintext.
+  TlsFiles tls = {};
+  // Calls that may wait for a plan (GetPlan, WatchPlans) at once; more get
+  // RESOURCE_EXHAUSTED. The server's threads are capped at max_calls +
+  // kSpareThreads (a gRPC resource quota), the store connections the calls
+  // use at max_calls + kSpareConnections.
+  int max_calls = 1024;
 };
 
 class PlannerDaemon {
  public:
+  // Server threads beyond max_calls, for the calls that do not wait.
+  static constexpr int kSpareThreads = 16;
+  // Store connections beyond max_calls (on-demand planning, status calls);
+  // idle ones beyond kIdleConnections are closed.
+  static constexpr int kSpareConnections = 16;
+  static constexpr int kIdleConnections = 8;
+
   // Connects to (or starts) Redis, registers the job (refusing a different
   // config), opens the dataset, starts the workers and the gRPC server.
   static absl::StatusOr<std::unique_ptr<PlannerDaemon>> Start(const v1::JobConfig& config,
@@ -74,6 +95,12 @@ class PlannerDaemon {
   const std::string& planner_id() const { return planner_id_; }
   std::string store_address() const;
   const std::string& store_password() const { return redis_options_.password; }
+  // The job token clients present (the store's, or DaemonOptions::token).
+  const std::string& token() const { return token_; }
+  // OK when the call carries the job token; UNAUTHENTICATED otherwise.
+  grpc::Status Authenticate(const grpc::ServerContext& context) const {
+    return verifier_.Verify(context);
+  }
   v1::PlannerStatus Status() const;
 
   // Used by the gRPC services.
@@ -81,9 +108,19 @@ class PlannerDaemon {
   const planner::Planner& planner() const { return *planner_; }
   const MiniBatchSampler& sampler() const { return *sampler_; }
   // A store connection for one request; returned to the pool when released.
+  // RESOURCE_EXHAUSTED when max_calls + kSpareConnections are in use.
   class StoreLease;
   absl::StatusOr<StoreLease> AcquireStore();
-  // Plans and publishes `iteration` now if nobody else is (on-demand).
+  // Admits a call that may wait (false when max_calls already wait); every
+  // admitted call ends with LeaveWait().
+  bool EnterWait();
+  void LeaveWait() { waiting_calls_.fetch_sub(1); }
+  int max_calls() const { return options_.max_calls; }
+  // Plans and publishes `iteration` now if nobody else is (on-demand), and
+  // only inside the planning window: at most planner.plan_ahead iterations
+  // beyond the next iteration of the slowest rank that reported progress
+  // (any iteration while no rank has reported: a new job, or a store that
+  // lost its data). Outside it, nothing is planned (the caller waits).
   absl::Status PlanOnDemand(uint64_t iteration);
   // Builds the PlanEnvelopes and summary of an iteration (no store access).
   absl::StatusOr<std::vector<std::string>> PlanIteration(uint64_t iteration, std::string* summary,
@@ -103,6 +140,8 @@ class PlannerDaemon {
   std::string planner_id_;
   RedisClient::Options redis_options_;
   StoreOptions store_options_;
+  std::string token_;
+  CallTokenVerifier verifier_{""};
   std::unique_ptr<RedisServer> embedded_redis_;
   std::unique_ptr<SampleDataset> dataset_;
   std::unique_ptr<MiniBatchSampler> sampler_;
@@ -118,9 +157,11 @@ class PlannerDaemon {
   std::vector<std::thread> workers_;
   std::thread progress_thread_;
   std::atomic<bool> shut_down_{false};
+  std::atomic<int> waiting_calls_{0};
 
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<RedisInstructionStore>> pool_ ABSL_GUARDED_BY(mu_);
+  int open_connections_ ABSL_GUARDED_BY(mu_) = 0;     // pooled and leased
   std::vector<double> plan_ms_ ABSL_GUARDED_BY(mu_);  // recent planning times
   uint64_t planned_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t errors_ ABSL_GUARDED_BY(mu_) = 0;

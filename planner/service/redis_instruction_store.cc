@@ -98,6 +98,28 @@ end
 return 0
 )lua";
 
+// A checked progress report (CheckedReport). ARGV: prefix, iteration, rank,
+// world_size, report_json, ttl_ms. -1: the rank never fetched the plan; -2:
+// beyond the rank's next iteration; 0: applied.
+constexpr char kReportScript[] = R"lua(
+local p = ARGV[1]
+local i = ARGV[2]
+local r = ARGV[3]
+if redis.call('SISMEMBER', p .. ':fetched:' .. i, r) == 0 then return -1 end
+local last = redis.call('HGET', p .. ':progress', r)
+if last and tonumber(i) > tonumber(last) + 1 then return -2 end
+local acks = p .. ':acks:' .. i
+redis.call('SADD', acks, r)
+redis.call('PEXPIRE', acks, tonumber(ARGV[6]))
+if redis.call('SCARD', acks) >= tonumber(ARGV[4]) then
+  redis.call('DEL', p .. ':plan:' .. i, acks, p .. ':fetched:' .. i)
+  redis.call('INCR', p .. ':acknowledged')
+end
+redis.call('HSET', p .. ':progress', r, i)
+redis.call('HSET', p .. ':reports', r, ARGV[5])
+return 0
+)lua";
+
 absl::StatusOr<int64_t> Eval(RedisClient& redis, const char* script, std::vector<std::string> args,
                              const char* what) {
   std::vector<std::string> command = {"EVAL", script, "0"};
@@ -163,6 +185,22 @@ absl::Status RedisInstructionStore::RegisterJob(const v1::JobConfig& config) {
                    stored, ", this daemon's ", hash,
                    "; first difference: ", difference.empty() ? "unknown" : difference,
                    "); start every daemon of a job with the same config, or use another job_id"));
+}
+
+absl::StatusOr<std::string> RedisInstructionStore::RegisterToken(const std::string& candidate,
+                                                                 bool must_match) {
+  VP_ASSIGN_OR_RETURN(
+      std::vector<RedisReply> replies,
+      redis_->Pipeline({{"SET", Key("token"), candidate, "NX"}, {"GET", Key("token")}}));
+  for (const RedisReply& r : replies) VP_RETURN_IF_ERROR(RedisReplyError(r, "SET token"));
+  const std::string stored = replies[1].str();
+  if (must_match && stored != candidate) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", options_.job_id,
+        " already has another token in the instruction store than the one in --token_file; "
+        "give every daemon of a job the same token file"));
+  }
+  return stored;
 }
 
 absl::StatusOr<v1::JobConfig> RedisInstructionStore::LoadJob() {
@@ -278,6 +316,40 @@ absl::Status RedisInstructionStore::Acknowledge(uint64_t iteration, int rank) {
                std::to_string(options_.world_size)},
               "acknowledge")
       .status();
+}
+
+absl::Status RedisInstructionStore::RecordFetch(uint64_t iteration, int rank) {
+  const std::string key = Key(absl::StrCat("fetched:", iteration));
+  VP_ASSIGN_OR_RETURN(
+      std::vector<RedisReply> replies,
+      redis_->Pipeline(
+          {{"SADD", key, std::to_string(rank)},
+           {"PEXPIRE", key, std::to_string(absl::ToInt64Milliseconds(options_.plan_ttl))}}));
+  for (const RedisReply& r : replies) VP_RETURN_IF_ERROR(RedisReplyError(r, "SADD fetched"));
+  return absl::OkStatus();
+}
+
+absl::Status RedisInstructionStore::CheckedReport(uint64_t iteration, int rank,
+                                                  const std::string& report_json) {
+  VP_ASSIGN_OR_RETURN(int64_t result,
+                      Eval(*redis_, kReportScript,
+                           {Prefix(), std::to_string(iteration), std::to_string(rank),
+                            std::to_string(options_.world_size), report_json,
+                            std::to_string(absl::ToInt64Milliseconds(options_.plan_ttl))},
+                           "report progress"));
+  if (result == -1) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("rank ", rank, " reported iteration ", iteration,
+                     " without having fetched its plan; the report is ignored"));
+  }
+  if (result == -2) {
+    VP_ASSIGN_OR_RETURN(RedisReply last,
+                        redis_->Command({"HGET", Key("progress"), std::to_string(rank)}));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " reported iteration ", iteration, " but completed only ", last.str(),
+        " so far: it is due to run iteration ", last.str(), " + 1; the report is ignored"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status RedisInstructionStore::ReportProgress(int rank, uint64_t iteration,

@@ -4,6 +4,8 @@
 //
 //   P:config, P:config_hash   the job, written once; a daemon with another
 //                             config is refused
+//   P:token                   the job's secret token for gRPC clients,
+//                             written once (docs/security.md)
 //   P:claimed                 next iteration never claimed (INCR-like, in Lua)
 //   P:unpublished             claimed but unpublished iterations (sorted set)
 //   P:lease:<i>               the daemon planning iteration i (expires, so a
@@ -11,6 +13,8 @@
 //   P:plan:<i>                hash rank:<r> -> serialized PlanEnvelope, plus
 //                             "summary"; deleted once every rank acknowledged
 //                             it, with a safety TTL
+//   P:fetched:<i>             ranks that fetched iteration i's plan (only
+//                             they may report it); deleted with the plan
 //   P:acks:<i>                ranks that acknowledged iteration i
 //   P:events                  stream of published iterations (bounded), for
 //                             blocking waits without polling
@@ -68,6 +72,10 @@ class RedisInstructionStore {
   // Writes the job config if none is stored; otherwise checks it matches
   // (FAILED_PRECONDITION naming both digests and the first differing field).
   absl::Status RegisterJob(const v1::JobConfig& config);
+  // Stores `candidate` as the job's token unless the job has one, and
+  // returns the stored token. With `must_match` (a daemon given
+  // --token_file), another stored token is FAILED_PRECONDITION.
+  absl::StatusOr<std::string> RegisterToken(const std::string& candidate, bool must_match);
   // The stored job config; NOT_FOUND when none.
   absl::StatusOr<v1::JobConfig> LoadJob();
 
@@ -91,6 +99,15 @@ class RedisInstructionStore {
                                                       absl::Duration timeout);
   // Records that `rank` has its plan; deletes the plan once every rank did.
   absl::Status Acknowledge(uint64_t iteration, int rank);
+  // Records that `rank` fetched the plan of `iteration`: it may report it.
+  absl::Status RecordFetch(uint64_t iteration, int rank);
+  // A rank's report that it completed `iteration`, checked and applied
+  // atomically: acknowledges the plan (deleting it once every rank did) and
+  // records the progress and the JSON report. PERMISSION_DENIED when the
+  // rank never fetched the iteration's plan; FAILED_PRECONDITION when the
+  // iteration is beyond the one the rank is due to run next (its last
+  // report + 1). A rejected report changes nothing.
+  absl::Status CheckedReport(uint64_t iteration, int rank, const std::string& report_json);
   // Records that `rank` completed `iteration`, with a JSON report.
   absl::Status ReportProgress(int rank, uint64_t iteration, const std::string& report_json);
   // Per-rank last completed iteration (ranks that never reported absent).

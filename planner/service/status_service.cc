@@ -8,16 +8,18 @@
 
 namespace varipipe::service {
 
-grpc::Status StatusServiceImpl::GetPlannerStatus(grpc::ServerContext*,
+grpc::Status StatusServiceImpl::GetPlannerStatus(grpc::ServerContext* context,
                                                  const v1::GetPlannerStatusRequest*,
                                                  v1::PlannerStatus* response) {
+  if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   *response = daemon_->Status();
   return grpc::Status::OK;
 }
 
-grpc::Status StatusServiceImpl::GetJobStatus(grpc::ServerContext*,
+grpc::Status StatusServiceImpl::GetJobStatus(grpc::ServerContext* context,
                                              const v1::GetJobStatusRequest* request,
                                              v1::JobStatus* response) {
+  if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   const v1::JobConfig& c = daemon_->config();
   if (!request->job_id().empty() && request->job_id() != c.job_id()) {
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
@@ -54,8 +56,10 @@ grpc::Status StatusServiceImpl::GetJobStatus(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status StatusServiceImpl::GetTrace(grpc::ServerContext*, const v1::GetTraceRequest* request,
+grpc::Status StatusServiceImpl::GetTrace(grpc::ServerContext* context,
+                                         const v1::GetTraceRequest* request,
                                          v1::TraceResponse* response) {
+  if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   const v1::JobConfig& c = daemon_->config();
   if (!request->job_id().empty() && request->job_id() != c.job_id()) {
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
@@ -63,6 +67,18 @@ grpc::Status StatusServiceImpl::GetTrace(grpc::ServerContext*, const v1::GetTrac
   }
   if (request->iteration() >= c.training().iterations()) {
     return grpc::Status(grpc::StatusCode::OUT_OF_RANGE, "iteration past the end of the job");
+  }
+  // Planning is the expensive part: only iterations the job has planned (or
+  // is planning) are traced, never one beyond the planning window.
+  absl::StatusOr<PlannerDaemon::StoreLease> store = daemon_->AcquireStore();
+  if (!store.ok()) return ToGrpc(store.status());
+  absl::StatusOr<StoreCounters> counters = (*store)->Counters();
+  if (!counters.ok()) return ToGrpc(counters.status());
+  if (request->iteration() >= counters->claimed) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("iteration ", request->iteration(),
+                     " is not planned yet (planned so far: below ", counters->claimed, ")"));
   }
   std::string summary;
   double ms = 0;

@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "benchmark/benchmark.h"
 #include "common/config/job_config.h"
+#include "common/grpc/client_channel.h"
 #include "common/redis/redis_server_process.h"
 #include "grpcpp/grpcpp.h"
 #include "planner/service/planner_daemon.h"
@@ -92,7 +93,7 @@ void BM_GetPlan16Clients(benchmark::State& state) {
         grpc::ChannelArguments args;
         args.SetInt("grpc.channel_id", c);  // one connection per client
         auto stub = v1::PlanService::NewStub(
-            grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+            *CreateClientChannel(address, {.token = w.daemon->token()}, args));
         std::vector<double> mine;
         for (int k = 0; k < 50; ++k) {
           v1::GetPlanRequest request;

@@ -88,7 +88,7 @@ class PlanPrefetchTest : public ::testing::Test {
   // The plan GetPlan returns, asked directly.
   static v1::ExecutionPlan Direct(const PlannerDaemon& daemon, uint64_t iteration, int rank) {
     auto stub = v1::PlanService::NewStub(
-        grpc::CreateChannel(Address(daemon), grpc::InsecureChannelCredentials()));
+        *CreateClientChannel(Address(daemon), {.token = daemon.token()}, grpc::ChannelArguments()));
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
     v1::GetPlanRequest request;
@@ -121,8 +121,8 @@ TEST_F(PlanPrefetchTest, StreamsPlansInOrderAndAcknowledges) {
   ASSERT_NE(daemon, nullptr);
   std::vector<std::unique_ptr<PlannerServiceSource>> sources;
   for (int rank = 0; rank < 2; ++rank) {
-    sources.push_back(
-        std::make_unique<PlannerServiceSource>(std::vector{Address(*daemon)}, rank, kWait));
+    sources.push_back(std::make_unique<PlannerServiceSource>(
+        std::vector{Address(*daemon)}, rank, kWait, 4, ClientSecurity{.token = daemon->token()}));
   }
   EXPECT_THAT(sources[0]->Describe(), HasSubstr("prefetching 4 plans ahead"));
   for (uint64_t i = 0; i < kIterations; ++i) {
@@ -161,7 +161,7 @@ TEST_F(PlanPrefetchTest, StreamFailsOverToTheNextPlanner) {
   ASSERT_NE(b, nullptr);
   auto b_stub = v1::PlanService::NewStub(
       grpc::CreateChannel(Address(*b), grpc::InsecureChannelCredentials()));
-  PlannerServiceSource source({Address(*a), Address(*b)}, 0, kWait, 4);
+  PlannerServiceSource source({Address(*a), Address(*b)}, 0, kWait, 4, {.token = a->token()});
   uint64_t published_by_a = kIterations;  // a streamed nothing past these
   uint64_t streamed_from_b = 0;
   for (uint64_t i = 0; i < kIterations; ++i) {
@@ -193,7 +193,7 @@ TEST_F(PlanPrefetchTest, JumpsRestartTheStream) {
   std::unique_ptr<PlannerDaemon> daemon = StartDaemon(Config(kIterations, kIterations));
   ASSERT_NE(daemon, nullptr);
   daemon->WaitUntilAllPublished();
-  PlannerServiceSource source({Address(*daemon)}, 1, kWait, 4);
+  PlannerServiceSource source({Address(*daemon)}, 1, kWait, 4, {.token = daemon->token()});
   source.StartPrefetch(0);
   const std::vector<uint64_t> order = {0, 1, 7, 8, 20, 21, 2, 3, 4};
   for (uint64_t i : order) ExpectPlan(source, *daemon, i, 1);
@@ -208,7 +208,7 @@ TEST_F(PlanPrefetchTest, WithoutPrefetchEveryPlanIsFetchedDirectly) {
   constexpr uint64_t kIterations = 6;
   std::unique_ptr<PlannerDaemon> daemon = StartDaemon(Config(kIterations, kIterations));
   ASSERT_NE(daemon, nullptr);
-  PlannerServiceSource source({Address(*daemon)}, 0, kWait, 0);
+  PlannerServiceSource source({Address(*daemon)}, 0, kWait, 0, {.token = daemon->token()});
   EXPECT_THAT(source.Describe(), HasSubstr("no prefetching"));
   for (uint64_t i = 0; i < kIterations; ++i) ExpectPlan(source, *daemon, i, 0);
   EXPECT_EQ(source.prefetched_plans(), 0u);
@@ -216,7 +216,8 @@ TEST_F(PlanPrefetchTest, WithoutPrefetchEveryPlanIsFetchedDirectly) {
   // A rank outside the job: the stream is refused and Get reports GetPlan's
   // error at once instead of waiting out its plan wait (10 minutes here, so
   // the bound below is a wide margin, not a speed requirement).
-  PlannerServiceSource outside({Address(*daemon)}, 5, absl::Minutes(10), 4);
+  PlannerServiceSource outside({Address(*daemon)}, 5, absl::Minutes(10), 4,
+                               {.token = daemon->token()});
   const absl::Time start = absl::Now();
   EXPECT_THAT(outside.Get(0), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_LT(absl::Now() - start, absl::Minutes(5));

@@ -1,7 +1,14 @@
 // The Redis test fixture against a real redis-server: SET/GET through hiredis
 // with the fixture's password, and the password is enforced.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -98,6 +105,43 @@ TEST(RedisServer, StopsCleanlyAndFreesItsPort) {
   Context context(redisConnect("127.0.0.1", port));
   ASSERT_NE(context, nullptr);
   EXPECT_NE(context->err, 0) << "port " << port << " still accepts connections";
+}
+
+// The password reaches redis-server on standard input: its command line,
+// which every local user can read, holds no secret, not even at start-up
+// (redis-server later rewrites its process title, so a wrapper records the
+// arguments it was started with). A password with quotes, spaces and
+// backslashes survives the config syntax.
+TEST_F(RedisFixtureTest, PasswordIsNeverOnTheCommandLine) {
+  ASSERT_NE(server_, nullptr);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("varipipe-redis-argv-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path wrapper = dir / "redis-server";
+  std::ofstream(wrapper) << "#!/bin/sh\nprintf '%s\\n' \"$0\" \"$@\" > '" << (dir / "argv").string()
+                         << "'\nexec redis-server \"$@\"\n";
+  std::filesystem::permissions(wrapper, std::filesystem::perms::owner_all);
+  setenv("VARIPIPE_REDIS_SERVER", wrapper.c_str(), 1);
+  absl::StatusOr<std::unique_ptr<RedisServer>> started =
+      RedisServer::Start({.password = "a \"quoted\" pass\\word #1"});
+  unsetenv("VARIPIPE_REDIS_SERVER");
+  std::stringstream argv;
+  argv << std::ifstream(dir / "argv").rdbuf();
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(started.ok()) << started.status();
+  const RedisServer& server = **started;
+  EXPECT_THAT(argv.str(), ::testing::HasSubstr("redis-server"));
+  EXPECT_EQ(argv.str().find(server.password()), std::string::npos) << argv.str();
+  EXPECT_EQ(argv.str().find("requirepass"), std::string::npos) << argv.str();
+  std::stringstream command_line;
+  command_line << std::ifstream("/proc/" + std::to_string(server.pid()) + "/cmdline").rdbuf();
+  ASSERT_FALSE(command_line.str().empty());
+  EXPECT_EQ(command_line.str().find(server.password()), std::string::npos);
+  Context context(redisConnect(server.host().c_str(), server.port()));
+  ASSERT_NE(context, nullptr);
+  Reply auth = Command(context.get(), "AUTH %s", server.password());
+  ASSERT_NE(auth, nullptr);
+  EXPECT_EQ(auth->type, REDIS_REPLY_STATUS) << auth->str;
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/config/job_config.h"
+#include "common/grpc/client_channel.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -44,6 +45,14 @@ class PlannerServiceTest : public ::testing::Test {
                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
     std::ofstream(dir_ / "password") << redis_->password() << "\n";
+    // The job's token, registered before any daemon starts: every daemon of
+    // the job serves it, and the clients below present it.
+    std::ofstream(dir_ / "token") << kToken << "\n";
+    fs::permissions(dir_ / "token", fs::perms::owner_read | fs::perms::owner_write);
+    absl::StatusOr<std::unique_ptr<RedisClient>> client = RedisClient::Connect(
+        {.host = redis_->host(), .port = redis_->port(), .password = redis_->password()});
+    ASSERT_THAT(client, IsOk());
+    ASSERT_THAT((*client)->Command({"SET", "varipipe:svc:token", kToken}), IsOk());
   }
   void TearDown() override {
     for (pid_t pid : children_) {
@@ -99,9 +108,15 @@ class PlannerServiceTest : public ::testing::Test {
     ADD_FAILURE() << name << " did not start; log: " << std::ifstream(log).rdbuf();
     return 0;
   }
+  static constexpr char kToken[] = "service-test-token-0123456789";
+  static std::shared_ptr<grpc::Channel> Channel(int port, const std::string& token = kToken) {
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = CreateClientChannel(
+        absl::StrCat("127.0.0.1:", port), {.token = token}, grpc::ChannelArguments());
+    EXPECT_THAT(channel, IsOk());
+    return *channel;
+  }
   static std::unique_ptr<v1::PlanService::Stub> Stub(int port) {
-    return v1::PlanService::NewStub(
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    return v1::PlanService::NewStub(Channel(port));
   }
   static grpc::Status GetPlan(v1::PlanService::Stub& stub, uint64_t iteration, int rank,
                               v1::PlanEnvelope* out, int timeout_s = 20) {
@@ -240,7 +255,11 @@ TEST_F(PlannerServiceTest, BackPressureHoldsWithoutProgress) {
   };
   EXPECT_EQ(published_reaches(8), 8u);
   auto stub = Stub((*daemon)->port());
-  for (int rank = 0; rank < 2; ++rank) ASSERT_TRUE(Report(*stub, 3, rank).ok());
+  for (int rank = 0; rank < 2; ++rank) {
+    v1::PlanEnvelope envelope;
+    ASSERT_TRUE(GetPlan(*stub, 3, rank, &envelope).ok());  // only a fetched plan is reported
+    ASSERT_TRUE(Report(*stub, 3, rank).ok());
+  }
   EXPECT_EQ(published_reaches(12), 12u);  // 4 completed + 8 ahead
 }
 
@@ -257,8 +276,8 @@ TEST_F(PlannerServiceTest, EmbeddedRedisJobWatchAndHealth) {
   ASSERT_THAT(daemon, IsOk());
   EXPECT_THAT((*daemon)->store_address(), HasSubstr("127.0.0.1:"));
   EXPECT_NE((*daemon)->store_address(), redis_->address());
-  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*daemon)->port()),
-                                     grpc::InsecureChannelCredentials());
+  // Its own store: a token generated at registration.
+  auto channel = Channel((*daemon)->port(), (*daemon)->token());
   auto stub = v1::PlanService::NewStub(channel);
   {
     grpc::ClientContext context;
@@ -321,7 +340,8 @@ TEST_F(PlannerServiceTest, CtlShowsStatusPlansAndTraces) {
   const int port = SpawnDaemon("ctl");
   ASSERT_GT(port, 0);
   const std::string ctl =
-      absl::StrCat(VARIPIPE_BINARY_DIR, "/bin/varipipe-ctl --planner 127.0.0.1:", port, " ");
+      absl::StrCat(VARIPIPE_BINARY_DIR, "/bin/varipipe-ctl --planner 127.0.0.1:", port,
+                   " --token_file ", (dir_ / "token").string(), " ");
   const auto run = [](const std::string& command) {
     std::string output;
     FILE* pipe = popen((command + " 2>&1").c_str(), "r");
