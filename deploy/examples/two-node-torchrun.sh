@@ -5,9 +5,14 @@
 #   # once, anywhere: a new run id for this launch (a relaunch needs a new one)
 #   RUN_ID=myjob-$(date +%Y%m%d-%H%M%S)
 #   node0$ deploy/examples/two-node-torchrun.sh --node-rank 0 --master-addr node0 \
-#            --run-id "$RUN_ID" --nproc-per-node 8 -- --planner cpu0:50051
+#            --run-id "$RUN_ID" --nproc-per-node 8 -- --planner cpu0:50051 \
+#            --token_file /shared/myjob.token
 #   node1$ deploy/examples/two-node-torchrun.sh --node-rank 1 --master-addr node0 \
-#            --run-id "$RUN_ID" --nproc-per-node 8 -- --planner cpu0:50051
+#            --run-id "$RUN_ID" --nproc-per-node 8 -- --planner cpu0:50051 \
+#            --token_file /shared/myjob.token
+#
+# The token file is the daemon's --token_file (a 0600 file on storage both nodes read;
+# docs/security.md): every call to the daemon carries it.
 #
 # Options (each also from the environment variable in brackets):
 #   --node-rank N        0 on the master node, 1 on the other [NODE_RANK]
@@ -22,7 +27,7 @@
 #   --log-dir DIR        torchrun's per-worker log files [LOG_DIR] (default: torchrun's)
 #   --dry-run            print the torchrun command instead of running it
 # Everything after '--' goes to every executor (--planner HOST:PORT[,HOST:PORT],
-# --store_file, --log_level, ...). The job's pipeline x data must be 2 x K:
+# --token_file, --store_file, --log_level, ...). The job's pipeline x data must be 2 x K:
 # node 0 runs global ranks 0..K-1, node 1 ranks K..2K-1.
 set -euo pipefail
 

@@ -20,10 +20,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/auth/job_token.h"
 #include "common/binary_main.h"
 #include "common/config/job_config.h"
 #include "common/dataset/minibatch_sampler.h"
 #include "common/dataset/sample_dataset.h"
+#include "common/grpc/client_channel.h"
 #include "common/logging.h"
 #include "common/redis/redis_client.h"
 #include "common/shutdown_signal.h"
@@ -33,10 +35,10 @@
 #include "executor/model/model_spec.h"
 #include "executor/model/model_stage.h"
 #include "executor/runtime/checkpoint.h"
+#include "executor/runtime/counting_allocator.h"
 #include "executor/runtime/device.h"
 #include "executor/runtime/executor_status_service.h"
 #include "executor/runtime/launch_env.h"
-#include "executor/runtime/counting_allocator.h"
 #include "executor/runtime/plan_check.h"
 #include "executor/runtime/plan_files.h"
 #include "executor/runtime/plan_interpreter.h"
@@ -86,7 +88,17 @@ ABSL_FLAG(int32_t, status_port, 29700,
           "Base port of the status endpoints: each rank serves StatusService.GetExecutorStatus "
           "and the gRPC health service on --status_host:(this + local rank). 0: free ports "
           "(logged); -1: no endpoint.");
-ABSL_FLAG(std::string, status_host, "0.0.0.0", "Address the status endpoint listens on.");
+ABSL_FLAG(std::string, status_host, "127.0.0.1",
+          "Address the status endpoint listens on (0.0.0.0: every interface, for monitoring "
+          "from other hosts).");
+ABSL_FLAG(std::string, token_file, "",
+          "File holding the job token (docs/security.md); default: FILE.token beside "
+          "--store_file. Sent on every call to the planner daemons and required by this rank's "
+          "status endpoint.");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA certificates to verify TLS planner daemons with (their --tls_cert's issuer).");
+ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate for daemons that require one.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
 ABSL_FLAG(bool, log_all_ranks, true,
           "Every rank logs at --log_level; false: ranks other than 0 log warnings and errors "
           "only (one readable stream under torchrun --tee).");
@@ -464,10 +476,22 @@ int main(int argc, char** argv) {
   std::unique_ptr<varipipe::executor::PlanSource> source;
   std::string planner_store_address;
   absl::StatusOr<varipipe::v1::JobConfig> config = absl::FailedPreconditionError("no config");
+  // The job token (docs/security.md): presented to the daemons, and required
+  // by this rank's status endpoint.
+  const absl::StatusOr<std::string> token =
+      varipipe::ClientJobToken(absl::GetFlag(FLAGS_token_file), absl::GetFlag(FLAGS_store_file));
+  if (!token.ok()) {
+    return varipipe::StartupError(token.status(), varipipe::kExitUsage);
+  }
   if (!planners.empty()) {
+    varipipe::ClientSecurity security;
+    security.token = *token;
+    security.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+    security.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+    security.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
     auto service = std::make_unique<varipipe::executor::PlannerServiceSource>(
         absl::StrSplit(planners, ',', absl::SkipEmpty()), env->rank,
-        absl::Seconds(absl::GetFlag(FLAGS_plan_wait_s)));
+        absl::Seconds(absl::GetFlag(FLAGS_plan_wait_s)), 4, security);
     absl::StatusOr<varipipe::v1::GetJobResponse> job = service->GetJob();
     if (!job.ok()) {
       return varipipe::StartupError(job.status(), varipipe::kExitFailure);
@@ -528,8 +552,9 @@ int main(int argc, char** argv) {
   std::unique_ptr<varipipe::executor::ExecutorStatusServer> status_server;
   if (const int base = absl::GetFlag(FLAGS_status_port); base >= 0) {
     absl::StatusOr<std::unique_ptr<varipipe::executor::ExecutorStatusServer>> started =
-        varipipe::executor::ExecutorStatusServer::Start(
-            absl::GetFlag(FLAGS_status_host), base == 0 ? 0 : base + env->local_rank, &board);
+        varipipe::executor::ExecutorStatusServer::Start(absl::GetFlag(FLAGS_status_host),
+                                                        base == 0 ? 0 : base + env->local_rank,
+                                                        &board, *token);
     if (!started.ok()) {
       spdlog::error("{}", started.status().message());
       return varipipe::kExitFailure;

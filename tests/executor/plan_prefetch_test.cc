@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/config/job_config.h"
+#include "common/grpc/call_token.h"
 #include "executor/runtime/plan_source.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -176,10 +177,24 @@ TEST_F(PlanPrefetchTest, StreamFailsOverToTheNextPlanner) {
     v1::ReportProgressRequest progress;
     progress.set_iteration(i);
     ASSERT_THAT(source.Done(progress), IsOk());
+    // The other rank, for the planners' back-pressure: it fetches its plan
+    // (a rank may acknowledge only a plan it fetched) and reports, with the
+    // job token as every client does.
+    grpc::ClientContext fetch;
+    fetch.AddMetadata(kCallTokenHeader, kCallTokenScheme + b->token());
+    v1::GetPlanRequest request;
+    request.set_job_id(config.job_id());
+    request.set_iteration(i);
+    request.set_rank(1);
+    v1::PlanEnvelope envelope;
+    const grpc::Status fetched = b_stub->GetPlan(&fetch, request, &envelope);
+    ASSERT_TRUE(fetched.ok()) << fetched.error_message();
     grpc::ClientContext context;
-    progress.set_rank(1);  // the other rank, for the planners' back-pressure
+    context.AddMetadata(kCallTokenHeader, kCallTokenScheme + b->token());
+    progress.set_rank(1);
     v1::ReportProgressResponse response;
-    ASSERT_TRUE(b_stub->ReportProgress(&context, progress, &response).ok());
+    const grpc::Status reported = b_stub->ReportProgress(&context, progress, &response);
+    ASSERT_TRUE(reported.ok()) << reported.error_message();
   }
   EXPECT_LT(published_by_a, kIterations);
   EXPECT_GT(streamed_from_b, 0u);

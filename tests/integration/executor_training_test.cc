@@ -299,10 +299,13 @@ TEST_P(ServicePath, ExecutorsTrainFromThePlannerService) {
   }
   ASSERT_FALSE(port.empty()) << ReadFile(dir / "planner.log");
   while (!port.empty() && (port.back() == '\n' || port.back() == ' ')) port.pop_back();
-  const CommandResult run = LaunchRanks(
-      dir, 4, embedded ? "" : external->password(),
-      absl::StrCat("--planner 127.0.0.1:", port, embedded ? " --store_file store" : "",
-                   " --run_id service"));
+  const CommandResult run =
+      LaunchRanks(dir, 4, embedded ? "" : external->password(),
+                  absl::StrCat("--planner 127.0.0.1:", port,
+                               // The job token: beside the store file (embedded), or the
+                               // daemon's token file named explicitly.
+                               embedded ? " --store_file store" : " --token_file store.token",
+                               " --run_id service"));
   const std::string& logs = run.output;
   // Every plan was acknowledged: none is left in the store (read while the
   // daemon, and so an embedded Redis, still runs).

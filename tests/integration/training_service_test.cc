@@ -146,8 +146,20 @@ class TrainingService : public ::testing::Test {
     if (!HasFailure()) std::filesystem::remove_all(dir_, ignored);
   }
   std::string Daemon(const std::string& name, const std::string& extra = "") {
-    return StartPlannerDaemon(dir_, name, redis_->password(),
-                              "--config job.json --progress_interval_s 0 --lease_ms 1000" + extra);
+    return StartPlannerDaemon(
+        dir_, name, redis_->password(),
+        "--config job.json --progress_interval_s 0 --lease_ms 1000" + TokenFlag() + extra);
+  }
+  // The job token every daemon and executor of the test shares
+  // (docs/security.md): a 0600 file in the test's directory.
+  std::string TokenFlag() {
+    const std::filesystem::path token = dir_ / "token";
+    if (!std::filesystem::exists(token)) {
+      std::ofstream(token) << "test-token-0123456789abcdef0123456789abcdef\n";
+      std::filesystem::permissions(
+          token, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+    }
+    return absl::StrCat(" --token_file '", token.string(), "'");
   }
 
   std::unique_ptr<RedisServer> redis_;
@@ -163,9 +175,9 @@ TEST_F(TrainingService, TwoPlannerDaemonsAndFourExecutorsTrainTwentyIterations) 
   ASSERT_FALSE(a.empty()) << DaemonLog(dir_, "planner-a");
   ASSERT_FALSE(b.empty()) << DaemonLog(dir_, "planner-b");
   const auto start = Clock::now();
-  const CommandResult run =
-      LaunchRanks(dir_, 4, redis_->password(),
-                  absl::StrCat("--planner ", a, ",", b, " --run_id e2e --metrics_jsonl m.jsonl"));
+  const CommandResult run = LaunchRanks(
+      dir_, 4, redis_->password(),
+      absl::StrCat("--planner ", a, ",", b, TokenFlag(), " --run_id e2e --metrics_jsonl m.jsonl"));
   std::printf("20 iterations in %.1f s\n",
               std::chrono::duration<double>(Clock::now() - start).count());
   ASSERT_EQ(run.exit_code, 0) << run.output << DaemonLog(dir_, "planner-a")
@@ -199,8 +211,9 @@ TEST_F(TrainingService, TrainingContinuesWhenAPlannerDaemonDies) {
   ASSERT_FALSE(a.empty()) << DaemonLog(dir_, "planner-a");
   ASSERT_FALSE(b.empty()) << DaemonLog(dir_, "planner-b");
   // The executors talk to daemon a first.
-  StartRanks(dir_, 4, redis_->password(),
-             absl::StrCat("--planner ", a, ",", b, " --run_id dies --metrics_jsonl m.jsonl"));
+  StartRanks(
+      dir_, 4, redis_->password(),
+      absl::StrCat("--planner ", a, ",", b, TokenFlag(), " --run_id dies --metrics_jsonl m.jsonl"));
   ASSERT_TRUE(WaitForMetricLines(dir_ / "m.jsonl", 6)) << RankLogs(dir_, 4);
   Signal(dir_, "planner-a", SIGKILL);
   const int rc = WaitForRanks(dir_, 4);
@@ -236,7 +249,7 @@ TEST_F(TrainingService, AKilledExecutorIsNamedAndTheRerunResumesFromTheCheckpoin
   // The command of the job; each launch gets its own run id, as torchrun
   // --standalone or a new mpirun would give it.
   const auto flags = [&](const std::string& run) {
-    return absl::StrCat("--planner ", planner, " --run_id ", run,
+    return absl::StrCat("--planner ", planner, TokenFlag(), " --run_id ", run,
                         " --metrics_jsonl m.jsonl --save_parameters params");
   };
   StartRanks(dir_, 4, redis_->password(), flags("first"));
