@@ -514,10 +514,18 @@ void SolveCandidate(const RunTable& runs, const BudgetRuns& usable, double tmax,
 // thread count; only its DP runs overlap.
 class CandidateSolver {
  public:
+  // `candidates` may be filled after construction, before any Take.
   CandidateSolver(const DpProblem& p, const RunTable& runs, const BudgetRuns& usable,
-                  std::span<const double> candidates)
+                  const std::vector<double>& candidates)
       : p_(p), runs_(runs), usable_(usable), candidates_(candidates) {
     for (std::vector<double>& f : f_) f.resize(usable.width.size() + 1);
+  }
+
+  // f(N; infinity); `ahead` (or none) may be solved with it.
+  double Unconstrained(std::optional<size_t> ahead) {
+    CandidateRun run;
+    Solve(kInf, ahead, run);
+    return run.sum;
   }
 
   // Candidate k's run; `ahead` (or none) may be solved with it.
@@ -528,23 +536,32 @@ class CandidateSolver {
       return run;
     }
     CandidateRun run;
-    if (p_.threads < 2 || !ahead.has_value() || *ahead == k || solved_.contains(*ahead)) {
-      SolveCandidate(runs_, usable_, candidates_[k], f_[0], run);
-      return run;
-    }
-    CandidateRun next;
-    ParallelFor(2, 2, [&](size_t t) {
-      SolveCandidate(runs_, usable_, candidates_[t == 0 ? k : *ahead], f_[t], t == 0 ? run : next);
-    });
-    solved_.emplace(*ahead, std::move(next));
+    Solve(candidates_[k], ahead == k ? std::nullopt : ahead, run);
     return run;
   }
 
  private:
+  // The DP at tmax into `run`; with threads, candidate `ahead` beside it.
+  void Solve(double tmax, std::optional<size_t> ahead, CandidateRun& run) {
+    if (p_.threads < 2 || !ahead.has_value() || solved_.contains(*ahead)) {
+      SolveCandidate(runs_, usable_, tmax, f_[0], run);
+      return;
+    }
+    CandidateRun next;
+    ParallelFor(2, 2, [&](size_t t) {
+      if (t == 0) {
+        SolveCandidate(runs_, usable_, tmax, f_[0], run);
+      } else {
+        SolveCandidate(runs_, usable_, candidates_[*ahead], f_[1], next);
+      }
+    });
+    solved_.emplace(*ahead, std::move(next));
+  }
+
   const DpProblem& p_;
   const RunTable& runs_;
   const BudgetRuns& usable_;
-  std::span<const double> candidates_;
+  const std::vector<double>& candidates_;
   std::array<std::vector<double>, 2> f_;
   std::map<size_t, CandidateRun> solved_;
 };
@@ -580,10 +597,9 @@ std::optional<size_t> LikelyNext(const Interval& in, size_t middle,
 // the lower one first. With exact candidates (interval 0) the optimum's
 // own candidate is never skipped, so the result is optimal; with buckets it
 // is within (c - 1) * interval / v, as before. Ties go to the smaller tmax.
-BestPartition SearchCandidates(const DpProblem& p, const RunTable& runs, const BudgetRuns& usable,
+BestPartition SearchCandidates(const DpProblem& p, CandidateSolver& solver,
                                std::span<const double> candidates, double unconstrained,
                                double cutoff, int* evaluated) {
-  CandidateSolver solver(p, runs, usable, candidates);
   BestPartition best;
   best.objective = cutoff;
   size_t best_index = candidates.size();
@@ -654,33 +670,23 @@ absl::StatusOr<DpSolution> SolveBudget(const DpProblem& p, const RunTable& runs,
     return solution;
   };
   if (usable->too_slow) return pruned(cutoff);
-  std::vector<double> f(p.order.size() + 1);
-  std::vector<uint32_t> prev(p.order.size() + 1, 0);
-  double unconstrained = kInf;
+  // With threads the candidates come first, so that the first one the
+  // search solves runs beside the unconstrained DP; otherwise they are
+  // collected only when the floor does not prune.
+  const bool ahead = p.threads > 1 && p.bound_search;
   std::vector<double> candidates;
-  // With threads, the candidates are collected (on one thread) while the
-  // unconstrained DP runs; otherwise only when the floor does not prune.
-  const bool overlap = p.threads > 1;
-  if (overlap) {
-    DpProblem one = p;
-    one.threads = 1;
-    ParallelFor(2, 2, [&](size_t task) {
-      if (task == 0) {
-        unconstrained = RunDp(runs, usable->width, kInf, f, prev);
-      } else {
-        candidates = TmaxCandidates(one, runs, *usable);
-      }
-    });
-  } else {
-    unconstrained = RunDp(runs, usable->width, kInf, f, prev);
-  }
+  if (ahead) candidates = TmaxCandidates(p, runs, *usable);
+  CandidateSolver solver(p, runs, *usable, candidates);
+  std::optional<size_t> first;
+  if (ahead && !candidates.empty()) first = Middle({0, candidates.size() - 1, 0}, true);
+  const double unconstrained = solver.Unconstrained(first);
   const double floor_bound = PipelineObjective(usable->tmax_floor, unconstrained, p.pipeline_stages,
                                                p.virtual_chunks, p.data_parallel);
   if (p.bound_search && floor_bound >= cutoff) return pruned(floor_bound);
-  if (!overlap) candidates = TmaxCandidates(p, runs, *usable);
+  if (!ahead) candidates = TmaxCandidates(p, runs, *usable);
   solution.tmax_candidates = static_cast<int>(candidates.size());
-  const BestPartition best = SearchCandidates(p, runs, *usable, candidates, unconstrained, cutoff,
-                                              &solution.tmax_evaluated);
+  const BestPartition best =
+      SearchCandidates(p, solver, candidates, unconstrained, cutoff, &solution.tmax_evaluated);
   if (best.prev.empty()) {
     if (cutoff == kInf) {
       return absl::InternalError("micro-batch DP found no partition although every sample fits");
