@@ -210,6 +210,11 @@ struct RunCosts {
     memory.assign(cache.rows.size(), {});
     ParallelFor(cache.rows.size(), p.threads, [&](size_t k) {
       if (!cache.ok[k]) return;
+      // Filled locally and moved in once: neighbouring rows' vector headers
+      // share cache lines, and growing them in place from two threads makes
+      // those lines bounce between cores.
+      std::vector<double> row_time;
+      std::vector<double> row_memory;
       MicroBatchCost cost;
       for (uint32_t b = 1; b <= n; ++b) {
         if (!p.cost->Evaluate(cache.rows[k], b, &cost)) break;
@@ -218,9 +223,11 @@ struct RunCosts {
             cost.time_ms > limits.run_cap) {
           break;
         }
-        time[k].push_back(cost.time_ms);
-        memory[k].push_back(held);
+        row_time.push_back(cost.time_ms);
+        row_memory.push_back(held);
       }
+      time[k] = std::move(row_time);
+      memory[k] = std::move(row_memory);
     });
   }
 };
@@ -329,20 +336,29 @@ void BuildRuns(const DpProblem& p, const TableLimits& limits, const RowCache& ca
   runs.row_slot = lookup ? &cache.slot : nullptr;
   const std::vector<int> row_at = lookup ? RowsByPosition(p, cache) : std::vector<int>();
   ParallelFor(chunks, p.threads, [&](size_t k) {
+    // Each chunk grows a local vector (its storage taken over from the
+    // table, so it is reused), never the table's own: neighbouring chunks'
+    // vector headers share cache lines, which would bounce between cores.
+    std::vector<double> time;
+    std::vector<double> memory;
+    time.swap(runs.time_chunks[k]);
+    memory.swap(runs.memory_chunks[k]);
     // Room for a typical width up front: growing tables of millions of runs
     // by doubling copies them and faults in fresh pages each time.
     const size_t starts = (k + 1) * n / chunks - k * n / chunks;
     if (!lookup) {
-      runs.time_chunks[k].reserve(starts * std::min<size_t>(n, 128));
-      runs.memory_chunks[k].reserve(starts * std::min<size_t>(n, 128));
+      time.reserve(starts * std::min<size_t>(n, 128));
+      memory.reserve(starts * std::min<size_t>(n, 128));
     }
     if (lookup) {
-      LookUpRunsFrom(row_at, costs, k * n / chunks, (k + 1) * n / chunks, runs.width, offset,
-                     runs.time_chunks[k], runs.memory_chunks[k]);
+      LookUpRunsFrom(row_at, costs, k * n / chunks, (k + 1) * n / chunks, runs.width, offset, time,
+                     memory);
     } else {
       BuildRunsFrom(p, cache, limits, k * n / chunks, (k + 1) * n / chunks, runs.width, offset,
-                    runs.time_chunks[k], runs.memory_chunks[k]);
+                    time, memory);
     }
+    runs.time_chunks[k].swap(time);
+    runs.memory_chunks[k].swap(memory);
   });
   runs.lookup_time = std::move(costs.time);
   runs.row_at = row_at;

@@ -16,6 +16,8 @@
 //   *OneFOneBOnly: without the adaptive schedule;
 //   BM_Scale*:     GPT-6.7B pp = 8, maximum length 8192, 65,536 tokens per
 //                  replica, dp = 1, 8, 32, 64, one and two threads;
+//                  *ThreadRatio: one and two threads alternately in one
+//                  benchmark (counter speedup);
 //   BM_T5Memory*:  T5-11B pp = 8 with each device's own room vs the common
 //                  budget (counters pred_iter_ms, selective_share over the
 //                  same 30 mini-batches), with and without the adaptive
@@ -23,6 +25,9 @@
 //
 // Run: build/bench/planner_bench --benchmark_repetitions=5
 //        --benchmark_report_aggregates_only=true
+#include <algorithm>
+#include <array>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -272,6 +277,65 @@ void BM_ScaleGptFlanTwoThreads(benchmark::State& s) {
 }
 BENCHMARK(BM_ScaleGptTwoThreads)->Arg(64)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ScaleGptFlanTwoThreads)->Arg(64)->Unit(benchmark::kMillisecond);
+
+// One and two threads alternately on the same mini-batches, each plan timed
+// with its result's destruction; whichever runs first alternates, so work
+// elsewhere on the machine hits both alike. Counters: the median of each
+// and speedup = one_thread_ms / two_threads_ms. The benchmark's own time is
+// the pair's.
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+void RunThreadRatio(benchmark::State& state, const Setting& setting) {
+  const v1::JobConfig config = Config(setting);
+  absl::StatusOr<Planner> one = Planner::Create(config);
+  if (!one.ok()) {
+    state.SkipWithError(std::string(one.status().message()).c_str());
+    return;
+  }
+  one->set_options({.threads = 1});
+  Planner two = *one;
+  two.set_options({.threads = 2});
+  const std::vector<MiniBatch> batches = Batches(config, setting.documents, kMiniBatches);
+  std::array<std::vector<double>, 2> ms;
+  int i = 0;
+  for (auto _ : state) {
+    const MiniBatch& mb = batches[i % kMiniBatches];
+    for (int pass = 0; pass < 2; ++pass) {
+      const int which = (i + pass) % 2;  // 0: one thread
+      const auto start = std::chrono::steady_clock::now();
+      {
+        absl::StatusOr<PlanningResult> r = (which == 0 ? *one : two).Plan(mb);
+        if (!r.ok()) {
+          state.SkipWithError(std::string(r.status().message()).c_str());
+          return;
+        }
+        benchmark::DoNotOptimize(r->plans.size());
+      }
+      ms[which].push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count());
+    }
+    ++i;
+  }
+  state.counters["one_thread_ms"] = Median(ms[0]);
+  state.counters["two_threads_ms"] = Median(ms[1]);
+  state.counters["speedup"] = Median(ms[0]) / std::max(1e-9, Median(ms[1]));
+}
+
+void BM_ScaleGptThreadRatio(benchmark::State& s) {
+  RunThreadRatio(s, {.documents = true,
+                     .pipeline = 8,
+                     .data = static_cast<uint32_t>(s.range(0)),
+                     .max_length = 8192});
+}
+void BM_ScaleGptFlanThreadRatio(benchmark::State& s) {
+  RunThreadRatio(s, {.pipeline = 8, .data = static_cast<uint32_t>(s.range(0)), .max_length = 8192});
+}
+BENCHMARK(BM_ScaleGptFlanThreadRatio)->Arg(64)->MinTime(3)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ScaleGptThreadRatio)->Arg(64)->MinTime(3)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace varipipe::planner
