@@ -4,6 +4,8 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -87,8 +89,8 @@ void PrepareRows(const DpProblem& p, RowCache& cache) {
   if (p.policy.encoder_decoder) return;  // runs pad to (max input, max target) pairs
   std::vector<uint32_t> lengths;
   for (uint32_t position : p.order) {
-    lengths.push_back(RoundUpLength(SequenceLength(p.samples[position], p.policy),
-                                    p.policy.multiple));
+    lengths.push_back(
+        RoundUpLength(SequenceLength(p.samples[position], p.policy), p.policy.multiple));
   }
   std::sort(lengths.begin(), lengths.end());
   lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
@@ -96,26 +98,29 @@ void PrepareRows(const DpProblem& p, RowCache& cache) {
   cache.rows.resize(lengths.size());
   cache.ok.assign(lengths.size(), 0);
   for (size_t k = 0; k < lengths.size(); ++k) cache.slot[lengths[k] / p.policy.multiple] = k;
-  ParallelFor(lengths.size(), p.threads, [&](size_t k) {
-    cache.ok[k] = p.cost->PrepareRow(lengths[k], 0, &cache.rows[k]);
-  });
+  ParallelFor(lengths.size(), p.threads,
+              [&](size_t k) { cache.ok[k] = p.cost->PrepareRow(lengths[k], 0, &cache.rows[k]); });
 }
 
 // Phase 0: each sample alone (for errors, feasibility and the run cap).
 void CostSingles(const DpProblem& p, const RowCache& cache, RunTable& runs) {
   const size_t n = p.order.size();
   runs.single.resize(n);
-  runs.single_known.assign(n, false);
-  MicroBatchCostModel::Row own;
-  for (size_t i = 0; i < n; ++i) {
-    const SampleLengths& s = p.samples[p.order[i]];
-    const uint32_t in = RoundUpLength(SequenceLength(s, p.policy), p.policy.multiple);
-    const uint32_t tg = p.policy.encoder_decoder ? RoundUpLength(s.target, p.policy.multiple) : 0;
-    const MicroBatchCostModel::Row* row =
-        cache.rows.empty() ? nullptr : cache.Find(in, p.policy.multiple);
-    if (row == nullptr && p.cost->PrepareRow(in, tg, &own)) row = &own;
-    runs.single_known[i] = row != nullptr && p.cost->Evaluate(*row, 1, &runs.single[i]);
-  }
+  std::vector<char> known(n, 0);  // not vector<bool>: chunks write it concurrently
+  const size_t chunks = p.threads > 1 ? std::min<size_t>(n, 8 * static_cast<size_t>(p.threads)) : 1;
+  ParallelFor(chunks, p.threads, [&](size_t k) {
+    MicroBatchCostModel::Row own;
+    for (size_t i = k * n / chunks; i < (k + 1) * n / chunks; ++i) {
+      const SampleLengths& s = p.samples[p.order[i]];
+      const uint32_t in = RoundUpLength(SequenceLength(s, p.policy), p.policy.multiple);
+      const uint32_t tg = p.policy.encoder_decoder ? RoundUpLength(s.target, p.policy.multiple) : 0;
+      const MicroBatchCostModel::Row* row =
+          cache.rows.empty() ? nullptr : cache.Find(in, p.policy.multiple);
+      if (row == nullptr && p.cost->PrepareRow(in, tg, &own)) row = &own;
+      known[i] = row != nullptr && p.cost->Evaluate(*row, 1, &runs.single[i]);
+    }
+  });
+  runs.single_known.assign(known.begin(), known.end());
 }
 
 // A lower bound on sum t(M) over every partition (decoder-only; 0 where it
@@ -131,8 +136,8 @@ double SumLowerBound(const DpProblem& p, const RowCache& cache) {
   if (p.policy.encoder_decoder || axis == nullptr || axis->empty() || cache.rows.empty()) return 0;
   std::vector<uint32_t> lengths;
   for (uint32_t position : p.order) {
-    lengths.push_back(RoundUpLength(SequenceLength(p.samples[position], p.policy),
-                                    p.policy.multiple));
+    lengths.push_back(
+        RoundUpLength(SequenceLength(p.samples[position], p.policy), p.policy.multiple));
   }
   std::vector<uint32_t> distinct = lengths;
   std::sort(distinct.begin(), distinct.end());
@@ -205,6 +210,11 @@ struct RunCosts {
     memory.assign(cache.rows.size(), {});
     ParallelFor(cache.rows.size(), p.threads, [&](size_t k) {
       if (!cache.ok[k]) return;
+      // Filled locally and moved in once: neighbouring rows' vector headers
+      // share cache lines, and growing them in place from two threads makes
+      // those lines bounce between cores.
+      std::vector<double> row_time;
+      std::vector<double> row_memory;
       MicroBatchCost cost;
       for (uint32_t b = 1; b <= n; ++b) {
         if (!p.cost->Evaluate(cache.rows[k], b, &cost)) break;
@@ -213,9 +223,11 @@ struct RunCosts {
             cost.time_ms > limits.run_cap) {
           break;
         }
-        time[k].push_back(cost.time_ms);
-        memory[k].push_back(held);
+        row_time.push_back(cost.time_ms);
+        row_memory.push_back(held);
       }
+      time[k] = std::move(row_time);
+      memory[k] = std::move(row_memory);
     });
   }
 };
@@ -235,8 +247,8 @@ std::vector<int> RowsByPosition(const DpProblem& p, const RowCache& cache) {
 // Phase 1 with RunCosts: runs [i, j] while j - i + 1 is within the costs of
 // the run's row. Widths first, so the chunk's storage is allocated once at
 // its exact size.
-void LookUpRunsFrom(const std::vector<int>& row_at, const RunCosts& costs, size_t begin,
-                    size_t end, std::vector<uint32_t>& width, std::vector<size_t>& offset,
+void LookUpRunsFrom(const std::vector<int>& row_at, const RunCosts& costs, size_t begin, size_t end,
+                    std::vector<uint32_t>& width, std::vector<size_t>& offset,
                     std::vector<double>& time, std::vector<double>& memory) {
   const size_t n = row_at.size();
   size_t total = 0;
@@ -309,8 +321,13 @@ void BuildRuns(const DpProblem& p, const TableLimits& limits, const RowCache& ca
   runs.width.assign(n, 0);
   runs.depth_memory = limits.depth;
   const size_t chunks = p.threads > 1 ? std::min<size_t>(n, 8 * static_cast<size_t>(p.threads)) : 1;
-  runs.time_chunks.assign(chunks, {});
-  runs.memory_chunks.assign(chunks, {});
+  // Cleared, not freed: storage is reused from the last table (DpWorkspace).
+  runs.time_chunks.resize(chunks);
+  runs.memory_chunks.resize(chunks);
+  for (size_t k = 0; k < chunks; ++k) {
+    runs.time_chunks[k].clear();
+    runs.memory_chunks[k].clear();
+  }
   std::vector<size_t> offset(n, 0);
   // Decoder-only: every padded length has a row (PrepareRows).
   const bool lookup = !cache.rows.empty();
@@ -319,20 +336,29 @@ void BuildRuns(const DpProblem& p, const TableLimits& limits, const RowCache& ca
   runs.row_slot = lookup ? &cache.slot : nullptr;
   const std::vector<int> row_at = lookup ? RowsByPosition(p, cache) : std::vector<int>();
   ParallelFor(chunks, p.threads, [&](size_t k) {
+    // Each chunk grows a local vector (its storage taken over from the
+    // table, so it is reused), never the table's own: neighbouring chunks'
+    // vector headers share cache lines, which would bounce between cores.
+    std::vector<double> time;
+    std::vector<double> memory;
+    time.swap(runs.time_chunks[k]);
+    memory.swap(runs.memory_chunks[k]);
     // Room for a typical width up front: growing tables of millions of runs
     // by doubling copies them and faults in fresh pages each time.
     const size_t starts = (k + 1) * n / chunks - k * n / chunks;
     if (!lookup) {
-      runs.time_chunks[k].reserve(starts * std::min<size_t>(n, 128));
-      runs.memory_chunks[k].reserve(starts * std::min<size_t>(n, 128));
+      time.reserve(starts * std::min<size_t>(n, 128));
+      memory.reserve(starts * std::min<size_t>(n, 128));
     }
     if (lookup) {
-      LookUpRunsFrom(row_at, costs, k * n / chunks, (k + 1) * n / chunks, runs.width, offset,
-                     runs.time_chunks[k], runs.memory_chunks[k]);
+      LookUpRunsFrom(row_at, costs, k * n / chunks, (k + 1) * n / chunks, runs.width, offset, time,
+                     memory);
     } else {
       BuildRunsFrom(p, cache, limits, k * n / chunks, (k + 1) * n / chunks, runs.width, offset,
-                    runs.time_chunks[k], runs.memory_chunks[k]);
+                    time, memory);
     }
+    runs.time_chunks[k].swap(time);
+    runs.memory_chunks[k].swap(memory);
   });
   runs.lookup_time = std::move(costs.time);
   runs.row_at = row_at;
@@ -370,8 +396,7 @@ absl::Status DoesNotFit(const DpProblem& p, const RunTable& runs, size_t i, doub
       "%.1f / %.1f MiB",
       SampleName(p, p.order[i]), s.input, s.target, RecomputeName(p.cost->recompute()),
       BudgetStored(alone, depth) / (1 << 20), alone.peak_bytes / (1 << 20),
-      stored_limit / (1 << 20),
-      p.peak_limit_bytes / (1 << 20)));
+      stored_limit / (1 << 20), p.peak_limit_bytes / (1 << 20)));
 }
 
 // Phase 2 prerequisites for one limit: each start's usable width (the first
@@ -385,8 +410,8 @@ struct BudgetRuns {
   bool too_slow = false;
 };
 
-absl::StatusOr<BudgetRuns> UsableRuns(const DpProblem& p, const RunTable& runs,
-                                      double stored_limit, uint32_t depth, double run_cap) {
+absl::StatusOr<BudgetRuns> UsableRuns(const DpProblem& p, const RunTable& runs, double stored_limit,
+                                      uint32_t depth, double run_cap) {
   const size_t n = p.order.size();
   BudgetRuns out;
   out.width.resize(n);
@@ -479,6 +504,106 @@ struct BestPartition {
   double sum_time = 0;
   std::vector<uint32_t> prev;  // empty: none beat the cutoff
 };
+// One tmax candidate's DP: f(N; tmax), the largest run time of its
+// partition (<= tmax) and the partition's cut points.
+struct CandidateRun {
+  double sum = kInf;
+  double actual_max = 0;
+  std::vector<uint32_t> prev;
+};
+
+void SolveCandidate(const RunTable& runs, const BudgetRuns& usable, double tmax,
+                    std::vector<double>& f, CandidateRun& out) {
+  const size_t n = usable.width.size();
+  out.prev.assign(n + 1, 0);
+  out.sum = RunDp(runs, usable.width, tmax, f, out.prev);
+  out.actual_max = 0;
+  if (out.sum == kInf) return;
+  for (size_t end = n; end > 0; end = out.prev[end]) {
+    out.actual_max = std::max(out.actual_max, runs.time_at[out.prev[end]][end - out.prev[end] - 1]);
+  }
+}
+
+// The candidates of phase 3, solved on demand. With threads, each miss also
+// solves the candidate the search most likely needs next (`ahead`) on a
+// second thread: the search itself, and so its result, is the same for any
+// thread count; only its DP runs overlap.
+class CandidateSolver {
+ public:
+  // `candidates` may be filled after construction, before any Take.
+  CandidateSolver(const DpProblem& p, const RunTable& runs, const BudgetRuns& usable,
+                  const std::vector<double>& candidates)
+      : p_(p), runs_(runs), usable_(usable), candidates_(candidates) {
+    for (std::vector<double>& f : f_) f.resize(usable.width.size() + 1);
+  }
+
+  // f(N; infinity); `ahead` (or none) may be solved with it.
+  double Unconstrained(std::optional<size_t> ahead) {
+    CandidateRun run;
+    Solve(kInf, ahead, run);
+    return run.sum;
+  }
+
+  // Candidate k's run; `ahead` (or none) may be solved with it.
+  CandidateRun Take(size_t k, std::optional<size_t> ahead) {
+    if (auto it = solved_.find(k); it != solved_.end()) {
+      CandidateRun run = std::move(it->second);
+      solved_.erase(it);
+      return run;
+    }
+    CandidateRun run;
+    Solve(candidates_[k], ahead == k ? std::nullopt : ahead, run);
+    return run;
+  }
+
+ private:
+  // The DP at tmax into `run`; with threads, candidate `ahead` beside it.
+  void Solve(double tmax, std::optional<size_t> ahead, CandidateRun& run) {
+    if (p_.threads < 2 || !ahead.has_value() || solved_.contains(*ahead)) {
+      SolveCandidate(runs_, usable_, tmax, f_[0], run);
+      return;
+    }
+    CandidateRun next;
+    ParallelFor(2, 2, [&](size_t t) {
+      if (t == 0) {
+        SolveCandidate(runs_, usable_, tmax, f_[0], run);
+      } else {
+        SolveCandidate(runs_, usable_, candidates_[*ahead], f_[1], next);
+      }
+    });
+    solved_.emplace(*ahead, std::move(next));
+  }
+
+  const DpProblem& p_;
+  const RunTable& runs_;
+  const BudgetRuns& usable_;
+  const std::vector<double>& candidates_;
+  std::array<std::vector<double>, 2> f_;
+  std::map<size_t, CandidateRun> solved_;
+};
+
+// An interval of tmax candidates; f(N; tmax) for every tmax of it is at
+// least sum_bound.
+struct Interval {
+  size_t first;
+  size_t last;
+  double sum_bound;
+};
+
+size_t Middle(const Interval& in, bool bisect) {
+  return bisect ? in.first + (in.last - in.first) / 2 : in.first;
+}
+
+// The candidate phase 3 solves after `middle` of `in` when the lower half
+// (or else the upper half, or else the interval on top of the stack) is not
+// skipped: the usual path of the search.
+std::optional<size_t> LikelyNext(const Interval& in, size_t middle,
+                                 const std::vector<Interval>& stack, bool bisect) {
+  if (middle > in.first) return Middle({in.first, middle - 1, 0}, bisect);
+  if (middle < in.last) return Middle({middle + 1, in.last, 0}, bisect);
+  if (!stack.empty()) return Middle(stack.back(), bisect);
+  return std::nullopt;
+}
 
 // Phase 3: branch and bound over the candidates. f(N; tmax) never grows
 // with tmax, so every candidate k in [a, b] has an objective of at least
@@ -488,39 +613,12 @@ struct BestPartition {
 // the lower one first. With exact candidates (interval 0) the optimum's
 // own candidate is never skipped, so the result is optimal; with buckets it
 // is within (c - 1) * interval / v, as before. Ties go to the smaller tmax.
-BestPartition SearchCandidates(const DpProblem& p, const RunTable& runs, const BudgetRuns& usable,
+BestPartition SearchCandidates(const DpProblem& p, CandidateSolver& solver,
                                std::span<const double> candidates, double unconstrained,
                                double cutoff, int* evaluated) {
-  const size_t n = usable.width.size();
-  std::vector<double> f(n + 1);
-  std::vector<uint32_t> prev(n + 1, 0);
   BestPartition best;
   best.objective = cutoff;
   size_t best_index = candidates.size();
-  const auto solve = [&](size_t k) {
-    ++*evaluated;
-    const double sum = RunDp(runs, usable.width, candidates[k], f, prev);
-    if (sum == kInf) return sum;
-    // The objective uses the solution's actual largest time (<= tmax).
-    double actual_max = 0;
-    for (size_t end = n; end > 0; end = prev[end]) {
-      actual_max = std::max(actual_max, runs.time_at[prev[end]][end - prev[end] - 1]);
-    }
-    const double objective =
-        PipelineObjective(actual_max, sum, p.pipeline_stages, p.virtual_chunks, p.data_parallel);
-    // Strictly better than the cutoff; among equals, the smaller tmax.
-    const bool found = best_index < candidates.size();
-    if (objective < best.objective || (found && objective == best.objective && k < best_index)) {
-      best = {objective, actual_max, sum, prev};
-      best_index = k;
-    }
-    return sum;
-  };
-  struct Interval {
-    size_t first;
-    size_t last;
-    double sum_bound;  // f(N; tmax) for every tmax of the interval is at least this
-  };
   std::vector<Interval> stack;
   if (!candidates.empty()) stack.push_back({0, candidates.size() - 1, unconstrained});
   while (!stack.empty()) {
@@ -529,14 +627,27 @@ BestPartition SearchCandidates(const DpProblem& p, const RunTable& runs, const B
     const double bound = PipelineObjective(candidates[in.first], in.sum_bound, p.pipeline_stages,
                                            p.virtual_chunks, p.data_parallel);
     if (p.bound_search &&
-        (bound > best.objective ||
-         (bound == best.objective && (best_index == candidates.size() || in.first >= best_index)))) {
+        (bound > best.objective || (bound == best.objective &&
+                                    (best_index == candidates.size() || in.first >= best_index)))) {
       continue;
     }
-    const size_t middle = p.bound_search ? in.first + (in.last - in.first) / 2 : in.first;
-    const double sum = solve(middle);
+    const size_t middle = Middle(in, p.bound_search);
+    ++*evaluated;
+    CandidateRun run = solver.Take(middle, LikelyNext(in, middle, stack, p.bound_search));
+    if (run.sum != kInf) {
+      // The objective uses the solution's actual largest time (<= tmax).
+      const double objective = PipelineObjective(run.actual_max, run.sum, p.pipeline_stages,
+                                                 p.virtual_chunks, p.data_parallel);
+      // Strictly better than the cutoff; among equals, the smaller tmax.
+      const bool found = best_index < candidates.size();
+      if (objective < best.objective ||
+          (found && objective == best.objective && middle < best_index)) {
+        best = {objective, run.actual_max, run.sum, std::move(run.prev)};
+        best_index = middle;
+      }
+    }
     if (middle < in.last) stack.push_back({middle + 1, in.last, in.sum_bound});
-    if (middle > in.first && sum != kInf) stack.push_back({in.first, middle - 1, sum});
+    if (middle > in.first && run.sum != kInf) stack.push_back({in.first, middle - 1, run.sum});
   }
   return best;
 }
@@ -575,17 +686,23 @@ absl::StatusOr<DpSolution> SolveBudget(const DpProblem& p, const RunTable& runs,
     return solution;
   };
   if (usable->too_slow) return pruned(cutoff);
-  std::vector<double> f(p.order.size() + 1);
-  std::vector<uint32_t> prev(p.order.size() + 1, 0);
-  const double unconstrained = RunDp(runs, usable->width, kInf, f, prev);
-  const double floor_bound = PipelineObjective(usable->tmax_floor, unconstrained,
-                                               p.pipeline_stages, p.virtual_chunks,
-                                               p.data_parallel);
+  // With threads the candidates come first, so that the first one the
+  // search solves runs beside the unconstrained DP; otherwise they are
+  // collected only when the floor does not prune.
+  const bool ahead = p.threads > 1 && p.bound_search;
+  std::vector<double> candidates;
+  if (ahead) candidates = TmaxCandidates(p, runs, *usable);
+  CandidateSolver solver(p, runs, *usable, candidates);
+  std::optional<size_t> first;
+  if (ahead && !candidates.empty()) first = Middle({0, candidates.size() - 1, 0}, true);
+  const double unconstrained = solver.Unconstrained(first);
+  const double floor_bound = PipelineObjective(usable->tmax_floor, unconstrained, p.pipeline_stages,
+                                               p.virtual_chunks, p.data_parallel);
   if (p.bound_search && floor_bound >= cutoff) return pruned(floor_bound);
-  const std::vector<double> candidates = TmaxCandidates(p, runs, *usable);
+  if (!ahead) candidates = TmaxCandidates(p, runs, *usable);
   solution.tmax_candidates = static_cast<int>(candidates.size());
-  const BestPartition best = SearchCandidates(p, runs, *usable, candidates, unconstrained, cutoff,
-                                              &solution.tmax_evaluated);
+  const BestPartition best =
+      SearchCandidates(p, solver, candidates, unconstrained, cutoff, &solution.tmax_evaluated);
   if (best.prev.empty()) {
     if (cutoff == kInf) {
       return absl::InternalError("micro-batch DP found no partition although every sample fits");
@@ -645,8 +762,7 @@ bool FitsDepth(const DpProblem& p, const DpBudget& budget, const DpSolution& sol
 // the limit on what a device holds at once drops to peak - that transient
 // (at most 8 rounds; the simulator's check catches anything left).
 absl::StatusOr<DpSolution> SolveDepthBudget(const DpProblem& p, const RunTable& runs,
-                                            const DpBudget& budget, double cutoff,
-                                            double run_cap) {
+                                            const DpBudget& budget, double cutoff, double run_cap) {
   double limit = budget.stored_limit_bytes;
   for (int round = 0;; ++round) {
     absl::StatusOr<DpSolution> solution =
@@ -700,8 +816,13 @@ double TableRunCap(const DpProblem& p, std::span<const DpBudget> budgets, const 
   const double singles = PipelineObjective(max_single, sum_single, p.pipeline_stages,
                                            p.virtual_chunks, p.data_parallel);
   const bool large = p.order.size() > 1024;
+  const bool quick = large && !limits.depth;
   RunTable probe;
-  if (large && !limits.depth) {
+  if (quick) {
+    if (p.workspace != nullptr) {
+      probe.time_chunks = std::move(p.workspace->probe_time_chunks);
+      probe.memory_chunks = std::move(p.workspace->probe_memory_chunks);
+    }
     probe.single = runs.single;
     probe.single_known = runs.single_known;
     TableLimits small = limits;
@@ -709,13 +830,33 @@ double TableRunCap(const DpProblem& p, std::span<const DpBudget> budgets, const 
     BuildRuns(p, small, cache, probe);
   }
   double upper = 0;
-  for (const DpBudget& b : budgets) {
-    if (!SinglesFit(p, runs, b)) continue;
-    double bound = std::min(singles, b.cutoff != nullptr ? *b.cutoff : kInf);
-    if (large && !limits.depth) bound = std::min(bound, QuickObjective(p, b, probe, max_single));
-    upper = std::max(upper, bound);
+  const auto upper_bound = [&](const DpProblem& q) {
+    for (const DpBudget& b : budgets) {
+      if (!SinglesFit(q, runs, b)) continue;
+      double bound = std::min(singles, b.cutoff != nullptr ? *b.cutoff : kInf);
+      if (quick) bound = std::min(bound, QuickObjective(q, b, probe, max_single));
+      upper = std::max(upper, bound);
+    }
+  };
+  double lower_sum = 0;
+  if (large && p.threads > 1) {  // the quick DPs beside the lower bound
+    DpProblem one = p;
+    one.threads = 1;
+    ParallelFor(2, 2, [&](size_t task) {
+      if (task == 0) {
+        upper_bound(one);
+      } else {
+        lower_sum = SumLowerBound(one, cache);
+      }
+    });
+  } else {
+    upper_bound(p);
+    if (large) lower_sum = SumLowerBound(p, cache);
   }
-  const double lower_sum = large ? SumLowerBound(p, cache) : 0;
+  if (quick && p.workspace != nullptr) {
+    p.workspace->probe_time_chunks = std::move(probe.time_chunks);
+    p.workspace->probe_memory_chunks = std::move(probe.memory_chunks);
+  }
   return (upper - lower_sum / p.data_parallel) * p.virtual_chunks / (p.pipeline_stages - 1);
 }
 
@@ -753,8 +894,7 @@ void BuildTable(const DpProblem& p, std::span<const DpBudget> budgets, const Row
     runs.memory_at.assign(p.order.size(), nullptr);
     return;
   }
-  limits.run_cap =
-      std::min(RunCapFor(p, loosest), TableRunCap(p, budgets, cache, runs, limits));
+  limits.run_cap = std::min(RunCapFor(p, loosest), TableRunCap(p, budgets, cache, runs, limits));
   BuildRuns(p, limits, cache, runs);
 }
 
@@ -768,8 +908,7 @@ void BuildTable(const DpProblem& p, std::span<const DpBudget> budgets, const Row
 std::vector<absl::StatusOr<DpSolution>> SolveAll(const DpProblem& p,
                                                  std::span<const DpBudget> budgets,
                                                  const RowCache& cache, RunTable& runs) {
-  std::vector<absl::StatusOr<DpSolution>> solved(budgets.size(),
-                                                 absl::UnknownError("not solved"));
+  std::vector<absl::StatusOr<DpSolution>> solved(budgets.size(), absl::UnknownError("not solved"));
   const auto solve = [&](size_t k) {
     const double cutoff = CutoffOf(budgets[k]);
     solved[k] = SolveDepthBudget(p, runs, budgets[k], cutoff, RunCapFor(p, cutoff));
@@ -841,8 +980,18 @@ std::vector<absl::StatusOr<DpSolution>> SolveMicroBatchDpBudgets(
   RowCache cache;
   PrepareRows(p, cache);
   RunTable runs;
+  DpWorkspace* const ws = p.workspace;
+  if (ws != nullptr) {
+    runs.time_chunks = std::move(ws->time_chunks);
+    runs.memory_chunks = std::move(ws->memory_chunks);
+  }
   CostSingles(p, cache, runs);
-  return SolveAll(p, budgets, cache, runs);
+  std::vector<absl::StatusOr<DpSolution>> solved = SolveAll(p, budgets, cache, runs);
+  if (ws != nullptr) {
+    ws->time_chunks = std::move(runs.time_chunks);
+    ws->memory_chunks = std::move(runs.memory_chunks);
+  }
+  return solved;
 }
 
 absl::StatusOr<DpSolution> SolveMicroBatchDp(const DpProblem& p) {

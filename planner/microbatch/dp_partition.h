@@ -42,9 +42,20 @@
 
 namespace varipipe::planner {
 
+// Storage the run tables keep between solves of one mini-batch (its
+// recompute modes and budgets): a table of millions of runs is then neither
+// unmapped nor faulted in again for the next one. Not shared between
+// concurrent solves.
+struct DpWorkspace {
+  std::vector<std::vector<double>> time_chunks;
+  std::vector<std::vector<double>> memory_chunks;
+  std::vector<std::vector<double>> probe_time_chunks;
+  std::vector<std::vector<double>> probe_memory_chunks;
+};
+
 struct DpProblem {
-  std::span<const SampleLengths> samples;  // the mini-batch
-  std::span<const uint32_t> order;         // positions in `samples`, partition order
+  std::span<const SampleLengths> samples;     // the mini-batch
+  std::span<const uint32_t> order;            // positions in `samples`, partition order
   std::span<const uint64_t> sample_ids = {};  // parallel to `samples`, for errors; may be empty
   LengthPolicy policy;
   const MicroBatchCostModel* cost = nullptr;
@@ -62,8 +73,11 @@ struct DpProblem {
   // slower than cutoff * v / (c - 1) are never built, and when nothing beats
   // the cutoff the solution comes back `pruned`.
   double objective_cutoff_ms = std::numeric_limits<double>::infinity();
-  // Threads for building the run table (the result does not depend on it).
+  // Threads for the run table and, from 2, for solving tmax candidates
+  // ahead of the search (the result does not depend on it).
   int threads = 1;
+  // Reused table storage; null: each solve allocates its own.
+  DpWorkspace* workspace = nullptr;
 };
 
 struct DpSolution {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "planner/microbatch/baselines.h"
 #include "planner/microbatch/dp_partition.h"
+#include "planner/parallel.h"
 
 namespace varipipe::planner {
 namespace {
@@ -201,7 +202,6 @@ std::string CandidateName(const MicroBatchingCandidate& c) {
                       MemoryBudgetName(c.budget), " budget");
 }
 
-
 bool ValidOptions(const MicroBatchingOptions& o) {
   return o.pipeline > 0 && o.data_parallel > 0 && o.virtual_chunks > 0 && o.tensor_parallel > 0 &&
          o.length_multiple > 0 && o.device_memory_limit_bytes > 0 && !o.recompute_modes.empty() &&
@@ -216,10 +216,12 @@ LengthPolicy PolicyOf(const MicroBatchingOptions& o) {
 // The cost model of one recompute mode, memory in reference bytes.
 absl::StatusOr<MicroBatchCostModel> CostModelFor(const CostModel& model, const StageLayout& layout,
                                                  const MicroBatchingOptions& o,
-                                                 const MicroBatchingResult& result, Recompute mode) {
+                                                 const MicroBatchingResult& result,
+                                                 Recompute mode) {
   absl::StatusOr<MicroBatchCostModel> cost =
       MicroBatchCostModel::Create(model, layout, mode, o.tensor_parallel);
-  if (cost.ok()) cost->SetDeviceRoom(result.available_per_device, result.available_activation_bytes);
+  if (cost.ok())
+    cost->SetDeviceRoom(result.available_per_device, result.available_activation_bytes);
   return cost;
 }
 
@@ -239,8 +241,8 @@ absl::Status PrepareSamples(const CostModel& model, const StageLayout& layout,
     absl::StatusOr<MicroBatchCostModel> permissive =
         CostModelFor(model, layout, o, result, o.recompute_modes.back());
     if (!permissive.ok()) return permissive.status();
-    if (absl::Status s = TruncateForMemory(*permissive, o, policy, smallest, result.samples,
-                                           result.truncated);
+    if (absl::Status s =
+            TruncateForMemory(*permissive, o, policy, smallest, result.samples, result.truncated);
         !s.ok()) {
       return s;
     }
@@ -291,7 +293,7 @@ void TakeSolution(absl::StatusOr<DpSolution>& solution, MicroBatchingCandidate& 
 // none) is the objective pair k must beat, lowered by its solution.
 void SolvePairsDp(const MicroBatchCostModel& cost, const MicroBatchingOptions& o,
                   const MicroBatchingResult& result, std::span<double* const> cutoffs,
-                  std::vector<MicroBatchingCandidate>& pairs) {
+                  DpWorkspace* workspace, std::vector<MicroBatchingCandidate>& pairs) {
   const DpProblem problem{.samples = result.samples,
                           .order = result.order,
                           .sample_ids = o.sample_ids,
@@ -302,7 +304,8 @@ void SolvePairsDp(const MicroBatchCostModel& cost, const MicroBatchingOptions& o
                           .data_parallel = o.data_parallel,
                           .peak_limit_bytes = result.available_activation_bytes,
                           .tmax_interval_ms = o.tmax_interval_ms,
-                          .threads = o.threads};
+                          .threads = o.threads,
+                          .workspace = workspace};
   std::vector<DpBudget> budgets;
   for (size_t k = 0; k < pairs.size(); ++k) {
     const MicroBatchingCandidate& c = pairs[k];
@@ -325,8 +328,8 @@ void FinishPair(const MicroBatchingOptions& o, const MicroBatchingResult& result
 }
 
 // Every pair of every mode, in order of the options.
-void SolveAllPairs(const CostModel& model, const StageLayout& layout,
-                   const MicroBatchingOptions& o, MicroBatchingResult& result) {
+void SolveAllPairs(const CostModel& model, const StageLayout& layout, const MicroBatchingOptions& o,
+                   MicroBatchingResult& result) {
   std::vector<MicroBatchGroup> baseline;
   if (o.method != PartitionMethod::kDynamicProgramming) {
     baseline = BaselineGroups(result.samples, o, PolicyOf(o));
@@ -339,6 +342,7 @@ void SolveAllPairs(const CostModel& model, const StageLayout& layout,
   // faster, and each whole-device pair is solved to its own optimum. Nor
   // is a whole-device objective comparable to a depth one.
   double depth_best = std::numeric_limits<double>::infinity();
+  DpWorkspace workspace;  // one table's storage for every mode
   for (Recompute mode : o.recompute_modes) {
     const Clock::time_point mode_start = Clock::now();
     absl::StatusOr<MicroBatchCostModel> cost = CostModelFor(model, layout, o, result, mode);
@@ -351,7 +355,7 @@ void SolveAllPairs(const CostModel& model, const StageLayout& layout,
         const bool shared = o.share_bound && c.budget == MemoryBudget::kPipelineDepth;
         cutoffs.push_back(shared ? &depth_best : nullptr);
       }
-      SolvePairsDp(*cost, o, result, cutoffs, pairs);
+      SolvePairsDp(*cost, o, result, cutoffs, &workspace, pairs);
     } else {
       for (MicroBatchingCandidate& c : pairs) EvaluateGroups(*cost, o, baseline, c);
     }
@@ -359,10 +363,12 @@ void SolveAllPairs(const CostModel& model, const StageLayout& layout,
     const double mode_ms = MsSince(mode_start);
     for (MicroBatchingCandidate& c : pairs) {
       c.solve_ms = mode_ms / pairs.size();
-      FinishPair(o, result, c);
       result.candidates.push_back(std::move(c));
     }
   }
+  // Each pair's balancing and padding on its own (any thread count).
+  ParallelFor(result.candidates.size(), o.threads,
+              [&](size_t k) { FinishPair(o, result, result.candidates[k]); });
 }
 
 absl::Status NoPairFits(const MicroBatchingResult& result) {
@@ -528,7 +534,7 @@ absl::Status SolvePrunedPair(const CostModel& model, const MicroBatchingOptions&
                                     ? result->available_activation_bytes
                                     : result->available_activation_bytes / o.pipeline;
   double* const no_cutoff[] = {nullptr};
-  SolvePairsDp(*cost, o, *result, no_cutoff, pairs);
+  SolvePairsDp(*cost, o, *result, no_cutoff, nullptr, pairs);
   FinishPair(o, *result, pairs[0]);
   pairs[0].solve_ms = c.solve_ms;
   c = std::move(pairs[0]);

@@ -16,11 +16,18 @@
 //   *OneFOneBOnly: without the adaptive schedule;
 //   BM_Scale*:     GPT-6.7B pp = 8, maximum length 8192, 65,536 tokens per
 //                  replica, dp = 1, 8, 32, 64, one and two threads;
+//                  *ThreadRatio: one and two threads alternately in one
+//                  benchmark (counter speedup);
 //   BM_T5Memory*:  T5-11B pp = 8 with each device's own room vs the common
-//                  budget (counter pred_iter_ms).
+//                  budget (counters pred_iter_ms, selective_share over the
+//                  same 30 mini-batches), with and without the adaptive
+//                  schedule.
 //
 // Run: build/bench/planner_bench --benchmark_repetitions=5
 //        --benchmark_report_aggregates_only=true
+#include <algorithm>
+#include <array>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -45,6 +52,11 @@ struct Setting {
   bool per_pair = false;
   bool per_device_memory = true;
   uint32_t memory_mib = 40960;
+  // More than 0: pred_iter_ms is the mean over this many mini-batches, each
+  // planned once before timing (the same set whatever the iteration count),
+  // and selective_share the fraction of them that chose selective
+  // recomputation.
+  int quality_batches = 0;
 };
 
 v1::JobConfig Config(const Setting& s) {
@@ -85,7 +97,7 @@ v1::JobConfig Config(const Setting& s) {
 }
 
 // Consecutive samples of the mixture, truncated, until the token budget.
-std::vector<MiniBatch> Batches(const v1::JobConfig& c, bool documents) {
+std::vector<MiniBatch> Batches(const v1::JobConfig& c, bool documents, int count) {
   const bool t5 = c.model().kind() == v1::T5;
   const uint32_t max_len = c.data().max_sequence_length();
   const uint32_t max_target = t5 ? c.data().max_target_length() : max_len;
@@ -93,7 +105,7 @@ std::vector<MiniBatch> Batches(const v1::JobConfig& c, bool documents) {
       documents ? SyntheticMixture::Documents(2024) : SyntheticMixture::Flan(2024);
   std::vector<MiniBatch> batches;
   uint64_t index = 0;
-  for (int b = 0; b < kMiniBatches; ++b) {
+  for (int b = 0; b < count; ++b) {
     MiniBatch mb;
     mb.iteration = b;
     uint64_t tokens = 0;
@@ -125,7 +137,22 @@ void Run(benchmark::State& state, const Setting& setting) {
   planner->set_options({.threads = setting.threads,
                         .share_micro_batching_bound = !setting.per_pair,
                         .per_device_memory = setting.per_device_memory});
-  const std::vector<MiniBatch> batches = Batches(config, setting.documents);
+  if (setting.quality_batches > 0) {
+    double predicted = 0;
+    int selective = 0;
+    for (const MiniBatch& mb : Batches(config, setting.documents, setting.quality_batches)) {
+      absl::StatusOr<PlanningResult> r = planner->Plan(mb);
+      if (!r.ok()) {
+        state.SkipWithError(std::string(r.status().message()).c_str());
+        return;
+      }
+      predicted += r->report.predicted_iteration_ms;
+      selective += r->report.recompute == "selective";
+    }
+    state.counters["selective_share"] = static_cast<double>(selective) / setting.quality_batches;
+    state.counters["pred_iter_ms"] = predicted / setting.quality_batches;
+  }
+  const std::vector<MiniBatch> batches = Batches(config, setting.documents, kMiniBatches);
   int i = 0;
   double samples = 0;
   double predicted = 0;
@@ -145,7 +172,9 @@ void Run(benchmark::State& state, const Setting& setting) {
     last = std::move(r->report);
   }
   state.counters["samples"] = samples / std::max(1, planned);
-  state.counters["pred_iter_ms"] = predicted / std::max(1, planned);
+  if (setting.quality_batches == 0) {
+    state.counters["pred_iter_ms"] = predicted / std::max(1, planned);
+  }
   state.counters["micro_batches"] = last.micro_batches;
   state.counters["micro_batching_ms"] = last.micro_batching_ms;
   state.counters["scheduling_ms"] = last.scheduling_ms;
@@ -183,15 +212,44 @@ BENCHMARK(BM_PlanT5PerPair)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanT5OneFOneBOnly)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanT5Documents)->Unit(benchmark::kMillisecond);
 
-// Per-device memory: T5-11B pp = 8, FLAN-like; compare pred_iter_ms.
+// Per-device memory: T5-11B pp = 8, FLAN-like; compare pred_iter_ms (the
+// same 30 mini-batches for every variant). 58,000-64,000 MiB is the window
+// where selective recomputation under 1F1B fits each device's own room but
+// not the common budget.
+constexpr int kQualityBatches = 30;
 void BM_T5MemoryPerDevice(benchmark::State& s) {
-  Run(s, {.t5 = true, .memory_mib = static_cast<uint32_t>(s.range(0))});
+  Run(s, {.t5 = true,
+          .memory_mib = static_cast<uint32_t>(s.range(0)),
+          .quality_batches = kQualityBatches});
 }
 void BM_T5MemoryCommonBudget(benchmark::State& s) {
-  Run(s, {.t5 = true, .per_device_memory = false, .memory_mib = static_cast<uint32_t>(s.range(0))});
+  Run(s, {.t5 = true,
+          .per_device_memory = false,
+          .memory_mib = static_cast<uint32_t>(s.range(0)),
+          .quality_batches = kQualityBatches});
 }
-BENCHMARK(BM_T5MemoryPerDevice)->Arg(36000)->Arg(40960)->Arg(65536)->Arg(81920)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_T5MemoryCommonBudget)->Arg(36000)->Arg(40960)->Arg(65536)->Arg(81920)->Unit(benchmark::kMillisecond);
+// The same without the adaptive schedule (1F1B only).
+void BM_T5MemoryPerDeviceOneFOneB(benchmark::State& s) {
+  Run(s, {.t5 = true,
+          .adaptive = false,
+          .memory_mib = static_cast<uint32_t>(s.range(0)),
+          .quality_batches = kQualityBatches});
+}
+void BM_T5MemoryCommonBudgetOneFOneB(benchmark::State& s) {
+  Run(s, {.t5 = true,
+          .adaptive = false,
+          .per_device_memory = false,
+          .memory_mib = static_cast<uint32_t>(s.range(0)),
+          .quality_batches = kQualityBatches});
+}
+void MemoryArgs(benchmark::internal::Benchmark* b) {
+  for (int64_t mib : {36000, 40960, 61440, 65536, 81920}) b->Arg(mib);
+  b->Unit(benchmark::kMillisecond);
+}
+BENCHMARK(BM_T5MemoryPerDevice)->Apply(MemoryArgs);
+BENCHMARK(BM_T5MemoryCommonBudget)->Apply(MemoryArgs);
+BENCHMARK(BM_T5MemoryPerDeviceOneFOneB)->Arg(61440)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_T5MemoryCommonBudgetOneFOneB)->Arg(61440)->Unit(benchmark::kMillisecond);
 
 // The scale curve: GPT-6.7B, pp = 8, maximum length 8192, 65,536 tokens per
 // replica, documents-like; argument: dp.
@@ -214,10 +272,70 @@ void BM_ScaleGptFlan(benchmark::State& s) {
 BENCHMARK(BM_ScaleGptFlan)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ScaleGpt)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond);
 void BM_ScaleGptFlanTwoThreads(benchmark::State& s) {
-  Run(s, {.pipeline = 8, .data = static_cast<uint32_t>(s.range(0)), .max_length = 8192, .threads = 2});
+  Run(s,
+      {.pipeline = 8, .data = static_cast<uint32_t>(s.range(0)), .max_length = 8192, .threads = 2});
 }
 BENCHMARK(BM_ScaleGptTwoThreads)->Arg(64)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ScaleGptFlanTwoThreads)->Arg(64)->Unit(benchmark::kMillisecond);
+
+// One and two threads alternately on the same mini-batches, each plan timed
+// with its result's destruction; whichever runs first alternates, so work
+// elsewhere on the machine hits both alike. Counters: the median of each
+// and speedup = one_thread_ms / two_threads_ms. The benchmark's own time is
+// the pair's.
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+void RunThreadRatio(benchmark::State& state, const Setting& setting) {
+  const v1::JobConfig config = Config(setting);
+  absl::StatusOr<Planner> one = Planner::Create(config);
+  if (!one.ok()) {
+    state.SkipWithError(std::string(one.status().message()).c_str());
+    return;
+  }
+  one->set_options({.threads = 1});
+  Planner two = *one;
+  two.set_options({.threads = 2});
+  const std::vector<MiniBatch> batches = Batches(config, setting.documents, kMiniBatches);
+  std::array<std::vector<double>, 2> ms;
+  int i = 0;
+  for (auto _ : state) {
+    const MiniBatch& mb = batches[i % kMiniBatches];
+    for (int pass = 0; pass < 2; ++pass) {
+      const int which = (i + pass) % 2;  // 0: one thread
+      const auto start = std::chrono::steady_clock::now();
+      {
+        absl::StatusOr<PlanningResult> r = (which == 0 ? *one : two).Plan(mb);
+        if (!r.ok()) {
+          state.SkipWithError(std::string(r.status().message()).c_str());
+          return;
+        }
+        benchmark::DoNotOptimize(r->plans.size());
+      }
+      ms[which].push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count());
+    }
+    ++i;
+  }
+  state.counters["one_thread_ms"] = Median(ms[0]);
+  state.counters["two_threads_ms"] = Median(ms[1]);
+  state.counters["speedup"] = Median(ms[0]) / std::max(1e-9, Median(ms[1]));
+}
+
+void BM_ScaleGptThreadRatio(benchmark::State& s) {
+  RunThreadRatio(s, {.documents = true,
+                     .pipeline = 8,
+                     .data = static_cast<uint32_t>(s.range(0)),
+                     .max_length = 8192});
+}
+void BM_ScaleGptFlanThreadRatio(benchmark::State& s) {
+  RunThreadRatio(s, {.pipeline = 8, .data = static_cast<uint32_t>(s.range(0)), .max_length = 8192});
+}
+BENCHMARK(BM_ScaleGptFlanThreadRatio)->Arg(64)->MinTime(3)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ScaleGptThreadRatio)->Arg(64)->MinTime(3)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace varipipe::planner

@@ -6,8 +6,12 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/cost/analytic_model.h"
@@ -205,6 +209,81 @@ TEST_P(DpAgainstBruteForce, FindsTheOptimum) {
 
 INSTANTIATE_TEST_SUITE_P(Models, DpAgainstBruteForce, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "T5" : "GPT"; });
+
+// Everything a solution reports, to compare solves exactly.
+std::string Describe(const absl::StatusOr<DpSolution>& s) {
+  if (!s.ok()) return std::string(s.status().message());
+  std::string out = absl::StrFormat(
+      "obj %.17g max %.17g sum %.17g eval %d/%d pruned %d lb %.17g "
+      "limit %.17g:",
+      s->objective_ms, s->max_time_ms, s->sum_time_ms, s->tmax_evaluated, s->tmax_candidates,
+      s->pruned, s->lower_bound_ms, s->stored_limit_bytes);
+  for (const MicroBatchGroup& g : s->groups) {
+    absl::StrAppend(&out, " [", absl::StrJoin(g.samples, ","), "]");
+  }
+  return out;
+}
+
+// Threads (the run table, the overlapped unconstrained DP, tmax candidates
+// solved ahead) and a reused workspace never change a solution: large
+// batches (quick run cap) and small ones, both budget kinds, a shared
+// cutoff, two recompute modes in a row on one workspace.
+TEST(MicroBatchDp, SameSolutionsForAnyThreadCountAndWorkspace) {
+  std::mt19937 rng(
+      varipipe::testing::TestSeed("MicroBatchDp.SameSolutionsForAnyThreadCountAndWorkspace"));
+  int compared = 0;
+  for (int trial = 0; trial < 24; ++trial) {
+    const bool t5 = trial % 2 == 1;
+    RandomCase c = MakeCase(rng, t5, trial % 3 == 0 ? 300 : 1500);
+    const std::vector<uint32_t> order = OrderSamples(c.samples, c.policy, SampleOrder::kLengthSort);
+    const double factor = 1 + rng() % 6;
+    std::vector<std::string> first;
+    for (int variant = 0; variant < 3; ++variant) {
+      DpWorkspace workspace;
+      std::vector<std::string> described;
+      for (Recompute mode : {Recompute::kNone, Recompute::kFull}) {
+        absl::StatusOr<MicroBatchCostModel> cost =
+            MicroBatchCostModel::Create(c.model, c.layout, mode, 1);
+        ASSERT_THAT(cost, IsOk());
+        double stored = 0;
+        double peak = 0;
+        for (const SampleLengths& s : c.samples) {
+          MicroBatchCost one;
+          ASSERT_TRUE(cost->Evaluate(1,
+                                     RoundUpLength(SequenceLength(s, c.policy), c.policy.multiple),
+                                     t5 ? RoundUpLength(s.target, c.policy.multiple) : 0, &one));
+          stored = std::max(stored, one.depth_stored_bytes);
+          peak = std::max(peak, one.peak_bytes);
+        }
+        const uint32_t depth = c.layout.devices;
+        DpProblem p{.samples = c.samples,
+                    .order = order,
+                    .policy = c.policy,
+                    .cost = &*cost,
+                    .pipeline_stages = depth,
+                    .data_parallel = c.data_parallel,
+                    .peak_limit_bytes = peak * factor,
+                    .tmax_interval_ms = trial % 4 == 0 ? 0.0 : 0.01,
+                    .threads = variant + 1,
+                    .workspace = variant == 0 ? nullptr : &workspace};
+        double shared = kInf;
+        const DpBudget budgets[] = {
+            {.stored_limit_bytes = stored * factor / depth, .depth = depth, .cutoff = &shared},
+            {.stored_limit_bytes = peak * factor, .depth = 1, .cutoff = nullptr}};
+        for (const absl::StatusOr<DpSolution>& s : SolveMicroBatchDpBudgets(p, budgets)) {
+          described.push_back(Describe(s));
+        }
+      }
+      if (variant == 0) {
+        first = described;
+      } else {
+        EXPECT_EQ(described, first) << "trial " << trial << ", " << variant + 1 << " threads";
+        ++compared;
+      }
+    }
+  }
+  std::printf("compared %d solves with 2 and 3 threads against one thread\n", compared);
+}
 
 TEST(MicroBatchDp, NamesTheSampleThatFitsNowhere) {
   std::mt19937 rng(7);

@@ -77,25 +77,29 @@ MiniBatch Draw(const SyntheticMixture& mixture, uint64_t* cursor, uint64_t token
 
 std::vector<std::string> Bytes(const PlanningResult& r) {
   std::vector<std::string> bytes;
-  for (const v1::ExecutionPlan& plan : r.plans) bytes.push_back(SerializePlanDeterministically(plan));
+  for (const v1::ExecutionPlan& plan : r.plans)
+    bytes.push_back(SerializePlanDeterministically(plan));
   return bytes;
 }
 
 // planner.threads changes where the per-replica work runs, never the plans.
 TEST(PlannerSearch, PlansAreByteIdenticalForAnyThreadCount) {
-  std::mt19937 rng(varipipe::testing::TestSeed("PlannerSearch.PlansAreByteIdenticalForAnyThreadCount"));
+  std::mt19937 rng(
+      varipipe::testing::TestSeed("PlannerSearch.PlansAreByteIdenticalForAnyThreadCount"));
   // The last job has over 1,024 samples per mini-batch: the DP's run cap
   // from a quick solve and a lower bound, and its parallel run tables.
-  for (const Job& job : {Job{.pp = 4, .dp = 4, .tokens = 32768},
-                         Job{.t5 = true, .pp = 4, .dp = 3, .tokens = 24576},
-                         Job{.pp = 4, .dp = 16, .tokens = 262144}}) {
+  for (const Job& job :
+       {Job{.pp = 4, .dp = 4, .tokens = 32768}, Job{.t5 = true, .pp = 4, .dp = 3, .tokens = 24576},
+        Job{.pp = 4, .dp = 16, .tokens = 262144}}) {
     absl::StatusOr<Planner> one = Planner::Create(Config(job));
     ASSERT_THAT(one, IsOk());
-    Planner three = *one;
-    three.set_options({.threads = 3});
+    // Two threads also solve tmax candidates ahead of the DP's search.
+    std::vector<Planner> more(2, *one);
+    more[0].set_options({.threads = 2});
+    more[1].set_options({.threads = 3});
     const bool large = job.tokens > 100000;
-    const SyntheticMixture mixture = large || rng() % 2 ? SyntheticMixture::Documents(rng())
-                                                        : SyntheticMixture::Flan(rng());
+    const SyntheticMixture mixture =
+        large || rng() % 2 ? SyntheticMixture::Documents(rng()) : SyntheticMixture::Flan(rng());
     uint64_t cursor = 0;
     for (int iteration = 0; iteration < (large ? 2 : 4); ++iteration) {
       const MiniBatch mb = Draw(mixture, &cursor, job.tokens, iteration);
@@ -103,15 +107,20 @@ TEST(PlannerSearch, PlansAreByteIdenticalForAnyThreadCount) {
         EXPECT_GT(mb.lengths.size(), 1024u);
       }
       absl::StatusOr<PlanningResult> a = one->Plan(mb);
-      absl::StatusOr<PlanningResult> b = three.Plan(mb);
       ASSERT_THAT(a, IsOk());
-      ASSERT_THAT(b, IsOk());
-      EXPECT_EQ(b->report.threads, 3);
-      EXPECT_EQ(Bytes(*a), Bytes(*b)) << (job.t5 ? "T5" : "GPT") << " iteration " << iteration;
-      ASSERT_EQ(a->report.candidates.size(), b->report.candidates.size());
-      for (size_t k = 0; k < a->report.candidates.size(); ++k) {
-        EXPECT_EQ(a->report.candidates[k].makespan_ms, b->report.candidates[k].makespan_ms);
-        EXPECT_EQ(a->report.candidates[k].reason, b->report.candidates[k].reason);
+      for (const Planner& planner : more) {
+        absl::StatusOr<PlanningResult> b = planner.Plan(mb);
+        ASSERT_THAT(b, IsOk());
+        EXPECT_EQ(b->report.threads, planner.options().threads);
+        EXPECT_EQ(Bytes(*a), Bytes(*b)) << (job.t5 ? "T5" : "GPT") << " iteration " << iteration
+                                        << ", " << planner.options().threads << " threads";
+        ASSERT_EQ(a->report.candidates.size(), b->report.candidates.size());
+        for (size_t k = 0; k < a->report.candidates.size(); ++k) {
+          EXPECT_EQ(a->report.candidates[k].makespan_ms, b->report.candidates[k].makespan_ms);
+          EXPECT_EQ(a->report.candidates[k].dp_objective_ms,
+                    b->report.candidates[k].dp_objective_ms);
+          EXPECT_EQ(a->report.candidates[k].reason, b->report.candidates[k].reason);
+        }
       }
     }
   }
@@ -178,10 +187,9 @@ TEST(PlannerSearch, EachDeviceGetsItsOwnRoom) {
   ASSERT_THAT(rooms, IsOk());
   ASSERT_EQ(rooms->size(), 4u);
   for (size_t d = 0; d < 4; ++d) {
-    EXPECT_DOUBLE_EQ((*rooms)[d], 2048.0 * (1 << 20) -
-                                      ModelStatePerDevice(params[d], dims.dtype_bytes,
-                                                          ZeroStage::k0, 1)
-                                          .total())
+    EXPECT_DOUBLE_EQ((*rooms)[d],
+                     2048.0 * (1 << 20) -
+                         ModelStatePerDevice(params[d], dims.dtype_bytes, ZeroStage::k0, 1).total())
         << d;
   }
   // The busiest device's room is the common budget.
@@ -247,7 +255,8 @@ TEST(PlannerSearch, ValidatorChecksEachRankAgainstItsOwnLimit) {
 // max transient within each device's room (planner/microbatch/dp_partition.h,
 // DpBudget).
 TEST(PlannerSearch, DepthBudgetLeavesRoomForTheTransient) {
-  std::mt19937 rng(varipipe::testing::TestSeed("PlannerSearch.DepthBudgetLeavesRoomForTheTransient"));
+  std::mt19937 rng(
+      varipipe::testing::TestSeed("PlannerSearch.DepthBudgetLeavesRoomForTheTransient"));
   const ModelDims dims{.kind = ModelKind::kGpt,
                        .encoder_layers = 8,
                        .hidden = 1024,
@@ -265,7 +274,8 @@ TEST(PlannerSearch, DepthBudgetLeavesRoomForTheTransient) {
   int solved_trials = 0;
   for (int trial = 0; trial < 60; ++trial) {
     const Recompute mode = static_cast<Recompute>(trial % 3);
-    absl::StatusOr<MicroBatchCostModel> cost = MicroBatchCostModel::Create(*model, *layout, mode, 1);
+    absl::StatusOr<MicroBatchCostModel> cost =
+        MicroBatchCostModel::Create(*model, *layout, mode, 1);
     ASSERT_THAT(cost, IsOk());
     std::vector<SampleLengths> samples;
     std::uniform_int_distribution<uint32_t> length(1, 2048);
@@ -360,7 +370,7 @@ TEST(DocumentsMixture, ShortSamplesWithALongTail) {
     lengths.push_back(s.input + s.target);
   }
   std::sort(lengths.begin(), lengths.end());
-  EXPECT_LT(lengths[lengths.size() / 2], 120u);        // most are short
+  EXPECT_LT(lengths[lengths.size() / 2], 120u);            // most are short
   EXPECT_GT(lengths[lengths.size() * 995 / 1000], 2048u);  // the tail reaches the maximum
 }
 
