@@ -109,16 +109,23 @@ Runnable Build(const ModelSpec& spec, const ProfilePoint& p, torch::Device devic
       r.inputs.push_back(x);
       // GPT layers and T5 decoder layers are causal; T5 encoder layers not.
       const bool causal = decoder || !spec.encoder_decoder;
-      torch::Tensor self_mask = SelfAttentionMask(lengths(s), s, causal);
+      // The masks are built inside the forward, as a stage builds them for
+      // its layers, so the stored memory counts them (once per layer, where
+      // a stage keeps one per micro-batch: a small overestimate).
+      torch::Tensor full_lengths = lengths(s);
       if (!decoder) {
-        r.forward = [layer = r.layer, x, self_mask] { return layer->Forward(x, self_mask); };
+        r.forward = [layer = r.layer, x, full_lengths, s, causal] {
+          return layer->Forward(x, SelfAttentionMask(full_lengths, s, causal));
+        };
         break;
       }
       torch::Tensor memory = Activation(p, p.encoder_len, h, device);
       r.inputs.push_back(memory);
-      torch::Tensor cross_mask = CrossAttentionMask(lengths(p.encoder_len), s, p.encoder_len);
-      r.forward = [layer = r.layer, x, self_mask, memory, cross_mask] {
-        return layer->Forward(x, self_mask, memory, cross_mask);
+      torch::Tensor encoder_lengths = lengths(p.encoder_len);
+      const int64_t e = p.encoder_len;
+      r.forward = [layer = r.layer, x, memory, full_lengths, encoder_lengths, s, e] {
+        return layer->Forward(x, SelfAttentionMask(full_lengths, s, /*causal=*/true), memory,
+                              CrossAttentionMask(encoder_lengths, s, e));
       };
       break;
     }
@@ -202,8 +209,16 @@ Pass RunOnce(Runnable& r, const ProfileSettings& settings, MemoryProbe& probe) {
   Synchronize(settings.device);
   const Clock::time_point forwarded = Clock::now();
   pass.stored = probe.Current() - base;
-  if (r.grad_output.defined()) {
-    out.backward(r.grad_output.to(out.scalar_type()));
+  // The gradient the backward receives is a buffer of its own (a stage
+  // receives it from the next one) and counts in the peak.
+  const torch::Tensor grad = r.grad_output.defined()
+                                 ? r.grad_output.to(out.scalar_type(), /*non_blocking=*/false,
+                                                    /*copy=*/true)
+                                 : torch::Tensor();
+  Synchronize(settings.device);
+  const Clock::time_point backward_start = Clock::now();
+  if (grad.defined()) {
+    out.backward(grad);
   } else {
     out.backward();
   }
@@ -212,7 +227,7 @@ Pass RunOnce(Runnable& r, const ProfileSettings& settings, MemoryProbe& probe) {
   const Clock::time_point done = Clock::now();
   pass.peak = probe.Peak() - base;
   pass.forward_ms = Ms(forwarded - start);
-  pass.backward_ms = Ms(done - forwarded);
+  pass.backward_ms = Ms(done - backward_start);
   {
     torch::NoGradGuard no_grad;
     for (torch::Tensor& w : r.parameters) {

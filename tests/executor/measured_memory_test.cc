@@ -3,9 +3,10 @@
 // executor's ranks (threads, the counting allocator) run the plans. Each
 // rank's measured activation peak is printed next to the plan's prediction
 // (ExecutionPlan.predicted_activation_peak_bytes) and must lie within 30%
-// of it. The prediction is 4-21% low today: the per-component profile does
-// not see a stage's received input activations, its attention masks or its
-// token and label buffers (docs/cost-model.md).
+// of it. The prediction is up to 17% low today, on the last stage most: the
+// per-component profile does not see a stage's received input activations
+// where its last layer's output is kept as well, nor its token and label
+// buffers (docs/cost-model.md).
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
