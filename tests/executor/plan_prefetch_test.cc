@@ -24,6 +24,7 @@
 #include "planner/service/redis_instruction_store.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/test_directory.h"
 #include "varipipe/v1/service.grpc.pb.h"
 
 namespace varipipe::executor {
@@ -46,10 +47,7 @@ class PlanPrefetchTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
     ASSERT_THAT(redis, IsOk());
     redis_ = *std::move(redis);
-    dir_ = fs::temp_directory_path() /
-           absl::StrCat("varipipe-prefetch-", getpid(), "-",
-                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
+    dir_ = ::varipipe::testing::PerTestDirectory("varipipe-prefetch");
     std::ofstream(dir_ / "password") << redis_->password() << "\n";
   }
   void TearDown() override { fs::remove_all(dir_); }

@@ -39,6 +39,7 @@
 #include "tests/testing/planner_process.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/test_directory.h"
 #include "varipipe/v1/service.grpc.pb.h"
 
 namespace varipipe::service {
@@ -170,11 +171,7 @@ class PlannerSecurityTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
     ASSERT_THAT(redis, IsOk());
     redis_ = *std::move(redis);
-    dir_ = fs::temp_directory_path() /
-           absl::StrCat("varipipe-security-", getpid(), "-",
-                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = ::varipipe::testing::PerTestDirectory("varipipe-security");
     WritePrivate(dir_ / "password", redis_->password() + "\n");
   }
   void TearDown() override {

@@ -24,6 +24,7 @@
 #include "planner/service/planner_daemon.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/test_directory.h"
 #include "varipipe/v1/service.grpc.pb.h"
 
 namespace varipipe::service {
@@ -40,10 +41,7 @@ class PlannerServiceTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
     ASSERT_THAT(redis, IsOk());
     redis_ = *std::move(redis);
-    dir_ = fs::temp_directory_path() /
-           absl::StrCat("varipipe-service-", getpid(), "-",
-                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
+    dir_ = ::varipipe::testing::PerTestDirectory("varipipe-service");
     std::ofstream(dir_ / "password") << redis_->password() << "\n";
     // The job's token, registered before any daemon starts: every daemon of
     // the job serves it, and the clients below present it.
