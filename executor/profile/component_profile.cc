@@ -75,6 +75,10 @@ class MemoryProbe {
 struct Runnable {
   std::function<torch::Tensor()> forward;
   std::vector<torch::Tensor> inputs;
+  // Bytes of the inputs the component keeps (it is charged for them, not
+  // for its output: a stage keeps its first layer's input, received or
+  // embedded, and the next component keeps each output as its input).
+  int64_t kept_input_bytes = 0;
   torch::Tensor grad_output;
   std::vector<torch::Tensor> parameters;
   std::shared_ptr<TransformerLayer> layer;  // layers only
@@ -107,6 +111,7 @@ Runnable Build(const ModelSpec& spec, const ProfilePoint& p, torch::Device devic
       for (const torch::Tensor& t : r.layer->parameters()) r.parameters.push_back(t);
       torch::Tensor x = Activation(p, s, h, device);
       r.inputs.push_back(x);
+      r.kept_input_bytes = x.nbytes();
       // GPT layers and T5 decoder layers are causal; T5 encoder layers not.
       const bool causal = decoder || !spec.encoder_decoder;
       // The masks are built inside the forward, as a stage builds them for
@@ -137,6 +142,7 @@ Runnable Build(const ModelSpec& spec, const ProfilePoint& p, torch::Device devic
       position.requires_grad_(true);
       r.parameters = {word, position};
       torch::Tensor tokens = torch::randint(spec.vocab_size, {b, s}, torch::kInt64).to(device);
+      r.kept_input_bytes = tokens.nbytes();  // the backward keeps the token ids
       r.forward = [word, position, tokens, s] {
         return torch::embedding(word, tokens) + position.slice(0, 0, s).unsqueeze(0);
       };
@@ -152,6 +158,7 @@ Runnable Build(const ModelSpec& spec, const ProfilePoint& p, torch::Device devic
       torch::Tensor x = Activation(p, s, h, device);
       r.inputs.push_back(x);
       torch::Tensor labels = torch::randint(spec.vocab_size, {b * s}, torch::kInt64).to(device);
+      r.kept_input_bytes = x.nbytes() + labels.nbytes();
       const int64_t vocab = spec.vocab_size;
       r.forward = [x, weight, bias, head, labels, h, vocab] {
         const torch::Tensor logits =
@@ -208,7 +215,10 @@ Pass RunOnce(Runnable& r, const ProfileSettings& settings, MemoryProbe& probe) {
   torch::Tensor out = forward();
   Synchronize(settings.device);
   const Clock::time_point forwarded = Clock::now();
-  pass.stored = probe.Current() - base;
+  // Charged for the inputs it keeps, not for its output (add nodes keep no
+  // output; the next component keeps it as its input).
+  const int64_t output_bytes = r.grad_output.defined() ? out.nbytes() : 0;
+  pass.stored = probe.Current() - base + r.kept_input_bytes - output_bytes;
   // The gradient the backward receives is a buffer of its own (a stage
   // receives it from the next one) and counts in the peak.
   const torch::Tensor grad = r.grad_output.defined()
@@ -225,7 +235,7 @@ Pass RunOnce(Runnable& r, const ProfileSettings& settings, MemoryProbe& probe) {
   out = torch::Tensor();
   Synchronize(settings.device);
   const Clock::time_point done = Clock::now();
-  pass.peak = probe.Peak() - base;
+  pass.peak = probe.Peak() - base + r.kept_input_bytes;
   pass.forward_ms = Ms(forwarded - start);
   pass.backward_ms = Ms(done - backward_start);
   {

@@ -6,10 +6,15 @@
 //
 // Memory is measured, not modelled: on the CPU by the counting c10 allocator
 // (counting_allocator.h), on GPUs by the CUDA caching allocator's statistics.
-// Stored is what the forward leaves alive (its output included, which the
-// next component keeps as its input); peak is the highest level during the
-// forward and the backward, stored included. Parameter gradients are
-// allocated by a warm-up pass first and never counted.
+// Stored is what the forward leaves alive plus the input it keeps (a layer's
+// input activation, the embedding's token ids, the LM head's input and
+// labels) and minus its output, which the next component keeps as its input:
+// so a stage's components add up to what the stage keeps, whether its input
+// was received or embedded. Peak is the highest level during the forward and
+// the backward (the received output gradient included), plus the kept input.
+// Parameter gradients are allocated by a warm-up pass first and never
+// counted. A T5 decoder layer is not charged for the encoder output it
+// reads: a stage keeps one for all its decoder layers.
 #ifndef VARIPIPE_EXECUTOR_PROFILE_COMPONENT_PROFILE_H_
 #define VARIPIPE_EXECUTOR_PROFILE_COMPONENT_PROFILE_H_
 

@@ -2,11 +2,13 @@
 // components on this CPU, the planner plans with that cost model, and the
 // executor's ranks (threads, the counting allocator) run the plans. Each
 // rank's measured activation peak is printed next to the plan's prediction
-// (ExecutionPlan.predicted_activation_peak_bytes) and must lie within 30%
-// of it. The prediction is up to 17% low today, on the last stage most: the
-// per-component profile does not see a stage's received input activations
-// where its last layer's output is kept as well, nor its token and label
-// buffers (docs/cost-model.md).
+// (ExecutionPlan.predicted_activation_peak_bytes) and must lie within 10%
+// of it (seen: -3.5% to +5.5%). The plans use fixed-size micro-batches (3
+// samples, 5 micro-batches), so their shape, and with it their memory, does
+// not depend on the profiled times, which vary from run to run. With many
+// more micro-batches in flight the prediction falls behind (about -17% at 14):
+// a forward's output buffer lives until its send completes, and gradient
+// sends are waited for at the end of the iteration (docs/cost-model.md).
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -31,12 +33,13 @@
 namespace varipipe::testing {
 namespace {
 
-constexpr double kTolerance = 0.30;
+constexpr double kTolerance = 0.10;
 
 struct MemoryCase {
   v1::RecomputeMode recompute = v1::RECOMPUTE_SELECTIVE;
   v1::ScheduleKind schedule = v1::ONE_F_ONE_B;
   std::string name;
+  bool t5 = false;
 };
 
 class MeasuredMemory : public ::testing::TestWithParam<MemoryCase> {};
@@ -44,12 +47,17 @@ class MeasuredMemory : public ::testing::TestWithParam<MemoryCase> {};
 TEST_P(MeasuredMemory, ProfiledPredictionMatchesTheMeasuredPeak) {
   const MemoryCase& c = GetParam();
   TinyJob job;
+  job.t5 = c.t5;
   job.pipeline = 2;
   job.schedule = c.schedule;
   job.recompute = c.recompute;
+  // Fixed-size micro-batches: the plan's shape (and so its memory) does not
+  // depend on the profiled times, which vary from run to run.
+  job.method = v1::FIXED_SIZE;
   job.iterations = 1;
   absl::StatusOr<v1::JobConfig> config = TinyJobConfig(job);
   ASSERT_THAT(config, IsOk());
+  config->mutable_planner()->set_fixed_micro_batch_size(3);
   const std::filesystem::path dir = FreshDirectory("measured-memory-" + c.name);
   std::string json;
   google::protobuf::util::JsonPrintOptions options;
@@ -101,7 +109,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ONE_F_ONE_B, "Selective1F1B"},
                       MemoryCase{v1::RECOMPUTE_NONE, v1::ONE_F_ONE_B, "None1F1B"},
                       MemoryCase{v1::RECOMPUTE_FULL, v1::ONE_F_ONE_B, "Full1F1B"},
-                      MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ADAPTIVE, "SelectiveAdaptive"}),
+                      MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ADAPTIVE, "SelectiveAdaptive"},
+                      MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ONE_F_ONE_B, "T5Selective1F1B", true},
+                      MemoryCase{v1::RECOMPUTE_NONE, v1::ONE_F_ONE_B, "T5None1F1B", true}),
     [](const auto& info) { return info.param.name; });
 
 TEST(ProfileCli, HelpNamesTheFlags) {
