@@ -4,15 +4,21 @@
 #  1. dependencies and build;
 #  2. the planner's decisions for a larger GPT job, planned offline;
 #  3. a synthetic multi-task dataset (JSONL, converted to Megatron format);
-#  4. a planner daemon with its embedded Redis, and 4 executors launched by
+#  4. a profile of this machine: varipipe-profile --quick on 2 ranks measures
+#     the training job's model components, transfers and optimizer step
+#     (cached in build/profiles/, so a second run skips it);
+#  5. a planner daemon with its embedded Redis, planning with that profile
+#     (and calibrating it online), and 4 executors launched by
 #     torchrun --no_python (pp=2, dp=2; Gloo on CPUs, NCCL on GPUs) training
 #     a small GPT (deploy/configs/quickstart-train.json) with a progress line
-#     per iteration, then a summary and a Chrome trace of one iteration.
+#     per iteration, then a summary (measured vs predicted iteration time)
+#     and a Chrome trace of one iteration.
 #
-# Usage: deploy/quickstart.sh [--iterations N] [--out DIR] [--skip-build]
+# Usage: deploy/quickstart.sh [--iterations N] [--out DIR] [--skip-build] [--reprofile]
 #   --iterations N  iterations to train (default: 30, the config's)
 #   --out DIR       working folder (default: build/quickstart), emptied first
 #   --skip-build    use the binaries in build/bin as they are
+#   --reprofile     measure this machine again instead of using the cached profile
 # Environment: JOBS (parallel build jobs; default: number of cores).
 set -euo pipefail
 
@@ -22,12 +28,14 @@ cd "$root"
 iterations=30
 out=build/quickstart
 skip_build=0
+reprofile=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --iterations) iterations="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --skip-build) skip_build=1; shift ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --reprofile) reprofile=1; shift ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "deploy/quickstart.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -39,18 +47,20 @@ started=$(date +%s)
 bin="$root/build/bin"
 
 if [[ $skip_build -eq 0 ]]; then
-  step "1/4 dependencies and build"
+  step "1/5 dependencies and build"
   deploy/install-deps.sh
   cmake --preset default | grep -E "Varipipe dependencies|Build files" || {
     cmake --preset default >&2 || true
     exit 1
   }
   cmake --build --preset default -j "${JOBS:-$(nproc)}" \
-    --target varipipe-plan varipipe-planner varipipe-ctl varipipe-executor varipipe-convert-jsonl
+    --target varipipe-plan varipipe-planner varipipe-ctl varipipe-executor varipipe-convert-jsonl \
+    varipipe-profile
 else
-  step "1/4 dependencies and build: skipped (--skip-build)"
+  step "1/5 dependencies and build: skipped (--skip-build)"
 fi
-for b in varipipe-plan varipipe-planner varipipe-ctl varipipe-executor varipipe-convert-jsonl; do
+for b in varipipe-plan varipipe-planner varipipe-ctl varipipe-executor varipipe-convert-jsonl \
+    varipipe-profile; do
   [[ -x "$bin/$b" ]] || { echo "deploy/quickstart.sh: $bin/$b is missing (run without --skip-build)" >&2; exit 1; }
 done
 command -v torchrun > /dev/null || {
@@ -60,21 +70,43 @@ rm -rf "$out"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
-step "2/4 the planner's decisions for deploy/configs/quickstart-gpt.json (3 iterations, offline)"
+step "2/5 the planner's decisions for deploy/configs/quickstart-gpt.json (3 iterations, offline)"
 "$bin/varipipe-plan" --config deploy/configs/quickstart-gpt.json --iterations 3 --compare \
   2> "$out/plan-offline.log" | tail -n 12
 
-step "3/4 a synthetic multi-task dataset"
+step "3/5 a synthetic multi-task dataset"
 deploy/make-multitask-dataset.sh "$out/data/multitask.jsonl" --samples 4000 --vocab 128 --seed 7
 "$bin/varipipe-convert-jsonl" --input "$out/data/multitask.jsonl" \
   --output_prefix "$out/data/multitask" --vocab_size 128 > /dev/null 2> "$out/convert.log" || {
   cat "$out/convert.log" >&2; exit 1; }
+
+# The profile depends on the model and this machine: cached per config.
+step "4/5 a profile of this machine (varipipe-profile --quick, 2 ranks)"
+config_digest=$(sha256sum deploy/configs/quickstart-train.json | cut -c1-12)
+profile="$root/build/profiles/quickstart-$config_digest.json"
+mkdir -p "$root/build/profiles"
+if [[ -s "$profile" && $reprofile -eq 0 ]]; then
+  echo "cached: $profile (--reprofile measures again)"
+else
+  profile_started=$(date +%s)
+  (cd "$root/build/profiles" && torchrun --standalone --nnodes 1 --nproc_per_node 2 --no_python \
+    --redirects 2 --tee 2 --log_dir "$out/profile-torchrun" \
+    "$bin/varipipe-profile" --config "$root/deploy/configs/quickstart-train.json" \
+      --out "$profile" --quick) 2>&1 |
+    sed -E -u 's/^\[default([0-9]+)\]:\[[^]]*\] \[varipipe-profile\] \[[a-z]+\] /rank \1: /' |
+    grep -E --line-buffered "rank 0: (\[|transfers|optimizer|wrote)|error" || true
+  [[ -s "$profile" ]] || {
+    echo "deploy/quickstart.sh: profiling failed (logs: $out/profile-torchrun)" >&2; exit 1; }
+  echo "profiled in $(( $(date +%s) - profile_started )) s: $profile"
+fi
+
 # The job config names its data relative to itself: data/multitask_{input,target}.
-sed -E "s/\"iterations\": [0-9]+/\"iterations\": $iterations/" \
+sed -E -e "s/\"iterations\": [0-9]+/\"iterations\": $iterations/" \
+  -e "s#\"planner\": \{#\"planner\": { \"cost_model_path\": \"$profile\",#" \
   deploy/configs/quickstart-train.json > "$out/job.json"
 echo "dataset: $out/data/multitask_{input,target}.{idx,bin}; job: $out/job.json"
 
-step "4/4 planner daemon (embedded Redis) and 4 executors (torchrun, pp=2, dp=2)"
+step "5/5 planner daemon (embedded Redis) and 4 executors (torchrun, pp=2, dp=2)"
 planner_pid=""
 cleanup() {
   if [[ -n "$planner_pid" ]]; then
@@ -131,20 +163,33 @@ function field(line, name,    m) {
 {
   n++
   loss[n] = field($0, "loss")
+  measured[n] = field($0, "step_ms"); predicted[n] = field($0, "predicted_ms")
   if (n > 1) {  # the first iteration includes warm-up (allocations, connections)
-    tokens += field($0, "real_tokens_per_s"); eff += field($0, "padding_efficiency")
-    step_ms += field($0, "step_ms"); predicted += field($0, "predicted_ms"); m++
+    tokens += field($0, "real_tokens_per_s"); eff += field($0, "padding_efficiency"); m++
   }
 }
 END {
   if (n < iterations) { printf "only %d of %d iterations ran\n", n, iterations; exit 1 }
+  # Prediction error from iteration 5 on (the planner calibrates its profile
+  # from the reports of the first iterations); all but the first on short runs.
+  first = n > 6 ? 6 : 2
+  k = 0; sum_measured = 0; sum_predicted = 0
+  for (i = first; i <= n; i++) {
+    err[++k] = (predicted[i] > measured[i] ? predicted[i] - measured[i] : measured[i] - predicted[i]) / measured[i]
+    sum_measured += measured[i]; sum_predicted += predicted[i]
+  }
+  for (i = 2; i <= k; i++) {  # insertion sort (POSIX awk has no asort)
+    v = err[i]; for (j = i - 1; j >= 1 && err[j] > v; j--) err[j + 1] = err[j]; err[j + 1] = v
+  }
+  median = k % 2 ? err[(k + 1) / 2] : (err[k / 2] + err[k / 2 + 1]) / 2
   printf "\n== summary: %d iterations in %d s\n", n, seconds
   printf "  loss                 %.4f (iteration 0) -> %.4f (iteration %d)\n", loss[1], loss[n], n - 1
   printf "  real tokens/s        %.0f (mean over iterations 1..%d)\n", tokens / m, n - 1
   printf "  padding efficiency   %.1f%%\n", 100 * eff / m
-  printf "  iteration time       measured %.1f ms, predicted %.2f ms\n", step_ms / m, predicted / m
-  printf "                       (the prediction is for the GPUs of the cost model, not this machine)\n"
+  printf "  iteration time       measured %.1f ms, predicted %.1f ms (mean over iterations %d..%d)\n", sum_measured / k, sum_predicted / k, first - 1, n - 1
+  printf "  prediction error  %.1f%% (median over iterations %d..%d)\n", 100 * median, first - 1, n - 1
 }' "$out/metrics.jsonl"
 echo "  Chrome trace         $out/trace.json (iteration $trace_iteration; open in Perfetto or chrome://tracing)"
 echo "  checkpoints          $out/checkpoints"
+echo "  cost model           $profile (calibration: $out/planner-status.txt)"
 echo "  logs                 $out/planner.log, $out/torchrun"

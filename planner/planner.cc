@@ -14,6 +14,7 @@
 #include "planner/comm/comm_planner.h"
 #include "planner/cost/cost_model_io.h"
 #include "planner/cost/micro_batch_cost.h"
+#include "planner/cost/update_costs.h"
 #include "planner/microbatch/micro_batching.h"
 #include "planner/parallel.h"
 #include "planner/plan/plan_builder.h"
@@ -94,9 +95,16 @@ struct MethodSplit {
 // The state of one Plan call: the phases below fill it in order.
 class Search {
  public:
-  Search(const v1::JobConfig& config, const CostModel& model, const PlannerOptions& options,
-         const MiniBatch& mini_batch)
-      : c_(config), model_(model), options_(options), mini_batch_(mini_batch) {}
+  Search(const v1::JobConfig& config, const CostModel& model, const CostModel& profiled,
+         const CalibrationScales& scales, uint64_t calibration_version,
+         const PlannerOptions& options, const MiniBatch& mini_batch)
+      : c_(config),
+        model_(model),
+        profiled_(profiled),
+        scales_(scales),
+        calibration_version_(calibration_version),
+        options_(options),
+        mini_batch_(mini_batch) {}
 
   absl::Status Init();
   void MicroBatch();
@@ -120,8 +128,15 @@ class Search {
   std::vector<double> RankLimits(const MicroBatchingResult& mbr) const;
   ReplicaPlan ReplicaOf(const Candidate& best, uint32_t r, absl::Status* status) const;
 
+  // The predicted iteration of a candidate: its makespan plus the slowest
+  // device's calibrated all-reduce and optimizer step.
+  double UpdateMs() const;
+
   const v1::JobConfig& c_;
-  const CostModel& model_;
+  const CostModel& model_;     // calibrated: what plans are made with
+  const CostModel& profiled_;  // before calibration: the plans' profiled_ms
+  const CalibrationScales& scales_;
+  const uint64_t calibration_version_;
   const PlannerOptions& options_;
   const MiniBatch& mini_batch_;
   uint32_t p_ = 1;
@@ -131,6 +146,8 @@ class Search {
   LengthPolicy policy_;
   std::vector<MethodSplit> splits_;
   std::map<Recompute, std::unique_ptr<absl::StatusOr<MicroBatchCostModel>>> cost_models_;
+  std::map<Recompute, std::unique_ptr<absl::StatusOr<MicroBatchCostModel>>> profiled_models_;
+  std::vector<DeviceUpdateCost> updates_;  // per pipeline device, profiled
   std::vector<Candidate> candidates_;
   Clock::time_point start_ = Clock::now();
   double micro_batching_ms_ = 0;
@@ -155,7 +172,10 @@ absl::Status Search::Init() {
     const Recompute mode = RecomputeFromProto(static_cast<v1::RecomputeMode>(mode_value));
     cost_models_[mode] = std::make_unique<absl::StatusOr<MicroBatchCostModel>>(
         MicroBatchCostModel::Create(model_, layout_, mode, c_.parallelism().tensor()));
+    profiled_models_[mode] = std::make_unique<absl::StatusOr<MicroBatchCostModel>>(
+        MicroBatchCostModel::Create(profiled_, layout_, mode, c_.parallelism().tensor()));
   }
+  updates_ = DeviceUpdateCosts(profiled_, layout_, c_);
   return absl::OkStatus();
 }
 
@@ -256,11 +276,16 @@ ReplicaTimeline Search::ScheduleReplica(const Candidate& cand, uint32_t r) const
     }
     times[k] = split.costs[mine[k]].time_ms;
   }
+  // Measured point-to-point costs (varipipe-profile) replace the config's
+  // intra-node link.
+  const std::optional<CommunicationCosts>& measured = model_.communication();
   const ClusterNetwork network{
       .devices_per_node = c_.cluster().devices_per_node(),
       .first_device = r * p_,
-      .intra_node =
-          MakeLink(c_.cluster().intra_node_latency_us(), c_.cluster().intra_node_bandwidth_gbps()),
+      .intra_node = measured.has_value()
+                        ? Link{measured->p2p.latency_ms, measured->p2p.bytes_per_ms}
+                        : MakeLink(c_.cluster().intra_node_latency_us(),
+                                   c_.cluster().intra_node_bandwidth_gbps()),
       .inter_node =
           MakeLink(c_.cluster().inter_node_latency_us(), c_.cluster().inter_node_bandwidth_gbps())};
   if (cand.schedule == v1::ADAPTIVE) {
@@ -397,6 +422,14 @@ int Search::SolvePrunedAndChoose() {
   return Choose();
 }
 
+double Search::UpdateMs() const {
+  double slowest = 0;
+  for (const DeviceUpdateCost& u : updates_) {
+    slowest = std::max(slowest, u.all_reduce_ms + u.optimizer_ms * scales_.optimizer);
+  }
+  return slowest;
+}
+
 std::vector<double> Search::RankLimits(const MicroBatchingResult& mbr) const {
   std::vector<double> limits;
   for (uint32_t r = 0; r < dp_; ++r) {
@@ -411,9 +444,22 @@ ReplicaPlan Search::ReplicaOf(const Candidate& best, uint32_t r, absl::Status* s
   const MicroBatchingCandidate& split = best.split();
   ReplicaPlan replica;
   replica.shape = best.replicas[r].shape;
+  const absl::StatusOr<MicroBatchCostModel>& profiled = *profiled_models_.at(best.recompute);
+  std::vector<StageCost> stage_costs;
   for (uint32_t g : split.replicas.replicas[r]) {
     const MicroBatchGroup& group = split.groups[g];
     PlannedMicroBatch planned;
+    // What the profiled model predicts for each stage (executors report it
+    // beside their measurement: calibration.h).
+    if (profiled.ok() &&
+        profiled->EvaluateStages(static_cast<uint32_t>(group.size()), group.input_len,
+                                 group.target_len, best.chunks, dims_.hidden, dims_.dtype_bytes,
+                                 &stage_costs)) {
+      for (const StageCost& sc : stage_costs) {
+        planned.profiled_forward_ms.push_back(sc.forward_ms);
+        planned.profiled_backward_ms.push_back(sc.backward_ms);
+      }
+    }
     // Packed rows start at row_starts; unpacked, every sample starts a row.
     size_t next_row = 0;
     uint32_t input_offset = 0;
@@ -483,7 +529,15 @@ absl::StatusOr<std::vector<v1::ExecutionPlan>> Search::Lower(const Candidate& be
   options.schedule = best.report.schedule;
   options.partition_method = best.report.partition_method;
   options.global_target_tokens = global_target_tokens;
-  options.predicted_iteration_ms = best.report.makespan_ms;
+  options.predicted_makespan_ms = best.report.makespan_ms;
+  options.predicted_iteration_ms = best.report.makespan_ms + UpdateMs();
+  options.calibration_version = calibration_version_;
+  for (const DeviceUpdateCost& u : updates_) {
+    options.profiled_all_reduce_ms.push_back(u.all_reduce_ms);
+    options.profiled_optimizer_ms.push_back(u.optimizer_ms);
+    options.predicted_all_reduce_ms.push_back(u.all_reduce_ms);  // not calibrated
+    options.predicted_optimizer_ms.push_back(u.optimizer_ms * scales_.optimizer);
+  }
   options.predicted_activation_peak_bytes = best.peak_per_rank;
   absl::StatusOr<std::vector<v1::ExecutionPlan>> plans =
       BuildExecutionPlans(options, replicas, options_.threads);
@@ -518,7 +572,10 @@ PlanReport Search::Report(const Candidate* best, bool with_trace) const {
   report.partition_method = best->report.partition_method;
   report.schedule = best->report.schedule;
   report.recompute = best->report.recompute;
-  report.predicted_iteration_ms = best->report.makespan_ms;
+  report.predicted_makespan_ms = best->report.makespan_ms;
+  report.predicted_update_ms = UpdateMs();
+  report.predicted_iteration_ms = best->report.makespan_ms + report.predicted_update_ms;
+  report.calibration_version = calibration_version_;
   report.bubble_fraction = best->report.bubble_fraction;
   report.peak_bytes = best->peak_per_rank;
   report.memory_limit_bytes = mbr.available_activation_bytes;
@@ -586,11 +643,28 @@ absl::StatusOr<Planner> Planner::Create(const v1::JobConfig& config) {
 }
 
 Planner::Planner(v1::JobConfig config, CostModel model, PlannerOptions options)
-    : config_(std::move(config)), model_(std::move(model)), options_(options) {}
+    : config_(std::move(config)),
+      model_(std::move(model)),
+      profiled_(std::make_shared<const CostModel>(model_)),
+      options_(options) {}
+
+Planner Planner::WithCalibration(const v1::CalibrationState& state) const {
+  Planner out = *this;
+  out.calibration_ = state;
+  const ModelDims dims = ModelDimsFromConfig(config_.model());
+  const absl::StatusOr<StageLayout> layout =
+      MakeStageLayout(dims, config_.parallelism().pipeline(), 1);
+  out.scales_ = layout.ok() ? ScalesOf(state, *layout,
+                                       std::max(1u, config_.parallelism().virtual_chunks()))
+                            : CalibrationScales();
+  out.model_ = profiled_->ScaledTimes(out.scales_.forward, out.scales_.backward);
+  return out;
+}
 
 absl::StatusOr<PlanningResult> Planner::Plan(const MiniBatch& mini_batch, bool with_trace,
                                              PlanReport* failure_report) const {
-  Search search(config_, model_, options_, mini_batch);
+  Search search(config_, model_, *profiled_, scales_, calibration_.version(), options_,
+                mini_batch);
   if (absl::Status s = search.Init(); !s.ok()) return s;
   search.MicroBatch();
   search.EnumerateCandidates();

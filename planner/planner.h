@@ -26,11 +26,13 @@
 #define VARIPIPE_PLANNER_PLANNER_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/dataset/synthetic_mixture.h"
+#include "planner/cost/calibration.h"
 #include "planner/cost/cost_model.h"
 #include "varipipe/v1/config.pb.h"
 #include "varipipe/v1/plan.pb.h"
@@ -64,7 +66,12 @@ struct PlanReport {
   std::string partition_method;
   std::string schedule;
   std::string recompute;
+  // The pipeline makespan plus the slowest device's all-reduce and
+  // optimizer step (calibrated).
   double predicted_iteration_ms = 0;
+  double predicted_makespan_ms = 0;
+  double predicted_update_ms = 0;
+  uint64_t calibration_version = 0;
   double bubble_fraction = 0;
   std::vector<double> peak_bytes;  // per rank
   double memory_limit_bytes = 0;   // the smallest device's activation room
@@ -121,20 +128,32 @@ class Planner {
   static absl::StatusOr<Planner> Create(const v1::JobConfig& config);
   Planner(v1::JobConfig config, CostModel model, PlannerOptions options = {});
 
+  // The same planner with `state` applied to the profiled cost model
+  // (calibration.h): times scaled per layer kind, the all-reduce and the
+  // optimizer step by theirs. Plans record state.version.
+  Planner WithCalibration(const v1::CalibrationState& state) const;
+
   // On failure, *failure_report (when given) receives every candidate and
   // why it was rejected.
   absl::StatusOr<PlanningResult> Plan(const MiniBatch& mini_batch, bool with_trace = false,
                                       PlanReport* failure_report = nullptr) const;
 
   const v1::JobConfig& config() const { return config_; }
+  // The model plans are made with (calibrated), and the profiled one.
   const CostModel& cost_model() const { return model_; }
+  const CostModel& profiled_cost_model() const { return *profiled_; }
+  const v1::CalibrationState& calibration() const { return calibration_; }
+  const CalibrationScales& calibration_scales() const { return scales_; }
   const PlannerOptions& options() const { return options_; }
   void set_options(const PlannerOptions& options) { options_ = options; }
 
  private:
   v1::JobConfig config_;
   CostModel model_;
+  std::shared_ptr<const CostModel> profiled_;
   PlannerOptions options_;
+  v1::CalibrationState calibration_;
+  CalibrationScales scales_;
 };
 
 }  // namespace varipipe::planner

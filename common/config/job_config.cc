@@ -414,6 +414,7 @@ void ApplyJobConfigDefaults(JobConfig& config) {
   if (!pl.has_tmax_interval_ms()) pl.set_tmax_interval_ms(0.5);
   if (pl.length_multiple() == 0) pl.set_length_multiple(8);
   if (pl.plan_ahead() == 0) pl.set_plan_ahead(8);
+  if (!pl.has_online_calibration()) pl.set_online_calibration(true);
   if (pl.kfkb_k() == 0) pl.set_kfkb_k(2);
   if (pl.fixed_micro_batch_size() == 0) pl.set_fixed_micro_batch_size(8);
   if (pl.sample_order() == v1::SAMPLE_ORDER_UNSPECIFIED) pl.set_sample_order(v1::LENGTH_SORT);

@@ -11,6 +11,8 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -23,13 +25,21 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "absl/strings/strip.h"
 #include "common/binary_main.h"
+#include "common/redis/redis_client.h"
+#include "common/redis/redis_server_process.h"
+#include "common/secret_file.h"
+#include "common/status.h"
+#include "executor/comm/transport_factory.h"
 #include "common/config/job_config.h"
 #include "common/shutdown_signal.h"
 #include "executor/model/model_spec.h"
 #include "executor/profile/component_profile.h"
+#include "executor/profile/update_profile.h"
 #include "executor/runtime/counting_allocator.h"
 #include "executor/runtime/device.h"
+#include "executor/runtime/launch_env.h"
 #include "google/protobuf/util/json_util.h"
 #include "spdlog/spdlog.h"
 #include "varipipe/v1/cost_model.pb.h"
@@ -42,6 +52,13 @@ ABSL_FLAG(bool, quick, false,
 ABSL_FLAG(int32_t, repeats, 5, "Measured passes per grid point (times are their median).");
 ABSL_FLAG(int32_t, warmup, 1, "Passes before measuring each grid point.");
 ABSL_FLAG(std::string, device, "auto", "cpu, cuda:N, or auto (cuda:0 when LibTorch sees a GPU).");
+ABSL_FLAG(std::string, store_file, "",
+          "Launched on several ranks: the Redis they meet through, as a planner daemon's "
+          "--store_file ('host:port password'). Default: rank 0 starts a private redis-server on "
+          "loopback (one machine) and tells the others through OUT.rendezvous.");
+ABSL_FLAG(int64_t, transfer_max_bytes, 0,
+          "Largest message of the transfer measurements (default: 4 MiB with --quick, else 64 "
+          "MiB).");
 ABSL_FLAG(int32_t, threads, 1,
           "LibTorch intra-op threads on the CPU (an executor rank uses LibTorch's default; "
           "profile with what each rank gets: cores / ranks per machine).");
@@ -59,7 +76,14 @@ constexpr char kUsage[] =
     "\n"
     "Then plan with it: planner.cost_model_path in the config, or\n"
     "  varipipe-plan --config job.json --cost-model cost-model.json\n"
-    "A killed run continues from OUT.partial when started again with the same arguments.\n";
+    "A killed run continues from OUT.partial when started again with the same arguments.\n"
+    "\n"
+    "Launched like executors on several ranks, it first measures point-to-point messages\n"
+    "(ranks 0 and 1) and the all-reduce (every rank) over the executor's transport, then\n"
+    "rank 0 profiles the components:\n"
+    "  torchrun --standalone --nproc_per_node 2 --no_python \\\n"
+    "    varipipe-profile --config job.json --out cost-model.json\n"
+    "On one rank the file keeps the transfer costs of an earlier run's OUT.\n";
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -197,6 +221,127 @@ std::string Duration(double seconds) {
              : absl::StrFormat("%.0fm%02.0fs", std::floor(seconds / 60), std::fmod(seconds, 60));
 }
 
+// The launch's id (torchrun's run id and restart count, Open MPI's job id):
+// ranks of one launch agree on it, ranks of another do not.
+std::string LaunchId() {
+  if (const char* id = std::getenv("TORCHELASTIC_RUN_ID"); id != nullptr && *id != '\0') {
+    const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    return absl::StrCat(id, ".", restarts != nullptr ? restarts : "0");
+  }
+  if (const char* id = std::getenv("OMPI_MCA_orte_ess_jobid"); id != nullptr && *id != '\0') {
+    return id;
+  }
+  return "default";
+}
+
+// Redis for the rendezvous: --store_file, else a private redis-server that
+// rank 0 starts and announces in OUT.rendezvous ("host:port password id").
+struct Rendezvous {
+  std::unique_ptr<RedisServer> server;  // rank 0's private one
+  RedisClient::Options redis;
+  std::string announcement;             // the file rank 0 wrote
+};
+
+absl::StatusOr<Rendezvous> MeetThroughRedis(const executor::LaunchEnv& env,
+                                            const std::string& out_path,
+                                            const ShutdownSignal& shutdown) {
+  Rendezvous r;
+  std::string address, password;
+  if (const std::string file = absl::GetFlag(FLAGS_store_file); !file.empty()) {
+    std::ifstream in(file);
+    if (!(in >> address >> password)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file, " (--store_file): expected 'host:port password'"));
+    }
+  } else if (env.rank == 0) {
+    VP_ASSIGN_OR_RETURN(r.server, RedisServer::Start());
+    address = r.server->address();
+    password = r.server->password();
+    r.announcement = out_path + ".rendezvous";
+    VP_RETURN_IF_ERROR(WriteSecretFile(
+        r.announcement, absl::StrCat(address, " ", password, " ", LaunchId(), "\n")));
+  } else {
+    // Wait for rank 0's announcement of this launch (an older one is stale).
+    const std::string file = out_path + ".rendezvous";
+    const absl::Time deadline = absl::Now() + absl::Minutes(5);
+    for (;;) {
+      std::ifstream in(file);
+      std::string id;
+      if (in >> address >> password >> id && id == LaunchId()) break;
+      if (shutdown.Requested()) return absl::CancelledError("stopped by a signal");
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "rank 0 did not announce its Redis in ", file,
+            " within 5 minutes (ranks must share OUT's folder, or pass --store_file)"));
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  }
+  VP_ASSIGN_OR_RETURN(const auto host_port, ParseHostPort(address));
+  r.redis.host = host_port.first;
+  r.redis.port = host_port.second;
+  r.redis.password = password;
+  return r;
+}
+
+// Every rank: transfers over the executor's transport. Rank 0 returns the
+// costs; the others return nothing.
+absl::StatusOr<std::optional<v1::CommunicationCosts>> MeasureTransfers(
+    const executor::LaunchEnv& env, const v1::JobConfig& config, torch::Device device,
+    const std::string& out_path, bool quick, const ShutdownSignal& shutdown) {
+  VP_ASSIGN_OR_RETURN(Rendezvous rendezvous, MeetThroughRedis(env, out_path, shutdown));
+  executor::TransportOptions options;
+  options.redis = rendezvous.redis;
+  options.prefix =
+      absl::StrCat(config.store().key_prefix(), "/", config.job_id(), "/profile/", LaunchId());
+  options.rank = env.rank;
+  options.size = env.world_size;
+  options.cuda_device = device.is_cuda() ? device.index() : -1;
+  for (int r = 0; r < env.world_size; ++r) {
+    if (r != env.rank) options.peers.push_back(r);
+    options.data_parallel_group.push_back(r);
+  }
+  options.connect_timeout = absl::Minutes(5);
+  spdlog::info("rank {} of {}: meeting the other ranks through Redis {}:{}", env.rank,
+               env.world_size, options.redis.host, options.redis.port);
+  VP_ASSIGN_OR_RETURN(std::unique_ptr<executor::Transport> transport,
+                      executor::CreateTransport(options));
+  int64_t max_bytes = absl::GetFlag(FLAGS_transfer_max_bytes);
+  if (max_bytes <= 0) max_bytes = quick ? (4 << 20) : (64 << 20);
+  spdlog::info("measuring transfers over {} (messages up to {} bytes)", transport->Describe(),
+               max_bytes);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::CommunicationCosts> costs = executor::MeasureCommunication(
+      *transport, device, static_cast<size_t>(max_bytes), quick ? 5 : 11);
+  transport.reset();  // before rank 0 stops the server the others talk to
+  if (!rendezvous.announcement.empty()) std::filesystem::remove(rendezvous.announcement);
+  if (!costs.ok()) return costs.status();
+  spdlog::info(
+      "transfers measured in {:.1f} s: point-to-point {:.1f} us + n / {:.3f} GB/s; all-reduce "
+      "over {} ranks {:.1f} us + n / {:.3f} GB/s",
+      absl::ToDoubleSeconds(absl::Now() - start), costs->p2p_latency_us(),
+      costs->p2p_bandwidth_gbps(), costs->all_reduce_ranks(), costs->all_reduce_latency_us(),
+      costs->all_reduce_bandwidth_gbps());
+  if (env.rank != 0) return std::nullopt;
+  return *costs;
+}
+
+// The communication costs of an earlier run's OUT, if any.
+std::optional<v1::CommunicationCosts> EarlierCommunication(const std::string& out_path) {
+  std::ifstream in(out_path);
+  if (!in) return std::nullopt;
+  std::stringstream text;
+  text << in.rdbuf();
+  v1::CostModelFile earlier;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  if (!google::protobuf::util::JsonStringToMessage(text.str(), &earlier, options).ok() ||
+      !earlier.has_communication()) {
+    return std::nullopt;
+  }
+  return earlier.communication();
+}
+
 int Run(const ShutdownSignal& shutdown) {
   const std::string config_path = absl::GetFlag(FLAGS_config);
   const std::string out_path = absl::GetFlag(FLAGS_out);
@@ -220,8 +365,15 @@ int Run(const ShutdownSignal& shutdown) {
   settings.warmup = absl::GetFlag(FLAGS_warmup);
   settings.repeats =
       quick ? std::min(3, absl::GetFlag(FLAGS_repeats)) : absl::GetFlag(FLAGS_repeats);
+  absl::StatusOr<executor::LaunchEnv> env = executor::ReadLaunchEnv();
+  if (!env.ok()) {
+    std::fprintf(stderr, "varipipe-profile: %s\n", std::string(env.status().message()).c_str());
+    return kExitUsage;
+  }
   std::string device = absl::GetFlag(FLAGS_device);
-  if (device == "auto") device = torch::cuda::is_available() ? "cuda:0" : "cpu";
+  if (device == "auto") {
+    device = torch::cuda::is_available() ? absl::StrCat("cuda:", env->local_rank) : "cpu";
+  }
   try {
     settings.device = torch::Device(device);
   } catch (const std::exception& e) {
@@ -237,6 +389,34 @@ int Run(const ShutdownSignal& shutdown) {
     executor::InstallCountingCpuAllocator();
     torch::set_num_threads(std::max(1, absl::GetFlag(FLAGS_threads)));
   }
+  // Several ranks: transfers first, then rank 0 alone profiles the rest.
+  std::optional<v1::CommunicationCosts> communication;
+  if (env->world_size > 1) {
+    absl::StatusOr<std::optional<v1::CommunicationCosts>> measured =
+        MeasureTransfers(*env, *config, settings.device, out_path, quick, shutdown);
+    if (!measured.ok()) {
+      spdlog::error("measuring transfers: {}", std::string(measured.status().message()));
+      return kExitFailure;
+    }
+    if (env->rank != 0) return kExitOk;
+    communication = *measured;
+  } else {
+    communication = EarlierCommunication(out_path);
+    if (communication.has_value()) {
+      spdlog::info("keeping the transfer costs of {} ({})", out_path, communication->transport());
+    } else {
+      spdlog::info("one rank: no transfer costs measured (launch on two or more ranks for them)");
+    }
+  }
+  absl::StatusOr<v1::OptimizerCosts> optimizer =
+      executor::MeasureOptimizer(*spec, *config, settings.device, settings.repeats);
+  if (!optimizer.ok()) {
+    spdlog::error("{}", std::string(optimizer.status().message()));
+    return kExitFailure;
+  }
+  spdlog::info("optimizer step ({}): {:.3f} ms + {:.3f} ms per million parameters",
+               optimizer->optimizer(), optimizer->fixed_ms(),
+               optimizer->ms_per_million_parameters());
   std::vector<v1::RecomputeMode> modes;
   for (int m : config->planner().recompute_modes())
     modes.push_back(static_cast<v1::RecomputeMode>(m));
@@ -323,6 +503,8 @@ int Run(const ShutdownSignal& shutdown) {
       absl::GetFlag(FLAGS_threads), " threads), ",
       absl::FormatTime("%Y-%m-%d", absl::Now(), absl::UTCTimeZone()), quick ? ", quick grid" : ""));
   *file.mutable_model() = config->model();
+  if (communication.has_value()) *file.mutable_communication() = *communication;
+  *file.mutable_optimizer() = *optimizer;
   int repaired = 0;
   for (const Grid& g : grids) {
     for (v1::RecomputeMode mode : modes) {

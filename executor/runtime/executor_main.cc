@@ -361,7 +361,17 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
       timing->set_stage(t.stage);
       timing->set_forward_ms(t.forward_seconds * 1e3);
       timing->set_backward_ms(t.backward_seconds * 1e3);
+      timing->set_profiled_forward_ms(t.profiled_forward_ms);
+      timing->set_profiled_backward_ms(t.profiled_backward_ms);
     }
+    // What the plan predicted, for the daemons' calibration and error
+    // statistics (docs/cost-model.md, "Calibration").
+    progress.set_predicted_iteration_ms(plan->predicted_iteration_ms());
+    progress.set_calibration_version(plan->calibration_version());
+    progress.set_all_reduce_ms(stats.all_reduce_seconds * 1e3);
+    progress.set_optimizer_ms(stats.optimizer_seconds * 1e3);
+    progress.set_profiled_all_reduce_ms(plan->profiled_all_reduce_ms());
+    progress.set_profiled_optimizer_ms(plan->profiled_optimizer_ms());
     VP_RETURN_IF_ERROR(source.Done(progress));
     if (env.rank == 0) {
       spdlog::info(
@@ -382,14 +392,18 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
                        "\"interpreter_overhead_ms\": %.4f, \"instructions\": %d, "
                        "\"learning_rate\": %.6g, \"grad_norm\": %.6f, \"peak_memory_mib\": %.1f, "
                        "\"activation_peak_mib\": %.3f, "
-                       "\"predicted_activation_peak_mib\": %.3f, \"predicted_ms\": %.3f}",
+                       "\"predicted_activation_peak_mib\": %.3f, \"predicted_ms\": %.3f, "
+                       "\"predicted_makespan_ms\": %.3f, \"all_reduce_ms\": %.3f, "
+                       "\"optimizer_ms\": %.3f, \"calibration_version\": %d}",
                        iteration, loss, real_tokens / step_seconds,
                        padded_tokens > 0 ? real_tokens / padded_tokens : 0.0, step_seconds * 1e3,
                        stats.compute_seconds * 1e3, stats.communication_seconds * 1e3,
                        stats.overhead_seconds * 1e3, stats.instructions, stats.learning_rate,
                        stats.grad_norm, peak_mib, activation_peak_mib,
                        plan->predicted_activation_peak_bytes() / (1024.0 * 1024.0),
-                       plan->predicted_iteration_ms())
+                       plan->predicted_iteration_ms(), plan->predicted_makespan_ms(),
+                       stats.all_reduce_seconds * 1e3, stats.optimizer_seconds * 1e3,
+                       plan->calibration_version())
                 << std::endl;
       }
     }

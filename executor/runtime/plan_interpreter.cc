@@ -310,8 +310,9 @@ class IterationRun {
     // every layer keeps only its inputs and is re-run in the backward.
     stage->SetSelectiveRecompute(plan_.recompute() == "selective");
     stage->SetFullRecompute(plan_.recompute() == "full");
-    StageActivations out =
-        RunStage(stage, saved, &TimeOf(in.stage(), in.micro_batch()).forward_seconds);
+    MicroBatchTime& time = TimeOf(in.stage(), in.micro_batch());
+    time.profiled_forward_ms = in.forward().profiled_ms();
+    StageActivations out = RunStage(stage, saved, &time.forward_seconds);
     const v1::ForwardPass& f = in.forward();
     if (stage->role().has_head) {
       if (!out.loss.defined()) return absl::InternalError("the last stage produced no loss");
@@ -342,7 +343,9 @@ class IterationRun {
     }
     Saved saved = std::move(node.mapped());
     ModelStage* stage = it_.stages_.at(in.stage());
-    double& backward_seconds = TimeOf(in.stage(), in.micro_batch()).backward_seconds;
+    MicroBatchTime& time = TimeOf(in.stage(), in.micro_batch());
+    time.profiled_backward_ms = in.backward().profiled_ms();
+    double& backward_seconds = time.backward_seconds;
     const v1::BackwardPass& b = in.backward();
     const Clock::time_point start = Clock::now();
     if (stage->role().has_head) {
@@ -483,14 +486,20 @@ class IterationRun {
         offset += g.numel();
       }
     }
-    stats_.communication_seconds += Seconds(Clock::now() - start);
+    const double elapsed = Seconds(Clock::now() - start);
+    stats_.communication_seconds += elapsed;
+    stats_.all_reduce_seconds += elapsed;
     return absl::OkStatus();
   }
 
   absl::Status OptimizerStep() {
     if (it_.optimizer_ == nullptr) return absl::FailedPreconditionError("no optimizer configured");
     // Global gradient norm: squared norms summed over the pipeline replica.
+    // The optimizer's time is its local work: the norm, then the step (the
+    // norm's all-reduce waits for the replica's slowest stage).
+    const Clock::time_point norm_start = Clock::now();
     float squared = static_cast<float>(it_.optimizer_->LocalSquaredGradNorm());
+    stats_.optimizer_seconds += Seconds(Clock::now() - norm_start);
     const std::vector<int>& group = it_.options_.pipeline_group;
     if (group.size() > 1) {
       Transport* host =
@@ -502,7 +511,9 @@ class IterationRun {
     if (it_.options_.before_optimizer_step) it_.options_.before_optimizer_step(stats_);
     const Clock::time_point start = Clock::now();
     stats_.learning_rate = it_.optimizer_->Step(plan_.iteration(), stats_.grad_norm);
-    stats_.compute_seconds += Seconds(Clock::now() - start);
+    const double elapsed = Seconds(Clock::now() - start);
+    stats_.compute_seconds += elapsed;
+    stats_.optimizer_seconds += elapsed;
     return absl::OkStatus();
   }
 

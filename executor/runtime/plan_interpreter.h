@@ -87,6 +87,9 @@ struct MicroBatchTime {
   uint32_t stage = 0;
   double forward_seconds = 0;
   double backward_seconds = 0;
+  // The plan's profiled predictions of the two passes (0: none).
+  double profiled_forward_ms = 0;
+  double profiled_backward_ms = 0;
 };
 
 struct IterationStats {
@@ -106,6 +109,11 @@ struct IterationStats {
   double data_seconds = 0;
   double overhead_seconds = 0;
   double total_seconds = 0;
+  // Parts of the above: the data-parallel gradient all-reduce (waiting for
+  // the other replicas included) and the optimizer's local work (gradient
+  // norm and step).
+  double all_reduce_seconds = 0;
+  double optimizer_seconds = 0;
   // In the order of the first forward of each (stage, micro-batch).
   std::vector<MicroBatchTime> micro_batch_times;
   // With InterpreterOptions::memory: live bytes when the iteration started

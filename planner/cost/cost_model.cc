@@ -102,4 +102,21 @@ absl::Status CostModel::CheckUsable(ModelKind kind, uint32_t tensor_parallel) co
                                           " (missing: ", absl::StrJoin(missing, ", "), ")"));
 }
 
+CostModel CostModel::ScaledTimes(const std::array<double, kNumComponents>& forward_scale,
+                                 const std::array<double, kNumComponents>& backward_scale) const {
+  CostModel out = *this;
+  for (auto& [key, grid] : out.grids_) {
+    std::vector<CostValues> values = grid.values();
+    const int c = static_cast<int>(key.component);
+    for (CostValues& v : values) {
+      v.forward_ms *= forward_scale[c];
+      v.backward_ms *= backward_scale[c];
+    }
+    // Positive finite scales keep every invariant Create checks.
+    grid = *ProfileGrid::Create(grid.micro_batch_sizes(), grid.seq_lens(), grid.encoder_seq_lens(),
+                                std::move(values), "calibrated grid");
+  }
+  return out;
+}
+
 }  // namespace varipipe::planner

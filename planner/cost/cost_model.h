@@ -30,6 +30,29 @@
 
 namespace varipipe::planner {
 
+// Measured transfer costs: t(n bytes) = latency + n / bandwidth.
+struct LinkCosts {
+  double latency_ms = 0;
+  double bytes_per_ms = 0;  // bandwidth
+  double Ms(double bytes) const { return latency_ms + (bytes_per_ms > 0 ? bytes / bytes_per_ms : 0); }
+};
+
+// What varipipe-profile measured besides the components: point-to-point
+// messages and the data-parallel all-reduce over the executor's transport,
+// and the optimizer step.
+struct CommunicationCosts {
+  std::string transport;  // "gloo ...", "nccl ..."
+  LinkCosts p2p;
+  LinkCosts all_reduce;  // fp32 gradients, over all_reduce_ranks ranks
+  uint32_t all_reduce_ranks = 2;
+};
+struct OptimizerCosts {
+  std::string optimizer;
+  double fixed_ms = 0;
+  double ms_per_parameter = 0;
+  double Ms(double parameters) const { return fixed_ms + ms_per_parameter * parameters; }
+};
+
 enum class Component { kEncoderLayer = 0, kDecoderLayer = 1, kEmbedding = 2, kPostprocess = 3 };
 inline constexpr int kNumComponents = 4;
 const char* ComponentName(Component component);
@@ -77,6 +100,18 @@ class CostModel {
   // InvalidArgument naming the differing dimension.
   absl::Status CheckMatches(const ModelDims& dims) const;
 
+  // Measured communication and optimizer costs, when the file has them.
+  const std::optional<CommunicationCosts>& communication() const { return communication_; }
+  void set_communication(const CommunicationCosts& c) { communication_ = c; }
+  const std::optional<OptimizerCosts>& optimizer() const { return optimizer_; }
+  void set_optimizer(const OptimizerCosts& o) { optimizer_ = o; }
+
+  // A copy with every grid's forward times multiplied by
+  // forward_scale[component] and backward times by backward_scale[component]
+  // (memory unchanged): calibration (calibration.h).
+  CostModel ScaledTimes(const std::array<double, kNumComponents>& forward_scale,
+                        const std::array<double, kNumComponents>& backward_scale) const;
+
   // Free text recorded with the model (source, hardware, date).
   const std::string& description() const { return description_; }
   void set_description(std::string description) { description_ = std::move(description); }
@@ -86,6 +121,8 @@ class CostModel {
   std::array<double, kNumComponents> parameters_{};
   std::string description_;
   std::optional<ModelDims> profiled_dims_;
+  std::optional<CommunicationCosts> communication_;
+  std::optional<OptimizerCosts> optimizer_;
 };
 
 }  // namespace varipipe::planner

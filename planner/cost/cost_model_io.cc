@@ -104,6 +104,40 @@ absl::StatusOr<CostModel> CostModelFromProto(const v1::CostModelFile& file,
       return Annotate(s, where);
     }
   }
+  if (file.has_communication()) {
+    const v1::CommunicationCosts& c = file.communication();
+    for (const auto& [name, value] :
+         {std::pair<const char*, double>{"p2p_latency_us", c.p2p_latency_us()},
+          {"p2p_bandwidth_gbps", c.p2p_bandwidth_gbps()},
+          {"all_reduce_latency_us", c.all_reduce_latency_us()},
+          {"all_reduce_bandwidth_gbps", c.all_reduce_bandwidth_gbps()}}) {
+      if (!(value >= 0) || !std::isfinite(value)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, ": communication.", name, " must be finite and >= 0"));
+      }
+    }
+    if (!(c.p2p_bandwidth_gbps() > 0) || !(c.all_reduce_bandwidth_gbps() > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": communication bandwidths must be positive"));
+    }
+    CommunicationCosts costs;
+    costs.transport = c.transport();
+    // us -> ms; GB/s (1e9 B/s) -> bytes per ms.
+    costs.p2p = {c.p2p_latency_us() / 1e3, c.p2p_bandwidth_gbps() * 1e6};
+    costs.all_reduce = {c.all_reduce_latency_us() / 1e3, c.all_reduce_bandwidth_gbps() * 1e6};
+    costs.all_reduce_ranks = std::max<uint32_t>(2, c.all_reduce_ranks());
+    model.set_communication(costs);
+  }
+  if (file.has_optimizer()) {
+    const v1::OptimizerCosts& o = file.optimizer();
+    if (!(o.fixed_ms() >= 0) || !std::isfinite(o.fixed_ms()) ||
+        !(o.ms_per_million_parameters() >= 0) || !std::isfinite(o.ms_per_million_parameters())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": optimizer.fixed_ms and optimizer.ms_per_million_parameters must be finite "
+                  "and >= 0"));
+    }
+    model.set_optimizer({o.optimizer(), o.fixed_ms(), o.ms_per_million_parameters() / 1e6});
+  }
   for (const v1::ComponentParameters& p : file.parameters()) {
     absl::StatusOr<Component> component = ComponentFromProto(p.component());
     if (!component.ok()) return Annotate(component.status(), absl::StrCat(source, ": parameters"));
@@ -153,6 +187,22 @@ v1::CostModelFile CostModelToProto(const CostModel& model) {
     v1::ComponentParameters* p = file.add_parameters();
     p->set_component(ComponentToProto(c));
     p->set_parameters(model.Parameters(c));
+  }
+  if (model.communication().has_value()) {
+    const CommunicationCosts& c = *model.communication();
+    v1::CommunicationCosts* out = file.mutable_communication();
+    out->set_transport(c.transport);
+    out->set_p2p_latency_us(c.p2p.latency_ms * 1e3);
+    out->set_p2p_bandwidth_gbps(c.p2p.bytes_per_ms / 1e6);
+    out->set_all_reduce_latency_us(c.all_reduce.latency_ms * 1e3);
+    out->set_all_reduce_bandwidth_gbps(c.all_reduce.bytes_per_ms / 1e6);
+    out->set_all_reduce_ranks(c.all_reduce_ranks);
+  }
+  if (model.optimizer().has_value()) {
+    v1::OptimizerCosts* out = file.mutable_optimizer();
+    out->set_optimizer(model.optimizer()->optimizer);
+    out->set_fixed_ms(model.optimizer()->fixed_ms);
+    out->set_ms_per_million_parameters(model.optimizer()->ms_per_parameter * 1e6);
   }
   return file;
 }

@@ -56,6 +56,15 @@ class RankPlanBuilder {
     plan_.set_schedule(o_.schedule);
     plan_.set_partition_method(o_.partition_method);
     plan_.set_predicted_iteration_ms(o_.predicted_iteration_ms);
+    plan_.set_predicted_makespan_ms(o_.predicted_makespan_ms);
+    plan_.set_calibration_version(o_.calibration_version);
+    const auto at = [&](const std::vector<double>& v) {
+      return device_ < v.size() ? v[device_] : 0.0;
+    };
+    plan_.set_predicted_all_reduce_ms(at(o_.predicted_all_reduce_ms));
+    plan_.set_predicted_optimizer_ms(at(o_.predicted_optimizer_ms));
+    plan_.set_profiled_all_reduce_ms(at(o_.profiled_all_reduce_ms));
+    plan_.set_profiled_optimizer_ms(at(o_.profiled_optimizer_ms));
     const size_t rank = static_cast<size_t>(RankOf(device_));
     if (rank < o_.predicted_activation_peak_bytes.size()) {
       plan_.set_predicted_activation_peak_bytes(o_.predicted_activation_peak_bytes[rank]);
@@ -174,6 +183,7 @@ class RankPlanBuilder {
       }
     }
     v1::ForwardPass* f = Add(mb, st)->mutable_forward();
+    f->set_profiled_ms(Profiled(replica_.micro_batches[mb].profiled_forward_ms, st));
     for (uint32_t id : inputs) f->add_input_buffer_ids(id);
     for (uint32_t id : loaded) f->add_input_buffer_ids(id);
     if (st + 1 < Stages()) {
@@ -192,6 +202,10 @@ class RankPlanBuilder {
     return absl::OkStatus();
   }
 
+  static double Profiled(const std::vector<double>& per_stage, uint32_t stage) {
+    return stage < per_stage.size() ? per_stage[stage] : 0.0;
+  }
+
   absl::Status Backward(const Op& op) {
     const uint32_t st = op.stage;
     const uint32_t mb = op.micro_batch;
@@ -206,6 +220,7 @@ class RankPlanBuilder {
       }
     }
     v1::BackwardPass* bw = Add(mb, st)->mutable_backward();
+    bw->set_profiled_ms(Profiled(replica_.micro_batches[mb].profiled_backward_ms, st));
     for (uint32_t id : output_grads) bw->add_output_grad_buffer_ids(id);
     if (st > 0) {
       const std::vector<v1::TensorSpec> specs = ActivationSpecs(st - 1, mb);

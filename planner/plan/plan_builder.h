@@ -47,6 +47,10 @@ struct PlannedMicroBatch {
   std::vector<uint32_t> target_lens;
   std::vector<uint32_t> input_offsets;
   std::vector<uint32_t> target_offsets;
+  // Per stage id: the profiled (uncalibrated) forward and backward time
+  // (ForwardPass.profiled_ms, BackwardPass.profiled_ms); empty: unknown.
+  std::vector<double> profiled_forward_ms;
+  std::vector<double> profiled_backward_ms;
 };
 
 struct ReplicaPlan {
@@ -70,6 +74,14 @@ struct PlanBuildOptions {
   std::string partition_method;  // for reports
   uint64_t global_target_tokens = 0;
   double predicted_iteration_ms = 0;
+  double predicted_makespan_ms = 0;
+  uint64_t calibration_version = 0;
+  // Per pipeline device: its all-reduce and optimizer step, calibrated and
+  // profiled (empty: 0).
+  std::vector<double> predicted_all_reduce_ms;
+  std::vector<double> predicted_optimizer_ms;
+  std::vector<double> profiled_all_reduce_ms;
+  std::vector<double> profiled_optimizer_ms;
   // Per global rank: the simulated activation peak (ExecutionPlan field).
   std::vector<double> predicted_activation_peak_bytes;
 };

@@ -159,6 +159,17 @@ int PlannerStatusCommand(varipipe::v1::StatusService::Stub& status, const std::s
               planner.plan_time_p99_ms(), static_cast<unsigned long long>(planner.errors()),
               planner.last_error().empty() ? "" : " (last: ",
               planner.last_error().empty() ? "" : (planner.last_error() + ")").c_str());
+  if (planner.prediction_error_iterations() > 0) {
+    std::printf("  prediction error p50 %.1f%%, p90 %.1f%% (last %u iterations)\n",
+                100 * planner.prediction_error_p50(), 100 * planner.prediction_error_p90(),
+                planner.prediction_error_iterations());
+  } else {
+    std::printf("  prediction error: no iteration reported yet\n");
+  }
+  std::printf("  calibration version %llu (%llu iterations): %s\n",
+              static_cast<unsigned long long>(planner.calibration().version()),
+              static_cast<unsigned long long>(planner.calibration().iterations()),
+              planner.calibration_scales().c_str());
   std::printf("  executors: %d ranks reported, %.0f tokens/s\n", job_status.ranks_size(),
               job_status.tokens_per_second());
   for (const auto& r : job_status.ranks()) {

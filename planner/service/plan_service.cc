@@ -150,6 +150,12 @@ grpc::Status PlanServiceImpl::ReportProgress(grpc::ServerContext* context,
     spdlog::warn("{}", s.message());
     return ToGrpc(s);
   }
+  // What the run teaches the cost model; a failure here loses one sample,
+  // never the report.
+  if (absl::Status s = daemon_->LearnFromReport(**store, *request); !s.ok()) {
+    spdlog::warn("rank {} iteration {}: calibration not updated: {}", request->rank(),
+                 request->iteration(), s.message());
+  }
   response->set_continue_training(request->iteration() + 1 <
                                   daemon_->config().training().iterations());
   return grpc::Status::OK;

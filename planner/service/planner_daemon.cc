@@ -179,6 +179,7 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const v1::Jo
   planner_options.threads =
       std::max(1, planner::PlannerThreads(config) / std::max(1, d->worker_count_));
   d->planner_->set_options(planner_options);
+  d->calibrated_ = std::make_shared<const planner::Planner>(*d->planner_);
   for (int w = 0; w < d->worker_count_; ++w) {
     d->workers_.emplace_back([daemon = d.get(), w] { daemon->WorkerLoop(w); });
   }
@@ -231,16 +232,18 @@ absl::StatusOr<std::vector<std::string>> PlannerDaemon::PlanIteration(uint64_t i
   const SampledMiniBatch sampled = sampler_->Get(iteration);
   planner::MiniBatch mb{
       .iteration = iteration, .sample_ids = sampled.sample_ids, .lengths = sampled.lengths};
-  VP_ASSIGN_OR_RETURN(planner::PlanningResult result, planner_->Plan(mb, with_trace));
+  const std::shared_ptr<const planner::Planner> planner = CalibratedPlanner();
+  VP_ASSIGN_OR_RETURN(planner::PlanningResult result, planner->Plan(mb, with_trace));
   const planner::PlanReport& r = result.report;
   *planning_ms = r.total_ms;
   *summary = absl::StrFormat(
       R"({"iteration":%d,"epoch":%d,"samples":%d,"partition_method":"%s","schedule":"%s",)"
       R"("recompute":"%s","micro_batches":%d,"predicted_iteration_ms":%.3f,)"
+      R"("predicted_makespan_ms":%.3f,"calibration_version":%d,)"
       R"("bubble_fraction":%.4f,"padding_efficiency":%.4f,"planning_ms":%.3f,"planner":"%s"})",
       iteration, sampled.epoch, sampled.sample_ids.size(), r.partition_method, r.schedule,
-      r.recompute, r.micro_batches, r.predicted_iteration_ms, r.bubble_fraction,
-      r.padding_efficiency, r.total_ms, planner_id_);
+      r.recompute, r.micro_batches, r.predicted_iteration_ms, r.predicted_makespan_ms,
+      r.calibration_version, r.bubble_fraction, r.padding_efficiency, r.total_ms, planner_id_);
   if (trace != nullptr) *trace = r.chrome_trace;
   std::vector<std::string> envelopes;
   for (v1::ExecutionPlan& plan : result.plans) {
@@ -253,8 +256,57 @@ absl::StatusOr<std::vector<std::string>> PlannerDaemon::PlanIteration(uint64_t i
   return envelopes;
 }
 
+std::shared_ptr<const planner::Planner> PlannerDaemon::CalibratedPlanner() const {
+  absl::MutexLock lock(&mu_);
+  return calibrated_;
+}
+
+absl::Status PlannerDaemon::RefreshCalibration(RedisInstructionStore& store) {
+  if (!config_.planner().online_calibration()) return absl::OkStatus();
+  VP_ASSIGN_OR_RETURN(const v1::CalibrationState state, store.LoadCalibration());
+  if (CalibratedPlanner()->calibration().version() == state.version()) return absl::OkStatus();
+  auto planner = std::make_shared<const planner::Planner>(planner_->WithCalibration(state));
+  spdlog::info("calibration version {} ({} iterations reported): {}", state.version(),
+               state.iterations(),
+               planner->calibration_scales().Describe(config_.model().kind() == v1::T5));
+  absl::MutexLock lock(&mu_);
+  // Versions only grow; a worker that read an older state keeps the newer.
+  if (calibrated_->calibration().version() < state.version()) calibrated_ = std::move(planner);
+  return absl::OkStatus();
+}
+
+absl::Status PlannerDaemon::LearnFromReport(RedisInstructionStore& store,
+                                            const v1::ReportProgressRequest& report) {
+  if (report.rank() == 0 && report.predicted_iteration_ms() > 0 && report.iteration_ms() > 0) {
+    VP_RETURN_IF_ERROR(store.RecordPrediction(
+        {report.iteration(), report.predicted_iteration_ms(), report.iteration_ms()}));
+  }
+  if (!config_.planner().online_calibration()) return absl::OkStatus();
+  std::vector<planner::PassTiming> passes;
+  for (const v1::MicroBatchTiming& t : report.timings()) {
+    passes.push_back({.stage = t.stage(),
+                      .measured_forward_ms = t.forward_ms(),
+                      .measured_backward_ms = t.backward_ms(),
+                      .profiled_forward_ms = t.profiled_forward_ms(),
+                      .profiled_backward_ms = t.profiled_backward_ms()});
+  }
+  const planner::CalibrationReport folded{
+      .iteration = report.iteration(),
+      .passes = passes,
+      .measured_all_reduce_ms = report.all_reduce_ms(),
+      .measured_optimizer_ms = report.optimizer_ms(),
+      .profiled_all_reduce_ms = report.profiled_all_reduce_ms(),
+      .profiled_optimizer_ms = report.profiled_optimizer_ms()};
+  return store.UpdateCalibration(
+      [&](v1::CalibrationState* state) { return planner::FoldReport(folded, state); });
+}
+
 absl::Status PlannerDaemon::PlanAndPublish(RedisInstructionStore& store, uint64_t iteration) {
   const absl::Time start = absl::Now();
+  if (absl::Status s = RefreshCalibration(store); !s.ok()) {
+    spdlog::warn("iteration {}: planning without the job's calibration state: {}", iteration,
+                 s.message());
+  }
   std::string summary;
   double planning_ms = 0;
   absl::StatusOr<std::vector<std::string>> envelopes =
@@ -396,6 +448,21 @@ v1::PlannerStatus PlannerDaemon::Status() const {
   }
   absl::StatusOr<StoreLease> store = const_cast<PlannerDaemon*>(this)->AcquireStore();
   if (store.ok()) {
+    if (absl::StatusOr<std::vector<PredictionRecord>> p = (*store)->Predictions(); p.ok()) {
+      std::vector<double> errors;
+      for (const PredictionRecord& r : *p) {
+        if (errors.size() == kPredictionErrorIterations) break;
+        if (r.measured_ms > 0) errors.push_back(std::abs(r.predicted_ms - r.measured_ms) / r.measured_ms);
+      }
+      s.set_prediction_error_iterations(static_cast<uint32_t>(errors.size()));
+      s.set_prediction_error_p50(Percentile(errors, 0.5));
+      s.set_prediction_error_p90(Percentile(errors, 0.9));
+    }
+    if (absl::StatusOr<v1::CalibrationState> c = (*store)->LoadCalibration(); c.ok()) {
+      *s.mutable_calibration() = *c;
+      s.set_calibration_scales(planner_->WithCalibration(*c).calibration_scales().Describe(
+          config_.model().kind() == v1::T5));
+    }
     absl::StatusOr<StoreCounters> c = (*store)->Counters();
     if (c.ok()) {
       s.set_iterations_published(c->published);

@@ -78,6 +78,8 @@ class PlannerDaemon {
   // idle ones beyond kIdleConnections are closed.
   static constexpr int kSpareConnections = 16;
   static constexpr int kIdleConnections = 8;
+  // Iterations the status's prediction error percentiles cover.
+  static constexpr size_t kPredictionErrorIterations = 20;
 
   // Connects to (or starts) Redis, registers the job (refusing a different
   // config), opens the dataset, starts the workers and the gRPC server.
@@ -105,7 +107,16 @@ class PlannerDaemon {
 
   // Used by the gRPC services.
   const v1::JobConfig& config() const { return config_; }
+  // The planner as configured (profiled cost model, no calibration).
   const planner::Planner& planner() const { return *planner_; }
+  // The planner with the calibration state last read from the store.
+  std::shared_ptr<const planner::Planner> CalibratedPlanner() const;
+  // Reads the job's calibration state and, when it changed, rebuilds the
+  // calibrated planner (docs/cost-model.md, "Calibration").
+  absl::Status RefreshCalibration(RedisInstructionStore& store);
+  // Folds an accepted progress report into the job's calibration state
+  // (when planner.online_calibration) and records rank 0's prediction error.
+  absl::Status LearnFromReport(RedisInstructionStore& store, const v1::ReportProgressRequest& report);
   const MiniBatchSampler& sampler() const { return *sampler_; }
   // A store connection for one request; returned to the pool when released.
   // RESOURCE_EXHAUSTED when max_calls + kSpareConnections are in use.
@@ -168,6 +179,7 @@ class PlannerDaemon {
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   bool store_healthy_ ABSL_GUARDED_BY(mu_) = true;
   double busy_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<const planner::Planner> calibrated_ ABSL_GUARDED_BY(mu_);
 };
 
 // A pooled store connection, returned on destruction.

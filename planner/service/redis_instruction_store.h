@@ -20,6 +20,10 @@
 //                             blocking waits without polling
 //   P:progress                hash rank -> last completed iteration
 //   P:published, P:acknowledged   counters
+//   P:calibration             the job's CalibrationState (binary protobuf),
+//                             updated optimistically (WATCH/MULTI/EXEC)
+//   P:predictions             list of "iteration predicted_ms measured_ms"
+//                             of recent iterations, newest first (bounded)
 //
 // Claims and publication are Lua scripts, so each iteration is published
 // exactly once: publication succeeds only while the publisher holds the
@@ -30,6 +34,7 @@
 #define VARIPIPE_PLANNER_SERVICE_REDIS_INSTRUCTION_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -39,6 +44,7 @@
 #include "absl/time/time.h"
 #include "common/redis/redis_client.h"
 #include "varipipe/v1/config.pb.h"
+#include "varipipe/v1/cost_model.pb.h"
 
 namespace varipipe::service {
 
@@ -58,6 +64,13 @@ struct StoreCounters {
   uint64_t acknowledged = 0;  // iterations acknowledged by every rank
   uint64_t unpublished = 0;   // claimed, not yet published
   uint64_t min_progress = 0;  // iterations completed by every rank
+};
+
+// One iteration's predicted and measured time (rank 0's report).
+struct PredictionRecord {
+  uint64_t iteration = 0;
+  double predicted_ms = 0;
+  double measured_ms = 0;
 };
 
 // A stable hex digest of a config (FNV-1a 64 of its deterministic
@@ -115,6 +128,20 @@ class RedisInstructionStore {
   absl::StatusOr<StoreCounters> Counters();
   // True when the iteration's plan exists.
   absl::StatusOr<bool> IsPublished(uint64_t iteration);
+
+  // The job's calibration state (planner/cost/calibration.h); the empty
+  // state (version 0) when there is none yet.
+  absl::StatusOr<v1::CalibrationState> LoadCalibration();
+  // Applies `update` to the stored state atomically: optimistic, retried
+  // when another daemon wrote the state in between. `update` returns false
+  // to leave it as it is.
+  absl::Status UpdateCalibration(const std::function<bool(v1::CalibrationState*)>& update);
+  // Records an iteration's predicted and measured time; the newest
+  // kPredictionWindow are kept.
+  static constexpr int kPredictionWindow = 100;
+  absl::Status RecordPrediction(const PredictionRecord& record);
+  // The recorded predictions, newest first.
+  absl::StatusOr<std::vector<PredictionRecord>> Predictions();
 
   RedisClient& redis() { return *redis_; }
   std::string Key(const std::string& suffix) const;

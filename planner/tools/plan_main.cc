@@ -167,6 +167,8 @@ std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& 
   f["recompute"] = Str(r.recompute);
   f["micro_batches"] = Num(r.micro_batches);
   f["predicted_iteration_ms"] = Num(r.predicted_iteration_ms);
+  f["predicted_makespan_ms"] = Num(r.predicted_makespan_ms);
+  f["predicted_update_ms"] = Num(r.predicted_update_ms);
   f["bubble_fraction"] = Num(r.bubble_fraction);
   f["padding_efficiency"] = Num(r.padding_efficiency);
   f["input_padding_efficiency"] = Num(r.input_padding_efficiency);
