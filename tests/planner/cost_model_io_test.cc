@@ -257,5 +257,47 @@ TEST_F(CostModelIoTest, JsonRoundTripAndErrors) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("format_version must be 1")));
 }
 
+// Transfer and optimizer costs measured by varipipe-profile survive a round
+// trip in the file's units, and bad values are refused naming the field.
+TEST_F(CostModelIoTest, CommunicationAndOptimizerCosts) {
+  Write("measured.json", R"({"format_version": 1,
+      "grids": [{"component": "ENCODER_LAYER", "recompute": "RECOMPUTE_NONE",
+        "micro_batch_sizes": [1], "seq_lens": [16], "forward_ms": [1], "backward_ms": [2],
+        "stored_activation_mib": [1], "peak_activation_mib": [1]},
+       {"component": "POSTPROCESS", "recompute": "RECOMPUTE_NONE",
+        "micro_batch_sizes": [1], "seq_lens": [16], "forward_ms": [1], "backward_ms": [2],
+        "stored_activation_mib": [1], "peak_activation_mib": [1]}],
+      "communication": {"transport": "gloo tcp", "p2p_latency_us": 50,
+        "p2p_bandwidth_gbps": 2.5, "all_reduce_latency_us": 120,
+        "all_reduce_bandwidth_gbps": 0.5, "all_reduce_ranks": 4},
+      "optimizer": {"optimizer": "ADAMW", "fixed_ms": 0.1, "ms_per_million_parameters": 1.5}})");
+  absl::StatusOr<CostModel> model = LoadCostModel((dir_ / "measured.json").string());
+  ASSERT_THAT(model, IsOk());
+  ASSERT_TRUE(model->communication().has_value());
+  EXPECT_DOUBLE_EQ(model->communication()->p2p.latency_ms, 0.05);
+  EXPECT_DOUBLE_EQ(model->communication()->p2p.bytes_per_ms, 2.5e6);
+  EXPECT_DOUBLE_EQ(model->communication()->all_reduce.Ms(1e6), 0.12 + 2);
+  EXPECT_EQ(model->communication()->all_reduce_ranks, 4u);
+  ASSERT_TRUE(model->optimizer().has_value());
+  EXPECT_DOUBLE_EQ(model->optimizer()->Ms(2e6), 0.1 + 3);
+  const v1::CostModelFile file = CostModelToProto(*model);
+  EXPECT_DOUBLE_EQ(file.communication().all_reduce_bandwidth_gbps(), 0.5);
+  EXPECT_DOUBLE_EQ(file.optimizer().ms_per_million_parameters(), 1.5);
+
+  Write("negative.json", R"({"format_version": 1,
+      "communication": {"p2p_latency_us": -1, "p2p_bandwidth_gbps": 1,
+        "all_reduce_bandwidth_gbps": 1}})");
+  EXPECT_THAT(LoadCostModel((dir_ / "negative.json").string()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("negative.json: communication.p2p_latency_us")));
+  Write("zero.json", R"({"format_version": 1,
+      "communication": {"p2p_bandwidth_gbps": 0, "all_reduce_bandwidth_gbps": 1}})");
+  EXPECT_THAT(LoadCostModel((dir_ / "zero.json").string()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bandwidths must be positive")));
+  Write("optimizer.json", R"({"format_version": 1, "optimizer": {"fixed_ms": "Infinity"}})");
+  EXPECT_THAT(LoadCostModel((dir_ / "optimizer.json").string()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("optimizer.fixed_ms")));
+}
+
 }  // namespace
 }  // namespace varipipe::planner
