@@ -40,6 +40,7 @@
 #include "executor/runtime/counting_allocator.h"
 #include "executor/runtime/device.h"
 #include "executor/runtime/launch_env.h"
+#include "common/monotone_grid.h"
 #include "google/protobuf/util/json_util.h"
 #include "spdlog/spdlog.h"
 #include "varipipe/v1/cost_model.pb.h"
@@ -186,34 +187,6 @@ class PartialFile {
   std::string header_;
   std::ofstream out_;
 };
-
-// The DP relies on time and memory never decreasing with size or length; a
-// measured grid can dip by noise. Repair rule: each value becomes the largest
-// value at any point with no larger size or length (running maxima along
-// each axis). Returns how many values were raised.
-int RepairMonotonicity(const Grid& g, std::vector<std::vector<double>*> values) {
-  int repaired = 0;
-  const size_t nb = g.b.size(), ne = g.e.size(), ns = g.s.size();
-  const auto at = [&](size_t i, size_t j, size_t k) { return (i * ne + j) * ns + k; };
-  for (std::vector<double>* v : values) {
-    for (size_t i = 0; i < nb; ++i) {
-      for (size_t j = 0; j < ne; ++j) {
-        for (size_t k = 0; k < ns; ++k) {
-          double floor = 0;
-          if (i > 0) floor = std::max(floor, (*v)[at(i - 1, j, k)]);
-          if (j > 0) floor = std::max(floor, (*v)[at(i, j - 1, k)]);
-          if (k > 0) floor = std::max(floor, (*v)[at(i, j, k - 1)]);
-          double& x = (*v)[at(i, j, k)];
-          if (x != kInf && floor != kInf && x < floor) {
-            x = floor;
-            ++repaired;
-          }
-        }
-      }
-    }
-  }
-  return repaired;
-}
 
 std::string Duration(double seconds) {
   return seconds < 90
@@ -532,7 +505,13 @@ int Run(const ShutdownSignal& shutdown) {
           }
         }
       }
-      repaired += RepairMonotonicity(g, {&fw, &bw, &stored, &peak});
+      // The DP's monotonicity, by the planner's documented rule.
+      for (std::vector<double>* v : {&fw, &bw, &stored, &peak}) {
+        repaired += RaiseToRunningMaxima(g.b, g.component == v1::DECODER_LAYER
+                                                           ? g.e
+                                                           : std::vector<uint32_t>{},
+                                                  g.s, *v);
+      }
       for (size_t k = 0; k < fw.size(); ++k) {
         out->add_forward_ms(fw[k]);
         out->add_backward_ms(bw[k]);

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "google/protobuf/util/json_util.h"
 #include "planner/cost/analytic_model.h"
@@ -66,6 +67,7 @@ absl::StatusOr<CostModel> CostModelFromProto(const v1::CostModelFile& file,
     if (profiled.ffn_hidden_size() == 0) profiled.set_ffn_hidden_size(4 * profiled.hidden_size());
     model.set_profiled_dims(ModelDimsFromConfig(profiled));
   }
+  std::vector<std::string> repairs;  // non-monotone values raised
   for (int g = 0; g < file.grids_size(); ++g) {
     const v1::CostGrid& grid = file.grids(g);
     const std::string where = absl::StrCat(source, ": grids[", g, "]");
@@ -86,10 +88,36 @@ absl::StatusOr<CostModel> CostModelFromProto(const v1::CostModelFile& file,
             where, ".", name, ": ", size, " values for a grid of ", points, " points"));
       }
     }
+    // The DP needs non-decreasing grids: repaired by the documented rule,
+    // and the description says where.
+    const std::vector<uint32_t> b(grid.micro_batch_sizes().begin(), grid.micro_batch_sizes().end());
+    const std::vector<uint32_t> e(grid.encoder_seq_lens().begin(), grid.encoder_seq_lens().end());
+    const std::vector<uint32_t> sl(grid.seq_lens().begin(), grid.seq_lens().end());
+    std::vector<std::vector<double>> columns = {
+        {grid.forward_ms().begin(), grid.forward_ms().end()},
+        {grid.backward_ms().begin(), grid.backward_ms().end()},
+        {grid.stored_activation_mib().begin(), grid.stored_activation_mib().end()},
+        {grid.peak_activation_mib().begin(), grid.peak_activation_mib().end()}};
+    const char* names[] = {"forward_ms", "backward_ms", "stored_activation_mib",
+                           "peak_activation_mib"};
+    const bool sorted = std::is_sorted(b.begin(), b.end()) && std::is_sorted(e.begin(), e.end()) &&
+                        std::is_sorted(sl.begin(), sl.end());
+    for (int c = 0; c < 4 && sorted; ++c) {
+      // NaN and negative values are refused by ProfileGrid::Create below.
+      if (std::any_of(columns[c].begin(), columns[c].end(),
+                      [](double v) { return !(v >= 0); })) {
+        continue;
+      }
+      std::string first;
+      if (const int raised = RaiseToRunningMaxima(b, e, sl, columns[c], &first); raised > 0) {
+        repairs.push_back(absl::StrCat("grids[", g, "].", names[c], " (",
+                                       ComponentName(*component), "): ", raised,
+                                       " raised, first at ", first));
+      }
+    }
     std::vector<CostValues> values(points);
     for (size_t i = 0; i < points; ++i) {
-      values[i] = {grid.forward_ms(i), grid.backward_ms(i), grid.stored_activation_mib(i) * kMiB,
-                   grid.peak_activation_mib(i) * kMiB};
+      values[i] = {columns[0][i], columns[1][i], columns[2][i] * kMiB, columns[3][i] * kMiB};
     }
     absl::StatusOr<ProfileGrid> profile = ProfileGrid::Create(
         {grid.micro_batch_sizes().begin(), grid.micro_batch_sizes().end()},
@@ -103,6 +131,11 @@ absl::StatusOr<CostModel> CostModelFromProto(const v1::CostModelFile& file,
         !s.ok()) {
       return Annotate(s, where);
     }
+  }
+  if (!repairs.empty()) {
+    model.set_description(absl::StrCat(model.description(),
+                                       " [values raised to keep the grids monotone: ",
+                                       absl::StrJoin(repairs, "; "), "]"));
   }
   if (file.has_communication()) {
     const v1::CommunicationCosts& c = file.communication();

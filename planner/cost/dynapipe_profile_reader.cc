@@ -12,6 +12,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
@@ -233,7 +234,8 @@ absl::Status AddFile(const fs::path& file, const FileKey& key, bool t5, PointMap
 
 // One grid from its points (missing points: infinite, outside the grid).
 absl::Status AddGrid(const std::string& directory, const GridKey& grid_key,
-                     const std::map<PointKey, PointSum>& grid_points, CostModel& model) {
+                     const std::map<PointKey, PointSum>& grid_points, CostModel& model,
+                     std::vector<std::string>* repairs) {
   const auto [component, recompute, tp] = grid_key;
   std::set<uint32_t> b_axis;
   std::set<uint32_t> e_axis;
@@ -255,6 +257,23 @@ absl::Status AddGrid(const std::string& directory, const GridKey& grid_key,
   }
   const Component c = static_cast<Component>(component);
   const Recompute r = static_cast<Recompute>(recompute);
+  // The DP needs non-decreasing grids: repaired by the documented rule
+  // (profile_grid.h), and the description says where.
+  const std::vector<uint32_t> b(b_axis.begin(), b_axis.end()), e(e_axis.begin(), e_axis.end()),
+      sl(s_axis.begin(), s_axis.end());
+  double CostValues::*fields[] = {&CostValues::forward_ms, &CostValues::backward_ms,
+                                  &CostValues::stored_bytes, &CostValues::peak_bytes};
+  for (double CostValues::*field : fields) {
+    std::vector<double> column;
+    for (const CostValues& v : values) column.push_back(v.*field);
+    if (std::any_of(column.begin(), column.end(), [](double v) { return !(v >= 0); })) continue;
+    std::string first;
+    if (const int raised = RaiseToRunningMaxima(b, e, sl, column, &first); raised > 0) {
+      repairs->push_back(absl::StrCat(ComponentName(c), " recompute ", RecomputeName(r), ": ",
+                                      raised, " raised, first at ", first));
+      for (size_t i = 0; i < values.size(); ++i) values[i].*field = column[i];
+    }
+  }
   absl::StatusOr<ProfileGrid> grid =
       ProfileGrid::Create({b_axis.begin(), b_axis.end()}, {s_axis.begin(), s_axis.end()},
                           {e_axis.begin(), e_axis.end()}, std::move(values),
@@ -287,8 +306,16 @@ absl::StatusOr<CostModel> ReadDynaPipeProfileDirectory(const std::string& direct
   model.set_description(absl::StrCat("DynaPipe profiles from ", directory, " (", s.files,
                                      " files, ", s.skipped_lines,
                                      " comment or unknown lines skipped)"));
+  std::vector<std::string> repairs;
   for (const auto& [grid_key, grid_points] : points) {
-    if (absl::Status st = AddGrid(directory, grid_key, grid_points, model); !st.ok()) return st;
+    if (absl::Status st = AddGrid(directory, grid_key, grid_points, model, &repairs); !st.ok()) {
+      return st;
+    }
+  }
+  if (!repairs.empty()) {
+    model.set_description(absl::StrCat(model.description(),
+                                       " [values raised to keep the grids monotone: ",
+                                       absl::StrJoin(repairs, "; "), "]"));
   }
   // 16-bit parameters: 2 bytes each.
   for (const auto& [component, sum] : parameters) {

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/monotone_grid.h"
 
 namespace varipipe::planner {
 

@@ -299,5 +299,32 @@ TEST_F(CostModelIoTest, CommunicationAndOptimizerCosts) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("optimizer.fixed_ms")));
 }
 
+// A measured grid that dips (noise) is raised to its running maxima, the
+// rule the DP needs, and the description names the first raised cell.
+TEST_F(CostModelIoTest, NonMonotoneGridsAreRepairedAndReported) {
+  Write("dip.json", R"({"format_version": 1,
+      "grids": [{"component": "ENCODER_LAYER", "recompute": "RECOMPUTE_NONE",
+        "micro_batch_sizes": [1, 2], "seq_lens": [64, 128],
+        "forward_ms": [1, 2, 0.9, 4], "backward_ms": [2, 4, 4, 8],
+        "stored_activation_mib": [1, 2, 2, 1.5], "peak_activation_mib": [1, 2, 2, 4]},
+       {"component": "POSTPROCESS", "recompute": "RECOMPUTE_NONE",
+        "micro_batch_sizes": [1], "seq_lens": [64, 128], "forward_ms": [1, 1],
+        "backward_ms": [1, 1], "stored_activation_mib": [1, 1], "peak_activation_mib": [1, 1]}]})");
+  absl::StatusOr<CostModel> model = LoadCostModel((dir_ / "dip.json").string());
+  ASSERT_THAT(model, IsOk());
+  const ProfileGrid* grid = model->Grid(Component::kEncoderLayer, Recompute::kNone, 1);
+  ASSERT_NE(grid, nullptr);
+  // forward at (b=2, s=64) was 0.9 < 1 at (b=1, s=64): raised to 1.
+  EXPECT_DOUBLE_EQ(grid->values()[2].forward_ms, 1);
+  // stored at (b=2, s=128) was 1.5 < 2: raised to 2 MiB.
+  EXPECT_DOUBLE_EQ(grid->values()[3].stored_bytes, 2.0 * (1 << 20));
+  EXPECT_DOUBLE_EQ(grid->values()[3].forward_ms, 4) << "monotone values stay";
+  EXPECT_THAT(model->description(),
+              AllOf(HasSubstr("raised to keep the grids monotone"),
+                    HasSubstr("grids[0].forward_ms (encoder layer)"),
+                    HasSubstr("first at b=2 s=64: 0.9 below 1"),
+                    HasSubstr("grids[0].stored_activation_mib")));
+}
+
 }  // namespace
 }  // namespace varipipe::planner
