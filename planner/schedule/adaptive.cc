@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <deque>
 #include <numeric>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 
@@ -36,15 +37,13 @@ absl::StatusOr<DeviceOrder> AdaptiveSchedule(const PipelineShape& shape,
   std::vector<std::deque<uint32_t>> backward_ready(c);
   forward_ready[0].assign(injection_order.begin(), injection_order.end());
   std::vector<double> memory(c, 0);
-  // Headroom every admitted forward leaves for the largest transient any op
-  // of the device will need (backwards run on top of everything stored).
-  std::vector<double> max_transient(c, 0);
-  for (uint32_t j = 0; j < c; ++j) {
-    for (const StageOpCost& cost : costs[j]) {
-      max_transient[j] = std::max(max_transient[j], cost.peak_bytes - cost.stored_bytes);
-    }
-  }
-  std::vector<uint32_t> in_flight(c, 0);
+  // Transients (peak - stored) of the micro-batches each device holds. Until
+  // the next admission a device only runs backwards of these, on at most
+  // what it holds now, so this is the headroom a forward must leave.
+  std::vector<std::multiset<double>> held_transients(c);
+  const auto transient = [&](uint32_t j, uint32_t mb) {
+    return costs[j][mb].peak_bytes - costs[j][mb].stored_bytes;
+  };
   DeviceOrder order(c);
   size_t remaining = 2 * static_cast<size_t>(c) * shape.micro_batches;
   while (remaining > 0) {
@@ -56,7 +55,7 @@ absl::StatusOr<DeviceOrder> AdaptiveSchedule(const PipelineShape& shape,
         const uint32_t mb = backward_ready[j].front();
         backward_ready[j].pop_front();
         memory[j] -= costs[j][mb].stored_bytes;
-        --in_flight[j];
+        held_transients[j].erase(held_transients[j].find(transient(j, mb)));
         order[j].push_back({OpKind::kBackward, j, mb});
         if (j > 0) new_backward[j - 1].push_back(mb);
         ++progress;
@@ -64,11 +63,13 @@ absl::StatusOr<DeviceOrder> AdaptiveSchedule(const PipelineShape& shape,
       if (!forward_ready[j].empty()) {
         const uint32_t mb = forward_ready[j].front();
         const StageOpCost& cost = costs[j][mb];
-        if (in_flight[j] == 0 ||
-            memory[j] + cost.stored_bytes + max_transient[j] <= memory_limit_bytes[j]) {
+        std::multiset<double>& held = held_transients[j];
+        const double reserve =
+            held.empty() ? transient(j, mb) : std::max(transient(j, mb), *held.rbegin());
+        if (held.empty() || memory[j] + cost.stored_bytes + reserve <= memory_limit_bytes[j]) {
           forward_ready[j].pop_front();
           memory[j] += cost.stored_bytes;
-          ++in_flight[j];
+          held.insert(transient(j, mb));
           order[j].push_back({OpKind::kForward, j, mb});
           (j + 1 < c ? new_forward[j + 1] : new_backward[j]).push_back(mb);
           ++progress;

@@ -13,8 +13,11 @@
 //
 // Memory check: a forward is admitted when the device's stored activation,
 // including the new micro-batch's, plus the largest transient (peak -
-// stored) of any of the device's ops stays within the limit, so no later op
-// pushes the device past it (the quantity the simulator reports as peak).
+// stored) of the micro-batches it then holds stays within the limit. Until
+// its next admission the device runs only backwards of those, on no more
+// than it holds now, so no op pushes it past the limit (the quantity the
+// simulator reports as peak); a transient of a micro-batch not yet admitted
+// is reserved only when it is.
 #ifndef VARIPIPE_PLANNER_SCHEDULE_ADAPTIVE_H_
 #define VARIPIPE_PLANNER_SCHEDULE_ADAPTIVE_H_
 

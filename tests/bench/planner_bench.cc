@@ -18,16 +18,20 @@
 //                  replica, dp = 1, 8, 32, 64, one and two threads;
 //                  *ThreadRatio: one and two threads alternately in one
 //                  benchmark (counter speedup);
-//   BM_T5Memory*:  T5-11B pp = 8 with each device's own room vs the common
-//                  budget (counters pred_iter_ms, selective_share over the
-//                  same 30 mini-batches), with and without the adaptive
-//                  schedule.
+//   BM_T5Memory*:  T5-11B pp = 8 (deploy/configs/t5-11b-pp8.json: A100-80GB,
+//                  adaptive and 1F1B; *OneFOneB: 1F1B only), argument: MiB per
+//                  device. The same 30 mini-batches planned with each
+//                  device's own room and with the common budget: counters
+//                  own_iter_ms, common_iter_ms, common_over_own and each
+//                  variant's selective share; the label names the plans
+//                  chosen (recompute/schedule and how often).
 //
 // Run: build/bench/planner_bench --benchmark_repetitions=5
 //        --benchmark_report_aggregates_only=true
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -52,11 +56,7 @@ struct Setting {
   bool per_pair = false;
   bool per_device_memory = true;
   uint32_t memory_mib = 40960;
-  // More than 0: pred_iter_ms is the mean over this many mini-batches, each
-  // planned once before timing (the same set whatever the iteration count),
-  // and selective_share the fraction of them that chose selective
-  // recomputation.
-  int quality_batches = 0;
+  const char* hardware = "a100-40gb";
 };
 
 v1::JobConfig Config(const Setting& s) {
@@ -83,7 +83,7 @@ v1::JobConfig Config(const Setting& s) {
   c.mutable_parallelism()->set_pipeline(s.pipeline != 0 ? s.pipeline : (s.t5 ? 8 : 4));
   c.mutable_parallelism()->set_data(s.data);
   c.mutable_cluster()->set_device_memory_limit_mib(s.memory_mib);
-  c.mutable_cluster()->set_hardware("a100-40gb");
+  c.mutable_cluster()->set_hardware(s.hardware);
   c.mutable_data()->set_format(v1::SYNTHETIC);
   c.mutable_data()->set_tokens_per_global_batch(65536ull * s.data);
   c.mutable_data()->set_max_sequence_length(s.max_length);
@@ -137,21 +137,6 @@ void Run(benchmark::State& state, const Setting& setting) {
   planner->set_options({.threads = setting.threads,
                         .share_micro_batching_bound = !setting.per_pair,
                         .per_device_memory = setting.per_device_memory});
-  if (setting.quality_batches > 0) {
-    double predicted = 0;
-    int selective = 0;
-    for (const MiniBatch& mb : Batches(config, setting.documents, setting.quality_batches)) {
-      absl::StatusOr<PlanningResult> r = planner->Plan(mb);
-      if (!r.ok()) {
-        state.SkipWithError(std::string(r.status().message()).c_str());
-        return;
-      }
-      predicted += r->report.predicted_iteration_ms;
-      selective += r->report.recompute == "selective";
-    }
-    state.counters["selective_share"] = static_cast<double>(selective) / setting.quality_batches;
-    state.counters["pred_iter_ms"] = predicted / setting.quality_batches;
-  }
   const std::vector<MiniBatch> batches = Batches(config, setting.documents, kMiniBatches);
   int i = 0;
   double samples = 0;
@@ -172,9 +157,7 @@ void Run(benchmark::State& state, const Setting& setting) {
     last = std::move(r->report);
   }
   state.counters["samples"] = samples / std::max(1, planned);
-  if (setting.quality_batches == 0) {
-    state.counters["pred_iter_ms"] = predicted / std::max(1, planned);
-  }
+  state.counters["pred_iter_ms"] = predicted / std::max(1, planned);
   state.counters["micro_batches"] = last.micro_batches;
   state.counters["micro_batching_ms"] = last.micro_batching_ms;
   state.counters["scheduling_ms"] = last.scheduling_ms;
@@ -212,44 +195,88 @@ BENCHMARK(BM_PlanT5PerPair)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanT5OneFOneBOnly)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanT5Documents)->Unit(benchmark::kMillisecond);
 
-// Per-device memory: T5-11B pp = 8, FLAN-like; compare pred_iter_ms (the
-// same 30 mini-batches for every variant). 58,000-64,000 MiB is the window
-// where selective recomputation under 1F1B fits each device's own room but
-// not the common budget.
+// Per-device memory: T5-11B pp = 8, FLAN-like. Each variant plans the same
+// 30 mini-batches once before timing; the timed loop plans with own rooms.
 constexpr int kQualityBatches = 30;
-void BM_T5MemoryPerDevice(benchmark::State& s) {
-  Run(s, {.t5 = true,
-          .memory_mib = static_cast<uint32_t>(s.range(0)),
-          .quality_batches = kQualityBatches});
+
+struct Quality {
+  double mean_ms = 0;
+  int selective = 0;
+  std::map<std::string, int> chosen;  // "recompute/schedule" -> count
+};
+
+absl::StatusOr<Quality> PlanAll(const Planner& planner, const std::vector<MiniBatch>& batches) {
+  Quality q;
+  for (const MiniBatch& mb : batches) {
+    absl::StatusOr<PlanningResult> r = planner.Plan(mb);
+    if (!r.ok()) return r.status();
+    q.mean_ms += r->report.predicted_iteration_ms / batches.size();
+    q.selective += r->report.recompute == "selective";
+    ++q.chosen[r->report.recompute + "/" + r->report.schedule];
+  }
+  return q;
 }
-void BM_T5MemoryCommonBudget(benchmark::State& s) {
-  Run(s, {.t5 = true,
-          .per_device_memory = false,
-          .memory_mib = static_cast<uint32_t>(s.range(0)),
-          .quality_batches = kQualityBatches});
+
+std::string Chosen(const Quality& q) {
+  std::string out;
+  for (const auto& [plan, count] : q.chosen) {
+    out += (out.empty() ? "" : ", ") + plan + " " + std::to_string(count);
+  }
+  return out;
 }
-// The same without the adaptive schedule (1F1B only).
-void BM_T5MemoryPerDeviceOneFOneB(benchmark::State& s) {
-  Run(s, {.t5 = true,
-          .adaptive = false,
-          .memory_mib = static_cast<uint32_t>(s.range(0)),
-          .quality_batches = kQualityBatches});
+
+void RunMemory(benchmark::State& state, bool adaptive) {
+  const Setting setting{.t5 = true,
+                        .adaptive = adaptive,
+                        .memory_mib = static_cast<uint32_t>(state.range(0)),
+                        .hardware = "a100-80gb"};
+  const v1::JobConfig config = Config(setting);
+  absl::StatusOr<Planner> own = Planner::Create(config);
+  if (!own.ok()) {
+    state.SkipWithError(std::string(own.status().message()).c_str());
+    return;
+  }
+  own->set_options({.threads = 1, .per_device_memory = true});
+  Planner common = *own;
+  common.set_options({.threads = 1, .per_device_memory = false});
+  const std::vector<MiniBatch> quality = Batches(config, false, kQualityBatches);
+  absl::StatusOr<Quality> own_q = PlanAll(*own, quality);
+  absl::StatusOr<Quality> common_q = PlanAll(common, quality);
+  if (!own_q.ok() || !common_q.ok()) {
+    state.SkipWithError(std::string((own_q.ok() ? common_q : own_q).status().message()).c_str());
+    return;
+  }
+  const std::vector<MiniBatch> batches = Batches(config, false, kMiniBatches);
+  int i = 0;
+  for (auto _ : state) {
+    absl::StatusOr<PlanningResult> r = own->Plan(batches[i++ % kMiniBatches]);
+    if (!r.ok()) {
+      state.SkipWithError(std::string(r.status().message()).c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(r->plans.size());
+  }
+  state.counters["own_iter_ms"] = own_q->mean_ms;
+  state.counters["common_iter_ms"] = common_q->mean_ms;
+  state.counters["common_over_own"] = common_q->mean_ms / own_q->mean_ms;
+  state.counters["own_selective"] = static_cast<double>(own_q->selective) / kQualityBatches;
+  state.counters["common_selective"] = static_cast<double>(common_q->selective) / kQualityBatches;
+  state.SetLabel("own: " + Chosen(*own_q) + " | common: " + Chosen(*common_q));
 }
-void BM_T5MemoryCommonBudgetOneFOneB(benchmark::State& s) {
-  Run(s, {.t5 = true,
-          .adaptive = false,
-          .per_device_memory = false,
-          .memory_mib = static_cast<uint32_t>(s.range(0)),
-          .quality_batches = kQualityBatches});
-}
+
+void BM_T5MemoryOwnVsCommon(benchmark::State& s) { RunMemory(s, true); }
+void BM_T5MemoryOwnVsCommonOneFOneB(benchmark::State& s) { RunMemory(s, false); }
+// Selective recomputation fits each device's own room under 1F1B from
+// about 60,400 MiB, the common budget from about 66,000 (docs/benchmarks.md).
 void MemoryArgs(benchmark::internal::Benchmark* b) {
-  for (int64_t mib : {36000, 40960, 61440, 65536, 81920}) b->Arg(mib);
+  for (int64_t mib :
+       {40960, 49152, 57344, 59392, 60416, 61440, 63488, 65536, 69632, 73728, 81920}) {
+    b->Arg(mib);
+  }
   b->Unit(benchmark::kMillisecond);
 }
-BENCHMARK(BM_T5MemoryPerDevice)->Apply(MemoryArgs);
-BENCHMARK(BM_T5MemoryCommonBudget)->Apply(MemoryArgs);
-BENCHMARK(BM_T5MemoryPerDeviceOneFOneB)->Arg(61440)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_T5MemoryCommonBudgetOneFOneB)->Arg(61440)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_T5MemoryOwnVsCommon)->Apply(MemoryArgs);
+BENCHMARK(BM_T5MemoryOwnVsCommonOneFOneB)->Apply(MemoryArgs);
 
 // The scale curve: GPT-6.7B, pp = 8, maximum length 8192, 65,536 tokens per
 // replica, documents-like; argument: dp.
