@@ -188,6 +188,12 @@ class PartialFile {
   std::ofstream out_;
 };
 
+// A 20-character progress bar: "########------------".
+std::string Bar(double fraction) {
+  const int filled = static_cast<int>(std::clamp(fraction, 0.0, 1.0) * 20);
+  return std::string(filled, '#') + std::string(20 - filled, '-');
+}
+
 std::string Duration(double seconds) {
   return seconds < 90
              ? absl::StrFormat("%.0fs", seconds)
@@ -460,7 +466,8 @@ int Run(const ShutdownSignal& shutdown) {
       last_report = now;
       const double elapsed = absl::ToDoubleSeconds(now - start);
       const size_t left = todo.size() - done.size();
-      spdlog::info("[{}/{}] {:.0f}% {} {} b={} s={}: {} elapsed, about {} left", done.size(),
+      spdlog::info("[{}] {}/{} {:.0f}% {} {} b={} s={}: {} elapsed, about {} left",
+                   Bar(static_cast<double>(done.size()) / todo.size()), done.size(),
                    todo.size(), 100.0 * done.size() / todo.size(),
                    v1::CostComponent_Name(point.component), v1::RecomputeMode_Name(point.recompute),
                    point.micro_batch, point.seq_len, Duration(elapsed),
