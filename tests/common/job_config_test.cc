@@ -53,6 +53,7 @@ TEST(JobConfig, ValidConfigGetsDocumentedDefaults) {
   EXPECT_EQ(config->model().kv_channels(), 64u);
   EXPECT_EQ(config->model().ffn_hidden_size(), 1024u);
   EXPECT_EQ(config->model().dtype(), v1::BFLOAT16);
+  EXPECT_EQ(config->model().attention_kernel(), v1::EXPLICIT);
   EXPECT_EQ(config->parallelism().tensor(), 1u);
   EXPECT_EQ(config->parallelism().virtual_chunks(), 1u);
   EXPECT_EQ(config->cluster().devices_per_node(), 8u);

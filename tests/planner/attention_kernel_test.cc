@@ -2,6 +2,7 @@
 // (FlashAttention) activation memory grows linearly with the length, the
 // time keeps the attention FLOPs plus the backward's recomputed scores, and
 // long samples that explicit attention cannot hold become plannable.
+#include <cstdio>
 #include <random>
 #include <string>
 
@@ -169,6 +170,9 @@ TEST(AttentionKernel, Gpt67bPlansEightThousandTokenSamplesOnlyWhenFused) {
   EXPECT_EQ(plan->plans.size(), 8u);
   for (size_t rank = 0; rank < plan->report.peak_bytes.size(); ++rank) {
     EXPECT_LE(plan->report.peak_bytes[rank], plan->report.memory_limit_per_rank[rank]) << rank;
+    std::printf("rank %zu: predicted activation peak %.0f MiB of %.0f MiB (recompute %s)\n", rank,
+                plan->report.peak_bytes[rank] / 1048576,
+                plan->report.memory_limit_per_rank[rank] / 1048576, plan->report.recompute.c_str());
   }
 }
 
