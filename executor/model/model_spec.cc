@@ -46,7 +46,7 @@ absl::StatusOr<ModelSpec> ModelSpecFromConfig(const v1::JobConfig& config) {
   if (spec.attention_kernel == v1::FUSED && !FusedAttentionAvailable()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.attention_kernel: FUSED needs torch's scaled_dot_product_attention (LibTorch 2.0 "
-        "or newer); this executor is built with LibTorch ",
+        "or newer); this build has LibTorch ",
         TORCH_VERSION, ": use EXPLICIT, or rebuild with a newer LibTorch"));
   }
   if (spec.attention_kernel != v1::EXPLICIT && spec.attention_kernel != v1::FUSED) {
