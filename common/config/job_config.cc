@@ -129,6 +129,13 @@ void ValidateModel(const JobConfig& config, ErrorList& errors) {
                                             : absl::StrCat(static_cast<int>(m.dtype())),
                ")");
   }
+  if (m.attention_kernel() != v1::EXPLICIT && m.attention_kernel() != v1::FUSED) {
+    errors.Add("model.attention_kernel", "must be EXPLICIT or FUSED (got ",
+               v1::AttentionKernel_IsValid(m.attention_kernel())
+                   ? v1::AttentionKernel_Name(m.attention_kernel())
+                   : absl::StrCat(static_cast<int>(m.attention_kernel())),
+               ")");
+  }
 }
 
 void ValidateParallelism(const JobConfig& config, ErrorList& errors) {
@@ -376,6 +383,9 @@ void ApplyJobConfigDefaults(JobConfig& config) {
     m.set_ffn_hidden_size(4 * m.hidden_size());
   }
   if (m.dtype() == v1::DTYPE_UNSPECIFIED) m.set_dtype(v1::BFLOAT16);
+  if (m.attention_kernel() == v1::ATTENTION_KERNEL_UNSPECIFIED) {
+    m.set_attention_kernel(v1::EXPLICIT);
+  }
 
   v1::ParallelismConfig& p = *config.mutable_parallelism();
   if (p.pipeline() == 0) p.set_pipeline(1);

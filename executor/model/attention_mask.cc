@@ -1,5 +1,7 @@
 #include "executor/model/attention_mask.h"
 
+#include <torch/version.h>
+
 #include <cmath>
 #include <limits>
 
@@ -46,22 +48,69 @@ torch::Tensor SegmentCrossAttentionMask(const torch::Tensor& query_segments,
   return mask.unsqueeze(1);
 }
 
+torch::Tensor SelfAttentionMaskFor(v1::AttentionKernel kernel, const torch::Tensor& lengths,
+                                   int64_t padded, bool causal) {
+  if (kernel == v1::FUSED && causal) return {};
+  return SelfAttentionMask(lengths, padded, causal);
+}
+
+namespace {
+
+// [b, s, heads*d] -> [b, heads, s, d] (a view).
+torch::Tensor Heads(const torch::Tensor& x, int64_t heads) {
+  return x.view({x.size(0), x.size(1), heads, x.size(2) / heads}).transpose(1, 2);
+}
+
+// [b, heads, s, d] -> [b, s, heads*d].
+torch::Tensor Merge(const torch::Tensor& x) {
+  return x.transpose(1, 2).reshape({x.size(0), x.size(2), x.size(1) * x.size(3)});
+}
+
+}  // namespace
+
 torch::Tensor MaskedAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& mask, int64_t heads) {
-  const int64_t b = q.size(0);
   const int64_t sq = q.size(1);
-  const int64_t sk = k.size(1);
   const int64_t d = q.size(2) / heads;
-  // [b, heads, s, d]
-  const torch::Tensor qh = q.view({b, sq, heads, d}).transpose(1, 2);
-  const torch::Tensor kh = k.view({b, sk, heads, d}).transpose(1, 2);
-  const torch::Tensor vh = v.view({b, sk, heads, d}).transpose(1, 2);
-  torch::Tensor scores = torch::matmul(qh, kh.transpose(-2, -1)) / std::sqrt(static_cast<double>(d));
+  const torch::Tensor qh = Heads(q, heads);
+  const torch::Tensor kh = Heads(k, heads);
+  const torch::Tensor vh = Heads(v, heads);
+  torch::Tensor scores =
+      torch::matmul(qh, kh.transpose(-2, -1)) / std::sqrt(static_cast<double>(d));
+  torch::Tensor allowed = mask;
+  if (!allowed.defined()) {
+    const torch::Tensor positions =
+        torch::arange(sq, torch::TensorOptions().dtype(torch::kInt64).device(q.device()));
+    allowed = (positions.unsqueeze(1) >= positions.unsqueeze(0)).unsqueeze(0).unsqueeze(0);
+  }
   // Every query row keeps at least one key (lengths >= 1), so no row is all
   // -inf and softmax stays finite.
-  scores = scores.masked_fill(mask.logical_not(), -std::numeric_limits<float>::infinity());
+  scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
   const torch::Tensor probs = torch::softmax(scores, -1);
-  return torch::matmul(probs, vh).transpose(1, 2).reshape({b, sq, heads * d});
+  return Merge(torch::matmul(probs, vh));
+}
+
+bool FusedAttentionAvailable() { return TORCH_VERSION_MAJOR >= 2; }
+
+torch::Tensor FusedAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                             const torch::Tensor& mask, int64_t heads) {
+#if TORCH_VERSION_MAJOR >= 2
+  const torch::Tensor qh = Heads(q, heads);
+  const torch::Tensor kh = Heads(k, heads);
+  const torch::Tensor vh = Heads(v, heads);
+  // Default scale 1 / sqrt(d); a boolean mask is true where attention is
+  // allowed, as ours.
+  const torch::Tensor out =
+      mask.defined() ? at::scaled_dot_product_attention(qh, kh, vh, mask)
+                     : at::scaled_dot_product_attention(qh, kh, vh, /*attn_mask=*/{},
+                                                        /*dropout_p=*/0.0, /*is_causal=*/true);
+  return Merge(out);
+#else
+  (void)q, (void)k, (void)v, (void)mask, (void)heads;
+  TORCH_CHECK(false, "model.attention_kernel FUSED needs LibTorch 2.0 or newer (built with ",
+              TORCH_VERSION, ")");
+  return {};
+#endif
 }
 
 }  // namespace varipipe::executor

@@ -8,6 +8,8 @@
 
 #include <torch/torch.h>
 
+#include "varipipe/v1/config.pb.h"
+
 namespace varipipe::executor {
 
 // Self-attention over a padded sequence of length `padded`: keys beyond a
@@ -33,10 +35,34 @@ torch::Tensor SegmentSelfAttentionMask(const torch::Tensor& segments, bool causa
 torch::Tensor SegmentCrossAttentionMask(const torch::Tensor& query_segments,
                                         const torch::Tensor& key_segments);
 
+// The self-attention mask a layer running `kernel` needs: with FUSED and
+// `causal`, none (an undefined tensor, meaning causal; see MaskedAttention),
+// so the fused kernel runs without an s x s mask (FlashAttention); otherwise
+// SelfAttentionMask.
+torch::Tensor SelfAttentionMaskFor(v1::AttentionKernel kernel, const torch::Tensor& lengths,
+                                   int64_t padded, bool causal);
+
 // Scaled dot-product attention of q [b, sq, heads*d], k, v [b, sk, heads*d]
-// under `mask` [b, 1, sq, sk]; returns [b, sq, heads*d].
+// under `mask` [b, 1, sq, sk]; returns [b, sq, heads*d]. Explicit kernel:
+// the [b, heads, sq, sk] scores and probabilities are materialised (and kept
+// by autograd). An undefined `mask` means causal (sq == sk): with padding at
+// the end of each sample this is SelfAttentionMask(lengths, s, causal) for
+// every real query; padding queries also see the padding keys before them,
+// which changes only padding outputs (they reach no loss).
 torch::Tensor MaskedAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& mask, int64_t heads);
+
+// Whether this build's LibTorch has the fused kernel
+// (torch::scaled_dot_product_attention, LibTorch 2.0 or newer).
+bool FusedAttentionAvailable();
+
+// MaskedAttention through torch's scaled_dot_product_attention: no score
+// tensor is kept for backward (FlashAttention or memory-efficient attention
+// on GPUs; an undefined mask runs it with is_causal). Same values as
+// MaskedAttention up to rounding. REQUIRES: FusedAttentionAvailable()
+// (throws c10::Error otherwise).
+torch::Tensor FusedAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                             const torch::Tensor& mask, int64_t heads);
 
 }  // namespace varipipe::executor
 

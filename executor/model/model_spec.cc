@@ -1,11 +1,14 @@
 #include "executor/model/model_spec.h"
 
+#include <torch/version.h>
+
 #include <algorithm>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/config/job_config.h"
 #include "common/status.h"
+#include "executor/model/attention_mask.h"
 
 namespace varipipe::executor {
 
@@ -25,6 +28,7 @@ absl::StatusOr<ModelSpec> ModelSpecFromConfig(const v1::JobConfig& config) {
   spec.max_sequence_length =
       std::max(resolved.data().max_sequence_length(), resolved.data().max_target_length());
   spec.seed = resolved.data().seed();
+  spec.attention_kernel = model.attention_kernel();
   const auto require = [](int64_t value, const char* field) -> absl::Status {
     if (value > 0) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(field, " must be positive"));
@@ -38,6 +42,15 @@ absl::StatusOr<ModelSpec> ModelSpecFromConfig(const v1::JobConfig& config) {
   VP_RETURN_IF_ERROR(require(spec.max_sequence_length, "data.max_sequence_length"));
   if (spec.encoder_decoder) {
     VP_RETURN_IF_ERROR(require(spec.num_decoder_layers, "model.num_decoder_layers"));
+  }
+  if (spec.attention_kernel == v1::FUSED && !FusedAttentionAvailable()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.attention_kernel: FUSED needs torch's scaled_dot_product_attention (LibTorch 2.0 "
+        "or newer); this build has LibTorch ",
+        TORCH_VERSION, ": use EXPLICIT, or rebuild with a newer LibTorch"));
+  }
+  if (spec.attention_kernel != v1::EXPLICIT && spec.attention_kernel != v1::FUSED) {
+    return absl::InvalidArgumentError("model.attention_kernel must be EXPLICIT or FUSED");
   }
   return spec;
 }

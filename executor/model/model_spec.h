@@ -22,10 +22,13 @@ struct ModelSpec {
   int64_t vocab_size = 0;
   int64_t max_sequence_length = 0;  // learned position embeddings
   uint64_t seed = 0;                // deterministic initialisation
+  // EXPLICIT or FUSED (FUSED only when FusedAttentionAvailable()).
+  v1::AttentionKernel attention_kernel = v1::EXPLICIT;
 };
 
 // Applies the config's documented defaults; InvalidArgument naming the field
-// when a required one is missing.
+// when a required one is missing, or when model.attention_kernel is FUSED
+// and this build's LibTorch has no fused kernel.
 absl::StatusOr<ModelSpec> ModelSpecFromConfig(const v1::JobConfig& config);
 
 // The half-open range of layers [begin, end) pipeline stage `stage` of

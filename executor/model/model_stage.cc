@@ -145,7 +145,8 @@ StageActivations ModelStage::Forward(const StageActivations& in, const StageBatc
     const bool causal = !spec_.encoder_decoder;
     const torch::Tensor mask =
         packed ? SegmentSelfAttentionMask(batch.input_segments, causal)
-               : SelfAttentionMask(batch.input_lengths, hidden.size(1), causal);
+               : SelfAttentionMaskFor(spec_.attention_kernel, batch.input_lengths, hidden.size(1),
+                                      causal);
     for (int64_t i = 0; i < role_.encoder_layers.size(); ++i) {
       hidden = layers_[next_layer++]->Forward(hidden, mask);
     }
@@ -163,7 +164,8 @@ StageActivations ModelStage::Forward(const StageActivations& in, const StageBatc
     }
     const torch::Tensor self_mask =
         packed ? SegmentSelfAttentionMask(batch.target_segments, /*causal=*/true)
-               : SelfAttentionMask(batch.target_lengths, hidden.size(1), /*causal=*/true);
+               : SelfAttentionMaskFor(spec_.attention_kernel, batch.target_lengths,
+                                      hidden.size(1), /*causal=*/true);
     const torch::Tensor cross_mask =
         packed ? SegmentCrossAttentionMask(batch.target_segments, batch.input_segments)
                : CrossAttentionMask(batch.input_lengths, hidden.size(1), memory.size(1));

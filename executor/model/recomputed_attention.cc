@@ -13,10 +13,13 @@ using torch::autograd::tensor_list;
 class RecomputedAttention : public torch::autograd::Function<RecomputedAttention> {
  public:
   // Runs without autograd (as every custom Function's forward): nothing of
-  // the core is kept.
+  // the core is kept. `mask` comes by pointer: it may be undefined (causal),
+  // which a Function does not take as a tensor input.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& v, const torch::Tensor& mask, int64_t heads) {
-    ctx->save_for_backward({q, k, v, mask});
+                               const torch::Tensor& v, const torch::Tensor* mask, int64_t heads) {
+    ctx->save_for_backward({q, k, v});
+    ctx->saved_data["has_mask"] = mask->defined();
+    if (mask->defined()) ctx->saved_data["mask"] = *mask;
     ctx->saved_data["heads"] = heads;
     // The recomputation must see the forward's precision (CUDA autocast).
     const bool autocast = at::autocast::is_enabled();
@@ -25,13 +28,15 @@ class RecomputedAttention : public torch::autograd::Function<RecomputedAttention
       ctx->saved_data["autocast_dtype"] =
           static_cast<int64_t>(at::autocast::get_autocast_gpu_dtype());
     }
-    return MaskedAttention(q, k, v, mask, heads);
+    return MaskedAttention(q, k, v, *mask, heads);
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
     const int64_t heads = ctx->saved_data["heads"].toInt();
     const bool autocast = ctx->saved_data["autocast"].toBool();
+    const torch::Tensor mask =
+        ctx->saved_data["has_mask"].toBool() ? ctx->saved_data["mask"].toTensor() : torch::Tensor();
     torch::Tensor q = saved[0].detach().requires_grad_(true);
     torch::Tensor k = saved[1].detach().requires_grad_(true);
     torch::Tensor v = saved[2].detach().requires_grad_(true);
@@ -45,7 +50,7 @@ class RecomputedAttention : public torch::autograd::Function<RecomputedAttention
             static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()));
       }
       at::autocast::set_enabled(autocast);
-      out = MaskedAttention(q, k, v, saved[3], heads);
+      out = MaskedAttention(q, k, v, mask, heads);
       at::autocast::set_enabled(was_enabled);
       at::autocast::set_autocast_gpu_dtype(was_dtype);
     }
@@ -60,7 +65,7 @@ class RecomputedAttention : public torch::autograd::Function<RecomputedAttention
 torch::Tensor RecomputedMaskedAttention(const torch::Tensor& q, const torch::Tensor& k,
                                         const torch::Tensor& v, const torch::Tensor& mask,
                                         int64_t heads) {
-  return RecomputedAttention::apply(q, k, v, mask, heads);
+  return RecomputedAttention::apply(q, k, v, &mask, heads);
 }
 
 }  // namespace varipipe::executor

@@ -15,7 +15,8 @@ TransformerLayer::TransformerLayer(const ModelSpec& spec, ModelComponent compone
                                    int64_t total_layers)
     : hidden_(spec.hidden_size),
       heads_(spec.num_attention_heads),
-      cross_attention_(component == ModelComponent::kDecoderLayer) {
+      cross_attention_(component == ModelComponent::kDecoderLayer),
+      fused_attention_(spec.attention_kernel == v1::FUSED) {
   Initializer init(spec.seed, component, index);
   const int64_t h = spec.hidden_size;
   const int64_t inner = spec.num_attention_heads * spec.kv_channels;
@@ -62,11 +63,13 @@ using torch::autograd::tensor_list;
 // gradients directly (as PyTorch's reentrant checkpoint does) and gives the
 // inputs' gradients. The masks travel in saved_data (LibTorch's Functions
 // take no undefined tensor as an input); `memory` is an input only for
-// decoder layers (CheckpointedDecoderLayer).
+// decoder layers (CheckpointedDecoderLayer). The self mask is passed by
+// pointer because it may be undefined (causal, SelfAttentionMaskFor).
 void SaveForRecompute(AutogradContext* ctx, TransformerLayer* layer, const torch::Tensor& self_mask,
                       const torch::Tensor& cross_mask) {
   ctx->saved_data["layer"] = reinterpret_cast<int64_t>(layer);
-  ctx->saved_data["self_mask"] = self_mask;
+  ctx->saved_data["has_self_mask"] = self_mask.defined();
+  if (self_mask.defined()) ctx->saved_data["self_mask"] = self_mask;
   ctx->saved_data["has_cross_mask"] = cross_mask.defined();
   if (cross_mask.defined()) ctx->saved_data["cross_mask"] = cross_mask;
   ctx->saved_data["autocast"] = at::autocast::is_enabled();
@@ -78,7 +81,9 @@ void SaveForRecompute(AutogradContext* ctx, TransformerLayer* layer, const torch
 void Recompute(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& memory,
                const torch::Tensor& grad) {
   auto* layer = reinterpret_cast<TransformerLayer*>(ctx->saved_data["layer"].toInt());
-  const torch::Tensor self_mask = ctx->saved_data["self_mask"].toTensor();
+  const torch::Tensor self_mask = ctx->saved_data["has_self_mask"].toBool()
+                                      ? ctx->saved_data["self_mask"].toTensor()
+                                      : torch::Tensor();
   const torch::Tensor cross_mask = ctx->saved_data["has_cross_mask"].toBool()
                                        ? ctx->saved_data["cross_mask"].toTensor()
                                        : torch::Tensor();
@@ -100,10 +105,10 @@ void Recompute(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor
 class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
-                               TransformerLayer* layer, const torch::Tensor& self_mask) {
+                               TransformerLayer* layer, const torch::Tensor* self_mask) {
     ctx->save_for_backward({x});
-    SaveForRecompute(ctx, layer, self_mask, torch::Tensor());
-    return layer->Compute(x, self_mask, torch::Tensor(), torch::Tensor());
+    SaveForRecompute(ctx, layer, *self_mask, torch::Tensor());
+    return layer->Compute(x, *self_mask, torch::Tensor(), torch::Tensor());
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     const torch::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
@@ -116,10 +121,10 @@ class CheckpointedDecoderLayer : public torch::autograd::Function<CheckpointedDe
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& memory, TransformerLayer* layer,
-                               const torch::Tensor& self_mask, const torch::Tensor& cross_mask) {
+                               const torch::Tensor* self_mask, const torch::Tensor& cross_mask) {
     ctx->save_for_backward({x, memory});
-    SaveForRecompute(ctx, layer, self_mask, cross_mask);
-    return layer->Compute(x, self_mask, memory, cross_mask);
+    SaveForRecompute(ctx, layer, *self_mask, cross_mask);
+    return layer->Compute(x, *self_mask, memory, cross_mask);
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
@@ -137,9 +142,9 @@ torch::Tensor TransformerLayer::Forward(const torch::Tensor& x, const torch::Ten
                                         const torch::Tensor& cross_mask) {
   if (recompute_full_ && torch::GradMode::is_enabled()) {
     if (memory.defined()) {
-      return CheckpointedDecoderLayer::apply(x, memory, this, self_mask, cross_mask);
+      return CheckpointedDecoderLayer::apply(x, memory, this, &self_mask, cross_mask);
     }
-    return CheckpointedLayer::apply(x, this, self_mask);
+    return CheckpointedLayer::apply(x, this, &self_mask);
   }
   return Compute(x, self_mask, memory, cross_mask);
 }
@@ -151,7 +156,11 @@ torch::Tensor TransformerLayer::Compute(const torch::Tensor& x, const torch::Ten
   const torch::Tensor qkv = torch::linear(LayerNorm(x, ln1_weight_, ln1_bias_), qkv_weight_,
                                           qkv_bias_);
   const std::vector<torch::Tensor> parts = qkv.chunk(3, -1);
-  const auto attention = recompute_attention_ ? RecomputedMaskedAttention : MaskedAttention;
+  // The fused kernel keeps no score tensors: selective recomputation has
+  // nothing to drop.
+  const auto attention = fused_attention_       ? FusedAttention
+                         : recompute_attention_ ? RecomputedMaskedAttention
+                                                : MaskedAttention;
   torch::Tensor y = x + torch::linear(attention(parts[0], parts[1], parts[2], self_mask, heads_),
                                       proj_weight_, proj_bias_);
   // Cross-attention branch (T5 decoder): queries from the decoder, keys and

@@ -20,14 +20,17 @@ class TransformerLayer : public torch::nn::Module {
   TransformerLayer(const ModelSpec& spec, ModelComponent component, int64_t index,
                    int64_t total_layers);
 
-  // x [b, s, hidden]; self_mask [b, 1, s, s]; for decoder layers `memory`
+  // x [b, s, hidden]; self_mask [b, 1, s, s] or undefined for causal
+  // (attention_mask.h, SelfAttentionMaskFor); for decoder layers `memory`
   // [b, s_enc, hidden] and cross_mask [b, 1, s, s_enc].
   torch::Tensor Forward(const torch::Tensor& x, const torch::Tensor& self_mask,
                         const torch::Tensor& memory = {}, const torch::Tensor& cross_mask = {});
 
   // Selective recomputation: the attention cores (self and cross) keep no
   // intermediates for backward and are recomputed there
-  // (recomputed_attention.h). Off by default.
+  // (recomputed_attention.h). Off by default. With the FUSED attention
+  // kernel (spec.attention_kernel) the cores keep no intermediates anyway
+  // and the setting changes nothing.
   void set_recompute_attention(bool on) { recompute_attention_ = on; }
 
   // Full recomputation (Megatron's full activation recomputation, one layer
@@ -48,6 +51,7 @@ class TransformerLayer : public torch::nn::Module {
   int64_t hidden_;
   int64_t heads_;
   bool cross_attention_;
+  bool fused_attention_;
   bool recompute_attention_ = false;
   bool recompute_full_ = false;
   torch::Tensor ln1_weight_, ln1_bias_, qkv_weight_, qkv_bias_, proj_weight_, proj_bias_;

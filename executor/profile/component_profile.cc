@@ -119,8 +119,8 @@ Runnable Build(const ModelSpec& spec, const ProfilePoint& p, torch::Device devic
       // a stage keeps one per micro-batch: a small overestimate).
       torch::Tensor full_lengths = lengths(s);
       if (!decoder) {
-        r.forward = [layer = r.layer, x, full_lengths, s, causal] {
-          return layer->Forward(x, SelfAttentionMask(full_lengths, s, causal));
+        r.forward = [layer = r.layer, x, full_lengths, s, causal, kernel = spec.attention_kernel] {
+          return layer->Forward(x, SelfAttentionMaskFor(kernel, full_lengths, s, causal));
         };
         break;
       }
@@ -128,9 +128,10 @@ Runnable Build(const ModelSpec& spec, const ProfilePoint& p, torch::Device devic
       r.inputs.push_back(memory);
       torch::Tensor encoder_lengths = lengths(p.encoder_len);
       const int64_t e = p.encoder_len;
-      r.forward = [layer = r.layer, x, memory, full_lengths, encoder_lengths, s, e] {
-        return layer->Forward(x, SelfAttentionMask(full_lengths, s, /*causal=*/true), memory,
-                              CrossAttentionMask(encoder_lengths, s, e));
+      r.forward = [layer = r.layer, x, memory, full_lengths, encoder_lengths, s, e,
+                   kernel = spec.attention_kernel] {
+        return layer->Forward(x, SelfAttentionMaskFor(kernel, full_lengths, s, /*causal=*/true),
+                              memory, CrossAttentionMask(encoder_lengths, s, e));
       };
       break;
     }

@@ -10,6 +10,7 @@ namespace varipipe::planner {
 namespace {
 
 constexpr double kMaskBytes = 1;  // dropout masks are stored as bytes
+constexpr double kStatBytes = 4;  // FlashAttention's row statistics are fp32
 
 // Stored bytes of one attention block with queries over s_q and keys/values
 // over s_kv (self-attention: s_q == s_kv), Korthikanti et al. Table 2
@@ -17,8 +18,12 @@ constexpr double kMaskBytes = 1;  // dropout masks are stored as bytes
 //   inputs kept: LayerNorm input B*s_q*b*h, projection input(s)
 //   Q B*s_q*b*A/t, K and V B*s_kv*b*A/t each, output projection input
 //   B*s_q*b*A/t, output dropout mask s_q*b*h,
-//   score path: softmax output B, dropout mask 1, dropout output B bytes per
-//   element of the a*s_q*s_kv*b score tensor (/t).
+//   score path (explicit kernel only, and not with selective recomputation):
+//   softmax output B, dropout mask 1, dropout output B bytes per element of
+//   the a*s_q*s_kv*b score tensor (/t).
+// A fused kernel (FlashAttention, Dao et al. 2022, section 3.1) keeps no
+// score tensor, only one fp32 logsumexp per query row and head,
+// 4*a*s_q*b/t; its output is the output projection input counted above.
 // Cross-attention also keeps the encoder output (K/V projection input)
 // B*s_kv*b*h.
 double AttentionStored(const ModelDims& d, Recompute recompute, double b, double s_q, double s_kv,
@@ -34,7 +39,9 @@ double AttentionStored(const ModelDims& d, Recompute recompute, double b, double
                  + B * s_q * b * A / t        // output projection input
                  + kMaskBytes * s_q * b * h;  // output dropout mask
   if (cross) bytes += B * s_kv * b * h;       // encoder output, K/V projection input
-  if (recompute != Recompute::kSelective) {
+  if (d.attention_kernel == AttentionKernel::kFused) {
+    bytes += kStatBytes * a * s_q * b / t;  // logsumexp per query row
+  } else if (recompute != Recompute::kSelective) {
     bytes += (2 * B + kMaskBytes) * a * s_q * s_kv * b / t;  // softmax, mask, dropout output
   }
   return bytes;
@@ -82,8 +89,20 @@ double LayerMatrixMs(const ModelDims& d, const Hardware& hw, double t, double b,
   return ms;
 }
 
+// Extra backward work of a fused attention core: FlashAttention's backward
+// recomputes the scores S = QK^T block by block from Q, K and the stored
+// logsumexp (Dao et al. 2022, section 3.1, Algorithm 4): 2*b*s_q*s_kv*A/t
+// FLOPs on top of the explicit kernel's 8*b*s_q*s_kv*A/t.
+double FusedRecomputeFlops(const ModelDims& d, double b, double s, double encoder_s, bool decoder,
+                           double t) {
+  double flops = AttentionCoreFlops(d, b, s, s, t) / 2;
+  if (decoder) flops += AttentionCoreFlops(d, b, s, encoder_s, t) / 2;
+  return flops;
+}
+
 CostValues LayerCost(const ModelDims& d, const Hardware& hw, Recompute recompute, double t,
                      double b, double s, double encoder_s, bool decoder) {
+  const bool fused = d.attention_kernel == AttentionKernel::kFused;
   const double stored_none = decoder
                                  ? DecoderLayerStoredBytes(d, Recompute::kNone, b, s, encoder_s, t)
                                  : EncoderLayerStoredBytes(d, Recompute::kNone, b, s, t);
@@ -94,16 +113,24 @@ CostValues LayerCost(const ModelDims& d, const Hardware& hw, Recompute recompute
   const double forward_ms = LayerMatrixMs(d, hw, t, b, s, encoder_s, decoder) +
                             MemoryMs(hw, ElementwiseBytes(stored_none)) + overhead_ms;
   double backward_ms = 2 * (forward_ms - overhead_ms) + overhead_ms;
-  // Largest transient tensor of the backward pass: the score gradient or
-  // the GeLU gradient.
+  if (fused) {
+    backward_ms += MatrixMs(hw, d, FusedRecomputeFlops(d, b, s, encoder_s, decoder, t), tokens);
+  }
+  // Largest transient tensor of the backward pass: the score gradient (a
+  // fused kernel instead holds one fp32 value per query row and head,
+  // D = rowsum(dO o O)) or the GeLU gradient.
   const double B = d.dtype_bytes;
-  const double score = B * d.heads * s * (decoder ? std::max(s, encoder_s) : s) * b / t;
+  const double score = fused ? kStatBytes * d.heads * s * b / t
+                             : B * d.heads * s * (decoder ? std::max(s, encoder_s) : s) * b / t;
   const double transient = std::max(score, B * s * b * d.ffn / t);
   double peak = stored + transient;
   switch (recompute) {
     case Recompute::kNone:
       break;
     case Recompute::kSelective: {
+      // A fused kernel keeps no score tensors: there is nothing to
+      // recompute, selective costs what no recomputation does.
+      if (fused) break;
       // Recompute QK^T, softmax and dropout of every attention block.
       double core = AttentionCoreFlops(d, b, s, s, t);
       double score_bytes = (2 * B + kMaskBytes) * d.heads * s * s * b / t;
@@ -251,7 +278,8 @@ absl::StatusOr<CostModel> BuildAnalyticCostModel(const ModelDims& dims, const Ha
     return absl::InvalidArgumentError("analytic cost model: grid too large");
   }
   CostModel model;
-  model.set_description(absl::StrCat("analytic model on ", hw.name));
+  model.set_description(absl::StrCat("analytic model on ", hw.name, ", ",
+                                     AttentionKernelName(dims.attention_kernel), " attention"));
   std::vector<Component> components = {Component::kEncoderLayer, Component::kEmbedding,
                                        Component::kPostprocess};
   if (dims.encoder_decoder()) components.push_back(Component::kDecoderLayer);

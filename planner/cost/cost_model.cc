@@ -57,6 +57,13 @@ absl::Status CostModel::CheckMatches(const ModelDims& dims) const {
   if (p.kv_channels != dims.kv_channels)
     return differ("kv channels", p.kv_channels, dims.kv_channels);
   if (p.ffn != dims.ffn) return differ("ffn hidden size", p.ffn, dims.ffn);
+  if (attention_kernel_known_ && p.attention_kernel != dims.attention_kernel) {
+    // The kernel decides whether activation memory grows with s or s^2.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the cost model was measured with the ", AttentionKernelName(p.attention_kernel),
+        " attention kernel but the job's model.attention_kernel is ",
+        AttentionKernelName(dims.attention_kernel)));
+  }
   return absl::OkStatus();
 }
 

@@ -93,9 +93,17 @@ class CostModel {
   const std::map<Key, ProfileGrid>& grids() const { return grids_; }
 
   // Dimensions of the model the costs were measured for, when known (only
-  // kind, hidden, heads, kv_channels and ffn are compared with a job).
+  // kind, hidden, heads, kv_channels, ffn and, when known, the attention
+  // kernel are compared with a job).
   const std::optional<ModelDims>& profiled_dims() const { return profiled_dims_; }
-  void set_profiled_dims(const ModelDims& dims) { profiled_dims_ = dims; }
+  // `attention_kernel_known`: false when the source does not say which
+  // attention kernel it measured (DynaPipe profiles); dims.attention_kernel
+  // is then not compared.
+  void set_profiled_dims(const ModelDims& dims, bool attention_kernel_known = true) {
+    profiled_dims_ = dims;
+    attention_kernel_known_ = attention_kernel_known;
+  }
+  bool attention_kernel_known() const { return profiled_dims_ && attention_kernel_known_; }
   // OK when no dimensions are recorded or they match `dims`; otherwise an
   // InvalidArgument naming the differing dimension.
   absl::Status CheckMatches(const ModelDims& dims) const;
@@ -123,6 +131,7 @@ class CostModel {
   std::optional<ModelDims> profiled_dims_;
   std::optional<CommunicationCosts> communication_;
   std::optional<OptimizerCosts> optimizer_;
+  bool attention_kernel_known_ = false;
 };
 
 }  // namespace varipipe::planner

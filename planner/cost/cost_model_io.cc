@@ -65,7 +65,9 @@ absl::StatusOr<CostModel> CostModelFromProto(const v1::CostModelFile& file,
       profiled.set_kv_channels(profiled.hidden_size() / profiled.num_attention_heads());
     }
     if (profiled.ffn_hidden_size() == 0) profiled.set_ffn_hidden_size(4 * profiled.hidden_size());
-    model.set_profiled_dims(ModelDimsFromConfig(profiled));
+    // A file that does not name its attention kernel is not checked for it.
+    model.set_profiled_dims(ModelDimsFromConfig(profiled),
+                            profiled.attention_kernel() != v1::ATTENTION_KERNEL_UNSPECIFIED);
   }
   std::vector<std::string> repairs;  // non-monotone values raised
   for (int g = 0; g < file.grids_size(); ++g) {
@@ -198,6 +200,9 @@ v1::CostModelFile CostModelToProto(const CostModel& model) {
     m->set_kv_channels(d.kv_channels);
     m->set_ffn_hidden_size(d.ffn);
     m->set_vocab_size(d.vocab);
+    if (model.attention_kernel_known()) {
+      m->set_attention_kernel(AttentionKernelToProto(d.attention_kernel));
+    }
   }
   for (const auto& [key, grid] : model.grids()) {
     v1::CostGrid* g = file.add_grids();

@@ -327,7 +327,8 @@ absl::StatusOr<CostModel> ReadDynaPipeProfileDirectory(const std::string& direct
   profiled.heads = s.heads;
   profiled.kv_channels = s.kv_channels;
   profiled.ffn = s.ffn;
-  model.set_profiled_dims(profiled);
+  // DynaPipe's file names do not say which attention kernel was measured.
+  model.set_profiled_dims(profiled, /*attention_kernel_known=*/false);
   // The LM head on the last stage holds a copy of the (tied) embedding.
   model.SetParameters(Component::kPostprocess, model.Parameters(Component::kEmbedding));
   if (summary != nullptr) *summary = s;

@@ -14,6 +14,18 @@ const char* RecomputeName(Recompute mode) {
   return "unknown";
 }
 
+const char* AttentionKernelName(AttentionKernel kernel) {
+  return kernel == AttentionKernel::kFused ? "FUSED" : "EXPLICIT";
+}
+
+AttentionKernel AttentionKernelFromProto(v1::AttentionKernel kernel) {
+  return kernel == v1::FUSED ? AttentionKernel::kFused : AttentionKernel::kExplicit;
+}
+
+v1::AttentionKernel AttentionKernelToProto(AttentionKernel kernel) {
+  return kernel == AttentionKernel::kFused ? v1::FUSED : v1::EXPLICIT;
+}
+
 ModelDims ModelDimsFromConfig(const v1::ModelConfig& model) {
   ModelDims dims;
   dims.kind = model.kind() == v1::T5 ? ModelKind::kT5 : ModelKind::kGpt;
@@ -25,6 +37,7 @@ ModelDims ModelDimsFromConfig(const v1::ModelConfig& model) {
   dims.ffn = model.ffn_hidden_size();
   dims.vocab = model.vocab_size();
   dims.dtype_bytes = model.dtype() == v1::FLOAT32 ? 4 : 2;
+  dims.attention_kernel = AttentionKernelFromProto(model.attention_kernel());
   return dims;
 }
 

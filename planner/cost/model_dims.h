@@ -18,6 +18,12 @@ enum class Recompute { kNone = 0, kSelective = 1, kFull = 2 };
 inline constexpr int kNumRecomputeModes = 3;
 const char* RecomputeName(Recompute mode);  // "none", "selective", "full"
 
+// How the attention core is computed (config.proto AttentionKernel):
+// explicitly with stored [b, a, sq, sk] score tensors, or by a fused kernel
+// (FlashAttention) that keeps one fp32 logsumexp per query row instead.
+enum class AttentionKernel { kExplicit = 0, kFused = 1 };
+const char* AttentionKernelName(AttentionKernel kernel);  // "EXPLICIT", "FUSED"
+
 struct ModelDims {
   ModelKind kind = ModelKind::kGpt;
   // GPT: decoder layers. T5: encoder layers.
@@ -33,6 +39,7 @@ struct ModelDims {
   // Bytes per activation/parameter element in the compute dtype (2 for
   // bf16/fp16, 4 for fp32).
   uint32_t dtype_bytes = 2;
+  AttentionKernel attention_kernel = AttentionKernel::kExplicit;
 
   bool encoder_decoder() const { return kind == ModelKind::kT5; }
   // heads * kv_channels: the width of the attention projections.
@@ -41,6 +48,9 @@ struct ModelDims {
 
 // Dimensions of a validated config (defaults applied).
 ModelDims ModelDimsFromConfig(const v1::ModelConfig& model);
+
+AttentionKernel AttentionKernelFromProto(v1::AttentionKernel kernel);  // unspecified: explicit
+v1::AttentionKernel AttentionKernelToProto(AttentionKernel kernel);
 
 Recompute RecomputeFromProto(v1::RecomputeMode mode);
 v1::RecomputeMode RecomputeToProto(Recompute mode);

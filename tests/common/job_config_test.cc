@@ -53,6 +53,7 @@ TEST(JobConfig, ValidConfigGetsDocumentedDefaults) {
   EXPECT_EQ(config->model().kv_channels(), 64u);
   EXPECT_EQ(config->model().ffn_hidden_size(), 1024u);
   EXPECT_EQ(config->model().dtype(), v1::BFLOAT16);
+  EXPECT_EQ(config->model().attention_kernel(), v1::EXPLICIT);
   EXPECT_EQ(config->parallelism().tensor(), 1u);
   EXPECT_EQ(config->parallelism().virtual_chunks(), 1u);
   EXPECT_EQ(config->cluster().devices_per_node(), 8u);
@@ -173,6 +174,9 @@ INSTANTIATE_TEST_SUITE_P(
                 R"("num_layers": 4, "num_decoder_layers": 2)", "model.num_decoder_layers"},
         BadCase{"Int64Dtype", R"("kind": "GPT")", R"("kind": "GPT", "dtype": "INT64")",
                 "model.dtype: must be FLOAT32, BFLOAT16 or FLOAT16 (got INT64)"},
+        BadCase{"UnknownAttentionKernel", R"("kind": "GPT")",
+                R"("kind": "GPT", "attention_kernel": 7)",
+                "model.attention_kernel: must be EXPLICIT or FUSED (got 7)"},
         BadCase{"ZeroVocab", R"("vocab_size": 1000)", R"("vocab_size": 0)", "model.vocab_size"},
         BadCase{"TensorParallel", R"("data": 2)", R"("data": 2, "tensor": 2)",
                 "parallelism.tensor: only 1 is supported (got 2)"},

@@ -236,6 +236,15 @@ TEST_F(CostModelIoTest, JsonRoundTripAndErrors) {
   other.hidden = 512;
   EXPECT_THAT(loaded->CheckMatches(other),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hidden size 256")));
+  // The file records the attention kernel; a job with the other one is
+  // refused (its activation memory grows with s instead of s^2).
+  EXPECT_EQ(CostModelToProto(*loaded).model().attention_kernel(), v1::EXPLICIT);
+  other = dims;
+  other.attention_kernel = AttentionKernel::kFused;
+  EXPECT_THAT(loaded->CheckMatches(other),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("measured with the EXPLICIT attention kernel but the job's "
+                                 "model.attention_kernel is FUSED")));
 
   Write("bad.json", R"({"format_version": 1, "grids": [{"component": "ENCODER_LAYER",
       "recompute": "RECOMPUTE_NONE", "micro_batch_sizes": [1, 2], "seq_lens": [16],
