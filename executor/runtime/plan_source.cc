@@ -160,7 +160,8 @@ void PlannerServiceSource::PrefetchLoop(size_t index) {
     request.set_job_id(stream_job_id_);
     request.set_rank(rank_);
     request.set_first_iteration(first);
-    request.set_max_ahead(prefetch_);
+    // The iteration running (not yet reported) plus prefetch_ held ones.
+    request.set_max_ahead(prefetch_ + 1);
     grpc::ClientContext context;
     stream_context_ = &context;
     bool read_any = false;
