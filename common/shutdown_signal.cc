@@ -9,7 +9,6 @@
 #include <cstdlib>
 
 #include "absl/time/clock.h"
-
 #include "spdlog/spdlog.h"
 
 namespace varipipe {
@@ -34,8 +33,9 @@ ShutdownSignal::~ShutdownSignal() {
 
 void ShutdownSignal::Request() {
   if (request_claimed_.exchange(true)) return;
-  requested_.Notify();
+  // Callbacks first: whoever sees Requested() sees them done.
   RunCallbacks();
+  requested_.Notify();
 }
 
 void ShutdownSignal::RunCallbacks() {

@@ -47,8 +47,9 @@ class ShutdownSignal {
   ShutdownSignal& operator=(const ShutdownSignal&) = delete;
 
   // True once SIGTERM or SIGINT arrived or Request() was called.
-  bool Requested() const { return requested_.HasBeenNotified(); }
-  // Waits up to `timeout`; returns Requested().
+  bool Requested() const { return request_claimed_.load(); }
+  // Waits up to `timeout` for the request and its callbacks; returns whether
+  // they happened.
   bool WaitFor(absl::Duration timeout) const {
     return requested_.WaitForNotificationWithTimeout(timeout);
   }

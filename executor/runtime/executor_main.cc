@@ -213,7 +213,8 @@ std::string StopReason(const ShutdownSignal& shutdown) {
 absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
                    const executor::RankCoordinates& coordinates,
                    const executor::DeviceChoice& device, ShutdownSignal& shutdown,
-                   executor::PlanSource& source, const executor::TransportOptions& transport_options,
+                   executor::PlanSource& source,
+                   const executor::TransportOptions& transport_options,
                    executor::ExecutorStatusBoard& board) {
   const uint32_t pp = config.parallelism().pipeline();
   const uint32_t chunks = std::max<uint32_t>(1, config.parallelism().virtual_chunks());
@@ -475,12 +476,10 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
 absl::Status TrainAndReport(const v1::JobConfig& config, const executor::LaunchEnv& env,
                             const executor::RankCoordinates& coordinates,
                             const executor::DeviceChoice& device, ShutdownSignal& shutdown,
-                            executor::PlanSource& source,
-                            const std::string& planner_store_address,
+                            executor::PlanSource& source, const std::string& planner_store_address,
                             executor::ExecutorStatusBoard& board) {
-  VP_ASSIGN_OR_RETURN(
-      executor::TransportOptions transport_options,
-      MeetingPoint(config, env, coordinates, device, planner_store_address));
+  VP_ASSIGN_OR_RETURN(executor::TransportOptions transport_options,
+                      MeetingPoint(config, env, coordinates, device, planner_store_address));
   transport_options.cancelled = [&shutdown] { return shutdown.Requested(); };
   transport_options.collective_timeout = absl::Seconds(config.training().watchdog_timeout_s());
   executor::LivenessOptions liveness_options;
@@ -509,9 +508,9 @@ absl::Status TrainAndReport(const v1::JobConfig& config, const executor::LaunchE
   // Name the rank that died when this failure is a consequence of it.
   liveness->ReportFailure(std::string(status.message()));
   const std::string diagnosis = liveness->DiagnosePeers(liveness_options.ttl + absl::Seconds(1));
-  return absl::Status(status.code(),
-                      absl::StrCat(status.message(),
-                                   diagnosis.empty() ? "" : "\n  other ranks: ", diagnosis));
+  return absl::Status(
+      status.code(),
+      absl::StrCat(status.message(), diagnosis.empty() ? "" : "\n  other ranks: ", diagnosis));
 }
 
 }  // namespace
@@ -631,9 +630,8 @@ int main(int argc, char** argv) {
     spdlog::info("status endpoint (StatusService, health) on {}:{}",
                  absl::GetFlag(FLAGS_status_host), status_server->port());
   }
-  const absl::Status status = varipipe::TrainAndReport(*config, *env, *coordinates, *device,
-                                                       shutdown, *source, planner_store_address,
-                                                       board);
+  const absl::Status status = varipipe::TrainAndReport(
+      *config, *env, *coordinates, *device, shutdown, *source, planner_store_address, board);
   if (absl::IsCancelled(status) && shutdown.signal_number() != 0) {
     // The conventional status of a process ended by that signal.
     const int code = 128 + shutdown.signal_number();

@@ -26,8 +26,8 @@ absl::StatusOr<std::unique_ptr<RankLiveness>> RankLiveness::Start(const Liveness
   absl::StatusOr<std::unique_ptr<RedisClient>> refresher = RedisClient::Connect(redis_options);
   if (!refresher.ok()) return refresher.status();
   std::unique_ptr<RankLiveness> liveness(new RankLiveness(options, *std::move(redis)));
-  (void)(*refresher)->Command({"SET", liveness->Key("started", options.rank), "1", "PX",
-                               kReportTtlMs});
+  (void)(*refresher)
+      ->Command({"SET", liveness->Key("started", options.rank), "1", "PX", kReportTtlMs});
   liveness->Refresh(**refresher);
   liveness->refresher_ = std::thread(
       [self = liveness.get(), connection = std::shared_ptr<RedisClient>(*std::move(refresher))] {

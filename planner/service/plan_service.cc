@@ -143,8 +143,8 @@ grpc::Status PlanServiceImpl::WatchPlans(grpc::ServerContext* context,
   const uint64_t ahead = request->max_ahead() > 0
                              ? request->max_ahead()
                              : std::max<uint64_t>(1, daemon_->config().planner().plan_ahead());
-  for (uint64_t i = first;
-       i < daemon_->config().training().iterations() && !context->IsCancelled(); ++i) {
+  for (uint64_t i = first; i < daemon_->config().training().iterations() && !context->IsCancelled();
+       ++i) {
     // At most `ahead` streamed plans the rank has not acknowledged: plan i
     // goes out once the rank reported iteration i - ahead (the first `ahead`
     // from first_iteration go out at once).

@@ -4,10 +4,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <future>
-#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -469,8 +469,8 @@ TEST_F(PlannerServiceTest, WatchPlansHonoursMaxAhead) {
       {.host = redis_->host(), .port = redis_->port(), .password = redis_->password()});
   ASSERT_THAT(redis, IsOk());
   const auto fetched = [&](uint64_t iteration) {
-    absl::StatusOr<RedisReply> r = (*redis)->Command(
-        {"SISMEMBER", absl::StrCat("varipipe:svc:fetched:", iteration), "0"});
+    absl::StatusOr<RedisReply> r =
+        (*redis)->Command({"SISMEMBER", absl::StrCat("varipipe:svc:fetched:", iteration), "0"});
     return r.ok() && r->integer() == 1;
   };
   // Waits until `n` plans arrived, then gives an unbounded stream a second

@@ -170,9 +170,9 @@ absl::StatusOr<GlooTransport::Group*> GlooTransport::GroupContext(const std::vec
   }
   try {
     VP_ASSIGN_OR_RETURN(std::unique_ptr<RedisClient> redis, RedisClient::Connect(options_.redis));
-    GlooRedisStore store(
-        std::move(redis), absl::StrCat(options_.prefix, "/group-", absl::StrJoin(group, "-")),
-        [abort = abort_] { return abort->aborted.load(); });
+    GlooRedisStore store(std::move(redis),
+                         absl::StrCat(options_.prefix, "/group-", absl::StrJoin(group, "-")),
+                         [abort = abort_] { return abort->aborted.load(); });
     auto context = std::make_shared<gloo::rendezvous::Context>(static_cast<int>(me - group.begin()),
                                                                static_cast<int>(group.size()));
     context->setTimeout(
@@ -241,8 +241,7 @@ absl::Status GlooTransport::AllReduceMean(std::span<float> data, const std::vect
     }
     // All-gather: the summed chunks travel around the ring.
     for (int s = 0; s < n - 1; ++s) {
-      VP_RETURN_IF_ERROR(
-          step(n - 1 + s, chunk(me + 1 - s), chunk(me - s), /*in_place=*/true));
+      VP_RETURN_IF_ERROR(step(n - 1 + s, chunk(me + 1 - s), chunk(me - s), /*in_place=*/true));
     }
   } catch (const gloo::Exception& e) {
     VP_RETURN_IF_ERROR(Aborted(*abort_, what));

@@ -58,9 +58,9 @@ class GlooTransport final : public Transport {
   struct AbortState {
     std::atomic<bool> aborted{false};
     std::mutex mu;
-    std::string reason;                                   // guarded by mu
+    std::string reason;                                 // guarded by mu
     gloo::transport::UnboundBuffer* waiting = nullptr;  // guarded by mu
-    bool waiting_send = false;                           // guarded by mu
+    bool waiting_send = false;                          // guarded by mu
   };
 
   // Connects to every other rank (blocking until all have started).

@@ -43,8 +43,8 @@ void GlooRedisStore::wait(const std::vector<std::string>& keys,
       if (!r.ok()) GLOO_THROW_IO_EXCEPTION(std::string(r.status().message()));
       if (r->integer() == 1) break;
       if (cancelled_ && cancelled_()) {
-        GLOO_THROW_IO_EXCEPTION(absl::StrCat("rendezvous: cancelled while waiting for key ",
-                                             prefix_, "/", key));
+        GLOO_THROW_IO_EXCEPTION(
+            absl::StrCat("rendezvous: cancelled while waiting for key ", prefix_, "/", key));
       }
       if (absl::Now() > deadline) {
         GLOO_THROW_IO_EXCEPTION(absl::StrCat("rendezvous: timed out after ", timeout.count(),

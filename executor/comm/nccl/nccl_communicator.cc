@@ -15,8 +15,8 @@ constexpr absl::Duration kPollInterval = absl::Microseconds(50);
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
-    int nranks, const ncclUniqueId& id, int rank, absl::Time deadline,
-    const CancelCheck& cancelled, const std::string& what) {
+    int nranks, const ncclUniqueId& id, int rank, absl::Time deadline, const CancelCheck& cancelled,
+    const std::string& what) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   // Non-blocking: creation and operations return at once, so every wait is
   // ours to bound (and to abort).

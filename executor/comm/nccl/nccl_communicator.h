@@ -41,9 +41,11 @@ class NcclCommunicator {
 
   // Creates rank `rank` of `nranks` from `id` and waits (until `deadline`)
   // for every rank to join. On failure nothing is left allocated.
-  static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(
-      int nranks, const ncclUniqueId& id, int rank, absl::Time deadline,
-      const CancelCheck& cancelled, const std::string& what);
+  static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(int nranks,
+                                                                  const ncclUniqueId& id, int rank,
+                                                                  absl::Time deadline,
+                                                                  const CancelCheck& cancelled,
+                                                                  const std::string& what);
   ~NcclCommunicator();  // finalize + destroy, or abort (see above)
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;

@@ -139,8 +139,7 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(const Optio
     Channel& c = t->channels_[peer];
     c.peer_index = options.rank == low ? 1 : 0;
     VP_ASSIGN_OR_RETURN(c.comm, NcclCommunicator::Create(
-                                    2, id, options.rank == low ? 0 : 1, deadline,
-                                    options.cancelled,
+                                    2, id, options.rank == low ? 0 : 1, deadline, options.cancelled,
                                     absl::StrCat("NCCL communicator with rank ", peer)));
     VP_RETURN_IF_ERROR(
         CudaToStatus(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking), "stream"));
@@ -155,11 +154,10 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(const Optio
         ncclUniqueId id,
         t->ExchangeId(*redis, absl::StrCat(options.prefix, "/group-", absl::StrJoin(group, "-")),
                       me == group.begin()));
-    VP_ASSIGN_OR_RETURN(t->group_comm_,
-                        NcclCommunicator::Create(static_cast<int>(group.size()), id,
-                                                 static_cast<int>(me - group.begin()), deadline,
-                                                 options.cancelled,
-                                                 "NCCL data-parallel communicator"));
+    VP_ASSIGN_OR_RETURN(t->group_comm_, NcclCommunicator::Create(
+                                            static_cast<int>(group.size()), id,
+                                            static_cast<int>(me - group.begin()), deadline,
+                                            options.cancelled, "NCCL data-parallel communicator"));
     VP_RETURN_IF_ERROR(CudaToStatus(
         cudaStreamCreateWithFlags(&t->group_stream_, cudaStreamNonBlocking), "stream"));
   }
@@ -209,8 +207,8 @@ absl::StatusOr<std::unique_ptr<Transfer>> NcclTransport::Start(int peer, void* d
   VP_RETURN_IF_ERROR(c.comm->Check(
       send ? ncclSend(data, bytes, ncclUint8, c.peer_index, c.comm->get(), c.stream)
            : ncclRecv(data, bytes, ncclUint8, c.peer_index, c.comm->get(), c.stream),
-      absl::Now() + options_.collective_timeout,
-      [abort = abort_] { return abort->aborted.load(); }, what));
+      absl::Now() + options_.collective_timeout, [abort = abort_] { return abort->aborted.load(); },
+      what));
   cudaEvent_t event;
   VP_RETURN_IF_ERROR(
       CudaToStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "event"));
@@ -236,8 +234,7 @@ absl::Status NcclTransport::AllReduceMean(std::span<float> data, const std::vect
   if (group != options_.data_parallel_group || group_comm_ == nullptr) {
     return absl::InvalidArgumentError("all-reduce over a group the transport was not built for");
   }
-  const std::string what =
-      absl::StrCat("all-reduce over ranks ", absl::StrJoin(group, ","));
+  const std::string what = absl::StrCat("all-reduce over ranks ", absl::StrJoin(group, ","));
   VP_RETURN_IF_ERROR(Aborted(*abort_, what));
   // Bounded like every wait: a rank of the group that never joins must not
   // block this one in cudaStreamSynchronize forever.
