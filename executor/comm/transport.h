@@ -13,7 +13,8 @@
 //   ...
 //   VP_RETURN_IF_ERROR(t->Wait(absl::Now() + absl::Seconds(300)));
 //
-// Thread safety: a transport is driven by one thread (the interpreter).
+// Thread safety: a transport is driven by one thread (the interpreter);
+// Abort() may be called from any thread.
 #ifndef VARIPIPE_EXECUTOR_COMM_TRANSPORT_H_
 #define VARIPIPE_EXECUTOR_COMM_TRANSPORT_H_
 
@@ -55,6 +56,13 @@ class Transport {
 
   // Short description ("gloo tcp 127.0.0.1", "nccl 2.28.9").
   virtual std::string Describe() const = 0;
+
+  // Ends every pending and later Wait and AllReduceMean promptly with
+  // CANCELLED carrying `reason` (e.g. "stopped by SIGTERM"), however long
+  // they would have waited for a peer; the transport is unusable afterwards.
+  // For shutdown: called from another thread while the driving thread is
+  // blocked. Idempotent.
+  virtual void Abort(const std::string& reason) = 0;
 };
 
 }  // namespace varipipe::executor

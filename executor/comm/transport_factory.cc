@@ -20,6 +20,8 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOption
     n.peers = o.peers;
     n.data_parallel_group = o.data_parallel_group;
     n.connect_timeout = o.connect_timeout;
+    n.collective_timeout = o.collective_timeout;
+    n.cancelled = o.cancelled;
     absl::StatusOr<std::unique_ptr<NcclTransport>> t = NcclTransport::Create(n);
     if (!t.ok()) return t.status();
     return std::unique_ptr<Transport>(std::move(*t));
@@ -35,6 +37,8 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOption
   g.size = o.size;
   g.hostname = o.hostname;
   g.connect_timeout = o.connect_timeout;
+  g.collective_timeout = o.collective_timeout;
+  g.cancelled = o.cancelled;
   absl::StatusOr<std::unique_ptr<GlooTransport>> t = GlooTransport::Create(g);
   if (!t.ok()) return t.status();
   return std::unique_ptr<Transport>(std::move(*t));

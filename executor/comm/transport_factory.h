@@ -3,6 +3,7 @@
 #ifndef VARIPIPE_EXECUTOR_COMM_TRANSPORT_FACTORY_H_
 #define VARIPIPE_EXECUTOR_COMM_TRANSPORT_FACTORY_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,11 @@ struct TransportOptions {
   std::vector<int> data_parallel_group;
   std::string hostname = "127.0.0.1";
   absl::Duration connect_timeout = absl::Seconds(300);
+  // Bounds each NCCL all-reduce (the communicator is aborted beyond it).
+  absl::Duration collective_timeout = absl::Seconds(300);
+  // Polled while ranks meet (rendezvous, connections): true ends the wait
+  // with CANCELLED (shutdown). Empty: never.
+  std::function<bool()> cancelled;
 };
 
 absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOptions& options);

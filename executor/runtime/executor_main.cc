@@ -6,6 +6,7 @@
 // interpreter. Plans come from files (--plans DIR, the layout
 // varipipe-plan --emit-plans writes).
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -146,44 +147,13 @@ std::string RunId() {
   return "default";
 }
 
-absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
-                   const executor::RankCoordinates& coordinates,
-                   const executor::DeviceChoice& device, const ShutdownSignal& shutdown,
-                   executor::PlanSource& source, const std::string& planner_store_address,
-                   executor::ExecutorStatusBoard& board) {
+// Where the ranks of this launch meet: the job's Redis (for the rendezvous
+// and the heartbeats) and the launch's keys, with this rank's peers.
+absl::StatusOr<executor::TransportOptions> MeetingPoint(
+    const v1::JobConfig& config, const executor::LaunchEnv& env,
+    const executor::RankCoordinates& coordinates, const executor::DeviceChoice& device,
+    const std::string& planner_store_address) {
   const uint32_t pp = config.parallelism().pipeline();
-  const uint32_t chunks = std::max<uint32_t>(1, config.parallelism().virtual_chunks());
-  // CPUs: count tensor bytes (activation peaks per instruction), before any
-  // model state exists.
-  if (!device.is_cuda) executor::InstallCountingCpuAllocator();
-  // The data and the model.
-  VP_ASSIGN_OR_RETURN(std::unique_ptr<SampleDataset> dataset, OpenSampleDataset(config));
-  const SamplerOptions sampler = SamplerOptionsFromConfig(config);
-  executor::MicroBatchLoader loader(dataset.get(), sampler);
-  VP_ASSIGN_OR_RETURN(const executor::ModelSpec spec, executor::ModelSpecFromConfig(config));
-  VP_ASSIGN_OR_RETURN(const std::vector<executor::StageRole> roles,
-                      executor::PipelineStageRoles(spec, pp * chunks));
-  const torch::Device torch_device(device.name);
-  std::vector<std::unique_ptr<executor::ModelStage>> stages;
-  std::vector<executor::ModelStage*> stage_list;
-  std::map<uint32_t, executor::ModelStage*> by_id;
-  std::vector<torch::Tensor> parameters;
-  int64_t parameter_count = 0;
-  // Looped placement: stage s runs on pipeline rank s % pp.
-  for (uint32_t s = coordinates.pp_rank; s < pp * chunks; s += pp) {
-    auto stage = std::make_unique<executor::ModelStage>(spec, roles[s]);
-    stage->to(torch_device);
-    for (const torch::Tensor& p : stage->parameters()) {
-      parameters.push_back(p);
-      parameter_count += p.numel();
-    }
-    spdlog::info("{} ({} parameters so far)", roles[s].DebugString(), parameter_count);
-    by_id[s] = stage.get();
-    stage_list.push_back(stage.get());
-    stages.push_back(std::move(stage));
-  }
-  executor::TrainingOptimizer optimizer(parameters, config.training());
-  // Rendezvous and transport.
   executor::TransportOptions transport_options;
   std::string address = absl::GetFlag(FLAGS_redis);
   std::string store_file_password;
@@ -217,16 +187,72 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
   transport_options.rank = env.rank;
   transport_options.size = env.world_size;
   transport_options.cuda_device = device.is_cuda ? env.local_rank : -1;
-  const int replica_base = coordinates.dp_rank * static_cast<int>(pp);
-  std::vector<int> pipeline_group;
-  for (uint32_t k = 0; k < pp; ++k) pipeline_group.push_back(replica_base + static_cast<int>(k));
-  for (int peer : pipeline_group) {
+  for (int k = 0; k < static_cast<int>(pp); ++k) {
+    const int peer = coordinates.dp_rank * static_cast<int>(pp) + k;
     if (peer != env.rank) transport_options.peers.push_back(peer);
   }
   for (uint32_t d = 0; d < config.parallelism().data(); ++d) {
     transport_options.data_parallel_group.push_back(static_cast<int>(d * pp) + coordinates.pp_rank);
   }
-  spdlog::info("meeting {} ranks through Redis {} (keys {})", env.world_size, address,
+  return transport_options;
+}
+
+// Why the executor stops on a signal, for its log and its peers.
+std::string StopReason(const ShutdownSignal& shutdown) {
+  switch (shutdown.signal_number()) {
+    case SIGTERM:
+      return "stopped by SIGTERM";
+    case SIGINT:
+      return "stopped by SIGINT";
+    default:
+      return "stopped (shutdown requested)";
+  }
+}
+
+// Runs this rank's iterations once its heartbeats run (TrainAndReport).
+absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
+                   const executor::RankCoordinates& coordinates,
+                   const executor::DeviceChoice& device, ShutdownSignal& shutdown,
+                   executor::PlanSource& source,
+                   const executor::TransportOptions& transport_options,
+                   executor::ExecutorStatusBoard& board) {
+  const uint32_t pp = config.parallelism().pipeline();
+  const uint32_t chunks = std::max<uint32_t>(1, config.parallelism().virtual_chunks());
+  // CPUs: count tensor bytes (activation peaks per instruction), before any
+  // model state exists.
+  if (!device.is_cuda) executor::InstallCountingCpuAllocator();
+  // The data and the model.
+  VP_ASSIGN_OR_RETURN(std::unique_ptr<SampleDataset> dataset, OpenSampleDataset(config));
+  const SamplerOptions sampler = SamplerOptionsFromConfig(config);
+  executor::MicroBatchLoader loader(dataset.get(), sampler);
+  VP_ASSIGN_OR_RETURN(const executor::ModelSpec spec, executor::ModelSpecFromConfig(config));
+  VP_ASSIGN_OR_RETURN(const std::vector<executor::StageRole> roles,
+                      executor::PipelineStageRoles(spec, pp * chunks));
+  const torch::Device torch_device(device.name);
+  std::vector<std::unique_ptr<executor::ModelStage>> stages;
+  std::vector<executor::ModelStage*> stage_list;
+  std::map<uint32_t, executor::ModelStage*> by_id;
+  std::vector<torch::Tensor> parameters;
+  int64_t parameter_count = 0;
+  // Looped placement: stage s runs on pipeline rank s % pp.
+  for (uint32_t s = coordinates.pp_rank; s < pp * chunks; s += pp) {
+    auto stage = std::make_unique<executor::ModelStage>(spec, roles[s]);
+    stage->to(torch_device);
+    for (const torch::Tensor& p : stage->parameters()) {
+      parameters.push_back(p);
+      parameter_count += p.numel();
+    }
+    spdlog::info("{} ({} parameters so far)", roles[s].DebugString(), parameter_count);
+    by_id[s] = stage.get();
+    stage_list.push_back(stage.get());
+    stages.push_back(std::move(stage));
+  }
+  executor::TrainingOptimizer optimizer(parameters, config.training());
+  const int replica_base = coordinates.dp_rank * static_cast<int>(pp);
+  std::vector<int> pipeline_group;
+  for (uint32_t k = 0; k < pp; ++k) pipeline_group.push_back(replica_base + static_cast<int>(k));
+  spdlog::info("meeting {} ranks through Redis {}:{} (keys {})", env.world_size,
+               transport_options.redis.host, transport_options.redis.port,
                transport_options.prefix);
   VP_ASSIGN_OR_RETURN(std::unique_ptr<executor::Transport> transport,
                       executor::CreateTransport(transport_options));
@@ -242,14 +268,13 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
     spdlog::info("host transport: {}", host_transport->Describe());
   }
   executor::Transport* host = host_transport ? host_transport.get() : transport.get();
-  // Heartbeats, so that a failing rank can name the rank that died.
-  executor::LivenessOptions liveness_options;
-  liveness_options.redis = transport_options.redis;
-  liveness_options.prefix = transport_options.prefix + "/liveness";
-  liveness_options.rank = env.rank;
-  liveness_options.world_size = env.world_size;
-  VP_ASSIGN_OR_RETURN(std::unique_ptr<executor::RankLiveness> liveness,
-                      executor::RankLiveness::Start(liveness_options));
+  // A signal ends every wait on a peer at once: transfers and all-reduces
+  // return CANCELLED (before the transports go).
+  const std::unique_ptr<ShutdownSignal::Subscription> abort_on_shutdown =
+      shutdown.OnShutdown([&transport, &host_transport] {
+        transport->Abort("aborted for shutdown");
+        if (host_transport != nullptr) host_transport->Abort("aborted for shutdown");
+      });
   executor::InterpreterOptions options;
   options.wait_timeout = absl::Seconds(config.training().watchdog_timeout_s());
   options.device = torch_device;
@@ -431,20 +456,13 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
   }
   for (uint64_t iteration = first; iteration < last; ++iteration) {
     if (shutdown.Requested()) {
-      spdlog::info("shutdown requested: stopping before iteration {}", iteration);
-      break;
+      return absl::CancelledError(absl::StrCat("between iterations, before iteration ", iteration));
     }
     if (absl::Status status = run_iteration(iteration); !status.ok()) {
-      // Name the rank that died when this failure is a consequence of it.
-      liveness->ReportFailure(std::string(status.message()));
-      const std::string diagnosis =
-          liveness->DiagnosePeers(liveness_options.ttl + absl::Seconds(1));
       return absl::Status(status.code(),
-                          absl::StrCat("iteration ", iteration, " failed: ", status.message(),
-                                       diagnosis.empty() ? "" : "\n  other ranks: ", diagnosis));
+                          absl::StrCat("iteration ", iteration, " failed: ", status.message()));
     }
   }
-  liveness->ReportDone();
   if (const std::string prefix = absl::GetFlag(FLAGS_save_parameters); !prefix.empty()) {
     const std::string path = absl::StrFormat("%s.rank_%05d.pt", prefix, env.rank);
     try {
@@ -464,11 +482,60 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
   return absl::OkStatus();
 }
 
+// Train with heartbeats from before the rendezvous to the end, so that
+// whatever ends this rank (a failure at start-up included) is reported to
+// its peers, and a failing rank names the peers that stopped without a
+// report. A signal cancels the rank's waits; the result is then CANCELLED,
+// naming where it stopped.
+absl::Status TrainAndReport(const v1::JobConfig& config, const executor::LaunchEnv& env,
+                            const executor::RankCoordinates& coordinates,
+                            const executor::DeviceChoice& device, ShutdownSignal& shutdown,
+                            executor::PlanSource& source, const std::string& planner_store_address,
+                            executor::ExecutorStatusBoard& board) {
+  VP_ASSIGN_OR_RETURN(executor::TransportOptions transport_options,
+                      MeetingPoint(config, env, coordinates, device, planner_store_address));
+  transport_options.cancelled = [&shutdown] { return shutdown.Requested(); };
+  transport_options.collective_timeout = absl::Seconds(config.training().watchdog_timeout_s());
+  executor::LivenessOptions liveness_options;
+  liveness_options.redis = transport_options.redis;
+  liveness_options.prefix = transport_options.prefix + "/liveness";
+  liveness_options.rank = env.rank;
+  liveness_options.world_size = env.world_size;
+  VP_ASSIGN_OR_RETURN(std::unique_ptr<executor::RankLiveness> liveness,
+                      executor::RankLiveness::Start(liveness_options));
+  absl::Status status;
+  {
+    const std::unique_ptr<ShutdownSignal::Subscription> cancel_plans =
+        shutdown.OnShutdown([&source] { source.Cancel(); });
+    status = Train(config, env, coordinates, device, shutdown, source, transport_options, board);
+  }
+  if (status.ok()) {
+    liveness->ReportDone();
+    return status;
+  }
+  if (shutdown.Requested()) {
+    // Stopped on purpose: said so to the peers, and no waiting for them.
+    const std::string message = absl::StrCat(StopReason(shutdown), ": ", status.message());
+    liveness->ReportFailure(message);
+    return absl::CancelledError(message);
+  }
+  // Name the rank that died when this failure is a consequence of it.
+  liveness->ReportFailure(std::string(status.message()));
+  const std::string diagnosis = liveness->DiagnosePeers(liveness_options.ttl + absl::Seconds(1));
+  return absl::Status(
+      status.code(),
+      absl::StrCat(status.message(), diagnosis.empty() ? "" : "\n  other ranks: ", diagnosis));
+}
+
 }  // namespace
 }  // namespace varipipe
 
 int main(int argc, char** argv) {
   varipipe::ShutdownSignal shutdown;
+  // A signal ends the executor within this long, wherever it waits: waits
+  // on peers, plans and the rendezvous are cancelled at once, and whatever
+  // cannot be (a connection to a stopped peer) is cut short by exiting.
+  shutdown.ExitAfter(absl::Seconds(4));
   const std::vector<std::string> args =
       varipipe::InitBinary(argc, argv, "varipipe-executor", varipipe::kUsage);
   if (!args.empty()) {
@@ -577,8 +644,14 @@ int main(int argc, char** argv) {
     spdlog::info("status endpoint (StatusService, health) on {}:{}",
                  absl::GetFlag(FLAGS_status_host), status_server->port());
   }
-  const absl::Status status = varipipe::Train(*config, *env, *coordinates, *device, shutdown,
-                                              *source, planner_store_address, board);
+  const absl::Status status = varipipe::TrainAndReport(
+      *config, *env, *coordinates, *device, shutdown, *source, planner_store_address, board);
+  if (absl::IsCancelled(status) && shutdown.signal_number() != 0) {
+    // The conventional status of a process ended by that signal.
+    const int code = 128 + shutdown.signal_number();
+    spdlog::error("{}; exiting with status {}", status.message(), code);
+    return code;
+  }
   if (!status.ok()) {
     spdlog::error("{}", status.message());
     return varipipe::kExitFailure;

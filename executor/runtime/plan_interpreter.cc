@@ -435,6 +435,11 @@ class IterationRun {
     const absl::Time deadline = absl::Now() + it_.options_.wait_timeout;
     for (const std::unique_ptr<Transfer>& transfer : node.mapped().transfers) {
       absl::Status status = transfer->Wait(deadline);
+      if (absl::IsCancelled(status)) {  // the transport was aborted (shutdown)
+        return absl::CancelledError(absl::StrCat(
+            send ? "sending " : "receiving ", v1::CommKind_Name(t.kind()), send ? " to" : " from",
+            " rank ", t.peer(), " for micro-batch ", in.micro_batch(), ": ", status.message()));
+      }
       if (!status.ok()) {
         // The watchdog's diagnostic.
         return absl::Status(

@@ -160,7 +160,8 @@ void PlannerServiceSource::PrefetchLoop(size_t index) {
     request.set_job_id(stream_job_id_);
     request.set_rank(rank_);
     request.set_first_iteration(first);
-    request.set_max_ahead(prefetch_);
+    // The iteration running (not yet reported) plus prefetch_ held ones.
+    request.set_max_ahead(prefetch_ + 1);
     grpc::ClientContext context;
     stream_context_ = &context;
     bool read_any = false;
@@ -290,9 +291,16 @@ absl::StatusOr<v1::ExecutionPlan> PlannerServiceSource::GetDirect(uint64_t itera
     status = WithFailover("GetPlan", [&](v1::PlanService::Stub& stub) {
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(30))));
-      return stub.GetPlan(&context, request, &envelope);
+      if (!BeginCall(&context)) return grpc::Status(grpc::StatusCode::CANCELLED, "shutting down");
+      const grpc::Status s = stub.GetPlan(&context, request, &envelope);
+      EndCall();
+      return s;
     });
   } while (status.code() == absl::StatusCode::kDeadlineExceeded && absl::Now() < deadline);
+  if (absl::IsCancelled(status)) {
+    return absl::CancelledError(
+        absl::StrCat("waiting for the plan of iteration ", iteration, ": ", status.message()));
+  }
   if (status.code() == absl::StatusCode::kDeadlineExceeded) {
     return absl::DeadlineExceededError(
         absl::StrCat("no plan for iteration ", iteration, " rank ", rank_, " within ",
@@ -315,7 +323,10 @@ absl::Status PlannerServiceSource::Done(const v1::ReportProgressRequest& progres
   const absl::Status status = WithFailover("ReportProgress", [&](v1::PlanService::Stub& stub) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    return stub.ReportProgress(&context, request, &response);
+    if (!BeginCall(&context)) return grpc::Status(grpc::StatusCode::CANCELLED, "shutting down");
+    const grpc::Status s = stub.ReportProgress(&context, request, &response);
+    EndCall();
+    return s;
   });
   // The planners check reports (docs/security.md): one for a plan they have
   // no record of this rank fetching (a Redis that lost its data, a retried
@@ -326,6 +337,31 @@ absl::Status PlannerServiceSource::Done(const v1::ReportProgressRequest& progres
     return absl::OkStatus();
   }
   return status;
+}
+
+bool PlannerServiceSource::BeginCall(grpc::ClientContext* context) {
+  absl::MutexLock lock(&call_mu_);
+  if (cancelled_) return false;
+  call_context_ = context;
+  return true;
+}
+
+void PlannerServiceSource::EndCall() {
+  absl::MutexLock lock(&call_mu_);
+  call_context_ = nullptr;
+}
+
+void PlannerServiceSource::Cancel() {
+  {
+    absl::MutexLock lock(&call_mu_);
+    cancelled_ = true;
+    if (call_context_ != nullptr) call_context_->TryCancel();
+  }
+  // The prefetcher stops as on destruction (joined there).
+  absl::MutexLock lock(&mu_);
+  stop_ = true;
+  if (stream_context_ != nullptr) stream_context_->TryCancel();
+  changed_.SignalAll();
 }
 
 std::string PlannerServiceSource::Describe() const {

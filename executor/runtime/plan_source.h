@@ -35,6 +35,9 @@ class PlanSource {
   // After the plan's iteration ran: `progress` carries the measurements.
   virtual absl::Status Done(const v1::ReportProgressRequest& progress) = 0;
   virtual std::string Describe() const = 0;
+  // Ends a Get or Done waiting on another thread (and every later one) with
+  // CANCELLED, for shutdown. Thread-safe; a no-op for sources that never wait.
+  virtual void Cancel() {}
 };
 
 std::unique_ptr<PlanSource> PlanFileSource(std::string dir, int rank);
@@ -64,6 +67,7 @@ class PlannerServiceSource final : public PlanSource {
   absl::StatusOr<v1::ExecutionPlan> Get(uint64_t iteration) override;
   absl::Status Done(const v1::ReportProgressRequest& progress) override;
   std::string Describe() const override;
+  void Cancel() override;
 
   // Plans Get returned from the stream, and from GetPlan.
   uint64_t prefetched_plans() const { return prefetched_plans_.load(); }
@@ -110,6 +114,15 @@ class PlannerServiceSource final : public PlanSource {
   std::map<uint64_t, v1::ExecutionPlan> ahead_ ABSL_GUARDED_BY(mu_);
   // The open stream's context (owned by the prefetcher) while one is open.
   grpc::ClientContext* stream_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+
+  // Set by Cancel(); the direct call in flight, which Cancel() cancels.
+  // BeginCall registers a call's context (false once cancelled), EndCall
+  // unregisters it.
+  bool BeginCall(grpc::ClientContext* context);
+  void EndCall();
+  absl::Mutex call_mu_;
+  bool cancelled_ ABSL_GUARDED_BY(call_mu_) = false;
+  grpc::ClientContext* call_context_ ABSL_GUARDED_BY(call_mu_) = nullptr;
 };
 
 }  // namespace varipipe::executor

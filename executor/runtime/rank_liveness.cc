@@ -26,6 +26,8 @@ absl::StatusOr<std::unique_ptr<RankLiveness>> RankLiveness::Start(const Liveness
   absl::StatusOr<std::unique_ptr<RedisClient>> refresher = RedisClient::Connect(redis_options);
   if (!refresher.ok()) return refresher.status();
   std::unique_ptr<RankLiveness> liveness(new RankLiveness(options, *std::move(redis)));
+  (void)(*refresher)
+      ->Command({"SET", liveness->Key("started", options.rank), "1", "PX", kReportTtlMs});
   liveness->Refresh(**refresher);
   liveness->refresher_ = std::thread(
       [self = liveness.get(), connection = std::shared_ptr<RedisClient>(*std::move(refresher))] {
@@ -65,14 +67,17 @@ void RankLiveness::ReportFailure(const std::string& reason) {
 std::string RankLiveness::DiagnosePeers(absl::Duration patience) {
   const absl::Time deadline = absl::Now() + patience;
   std::vector<std::string> silent;
+  std::vector<std::string> absent;  // never joined
   std::vector<std::string> failed;
   while (true) {
     silent.clear();
+    absent.clear();
     failed.clear();
     int settled = 0;  // peers that reported an error or finished: nothing more to learn
     std::vector<std::vector<std::string>> commands;
     for (int r = 0; r < options_.world_size; ++r) {
-      commands.push_back({"MGET", Key("alive", r), Key("failed", r), Key("done", r)});
+      commands.push_back(
+          {"MGET", Key("alive", r), Key("failed", r), Key("done", r), Key("started", r)});
     }
     absl::StatusOr<std::vector<RedisReply>> replies = redis_->Pipeline(commands);
     if (!replies.ok()) {
@@ -82,17 +87,21 @@ std::string RankLiveness::DiagnosePeers(absl::Duration patience) {
     for (int r = 0; r < options_.world_size; ++r) {
       if (r == options_.rank) continue;
       const RedisReply& reply = (*replies)[r];
-      if (reply.size() != 3) continue;
+      if (reply.size() != 4) continue;
       const bool alive = reply.element(0)->type != REDIS_REPLY_NIL;
       const bool has_failed = reply.element(1)->type != REDIS_REPLY_NIL;
       const bool done = reply.element(2)->type != REDIS_REPLY_NIL;
+      const bool started = reply.element(3)->type != REDIS_REPLY_NIL;
+      // A report wins over everything else: a rank that said why it ended
+      // is never blamed for stopping without a word.
       if (has_failed) {
         failed.push_back(absl::StrCat("rank ", r, " failed: ", ElementString(reply.element(1))));
       } else if (!alive && !done) {
-        silent.push_back(absl::StrCat("rank ", r));
+        (started ? silent : absent).push_back(absl::StrCat("rank ", r));
       }
       if (has_failed || done) ++settled;
     }
+    // A silent rank is a finding; a rank not yet joined may still report.
     if (!silent.empty() || settled == options_.world_size - 1 || absl::Now() >= deadline) break;
     absl::SleepFor(std::min(absl::Milliseconds(200), deadline - absl::Now()));
   }
@@ -102,6 +111,12 @@ std::string RankLiveness::DiagnosePeers(absl::Duration patience) {
                              " stopped without reporting an error (killed, crashed, hung or "
                              "unreachable: no heartbeat for ",
                              absl::FormatDuration(options_.ttl), ")");
+  }
+  if (!absent.empty()) {
+    absl::StrAppend(&diagnosis, diagnosis.empty() ? "" : "; ", absl::StrJoin(absent, ", "),
+                    absent.size() == 1 ? " has" : " have",
+                    " not joined this launch (no heartbeat yet: not started, or failed before "
+                    "reaching the job's Redis; see its own log)");
   }
   for (const std::string& f : failed) {
     absl::StrAppend(&diagnosis, diagnosis.empty() ? "" : "; ", f);

@@ -4,11 +4,17 @@
 //
 // Keys under PREFIX (the launch's rendezvous prefix, so a relaunch starts
 // clean):
+//   PREFIX/started/<rank>  set when a rank's heartbeats start (before the
+//                          rendezvous)
 //   PREFIX/alive/<rank>    refreshed every `interval`, expires after `ttl`
-//   PREFIX/failed/<rank>   the error a rank exited with
+//   PREFIX/failed/<rank>   the error a rank exited with (start-up failures
+//                          and stops on a signal included)
 //   PREFIX/done/<rank>     set when a rank finished its iterations
 // A rank whose `alive` key lapsed without `failed` or `done` stopped without
-// a word: killed, crashed, hung (SIGSTOP, a stuck kernel) or unreachable.
+// a word: killed, crashed, hung (SIGSTOP, a stuck kernel) or unreachable. A
+// rank with no `started` key never joined: it failed before it knew the
+// job's Redis (its own log says why), or has not started yet. Diagnoses
+// blame only these two kinds; a rank that reported is named with its error.
 #ifndef VARIPIPE_EXECUTOR_RUNTIME_RANK_LIVENESS_H_
 #define VARIPIPE_EXECUTOR_RUNTIME_RANK_LIVENESS_H_
 
@@ -46,9 +52,11 @@ class RankLiveness {
 
   // After this rank failed: waits up to `patience` for another rank to be
   // found silent (its heartbeat lapsed) and describes the other ranks that
-  // are silent or failed, e.g. "rank 3 stopped without reporting an error
-  // (killed, crashed, hung or unreachable); rank 1 failed: ...". Empty when
-  // every other rank looks healthy until the end of `patience`.
+  // are silent, never joined or failed, e.g. "rank 3 stopped without
+  // reporting an error (killed, crashed, hung or unreachable); rank 1
+  // failed: ...". Ranks that have not joined get the whole `patience` to
+  // report. Empty when every other rank looks healthy until the end of
+  // `patience`.
   std::string DiagnosePeers(absl::Duration patience);
 
  private:

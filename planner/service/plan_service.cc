@@ -96,6 +96,32 @@ grpc::Status PlanServiceImpl::FetchPlan(grpc::ServerContext* context, uint64_t i
                       absl::StrCat("iteration ", iteration, " is not published yet"));
 }
 
+grpc::Status PlanServiceImpl::WaitForReport(grpc::ServerContext* context, int rank,
+                                            uint64_t iteration) {
+  if (rank < 0 || rank >= WorldSize(daemon_->config())) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("rank ", rank, " is outside the job"));
+  }
+  absl::StatusOr<PlannerDaemon::StoreLease> store = daemon_->AcquireStore();
+  if (!store.ok()) return ToGrpc(store.status());
+  const absl::Time deadline = context->deadline() == std::chrono::system_clock::time_point::max()
+                                  ? absl::InfiniteFuture()
+                                  : absl::FromChrono(context->deadline());
+  while (!context->IsCancelled()) {
+    // In slices, so cancellation is noticed.
+    const absl::Duration slice = std::min(absl::Seconds(2), deadline - absl::Now());
+    if (slice <= absl::ZeroDuration()) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          absl::StrCat("rank ", rank, " has not reported iteration ", iteration,
+                                       " (WatchPlans max_ahead)"));
+    }
+    absl::StatusOr<bool> reported = (*store)->WaitForReport(rank, iteration, slice);
+    if (!reported.ok()) return ToGrpc(reported.status());
+    if (*reported) return grpc::Status::OK;
+  }
+  return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+}
+
 grpc::Status PlanServiceImpl::GetPlan(grpc::ServerContext* context,
                                       const v1::GetPlanRequest* request,
                                       v1::PlanEnvelope* response) {
@@ -113,8 +139,18 @@ grpc::Status PlanServiceImpl::WatchPlans(grpc::ServerContext* context,
   if (grpc::Status s = CheckJob(request->job_id()); !s.ok()) return s;
   if (!daemon_->EnterWait()) return TooManyWaiting();
   const absl::Cleanup leave = [this] { daemon_->LeaveWait(); };
-  for (uint64_t i = request->first_iteration();
-       i < daemon_->config().training().iterations() && !context->IsCancelled(); ++i) {
+  const uint64_t first = request->first_iteration();
+  const uint64_t ahead = request->max_ahead() > 0
+                             ? request->max_ahead()
+                             : std::max<uint64_t>(1, daemon_->config().planner().plan_ahead());
+  for (uint64_t i = first; i < daemon_->config().training().iterations() && !context->IsCancelled();
+       ++i) {
+    // At most `ahead` streamed plans the rank has not acknowledged: plan i
+    // goes out once the rank reported iteration i - ahead (the first `ahead`
+    // from first_iteration go out at once).
+    if (i >= first + ahead) {
+      if (grpc::Status s = WaitForReport(context, request->rank(), i - ahead); !s.ok()) return s;
+    }
     v1::PlanEnvelope envelope;
     grpc::Status s = FetchPlan(context, i, request->rank(), &envelope);
     if (!s.ok()) return s;

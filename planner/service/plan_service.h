@@ -38,6 +38,9 @@ class PlanServiceImpl final : public v1::PlanService::Service {
   // Waits for (or plans) one rank's plan; deadline from the context.
   grpc::Status FetchPlan(grpc::ServerContext* context, uint64_t iteration, int rank,
                          v1::PlanEnvelope* out);
+  // Waits until `rank` reported `iteration` or a later one (WatchPlans'
+  // max_ahead); deadline from the context.
+  grpc::Status WaitForReport(grpc::ServerContext* context, int rank, uint64_t iteration);
   grpc::Status CheckJob(const std::string& job_id) const;
   grpc::Status TooManyWaiting() const;
 

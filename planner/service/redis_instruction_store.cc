@@ -6,6 +6,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -79,10 +80,35 @@ redis.call('HSET', plan, unpack(fields))
 redis.call('PEXPIRE', plan, tonumber(ARGV[4]))
 redis.call('DEL', p .. ':lease:' .. i)
 redis.call('ZREM', p .. ':unpublished', i)
+redis.call('ZADD', p .. ':open', i, i)
 redis.call('INCR', p .. ':published')
 redis.call('XADD', p .. ':events', 'MAXLEN', '~', ARGV[5], '*', 'iteration', i)
 return 1
 )lua";
+
+// Retires iteration i once every rank acknowledged it, and with it every
+// open plan of an earlier iteration: every rank has run i, and ranks run
+// iterations in order, so no rank needs them. Such plans are left behind
+// when Redis restarts without its data mid-run (the daemons plan the job
+// again from iteration 0 while the executors are far ahead) or when a rank
+// skips iterations; each counts as acknowledged, so the acknowledged count
+// reaches the published one. Expects `p` and `i` (a string) in scope.
+constexpr char kRetireLua[] = R"lua(
+  redis.call('DEL', p .. ':plan:' .. i, p .. ':acks:' .. i, p .. ':fetched:' .. i)
+  redis.call('ZREM', p .. ':open', i)
+  redis.call('INCR', p .. ':acknowledged')
+  local stale = redis.call('ZRANGEBYSCORE', p .. ':open', '-inf', '(' .. i)
+  for _, j in ipairs(stale) do
+    redis.call('DEL', p .. ':plan:' .. j, p .. ':acks:' .. j, p .. ':fetched:' .. j)
+    redis.call('INCR', p .. ':acknowledged')
+  end
+  if #stale > 0 then redis.call('ZREMRANGEBYSCORE', p .. ':open', '-inf', '(' .. i) end
+)lua";
+
+// `script` with its "--RETIRE--" line replaced by kRetireLua.
+std::string WithRetire(absl::string_view script) {
+  return absl::StrReplaceAll(script, {{"--RETIRE--\n", kRetireLua}});
+}
 
 // ARGV: prefix, iteration, rank, world_size.
 constexpr char kAckScript[] = R"lua(
@@ -92,8 +118,7 @@ local acks = p .. ':acks:' .. i
 redis.call('SADD', acks, ARGV[3])
 redis.call('PEXPIRE', acks, 86400000)
 if redis.call('SCARD', acks) >= tonumber(ARGV[4]) then
-  redis.call('DEL', p .. ':plan:' .. i, acks)
-  redis.call('INCR', p .. ':acknowledged')
+--RETIRE--
   return 1
 end
 return 0
@@ -113,11 +138,11 @@ local acks = p .. ':acks:' .. i
 redis.call('SADD', acks, r)
 redis.call('PEXPIRE', acks, tonumber(ARGV[6]))
 if redis.call('SCARD', acks) >= tonumber(ARGV[4]) then
-  redis.call('DEL', p .. ':plan:' .. i, acks, p .. ':fetched:' .. i)
-  redis.call('INCR', p .. ':acknowledged')
+--RETIRE--
 end
 redis.call('HSET', p .. ':progress', r, i)
 redis.call('HSET', p .. ':reports', r, ARGV[5])
+redis.call('XADD', p .. ':reported:' .. r, 'MAXLEN', '~', '16', '*', 'iteration', i)
 return 0
 )lua";
 
@@ -311,8 +336,41 @@ absl::StatusOr<std::optional<std::string>> RedisInstructionStore::WaitPlan(uint6
   }
 }
 
+absl::StatusOr<bool> RedisInstructionStore::WaitForReport(int rank, uint64_t iteration,
+                                                          absl::Duration timeout) {
+  const std::string stream = Key(absl::StrCat("reported:", rank));
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    // The newest report event first, then the progress: a report after the
+    // event is seen by the blocking read below.
+    VP_ASSIGN_OR_RETURN(RedisReply last,
+                        redis_->Command({"XREVRANGE", stream, "+", "-", "COUNT", "1"}));
+    VP_RETURN_IF_ERROR(RedisReplyError(last, "XREVRANGE"));
+    std::string last_id = "0-0";
+    if (last.size() > 0) last_id = ElementString(last.element(0)->element[0]);
+    VP_ASSIGN_OR_RETURN(RedisReply progress,
+                        redis_->Command({"HGET", Key("progress"), std::to_string(rank)}));
+    VP_RETURN_IF_ERROR(RedisReplyError(progress, "HGET progress"));
+    uint64_t reported = 0;
+    if (!progress.is_nil() && absl::SimpleAtoi(progress.str(), &reported) &&
+        reported >= iteration) {
+      return true;
+    }
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return false;
+    const int64_t block_ms = std::max<int64_t>(1, absl::ToInt64Milliseconds(left));
+    VP_ASSIGN_OR_RETURN(RedisReply read,
+                        redis_->Command({"XREAD", "COUNT", "16", "BLOCK", std::to_string(block_ms),
+                                         "STREAMS", stream, last_id},
+                                        absl::Milliseconds(block_ms)));
+    VP_RETURN_IF_ERROR(RedisReplyError(read, "XREAD"));
+    if (read.is_nil() || read.size() == 0) return false;
+  }
+}
+
 absl::Status RedisInstructionStore::Acknowledge(uint64_t iteration, int rank) {
-  return Eval(*redis_, kAckScript,
+  static const std::string* const script = new std::string(WithRetire(kAckScript));
+  return Eval(*redis_, script->c_str(),
               {Prefix(), std::to_string(iteration), std::to_string(rank),
                std::to_string(options_.world_size)},
               "acknowledge")
@@ -332,8 +390,9 @@ absl::Status RedisInstructionStore::RecordFetch(uint64_t iteration, int rank) {
 
 absl::Status RedisInstructionStore::CheckedReport(uint64_t iteration, int rank,
                                                   const std::string& report_json) {
+  static const std::string* const script = new std::string(WithRetire(kReportScript));
   VP_ASSIGN_OR_RETURN(int64_t result,
-                      Eval(*redis_, kReportScript,
+                      Eval(*redis_, script->c_str(),
                            {Prefix(), std::to_string(iteration), std::to_string(rank),
                             std::to_string(options_.world_size), report_json,
                             std::to_string(absl::ToInt64Milliseconds(options_.plan_ttl))},

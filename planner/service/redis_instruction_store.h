@@ -12,13 +12,17 @@
 //                             crashed daemon's claims are taken over)
 //   P:plan:<i>                hash rank:<r> -> serialized PlanEnvelope, plus
 //                             "summary"; deleted once every rank acknowledged
-//                             it, with a safety TTL
+//                             it or a later iteration, with a safety TTL
+//   P:open                    published iterations not yet retired (sorted
+//                             set): what acknowledgement deletes
 //   P:fetched:<i>             ranks that fetched iteration i's plan (only
 //                             they may report it); deleted with the plan
 //   P:acks:<i>                ranks that acknowledged iteration i
 //   P:events                  stream of published iterations (bounded), for
 //                             blocking waits without polling
 //   P:progress                hash rank -> last completed iteration
+//   P:reported:<r>            stream of rank r's reports (bounded), for
+//                             WatchPlans to wait on without polling
 //   P:published, P:acknowledged   counters
 //   P:calibration             the job's CalibrationState (binary protobuf),
 //                             updated optimistically (WATCH/MULTI/EXEC)
@@ -110,13 +114,20 @@ class RedisInstructionStore {
   // reads, no polling).
   absl::StatusOr<std::optional<std::string>> WaitPlan(uint64_t iteration, int rank,
                                                       absl::Duration timeout);
-  // Records that `rank` has its plan; deletes the plan once every rank did.
+  // Waits up to `timeout` (blocking stream reads, no polling) until `rank`
+  // has reported `iteration` or a later one; true once it has.
+  absl::StatusOr<bool> WaitForReport(int rank, uint64_t iteration, absl::Duration timeout);
+  // Records that `rank` has its plan; once every rank did, deletes the plan
+  // and those of earlier iterations still stored (see CheckedReport).
   absl::Status Acknowledge(uint64_t iteration, int rank);
   // Records that `rank` fetched the plan of `iteration`: it may report it.
   absl::Status RecordFetch(uint64_t iteration, int rank);
   // A rank's report that it completed `iteration`, checked and applied
-  // atomically: acknowledges the plan (deleting it once every rank did) and
-  // records the progress and the JSON report. PERMISSION_DENIED when the
+  // atomically: acknowledges the plan and records the progress and the JSON
+  // report. Once every rank acknowledged an iteration, its plan is deleted,
+  // and so is every stored plan of an earlier iteration (no rank needs it:
+  // ranks run iterations in order), e.g. plans made again after Redis lost
+  // its data mid-run; each deleted plan counts as acknowledged. PERMISSION_DENIED when the
   // rank never fetched the iteration's plan; FAILED_PRECONDITION when the
   // iteration is beyond the one the rank is due to run next (its last
   // report + 1). A rejected report changes nothing.

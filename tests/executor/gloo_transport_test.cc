@@ -2,6 +2,7 @@
 // through a real redis-server.
 #include "executor/comm/gloo/gloo_transport.h"
 
+#include <algorithm>
 #include <thread>
 #include <vector>
 
@@ -147,6 +148,102 @@ TEST_F(GlooTransportTest, MissingRankFailsRendezvousClearly) {
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("rendezvous of rank 0 of 2")));
   EXPECT_THAT(GlooTransport::Create(Options(2, 2, "bad")),
               StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// The ring all-reduce against a brute-force sum, over groups of 2 to 5 ranks
+// and lengths that leave chunks uneven or empty (fewer elements than
+// ranks); every rank gets exactly the same bits, several calls in a row.
+TEST_F(GlooTransportTest, RingAllReduceMatchesTheSumOnEveryRank) {
+  for (int size : {2, 3, 5}) {
+    for (size_t length : {size_t{1}, size_t{4}, size_t{1001}}) {
+      std::vector<std::vector<float>> results(size);
+      RunRanks(size, absl::StrCat("ring-", size, "-", length), [&](int rank, GlooTransport& t) {
+        std::vector<int> group;
+        for (int r = 0; r < size; ++r) group.push_back(r);
+        for (int call = 0; call < 3; ++call) {
+          std::vector<float> data(length);
+          for (size_t k = 0; k < length; ++k) {
+            data[k] = 0.1f * static_cast<float>(rank + 1) + 0.37f * static_cast<float>(k + call);
+          }
+          ASSERT_THAT(t.AllReduceMean(data, group), IsOk()) << "rank " << rank;
+          if (call == 2) results[rank] = data;
+        }
+      });
+      for (size_t k = 0; k < length; ++k) {
+        double sum = 0;
+        for (int r = 0; r < size; ++r) sum += 0.1 * (r + 1) + 0.37 * (k + 2);
+        ASSERT_NEAR(results[0][k], sum / size, 1e-4 * std::max(1.0, sum)) << size << " " << k;
+      }
+      for (int r = 1; r < size; ++r) {
+        EXPECT_EQ(results[r], results[0]) << "ranks 0 and " << r << " of " << size << " differ";
+      }
+    }
+  }
+}
+
+// Abort() from another thread ends a receive from a peer that is alive but
+// never sends, and an all-reduce whose peer never joins, at once with
+// CANCELLED and the reason; later calls fail the same way.
+TEST_F(GlooTransportTest, AbortEndsWaitsOnSilentPeers) {
+  absl::Notification done;
+  RunRanks(2, "abort", [&done](int rank, GlooTransport& t) {
+    if (rank == 0) {
+      // Alive and connected, silent until rank 1 is done.
+      EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(120)));
+      return;
+    }
+    float x = 0;
+    auto r = t.StartRecv(0, &x, sizeof(x));
+    ASSERT_THAT(r, IsOk());
+    std::thread aborter([&t] {
+      absl::SleepFor(absl::Milliseconds(200));
+      t.Abort("aborted for shutdown");
+    });
+    // The deadline is far: only the abort ends the wait.
+    EXPECT_THAT((*r)->Wait(absl::Now() + absl::Seconds(120)),
+                StatusIs(absl::StatusCode::kCancelled,
+                         ::testing::AllOf(HasSubstr("receive from rank 0"),
+                                          HasSubstr("aborted for shutdown"))));
+    aborter.join();
+    std::vector<float> data(8, 1.0f);
+    EXPECT_THAT(t.AllReduceMean(data, {0, 1}), StatusIs(absl::StatusCode::kCancelled));
+    EXPECT_THAT(t.StartSend(0, &x, sizeof(x)), StatusIs(absl::StatusCode::kCancelled));
+    done.Notify();
+  });
+  // An all-reduce blocked on a peer that joined the group but never reduces.
+  absl::Notification joined;
+  absl::Notification reduced;
+  RunRanks(2, "abort-allreduce", [&](int rank, GlooTransport& t) {
+    std::vector<float> data(1000, 1.0f);
+    if (rank == 0) {
+      // Joins the group with a first all-reduce, then stays silent.
+      EXPECT_THAT(t.AllReduceMean(data, {0, 1}), IsOk());
+      joined.Notify();
+      EXPECT_TRUE(reduced.WaitForNotificationWithTimeout(absl::Seconds(120)));
+      return;
+    }
+    EXPECT_THAT(t.AllReduceMean(data, {0, 1}), IsOk());
+    ASSERT_TRUE(joined.WaitForNotificationWithTimeout(absl::Seconds(120)));
+    std::thread aborter([&t] {
+      absl::SleepFor(absl::Milliseconds(200));
+      t.Abort("aborted for shutdown");
+    });
+    EXPECT_THAT(t.AllReduceMean(data, {0, 1}),
+                StatusIs(absl::StatusCode::kCancelled, HasSubstr("all-reduce over ranks 0,1")));
+    aborter.join();
+    reduced.Notify();
+  });
+}
+
+// A rendezvous whose peers never come ends with CANCELLED as soon as the
+// cancellation check says so, long before its timeout.
+TEST_F(GlooTransportTest, ACancelledRendezvousEndsAtOnce) {
+  GlooTransport::Options o = Options(0, 2, "cancelled");
+  o.connect_timeout = absl::Seconds(300);
+  const absl::Time cancel_at = absl::Now() + absl::Milliseconds(300);
+  o.cancelled = [cancel_at] { return absl::Now() >= cancel_at; };
+  EXPECT_THAT(GlooTransport::Create(o),
+              StatusIs(absl::StatusCode::kCancelled, HasSubstr("rendezvous of rank 0 of 2")));
 }
 
 }  // namespace

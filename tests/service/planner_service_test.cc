@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <future>
 #include <map>
+#include <mutex>
 #include <thread>
 #include <tuple>
 
@@ -19,6 +21,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "hiredis/hiredis.h"
 #include "planner/plan/plan_builder.h"
 #include "planner/planner.h"
 #include "planner/service/planner_daemon.h"
@@ -405,6 +408,152 @@ TEST_F(PlannerServiceTest, SurvivesARedisRestart) {
     }
   }
   EXPECT_TRUE((*daemon)->Status().store_healthy());
+}
+
+// Keys of the job matching `pattern` (after "varipipe:svc:"), found with
+// SCAN as an operator would.
+std::vector<std::string> ScanKeys(RedisServer& redis, const std::string& pattern) {
+  absl::StatusOr<std::unique_ptr<RedisClient>> client = RedisClient::Connect(
+      {.host = redis.host(), .port = redis.port(), .password = redis.password()});
+  EXPECT_THAT(client, IsOk());
+  std::vector<std::string> keys;
+  if (!client.ok()) return keys;
+  std::string cursor = "0";
+  do {
+    absl::StatusOr<RedisReply> reply = (*client)->Command(
+        {"SCAN", cursor, "MATCH", absl::StrCat("varipipe:svc:", pattern), "COUNT", "1000"});
+    EXPECT_THAT(reply, IsOk());
+    if (!reply.ok() || reply->size() != 2) break;
+    cursor = ElementString(reply->element(0));
+    const redisReply* batch = reply->element(1);
+    for (size_t i = 0; i < batch->elements; ++i) keys.push_back(ElementString(batch->element[i]));
+  } while (cursor != "0");
+  return keys;
+}
+
+// WatchPlans with max_ahead 2 never streams a plan more than 2 iterations
+// past the rank's last report (or past first_iteration before any): with 8
+// iterations published, rank 0's stream holds at 0 and 1, and each report
+// releases exactly one more plan. The daemon records every plan it streams
+// as fetched, so the store shows what went out.
+TEST_F(PlannerServiceTest, WatchPlansHonoursMaxAhead) {
+  DaemonOptions options;
+  options.worker_threads = 1;
+  options.progress_interval = absl::ZeroDuration();
+  absl::StatusOr<std::unique_ptr<PlannerDaemon>> daemon = PlannerDaemon::Start(Config(), options);
+  ASSERT_THAT(daemon, IsOk());
+  for (int i = 0; i < 2400 && (*daemon)->Status().iterations_published() < 8; ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_GE((*daemon)->Status().iterations_published(), 8u);
+  auto stub = Stub((*daemon)->port());
+  std::mutex mu;
+  std::condition_variable changed;
+  std::vector<uint64_t> seen;
+  grpc::ClientContext context;
+  v1::WatchPlansRequest request;
+  request.set_job_id("svc");
+  request.set_rank(0);
+  request.set_first_iteration(0);
+  request.set_max_ahead(2);
+  auto reader = stub->WatchPlans(&context, request);
+  std::thread watcher([&] {
+    v1::PlanEnvelope envelope;
+    while (reader->Read(&envelope)) {
+      std::lock_guard<std::mutex> lock(mu);
+      seen.push_back(envelope.plan().iteration());
+      changed.notify_all();
+    }
+  });
+  absl::StatusOr<std::unique_ptr<RedisClient>> redis = RedisClient::Connect(
+      {.host = redis_->host(), .port = redis_->port(), .password = redis_->password()});
+  ASSERT_THAT(redis, IsOk());
+  const auto fetched = [&](uint64_t iteration) {
+    absl::StatusOr<RedisReply> r =
+        (*redis)->Command({"SISMEMBER", absl::StrCat("varipipe:svc:fetched:", iteration), "0"});
+    return r.ok() && r->integer() == 1;
+  };
+  // Waits until `n` plans arrived, then gives an unbounded stream a second
+  // to overshoot; returns what arrived.
+  const auto received = [&](size_t n) {
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      changed.wait_for(lock, std::chrono::minutes(2), [&] { return seen.size() >= n; });
+    }
+    absl::SleepFor(absl::Seconds(1));
+    std::lock_guard<std::mutex> lock(mu);
+    return seen;
+  };
+  EXPECT_EQ(received(2), (std::vector<uint64_t>{0, 1}));
+  EXPECT_FALSE(fetched(2)) << "plan 2 went out before rank 0 reported iteration 0";
+  ASSERT_TRUE(Report(*stub, 0, 0).ok());
+  EXPECT_EQ(received(3), (std::vector<uint64_t>{0, 1, 2}));
+  EXPECT_FALSE(fetched(3));
+  ASSERT_TRUE(Report(*stub, 1, 0).ok());
+  ASSERT_TRUE(Report(*stub, 2, 0).ok());
+  EXPECT_EQ(received(5), (std::vector<uint64_t>{0, 1, 2, 3, 4}));
+  EXPECT_FALSE(fetched(5));
+  context.TryCancel();
+  watcher.join();
+  (void)reader->Finish();
+  (*daemon)->Shutdown();
+}
+
+// Redis restarts without its data in the middle of a 24-iteration run: the
+// daemon registers the job again and plans from iteration 0 while the ranks
+// are at 8. Acknowledging a later iteration retires those plans, so once the
+// run ends no plan (nor its fetch and acknowledgement sets) is left, and the
+// acknowledged count equals the published one.
+TEST_F(PlannerServiceTest, ARedisRestartLeavesNoPlanBehind) {
+  constexpr uint64_t kIterations = 24;
+  DaemonOptions options;
+  options.worker_threads = 1;
+  options.progress_interval = absl::ZeroDuration();
+  absl::StatusOr<std::unique_ptr<PlannerDaemon>> daemon =
+      PlannerDaemon::Start(Config(4, kIterations), options);
+  ASSERT_THAT(daemon, IsOk());
+  auto stub = Stub((*daemon)->port());
+  const auto run = [&](uint64_t from, uint64_t to) {
+    for (uint64_t i = from; i < to; ++i) {
+      for (int rank = 0; rank < 2; ++rank) {
+        v1::PlanEnvelope envelope;
+        const grpc::Status s = GetPlan(*stub, i, rank, &envelope, 60);
+        ASSERT_TRUE(s.ok()) << "iteration " << i << ": " << s.error_message();
+        ASSERT_EQ(envelope.plan().iteration(), i);
+        ASSERT_TRUE(Report(*stub, i, rank).ok()) << "iteration " << i;
+      }
+    }
+  };
+  run(0, 8);
+  const int port = redis_->port();
+  const std::string password = redis_->password();
+  ASSERT_THAT(redis_->Stop(), IsOk());
+  redis_.reset();
+  absl::StatusOr<std::unique_ptr<RedisServer>> again =
+      RedisServer::Start({.password = password, .port = port});
+  ASSERT_THAT(again, IsOk());
+  redis_ = *std::move(again);
+  // The daemon plans iterations 0.. again once it is back (up to
+  // plan_ahead = 8 while no rank has reported since).
+  for (int i = 0; i < 2400 && (*daemon)->Status().iterations_published() < 4; ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  run(8, kIterations);
+  (*daemon)->Shutdown();
+  EXPECT_THAT(ScanKeys(*redis_, "plan:*"), ::testing::IsEmpty());
+  EXPECT_THAT(ScanKeys(*redis_, "fetched:*"), ::testing::IsEmpty());
+  EXPECT_THAT(ScanKeys(*redis_, "acks:*"), ::testing::IsEmpty());
+  absl::StatusOr<std::unique_ptr<RedisInstructionStore>> store = RedisInstructionStore::Open(
+      {.host = redis_->host(), .port = redis_->port(), .password = redis_->password()},
+      {.job_id = "svc", .world_size = 2, .total_iterations = kIterations});
+  ASSERT_THAT(store, IsOk());
+  absl::StatusOr<StoreCounters> c = (*store)->Counters();
+  ASSERT_THAT(c, IsOk());
+  std::printf("after the restart: %llu plans published, %llu acknowledged\n",
+              static_cast<unsigned long long>(c->published),
+              static_cast<unsigned long long>(c->acknowledged));
+  EXPECT_GT(c->published, kIterations - 8) << "iterations before the restart were planned again";
+  EXPECT_EQ(c->acknowledged, c->published);
 }
 
 }  // namespace

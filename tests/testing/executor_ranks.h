@@ -91,6 +91,25 @@ inline void StartRanks(const std::filesystem::path& dir, int ranks, const std::s
   }
 }
 
+// Starts only rank `rank` of `world` with `flags` in `dir`, as StartRanks
+// starts each (its files are rank<rank>.*); returns once its pid file exists.
+inline void StartRank(const std::filesystem::path& dir, int rank, int world,
+                      const std::string& password, const std::string& flags) {
+  const std::string name = absl::StrCat("rank", rank);
+  std::filesystem::remove(dir / (name + ".exit"));
+  std::filesystem::remove(dir / (name + ".pid"));
+  const std::string status_flags =
+      absl::StrContains(flags, "--status_port") ? "" : " --status_port 0 --status_host 127.0.0.1";
+  RunCommand(absl::StrCat("cd '", dir.string(), "' && export VARIPIPE_TEST_REDIS_PASSWORD='",
+                          password, "'; (RANK=", rank, " WORLD_SIZE=", world, " LOCAL_RANK=", rank,
+                          " ", Bin("varipipe-executor"), " ", flags, status_flags, " > ", name,
+                          ".log 2>&1 & pid=$!; ", KillLater("$pid"), " echo $pid > ", name,
+                          ".pid; wait $pid; echo $? > ", name, ".exit) > /dev/null 2>&1 &"));
+  for (int i = 0; i < 3000 && !ReadNumber(dir / (name + ".pid")).has_value(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 // Exit status of rank `r` once it exited, nullopt while it runs.
 inline std::optional<int> RankExit(const std::filesystem::path& dir, int r) {
   return ReadNumber(dir / absl::StrCat("rank", r, ".exit"));

@@ -3,15 +3,14 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
 #include "executor/comm/gloo/redis_store.h"
-#include "gloo/allreduce.h"
 #include "gloo/common/error.h"
-#include "gloo/math.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/transport/tcp/device.h"
@@ -20,35 +19,67 @@
 namespace varipipe::executor {
 namespace {
 
+using AbortState = GlooTransport::AbortState;
+
+// CANCELLED naming `what` and the abort's reason once aborted, else OK.
+absl::Status Aborted(AbortState& state, absl::string_view what) {
+  if (!state.aborted.load()) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(state.mu);
+  return absl::CancelledError(absl::StrCat(what, ": ", state.reason));
+}
+
+// Waits until `buffer`'s send (or receive) completed or `deadline` passed
+// (DEADLINE_EXCEEDED), the peer failed (UNAVAILABLE), or the transport was
+// aborted (CANCELLED: Abort() ends the wait in progress).
+absl::Status WaitBuffer(AbortState& state, gloo::transport::UnboundBuffer& buffer, bool send,
+                        absl::Time deadline, const std::string& what) {
+  {
+    std::lock_guard<std::mutex> lock(state.mu);
+    if (state.aborted.load()) return absl::CancelledError(absl::StrCat(what, ": ", state.reason));
+    state.waiting = &buffer;
+    state.waiting_send = send;
+  }
+  const absl::Cleanup done = [&state] {
+    std::lock_guard<std::mutex> lock(state.mu);
+    state.waiting = nullptr;
+  };
+  const auto left = std::max(absl::Milliseconds(1), deadline - absl::Now());
+  try {
+    // Rounded up, so Gloo never gives up before the deadline.
+    const std::chrono::milliseconds timeout(absl::ToInt64Milliseconds(left) + 1);
+    const bool ok = send ? buffer.waitSend(timeout) : buffer.waitRecv(timeout);
+    if (!ok) {
+      VP_RETURN_IF_ERROR(Aborted(state, what));
+      return absl::AbortedError(absl::StrCat(what, " aborted"));
+    }
+    return absl::OkStatus();
+  } catch (const gloo::IoException& e) {
+    VP_RETURN_IF_ERROR(Aborted(state, what));
+    if (absl::Now() >= deadline || absl::StrContains(e.what(), "Timed out")) {
+      return absl::DeadlineExceededError(absl::StrCat(what, " did not complete"));
+    }
+    return absl::UnavailableError(absl::StrCat(what, " failed: ", e.what()));
+  } catch (const gloo::Exception& e) {
+    VP_RETURN_IF_ERROR(Aborted(state, what));
+    return absl::UnavailableError(absl::StrCat(what, " failed: ", e.what()));
+  }
+}
+
 class GlooTransfer final : public Transfer {
  public:
-  GlooTransfer(std::unique_ptr<gloo::transport::UnboundBuffer> buffer, bool send, int peer)
-      : buffer_(std::move(buffer)), send_(send), peer_(peer) {}
+  GlooTransfer(std::unique_ptr<gloo::transport::UnboundBuffer> buffer, bool send, int peer,
+               std::shared_ptr<AbortState> abort)
+      : buffer_(std::move(buffer)), send_(send), peer_(peer), abort_(std::move(abort)) {}
   absl::Status Wait(absl::Time deadline) override {
-    const auto left = std::max(absl::Milliseconds(1), deadline - absl::Now());
-    try {
-      // Rounded up, so Gloo never gives up before the deadline.
-      const std::chrono::milliseconds timeout(absl::ToInt64Milliseconds(left) + 1);
-      const bool ok = send_ ? buffer_->waitSend(timeout) : buffer_->waitRecv(timeout);
-      if (!ok) return absl::AbortedError(absl::StrCat("transfer with rank ", peer_, " aborted"));
-      return absl::OkStatus();
-    } catch (const gloo::IoException& e) {
-      if (absl::Now() >= deadline || absl::StrContains(e.what(), "Timed out")) {
-        return absl::DeadlineExceededError(
-            absl::StrCat(send_ ? "send to" : "receive from", " rank ", peer_, " did not complete"));
-      }
-      return absl::UnavailableError(
-          absl::StrCat(send_ ? "send to" : "receive from", " rank ", peer_, " failed: ", e.what()));
-    } catch (const gloo::Exception& e) {
-      return absl::UnavailableError(
-          absl::StrCat(send_ ? "send to" : "receive from", " rank ", peer_, " failed: ", e.what()));
-    }
+    return WaitBuffer(*abort_, *buffer_, send_, deadline,
+                      absl::StrCat(send_ ? "send to" : "receive from", " rank ", peer_));
   }
 
  private:
   std::unique_ptr<gloo::transport::UnboundBuffer> buffer_;
   bool send_;
   int peer_;
+  std::shared_ptr<AbortState> abort_;
 };
 
 }  // namespace
@@ -64,13 +95,17 @@ absl::StatusOr<std::unique_ptr<GlooTransport>> GlooTransport::Create(const Optio
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;
     t->device_ = gloo::transport::tcp::CreateDevice(attr);
-    GlooRedisStore store(std::move(redis), options.prefix);
+    GlooRedisStore store(std::move(redis), options.prefix, options.cancelled);
     auto context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.size);
     context->setTimeout(
         std::chrono::milliseconds(absl::ToInt64Milliseconds(options.connect_timeout)));
     context->connectFullMesh(store, t->device_);
     t->context_ = context;
   } catch (const gloo::Exception& e) {
+    if (options.cancelled && options.cancelled()) {
+      return absl::CancelledError(absl::StrCat("gloo rendezvous of rank ", options.rank, " of ",
+                                               options.size, " cancelled: ", e.what()));
+    }
     return absl::UnavailableError(absl::StrCat("gloo rendezvous of rank ", options.rank, " of ",
                                                options.size, " failed: ", e.what()));
   }
@@ -79,15 +114,32 @@ absl::StatusOr<std::unique_ptr<GlooTransport>> GlooTransport::Create(const Optio
 
 GlooTransport::~GlooTransport() = default;
 
+void GlooTransport::Abort(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(abort_->mu);
+  if (abort_->aborted.load()) return;
+  abort_->reason = reason;
+  abort_->aborted.store(true);
+  // The driving thread waits on at most one buffer at a time; later waits
+  // see `aborted`.
+  if (abort_->waiting != nullptr) {
+    if (abort_->waiting_send) {
+      abort_->waiting->abortWaitSend();
+    } else {
+      abort_->waiting->abortWaitRecv();
+    }
+  }
+}
+
 absl::StatusOr<std::unique_ptr<Transfer>> GlooTransport::StartSend(int peer, void* data,
                                                                    size_t bytes) {
   if (peer < 0 || peer >= size() || peer == rank()) {
     return absl::InvalidArgumentError(absl::StrCat("send to rank ", peer, " from rank ", rank()));
   }
+  VP_RETURN_IF_ERROR(Aborted(*abort_, absl::StrCat("send to rank ", peer)));
   try {
     auto buffer = context_->createUnboundBuffer(data, bytes);
     buffer->send(peer, next_slot_[peer]++);
-    return std::unique_ptr<Transfer>(new GlooTransfer(std::move(buffer), true, peer));
+    return std::unique_ptr<Transfer>(new GlooTransfer(std::move(buffer), true, peer, abort_));
   } catch (const gloo::Exception& e) {
     return absl::UnavailableError(absl::StrCat("send to rank ", peer, ": ", e.what()));
   }
@@ -99,18 +151,18 @@ absl::StatusOr<std::unique_ptr<Transfer>> GlooTransport::StartRecv(int peer, voi
     return absl::InvalidArgumentError(
         absl::StrCat("receive from rank ", peer, " on rank ", rank()));
   }
+  VP_RETURN_IF_ERROR(Aborted(*abort_, absl::StrCat("receive from rank ", peer)));
   try {
     auto buffer = context_->createUnboundBuffer(data, bytes);
     buffer->recv(peer, next_slot_[peer]++);
-    return std::unique_ptr<Transfer>(new GlooTransfer(std::move(buffer), false, peer));
+    return std::unique_ptr<Transfer>(new GlooTransfer(std::move(buffer), false, peer, abort_));
   } catch (const gloo::Exception& e) {
     return absl::UnavailableError(absl::StrCat("receive from rank ", peer, ": ", e.what()));
   }
 }
 
-absl::StatusOr<std::shared_ptr<gloo::Context>> GlooTransport::GroupContext(
-    const std::vector<int>& group) {
-  if (const auto it = groups_.find(group); it != groups_.end()) return it->second;
+absl::StatusOr<GlooTransport::Group*> GlooTransport::GroupContext(const std::vector<int>& group) {
+  if (const auto it = groups_.find(group); it != groups_.end()) return &it->second;
   const auto me = std::find(group.begin(), group.end(), rank());
   if (me == group.end()) {
     return absl::InvalidArgumentError(
@@ -119,15 +171,16 @@ absl::StatusOr<std::shared_ptr<gloo::Context>> GlooTransport::GroupContext(
   try {
     VP_ASSIGN_OR_RETURN(std::unique_ptr<RedisClient> redis, RedisClient::Connect(options_.redis));
     GlooRedisStore store(std::move(redis),
-                         absl::StrCat(options_.prefix, "/group-", absl::StrJoin(group, "-")));
+                         absl::StrCat(options_.prefix, "/group-", absl::StrJoin(group, "-")),
+                         [abort = abort_] { return abort->aborted.load(); });
     auto context = std::make_shared<gloo::rendezvous::Context>(static_cast<int>(me - group.begin()),
                                                                static_cast<int>(group.size()));
     context->setTimeout(
         std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.connect_timeout)));
     context->connectFullMesh(store, device_);
-    groups_[group] = context;
-    return std::shared_ptr<gloo::Context>(context);
+    return &(groups_[group] = Group{.context = context});
   } catch (const gloo::Exception& e) {
+    VP_RETURN_IF_ERROR(Aborted(*abort_, absl::StrCat("gloo group ", absl::StrJoin(group, ","))));
     return absl::UnavailableError(
         absl::StrCat("gloo group ", absl::StrJoin(group, ","), ": ", e.what()));
   }
@@ -135,16 +188,64 @@ absl::StatusOr<std::shared_ptr<gloo::Context>> GlooTransport::GroupContext(
 
 absl::Status GlooTransport::AllReduceMean(std::span<float> data, const std::vector<int>& group) {
   if (group.size() <= 1 || data.empty()) return absl::OkStatus();
-  VP_ASSIGN_OR_RETURN(std::shared_ptr<gloo::Context> context, GroupContext(group));
+  const std::string what = absl::StrCat("all-reduce over ranks ", absl::StrJoin(group, ","));
+  VP_RETURN_IF_ERROR(Aborted(*abort_, what));
+  VP_ASSIGN_OR_RETURN(Group * g, GroupContext(group));
+  gloo::Context& context = *g->context;
+  const int n = context.size;
+  const int me = context.rank;
+  const int right = (me + 1) % n;
+  const int left = (me + n - 1) % n;
+  // Chunk c is data[begin(c), begin(c + 1)); chunks may be empty.
+  const auto begin = [&](int c) { return data.size() * static_cast<size_t>(c) / n; };
+  const auto bytes = [&](int c) { return (begin(c + 1) - begin(c)) * sizeof(float); };
+  const auto chunk = [n](int c) { return ((c % n) + n) % n; };
+  std::vector<float> incoming(data.size() / n + 1);
+  // 2 (n - 1) steps, one slot each: both neighbours number them alike.
+  const uint64_t first_slot = g->next_slot;
+  g->next_slot += 2 * static_cast<uint64_t>(n - 1);
   try {
-    gloo::AllreduceOptions opts(context);
-    opts.setOutput(data.data(), data.size());
-    void (*sum)(void*, const void*, const void*, size_t) = &gloo::sum<float>;
-    opts.setReduceFunction(gloo::AllreduceOptions::Func(sum));
-    gloo::allreduce(opts);
+    std::unique_ptr<gloo::transport::UnboundBuffer> mine =
+        context.createUnboundBuffer(data.data(), data.size() * sizeof(float));
+    std::unique_ptr<gloo::transport::UnboundBuffer> in =
+        context.createUnboundBuffer(incoming.data(), incoming.size() * sizeof(float));
+    // One step: send chunk `out` to the right, receive chunk `into` from the
+    // left (into `incoming`, or in place), each bounded and abortable.
+    const auto step = [&](int s, int out, int into, bool in_place) -> absl::Status {
+      const uint64_t slot = first_slot + static_cast<uint64_t>(s);
+      const absl::Time deadline = absl::Now() + options_.collective_timeout;
+      if (bytes(into) > 0) {
+        if (in_place) {
+          mine->recv(left, slot, begin(into) * sizeof(float), bytes(into));
+        } else {
+          in->recv(left, slot, 0, bytes(into));
+        }
+      }
+      if (bytes(out) > 0) mine->send(right, slot, begin(out) * sizeof(float), bytes(out));
+      if (bytes(into) > 0) {
+        VP_RETURN_IF_ERROR(WaitBuffer(*abort_, in_place ? *mine : *in, false, deadline,
+                                      absl::StrCat(what, ": receive from rank ", group[left])));
+      }
+      if (bytes(out) > 0) {
+        VP_RETURN_IF_ERROR(WaitBuffer(*abort_, *mine, true, deadline,
+                                      absl::StrCat(what, ": send to rank ", group[right])));
+      }
+      return absl::OkStatus();
+    };
+    // Reduce-scatter: after it, this rank holds the sum of chunk me + 1.
+    for (int s = 0; s < n - 1; ++s) {
+      const int into = chunk(me - s - 1);
+      VP_RETURN_IF_ERROR(step(s, chunk(me - s), into, /*in_place=*/false));
+      float* target = data.data() + begin(into);
+      for (size_t k = 0; k < begin(into + 1) - begin(into); ++k) target[k] += incoming[k];
+    }
+    // All-gather: the summed chunks travel around the ring.
+    for (int s = 0; s < n - 1; ++s) {
+      VP_RETURN_IF_ERROR(step(n - 1 + s, chunk(me + 1 - s), chunk(me - s), /*in_place=*/true));
+    }
   } catch (const gloo::Exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("all-reduce over ranks ", absl::StrJoin(group, ","), " failed: ", e.what()));
+    VP_RETURN_IF_ERROR(Aborted(*abort_, what));
+    return absl::UnavailableError(absl::StrCat(what, " failed: ", e.what()));
   }
   const float scale = 1.0f / static_cast<float>(group.size());
   for (float& x : data) x *= scale;

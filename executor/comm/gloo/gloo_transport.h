@@ -4,12 +4,21 @@
 // pair of ranks numbers its transfers (both directions share the count):
 // the k-th transfer a rank starts towards a peer uses slot k, which matches
 // the peer's k-th (transport.h's channel order). Data-parallel all-reduce
-// runs on a Gloo context per group, connected on first use.
+// is a ring all-reduce (reduce-scatter, then all-gather; every chunk is
+// summed in one fixed order, so every rank gets the same bits) over
+// unbound buffers on a Gloo context per group, connected on first use.
+//
+// Every wait is on an unbound buffer of ours, so Abort() can end the one in
+// progress (Gloo's abortWaitSend/abortWaitRecv) from another thread; the
+// rendezvous polls Options::cancelled.
 #ifndef VARIPIPE_EXECUTOR_COMM_GLOO_GLOO_TRANSPORT_H_
 #define VARIPIPE_EXECUTOR_COMM_GLOO_GLOO_TRANSPORT_H_
 
+#include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -21,7 +30,8 @@ namespace gloo {
 class Context;
 namespace transport {
 class Device;
-}
+class UnboundBuffer;
+}  // namespace transport
 }  // namespace gloo
 
 namespace varipipe::executor {
@@ -38,6 +48,19 @@ class GlooTransport final : public Transport {
     // Address this rank listens on.
     std::string hostname = "127.0.0.1";
     absl::Duration connect_timeout = absl::Seconds(300);
+    // Bounds each step of an all-reduce.
+    absl::Duration collective_timeout = absl::Seconds(300);
+    // Polled while ranks meet: true ends the rendezvous with CANCELLED.
+    std::function<bool()> cancelled;
+  };
+  // Whether the transport was aborted, and the wait in progress that an
+  // Abort() ends; shared with the transfers.
+  struct AbortState {
+    std::atomic<bool> aborted{false};
+    std::mutex mu;
+    std::string reason;                                 // guarded by mu
+    gloo::transport::UnboundBuffer* waiting = nullptr;  // guarded by mu
+    bool waiting_send = false;                          // guarded by mu
   };
 
   // Connects to every other rank (blocking until all have started).
@@ -50,16 +73,22 @@ class GlooTransport final : public Transport {
   absl::StatusOr<std::unique_ptr<Transfer>> StartRecv(int peer, void* data, size_t bytes) override;
   absl::Status AllReduceMean(std::span<float> data, const std::vector<int>& group) override;
   std::string Describe() const override;
+  void Abort(const std::string& reason) override;
 
  private:
+  struct Group {
+    std::shared_ptr<gloo::Context> context;
+    uint64_t next_slot = 0;  // the slots of the next all-reduce
+  };
   explicit GlooTransport(const Options& options) : options_(options) {}
-  absl::StatusOr<std::shared_ptr<gloo::Context>> GroupContext(const std::vector<int>& group);
+  absl::StatusOr<Group*> GroupContext(const std::vector<int>& group);
 
   Options options_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
   std::map<int, uint64_t> next_slot_;  // per peer
-  std::map<std::vector<int>, std::shared_ptr<gloo::Context>> groups_;
+  std::map<std::vector<int>, Group> groups_;
+  std::shared_ptr<AbortState> abort_ = std::make_shared<AbortState>();
 };
 
 }  // namespace varipipe::executor

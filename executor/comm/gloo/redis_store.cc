@@ -7,8 +7,11 @@
 namespace varipipe::executor {
 
 GlooRedisStore::GlooRedisStore(std::unique_ptr<RedisClient> redis, std::string prefix,
-                               std::chrono::seconds ttl)
-    : redis_(std::move(redis)), prefix_(std::move(prefix)), ttl_(ttl) {}
+                               std::function<bool()> cancelled, std::chrono::seconds ttl)
+    : redis_(std::move(redis)),
+      prefix_(std::move(prefix)),
+      cancelled_(std::move(cancelled)),
+      ttl_(ttl) {}
 
 void GlooRedisStore::set(const std::string& key, const std::vector<char>& data) {
   absl::StatusOr<RedisReply> r =
@@ -39,6 +42,10 @@ void GlooRedisStore::wait(const std::vector<std::string>& keys,
       absl::StatusOr<RedisReply> r = redis_->Command({"EXISTS", absl::StrCat(prefix_, "/", key)});
       if (!r.ok()) GLOO_THROW_IO_EXCEPTION(std::string(r.status().message()));
       if (r->integer() == 1) break;
+      if (cancelled_ && cancelled_()) {
+        GLOO_THROW_IO_EXCEPTION(
+            absl::StrCat("rendezvous: cancelled while waiting for key ", prefix_, "/", key));
+      }
       if (absl::Now() > deadline) {
         GLOO_THROW_IO_EXCEPTION(absl::StrCat("rendezvous: timed out after ", timeout.count(),
                                              " ms waiting for key ", prefix_, "/", key,

@@ -5,6 +5,7 @@
 #define VARIPIPE_EXECUTOR_COMM_GLOO_REDIS_STORE_H_
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,8 +18,10 @@ namespace varipipe::executor {
 class GlooRedisStore final : public gloo::rendezvous::Store {
  public:
   // Keys are "<prefix>/<key>" and expire after `ttl` (so nothing stays
-  // behind a finished job).
+  // behind a finished job). A wait ends with an IoException naming the key
+  // as soon as `cancelled` (polled with the keys) returns true.
   GlooRedisStore(std::unique_ptr<RedisClient> redis, std::string prefix,
+                 std::function<bool()> cancelled = {},
                  std::chrono::seconds ttl = std::chrono::hours(24));
 
   void set(const std::string& key, const std::vector<char>& data) override;
@@ -30,6 +33,7 @@ class GlooRedisStore final : public gloo::rendezvous::Store {
  private:
   std::unique_ptr<RedisClient> redis_;
   std::string prefix_;
+  std::function<bool()> cancelled_;
   std::chrono::seconds ttl_;
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -12,42 +13,68 @@
 namespace varipipe::executor {
 namespace {
 
+using AbortState = NcclTransport::AbortState;
+
+// Between polls of an event or a communicator.
+constexpr absl::Duration kPollInterval = absl::Microseconds(20);
+
 absl::Status CudaToStatus(cudaError_t error, absl::string_view what) {
   if (error == cudaSuccess) return absl::OkStatus();
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(error)));
 }
 
+// CANCELLED naming `what` and the abort's reason once aborted, else OK.
+absl::Status Aborted(AbortState& state, absl::string_view what) {
+  if (!state.aborted.load()) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(state.mu);
+  return absl::CancelledError(absl::StrCat(what, ": ", state.reason));
+}
+
+// Waits for `event` (recorded after an operation on `comm`'s stream) until
+// `deadline`, polling the communicator's asynchronous error and the
+// transport's abort flag. A communicator error, the deadline or an abort
+// aborts the communicator: its kernel would otherwise stay blocked on the
+// GPU, and nothing queued behind it would ever run.
+absl::Status WaitEvent(cudaEvent_t event, NcclCommunicator& comm, AbortState& abort,
+                       absl::Time deadline, const std::string& what) {
+  while (true) {
+    if (absl::Status aborted = Aborted(abort, what); !aborted.ok()) {
+      comm.Abort();
+      return aborted;
+    }
+    if (comm.aborted()) return comm.AsyncError(what);
+    const cudaError_t state = cudaEventQuery(event);
+    if (state == cudaSuccess) return absl::OkStatus();
+    if (state != cudaErrorNotReady) {
+      comm.Abort();
+      return CudaToStatus(state, what);
+    }
+    VP_RETURN_IF_ERROR(comm.AsyncError(what));
+    if (absl::Now() >= deadline) {
+      comm.Abort();
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, " did not complete (its NCCL communicator was aborted)"));
+    }
+    absl::SleepFor(kPollInterval);
+  }
+}
+
 class NcclTransfer final : public Transfer {
  public:
-  NcclTransfer(cudaEvent_t event, ncclComm_t comm, int peer, bool send)
-      : event_(event), comm_(comm), peer_(peer), send_(send) {}
+  NcclTransfer(cudaEvent_t event, std::shared_ptr<NcclCommunicator> comm,
+               std::shared_ptr<AbortState> abort, int peer, bool send)
+      : event_(event), comm_(std::move(comm)), abort_(std::move(abort)), peer_(peer), send_(send) {}
   ~NcclTransfer() override { cudaEventDestroy(event_); }
 
   absl::Status Wait(absl::Time deadline) override {
-    const char* what = send_ ? "send to" : "receive from";
-    while (true) {
-      const cudaError_t state = cudaEventQuery(event_);
-      if (state == cudaSuccess) return absl::OkStatus();
-      if (state != cudaErrorNotReady) {
-        return CudaToStatus(state, absl::StrCat(what, " rank ", peer_));
-      }
-      ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async);
-      if (async != ncclSuccess) {
-        ncclCommAbort(comm_);
-        return NcclToStatus(async, absl::StrCat(what, " rank ", peer_));
-      }
-      if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat(what, " rank ", peer_, " did not complete"));
-      }
-      absl::SleepFor(absl::Microseconds(20));
-    }
+    return WaitEvent(event_, *comm_, *abort_, deadline,
+                     absl::StrCat(send_ ? "send to" : "receive from", " rank ", peer_));
   }
 
  private:
   cudaEvent_t event_;
-  ncclComm_t comm_;
+  std::shared_ptr<NcclCommunicator> comm_;
+  std::shared_ptr<AbortState> abort_;
   int peer_;
   bool send_;
 };
@@ -72,6 +99,9 @@ absl::StatusOr<ncclUniqueId> NcclTransport::ExchangeId(RedisClient& redis, const
       std::memcpy(id.internal, r.str().data(), sizeof(id.internal));
       return id;
     }
+    if (options_.cancelled && options_.cancelled()) {
+      return absl::CancelledError(absl::StrCat("NCCL rendezvous: cancelled waiting for ", key));
+    }
     if (absl::Now() > deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat("NCCL rendezvous: no id at ", key, " (is every rank running?)"));
@@ -82,6 +112,9 @@ absl::StatusOr<ncclUniqueId> NcclTransport::ExchangeId(RedisClient& redis, const
 
 absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(const Options& options) {
   std::unique_ptr<NcclTransport> t(new NcclTransport(options));
+  // Failing half-way abandons what was made: abort those communicators (a
+  // peer may never make its side; finalizing them could wait for it).
+  absl::Cleanup abandon = [&t] { t->AbortCommunicators(); };
   VP_RETURN_IF_ERROR(CudaToStatus(cudaSetDevice(options.device), "cudaSetDevice"));
   VP_ASSIGN_OR_RETURN(std::unique_ptr<RedisClient> redis, RedisClient::Connect(options.redis));
   std::vector<int> peers = options.peers;
@@ -94,19 +127,22 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(const Optio
     pairs.emplace_back(std::min(p, options.rank), std::max(p, options.rank));
   }
   std::sort(pairs.begin(), pairs.end());
+  const absl::Time deadline = absl::Now() + options.connect_timeout;
   for (const auto& [low, high] : pairs) {
     const int peer = low == options.rank ? high : low;
     VP_ASSIGN_OR_RETURN(
         ncclUniqueId id,
         t->ExchangeId(*redis, absl::StrCat(options.prefix, "/pair-", low, "-", high),
                       options.rank == low));
-    Channel c;
+    // Stored in the transport as soon as it exists, so no failure below
+    // leaks it.
+    Channel& c = t->channels_[peer];
     c.peer_index = options.rank == low ? 1 : 0;
-    VP_RETURN_IF_ERROR(NcclToStatus(ncclCommInitRank(&c.comm, 2, id, options.rank == low ? 0 : 1),
+    VP_ASSIGN_OR_RETURN(c.comm, NcclCommunicator::Create(
+                                    2, id, options.rank == low ? 0 : 1, deadline, options.cancelled,
                                     absl::StrCat("NCCL communicator with rank ", peer)));
     VP_RETURN_IF_ERROR(
         CudaToStatus(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking), "stream"));
-    t->channels_[peer] = c;
   }
   const std::vector<int>& group = options.data_parallel_group;
   if (group.size() > 1) {
@@ -118,23 +154,41 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(const Optio
         ncclUniqueId id,
         t->ExchangeId(*redis, absl::StrCat(options.prefix, "/group-", absl::StrJoin(group, "-")),
                       me == group.begin()));
-    VP_RETURN_IF_ERROR(
-        NcclToStatus(ncclCommInitRank(&t->group_comm_, static_cast<int>(group.size()), id,
-                                      static_cast<int>(me - group.begin())),
-                     "NCCL data-parallel communicator"));
+    VP_ASSIGN_OR_RETURN(t->group_comm_, NcclCommunicator::Create(
+                                            static_cast<int>(group.size()), id,
+                                            static_cast<int>(me - group.begin()), deadline,
+                                            options.cancelled, "NCCL data-parallel communicator"));
     VP_RETURN_IF_ERROR(CudaToStatus(
         cudaStreamCreateWithFlags(&t->group_stream_, cudaStreamNonBlocking), "stream"));
   }
+  std::move(abandon).Cancel();
   return t;
 }
 
-NcclTransport::~NcclTransport() {
+void NcclTransport::AbortCommunicators() {
   for (auto& [peer, c] : channels_) {
-    if (c.comm != nullptr) ncclCommDestroy(c.comm);
+    if (c.comm != nullptr) c.comm->Abort();
+  }
+  if (group_comm_ != nullptr) group_comm_->Abort();
+}
+
+NcclTransport::~NcclTransport() {
+  // After an abort nothing is finalized: the communicators' peers may be
+  // gone (each communicator aborts itself anyway when finalizing fails).
+  if (abort_->aborted.load()) AbortCommunicators();
+  for (auto& [peer, c] : channels_) {
+    c.comm.reset();  // finalize and destroy, or abort (nccl_communicator.h)
     if (c.stream != nullptr) cudaStreamDestroy(c.stream);
   }
-  if (group_comm_ != nullptr) ncclCommDestroy(group_comm_);
+  group_comm_.reset();
   if (group_stream_ != nullptr) cudaStreamDestroy(group_stream_);
+}
+
+void NcclTransport::Abort(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(abort_->mu);
+  if (abort_->aborted.load()) return;
+  abort_->reason = reason;
+  abort_->aborted.store(true);
 }
 
 absl::StatusOr<std::unique_ptr<Transfer>> NcclTransport::Start(int peer, void* data, size_t bytes,
@@ -145,15 +199,24 @@ absl::StatusOr<std::unique_ptr<Transfer>> NcclTransport::Start(int peer, void* d
         absl::StrCat("rank ", rank(), " has no NCCL channel to rank ", peer));
   }
   const Channel& c = it->second;
-  VP_RETURN_IF_ERROR(
-      NcclToStatus(send ? ncclSend(data, bytes, ncclUint8, c.peer_index, c.comm, c.stream)
-                        : ncclRecv(data, bytes, ncclUint8, c.peer_index, c.comm, c.stream),
-                   absl::StrCat(send ? "ncclSend to rank " : "ncclRecv from rank ", peer)));
+  const std::string what = absl::StrCat(send ? "ncclSend to rank " : "ncclRecv from rank ", peer);
+  VP_RETURN_IF_ERROR(Aborted(*abort_, what));
+  if (c.comm->aborted()) return c.comm->AsyncError(what);
+  // Enqueuing may report ncclInProgress on a non-blocking communicator; the
+  // operation is then issued once the communicator is ready again.
+  VP_RETURN_IF_ERROR(c.comm->Check(
+      send ? ncclSend(data, bytes, ncclUint8, c.peer_index, c.comm->get(), c.stream)
+           : ncclRecv(data, bytes, ncclUint8, c.peer_index, c.comm->get(), c.stream),
+      absl::Now() + options_.collective_timeout, [abort = abort_] { return abort->aborted.load(); },
+      what));
   cudaEvent_t event;
   VP_RETURN_IF_ERROR(
       CudaToStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "event"));
-  VP_RETURN_IF_ERROR(CudaToStatus(cudaEventRecord(event, c.stream), "event record"));
-  return std::unique_ptr<Transfer>(new NcclTransfer(event, c.comm, peer, send));
+  if (absl::Status s = CudaToStatus(cudaEventRecord(event, c.stream), "event record"); !s.ok()) {
+    cudaEventDestroy(event);
+    return s;
+  }
+  return std::unique_ptr<Transfer>(new NcclTransfer(event, c.comm, abort_, peer, send));
 }
 
 absl::StatusOr<std::unique_ptr<Transfer>> NcclTransport::StartSend(int peer, void* data,
@@ -171,10 +234,22 @@ absl::Status NcclTransport::AllReduceMean(std::span<float> data, const std::vect
   if (group != options_.data_parallel_group || group_comm_ == nullptr) {
     return absl::InvalidArgumentError("all-reduce over a group the transport was not built for");
   }
-  VP_RETURN_IF_ERROR(NcclToStatus(ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat,
-                                                ncclAvg, group_comm_, group_stream_),
-                                  "ncclAllReduce"));
-  return CudaToStatus(cudaStreamSynchronize(group_stream_), "all-reduce");
+  const std::string what = absl::StrCat("all-reduce over ranks ", absl::StrJoin(group, ","));
+  VP_RETURN_IF_ERROR(Aborted(*abort_, what));
+  // Bounded like every wait: a rank of the group that never joins must not
+  // block this one in cudaStreamSynchronize forever.
+  const absl::Time deadline = absl::Now() + options_.collective_timeout;
+  if (group_comm_->aborted()) return group_comm_->AsyncError(what);
+  VP_RETURN_IF_ERROR(group_comm_->Check(
+      ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat, ncclAvg, group_comm_->get(),
+                    group_stream_),
+      deadline, [abort = abort_] { return abort->aborted.load(); }, what));
+  cudaEvent_t event;
+  VP_RETURN_IF_ERROR(
+      CudaToStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "event"));
+  const absl::Cleanup destroy = [event] { cudaEventDestroy(event); };
+  VP_RETURN_IF_ERROR(CudaToStatus(cudaEventRecord(event, group_stream_), "event record"));
+  return WaitEvent(event, *group_comm_, *abort_, deadline, what);
 }
 
 std::string NcclTransport::Describe() const {

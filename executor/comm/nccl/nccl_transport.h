@@ -7,21 +7,28 @@
 //
 // Communicators are created at start-up for the given peer pairs, in one
 // global order (sorted pairs), so no two ranks wait for each other in
-// opposite orders.
+// opposite orders. Every communicator is non-blocking and every wait polls
+// (the transfer's event, the communicator's asynchronous error, the
+// deadline, Abort()): on an error, a deadline or an abort the communicator
+// is aborted, never destroyed (nccl_communicator.h has the rules).
 #ifndef VARIPIPE_EXECUTOR_COMM_NCCL_NCCL_TRANSPORT_H_
 #define VARIPIPE_EXECUTOR_COMM_NCCL_NCCL_TRANSPORT_H_
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/redis/redis_client.h"
+#include "executor/comm/nccl/nccl_communicator.h"
 #include "executor/comm/transport.h"
 
 namespace varipipe::executor {
@@ -38,7 +45,12 @@ class NcclTransport final : public Transport {
     std::vector<int> peers;
     // Global ranks of this rank's data-parallel group (ascending).
     std::vector<int> data_parallel_group;
+    // Bounds the rendezvous and each communicator's creation.
     absl::Duration connect_timeout = absl::Seconds(300);
+    // Bounds each all-reduce.
+    absl::Duration collective_timeout = absl::Seconds(300);
+    // Polled while ranks meet: true ends the rendezvous with CANCELLED.
+    std::function<bool()> cancelled;
   };
 
   static absl::StatusOr<std::unique_ptr<NcclTransport>> Create(const Options& options);
@@ -51,21 +63,34 @@ class NcclTransport final : public Transport {
   absl::StatusOr<std::unique_ptr<Transfer>> StartRecv(int peer, void* data, size_t bytes) override;
   absl::Status AllReduceMean(std::span<float> data, const std::vector<int>& group) override;
   std::string Describe() const override;
+  // Sets a flag the polling waits check on the driving thread, which then
+  // aborts the communicator it waits on (NCCL calls stay on that thread).
+  void Abort(const std::string& reason) override;
+
+  // Whether Abort() was called, and why; shared with the transfers.
+  struct AbortState {
+    std::atomic<bool> aborted{false};
+    std::mutex mu;
+    std::string reason;  // guarded by mu
+  };
 
  private:
   struct Channel {
-    ncclComm_t comm = nullptr;
+    std::shared_ptr<NcclCommunicator> comm;
     cudaStream_t stream = nullptr;
     int peer_index = 0;  // the peer's rank inside the two-rank communicator
   };
   explicit NcclTransport(const Options& options) : options_(options) {}
   absl::StatusOr<ncclUniqueId> ExchangeId(RedisClient& redis, const std::string& key, bool create);
   absl::StatusOr<std::unique_ptr<Transfer>> Start(int peer, void* data, size_t bytes, bool send);
+  // Aborts every communicator (Create failing half-way).
+  void AbortCommunicators();
 
   Options options_;
   std::map<int, Channel> channels_;  // by peer
-  ncclComm_t group_comm_ = nullptr;
+  std::shared_ptr<NcclCommunicator> group_comm_;
   cudaStream_t group_stream_ = nullptr;
+  std::shared_ptr<AbortState> abort_ = std::make_shared<AbortState>();
 };
 
 }  // namespace varipipe::executor
