@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "google/protobuf/util/json_util.h"
 #include "planner/service/planner_daemon.h"
+#include "planner/service/planner_metrics.h"
 #include "spdlog/spdlog.h"
 
 namespace varipipe::service {
@@ -99,6 +100,7 @@ grpc::Status PlanServiceImpl::FetchPlan(grpc::ServerContext* context, uint64_t i
 grpc::Status PlanServiceImpl::GetPlan(grpc::ServerContext* context,
                                       const v1::GetPlanRequest* request,
                                       v1::PlanEnvelope* response) {
+  const GetPlanTimer timer(daemon_->config().job_id());
   if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   if (grpc::Status s = CheckJob(request->job_id()); !s.ok()) return s;
   if (!daemon_->EnterWait()) return TooManyWaiting();
