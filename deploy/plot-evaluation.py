@@ -18,8 +18,13 @@ import statistics
 import sys
 from collections import defaultdict
 
-import matplotlib
-
+try:
+    import matplotlib
+except ImportError:
+    # Debian's python3 has python3-matplotlib; another python3 may come first.
+    if sys.executable != "/usr/bin/python3" and os.path.exists("/usr/bin/python3"):
+        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
+    sys.exit("plot-evaluation: python3-matplotlib is missing (deploy/install-deps.sh installs it)")
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -147,10 +152,10 @@ def plot_throughput(rows, key, out, settings):
                  f"cost model: {cost_line(rows)}; 65,536 tokens per global batch; "
                  f"{settings}", fontsize=11)
     fig.text(0.5, 0.005, "Baselines tuned per length: rows per micro-batch (packing, fixed-size, "
-             "padding) or token budget (token-based) x recompute mode, best predicted tokens/s "
-             "that fits memory on every mini-batch; all methods: adaptive and 1F1B schedules.",
-             ha="center", fontsize=9)
-    fig.tight_layout(rect=(0, 0.02, 1, 0.92))
+             "padding) or token budget (token-based) x recompute mode,\nthe best predicted "
+             "tokens/s that fits memory on every mini-batch; all methods use the adaptive and "
+             "1F1B schedules.", ha="center", fontsize=9)
+    fig.tight_layout(rect=(0, 0.035, 1, 0.92))
     path = os.path.join(out, f"throughput_vs_length{suffix(key)}.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -351,7 +356,7 @@ def plot_timeline(trace_path, info, out):
                        Patch(color=colors["backward"], label="backward (incl. recomputation)"),
                        Patch(color=colors["comm"], label="transfer (to next/previous stage)"),
                        Patch(facecolor="white", edgecolor="gray", label="idle")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.18 if len(devices) > 4 else -0.3),
+              loc="upper center", bbox_to_anchor=(0.5, -0.1 if len(devices) > 4 else -0.22),
               ncol=4, fontsize=9)
     title = os.path.basename(trace_path)
     if info:
