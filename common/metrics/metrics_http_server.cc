@@ -53,11 +53,12 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
 
 MetricsHttpServer::~MetricsHttpServer() {
   // stop() only reaches a server that is running: wait for it to start.
-  while (server_ != nullptr && !server_->is_running() && !ended_.load()) {
+  if (!thread_.joinable()) return;  // never served (the bind failed)
+  while (!server_->is_running() && !ended_.load()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  if (server_ != nullptr) server_->stop();
-  if (thread_.joinable()) thread_.join();
+  server_->stop();
+  thread_.join();
 }
 
 }  // namespace varipipe::metrics

@@ -52,6 +52,7 @@ grpc::Status PlanServiceImpl::GetJob(grpc::ServerContext* context, const v1::Get
 
 grpc::Status PlanServiceImpl::FetchPlan(grpc::ServerContext* context, uint64_t iteration, int rank,
                                         v1::PlanEnvelope* out) {
+  const GetPlanTimer timer(daemon_->config().job_id());
   const v1::JobConfig& c = daemon_->config();
   if (iteration >= c.training().iterations()) {
     return grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
@@ -100,7 +101,6 @@ grpc::Status PlanServiceImpl::FetchPlan(grpc::ServerContext* context, uint64_t i
 grpc::Status PlanServiceImpl::GetPlan(grpc::ServerContext* context,
                                       const v1::GetPlanRequest* request,
                                       v1::PlanEnvelope* response) {
-  const GetPlanTimer timer(daemon_->config().job_id());
   if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   if (grpc::Status s = CheckJob(request->job_id()); !s.ok()) return s;
   if (!daemon_->EnterWait()) return TooManyWaiting();

@@ -23,8 +23,8 @@ void RecordClaimed(const std::string& job);
 // A call to the instruction store failed (connect, claim, publish).
 void RecordRedisError(const std::string& job);
 
-// Times one GetPlan call, from arrival to answer (waiting for the plan
-// included).
+// Times serving one plan (a GetPlan call, or one plan of WatchPlans), from
+// asking to answer, waiting for it to be published included.
 class GetPlanTimer {
  public:
   explicit GetPlanTimer(std::string job) : job_(std::move(job)) {}
