@@ -55,7 +55,7 @@ if [[ $quick -eq 1 ]]; then
   lengths=512,2048
   memory_gpt=32768,40960; memory_t5=65536,81920
 else
-  # The full run: about 10 minutes on 2 cores (docs/evaluation.md).
+  # The full run: about 5 minutes on 2 cores (docs/evaluation.md).
   mini_batches=16; memory_batches=8; planning_batches=64; trials=20
   lengths=512,1024,2048,4096,8192
   memory_gpt=24576,32768,40960,49152,65536,81920
@@ -118,6 +118,8 @@ rm -rf "$out/.parts"
 
 page=()
 [[ $quick -eq 0 ]] && page=(--page "$out/../evaluation.md")
+elapsed=$(( $(date +%s) - started ))
 "$python" deploy/plot-evaluation.py --dir "$out" "${page[@]}" \
-  --settings "mini-batches: $mini_batches per setting ($memory_batches per memory limit, $planning_batches for planning times)"
+  --settings "mini-batches: $mini_batches per setting ($memory_batches per memory limit, $planning_batches for planning times)" \
+  --run_time "its last run planned and simulated for $(( (elapsed + 30) / 60 )) minutes on a 2-core machine"
 echo "evaluate: CSVs and plots in $out ($(( $(date +%s) - started )) s)"

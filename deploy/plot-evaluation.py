@@ -16,6 +16,7 @@ import os
 import re
 import statistics
 import sys
+import textwrap
 from collections import defaultdict
 
 try:
@@ -45,6 +46,13 @@ COLORS = {
 }
 MARKERS = {"dp": "o", "packing": "s", "token-based": "^", "fixed-size": "D", "padding": "v"}
 MIXTURES = {"flan": "FLAN-like", "documents": "documents-like"}
+
+
+def suptitle(fig, text, fontsize):
+    """A figure title whose lines wrap to the figure's width."""
+    width = int(fig.get_figwidth() * 100 / fontsize)
+    fig.suptitle("\n".join(textwrap.fill(line, width) for line in text.split("\n")),
+                 fontsize=fontsize)
 
 
 def read_csv(path):
@@ -83,6 +91,11 @@ def chosen(rows):
 
 def cost_line(rows):
     return "; ".join(sorted({r["cost_model"] for r in rows}))
+
+
+def fmt_ratio(r):
+    """Two decimals, three when that hides which side wins."""
+    return f"{r:.3f}x" if abs(r - 1) < 0.005 else f"{r:.2f}x"
 
 
 def fmt_tokens(v):
@@ -127,10 +140,21 @@ def plot_throughput(rows, key, out, settings):
         for L in lengths:
             d = best.get((model, mixture, str(L), memory, "dp"))
             p = best.get((model, mixture, str(L), memory, "packing"))
-            if d and p and d["feasible"] == "1" and p["feasible"] == "1":
+            t = best.get((model, mixture, str(L), memory, "token-based"))
+            if not (d and p):
+                continue
+            if d["feasible"] == "1" and p["feasible"] == "1":
                 ratio = float(d["tokens_per_s"]) / float(p["tokens_per_s"])
                 notes[(model, mixture, L)] = ratio
-                texts.append(f"{L}: {ratio:.2f}x" + (" (packing wins)" if ratio < 1 else ""))
+                texts.append(f"{L}: {fmt_ratio(ratio)}" + (" (packing wins)" if ratio < 1 else ""))
+            else:
+                why = ("nothing fits" if d["feasible"] != "1" and p["feasible"] != "1" else
+                       "DP does not fit" if d["feasible"] != "1" else "packing does not fit")
+                notes[(model, mixture, L)] = why
+                texts.append(f"{L}: {why}")
+            if t and d["feasible"] == "1" and t["feasible"] == "1":
+                notes[("token", model, mixture, L)] = (float(d["tokens_per_s"]) /
+                                                       float(t["tokens_per_s"]))
         ax.text(0.02, 0.02, "DP / packing:\n" + "\n".join(texts), transform=ax.transAxes,
                 fontsize=9, va="bottom", ha="left",
                 bbox=dict(boxstyle="round", facecolor="white", alpha=0.85))
@@ -147,15 +171,15 @@ def plot_throughput(rows, key, out, settings):
         ax.axis("off")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper center", ncol=5, fontsize=10,
-               bbox_to_anchor=(0.5, 0.955))
-    fig.suptitle("Real tokens/s vs maximum length (x on the axis: no setting fits memory)\n"
+               bbox_to_anchor=(0.5, 0.93))
+    suptitle(fig, "Real tokens/s vs maximum length (x on the axis: no setting fits memory)\n"
                  f"cost model: {cost_line(rows)}; 65,536 tokens per global batch; "
-                 f"{settings}", fontsize=11)
+                 f"{settings}", 11)
     fig.text(0.5, 0.005, "Baselines tuned per length: rows per micro-batch (packing, fixed-size, "
              "padding) or token budget (token-based) x recompute mode,\nthe best predicted "
              "tokens/s that fits memory on every mini-batch; all methods use the adaptive and "
              "1F1B schedules.", ha="center", fontsize=9)
-    fig.tight_layout(rect=(0, 0.035, 1, 0.92))
+    fig.tight_layout(rect=(0, 0.035, 1, 0.89))
     path = os.path.join(out, f"throughput_vs_length{suffix(key)}.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -187,14 +211,14 @@ def plot_padding(rows, key, out, settings):
             ax.set_xlabel("maximum sequence length")
         axes[0][col].set_title(f"{model}\n{MIXTURES[mixture]}", fontsize=10)
         axes[1][col].set_yscale("log")
-    axes[0][0].set_ylabel("padding efficiency (%): real / computed tokens")
+    axes[0][0].set_ylabel("padding efficiency (%)")
     axes[1][0].set_ylabel("micro-batches per mini-batch (all replicas)")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper center", ncol=5, fontsize=9,
-               bbox_to_anchor=(0.5, 0.95))
-    fig.suptitle(f"Padding efficiency and micro-batches of each method's tuned setting\n"
-                 f"cost model: {cost_line(rows)}; {settings}", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.91))
+               bbox_to_anchor=(0.5, 0.925))
+    suptitle(fig, f"Padding efficiency and micro-batches of each method's tuned setting\n"
+                 f"cost model: {cost_line(rows)}; {settings}", 10)
+    fig.tight_layout(rect=(0, 0, 1, 0.88))
     path = os.path.join(out, f"padding_and_micro_batches{suffix(key)}.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -205,6 +229,7 @@ def plot_memory(rows, key, out, settings):
     best = chosen(rows)
     pairs = panels(rows)
     fig, axes = plt.subplots(2, 2, figsize=(13, 9.5), squeeze=False)
+    ratios = {}
     for ax, (model, mixture) in zip(axes.flat, pairs):
         mems = sorted({int(r["memory_mib"]) for r in rows
                        if r["model"] == model and r["mixture"] == mixture})
@@ -225,6 +250,16 @@ def plot_memory(rows, key, out, settings):
             if bad:
                 ax.plot(bad, [0] * len(bad), linestyle="none", marker="x", color=COLORS[m],
                         markersize=10, clip_on=False)
+        for mem in mems:
+            d = best.get((model, mixture, L, str(mem), "dp"))
+            p = best.get((model, mixture, L, str(mem), "packing"))
+            t = best.get((model, mixture, L, str(mem), "token-based"))
+            if d and p and d["feasible"] == "1" and p["feasible"] == "1":
+                ratios[("packing", model, mixture, mem)] = (float(d["tokens_per_s"]) /
+                                                            float(p["tokens_per_s"]))
+            if d and t and d["feasible"] == "1" and t["feasible"] == "1":
+                ratios[("token", model, mixture, mem)] = (float(d["tokens_per_s"]) /
+                                                          float(t["tokens_per_s"]))
         ax.set_ylim(bottom=0)
         ax.set_xticks([m / 1024 for m in mems])
         ax.set_xlabel("device memory limit (GiB)")
@@ -235,15 +270,15 @@ def plot_memory(rows, key, out, settings):
         ax.axis("off")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper center", ncol=5, fontsize=10,
-               bbox_to_anchor=(0.5, 0.95))
-    fig.suptitle("Real tokens/s vs device memory limit (x on the axis: no setting fits)\n"
+               bbox_to_anchor=(0.5, 0.925))
+    suptitle(fig, "Real tokens/s vs device memory limit (x on the axis: no setting fits)\n"
                  f"cost model: {cost_line(rows)} (compute model unchanged, memory limit varied); "
-                 f"baselines tuned per limit; {settings}", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.91))
+                 f"baselines tuned per limit; {settings}", 10)
+    fig.tight_layout(rect=(0, 0, 1, 0.88))
     path = os.path.join(out, f"throughput_vs_memory{suffix(key)}.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return path
+    return path, ratios
 
 
 def plot_planning(rows, key, out, settings):
@@ -272,10 +307,10 @@ def plot_planning(rows, key, out, settings):
             stats[(model, mixture, L)] = (statistics.median(p), max(p), statistics.median(q))
     for ax in list(axes.flat)[len(pairs):]:
         ax.axis("off")
-    fig.suptitle("Planning time per iteration (boxes: distribution over mini-batches, one "
+    suptitle(fig, "Planning time per iteration (boxes: distribution over mini-batches, one "
                  "thread, this 2-core machine)\nagainst the predicted iteration time it "
-                 f"plans ahead of; cost model: {cost_line(rows)}; {settings}", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+                 f"plans ahead of; cost model: {cost_line(rows)}; {settings}", 10)
+    fig.tight_layout(rect=(0, 0, 1, 0.91))
     path = os.path.join(out, f"planning_time{suffix(key)}.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -312,11 +347,11 @@ def plot_schedules(rows, out):
     axes[1].set_ylabel("1F1B makespan / adaptive makespan (mean)")
     axes[1].grid(alpha=0.3)
     n = len(by_cv[cvs[0]])
-    fig.suptitle("Adaptive schedule vs 1F1B as micro-batch times spread (DynaPipe Fig. 7)\n"
+    suptitle(fig, "Adaptive schedule vs 1F1B as micro-batch times spread (DynaPipe Fig. 7)\n"
                  f"simulator, synthetic: pp = 4, 16 micro-batches, lognormal times (mean 10 ms), "
                  f"backward = 2 x forward, memory per micro-batch ~ time; adaptive limited to "
-                 f"1F1B's peak per device; {n} draws per point", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.88))
+                 f"1F1B's peak per device; {n} draws per point", 10)
+    fig.tight_layout(rect=(0, 0, 1, 0.84))
     path = os.path.join(out, "schedules.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -375,27 +410,41 @@ def plot_timeline(trace_path, info, out):
     return path
 
 
-def write_page(page, out, figures, notes, plan_stats, sched, settings, cost_models):
+def memory_text(notes):
+    pack = [v for k, v in notes.items() if k[:2] == ("memory", "packing")]
+    token = [v for k, v in notes.items() if k[:2] == ("memory", "token")]
+    if not pack:
+        return "no limit lets both the DP and packing fit."
+    text = (f"wherever both fit, the DP's throughput is {fmt_ratio(min(pack))} to "
+            f"{fmt_ratio(max(pack))} packing's")
+    if token:
+        text += (f", and {fmt_ratio(min(token))} to {fmt_ratio(max(token))} the tuned "
+                 f"token-based baseline's (which leads on T5 with more memory)")
+    return text + "."
+
+
+def write_page(page, out, figures, notes, plan_stats, sched, settings, cost_models, run_time):
     rel = os.path.relpath(out, os.path.dirname(page))
 
     def img(path, alt):
         return f"![{alt}]({rel}/{os.path.basename(path)})"
 
     def ratio(model_prefix, mixture, L):
-        for (model, mix, length), r in notes.items():
-            if model.startswith(model_prefix) and mix == mixture and length == L:
-                return r
-        return float("nan")
+        for k, r in notes.items():
+            if len(k) == 3 and k[0].startswith(model_prefix) and k[1] == mixture and k[2] == L:
+                return fmt_ratio(r) if isinstance(r, float) else r
+        return "-"
 
     lines = ["# Evaluation in simulation", "",
-             "Regenerated by `deploy/evaluate.sh` (about 10 minutes on 2 cores): the planner and "
+             "Regenerated by `deploy/evaluate.sh` (" + run_time + "): the planner and "
              "simulator of this repository (`varipipe-evaluate`, `planner/tools/`) plan mini-batches "
              "of the synthetic mixtures (`docs/datasets.md`) for GPT-6.7B (pp = 4, dp = 2, A100-40GB, "
              "40 GiB per device) and T5-11B (pp = 8, A100-80GB, 80 GiB per device, targets a quarter "
              "of the maximum length), 65,536 tokens per global batch. Throughput is the planner's "
              "prediction (simulated makespan), not a measurement. "
              f"Cost models: {', '.join(cost_models)}; measured ones are used from "
-             "`deploy/cost-models/` when there are any (none yet). " + settings + ".", "",
+             "`deploy/cost-models/` when there are any (none yet). " + settings[:1].upper() +
+             settings[1:] + ".", "",
              "Baselines are tuned as a user would tune them: packing, fixed-size and padding try "
              "1-64 rows per micro-batch, token-based budgets of 1-32 maximum lengths, each with "
              "every recompute mode (none, selective, full), and keep the setting with the best "
@@ -408,9 +457,14 @@ def write_page(page, out, figures, notes, plan_stats, sched, settings, cost_mode
     for model, label in [("GPT", "GPT-6.7B"), ("T5", "T5-11B")]:
         for mixture in ["flan", "documents"]:
             rows.append(f"| {label} | {MIXTURES[mixture]} | "
-                        + " | ".join(f"{ratio(model, mixture, L):.2f}x" for L in
+                        + " | ".join(ratio(model, mixture, L) for L in
                                      [512, 1024, 2048, 4096, 8192]) + " |")
-    wins = sorted({(m.split()[0], MIXTURES[x], L) for (m, x, L), r in notes.items() if r < 1})
+    wins = sorted({(k[0].split()[0], MIXTURES[k[1]], k[2]) for k, r in notes.items()
+                   if len(k) == 3 and isinstance(r, float) and r < 1})
+    token = {k[1:]: r for k, r in notes.items() if len(k) == 4}
+    token_wins = sorted((r, k) for k, r in token.items() if r < 1)
+    nothing = sorted({(k[0].split()[0], MIXTURES[k[1]], k[2]) for k, r in notes.items()
+                      if len(k) == 3 and r == "nothing fits"})
     win_text = ("Packing wins (ratio below 1) at " +
                 ", ".join(f"{m} {x} {L}" for m, x, L in wins) + ".") if wins else \
         "Packing wins nowhere in this grid."
@@ -421,34 +475,54 @@ def write_page(page, out, figures, notes, plan_stats, sched, settings, cost_mode
               "longest sample. " + win_text, "",
               "| model | mixture | 512 | 1024 | 2048 | 4096 | 8192 |", "|---|---|---|---|---|---|---|"]
     lines += rows + [""]
+    if nothing:
+        lines += ["Nothing fits at " + ", ".join(f"{m} {x} {L}" for m, x, L in nothing) +
+                  ": GPT-6.7B on pp = 4 leaves about 13 GiB of activation room on the busiest "
+                  "device of an A100-40GB, and one 8,192-token sequence alone peaks above it even "
+                  "with full recomputation (the CSV names the sample and the bytes).", ""]
+    if token:
+        lines += [f"Token-based micro-batching, tuned on the same mini-batches it is measured on, "
+                  f"is the strongest baseline: it is within {100 * (max(abs(1 - r) for r in token.values())):.0f}% "
+                  f"of the DP everywhere and ahead of it in {len(token_wins)} of {len(token)} "
+                  f"cells (by at most {100 * (1 / min(token.values()) - 1):.0f}%), because the "
+                  f"DP minimises its own objective (DynaPipe's balance of the sum and maximum "
+                  f"micro-batch times) rather than the simulated makespan; the DP needs no "
+                  f"budget chosen per length and dataset.", ""]
     lines += ["## Padding efficiency and micro-batches", "", img(figures["padding"], "padding"), "",
               "Padding efficiency (real tokens over the tokens computed, padding and packing's "
               "unused row ends included) and the number of micro-batches of each method's tuned "
-              "setting. The DP and token-based keep padding low with micro-batches of different "
-              "sizes, while padding (unsorted) wastes the most; packing reaches high efficiency "
-              "but pays for it in attention cost, which the throughput plot shows.", ""]
+              "setting. Packing fills its rows almost completely (T5 less, as targets are packed "
+              "into rows a quarter as long), but every row costs attention over the full "
+              "length, which the throughput plot shows; unsorted padding is worst at short "
+              "lengths, and at long ones its tuned setting (and fixed-size's) is one or two "
+              "samples per micro-batch: little padding, but hundreds of small micro-batches.", ""]
     if sched:
         cvs = sorted(sched)
         lines += ["## Adaptive schedule vs 1F1B", "", img(figures["schedules"], "schedules"), "",
                   "Simulated makespans of 1F1B and of the adaptive schedule (with its ordering "
                   "search, held to 1F1B's memory on each device) on synthetic pipelines whose "
                   "micro-batch times spread more and more. With equal micro-batches the two are "
-                  f"equal ({sched[cvs[0]]:.2f}x at CV 0); at CV {cvs[-1]:.1f} 1F1B takes "
-                  f"{sched[cvs[-1]]:.2f}x the adaptive schedule's time on average.", ""]
+                  f"equal ({sched[cvs[0]]:.2f}x at CV 0) and with a small spread the adaptive "
+                  f"schedule can be slightly slower (1F1B / adaptive down to "
+                  f"{min(sched.values()):.2f}x); from CV 0.4 on it wins, and at CV "
+                  f"{cvs[-1]:.1f} 1F1B takes {sched[cvs[-1]]:.2f}x its time on average (up to "
+                  f"{max(sched.values()):.2f}x).", ""]
     lines += ["## Planning time per iteration", "", img(figures["planning"], "planning"), ""]
     worst = max(plan_stats.items(), key=lambda kv: kv[1][1]) if plan_stats else None
     if worst:
         (wm, wx, wl), (med, mx, pred) = worst
         lines += [f"The DP's planning time per mini-batch (one thread) against the predicted "
-                  f"iteration time the plan is made for: planning is two to three orders of "
-                  f"magnitude shorter, so daemons planning ahead keep up with training. The "
+                  f"iteration time the plan is made for: the median planning time is two to three "
+                  f"orders of magnitude shorter, so daemons planning ahead keep up with training. The "
                   f"slowest case is {wm} {MIXTURES[wx]} at {wl} tokens: median {med:.1f} ms, "
-                  f"worst {mx:.1f} ms, against a predicted iteration of {pred / 1000:.1f} s.", ""]
+                  f"worst {mx:.1f} ms, against a predicted iteration of {pred / 1000:.1f} s "
+                  f"(mini-batches without a plan that fits are left out, so GPT at 8,192 shows "
+                  f"only those that fit).", ""]
     lines += ["## Throughput vs device memory", "", img(figures["memory"], "memory"), "",
               "Real tokens/s at maximum length 2,048 as the memory limit per device changes "
-              "(the compute model stays that of the job's GPU). With less memory the baselines "
-              "must shrink their micro-batches or recompute more, and some fit no setting at all "
-              "(x on the axis); the DP adapts per mini-batch and keeps its lead.", ""]
+              "(the compute model stays that of the job's GPU). With less memory every method "
+              "must use smaller micro-batches or recompute more, and below 32 GiB nothing fits "
+              "GPT-6.7B; " + memory_text(notes), ""]
     lines += ["## One iteration's timeline", ""]
     for path in figures["timelines"]:
         lines += [img(path, "timeline"), ""]
@@ -464,6 +538,7 @@ def main():
     ap.add_argument("--dir", required=True)
     ap.add_argument("--page")
     ap.add_argument("--settings", default="")
+    ap.add_argument("--run_time", default="a few minutes on 2 cores")
     args = ap.parse_args()
     out = args.dir
     throughput = read_csv(os.path.join(out, "throughput.csv"))
@@ -486,7 +561,8 @@ def main():
         if sel(planning):
             figs["planning"], plan_stats = plot_planning(sel(planning), key, out, args.settings)
         if sel(memory):
-            figs["memory"] = plot_memory(sel(memory), key, out, args.settings)
+            figs["memory"], notes_memory = plot_memory(sel(memory), key, out, args.settings)
+            notes.update({("memory",) + k: v for k, v in notes_memory.items()})
         figures_by_key[key] = (figs, notes, plan_stats)
         written += [v for k, v in figs.items() if k != "timelines"]
     sched = {}
@@ -518,10 +594,12 @@ def main():
     if args.page and "analytic" in figures_by_key:
         figs, notes, plan_stats = figures_by_key["analytic"]
         write_page(args.page, out, figs, notes, plan_stats, sched, args.settings,
-                   sorted({r["cost_model"] for r in throughput}))
+                   sorted({r["cost_model"] for r in throughput}), args.run_time)
         print(f"plot-evaluation: wrote {args.page}")
-        for (model, mixture, L), r in sorted(notes.items()):
-            print(f"  DP / packing {model} {mixture} {L}: {r:.2f}x")
+        for k, r in sorted(notes.items(), key=str):
+            if len(k) == 3:
+                print(f"  DP / packing {k[0]} {k[1]} {k[2]}: " +
+                      (f"{r:.2f}x" if isinstance(r, float) else r))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/config/job_config.h"
 #include "common/dataset/minibatch_sampler.h"
@@ -44,12 +45,15 @@ v1::JobConfig ConfigFor(const v1::JobConfig& base, const Setting& s) {
 std::string ShortReason(const absl::Status& status, uint64_t iteration) {
   std::string text(status.message());
   // "...: no candidate plan fits memory:\n  candidate: reason\n...": the
-  // headline and the first candidate.
+  // headline and the last candidate (the most lenient recompute mode).
   if (size_t end = text.find('\n'); end != std::string::npos) {
-    const size_t next = text.find('\n', end + 1);
     if (end > 0 && text[end - 1] == ':') {
-      text = absl::StrCat(text.substr(0, end), " ",
-                          absl::StripAsciiWhitespace(text.substr(end + 1, next - end - 1)));
+      std::string last;
+      for (absl::string_view line : absl::StrSplit(text.substr(end + 1), '\n')) {
+        line = absl::StripAsciiWhitespace(line);
+        if (!line.empty()) last = std::string(line);
+      }
+      text = absl::StrCat(text.substr(0, end), " ", last);
     } else {
       text.resize(end);
     }
@@ -172,7 +176,8 @@ TrialOutcome Evaluate(const EvaluationJob& job, const Setting& setting,
   for (const planner::MiniBatch& mb : batches) {
     absl::StatusOr<planner::PlanningResult> r = planner.Plan(mb);
     if (!r.ok()) {
-      out.reason = ShortReason(r.status(), mb.iteration);
+      const Setting kept = out.setting;
+      out = TrialOutcome{.setting = kept, .reason = ShortReason(r.status(), mb.iteration)};
       return out;
     }
     tokens += static_cast<double>(r->report.real_tokens);
