@@ -19,6 +19,7 @@ except ImportError:
     sys.exit("plot-run: python3-matplotlib is missing (deploy/install-deps.sh installs it)")
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 
 def main():
@@ -48,6 +49,7 @@ def main():
                 color="#1f77b4", label="real tokens/s")
     bottom.set_ylabel("real tokens / s")
     bottom.set_xlabel("iteration")
+    bottom.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     bottom.grid(alpha=0.3)
     if len(rows) > 1:
         mean = sum(r["real_tokens_per_s"] for r in rows[1:]) / (len(rows) - 1)

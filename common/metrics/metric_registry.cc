@@ -68,8 +68,7 @@ Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)) {
 }
 
 void Histogram::Observe(double value) {
-  const size_t bucket =
-      std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
+  const size_t bucket = std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
   absl::MutexLock lock(&mu_);
   ++counts_[bucket];
   sum_ += value;
@@ -148,8 +147,7 @@ Counter& Registry::GetCounter(const std::string& name, const std::string& help,
   return *slot;
 }
 
-Gauge& Registry::GetGauge(const std::string& name, const std::string& help,
-                          const Labels& labels) {
+Gauge& Registry::GetGauge(const std::string& name, const std::string& help, const Labels& labels) {
   absl::MutexLock lock(&mu_);
   Family* family = FamilyFor(name, help, Type::kGauge, labels, {});
   if (family == nullptr) return dummy_gauge_;

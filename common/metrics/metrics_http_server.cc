@@ -21,7 +21,8 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
-  if (host.empty() || !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
+  if (host.empty() || !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat(flag, " '", listen, "': expected HOST:PORT (port 0: a free one)"));
   }

@@ -367,12 +367,16 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
       timing->set_backward_ms(t.backward_seconds * 1e3);
     }
     VP_RETURN_IF_ERROR(source.Done(progress));
-    executor::RecordIterationMetrics(
-        {.iteration = iteration, .step_seconds = step_seconds,
-         .compute_seconds = stats.compute_seconds, .wait_seconds = stats.communication_seconds,
-         .data_seconds = stats.data_seconds, .loss = loss, .real_tokens = real_tokens,
-         .padded_tokens = padded_tokens, .predicted_seconds = plan->predicted_iteration_ms() / 1e3,
-         .peak_memory_bytes = static_cast<double>(peak_bytes)});
+    executor::RecordIterationMetrics({.iteration = iteration,
+                                      .step_seconds = step_seconds,
+                                      .compute_seconds = stats.compute_seconds,
+                                      .wait_seconds = stats.communication_seconds,
+                                      .data_seconds = stats.data_seconds,
+                                      .loss = loss,
+                                      .real_tokens = real_tokens,
+                                      .padded_tokens = padded_tokens,
+                                      .predicted_seconds = plan->predicted_iteration_ms() / 1e3,
+                                      .peak_memory_bytes = static_cast<double>(peak_bytes)});
     if (env.rank == 0) {
       spdlog::info(
           "iteration {}: loss {:.4f}, {:.0f} real tokens/s, padding efficiency {:.1f}%, "

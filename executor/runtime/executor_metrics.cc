@@ -13,8 +13,8 @@ metrics::Registry& R() { return metrics::Registry::Default(); }
 
 absl::Mutex labels_mu;
 metrics::Labels& RankLabels() {
-  static auto* labels = new metrics::Labels{{"job", ""}, {"rank", "0"}, {"dp_rank", "0"},
-                                            {"pp_rank", "0"}};
+  static auto* labels =
+      new metrics::Labels{{"job", ""}, {"rank", "0"}, {"dp_rank", "0"}, {"pp_rank", "0"}};
   return *labels;
 }
 
@@ -79,8 +79,8 @@ absl::StatusOr<std::unique_ptr<metrics::MetricsHttpServer>> StartExecutorMetrics
   const std::string port_text = colon == std::string::npos ? listen : listen.substr(colon + 1);
   int port = 0;
   if (absl::SimpleAtoi(port_text, &port) && port > 0) {
-    address = absl::StrCat(colon == std::string::npos ? "127.0.0.1" : listen.substr(0, colon),
-                           ":", port + local_rank);
+    address = absl::StrCat(colon == std::string::npos ? "127.0.0.1" : listen.substr(0, colon), ":",
+                           port + local_rank);
   }
   absl::StatusOr<std::unique_ptr<metrics::MetricsHttpServer>> server =
       metrics::MetricsHttpServer::Start(address, &R());

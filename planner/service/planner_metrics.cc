@@ -50,10 +50,11 @@ void RecordClaimed(const std::string& job) { Claimed(job).Increment(); }
 void RecordRedisError(const std::string& job) { RedisErrors(job).Increment(); }
 
 GetPlanTimer::~GetPlanTimer() {
-  R().GetHistogram("varipipe_planner_get_plan_duration_seconds",
-                   "Time to serve one plan (a GetPlan call, or one plan of WatchPlans), waiting for it "
-                   "to be published included.",
-                   GetPlanBuckets(), Job(job_))
+  R().GetHistogram(
+         "varipipe_planner_get_plan_duration_seconds",
+         "Time to serve one plan (a GetPlan call, or one plan of WatchPlans), waiting for it "
+         "to be published included.",
+         GetPlanBuckets(), Job(job_))
       .Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
 }
 

@@ -40,7 +40,7 @@ class PlannerMetricsEndpoint {
  public:
   // Empty `listen`: nullptr (no endpoint).
   static absl::StatusOr<std::unique_ptr<PlannerMetricsEndpoint>> Start(const std::string& listen,
-                                                                      PlannerDaemon* daemon);
+                                                                       PlannerDaemon* daemon);
   ~PlannerMetricsEndpoint();
   int port() const { return server_->port(); }
 

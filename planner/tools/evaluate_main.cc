@@ -133,8 +133,7 @@ int Throughput(const tools::EvaluationJob& base, bool per_iteration) {
         for (const tools::IterationOutcome& it : tools::PlanEach(*job, batches)) {
           std::printf("%s%llu,%d,%.3f,%.3f,%d,%s,%s\n", prefix.c_str(),
                       static_cast<unsigned long long>(it.iteration), it.samples, it.planning_ms,
-                      it.predicted_ms, it.micro_batches, it.schedule.c_str(),
-                      it.recompute.c_str());
+                      it.predicted_ms, it.micro_batches, it.schedule.c_str(), it.recompute.c_str());
         }
         std::fflush(stdout);
         continue;
@@ -142,12 +141,11 @@ int Throughput(const tools::EvaluationJob& base, bool per_iteration) {
       for (const tools::MethodResult& method : tools::TuneAllMethods(*job, batches)) {
         for (size_t k = 0; k < method.trials.size(); ++k) {
           const tools::TrialOutcome& t = method.trials[k];
-          std::printf("%s%s,%s,%s,%d,%d,%.1f,%.4f,%.2f,%.2f,%s\n", prefix.c_str(),
-                      method.method.c_str(), t.setting.Describe().c_str(),
-                      t.setting.RecomputeName().c_str(), t.feasible ? 1 : 0,
-                      static_cast<int>(k) == method.chosen ? 1 : 0, t.tokens_per_s,
-                      t.padding_efficiency, t.micro_batches, t.predicted_ms,
-                      Quoted(t.reason).c_str());
+          std::printf(
+              "%s%s,%s,%s,%d,%d,%.1f,%.4f,%.2f,%.2f,%s\n", prefix.c_str(), method.method.c_str(),
+              t.setting.Describe().c_str(), t.setting.RecomputeName().c_str(), t.feasible ? 1 : 0,
+              static_cast<int>(k) == method.chosen ? 1 : 0, t.tokens_per_s, t.padding_efficiency,
+              t.micro_batches, t.predicted_ms, Quoted(t.reason).c_str());
         }
       }
       std::fflush(stdout);
@@ -160,14 +158,15 @@ int Trace(const tools::EvaluationJob& base) {
   absl::StatusOr<std::vector<uint64_t>> lengths =
       ParseList(absl::GetFlag(FLAGS_max_lengths), "max_lengths");
   if (!lengths.ok() || lengths->empty()) {
-    return Fail(lengths.ok() ? absl::InvalidArgumentError("--max_lengths is empty")
-                             : lengths.status(),
-                kExitUsage);
+    return Fail(
+        lengths.ok() ? absl::InvalidArgumentError("--max_lengths is empty") : lengths.status(),
+        kExitUsage);
   }
   const std::string path = absl::GetFlag(FLAGS_trace);
   if (path.empty()) return Fail(absl::InvalidArgumentError("--trace is required"), kExitUsage);
-  absl::StatusOr<tools::EvaluationJob> job = tools::WithLimits(
-      base, static_cast<uint32_t>(lengths->front()), base.config.cluster().device_memory_limit_mib());
+  absl::StatusOr<tools::EvaluationJob> job =
+      tools::WithLimits(base, static_cast<uint32_t>(lengths->front()),
+                        base.config.cluster().device_memory_limit_mib());
   if (!job.ok()) return Fail(job.status(), kExitUsage);
   const std::vector<planner::MiniBatch> batches = tools::MiniBatches(*job, 1);
   planner::Planner planner(job->config, job->cost_model, {.threads = 1});
@@ -177,14 +176,15 @@ int Trace(const tools::EvaluationJob& base) {
   out << result->report.chrome_trace;
   if (!out) return Fail(ErrnoToStatus(errno, absl::StrCat("write ", path)), kExitFailure);
   const planner::PlanReport& r = result->report;
-  std::printf("model,mixture,cost_model,max_len,memory_mib,schedule,recompute,micro_batches,"
-              "predicted_iteration_ms,bubble_fraction\n");
+  std::printf(
+      "model,mixture,cost_model,max_len,memory_mib,schedule,recompute,micro_batches,"
+      "predicted_iteration_ms,bubble_fraction\n");
   std::printf("%s,%s,%s,%llu,%llu,%s,%s,%d,%.2f,%.4f\n", job->model_name.c_str(),
               job->mixture_name.c_str(), Quoted(job->cost_model_name).c_str(),
               static_cast<unsigned long long>(lengths->front()),
               static_cast<unsigned long long>(job->config.cluster().device_memory_limit_mib()),
-              r.schedule.c_str(), r.recompute.c_str(), r.micro_batches,
-              r.predicted_iteration_ms, r.bubble_fraction);
+              r.schedule.c_str(), r.recompute.c_str(), r.micro_batches, r.predicted_iteration_ms,
+              r.bubble_fraction);
   return kExitOk;
 }
 
@@ -220,22 +220,23 @@ planner::StageCostTable SyntheticCosts(uint32_t pp, uint32_t m, double cv, std::
 int Schedules() {
   constexpr uint32_t kDevices = 4;
   constexpr uint32_t kMicroBatches = 16;
-  const planner::PipelineShape shape{.devices = kDevices, .chunks = 1, .micro_batches = kMicroBatches};
+  const planner::PipelineShape shape{
+      .devices = kDevices, .chunks = 1, .micro_batches = kMicroBatches};
   planner::ClusterNetwork network;
   network.intra_node = {.latency_ms = 0.01, .bytes_per_ms = 150e6};
   network.inter_node = network.intra_node;
   absl::StatusOr<planner::DeviceOrder> one_f_one_b = planner::OneFOneBSchedule(shape);
   if (!one_f_one_b.ok()) return Fail(one_f_one_b.status(), kExitFailure);
-  std::printf("cv,trial,measured_cv,one_f_one_b_ms,adaptive_ms,lower_bound_ms,"
-              "one_f_one_b_peak_mib,adaptive_peak_mib\n");
+  std::printf(
+      "cv,trial,measured_cv,one_f_one_b_ms,adaptive_ms,lower_bound_ms,"
+      "one_f_one_b_peak_mib,adaptive_peak_mib\n");
   std::mt19937_64 rng(20240601);
   for (int step = 0; step <= 10; ++step) {
     const double cv = 0.1 * step;
     for (int trial = 0; trial < absl::GetFlag(FLAGS_trials); ++trial) {
       std::vector<double> times;
       const planner::StageCostTable costs = SyntheticCosts(kDevices, kMicroBatches, cv, rng, times);
-      const planner::SimulationResult base =
-          planner::Simulate(shape, *one_f_one_b, costs, network);
+      const planner::SimulationResult base = planner::Simulate(shape, *one_f_one_b, costs, network);
       // The adaptive schedule gets the memory 1F1B used on each device.
       absl::StatusOr<planner::AdaptiveSearchResult> adaptive = planner::SearchAdaptiveOrder(
           shape, costs, times, std::span<const double>(base.peak_bytes), network);
@@ -250,8 +251,7 @@ int Schedules() {
       const double bound = mean * times.size() + (kDevices - 1) * smallest;
       std::printf("%.1f,%d,%.4f,%.3f,%.3f,%.3f,%.2f,%.2f\n", cv, trial, std::sqrt(var) / mean,
                   base.makespan_ms, adaptive->simulation.makespan_ms, bound,
-                  base.MaxPeakBytes() / (1 << 20),
-                  adaptive->simulation.MaxPeakBytes() / (1 << 20));
+                  base.MaxPeakBytes() / (1 << 20), adaptive->simulation.MaxPeakBytes() / (1 << 20));
     }
   }
   return kExitOk;
@@ -264,10 +264,10 @@ int Run() {
   }
   if (experiment == "schedules") return Schedules();
   if (experiment != "throughput" && experiment != "planning" && experiment != "trace") {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--experiment: unknown '", experiment,
-                    "' (throughput, planning, schedules or trace)")),
-                kExitUsage);
+    return Fail(
+        absl::InvalidArgumentError(absl::StrCat("--experiment: unknown '", experiment,
+                                                "' (throughput, planning, schedules or trace)")),
+        kExitUsage);
   }
   if (absl::GetFlag(FLAGS_config).empty()) {
     return Fail(absl::InvalidArgumentError("--config is required (try --help)"), kExitUsage);

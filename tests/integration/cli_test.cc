@@ -260,27 +260,28 @@ TEST(PlanCompare, PrintsInfeasibleCellsWithTheirReason) {
     out << "input_len,target_len\n";
     for (int i = 0; i < 600; ++i) out << 200 + (i * 7919) % 1800 << "," << 10 + i % 30 << "\n";
   }
-  const CommandResult r = RunCommand(absl::StrCat(
-      Bin("varipipe-plan"), " --config ", Config("gpt-6.7b-pp4.json"), " --lengths ",
-      csv.string(), " --iterations 1 --compare"));
+  const CommandResult r =
+      RunCommand(absl::StrCat(Bin("varipipe-plan"), " --config ", Config("gpt-6.7b-pp4.json"),
+                              " --lengths ", csv.string(), " --iterations 1 --compare"));
   std::filesystem::remove(csv);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, ::testing::ContainsRegex(
                             "packing +adaptive +- +infeasible +iteration 0: full: "
                             "micro-batching: micro-batch 0 \\(8 rows x 2048 tokens\\) needs"));
-  EXPECT_THAT(r.output, ::testing::ContainsRegex("dynamic_programming +adaptive +[0-9.]+% +[0-9]+"));
+  EXPECT_THAT(r.output,
+              ::testing::ContainsRegex("dynamic_programming +adaptive +[0-9.]+% +[0-9]+"));
 }
 
 // varipipe-evaluate: tuned baselines, one chosen row per method, and named
 // errors.
 TEST(Evaluate, TunesEveryBaselineAndMarksOneChosenSettingPerMethod) {
-  const CommandResult r = RunCommand(absl::StrCat(
-      Bin("varipipe-evaluate"), " --config ", Config("gpt-6.7b-pp4.json"),
-      " --max_lengths 1024 --mini_batches 1"));
+  const CommandResult r =
+      RunCommand(absl::StrCat(Bin("varipipe-evaluate"), " --config ", Config("gpt-6.7b-pp4.json"),
+                              " --max_lengths 1024 --mini_batches 1"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* method : {"dp", "packing", "token-based", "fixed-size", "padding"}) {
-    EXPECT_THAT(r.output, ::testing::ContainsRegex(absl::StrCat(
-                              ",1024,40960,", method, ",[^,]+,[a-z-]+,1,1,[0-9.]+,")))
+    EXPECT_THAT(r.output, ::testing::ContainsRegex(
+                              absl::StrCat(",1024,40960,", method, ",[^,]+,[a-z-]+,1,1,[0-9.]+,")))
         << method;
   }
   EXPECT_THAT(r.output, HasSubstr("packing,rows=64,none,0,0,"));

@@ -17,12 +17,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "tests/testing/redis_server.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "tests/testing/command.h"
 #include "tests/testing/executor_ranks.h"
+#include "tests/testing/redis_server.h"
 #include "tests/testing/status_matchers.h"
 
 namespace varipipe {
@@ -173,8 +173,8 @@ TEST_F(MetricsEndpoints, DaemonAndExecutorsServeValidMetricsThatMoveWhileTheJobR
   const std::string rank3 = R"({job="metrics",rank="3",dp_rank="1",pp_rank="1"})";
   const double first = WaitAbove(ports[3], "varipipe_executor_iterations_total" + rank3, 1);
   ASSERT_GT(first, 1) << RankLogs(dir_, 4);
-  const double tokens = Value(Scrape(ports[3]), "varipipe_executor_real_tokens_total" + rank3)
-                            .value_or(0);
+  const double tokens =
+      Value(Scrape(ports[3]), "varipipe_executor_real_tokens_total" + rank3).value_or(0);
   const double later = WaitAbove(ports[3], "varipipe_executor_iterations_total" + rank3, first);
   EXPECT_GT(later, first) << RankLogs(dir_, 4);
   const std::string executor = Scrape(ports[3]);
@@ -193,16 +193,14 @@ TEST_F(MetricsEndpoints, DaemonAndExecutorsServeValidMetricsThatMoveWhileTheJobR
   EXPECT_THAT(Scrape(ports[1]), HasSubstr(R"({job="metrics",rank="1",dp_rank="0",pp_rank="1"})"));
 
   // The daemon publishes, plans and serves GetPlan as the executors go on.
-  const double published =
-      WaitAbove(daemon_port, "varipipe_planner_published_iterations_total" + job,
-                published_before + 2);
+  const double published = WaitAbove(
+      daemon_port, "varipipe_planner_published_iterations_total" + job, published_before + 2);
   EXPECT_GT(published, published_before + 2) << Scrape(daemon_port);
   const std::string daemon = Scrape(daemon_port);
   EXPECT_GT(Value(daemon, "varipipe_planner_planned_iterations_total" + job).value_or(0), 2);
   EXPECT_GT(Value(daemon, "varipipe_planner_claimed_iterations_total" + job).value_or(0), 2);
   EXPECT_GT(Value(daemon, "varipipe_planner_plan_duration_seconds_count" + job).value_or(0), 2);
-  EXPECT_GT(Value(daemon, "varipipe_planner_get_plan_duration_seconds_count" + job).value_or(0),
-            4);
+  EXPECT_GT(Value(daemon, "varipipe_planner_get_plan_duration_seconds_count" + job).value_or(0), 4);
   EXPECT_EQ(Value(daemon, "varipipe_planner_redis_errors_total" + job), 0.0);
   EXPECT_TRUE(Value(daemon, "varipipe_planner_plan_ahead_iterations" + job).has_value());
 
