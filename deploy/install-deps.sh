@@ -22,8 +22,12 @@ PACKAGES=(
   libhiredis-dev redis-server redis-tools
   # Common libraries.
   libabsl-dev libspdlog-dev libfmt-dev
-  # Tests and benchmarks.
-  libgtest-dev libgmock-dev libbenchmark-dev
+  # Metrics endpoints (--metrics_listen).
+  libcpp-httplib-dev
+  # Tests and benchmarks; promtool checks the metrics endpoints.
+  libgtest-dev libgmock-dev libbenchmark-dev prometheus
+  # The evaluation's and the quickstart's plots.
+  python3-matplotlib
   # TLS test certificates (planner_security_test).
   openssl
   # Executor: LibTorch, Gloo, torchrun, Open MPI.

@@ -193,3 +193,11 @@ echo "  Chrome trace         $out/trace.json (iteration $trace_iteration; open i
 echo "  checkpoints          $out/checkpoints"
 echo "  cost model           $profile (calibration: $out/planner-status.txt)"
 echo "  logs                 $out/planner.log, $out/torchrun"
+
+# The run drawn: loss and real tokens/s per iteration (deploy/plot-run.py).
+if plot_error=$(deploy/plot-run.py "$out/metrics.jsonl" "$out/run.png" \
+    --title "quickstart (pp=2, dp=2, small GPT)" 2>&1); then
+  echo "  plot                 $out/run.png (loss and real tokens/s per iteration)"
+else
+  echo "  plot                 not drawn: $plot_error"
+fi

@@ -38,6 +38,7 @@
 #include "executor/runtime/checkpoint.h"
 #include "executor/runtime/counting_allocator.h"
 #include "executor/runtime/device.h"
+#include "executor/runtime/executor_metrics.h"
 #include "executor/runtime/executor_status_service.h"
 #include "executor/runtime/launch_env.h"
 #include "executor/runtime/plan_check.h"
@@ -92,6 +93,9 @@ ABSL_FLAG(int32_t, status_port, 29700,
 ABSL_FLAG(std::string, status_host, "127.0.0.1",
           "Address the status endpoint listens on (0.0.0.0: every interface, for monitoring "
           "from other hosts).");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "Serve Prometheus metrics at http://HOST:PORT/metrics, local rank k on PORT + k (a "
+          "bare PORT: 127.0.0.1; port 0: a free one, logged). Empty: none (docs/operations.md).");
 ABSL_FLAG(std::string, token_file, "",
           "File holding the job token (docs/security.md); default: FILE.token beside "
           "--store_file. Sent on every call to the planner daemons and required by this rank's "
@@ -398,6 +402,16 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
     progress.set_profiled_all_reduce_ms(plan->profiled_all_reduce_ms());
     progress.set_profiled_optimizer_ms(plan->profiled_optimizer_ms());
     VP_RETURN_IF_ERROR(source.Done(progress));
+    executor::RecordIterationMetrics({.iteration = iteration,
+                                      .step_seconds = step_seconds,
+                                      .compute_seconds = stats.compute_seconds,
+                                      .wait_seconds = stats.communication_seconds,
+                                      .data_seconds = stats.data_seconds,
+                                      .loss = loss,
+                                      .real_tokens = real_tokens,
+                                      .padded_tokens = padded_tokens,
+                                      .predicted_seconds = plan->predicted_iteration_ms() / 1e3,
+                                      .peak_memory_bytes = static_cast<double>(peak_bytes)});
     if (env.rank == 0) {
       spdlog::info(
           "iteration {}: loss {:.4f}, {:.0f} real tokens/s, padding efficiency {:.1f}%, "
@@ -643,6 +657,13 @@ int main(int argc, char** argv) {
     status_server = *std::move(started);
     spdlog::info("status endpoint (StatusService, health) on {}:{}",
                  absl::GetFlag(FLAGS_status_host), status_server->port());
+  }
+  absl::StatusOr<std::unique_ptr<varipipe::metrics::MetricsHttpServer>> metrics_server =
+      varipipe::executor::StartExecutorMetrics(absl::GetFlag(FLAGS_metrics_listen), identity,
+                                               env->local_rank);
+  if (!metrics_server.ok()) {
+    spdlog::error("{}", metrics_server.status().message());
+    return varipipe::kExitFailure;
   }
   const absl::Status status = varipipe::TrainAndReport(
       *config, *env, *coordinates, *device, shutdown, *source, planner_store_address, board);

@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "google/protobuf/util/json_util.h"
 #include "planner/service/planner_daemon.h"
+#include "planner/service/planner_metrics.h"
 #include "spdlog/spdlog.h"
 
 namespace varipipe::service {
@@ -51,6 +52,7 @@ grpc::Status PlanServiceImpl::GetJob(grpc::ServerContext* context, const v1::Get
 
 grpc::Status PlanServiceImpl::FetchPlan(grpc::ServerContext* context, uint64_t iteration, int rank,
                                         v1::PlanEnvelope* out) {
+  const GetPlanTimer timer(daemon_->config().job_id());
   const v1::JobConfig& c = daemon_->config();
   if (iteration >= c.training().iterations()) {
     return grpc::Status(grpc::StatusCode::OUT_OF_RANGE,

@@ -19,6 +19,7 @@
 #include "grpcpp/resource_quota.h"
 #include "planner/plan/plan_builder.h"
 #include "planner/service/plan_service.h"
+#include "planner/service/planner_metrics.h"
 #include "planner/service/status_service.h"
 #include "spdlog/spdlog.h"
 
@@ -316,6 +317,7 @@ absl::Status PlannerDaemon::PlanAndPublish(RedisInstructionStore& store, uint64_
   absl::MutexLock lock(&mu_);
   busy_ms_ += absl::ToDoubleMilliseconds(absl::Now() - start);
   if (published) {
+    RecordPlanned(config_.job_id(), planning_ms / 1e3);
     ++planned_;
     plan_ms_.push_back(planning_ms);
     if (plan_ms_.size() > 1000) plan_ms_.erase(plan_ms_.begin(), plan_ms_.begin() + 500);
@@ -350,6 +352,7 @@ void PlannerDaemon::WorkerLoop(int worker) {
       absl::StatusOr<std::unique_ptr<RedisInstructionStore>> opened =
           RedisInstructionStore::Open(redis_options_, store_options_);
       if (!opened.ok()) {
+        RecordRedisError(config_.job_id());
         {
           absl::MutexLock lock(&mu_);
           store_healthy_ = false;
@@ -376,6 +379,7 @@ void PlannerDaemon::WorkerLoop(int worker) {
             ? store->Claim(planner_id_, counters->min_progress + config_.planner().plan_ahead())
             : absl::StatusOr<std::optional<uint64_t>>(counters.status());
     if (!claim.ok()) {
+      RecordRedisError(config_.job_id());
       {
         absl::MutexLock lock(&mu_);
         store_healthy_ = false;
@@ -395,6 +399,7 @@ void PlannerDaemon::WorkerLoop(int worker) {
       stop_.WaitForNotificationWithTimeout(options_.idle_wait);
       continue;
     }
+    RecordClaimed(config_.job_id());
     if (absl::Status s = PlanAndPublish(*store, **claim); !s.ok()) {
       absl::MutexLock lock(&mu_);
       ++errors_;

@@ -15,6 +15,7 @@
 #include "common/secret_file.h"
 #include "common/shutdown_signal.h"
 #include "planner/service/planner_daemon.h"
+#include "planner/service/planner_metrics.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, config, "", "Job config (JSON, varipipe.v1.JobConfig). Required.");
@@ -46,6 +47,9 @@ ABSL_FLAG(int, progress_interval_s, 10, "Seconds between progress lines (0: none
 ABSL_FLAG(int, lease_ms, 30000,
           "How long a claimed iteration stays reserved for this daemon; a crashed daemon's "
           "claims are taken over after it.");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "Serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT: 127.0.0.1; port 0: "
+          "a free one, logged). Empty: no metrics endpoint (docs/operations.md).");
 ABSL_FLAG(bool, exit_when_done, false,
           "Exit once every iteration of the job is published (instead of serving until "
           "SIGTERM).");
@@ -130,6 +134,14 @@ int main(int argc, char** argv) {
       (*daemon)->Shutdown();
       return varipipe::kExitFailure;
     }
+  }
+  absl::StatusOr<std::unique_ptr<varipipe::service::PlannerMetricsEndpoint>> metrics =
+      varipipe::service::PlannerMetricsEndpoint::Start(absl::GetFlag(FLAGS_metrics_listen),
+                                                       daemon->get());
+  if (!metrics.ok()) {
+    spdlog::error("{}", metrics.status().message());
+    (*daemon)->Shutdown();
+    return varipipe::kExitUsage;
   }
   // The port file last: once it exists, the store and token files do too.
   if (!absl::GetFlag(FLAGS_port_file).empty()) {

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -348,20 +349,35 @@ struct Totals {
   double plan_ms = 0;
   std::map<std::pair<std::string, std::string>, std::pair<double, int>> throughput;
   std::map<std::pair<std::string, std::string>, double> padding;
+  // Cells with no candidate that fits: the first mini-batch's reason.
+  std::map<std::pair<std::string, std::string>, std::string> infeasible;
 };
 
 // Best recompute mode per (method, schedule) of one mini-batch.
 void Compare(const planner::Planner& comparer, const planner::MiniBatch& mb, Totals& totals) {
-  absl::StatusOr<planner::PlanningResult> all = comparer.Plan(mb);
+  planner::PlanReport failed;
+  absl::StatusOr<planner::PlanningResult> all = comparer.Plan(mb, false, &failed);
+  const std::vector<planner::CandidateReport>& candidates =
+      all.ok() ? all->report.candidates : failed.candidates;
+  std::map<std::pair<std::string, std::string>, const planner::CandidateReport*> best;
+  std::map<std::pair<std::string, std::string>, std::string> reasons;
+  for (const planner::CandidateReport& c : candidates) {
+    const auto key = std::make_pair(c.partition_method, c.schedule);
+    if (!c.feasible) {
+      // The most lenient recompute mode's reason (the last one tried).
+      reasons[key] = absl::StrCat(c.recompute, ": ", c.rejected_at, ": ", c.reason);
+      continue;
+    }
+    if (!best.count(key) || c.makespan_ms < best[key]->makespan_ms) best[key] = &c;
+  }
+  for (const auto& [key, reason] : reasons) {
+    if (!best.count(key) && !totals.infeasible.count(key)) {
+      totals.infeasible[key] = absl::StrCat("iteration ", mb.iteration, ": ", reason);
+    }
+  }
   if (!all.ok()) {
     spdlog::warn("comparison of iteration {} failed: {}", mb.iteration, all.status().message());
     return;
-  }
-  std::map<std::pair<std::string, std::string>, const planner::CandidateReport*> best;
-  for (const planner::CandidateReport& c : all->report.candidates) {
-    const auto key = std::make_pair(c.partition_method, c.schedule);
-    if (!c.feasible) continue;
-    if (!best.count(key) || c.makespan_ms < best[key]->makespan_ms) best[key] = &c;
   }
   for (const auto& [key, c] : best) {
     totals.throughput[key].first +=
@@ -418,12 +434,24 @@ void PrintSummary(const Totals& totals) {
       "summary: %d mini-batches; mean predicted iteration %.2f ms; mean planning "
       "time %.2f ms\n",
       totals.planned, totals.predicted / totals.planned, totals.plan_ms / totals.planned);
-  if (totals.throughput.empty()) return;
+  if (totals.throughput.empty() && totals.infeasible.empty()) return;
   std::printf("\ncomparison (best recompute mode per cell, mean over %d mini-batches):\n",
               totals.planned);
   std::printf("  %-20s %-16s %9s %22s\n", "method", "schedule", "padding",
               "real tokens/s predicted");
-  for (const auto& [key, t] : totals.throughput) {
+  std::set<std::pair<std::string, std::string>> cells;
+  for (const auto& [key, t] : totals.throughput) cells.insert(key);
+  for (const auto& [key, reason] : totals.infeasible) cells.insert(key);
+  for (const auto& key : cells) {
+    // A cell that did not fit some mini-batch is infeasible: a user cannot
+    // run it (planner.fixed_micro_batch_size and micro_batch_token_budget
+    // set its micro-batches).
+    if (const auto it = totals.infeasible.find(key); it != totals.infeasible.end()) {
+      std::printf("  %-20s %-16s %9s %22s  %s\n", key.first.c_str(), key.second.c_str(), "-",
+                  "infeasible", it->second.c_str());
+      continue;
+    }
+    const auto& t = totals.throughput.at(key);
     std::printf("  %-20s %-16s %8.1f%% %22.0f\n", key.first.c_str(), key.second.c_str(),
                 100 * totals.padding.at(key) / t.second, t.first / t.second);
   }

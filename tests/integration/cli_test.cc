@@ -1,6 +1,7 @@
 // The binaries as users run them: --help, exit codes, and error messages that
 // name the file and field.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -67,7 +68,7 @@ TEST_P(BinaryHelp, BadLogLevelIsNamed) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Binaries, BinaryHelp,
-                         ::testing::Values("varipipe-plan", "varipipe-planner"
+                         ::testing::Values("varipipe-plan", "varipipe-planner", "varipipe-evaluate"
 #ifdef VARIPIPE_HAVE_EXECUTOR
                                            ,
                                            "varipipe-executor"
@@ -241,6 +242,54 @@ TEST(VaripipeExecutor, WrongWorldSizeIsExplained) {
   EXPECT_THAT(result.output, HasSubstr("started 3 process(es) but job quickstart-gpt needs"));
 }
 #endif
+
+}  // namespace
+}  // namespace varipipe
+
+namespace varipipe {
+namespace {
+
+// GPT-6.7B on pp = 4 with 8 rows per packed micro-batch (the default) does
+// not fit 40 GiB at 2,048 tokens: --compare prints the cell and why instead
+// of leaving it out.
+TEST(PlanCompare, PrintsInfeasibleCellsWithTheirReason) {
+  const std::filesystem::path csv =
+      std::filesystem::temp_directory_path() / absl::StrCat("compare-", getpid(), ".csv");
+  {
+    std::ofstream out(csv);
+    out << "input_len,target_len\n";
+    for (int i = 0; i < 600; ++i) out << 200 + (i * 7919) % 1800 << "," << 10 + i % 30 << "\n";
+  }
+  const CommandResult r =
+      RunCommand(absl::StrCat(Bin("varipipe-plan"), " --config ", Config("gpt-6.7b-pp4.json"),
+                              " --lengths ", csv.string(), " --iterations 1 --compare"));
+  std::filesystem::remove(csv);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, ::testing::ContainsRegex(
+                            "packing +adaptive +- +infeasible +iteration 0: full: "
+                            "micro-batching: micro-batch 0 \\(8 rows x 2048 tokens\\) needs"));
+  EXPECT_THAT(r.output,
+              ::testing::ContainsRegex("dynamic_programming +adaptive +[0-9.]+% +[0-9]+"));
+}
+
+// varipipe-evaluate: tuned baselines, one chosen row per method, and named
+// errors.
+TEST(Evaluate, TunesEveryBaselineAndMarksOneChosenSettingPerMethod) {
+  const CommandResult r =
+      RunCommand(absl::StrCat(Bin("varipipe-evaluate"), " --config ", Config("gpt-6.7b-pp4.json"),
+                              " --max_lengths 1024 --mini_batches 1"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* method : {"dp", "packing", "token-based", "fixed-size", "padding"}) {
+    EXPECT_THAT(r.output, ::testing::ContainsRegex(
+                              absl::StrCat(",1024,40960,", method, ",[^,]+,[a-z-]+,1,1,[0-9.]+,")))
+        << method;
+  }
+  EXPECT_THAT(r.output, HasSubstr("packing,rows=64,none,0,0,"));
+  const CommandResult bad = RunCommand(absl::StrCat(
+      Bin("varipipe-evaluate"), " --config ", Config("gpt-6.7b-pp4.json"), " --mixture books"));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.output, HasSubstr("--mixture: 'books'"));
+}
 
 }  // namespace
 }  // namespace varipipe
