@@ -59,7 +59,8 @@ using Clock = std::chrono::steady_clock;
 
 // A small GPT (pp x dp) on the learnable synthetic data, its Redis external.
 std::string JobConfig(const std::string& job_id, int redis_port, int pipeline, int data,
-                      int iterations, const std::string& training_extra) {
+                      int iterations, const std::string& training_extra,
+                      const std::string& planner_extra = "") {
   return absl::StrCat(R"({
     "job_id": ")",
                       job_id, R"(",
@@ -70,7 +71,8 @@ std::string JobConfig(const std::string& job_id, int redis_port, int pipeline, i
     "cluster": {"devices_per_node": 4, "device_memory_limit_mib": 6},
     "data": {"format": "synthetic", "tokens_per_global_batch": 2048,
              "max_sequence_length": 96, "seed": 3, "synthetic_num_samples": 5000},
-    "planner": {"tmax_interval_ms": 0.01, "threads": 1, "plan_ahead": 4},
+    "planner": {"tmax_interval_ms": 0.01, "threads": 1, "plan_ahead": 4)",
+                      planner_extra, R"(},
     "store": {"password_env": "VARIPIPE_TEST_REDIS_PASSWORD",
               "redis_address": "127.0.0.1:)",
                       redis_port, R"("},
@@ -243,7 +245,10 @@ TEST_F(TrainingService, AKilledExecutorIsNamedAndTheRerunResumesFromTheCheckpoin
   std::ofstream(dir_ / "job.json")
       << JobConfig("kill", redis_->port(), 2, 2, 16,
                    absl::StrCat(R"(, "watchdog_timeout_s": )", kWatchdogSeconds,
-                                R"(, "checkpoint_dir": "ckpt", "checkpoint_interval": 4)"));
+                                R"(, "checkpoint_dir": "ckpt", "checkpoint_interval": 4)"),
+                   // Calibrated plans depend on measured times; the reference
+                   // run below is planned without them.
+                   R"(, "online_calibration": false)");
   const std::string planner = Daemon("planner");
   ASSERT_FALSE(planner.empty()) << DaemonLog(dir_, "planner");
   // The command of the job; each launch gets its own run id, as torchrun
