@@ -26,6 +26,13 @@ fi
 
 rm -rf "$work"
 mkdir -p "$work/corpus"
+# The targets' scratch files (tests/fuzz/fuzz_scratch.h) go to a directory
+# removed here: libFuzzer may end the process without running exit handlers.
+scratch_base=${VARIPIPE_FUZZ_TMPDIR:-/tmp}
+if [[ -z "${VARIPIPE_FUZZ_TMPDIR:-}" && -d /dev/shm && -w /dev/shm ]]; then scratch_base=/dev/shm; fi
+scratch=$(mktemp -d "$scratch_base/varipipe-fuzz-XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
+export VARIPIPE_FUZZ_TMPDIR=$scratch
 log="$work/fuzz.log"
 # -timeout: one input running longer is a hang (a failure); -rss_limit_mb and
 # -malloc_limit_mb: using more memory is a failure. Leaks are detected
