@@ -30,6 +30,9 @@ PACKAGES=(
   python3-matplotlib
   # TLS test certificates (planner_security_test).
   openssl
+  # Fuzzing (tests/fuzz, the `fuzz` preset): clang with libFuzzer and the
+  # sanitizer runtimes, llvm-symbolizer for readable reports.
+  clang-14 libclang-rt-14-dev llvm-14
   # Executor: LibTorch, Gloo, torchrun, Open MPI.
   libtorch-dev libgloo-dev python3-torch libopenmpi-dev openmpi-bin
 )

@@ -83,6 +83,9 @@ class Reader {
                                               " bytes at offset ", offset_, ", the file has ",
                                               data_.size()));
     }
+    // An empty array may have no storage (out == nullptr), which memcpy
+    // must not be given even for zero bytes.
+    if (bytes == 0) return absl::OkStatus();
     std::memcpy(out, data_.data() + offset_, bytes);
     offset_ += bytes;
     return absl::OkStatus();
@@ -162,7 +165,9 @@ absl::StatusOr<std::unique_ptr<IndexedFile>> IndexedFile::Open(const std::string
   for (uint64_t i = 0; i < sequences; ++i) {
     const int64_t begin = f->pointers_[i];
     const int64_t bytes = static_cast<int64_t>(f->sizes_[i]) * f->element_size_;
-    if (f->sizes_[i] < 0 || begin < 0 || static_cast<uint64_t>(begin + bytes) > f->data_size_) {
+    // Compared without computing begin + bytes, which can overflow.
+    if (f->sizes_[i] < 0 || begin < 0 || static_cast<uint64_t>(begin) > f->data_size_ ||
+        static_cast<uint64_t>(bytes) > f->data_size_ - static_cast<uint64_t>(begin)) {
       return absl::DataLossError(absl::StrCat(prefix, ": sequence ", i, " (", f->sizes_[i],
                                               " tokens at byte ", begin, ") lies outside ",
                                               bin_path, " (", f->data_size_,

@@ -8,11 +8,16 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "varipipe/v1/plan.pb.h"
 
 namespace varipipe::executor {
 
 std::string PlanFilePath(const std::string& dir, uint64_t iteration, int rank);
+
+// Parses protobuf JSON text of a plan; InvalidArgument naming `source` when
+// it does not parse. The plan is not checked (plan_check.h).
+absl::StatusOr<v1::ExecutionPlan> ParsePlanJson(absl::string_view text, absl::string_view source);
 
 // NotFound when the file is missing; InvalidArgument naming the file when it
 // does not parse or belongs to another rank or iteration.

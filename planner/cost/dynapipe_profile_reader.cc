@@ -90,7 +90,16 @@ absl::StatusOr<FileKey> ParseFileName(const fs::path& file, DynaPipeProfileSumma
                      "ffhs{ffn}_(encsl{S}_decsl{T}|sl{S})_mbs{b}[_rc_selective|_rc_full]"
                      ".txt");
   }
-  const auto num = [&](int group) { return static_cast<uint32_t>(std::stoul(m[group].str())); };
+  // Every number must fit 32 bits (std::stoul would throw beyond 64 and
+  // truncate beyond 32).
+  uint32_t numbers[10] = {};
+  for (int group = 1; group <= 9; ++group) {
+    if (m[group].matched && !absl::SimpleAtoi(m[group].str(), &numbers[group])) {
+      return Malformed(file, 0,
+                       absl::StrCat("number ", m[group].str(), " in the file name is too large"));
+    }
+  }
+  const auto num = [&](int group) { return numbers[group]; };
   const bool t5 = m[6].matched;
   FileKey key;
   key.tp = num(1);

@@ -16,13 +16,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "common/binary_main.h"
 #include "common/config/job_config.h"
+#include "common/dataset/lengths_csv.h"
 #include "common/dataset/minibatch_sampler.h"
 #include "common/dataset/sample_dataset.h"
 #include "common/dataset/synthetic_mixture.h"
@@ -71,37 +69,6 @@ constexpr char kUsage[] =
     "modes the config allows are searched, the fastest candidate that fits memory\n"
     "is lowered to one execution plan per rank and validated.";
 
-struct Sample {
-  uint64_t id = 0;
-  SampleLengths lengths;
-};
-
-absl::StatusOr<std::vector<Sample>> ReadLengthsCsv(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return ErrnoToStatus(errno, absl::StrCat("open ", path));
-  std::vector<Sample> samples;
-  std::string line;
-  for (int number = 1; std::getline(in, line); ++number) {
-    absl::string_view text = absl::StripAsciiWhitespace(line);
-    if (text.empty() || text[0] == '#') continue;
-    const std::vector<absl::string_view> fields = absl::StrSplit(text, ',');
-    uint32_t input = 0;
-    uint32_t target = 0;
-    const bool ok = fields.size() == 2 &&
-                    absl::SimpleAtoi(absl::StripAsciiWhitespace(fields[0]), &input) &&
-                    absl::SimpleAtoi(absl::StripAsciiWhitespace(fields[1]), &target);
-    if (!ok) {
-      if (samples.empty() && absl::StrContains(text, "input")) continue;  // header
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ":", number, ": expected 'input_len,target_len' (non-negative integers), got '",
-          text, "'"));
-    }
-    samples.push_back({static_cast<uint64_t>(samples.size()), {input, target}});
-  }
-  if (samples.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no samples"));
-  return samples;
-}
-
 // The mini-batch of each iteration, drawn by the training sampler
 // (common/dataset/minibatch_sampler.h) over the samples' lengths, so the plans
 // written here are the ones a planner daemon serves for the same job.
@@ -109,7 +76,7 @@ class MiniBatchSource {
  public:
   // `samples` from --lengths; empty: the job's synthetic dataset.
   static absl::StatusOr<MiniBatchSource> Create(const v1::JobConfig& config,
-                                                const std::vector<Sample>& samples) {
+                                                const std::vector<SampleLengths>& samples) {
     std::vector<SampleLengths> lengths;
     if (samples.empty()) {
       const SyntheticMixture mixture = SyntheticMixture::Named(
@@ -118,7 +85,7 @@ class MiniBatchSource {
         lengths.push_back(mixture.Sample(i));
       }
     } else {
-      for (const Sample& sample : samples) lengths.push_back(sample.lengths);
+      lengths = samples;
     }
     absl::StatusOr<std::unique_ptr<MiniBatchSampler>> sampler =
         MiniBatchSampler::Create(std::move(lengths), SamplerOptionsFromConfig(config));
@@ -257,7 +224,7 @@ int Fail(const absl::Status& status, int code) {
 // samples of --lengths; an exit code when they are unusable.
 struct Job {
   v1::JobConfig config;
-  std::vector<Sample> samples;
+  std::vector<SampleLengths> samples;
   std::string config_path;
 };
 
@@ -283,7 +250,7 @@ std::optional<int> LoadJob(Job& job) {
     job.config.mutable_planner()->set_cost_model_path(absl::GetFlag(FLAGS_cost_model));
   }
   if (!absl::GetFlag(FLAGS_lengths).empty()) {
-    absl::StatusOr<std::vector<Sample>> read = ReadLengthsCsv(absl::GetFlag(FLAGS_lengths));
+    absl::StatusOr<std::vector<SampleLengths>> read = ReadLengthsCsv(absl::GetFlag(FLAGS_lengths));
     if (!read.ok()) return Fail(read.status(), kExitUsage);
     job.samples = *std::move(read);
   } else if (job.config.data().format() != v1::SYNTHETIC) {

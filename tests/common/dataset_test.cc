@@ -1,5 +1,6 @@
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <set>
 #include <string>
@@ -9,6 +10,7 @@
 #include "common/config/job_config.h"
 #include "common/dataset/indexed_dataset.h"
 #include "common/dataset/jsonl_dataset.h"
+#include "common/dataset/lengths_csv.h"
 #include "common/dataset/minibatch_sampler.h"
 #include "common/dataset/sample_dataset.h"
 #include "gmock/gmock.h"
@@ -115,6 +117,37 @@ TEST_F(DatasetTest, CorruptIndexesAreNamed) {
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("d.bin")));
 }
 
+// Found by the indexed_dataset fuzz target: an index whose sizes and
+// pointers are empty copied zero bytes into an empty vector's null storage
+// (undefined behaviour).
+TEST_F(DatasetTest, IndexedWithNoSequencesOpensEmpty) {
+  ASSERT_THAT(WriteIndexedFile(Path("empty"), {}, 100), IsOk());
+  absl::StatusOr<std::unique_ptr<IndexedFile>> f = IndexedFile::Open(Path("empty"));
+  ASSERT_THAT(f, IsOk());
+  EXPECT_EQ((*f)->sequences(), 0u);
+  EXPECT_EQ((*f)->documents(), 0u);
+}
+
+// Found while fuzzing: a pointer near 2^63 overflowed the sum in the check
+// that the sequence lies inside the .bin file (signed overflow: undefined
+// behaviour, reported by UBSan in the fuzz and debug builds).
+TEST_F(DatasetTest, IndexedPointerNearInt64MaxIsOutsideTheData) {
+  ASSERT_THAT(WriteIndexedFile(Path("d"), Sequences(3, 100), 100), IsOk());
+  std::string idx;
+  {
+    std::ifstream in(Path("d.idx"), std::ios::binary);
+    idx.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  // Header (9 + 8 + 1 + 8 + 8 bytes), 3 int32 sizes, then the pointers.
+  const size_t pointer_1 = 34 + 3 * 4 + 8;
+  const int64_t huge = std::numeric_limits<int64_t>::max() - 1;
+  idx.replace(pointer_1, 8, reinterpret_cast<const char*>(&huge), 8);
+  std::ofstream(Path("d.idx"), std::ios::binary | std::ios::trunc) << idx;
+  EXPECT_THAT(IndexedFile::Open(Path("d")),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("sequence 1"), HasSubstr("index and data do not match"))));
+}
+
 TEST_F(DatasetTest, MismatchedPairsAndBadTokensAreNamed) {
   ASSERT_THAT(WriteIndexedFile(Path("in"), Sequences(20, 100), 100), IsOk());
   ASSERT_THAT(WriteIndexedFile(Path("tg"), Sequences(19, 100), 100), IsOk());
@@ -157,6 +190,30 @@ TEST_F(DatasetTest, JsonlReadsAndNamesBadLines) {
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(expected)))
         << line;
   }
+}
+
+TEST(LengthsCsv, ReadsSamplesSkippingHeaderCommentsAndBlankLines) {
+  absl::StatusOr<std::vector<SampleLengths>> lengths =
+      ParseLengthsCsv("input_len,target_len\r\n# two samples\n\n 120 , 8\n7,0", "l.csv");
+  ASSERT_THAT(lengths, IsOk());
+  EXPECT_EQ(*lengths, (std::vector<SampleLengths>{{120, 8}, {7, 0}}));
+}
+
+TEST(LengthsCsv, ErrorsNameTheSourceAndLine) {
+  EXPECT_THAT(ParseLengthsCsv("10,2\n20;3\n", "bad.csv"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("bad.csv:2: expected 'input_len,target_len'")));
+  // A header only before the first sample; lengths must fit 32 bits.
+  EXPECT_THAT(ParseLengthsCsv("10,2\ninput,target\n", "l.csv"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("l.csv:2:")));
+  EXPECT_THAT(ParseLengthsCsv("4294967296,1\n", "l.csv"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("l.csv:1:")));
+  EXPECT_THAT(ParseLengthsCsv("-1,1\n", "l.csv"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("l.csv:1:")));
+  EXPECT_THAT(ParseLengthsCsv("# nothing\n", "l.csv"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("l.csv: no samples")));
+  EXPECT_THAT(ReadLengthsCsv("/nonexistent/lengths.csv"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/lengths.csv")));
 }
 
 TEST(SyntheticDataset, TokensAreDeterministicAndInVocabulary) {

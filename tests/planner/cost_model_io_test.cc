@@ -201,6 +201,27 @@ TEST_F(CostModelIoTest, MalformedLinesNameFileAndLine) {
                        AllOf(HasSubstr("microbench_tp1_hs64_sl64.txt"), HasSubstr("file name"))));
 }
 
+// Found by the dynapipe_profile fuzz target: a number in a file name beyond
+// 64 bits made std::stoul throw (ending the planner); one beyond 32 bits was
+// silently truncated (tp 4294967297 read as tp 1).
+TEST_F(CostModelIoTest, FileNameNumbersBeyond32BitsAreMalformed) {
+  const std::string body =
+      "forward_encoder: 1 ms\nbackward_encoder: 2 ms\nforward_postprocess: 0.1 ms\n"
+      "backward_postprocess: 0.2 ms\nencoder_activation: 10 MB\npeak_encoder_activation: 20 MB\n";
+  for (const std::string name :
+       {"microbench_tp77777777777777777777_hs64_ah4_kv16_ffhs256_sl64_mbs1.txt",
+        "microbench_tp4294967297_hs64_ah4_kv16_ffhs256_sl64_mbs1.txt",
+        "microbench_tp1_hs64_ah4_kv16_ffhs256_sl64_mbs4294967296.txt"}) {
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    Write(name, body);
+    EXPECT_THAT(ReadDynaPipeProfileDirectory(dir_.string()),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr(name), HasSubstr("too large"))))
+        << name;
+  }
+}
+
 TEST_F(CostModelIoTest, MixedModelsAreRejected) {
   const std::string body =
       "forward_encoder: 1 ms\nbackward_encoder: 2 ms\nforward_postprocess: 0.1 ms\n"
