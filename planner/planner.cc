@@ -59,7 +59,7 @@ struct ReplicaTimeline {
   PipelineShape shape;
   DeviceOrder order;
   SimulationResult sim;
-  std::string error;  // why it could not be scheduled; empty when it was
+  std::string error;     // why it could not be scheduled; empty when it was
   bool starved = false;  // the replica got no micro-batch
 };
 
@@ -131,6 +131,9 @@ class Search {
   // The predicted iteration of a candidate: its makespan plus the slowest
   // device's calibrated all-reduce and optimizer step.
   double UpdateMs() const;
+  // The calibrated per-iteration overhead; a negative one takes away at
+  // most half of the pipeline and update.
+  double OverheadMs(double makespan_ms) const;
 
   const v1::JobConfig& c_;
   const CostModel& model_;     // calibrated: what plans are made with
@@ -166,7 +169,8 @@ absl::Status Search::Init() {
   absl::StatusOr<StageLayout> layout = MakeStageLayout(dims_, p_, 1);
   if (!layout.ok()) return layout.status();
   layout_ = *layout;
-  policy_ = {.encoder_decoder = dims_.encoder_decoder(), .multiple = c_.planner().length_multiple()};
+  policy_ = {.encoder_decoder = dims_.encoder_decoder(),
+             .multiple = c_.planner().length_multiple()};
   // Raw bytes per stage for schedules and the simulator.
   for (int mode_value : c_.planner().recompute_modes()) {
     const Recompute mode = RecomputeFromProto(static_cast<v1::RecomputeMode>(mode_value));
@@ -271,8 +275,8 @@ ReplicaTimeline Search::ScheduleReplica(const Candidate& cand, uint32_t r) const
     }
     for (uint32_t s = 0; s < out.shape.stages(); ++s) {
       const StageCost& sc = stage_costs[s];
-      costs[s][k] = {sc.forward_ms,     sc.backward_ms,      sc.stored_bytes,
-                     sc.peak_bytes,     sc.activation_bytes, sc.gradient_bytes};
+      costs[s][k] = {sc.forward_ms, sc.backward_ms,      sc.stored_bytes,
+                     sc.peak_bytes, sc.activation_bytes, sc.gradient_bytes};
     }
     times[k] = split.costs[mine[k]].time_ms;
   }
@@ -306,7 +310,8 @@ ReplicaTimeline Search::ScheduleReplica(const Candidate& cand, uint32_t r) const
   }
   out.order = *std::move(order);
   out.sim = Simulate(out.shape, out.order, costs, network);
-  if (!out.sim.completed) out.error = absl::StrCat("schedule does not complete: ", out.sim.deadlock);
+  if (!out.sim.completed)
+    out.error = absl::StrCat("schedule does not complete: ", out.sim.deadlock);
   return out;
 }
 
@@ -332,11 +337,10 @@ void Search::Judge(Candidate& cand) const {
   for (size_t rank = 0; rank < limits.size(); ++rank) {
     if (cand.peak_per_rank[rank] > limits[rank]) {
       return cand.Reject(
-          "memory",
-          absl::StrFormat("simulated peak %.1f MiB on rank %d exceeds its %.1f MiB for "
-                          "activations (%+.1f%%)",
-                          MiB(cand.peak_per_rank[rank]), rank, MiB(limits[rank]),
-                          100 * (cand.peak_per_rank[rank] / limits[rank] - 1)));
+          "memory", absl::StrFormat("simulated peak %.1f MiB on rank %d exceeds its %.1f MiB for "
+                                    "activations (%+.1f%%)",
+                                    MiB(cand.peak_per_rank[rank]), rank, MiB(limits[rank]),
+                                    100 * (cand.peak_per_rank[rank] / limits[rank] - 1)));
     }
   }
   cand.report.feasible = true;
@@ -386,7 +390,8 @@ int Search::Choose() const {
   int chosen = -1;
   for (size_t k = 0; k < candidates_.size(); ++k) {
     if (candidates_[k].report.feasible &&
-        (chosen < 0 || candidates_[k].report.makespan_ms < candidates_[chosen].report.makespan_ms)) {
+        (chosen < 0 ||
+         candidates_[k].report.makespan_ms < candidates_[chosen].report.makespan_ms)) {
       chosen = static_cast<int>(k);
     }
   }
@@ -430,6 +435,10 @@ double Search::UpdateMs() const {
   return slowest;
 }
 
+double Search::OverheadMs(double makespan_ms) const {
+  return std::max(scales_.overhead_ms, -0.5 * (makespan_ms + UpdateMs()));
+}
+
 std::vector<double> Search::RankLimits(const MicroBatchingResult& mbr) const {
   std::vector<double> limits;
   for (uint32_t r = 0; r < dp_; ++r) {
@@ -451,10 +460,9 @@ ReplicaPlan Search::ReplicaOf(const Candidate& best, uint32_t r, absl::Status* s
     PlannedMicroBatch planned;
     // What the profiled model predicts for each stage (executors report it
     // beside their measurement: calibration.h).
-    if (profiled.ok() &&
-        profiled->EvaluateStages(static_cast<uint32_t>(group.size()), group.input_len,
-                                 group.target_len, best.chunks, dims_.hidden, dims_.dtype_bytes,
-                                 &stage_costs)) {
+    if (profiled.ok() && profiled->EvaluateStages(static_cast<uint32_t>(group.size()),
+                                                  group.input_len, group.target_len, best.chunks,
+                                                  dims_.hidden, dims_.dtype_bytes, &stage_costs)) {
       for (const StageCost& sc : stage_costs) {
         planned.profiled_forward_ms.push_back(sc.forward_ms);
         planned.profiled_backward_ms.push_back(sc.backward_ms);
@@ -506,8 +514,9 @@ absl::StatusOr<std::vector<v1::ExecutionPlan>> Search::Lower(const Candidate& be
   const Clock::time_point t = Clock::now();
   std::vector<ReplicaPlan> replicas(dp_);
   std::vector<absl::Status> status(dp_);
-  ParallelFor(dp_, options_.threads,
-              [&](size_t r) { replicas[r] = ReplicaOf(best, static_cast<uint32_t>(r), &status[r]); });
+  ParallelFor(dp_, options_.threads, [&](size_t r) {
+    replicas[r] = ReplicaOf(best, static_cast<uint32_t>(r), &status[r]);
+  });
   for (const absl::Status& s : status) {
     if (!s.ok()) return s;
   }
@@ -530,7 +539,9 @@ absl::StatusOr<std::vector<v1::ExecutionPlan>> Search::Lower(const Candidate& be
   options.partition_method = best.report.partition_method;
   options.global_target_tokens = global_target_tokens;
   options.predicted_makespan_ms = best.report.makespan_ms;
-  options.predicted_iteration_ms = best.report.makespan_ms + UpdateMs();
+  options.predicted_iteration_ms =
+      best.report.makespan_ms + UpdateMs() + OverheadMs(best.report.makespan_ms);
+  options.predicted_overhead_ms = OverheadMs(best.report.makespan_ms);
   options.calibration_version = calibration_version_;
   for (const DeviceUpdateCost& u : updates_) {
     options.profiled_all_reduce_ms.push_back(u.all_reduce_ms);
@@ -574,7 +585,9 @@ PlanReport Search::Report(const Candidate* best, bool with_trace) const {
   report.recompute = best->report.recompute;
   report.predicted_makespan_ms = best->report.makespan_ms;
   report.predicted_update_ms = UpdateMs();
-  report.predicted_iteration_ms = best->report.makespan_ms + report.predicted_update_ms;
+  report.predicted_overhead_ms = OverheadMs(best->report.makespan_ms);
+  report.predicted_iteration_ms =
+      best->report.makespan_ms + report.predicted_update_ms + report.predicted_overhead_ms;
   report.calibration_version = calibration_version_;
   report.bubble_fraction = best->report.bubble_fraction;
   report.peak_bytes = best->peak_per_rank;
@@ -587,8 +600,11 @@ PlanReport Search::Report(const Candidate* best, bool with_trace) const {
   for (const SampleLengths& s : mbr.samples) report.real_tokens += uint64_t{s.input} + s.target;
   for (uint32_t r = 0; r < dp_; ++r) {
     for (uint32_t g : split.replicas.replicas[r]) {
-      PlanReport::MicroBatchShape shape{r, {}, static_cast<uint32_t>(split.groups[g].size()),
-                                        split.groups[g].input_len, split.groups[g].target_len,
+      PlanReport::MicroBatchShape shape{r,
+                                        {},
+                                        static_cast<uint32_t>(split.groups[g].size()),
+                                        split.groups[g].input_len,
+                                        split.groups[g].target_len,
                                         split.costs[g].time_ms};
       for (uint32_t position : split.groups[g].samples) {
         shape.sample_ids.push_back(mini_batch_.sample_ids[position]);
@@ -599,9 +615,8 @@ PlanReport Search::Report(const Candidate* best, bool with_trace) const {
   if (with_trace) {
     report.chrome_trace = ChromeTraceJson(
         best->replicas[0].sim,
-        absl::StrCat(c_.job_id(), " iteration ", mini_batch_.iteration, ": ",
-                     best->report.schedule, ", ", best->report.partition_method, ", recompute ",
-                     best->report.recompute));
+        absl::StrCat(c_.job_id(), " iteration ", mini_batch_.iteration, ": ", best->report.schedule,
+                     ", ", best->report.partition_method, ", recompute ", best->report.recompute));
   }
   return report;
 }
@@ -654,17 +669,16 @@ Planner Planner::WithCalibration(const v1::CalibrationState& state) const {
   const ModelDims dims = ModelDimsFromConfig(config_.model());
   const absl::StatusOr<StageLayout> layout =
       MakeStageLayout(dims, config_.parallelism().pipeline(), 1);
-  out.scales_ = layout.ok() ? ScalesOf(state, *layout,
-                                       std::max(1u, config_.parallelism().virtual_chunks()))
-                            : CalibrationScales();
+  out.scales_ = layout.ok()
+                    ? ScalesOf(state, *layout, std::max(1u, config_.parallelism().virtual_chunks()))
+                    : CalibrationScales();
   out.model_ = profiled_->ScaledTimes(out.scales_.forward, out.scales_.backward);
   return out;
 }
 
 absl::StatusOr<PlanningResult> Planner::Plan(const MiniBatch& mini_batch, bool with_trace,
                                              PlanReport* failure_report) const {
-  Search search(config_, model_, *profiled_, scales_, calibration_.version(), options_,
-                mini_batch);
+  Search search(config_, model_, *profiled_, scales_, calibration_.version(), options_, mini_batch);
   if (absl::Status s = search.Init(); !s.ok()) return s;
   search.MicroBatch();
   search.EnumerateCandidates();

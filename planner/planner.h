@@ -67,14 +67,15 @@ struct PlanReport {
   std::string schedule;
   std::string recompute;
   // The pipeline makespan plus the slowest device's all-reduce and
-  // optimizer step (calibrated).
+  // optimizer step (calibrated), plus the calibrated overhead.
   double predicted_iteration_ms = 0;
   double predicted_makespan_ms = 0;
   double predicted_update_ms = 0;
+  double predicted_overhead_ms = 0;
   uint64_t calibration_version = 0;
   double bubble_fraction = 0;
-  std::vector<double> peak_bytes;  // per rank
-  double memory_limit_bytes = 0;   // the smallest device's activation room
+  std::vector<double> peak_bytes;             // per rank
+  double memory_limit_bytes = 0;              // the smallest device's activation room
   std::vector<double> memory_limit_per_rank;  // each rank's own room
   double padding_efficiency = 0;
   double input_padding_efficiency = 0;

@@ -397,6 +397,7 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
     // statistics (docs/cost-model.md, "Calibration").
     progress.set_predicted_iteration_ms(plan->predicted_iteration_ms());
     progress.set_calibration_version(plan->calibration_version());
+    progress.set_predicted_overhead_ms(plan->predicted_overhead_ms());
     progress.set_all_reduce_ms(stats.all_reduce_seconds * 1e3);
     progress.set_optimizer_ms(stats.optimizer_seconds * 1e3);
     progress.set_profiled_all_reduce_ms(plan->profiled_all_reduce_ms());

@@ -64,7 +64,14 @@ bool FoldReport(const CalibrationReport& report, v1::CalibrationState* state) {
     it->second.profiled_backward_ms += p.profiled_backward_ms;
   }
   const bool update = report.profiled_all_reduce_ms > 0 || report.profiled_optimizer_ms > 0;
-  if (per_stage.empty() && !update) return false;
+  // The residual of the whole iteration: what the plan's pipeline and
+  // update did not predict (its own overhead term taken out, so the term
+  // converges instead of feeding on itself).
+  const bool whole = report.measured_iteration_ms > 0 && report.predicted_iteration_ms > 0 &&
+                     std::isfinite(report.measured_iteration_ms) &&
+                     std::isfinite(report.predicted_iteration_ms) &&
+                     std::isfinite(report.predicted_overhead_ms);
+  if (per_stage.empty() && !update && !whole) return false;
   for (const auto& [stage, t] : per_stage) {
     v1::StageCalibration* s = StageOf(state, stage);
     s->set_measured_forward_ms(kCalibrationDecay * s->measured_forward_ms() +
@@ -89,6 +96,12 @@ bool FoldReport(const CalibrationReport& report, v1::CalibrationState* state) {
     state->set_profiled_optimizer_ms(kCalibrationDecay * state->profiled_optimizer_ms() +
                                      report.profiled_optimizer_ms);
   }
+  if (whole) {
+    const double residual = report.measured_iteration_ms -
+                            (report.predicted_iteration_ms - report.predicted_overhead_ms);
+    state->set_overhead_ms(kCalibrationDecay * state->overhead_ms() + residual);
+    state->set_overhead_weight(kCalibrationDecay * state->overhead_weight() + 1);
+  }
   if (report.iteration > state->last_iteration() || state->iterations() == 0) {
     state->set_iterations(state->iterations() + 1);
     state->set_last_iteration(std::max(state->last_iteration(), report.iteration));
@@ -108,8 +121,8 @@ CalibrationScales ScalesOf(const v1::CalibrationState& state, const StageLayout&
     if (s.stage() >= stages) continue;  // another layout's stage
     const bool shared = t5 && layout.devices == 1;
     for (int k = 0; k < 2; ++k) {
-      const bool holds = shared || (k == 0 ? s.stage() < encoder_stages
-                                           : t5 && s.stage() >= encoder_stages);
+      const bool holds =
+          shared || (k == 0 ? s.stage() < encoder_stages : t5 && s.stage() >= encoder_stages);
       if (!holds) continue;
       kind[k].measured_forward += s.measured_forward_ms();
       kind[k].profiled_forward += s.profiled_forward_ms();
@@ -134,6 +147,10 @@ CalibrationScales ScalesOf(const v1::CalibrationState& state, const StageLayout&
   set(Component::kDecoderLayer, t5 ? 1 : 0);
   set(Component::kPostprocess, t5 ? 1 : 0);
   out.optimizer = Clamp(Ratio(state.measured_optimizer_ms(), state.profiled_optimizer_ms()));
+  if (state.overhead_weight() > 0) {
+    const double overhead = state.overhead_ms() / state.overhead_weight();
+    out.overhead_ms = std::isfinite(overhead) ? overhead : 0;
+  }
   return out;
 }
 
@@ -142,11 +159,12 @@ std::string CalibrationScales::Describe(bool encoder_decoder) const {
   const int dec = static_cast<int>(Component::kDecoderLayer);
   std::string layers =
       encoder_decoder
-          ? absl::StrFormat("encoder forward x%.3g backward x%.3g, decoder forward x%.3g "
-                            "backward x%.3g",
-                            forward[enc], backward[enc], forward[dec], backward[dec])
+          ? absl::StrFormat(
+                "encoder forward x%.3g backward x%.3g, decoder forward x%.3g "
+                "backward x%.3g",
+                forward[enc], backward[enc], forward[dec], backward[dec])
           : absl::StrFormat("forward x%.3g, backward x%.3g", forward[enc], backward[enc]);
-  return absl::StrFormat("%s, optimizer x%.3g", layers, optimizer);
+  return absl::StrFormat("%s, optimizer x%.3g, overhead %+.1f ms", layers, optimizer, overhead_ms);
 }
 
 }  // namespace varipipe::planner

@@ -51,11 +51,17 @@ struct CalibrationReport {
   double measured_optimizer_ms = 0;
   double profiled_all_reduce_ms = 0;
   double profiled_optimizer_ms = 0;
+  // Rank 0's whole iteration (0 on other ranks: not folded), and its plan's
+  // predicted iteration and the overhead included in it.
+  double measured_iteration_ms = 0;
+  double predicted_iteration_ms = 0;
+  double predicted_overhead_ms = 0;
 };
 
 // Folds `report` into `state` and bumps its version. False (state
 // unchanged) when there is nothing to learn: iteration 0 (warm-up:
-// allocations, connections) or no profiled predictions.
+// allocations, connections), or no profiled predictions and no whole
+// iteration.
 bool FoldReport(const CalibrationReport& report, v1::CalibrationState* state);
 
 struct CalibrationScales {
@@ -63,7 +69,11 @@ struct CalibrationScales {
   std::array<double, kNumComponents> forward{1, 1, 1, 1};
   std::array<double, kNumComponents> backward{1, 1, 1, 1};
   double optimizer = 1;
-  // "forward x1.93, backward x2.10, optimizer x0.90"
+  // Per-iteration time outside passes, transfers and update, added to the
+  // predicted iteration (never to a pass: it does not change which plan
+  // wins). May be negative when the simulation overestimates.
+  double overhead_ms = 0;
+  // "forward x1.93, backward x2.10, optimizer x0.90, overhead +12.5 ms"
   std::string Describe(bool encoder_decoder) const;
 };
 

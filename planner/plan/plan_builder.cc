@@ -57,6 +57,7 @@ class RankPlanBuilder {
     plan_.set_partition_method(o_.partition_method);
     plan_.set_predicted_iteration_ms(o_.predicted_iteration_ms);
     plan_.set_predicted_makespan_ms(o_.predicted_makespan_ms);
+    plan_.set_predicted_overhead_ms(o_.predicted_overhead_ms);
     plan_.set_calibration_version(o_.calibration_version);
     const auto at = [&](const std::vector<double>& v) {
       return device_ < v.size() ? v[device_] : 0.0;

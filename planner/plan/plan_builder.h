@@ -75,6 +75,7 @@ struct PlanBuildOptions {
   uint64_t global_target_tokens = 0;
   double predicted_iteration_ms = 0;
   double predicted_makespan_ms = 0;
+  double predicted_overhead_ms = 0;
   uint64_t calibration_version = 0;
   // Per pipeline device: its all-reduce and optimizer step, calibrated and
   // profiled (empty: 0).

@@ -297,7 +297,11 @@ absl::Status PlannerDaemon::LearnFromReport(RedisInstructionStore& store,
       .measured_all_reduce_ms = report.all_reduce_ms(),
       .measured_optimizer_ms = report.optimizer_ms(),
       .profiled_all_reduce_ms = report.profiled_all_reduce_ms(),
-      .profiled_optimizer_ms = report.profiled_optimizer_ms()};
+      .profiled_optimizer_ms = report.profiled_optimizer_ms(),
+      // Rank 0's iteration, the one the error statistics compare.
+      .measured_iteration_ms = report.rank() == 0 ? report.iteration_ms() : 0,
+      .predicted_iteration_ms = report.rank() == 0 ? report.predicted_iteration_ms() : 0,
+      .predicted_overhead_ms = report.predicted_overhead_ms()};
   return store.UpdateCalibration(
       [&](v1::CalibrationState* state) { return planner::FoldReport(folded, state); });
 }
@@ -457,7 +461,8 @@ v1::PlannerStatus PlannerDaemon::Status() const {
       std::vector<double> errors;
       for (const PredictionRecord& r : *p) {
         if (errors.size() == kPredictionErrorIterations) break;
-        if (r.measured_ms > 0) errors.push_back(std::abs(r.predicted_ms - r.measured_ms) / r.measured_ms);
+        if (r.measured_ms > 0)
+          errors.push_back(std::abs(r.predicted_ms - r.measured_ms) / r.measured_ms);
       }
       s.set_prediction_error_iterations(static_cast<uint32_t>(errors.size()));
       s.set_prediction_error_p50(Percentile(errors, 0.5));

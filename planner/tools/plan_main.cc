@@ -137,6 +137,7 @@ std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& 
   f["predicted_iteration_ms"] = Num(r.predicted_iteration_ms);
   f["predicted_makespan_ms"] = Num(r.predicted_makespan_ms);
   f["predicted_update_ms"] = Num(r.predicted_update_ms);
+  f["predicted_overhead_ms"] = Num(r.predicted_overhead_ms);
   f["bubble_fraction"] = Num(r.bubble_fraction);
   f["padding_efficiency"] = Num(r.padding_efficiency);
   f["input_padding_efficiency"] = Num(r.input_padding_efficiency);
@@ -291,10 +292,10 @@ void PrintHeader(const Job& job) {
   const v1::ModelConfig& model = config.model();
   const std::string data =
       job.samples.empty()
-          ? absl::StrCat("synthetic ",
-                         config.data().synthetic_mixture() == v1::DOCUMENTS ? "documents-like"
-                                                                            : "FLAN-like",
-                         " data (seed ", config.data().seed(), ")")
+          ? absl::StrCat(
+                "synthetic ",
+                config.data().synthetic_mixture() == v1::DOCUMENTS ? "documents-like" : "FLAN-like",
+                " data (seed ", config.data().seed(), ")")
           : absl::StrCat(job.samples.size(), " samples from ", absl::GetFlag(FLAGS_lengths));
   std::printf(
       "job %s: %s, %u layers, hidden %u; pp=%u dp=%u; %s; %llu tokens per global "
@@ -356,8 +357,7 @@ void Compare(const planner::Planner& comparer, const planner::MiniBatch& mb, Tot
 
 // Plans one mini-batch and prints it (and its trace, plans, comparison).
 std::optional<int> PlanOne(const planner::Planner& planner, const planner::Planner* comparer,
-                           const planner::MiniBatch& mb, std::string& trace_path,
-                           Totals& totals) {
+                           const planner::MiniBatch& mb, std::string& trace_path, Totals& totals) {
   const bool json = absl::GetFlag(FLAGS_json);
   planner::PlanReport failed;
   absl::StatusOr<planner::PlanningResult> result = planner.Plan(mb, !trace_path.empty(), &failed);

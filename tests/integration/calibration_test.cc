@@ -1,6 +1,7 @@
 // Online calibration end to end (docs/cost-model.md, "Calibration"): a
 // real planner daemon plans with a deliberately wrong cost model (a
-// measured profile with every time tripled), four real executors (pp = 2,
+// measured profile with every time ten times too long: whatever the load
+// on the machine, far from what runs), four real executors (pp = 2,
 // dp = 2) train and report, and the daemon's calibration brings the
 // predicted iteration within 20% of the measured one. The state lives in
 // the store: a daemon started afterwards on the same Redis continues with
@@ -42,7 +43,8 @@ using ::varipipe::testing::StartPlannerDaemon;
 constexpr int kIterations = 16;
 
 std::string JobJson(int port, const std::string& cost_model) {
-  return absl::StrCat(R"({
+  return absl::StrCat(
+      R"({
     "job_id": "calibration-test",
     "model": {"kind": "gpt", "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
               "ffn_hidden_size": 128, "vocab_size": 64, "dtype": "float32"},
@@ -52,28 +54,27 @@ std::string JobJson(int port, const std::string& cost_model) {
              "max_sequence_length": 128, "seed": 3, "synthetic_num_samples": 5000},
     "planner": {"tmax_interval_ms": 0.01, "threads": 1, "plan_ahead": 1,
                 "schedules": ["one_f_one_b"])",
-                      cost_model.empty() ? "" : absl::StrCat(R"(, "cost_model_path": ")",
-                                                             cost_model, R"(")"),
-                      R"(},
+      cost_model.empty() ? "" : absl::StrCat(R"(, "cost_model_path": ")", cost_model, R"(")"),
+      R"(},
     "store": {"password_env": "VARIPIPE_TEST_REDIS_PASSWORD",
               "redis_address": "127.0.0.1:)",
-                      port, R"("},
+      port, R"("},
     "training": {"iterations": )",
-                      kIterations, R"(, "learning_rate": 0.003, "watchdog_timeout_s": 120}
+      kIterations, R"(, "learning_rate": 0.003, "watchdog_timeout_s": 120}
   })");
 }
 
-// The profile with every forward, backward and optimizer time times 3.
-void TripleTimes(const std::filesystem::path& in, const std::filesystem::path& out) {
+// The profile with every forward, backward and optimizer time times 10.
+void ScaleTimesTenfold(const std::filesystem::path& in, const std::filesystem::path& out) {
   v1::CostModelFile file;
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(ReadFile(in), &file).ok());
   for (v1::CostGrid& g : *file.mutable_grids()) {
-    for (double& v : *g.mutable_forward_ms()) v *= 3;
-    for (double& v : *g.mutable_backward_ms()) v *= 3;
+    for (double& v : *g.mutable_forward_ms()) v *= 10;
+    for (double& v : *g.mutable_backward_ms()) v *= 10;
   }
-  file.mutable_optimizer()->set_fixed_ms(3 * file.optimizer().fixed_ms());
+  file.mutable_optimizer()->set_fixed_ms(10 * file.optimizer().fixed_ms());
   file.mutable_optimizer()->set_ms_per_million_parameters(
-      3 * file.optimizer().ms_per_million_parameters());
+      10 * file.optimizer().ms_per_million_parameters());
   std::string json;
   ASSERT_TRUE(google::protobuf::util::MessageToJsonString(file, &json).ok());
   std::ofstream(out) << json;
@@ -102,7 +103,7 @@ double Median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
-TEST(OnlineCalibration, BringsATripledCostModelWithinTwentyPercent) {
+TEST(OnlineCalibration, BringsATenfoldCostModelWithinTwentyPercent) {
   absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
   ASSERT_THAT(redis, IsOk());
   const std::filesystem::path dir = FreshDirectory("calibration");
@@ -111,22 +112,21 @@ TEST(OnlineCalibration, BringsATripledCostModelWithinTwentyPercent) {
       RunCommand(absl::StrCat("cd '", dir.string(), "' && ", Bin("varipipe-profile"),
                               " --config profile-job.json --out profile.json --quick 2>&1"));
   ASSERT_EQ(profiled.exit_code, 0) << profiled.output;
-  TripleTimes(dir / "profile.json", dir / "tripled.json");
-  std::ofstream(dir / "job.json") << JobJson((*redis)->port(), "tripled.json");
+  ScaleTimesTenfold(dir / "profile.json", dir / "tenfold.json");
+  std::ofstream(dir / "job.json") << JobJson((*redis)->port(), "tenfold.json");
 
   const std::string password = (*redis)->password();
-  const std::string planner =
-      StartPlannerDaemon(dir, "planner", password,
-                         "--config job.json --progress_interval_s 0 --store_file store");
+  const std::string planner = StartPlannerDaemon(
+      dir, "planner", password, "--config job.json --progress_interval_s 0 --store_file store");
   ASSERT_FALSE(planner.empty()) << ReadFile(dir / "planner.log");
   const CommandResult run = LaunchRanks(
       dir, 4, password,
       absl::StrCat("--planner ", planner, " --token_file store.token --run_id calibration",
                    " --metrics_jsonl metrics.jsonl"));
   ASSERT_EQ(run.exit_code, 0) << run.output << ReadFile(dir / "planner.log");
-  const CommandResult status = RunCommand(absl::StrCat(
-      "cd '", dir.string(), "' && ", Bin("varipipe-ctl"), " --planner ", planner,
-      " --token_file store.token status 2>&1"));
+  const CommandResult status =
+      RunCommand(absl::StrCat("cd '", dir.string(), "' && ", Bin("varipipe-ctl"), " --planner ",
+                              planner, " --token_file store.token status 2>&1"));
   varipipe::testing::Signal(dir, "planner", SIGTERM);
 
   const std::vector<Iteration> iterations = ReadMetrics(dir / "metrics.jsonl");
@@ -138,7 +138,8 @@ TEST(OnlineCalibration, BringsATripledCostModelWithinTwentyPercent) {
                                     100 * iterations[i].error()));
   }
   std::printf("%s\n", absl::StrJoin(table, "\n").c_str());
-  // Iteration 1 was planned before any report (plan_ahead 1): tripled.
+  // Iterations 0 and 1 were planned before any report (plan_ahead 1):
+  // ten times too slow.
   // From iteration 8 on every plan used the reports of at least 5
   // iterations.
   std::vector<double> late;
@@ -147,19 +148,18 @@ TEST(OnlineCalibration, BringsATripledCostModelWithinTwentyPercent) {
   EXPECT_LE(Median(late), 0.20) << absl::StrJoin(table, "\n");
   EXPECT_LT(Median(late), early / 2) << absl::StrJoin(table, "\n");
   // The status shows the error and the calibration (scales below 1: the
-  // model's times were three times too long).
+  // model's times were ten times too long).
   EXPECT_THAT(status.output, HasSubstr("prediction error p50 ")) << status.output;
   EXPECT_THAT(status.output, HasSubstr("calibration version ")) << status.output;
   EXPECT_THAT(ReadFile(dir / "planner.log"), HasSubstr("calibration version "));
 
   // A daemon started later on the same store continues with the state.
-  const std::string second =
-      StartPlannerDaemon(dir, "second", password,
-                         "--config job.json --progress_interval_s 0 --store_file store2");
+  const std::string second = StartPlannerDaemon(
+      dir, "second", password, "--config job.json --progress_interval_s 0 --store_file store2");
   ASSERT_FALSE(second.empty()) << ReadFile(dir / "second.log");
-  const CommandResult again = RunCommand(absl::StrCat(
-      "cd '", dir.string(), "' && ", Bin("varipipe-ctl"), " --planner ", second,
-      " --token_file store.token status 2>&1"));
+  const CommandResult again =
+      RunCommand(absl::StrCat("cd '", dir.string(), "' && ", Bin("varipipe-ctl"), " --planner ",
+                              second, " --token_file store.token status 2>&1"));
   varipipe::testing::Signal(dir, "second", SIGTERM);
   const auto version_line = [](const std::string& text) {
     const size_t at = text.find("calibration version ");

@@ -118,8 +118,8 @@ TEST(ScalesOf, RecoversEachKindsFactor) {
     const bool t5 = round % 2 == 1;
     const uint32_t pp = 1 + rng() % 4;
     const StageLayout layout = Layout(t5, pp);
-    const double enc_f = factor(rng), enc_b = factor(rng), dec_f = factor(rng),
-                 dec_b = factor(rng), opt = factor(rng);
+    const double enc_f = factor(rng), enc_b = factor(rng), dec_f = factor(rng), dec_b = factor(rng),
+                 opt = factor(rng);
     v1::CalibrationState state;
     for (uint64_t it = 1; it < 2 + rng() % 5; ++it) {
       std::vector<PassTiming> passes;
@@ -194,8 +194,7 @@ TEST(CalibratedPlanner, PlansAsAModelWithScaledTimes) {
     ASSERT_TRUE(FoldReport({.iteration = 1, .passes = passes}, &state));
     const Planner calibrated = base->WithCalibration(state);
     const std::array<double, kNumComponents> three{3, 3, 3, 3};
-    const Planner scaled(config, base->cost_model().ScaledTimes(three, three),
-                         base->options());
+    const Planner scaled(config, base->cost_model().ScaledTimes(three, three), base->options());
     const MiniBatch mb = Draw(100, t5);
     absl::StatusOr<PlanningResult> a = calibrated.Plan(mb);
     absl::StatusOr<PlanningResult> b = scaled.Plan(mb);
@@ -254,6 +253,75 @@ TEST(PredictedIteration, AddsTheSlowestDevicesUpdate) {
   EXPECT_DOUBLE_EQ(r->report.predicted_update_ms, slowest);
   EXPECT_DOUBLE_EQ(r->report.predicted_iteration_ms,
                    r->report.predicted_makespan_ms + r->report.predicted_update_ms);
+}
+
+// The overhead: rank 0's measured iteration minus the plan's prediction
+// without its overhead, decayed; it converges to a constant residual
+// whatever the overhead the plans already carried, and only rank 0's
+// whole iteration counts.
+TEST(Calibration, OverheadConvergesToTheResidualOfWholeIterations) {
+  const uint32_t seed =
+      varipipe::testing::TestSeed("Calibration.OverheadConvergesToTheResidualOfWholeIterations");
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> pipeline_ms(50, 150);
+  constexpr double kResidual = 12.5;
+  const StageLayout layout = Layout(false, 2);
+  v1::CalibrationState state;
+  double overhead = 0;  // what the plans carry: the state's previous estimate
+  for (uint64_t it = 1; it <= 30; ++it) {
+    const double pipeline = pipeline_ms(rng);
+    const CalibrationReport report{.iteration = it,
+                                   .measured_iteration_ms = pipeline + kResidual,
+                                   .predicted_iteration_ms = pipeline + overhead,
+                                   .predicted_overhead_ms = overhead};
+    ASSERT_TRUE(FoldReport(report, &state)) << "seed " << seed;
+    overhead = ScalesOf(state, layout).overhead_ms;
+    EXPECT_NEAR(overhead, kResidual, 1e-9) << "iteration " << it << ", seed " << seed;
+  }
+  // Another rank's report (no whole iteration) leaves the overhead alone.
+  const double before = state.overhead_ms();
+  EXPECT_FALSE(FoldReport({.iteration = 31}, &state));
+  EXPECT_EQ(state.overhead_ms(), before);
+  // A negative residual (the simulation overestimates) is learned too, and
+  // the description shows it.
+  for (uint64_t it = 32; it < 60; ++it) {
+    FoldReport({.iteration = it, .measured_iteration_ms = 90, .predicted_iteration_ms = 100},
+               &state);
+  }
+  EXPECT_NEAR(ScalesOf(state, layout).overhead_ms, -10, 0.01);
+  EXPECT_THAT(ScalesOf(state, layout).Describe(false), HasSubstr("overhead -10.0 ms"));
+}
+
+// The predicted iteration adds the calibrated overhead; plans carry it and
+// it changes no decision (the same plans as without it).
+TEST(PredictedIteration, AddsTheCalibratedOverheadAndChangesNoPlan) {
+  const v1::JobConfig config = Config(false, 2, 1);
+  absl::StatusOr<Planner> planner = Planner::Create(config);
+  ASSERT_THAT(planner, IsOk());
+  const MiniBatch mb = Draw(0, false);
+  absl::StatusOr<PlanningResult> plain = planner->Plan(mb);
+  ASSERT_THAT(plain, IsOk());
+  v1::CalibrationState state;
+  state.set_version(5);
+  state.set_overhead_ms(40);
+  state.set_overhead_weight(2);  // +20 ms
+  absl::StatusOr<PlanningResult> with = planner->WithCalibration(state).Plan(mb);
+  ASSERT_THAT(with, IsOk());
+  EXPECT_DOUBLE_EQ(with->report.predicted_overhead_ms, 20);
+  EXPECT_DOUBLE_EQ(with->report.predicted_iteration_ms, plain->report.predicted_iteration_ms + 20);
+  ASSERT_EQ(with->plans.size(), plain->plans.size());
+  for (size_t r = 0; r < with->plans.size(); ++r) {
+    EXPECT_DOUBLE_EQ(with->plans[r].predicted_overhead_ms(), 20);
+    EXPECT_EQ(with->plans[r].instructions_size(), plain->plans[r].instructions_size());
+    EXPECT_DOUBLE_EQ(with->plans[r].predicted_makespan_ms(),
+                     plain->plans[r].predicted_makespan_ms());
+  }
+  // A large negative overhead takes away at most half the prediction.
+  state.set_overhead_ms(-1e9);
+  absl::StatusOr<PlanningResult> negative = planner->WithCalibration(state).Plan(mb);
+  ASSERT_THAT(negative, IsOk());
+  EXPECT_DOUBLE_EQ(negative->report.predicted_iteration_ms,
+                   plain->report.predicted_iteration_ms / 2);
 }
 
 TEST(UpdateCosts, RingAndMeasuredAllReduce) {
