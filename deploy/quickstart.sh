@@ -107,6 +107,7 @@ sed -E -e "s/\"iterations\": [0-9]+/\"iterations\": $iterations/" \
 echo "dataset: $out/data/multitask_{input,target}.{idx,bin}; job: $out/job.json"
 
 step "5/5 planner daemon (embedded Redis) and 4 executors (torchrun, pp=2, dp=2)"
+training_started=$(date +%s)
 planner_pid=""
 cleanup() {
   if [[ -n "$planner_pid" ]]; then
@@ -153,7 +154,8 @@ cleanup
 planner_pid=""
 
 # Summary from rank 0's metrics (one JSON object per iteration).
-awk -v iterations="$iterations" -v seconds=$(( $(date +%s) - started )) '
+awk -v iterations="$iterations" -v seconds=$(( $(date +%s) - started )) \
+  -v training=$(( $(date +%s) - training_started )) '
 function field(line, name,    m) {
   if (match(line, "\"" name "\": [-0-9.eE+]+")) {
     m = substr(line, RSTART, RLENGTH); sub(/.*: /, "", m); return m + 0
@@ -182,7 +184,7 @@ END {
     v = err[i]; for (j = i - 1; j >= 1 && err[j] > v; j--) err[j + 1] = err[j]; err[j + 1] = v
   }
   median = k % 2 ? err[(k + 1) / 2] : (err[k / 2] + err[k / 2 + 1]) / 2
-  printf "\n== summary: %d iterations in %d s\n", n, seconds
+  printf "\n== summary: %d iterations trained in %d s (%d s in all)\n", n, training, seconds
   printf "  loss                 %.4f (iteration 0) -> %.4f (iteration %d)\n", loss[1], loss[n], n - 1
   printf "  real tokens/s        %.0f (mean over iterations 1..%d)\n", tokens / m, n - 1
   printf "  padding efficiency   %.1f%%\n", 100 * eff / m
