@@ -116,10 +116,12 @@ mkdir -p "$out/traces"
 cp "$out"/.parts/*.trace.json "$out/traces/"
 rm -rf "$out/.parts"
 
+# "66 s" or "6 minutes".
+duration() { if [[ $1 -lt 120 ]]; then echo "$1 s"; else echo "$(( ($1 + 30) / 60 )) minutes"; fi; }
 page=()
 [[ $quick -eq 0 ]] && page=(--page "$out/../evaluation.md")
 elapsed=$(( $(date +%s) - started ))
 "$python" deploy/plot-evaluation.py --dir "$out" "${page[@]}" \
   --settings "mini-batches: $mini_batches per setting ($memory_batches per memory limit, $planning_batches for planning times)" \
-  --run_time "its last run planned and simulated for $(( (elapsed + 30) / 60 )) minutes on a 2-core machine"
+  --run_time "its last run planned and simulated for $(duration "$elapsed") on a $(nproc)-core machine"
 echo "evaluate: CSVs and plots in $out ($(( $(date +%s) - started )) s)"

@@ -442,7 +442,7 @@ def write_page(page, out, figures, notes, plan_stats, sched, settings, cost_mode
              "40 GiB per device) and T5-11B (pp = 8, A100-80GB, 80 GiB per device, targets a quarter "
              "of the maximum length), 65,536 tokens per global batch. Throughput is the planner's "
              "prediction (simulated makespan), not a measurement. "
-             f"Cost models: {', '.join(cost_models)}; measured ones are used from "
+             f"Cost models: {'; '.join(cost_models)}; measured ones are used from "
              "`deploy/cost-models/` when there are any (none yet). " + settings[:1].upper() +
              settings[1:] + ".", "",
              "Baselines are tuned as a user would tune them: packing, fixed-size and padding try "
