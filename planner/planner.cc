@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "common/dataset/loss_tokens.h"
 #include "planner/comm/comm_planner.h"
+#include "planner/cost/backward_split.h"
 #include "planner/cost/cost_model_io.h"
 #include "planner/cost/micro_batch_cost.h"
 #include "planner/cost/update_costs.h"
@@ -47,6 +48,10 @@ std::string ScheduleName(v1::ScheduleKind kind) {
       return "kfkb";
     case v1::ADAPTIVE:
       return "adaptive";
+    case v1::ZERO_BUBBLE_H1:
+      return "zero_bubble_h1";
+    case v1::ADAPTIVE_ZERO_BUBBLE:
+      return "adaptive_zero_bubble";
     default:
       return "unknown";
   }
@@ -122,6 +127,13 @@ class Search {
 
  private:
   ReplicaTimeline ScheduleReplica(const Candidate& cand, uint32_t r) const;
+  // The attention length of the backward split rule (backward_split.h):
+  // decoder stages (and a single T5 stage) the longer of input and target.
+  uint32_t AttentionLen(uint32_t stage, uint32_t input_len, uint32_t target_len) const {
+    const bool decoder =
+        dims_.encoder_decoder() && (p_ == 1 || stage >= layout_.encoder_devices);
+    return decoder ? std::max(input_len, target_len) : input_len;
+  }
   absl::StatusOr<DeviceOrder> StaticOrder(v1::ScheduleKind schedule,
                                           const PipelineShape& shape) const;
   void Judge(Candidate& cand) const;
@@ -217,8 +229,10 @@ void Search::EnumerateCandidates() {
         cand.report.partition_method = PartitionMethodName(split.method);
         cand.report.schedule = ScheduleName(cand.schedule);
         cand.report.recompute = RecomputeName(mode);
-        const MemoryBudget budget = cand.schedule == v1::ADAPTIVE ? MemoryBudget::kWholeDevice
-                                                                  : MemoryBudget::kPipelineDepth;
+        const MemoryBudget budget =
+            cand.schedule == v1::ADAPTIVE || cand.schedule == v1::ADAPTIVE_ZERO_BUBBLE
+                ? MemoryBudget::kWholeDevice
+                : MemoryBudget::kPipelineDepth;
         if (!split.result.ok()) {
           cand.Reject("micro-batching", std::string(split.result.status().message()));
         } else {
@@ -245,6 +259,8 @@ absl::StatusOr<DeviceOrder> Search::StaticOrder(v1::ScheduleKind schedule,
       return InterleavedOneFOneBSchedule(shape);
     case v1::KFKB:
       return KfkbSchedule(shape, c_.planner().kfkb_k());
+    case v1::ZERO_BUBBLE_H1:
+      return ZeroBubbleH1Schedule(shape);
     default:
       return absl::InvalidArgumentError("unknown schedule");
   }
@@ -277,6 +293,7 @@ ReplicaTimeline Search::ScheduleReplica(const Candidate& cand, uint32_t r) const
       const StageCost& sc = stage_costs[s];
       costs[s][k] = {sc.forward_ms, sc.backward_ms,      sc.stored_bytes,
                      sc.peak_bytes, sc.activation_bytes, sc.gradient_bytes};
+      SplitBackward(dims_.hidden, AttentionLen(s, g.input_len, g.target_len), &costs[s][k]);
     }
     times[k] = split.costs[mine[k]].time_ms;
   }
@@ -292,9 +309,10 @@ ReplicaTimeline Search::ScheduleReplica(const Candidate& cand, uint32_t r) const
                                    c_.cluster().intra_node_bandwidth_gbps()),
       .inter_node =
           MakeLink(c_.cluster().inter_node_latency_us(), c_.cluster().inter_node_bandwidth_gbps())};
-  if (cand.schedule == v1::ADAPTIVE) {
-    absl::StatusOr<AdaptiveSearchResult> searched = SearchAdaptiveOrder(
-        out.shape, costs, times, cand.micro_batching->available_per_device, network);
+  if (cand.schedule == v1::ADAPTIVE || cand.schedule == v1::ADAPTIVE_ZERO_BUBBLE) {
+    absl::StatusOr<AdaptiveSearchResult> searched =
+        SearchAdaptiveOrder(out.shape, costs, times, cand.micro_batching->available_per_device,
+                            network, cand.schedule == v1::ADAPTIVE_ZERO_BUBBLE);
     if (!searched.ok()) {
       out.error = std::string(searched.status().message());
       return out;
@@ -371,6 +389,12 @@ void Search::Schedule(std::span<const size_t> which) {
       cand.Reject("scheduling", "the interleaved schedule is not supported for T5 models");
     } else if (cand.chunks > 1 && dims_.encoder_layers < p_ * cand.chunks) {
       cand.Reject("scheduling", "too few layers for the virtual chunks");
+    } else if ((cand.schedule == v1::ZERO_BUBBLE_H1 ||
+                cand.schedule == v1::ADAPTIVE_ZERO_BUBBLE) &&
+               cand.recompute == Recompute::kFull) {
+      cand.Reject("scheduling",
+                  "zero-bubble schedules need recompute none or selective (full recomputation "
+                  "stores only layer inputs, not what W keeps)");
     } else {
       cand.report.micro_batches = static_cast<int>(split.groups.size());
       cand.report.padding_efficiency = split.padding.Efficiency();
@@ -463,9 +487,13 @@ ReplicaPlan Search::ReplicaOf(const Candidate& best, uint32_t r, absl::Status* s
     if (profiled.ok() && profiled->EvaluateStages(static_cast<uint32_t>(group.size()),
                                                   group.input_len, group.target_len, best.chunks,
                                                   dims_.hidden, dims_.dtype_bytes, &stage_costs)) {
-      for (const StageCost& sc : stage_costs) {
+      for (uint32_t s = 0; s < stage_costs.size(); ++s) {
+        const StageCost& sc = stage_costs[s];
+        StageOpCost split{.forward_ms = sc.forward_ms, .backward_ms = sc.backward_ms};
+        SplitBackward(dims_.hidden, AttentionLen(s, group.input_len, group.target_len), &split);
         planned.profiled_forward_ms.push_back(sc.forward_ms);
         planned.profiled_backward_ms.push_back(sc.backward_ms);
+        planned.profiled_weight_ms.push_back(split.weight_ms);
       }
     }
     // Packed rows start at row_starts; unpacked, every sample starts a row.

@@ -464,7 +464,7 @@ MicroBatchingOptions MicroBatchingOptionsFromConfig(const v1::JobConfig& config,
   bool depth = false;
   bool whole = false;
   for (int schedule : config.planner().schedules()) {
-    (schedule == v1::ADAPTIVE ? whole : depth) = true;
+    (schedule == v1::ADAPTIVE || schedule == v1::ADAPTIVE_ZERO_BUBBLE ? whole : depth) = true;
   }
   if (depth) o.budgets.push_back(MemoryBudget::kPipelineDepth);
   if (whole) o.budgets.push_back(MemoryBudget::kWholeDevice);

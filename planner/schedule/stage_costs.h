@@ -17,6 +17,14 @@ struct StageOpCost {
   // gradient sent to the previous stage.
   double activation_bytes = 0;
   double gradient_bytes = 0;
+  // Split backward (op.h): W's time (B then takes backward_ms - weight_ms)
+  // and the bytes B keeps for W (the linear layers' inputs and output
+  // gradients), held from B's end to W's end. Set by SplitBackward
+  // (planner/cost/backward_split.h).
+  double weight_ms = 0;
+  double weight_stored_bytes = 0;
+
+  double input_grad_ms() const { return backward_ms - weight_ms; }
 };
 
 // costs[stage][micro_batch].

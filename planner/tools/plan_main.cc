@@ -276,7 +276,8 @@ planner::Planner MakeComparer(const v1::JobConfig& config, const planner::Planne
     all.mutable_planner()->add_partition_methods(m);
   }
   all.mutable_planner()->clear_schedules();
-  for (auto s : {v1::GPIPE, v1::ONE_F_ONE_B, v1::KFKB, v1::ADAPTIVE}) {
+  for (auto s : {v1::GPIPE, v1::ONE_F_ONE_B, v1::KFKB, v1::ADAPTIVE, v1::ZERO_BUBBLE_H1,
+                 v1::ADAPTIVE_ZERO_BUBBLE}) {
     all.mutable_planner()->add_schedules(s);
   }
   if (config.parallelism().virtual_chunks() > 1) {
