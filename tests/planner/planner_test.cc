@@ -82,6 +82,8 @@ TEST(Planner, PlansValidateAcrossShapesAndAreDeterministic) {
       {true, 1, 1, 1, {v1::ONE_F_ONE_B}},
       {true, 2, 1, 1, {v1::ADAPTIVE, v1::ONE_F_ONE_B}},
       {true, 4, 2, 1, {v1::ADAPTIVE, v1::ONE_F_ONE_B, v1::KFKB}},
+      {false, 4, 1, 1, {v1::ZERO_BUBBLE_H1, v1::ADAPTIVE_ZERO_BUBBLE}},
+      {true, 4, 1, 1, {v1::ADAPTIVE_ZERO_BUBBLE}},
   };
   int validated = 0;
   for (const Shape& shape : shapes) {
@@ -108,7 +110,7 @@ TEST(Planner, PlansValidateAcrossShapesAndAreDeterministic) {
       ++validated;
     }
   }
-  EXPECT_EQ(validated, 64);
+  EXPECT_EQ(validated, 80);
 }
 
 // The validator accepts every plan of every schedule over thousands of
@@ -129,7 +131,10 @@ TEST(Planner, ValidatorAcceptsThousandsOfRandomPlans) {
                                  {true, 2, 1, 1, v1::ONE_F_ONE_B},
                                  {true, 4, 1, 1, v1::ADAPTIVE},
                                  {true, 3, 1, 1, v1::KFKB},
-                                 {true, 4, 1, 1, v1::GPIPE}};
+                                 {true, 4, 1, 1, v1::GPIPE},
+                                 {false, 4, 2, 1, v1::ADAPTIVE_ZERO_BUBBLE},
+                                 {false, 3, 1, 1, v1::ZERO_BUBBLE_H1},
+                                 {true, 4, 1, 1, v1::ADAPTIVE_ZERO_BUBBLE}};
   int accepted = 0;
   for (const Job& job : jobs) {
     v1::JobConfig config = Config(job.t5, job.pp, job.dp, job.v, {job.schedule}, 65536);
