@@ -437,6 +437,8 @@ class PlanChecker {
       }
       case v1::Instruction::kOptimizerStep:
         return CheckGroup("optimizer_step.stages", in.optimizer_step().stages());
+      case v1::Instruction::kWeightGrad:
+        return CheckMicroBatchAndStage(in);
       default:
         return Error("op", "is not set (an empty instruction)");
     }

@@ -87,6 +87,18 @@ class IterationRun {
     if (plan_.global_target_tokens() == 0) {
       return absl::FailedPreconditionError("plan has global_target_tokens = 0");
     }
+    // Split backwards (zero-bubble schedules) are refused before anything
+    // runs, so that no gradient is half accumulated.
+    for (int i = 0; i < plan_.instructions_size(); ++i) {
+      const v1::Instruction& in = plan_.instructions(i);
+      if (in.has_weight_grad() || (in.has_backward() && in.backward().weight_grad_deferred())) {
+        return absl::UnimplementedError(absl::StrCat(
+            "rank ", plan_.rank(), ", iteration ", plan_.iteration(), ", instruction #", i, " ",
+            Describe(in), in.has_backward() ? " with weight_grad_deferred" : "",
+            ": this executor does not run split backwards (the zero-bubble schedules "
+            "ZERO_BUBBLE_H1 and ADAPTIVE_ZERO_BUBBLE); plan with another schedule"));
+      }
+    }
     for (uint32_t stage : plan_.stages()) {
       if (!it_.stages_.count(stage)) {
         return absl::FailedPreconditionError(absl::StrCat("plan of rank ", plan_.rank(),
@@ -180,6 +192,8 @@ class IterationRun {
         return AllReduce(in.all_reduce());
       case v1::Instruction::kOptimizerStep:
         return OptimizerStep();
+      case v1::Instruction::kWeightGrad:  // refused in Execute
+        return absl::UnimplementedError("split backwards are not supported");
       default:
         return absl::InvalidArgumentError("instruction without an operation");
     }

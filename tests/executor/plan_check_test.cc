@@ -121,6 +121,11 @@ TEST(PlanCheck, EveryPlanThePlannerEmitsPasses) {
       shapes.push_back({.t5 = t5, .pp = 3, .dp = 1, .method = method});
     }
   }
+  for (bool t5 : {false, true}) {
+    for (v1::ScheduleKind schedule : {v1::ZERO_BUBBLE_H1, v1::ADAPTIVE_ZERO_BUBBLE}) {
+      shapes.push_back({.t5 = t5, .pp = 2, .dp = 2, .schedule = schedule});
+    }
+  }
   shapes.push_back({.pp = 2, .chunks = 3, .schedule = v1::INTERLEAVED_1F1B});
   shapes.push_back({.pp = 3, .chunks = 2, .schedule = v1::INTERLEAVED_1F1B});
   int checked = 0;

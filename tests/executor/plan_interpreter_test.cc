@@ -190,6 +190,27 @@ TEST_F(PlanInterpreterTest, SelectiveRecomputationLowersTheMeasuredActivationPea
   }
 }
 
+// Split backwards (zero-bubble schedules) are refused before any
+// instruction runs, naming the instruction; the parameters stay untouched.
+TEST_F(PlanInterpreterTest, RefusesZeroBubbleSplitBackwardsByName) {
+  Case zb;
+  zb.schedule = v1::ZERO_BUBBLE_H1;
+  const v1::JobConfig config = TinyConfig(zb, 2, 1);
+  absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(config);
+  ASSERT_THAT(dataset, IsOk());
+  const std::vector<v1::ExecutionPlan> plans = Plans(config, 0, **dataset);
+  ASSERT_EQ(plans.size(), 2u);
+  std::vector<Parameters> after;
+  const auto results = RunRanks(config, plans, **dataset, &after, absl::Seconds(60));
+  for (const auto& r : results) {
+    EXPECT_THAT(r.status(),
+                ::varipipe::testing::StatusIs(
+                    absl::StatusCode::kUnimplemented,
+                    AllOf(HasSubstr("backward (micro-batch"), HasSubstr("weight_grad_deferred"),
+                          HasSubstr("ZERO_BUBBLE_H1"))));
+  }
+}
+
 // Packed rows (several samples back to back, block-diagonal attention,
 // positions restarting per sample, each sample's own labels) give the loss and
 // every gradient of the same samples one per row: the whole model on one
