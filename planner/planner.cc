@@ -129,6 +129,24 @@ class Search {
   ReplicaTimeline ScheduleReplica(const Candidate& cand, uint32_t r) const;
   // The attention length of the backward split rule (backward_split.h):
   // decoder stages (and a single T5 stage) the longer of input and target.
+  // What B keeps for W under full recomputation (backward_split.h): the
+  // stage's layers rebuilt, encoder layers over the input tokens, decoder
+  // layers over the target tokens.
+  double FullRecomputeKeptBytes(uint32_t stage, const MicroBatchGroup& g) const {
+    const double b = static_cast<double>(g.size());
+    const bool shared = dims_.encoder_decoder() && p_ == 1;
+    const bool decoder = dims_.encoder_decoder() && !shared && stage >= layout_.encoder_devices;
+    double bytes = 0;
+    if (!decoder) {
+      bytes += LinearKeptBytes(b * g.input_len, dims_.hidden, layout_.encoder_layers_per_device,
+                               dims_.dtype_bytes);
+    }
+    if (decoder || shared) {
+      bytes += LinearKeptBytes(b * g.target_len, dims_.hidden, layout_.decoder_layers_per_device,
+                               dims_.dtype_bytes);
+    }
+    return bytes;
+  }
   uint32_t AttentionLen(uint32_t stage, uint32_t input_len, uint32_t target_len) const {
     const bool decoder =
         dims_.encoder_decoder() && (p_ == 1 || stage >= layout_.encoder_devices);
@@ -294,6 +312,9 @@ ReplicaTimeline Search::ScheduleReplica(const Candidate& cand, uint32_t r) const
       costs[s][k] = {sc.forward_ms, sc.backward_ms,      sc.stored_bytes,
                      sc.peak_bytes, sc.activation_bytes, sc.gradient_bytes};
       SplitBackward(dims_.hidden, AttentionLen(s, g.input_len, g.target_len), &costs[s][k]);
+      if (cand.recompute == Recompute::kFull) {
+        costs[s][k].weight_stored_bytes = FullRecomputeKeptBytes(s, g);
+      }
     }
     times[k] = split.costs[mine[k]].time_ms;
   }
@@ -389,12 +410,7 @@ void Search::Schedule(std::span<const size_t> which) {
       cand.Reject("scheduling", "the interleaved schedule is not supported for T5 models");
     } else if (cand.chunks > 1 && dims_.encoder_layers < p_ * cand.chunks) {
       cand.Reject("scheduling", "too few layers for the virtual chunks");
-    } else if ((cand.schedule == v1::ZERO_BUBBLE_H1 ||
-                cand.schedule == v1::ADAPTIVE_ZERO_BUBBLE) &&
-               cand.recompute == Recompute::kFull) {
-      cand.Reject("scheduling",
-                  "zero-bubble schedules need recompute none or selective (full recomputation "
-                  "stores only layer inputs, not what W keeps)");
+
     } else {
       cand.report.micro_batches = static_cast<int>(split.groups.size());
       cand.report.padding_efficiency = split.padding.Efficiency();

@@ -15,4 +15,8 @@ void SplitBackward(uint32_t hidden, uint32_t attention_len, StageOpCost* cost) {
   cost->weight_stored_bytes = cost->stored_bytes * kWeightKeptFraction;
 }
 
+double LinearKeptBytes(double tokens, uint32_t hidden, uint32_t layers, uint32_t dtype_bytes) {
+  return 16.0 * tokens * hidden * layers * dtype_bytes;
+}
+
 }  // namespace varipipe::planner

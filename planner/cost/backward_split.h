@@ -23,8 +23,11 @@
 //   M_W = stored * 32 / 34
 //
 // (an upper bound when the scores are stored). Under full recomputation a
-// stage stores only its layers' inputs and B rebuilds M_W, so the rule does
-// not hold there: the planner offers zero-bubble schedules only without it.
+// stage stores only its layers' inputs and B rebuilds the layer, so M_W is
+// counted in full: 32 b s h bytes per layer at 2-byte activations,
+// LinearKeptBytes; it may exceed what the forward stored, and the
+// zero-bubble fill then splits a backward only where that fits
+// (weight_fill.h).
 #ifndef VARIPIPE_PLANNER_COST_BACKWARD_SPLIT_H_
 #define VARIPIPE_PLANNER_COST_BACKWARD_SPLIT_H_
 
@@ -44,6 +47,11 @@ double WeightGemmShare(uint32_t hidden, uint32_t attention_len);
 // Sets cost->weight_ms and cost->weight_stored_bytes from its forward,
 // backward and stored bytes by the rule above.
 void SplitBackward(uint32_t hidden, uint32_t attention_len, StageOpCost* cost);
+
+// M_W of `layers` transformer layers over `tokens` (b s) tokens: the
+// inputs and output gradients of their linear layers, 16 h values per token
+// and layer.
+double LinearKeptBytes(double tokens, uint32_t hidden, uint32_t layers, uint32_t dtype_bytes);
 
 }  // namespace varipipe::planner
 

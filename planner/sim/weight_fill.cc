@@ -11,6 +11,9 @@ namespace varipipe::planner {
 namespace {
 
 constexpr double kUnknown = -1;
+// How much of a W must fit into a device's expected idle time for the W to
+// run there (the rest delays the next F or B).
+constexpr double kGapShare = 0.5;
 
 class Filler {
  public:
@@ -65,6 +68,7 @@ class Filler {
   size_t Key(uint32_t stage, uint32_t mb) const {
     return static_cast<size_t>(stage) * shape_.micro_batches + mb;
   }
+  double WeightMs(const Op& w) const { return costs_[w.stage][w.micro_batch].weight_ms; }
   double Transient(const Op& op) const {
     const StageOpCost& c = costs_[op.stage][op.micro_batch];
     return c.peak_bytes - c.stored_bytes;
@@ -79,7 +83,33 @@ class Filler {
     return std::max(forward_end_[key], backward_ready_[key]);
   }
 
-  // Whether device d's next F or B fits its limit with what it holds now.
+  // When device d's next F or B is expected to have its inputs: the known
+  // time, or when its producer would deliver it if the producer is the next
+  // F or B of its own device and can start; infinity when it is further off.
+  double Expected(uint32_t d) const {
+    const double ready = Ready(d);
+    if (ready != kUnknown) return ready;
+    const Op& op = order_[d][next_[d]];
+    const bool forward = op.kind == OpKind::kForward;
+    const Op producer{op.kind, forward ? op.stage - 1 : op.stage + 1, op.micro_batch};
+    if (!forward && forward_end_[Key(op.stage, op.micro_batch)] == kUnknown) {
+      return std::numeric_limits<double>::infinity();
+    }
+    const uint32_t pd = shape_.DeviceOf(producer.stage);
+    if (next_[pd] >= order_[pd].size() || !(order_[pd][next_[pd]] == producer)) {
+      return std::numeric_limits<double>::infinity();
+    }
+    const double producer_ready = Ready(pd);
+    if (producer_ready == kUnknown) return std::numeric_limits<double>::infinity();
+    const StageOpCost& c = costs_[producer.stage][producer.micro_batch];
+    const double end = std::max(producer_ready, free_[pd]) +
+                       (forward ? c.forward_ms : c.input_grad_ms());
+    return end + network_.Between(pd, d).TransferMs(forward ? c.activation_bytes
+                                                            : c.gradient_bytes);
+  }
+
+  // Whether device d's next F or B fits its limit with what it holds now (a
+  // B split: also what it then keeps for its W).
   bool Fits(uint32_t d) const {
     const Op& op = order_[d][next_[d]];
     const StageOpCost& c = costs_[op.stage][op.micro_batch];
@@ -88,7 +118,11 @@ class Filler {
           held_[d].empty() ? Transient(op) : std::max(Transient(op), *held_[d].rbegin());
       return memory_[d] + c.stored_bytes + reserve <= limits_[d];
     }
-    return memory_[d] + Transient(op) <= limits_[d];
+    return memory_[d] + Transient(op) <= limits_[d] && KeepFits(d, op);
+  }
+  bool KeepFits(uint32_t d, const Op& b) const {
+    const StageOpCost& c = costs_[b.stage][b.micro_batch];
+    return memory_[d] - c.stored_bytes + c.weight_stored_bytes <= limits_[d];
   }
 
   // What device d does next and from when; false when it must wait for an
@@ -100,7 +134,9 @@ class Filler {
       return true;
     }
     const double ready = Ready(d);
-    const bool gap = ready == kUnknown || ready > free_[d];
+    // A W runs in the gap when most of it fits before the input arrives.
+    const bool gap = !pending_[d].empty() &&
+                     Expected(d) - free_[d] >= kGapShare * WeightMs(pending_[d].front());
     if (!pending_[d].empty() && (gap || !Fits(d))) {
       *at = free_[d];
       *weight = true;
@@ -148,11 +184,14 @@ class Filler {
       }
       return;
     }
-    const double end = start + c.input_grad_ms();
+    // Split unless what B keeps would not fit even with no W pending: then
+    // the whole backward (no W).
+    const bool split = KeepFits(d, op);
+    const double end = start + (split ? c.input_grad_ms() : c.backward_ms);
     free_[d] = end;
-    memory_[d] -= c.stored_bytes - c.weight_stored_bytes;
+    memory_[d] -= split ? c.stored_bytes - c.weight_stored_bytes : c.stored_bytes;
     held_[d].erase(held_[d].find(Transient(op)));
-    pending_[d].push_back({OpKind::kWeight, op.stage, op.micro_batch});
+    if (split) pending_[d].push_back({OpKind::kWeight, op.stage, op.micro_batch});
     if (op.stage > 0) {
       backward_ready_[Key(op.stage - 1, op.micro_batch)] =
           Send(d, shape_.DeviceOf(op.stage - 1), c.gradient_bytes, end);

@@ -5,16 +5,21 @@
 //
 // A timed greedy over the simulator's model (simulator.h): the F and B ops
 // keep their order on every device; whenever a device is free and its next
-// F or B cannot start yet (its input has not arrived, or is not even
-// produced), it runs its oldest pending W instead. A deferred W holds the
+// F or B is expected to wait for its input for at least half of the oldest
+// pending W's time, it runs that W instead. Expected: the input's arrival
+// when known; when its producer is the next op of its own device and can
+// start, that op's end plus the transfer; otherwise unbounded. A deferred W holds the
 // bytes B kept for it (weight_stored_bytes), so a W also runs first when
 // the next op would not fit: before a forward, when the device's memory
 // plus the forward's stored bytes plus the largest transient of the
 // micro-batches it then holds exceeds the limit (the adaptive schedule's
-// admission test, adaptive.h); before a B, when memory plus its transient
-// does. What remains pending runs after the device's last B. Deferring
-// never pushes a device above what the unsplit order needs there, nor
-// above its limit when the unsplit order fits (each W only frees memory).
+// admission test, adaptive.h); before a B, when memory plus its transient,
+// or what the device holds after it (its W-kept bytes instead of its
+// stored ones), does. A B whose W-kept bytes do not fit even with no W
+// pending stays whole (no W; under full recomputation W keeps more than the
+// forward stored). What remains pending runs after the device's last B.
+// Deferring never pushes a device above its limit when the unsplit order
+// fits (each W only frees memory, and a B splits only when its keep fits).
 //
 // The adaptive zero-bubble schedule is AdaptiveSchedule (DynaPipe
 // Algorithm 1) followed by this fill, inside the ordering search
