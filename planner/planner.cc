@@ -148,8 +148,7 @@ class Search {
     return bytes;
   }
   uint32_t AttentionLen(uint32_t stage, uint32_t input_len, uint32_t target_len) const {
-    const bool decoder =
-        dims_.encoder_decoder() && (p_ == 1 || stage >= layout_.encoder_devices);
+    const bool decoder = dims_.encoder_decoder() && (p_ == 1 || stage >= layout_.encoder_devices);
     return decoder ? std::max(input_len, target_len) : input_len;
   }
   absl::StatusOr<DeviceOrder> StaticOrder(v1::ScheduleKind schedule,

@@ -10,8 +10,8 @@ double WeightGemmShare(uint32_t hidden, uint32_t attention_len) {
 }
 
 void SplitBackward(uint32_t hidden, uint32_t attention_len, StageOpCost* cost) {
-  cost->weight_ms = std::min(cost->forward_ms * WeightGemmShare(hidden, attention_len),
-                             cost->backward_ms / 2);
+  cost->weight_ms =
+      std::min(cost->forward_ms * WeightGemmShare(hidden, attention_len), cost->backward_ms / 2);
   cost->weight_stored_bytes = cost->stored_bytes * kWeightKeptFraction;
 }
 

@@ -250,7 +250,8 @@ class RankPlanBuilder {
 
   absl::Status Weight(const Op& op) {
     v1::WeightGradPass* w = Add(op.micro_batch, op.stage)->mutable_weight_grad();
-    w->set_profiled_ms(Profiled(replica_.micro_batches[op.micro_batch].profiled_weight_ms, op.stage));
+    w->set_profiled_ms(
+        Profiled(replica_.micro_batches[op.micro_batch].profiled_weight_ms, op.stage));
     return absl::OkStatus();
   }
 

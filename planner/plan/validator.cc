@@ -244,10 +244,10 @@ class RankChecker {
       for (int m = 0; m < plan_.micro_batches_size(); ++m) {
         const std::pair<uint32_t, uint32_t> key{stage, static_cast<uint32_t>(m)};
         if (!forwards_.count(key) || !backwards_.count(key)) {
-          return Fail(rank_, plan_.instructions_size() - 1, plan_,
-                      absl::StrCat("micro-batch ", m, " never runs ",
-                                   forwards_.count(key) ? "backward" : "forward", " on stage ",
-                                   stage));
+          return Fail(
+              rank_, plan_.instructions_size() - 1, plan_,
+              absl::StrCat("micro-batch ", m, " never runs ",
+                           forwards_.count(key) ? "backward" : "forward", " on stage ", stage));
         }
       }
     }
@@ -413,8 +413,8 @@ std::vector<std::vector<int>> TransferGroups(std::span<const v1::ExecutionPlan> 
     for (const v1::Instruction& in : plans[r].instructions()) {
       const v1::Instruction::OpCase op = in.op_case();
       if (op != v1::Instruction::kSendStart && op != v1::Instruction::kRecvStart) continue;
-      const int peer = static_cast<int>(
-          op == v1::Instruction::kSendStart ? in.send_start().peer() : in.recv_start().peer());
+      const int peer = static_cast<int>(op == v1::Instruction::kSendStart ? in.send_start().peer()
+                                                                          : in.recv_start().peer());
       if (peer < 0 || peer >= n) continue;  // CheckRank reports it
       const int a = find(r);
       const int b = find(peer);
@@ -462,10 +462,10 @@ std::string FormatInstruction(const v1::Instruction& in) {
       return absl::StrCat("forward in ", absl::StrJoin(in.forward().input_buffer_ids(), ","),
                           " out ", absl::StrJoin(in.forward().output_buffer_ids(), ","), where);
     case v1::Instruction::kBackward:
-      return absl::StrCat(in.backward().weight_grad_deferred() ? "backward(input) grad-in "
-                                                               : "backward grad-in ",
-                          absl::StrJoin(in.backward().output_grad_buffer_ids(), ","), " grad-out ",
-                          absl::StrJoin(in.backward().input_grad_buffer_ids(), ","), where);
+      return absl::StrCat(
+          in.backward().weight_grad_deferred() ? "backward(input) grad-in " : "backward grad-in ",
+          absl::StrJoin(in.backward().output_grad_buffer_ids(), ","), " grad-out ",
+          absl::StrJoin(in.backward().input_grad_buffer_ids(), ","), where);
     case v1::Instruction::kWeightGrad:
       return absl::StrCat("weight_grad", where);
     case v1::Instruction::kSendStart:

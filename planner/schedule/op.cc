@@ -17,8 +17,8 @@ absl::StatusOr<Op> ParseOp(absl::string_view text) {
   if (at == absl::string_view::npos || at == 0 || at + 1 == text.size() ||
       !absl::SimpleAtoi(text.substr(0, at), &op.stage) ||
       !absl::SimpleAtoi(text.substr(at + 1), &op.micro_batch)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", text, "' is not an op (expected <stage>F<micro_batch>, ...B... or ...W...)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", text, "' is not an op (expected <stage>F<micro_batch>, ...B... or ...W...)"));
   }
   op.kind = text[at] == 'F'   ? OpKind::kForward
             : text[at] == 'B' ? OpKind::kBackward

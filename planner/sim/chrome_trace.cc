@@ -55,8 +55,8 @@ std::string ChromeTraceJson(const SimulationResult& result, const std::string& t
                                                             : "weight_grad";
     add(absl::StrFormat(
         R"j({"name":"%s mb%d s%d","cat":"%s","ph":"X","pid":%d,"tid":0,"ts":%.3f,"dur":%.3f,"args":{"micro_batch":%d,"stage":%d}})j",
-        name, t.op.micro_batch, t.op.stage, category, t.device,
-        t.start_ms * 1e3, (t.end_ms - t.start_ms) * 1e3, t.op.micro_batch, t.op.stage));
+        name, t.op.micro_batch, t.op.stage, category, t.device, t.start_ms * 1e3,
+        (t.end_ms - t.start_ms) * 1e3, t.op.micro_batch, t.op.stage));
   }
   for (const TimedTransfer& t : result.transfers) {
     const bool fwd = t.producer.kind == OpKind::kForward;

@@ -16,22 +16,16 @@ double PeakOverLimit(std::span<const double> peak_bytes, std::span<const double>
   return worst;
 }
 
-absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(const PipelineShape& shape,
-                                                         const StageCostTable& costs,
-                                                         std::span<const double> times_ms,
-                                                         double memory_limit_bytes,
-                                                         const ClusterNetwork& network,
-                                                         bool zero_bubble) {
+absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(
+    const PipelineShape& shape, const StageCostTable& costs, std::span<const double> times_ms,
+    double memory_limit_bytes, const ClusterNetwork& network, bool zero_bubble) {
   const std::vector<double> limits(shape.devices, memory_limit_bytes);
   return SearchAdaptiveOrder(shape, costs, times_ms, limits, network, zero_bubble);
 }
 
-absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(const PipelineShape& shape,
-                                                         const StageCostTable& costs,
-                                                         std::span<const double> times_ms,
-                                                         std::span<const double> memory_limit_bytes,
-                                                         const ClusterNetwork& network,
-                                                         bool zero_bubble) {
+absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(
+    const PipelineShape& shape, const StageCostTable& costs, std::span<const double> times_ms,
+    std::span<const double> memory_limit_bytes, const ClusterNetwork& network, bool zero_bubble) {
   const uint32_t m = shape.micro_batches;
   if (times_ms.size() != m) {
     return absl::InvalidArgumentError("one predicted time per micro-batch is needed");
@@ -74,9 +68,9 @@ absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(const PipelineShape& sh
     ++best.orders_tried;
     const bool better =
         !have || (fits && !best.fits_memory) ||
-        (fits == best.fits_memory && (fits ? sim.makespan_ms < best.simulation.makespan_ms
-                                           : over < PeakOverLimit(best.simulation.peak_bytes,
-                                                                  memory_limit_bytes)));
+        (fits == best.fits_memory &&
+         (fits ? sim.makespan_ms < best.simulation.makespan_ms
+               : over < PeakOverLimit(best.simulation.peak_bytes, memory_limit_bytes)));
     if (better) {
       const int tried = best.orders_tried;
       best = {injection, *std::move(order), std::move(sim), tried, fits};

@@ -39,12 +39,9 @@ absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(const PipelineShape& sh
                                                          std::span<const double> memory_limit_bytes,
                                                          const ClusterNetwork& network,
                                                          bool zero_bubble = false);
-absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(const PipelineShape& shape,
-                                                         const StageCostTable& costs,
-                                                         std::span<const double> times_ms,
-                                                         double memory_limit_bytes,
-                                                         const ClusterNetwork& network,
-                                                         bool zero_bubble = false);
+absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(
+    const PipelineShape& shape, const StageCostTable& costs, std::span<const double> times_ms,
+    double memory_limit_bytes, const ClusterNetwork& network, bool zero_bubble = false);
 
 // How far the worst device's simulated peak is over its limit: max over
 // devices of peak / limit (<= 1 fits).

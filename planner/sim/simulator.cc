@@ -189,7 +189,7 @@ class Replay {
     const size_t key = Key(op.stage, op.micro_batch);
     const StageOpCost& c = costs_[op.stage][op.micro_batch];
     const bool split = split_[key];
-    const double ms = op.kind == OpKind::kForward ? c.forward_ms
+    const double ms = op.kind == OpKind::kForward  ? c.forward_ms
                       : op.kind == OpKind::kWeight ? c.weight_ms
                       : split                      ? c.input_grad_ms()
                                                    : c.backward_ms;

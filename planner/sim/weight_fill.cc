@@ -102,10 +102,10 @@ class Filler {
     const double producer_ready = Ready(pd);
     if (producer_ready == kUnknown) return std::numeric_limits<double>::infinity();
     const StageOpCost& c = costs_[producer.stage][producer.micro_batch];
-    const double end = std::max(producer_ready, free_[pd]) +
-                       (forward ? c.forward_ms : c.input_grad_ms());
-    return end + network_.Between(pd, d).TransferMs(forward ? c.activation_bytes
-                                                            : c.gradient_bytes);
+    const double end =
+        std::max(producer_ready, free_[pd]) + (forward ? c.forward_ms : c.input_grad_ms());
+    return end +
+           network_.Between(pd, d).TransferMs(forward ? c.activation_bytes : c.gradient_bytes);
   }
 
   // Whether device d's next F or B fits its limit with what it holds now (a
@@ -135,8 +135,8 @@ class Filler {
     }
     const double ready = Ready(d);
     // A W runs in the gap when most of it fits before the input arrives.
-    const bool gap = !pending_[d].empty() &&
-                     Expected(d) - free_[d] >= kGapShare * WeightMs(pending_[d].front());
+    const bool gap =
+        !pending_[d].empty() && Expected(d) - free_[d] >= kGapShare * WeightMs(pending_[d].front());
     if (!pending_[d].empty() && (gap || !Fits(d))) {
       *at = free_[d];
       *weight = true;

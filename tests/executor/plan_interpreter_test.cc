@@ -203,11 +203,10 @@ TEST_F(PlanInterpreterTest, RefusesZeroBubbleSplitBackwardsByName) {
   std::vector<Parameters> after;
   const auto results = RunRanks(config, plans, **dataset, &after, absl::Seconds(60));
   for (const auto& r : results) {
-    EXPECT_THAT(r.status(),
-                ::varipipe::testing::StatusIs(
-                    absl::StatusCode::kUnimplemented,
-                    AllOf(HasSubstr("backward (micro-batch"), HasSubstr("weight_grad_deferred"),
-                          HasSubstr("ZERO_BUBBLE_H1"))));
+    EXPECT_THAT(r.status(), ::varipipe::testing::StatusIs(absl::StatusCode::kUnimplemented,
+                                                          AllOf(HasSubstr("backward (micro-batch"),
+                                                                HasSubstr("weight_grad_deferred"),
+                                                                HasSubstr("ZERO_BUBBLE_H1"))));
   }
 }
 
@@ -280,9 +279,8 @@ TEST_P(PackingTest, PackedRowsGiveTheGradientsOfUnpackedRows) {
   packed.set_target_len(t5 ? *std::max_element(row_target.begin(), row_target.end()) + 2 : 0);
   const WholeModelPass one_per_row = RunWholeModel(config, loader, unpacked, 1.0 / loss_tokens);
   const WholeModelPass rows = RunWholeModel(config, loader, packed, 1.0 / loss_tokens);
-  std::printf("loss: packed %.9f, unpacked %.9f (rows %u/%u/%u tokens, padded to %u)\n",
-              rows.loss, one_per_row.loss, row_input[0], row_input[1], row_input[2],
-              packed.input_len());
+  std::printf("loss: packed %.9f, unpacked %.9f (rows %u/%u/%u tokens, padded to %u)\n", rows.loss,
+              one_per_row.loss, row_input[0], row_input[1], row_input[2], packed.input_len());
   EXPECT_NEAR(rows.loss, one_per_row.loss, 1e-6 * one_per_row.loss);
   double worst = 0;
   for (const auto& [name, grad] : one_per_row.grads) {
@@ -359,8 +357,7 @@ TEST_F(WatchdogTest, DroppedSendTripsTheWatchdogWithADiagnostic) {
   std::vector<Parameters> unused;
   const auto results = RunRanks(config, plans, **dataset, &unused, absl::Seconds(10), control);
   ASSERT_FALSE(results[1].ok());
-  EXPECT_EQ(results[1].status().code(), absl::StatusCode::kDeadlineExceeded)
-      << results[1].status();
+  EXPECT_EQ(results[1].status().code(), absl::StatusCode::kDeadlineExceeded) << results[1].status();
   EXPECT_THAT(std::string(results[1].status().message()),
               AllOf(HasSubstr("rank 1"), HasSubstr("instruction #"), HasSubstr("from rank 0"),
                     HasSubstr(absl::StrCat("micro-batch ", dropped_mb)), HasSubstr("watchdog")));

@@ -160,8 +160,8 @@ TEST(Planner, ZeroBubblePlansCarryWeightGradients) {
                            HasSubstr("deferred its weight gradient but no weight_grad follows")));
       broken = r->plans;
       *broken[plan.rank()].add_instructions() = plan.instructions(first_weight);
-      EXPECT_THAT(ValidatePlans(broken),
-                  StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("weight_grad runs twice")));
+      EXPECT_THAT(ValidatePlans(broken), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                  HasSubstr("weight_grad runs twice")));
       broken = r->plans;
       broken[plan.rank()].mutable_instructions()->SwapElements(last_weight, all_reduce);
       EXPECT_THAT(ValidatePlans(broken),

@@ -56,8 +56,12 @@ TEST(ZeroBubbleSimulator, TimesAndFreesSplitBackwards) {
   const PipelineShape shape{1, 1, 2};
   StageCostTable costs(1, std::vector<StageOpCost>(2));
   for (StageOpCost& c : costs[0]) {
-    c = {.forward_ms = 1, .backward_ms = 3, .stored_bytes = 100, .peak_bytes = 150,
-         .weight_ms = 1.25, .weight_stored_bytes = 40};
+    c = {.forward_ms = 1,
+         .backward_ms = 3,
+         .stored_bytes = 100,
+         .peak_bytes = 150,
+         .weight_ms = 1.25,
+         .weight_stored_bytes = 40};
   }
   const DeviceOrder split = {{{OpKind::kForward, 0, 0},
                               {OpKind::kForward, 0, 1},
@@ -106,8 +110,12 @@ StageCostTable UniformSplit(const PipelineShape& shape, double f, double b, doub
   StageCostTable costs(shape.stages(), std::vector<StageOpCost>(shape.micro_batches));
   for (auto& stage : costs) {
     for (StageOpCost& c : stage) {
-      c = {.forward_ms = f, .backward_ms = b + w, .stored_bytes = 100, .peak_bytes = 120,
-           .weight_ms = w, .weight_stored_bytes = 94};
+      c = {.forward_ms = f,
+           .backward_ms = b + w,
+           .stored_bytes = 100,
+           .peak_bytes = 120,
+           .weight_ms = w,
+           .weight_stored_bytes = 94};
     }
   }
   return costs;
@@ -176,8 +184,8 @@ TEST(ZeroBubbleH1, BubbleFractionAgainstOneFOneBOnTheA100Model) {
     std::vector<StageCost> stages;
     ASSERT_TRUE(cost->EvaluateStages(2, 1024, 0, 1, dims.hidden, dims.dtype_bytes, &stages));
     const StageCost& layers = stages[1];  // no embedding, no LM head
-    StageOpCost c{layers.forward_ms,       layers.backward_ms,     layers.stored_bytes,
-                  layers.peak_bytes,       layers.activation_bytes, layers.gradient_bytes};
+    StageOpCost c{layers.forward_ms, layers.backward_ms,      layers.stored_bytes,
+                  layers.peak_bytes, layers.activation_bytes, layers.gradient_bytes};
     SplitBackward(dims.hidden, 1024, &c);
     const PipelineShape shape{p, 1, 2 * p};
     const StageCostTable costs(p, std::vector<StageOpCost>(shape.micro_batches, c));
@@ -186,8 +194,8 @@ TEST(ZeroBubbleH1, BubbleFractionAgainstOneFOneBOnTheA100Model) {
     const SimulationResult zb = Simulate(shape, *ZeroBubbleH1Schedule(shape), costs, nvlink);
     ASSERT_TRUE(ofob.completed && zb.completed);
     const double ratio = IdleOverBusy(zb) / IdleOverBusy(ofob);
-    const double closed = (c.forward_ms + c.input_grad_ms() - c.weight_ms) /
-                          (c.forward_ms + c.backward_ms);
+    const double closed =
+        (c.forward_ms + c.input_grad_ms() - c.weight_ms) / (c.forward_ms + c.backward_ms);
     std::printf(
         "p %u m %u: F %.2f B %.2f W %.2f ms; bubble (idle/busy) 1F1B %.4f, ZB-H1 %.4f: %.3fx "
         "(closed form %.3fx); 1 - busy/makespan %.4f / %.4f; makespan %.1f / %.1f ms; peak "
@@ -225,7 +233,8 @@ StageCostTable Uneven(uint32_t stages, const std::vector<double>& factor) {
 // memory limits: every op once, each W after its B, within every limit the
 // adaptive schedule meets; on average shorter than the adaptive schedule.
 TEST(AdaptiveZeroBubble, KeepsMemoryAndShortensTheIteration) {
-  std::mt19937 rng(varipipe::testing::TestSeed("AdaptiveZeroBubble.KeepsMemoryAndShortensTheIteration"));
+  std::mt19937 rng(
+      varipipe::testing::TestSeed("AdaptiveZeroBubble.KeepsMemoryAndShortensTheIteration"));
   std::uniform_real_distribution<double> f(0.2, 3.0);
   double adaptive_sum = 0;
   double zb_sum = 0;
@@ -260,8 +269,8 @@ TEST(AdaptiveZeroBubble, KeepsMemoryAndShortensTheIteration) {
     zb_sum += zb->simulation.makespan_ms;
     ++trials;
   }
-  std::printf("%d trials: mean makespan adaptive %.2f, adaptive zero-bubble %.2f (%.3fx)\n",
-              trials, adaptive_sum / trials, zb_sum / trials, zb_sum / adaptive_sum);
+  std::printf("%d trials: mean makespan adaptive %.2f, adaptive zero-bubble %.2f (%.3fx)\n", trials,
+              adaptive_sum / trials, zb_sum / trials, zb_sum / adaptive_sum);
   EXPECT_LT(zb_sum, 0.95 * adaptive_sum);
 }
 
