@@ -20,7 +20,7 @@ struct StageOpCost {
   // Split backward (op.h): W's time (B then takes backward_ms - weight_ms)
   // and the bytes B keeps for W (the linear layers' inputs and output
   // gradients), held from B's end to W's end. Set by SplitBackward
-  // (planner/cost/backward_split.h).
+  // (planner/schedule/backward_split.h).
   double weight_ms = 0;
   double weight_stored_bytes = 0;
 

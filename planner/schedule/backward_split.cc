@@ -1,4 +1,4 @@
-#include "planner/cost/backward_split.h"
+#include "planner/schedule/backward_split.h"
 
 #include <algorithm>
 

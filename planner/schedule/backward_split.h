@@ -28,8 +28,8 @@
 // LinearKeptBytes; it may exceed what the forward stored, and the
 // zero-bubble fill then splits a backward only where that fits
 // (weight_fill.h).
-#ifndef VARIPIPE_PLANNER_COST_BACKWARD_SPLIT_H_
-#define VARIPIPE_PLANNER_COST_BACKWARD_SPLIT_H_
+#ifndef VARIPIPE_PLANNER_SCHEDULE_BACKWARD_SPLIT_H_
+#define VARIPIPE_PLANNER_SCHEDULE_BACKWARD_SPLIT_H_
 
 #include <cstdint>
 
@@ -55,4 +55,4 @@ double LinearKeptBytes(double tokens, uint32_t hidden, uint32_t layers, uint32_t
 
 }  // namespace varipipe::planner
 
-#endif  // VARIPIPE_PLANNER_COST_BACKWARD_SPLIT_H_
+#endif  // VARIPIPE_PLANNER_SCHEDULE_BACKWARD_SPLIT_H_
