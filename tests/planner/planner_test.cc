@@ -192,7 +192,8 @@ TEST(Planner, ValidatorAcceptsThousandsOfRandomPlans) {
                                  {true, 4, 1, 1, v1::GPIPE},
                                  {false, 4, 2, 1, v1::ADAPTIVE_ZERO_BUBBLE},
                                  {false, 3, 1, 1, v1::ZERO_BUBBLE_H1},
-                                 {true, 4, 1, 1, v1::ADAPTIVE_ZERO_BUBBLE}};
+                                 {true, 4, 1, 1, v1::ADAPTIVE_ZERO_BUBBLE},
+                                 {true, 3, 1, 1, v1::ZERO_BUBBLE_H1}};
   int accepted = 0;
   for (const Job& job : jobs) {
     v1::JobConfig config = Config(job.t5, job.pp, job.dp, job.v, {job.schedule}, 65536);
