@@ -23,24 +23,24 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "absl/strings/strip.h"
 #include "common/binary_main.h"
+#include "common/config/job_config.h"
+#include "common/monotone_grid.h"
 #include "common/redis/redis_client.h"
 #include "common/redis/redis_server_process.h"
 #include "common/secret_file.h"
+#include "common/shutdown_signal.h"
 #include "common/status.h"
 #include "executor/comm/transport_factory.h"
-#include "common/config/job_config.h"
-#include "common/shutdown_signal.h"
 #include "executor/model/model_spec.h"
 #include "executor/profile/component_profile.h"
 #include "executor/profile/update_profile.h"
 #include "executor/runtime/counting_allocator.h"
 #include "executor/runtime/device.h"
 #include "executor/runtime/launch_env.h"
-#include "common/monotone_grid.h"
 #include "google/protobuf/util/json_util.h"
 #include "spdlog/spdlog.h"
 #include "varipipe/v1/cost_model.pb.h"
@@ -200,25 +200,12 @@ std::string Duration(double seconds) {
              : absl::StrFormat("%.0fm%02.0fs", std::floor(seconds / 60), std::fmod(seconds, 60));
 }
 
-// The launch's id (torchrun's run id and restart count, Open MPI's job id):
-// ranks of one launch agree on it, ranks of another do not.
-std::string LaunchId() {
-  if (const char* id = std::getenv("TORCHELASTIC_RUN_ID"); id != nullptr && *id != '\0') {
-    const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
-    return absl::StrCat(id, ".", restarts != nullptr ? restarts : "0");
-  }
-  if (const char* id = std::getenv("OMPI_MCA_orte_ess_jobid"); id != nullptr && *id != '\0') {
-    return id;
-  }
-  return "default";
-}
-
 // Redis for the rendezvous: --store_file, else a private redis-server that
 // rank 0 starts and announces in OUT.rendezvous ("host:port password id").
 struct Rendezvous {
   std::unique_ptr<RedisServer> server;  // rank 0's private one
   RedisClient::Options redis;
-  std::string announcement;             // the file rank 0 wrote
+  std::string announcement;  // the file rank 0 wrote
 };
 
 absl::StatusOr<Rendezvous> MeetThroughRedis(const executor::LaunchEnv& env,
@@ -238,7 +225,7 @@ absl::StatusOr<Rendezvous> MeetThroughRedis(const executor::LaunchEnv& env,
     password = r.server->password();
     r.announcement = out_path + ".rendezvous";
     VP_RETURN_IF_ERROR(WriteSecretFile(
-        r.announcement, absl::StrCat(address, " ", password, " ", LaunchId(), "\n")));
+        r.announcement, absl::StrCat(address, " ", password, " ", executor::LaunchId(), "\n")));
   } else {
     // Wait for rank 0's announcement of this launch (an older one is stale).
     const std::string file = out_path + ".rendezvous";
@@ -246,7 +233,7 @@ absl::StatusOr<Rendezvous> MeetThroughRedis(const executor::LaunchEnv& env,
     for (;;) {
       std::ifstream in(file);
       std::string id;
-      if (in >> address >> password >> id && id == LaunchId()) break;
+      if (in >> address >> password >> id && id == executor::LaunchId()) break;
       if (shutdown.Requested()) return absl::CancelledError("stopped by a signal");
       if (absl::Now() > deadline) {
         return absl::DeadlineExceededError(absl::StrCat(
@@ -271,8 +258,8 @@ absl::StatusOr<std::optional<v1::CommunicationCosts>> MeasureTransfers(
   VP_ASSIGN_OR_RETURN(Rendezvous rendezvous, MeetThroughRedis(env, out_path, shutdown));
   executor::TransportOptions options;
   options.redis = rendezvous.redis;
-  options.prefix =
-      absl::StrCat(config.store().key_prefix(), "/", config.job_id(), "/profile/", LaunchId());
+  options.prefix = absl::StrCat(config.store().key_prefix(), "/", config.job_id(), "/profile/",
+                                executor::LaunchId());
   options.rank = env.rank;
   options.size = env.world_size;
   options.cuda_device = device.is_cuda() ? device.index() : -1;
@@ -467,11 +454,10 @@ int Run(const ShutdownSignal& shutdown) {
       const double elapsed = absl::ToDoubleSeconds(now - start);
       const size_t left = todo.size() - done.size();
       spdlog::info("[{}] {}/{} {:.0f}% {} {} b={} s={}: {} elapsed, about {} left",
-                   Bar(static_cast<double>(done.size()) / todo.size()), done.size(),
-                   todo.size(), 100.0 * done.size() / todo.size(),
-                   v1::CostComponent_Name(point.component), v1::RecomputeMode_Name(point.recompute),
-                   point.micro_batch, point.seq_len, Duration(elapsed),
-                   Duration(elapsed / measured_now * left));
+                   Bar(static_cast<double>(done.size()) / todo.size()), done.size(), todo.size(),
+                   100.0 * done.size() / todo.size(), v1::CostComponent_Name(point.component),
+                   v1::RecomputeMode_Name(point.recompute), point.micro_batch, point.seq_len,
+                   Duration(elapsed), Duration(elapsed / measured_now * left));
     }
   }
 
@@ -514,10 +500,8 @@ int Run(const ShutdownSignal& shutdown) {
       }
       // The DP's monotonicity, by the planner's documented rule.
       for (std::vector<double>* v : {&fw, &bw, &stored, &peak}) {
-        repaired += RaiseToRunningMaxima(g.b, g.component == v1::DECODER_LAYER
-                                                           ? g.e
-                                                           : std::vector<uint32_t>{},
-                                                  g.s, *v);
+        repaired += RaiseToRunningMaxima(
+            g.b, g.component == v1::DECODER_LAYER ? g.e : std::vector<uint32_t>{}, g.s, *v);
       }
       for (size_t k = 0; k < fw.size(); ++k) {
         out->add_forward_ms(fw[k]);

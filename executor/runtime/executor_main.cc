@@ -141,14 +141,7 @@ int StartupError(const absl::Status& status, int exit_code) {
 // else Open MPI's job id (fresh per mpirun).
 std::string RunId() {
   if (!absl::GetFlag(FLAGS_run_id).empty()) return absl::GetFlag(FLAGS_run_id);
-  if (const char* id = std::getenv("TORCHELASTIC_RUN_ID"); id != nullptr && *id != '\0') {
-    const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
-    return absl::StrCat(id, ".", restarts != nullptr ? restarts : "0");
-  }
-  if (const char* id = std::getenv("OMPI_MCA_orte_ess_jobid"); id != nullptr && *id != '\0') {
-    return id;
-  }
-  return "default";
+  return executor::LaunchId();
 }
 
 // Where the ranks of this launch meet: the job's Redis (for the rendezvous

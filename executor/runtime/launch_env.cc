@@ -91,4 +91,15 @@ absl::StatusOr<RankCoordinates> ComputeCoordinates(const LaunchEnv& env,
       .rank = env.rank, .dp_rank = env.rank / pipeline, .pp_rank = env.rank % pipeline};
 }
 
+std::string LaunchId() {
+  if (const char* id = std::getenv("TORCHELASTIC_RUN_ID"); id != nullptr && *id != '\0') {
+    const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    return absl::StrCat(id, ".", restarts != nullptr ? restarts : "0");
+  }
+  if (const char* id = std::getenv("OMPI_MCA_orte_ess_jobid"); id != nullptr && *id != '\0') {
+    return id;
+  }
+  return "default";
+}
+
 }  // namespace varipipe::executor

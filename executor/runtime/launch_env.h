@@ -44,6 +44,11 @@ absl::StatusOr<LaunchEnv> ReadLaunchEnv(const GetEnvFn& getenv);
 // The same over the process environment.
 absl::StatusOr<LaunchEnv> ReadLaunchEnv();
 
+// The launch's id: torchrun's run id with its restart count (torchrun
+// --standalone draws a fresh id per launch), else Open MPI's job id (fresh
+// per mpirun), else "default". Ranks of one launch agree on it.
+std::string LaunchId();
+
 // Coordinates of `env.rank` in `config`. Fails when the launcher's world size
 // differs from pipeline * data * tensor of the config.
 absl::StatusOr<RankCoordinates> ComputeCoordinates(const LaunchEnv& env,

@@ -67,10 +67,10 @@ bool FoldReport(const CalibrationReport& report, v1::CalibrationState* state) {
   // The residual of the whole iteration: what the plan's pipeline and
   // update did not predict (its own overhead term taken out, so the term
   // converges instead of feeding on itself).
-  const bool whole = report.measured_iteration_ms > 0 && report.predicted_iteration_ms > 0 &&
-                     std::isfinite(report.measured_iteration_ms) &&
-                     std::isfinite(report.predicted_iteration_ms) &&
-                     std::isfinite(report.predicted_overhead_ms);
+  const bool whole =
+      report.plan_calibration_version > 0 && report.measured_iteration_ms > 0 &&
+      report.predicted_iteration_ms > 0 && std::isfinite(report.measured_iteration_ms) &&
+      std::isfinite(report.predicted_iteration_ms) && std::isfinite(report.predicted_overhead_ms);
   if (per_stage.empty() && !update && !whole) return false;
   for (const auto& [stage, t] : per_stage) {
     v1::StageCalibration* s = StageOf(state, stage);

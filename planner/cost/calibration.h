@@ -52,10 +52,14 @@ struct CalibrationReport {
   double profiled_all_reduce_ms = 0;
   double profiled_optimizer_ms = 0;
   // Rank 0's whole iteration (0 on other ranks: not folded), and its plan's
-  // predicted iteration and the overhead included in it.
+  // predicted iteration, the overhead included in it and the calibration
+  // version it was planned with. Only plans made with a calibrated model
+  // (version > 0) teach the overhead: an uncalibrated plan's residual is
+  // mostly the profile's error, which the pass scales correct.
   double measured_iteration_ms = 0;
   double predicted_iteration_ms = 0;
   double predicted_overhead_ms = 0;
+  uint64_t plan_calibration_version = 0;
 };
 
 // Folds `report` into `state` and bumps its version. False (state

@@ -301,7 +301,8 @@ absl::Status PlannerDaemon::LearnFromReport(RedisInstructionStore& store,
       // Rank 0's iteration, the one the error statistics compare.
       .measured_iteration_ms = report.rank() == 0 ? report.iteration_ms() : 0,
       .predicted_iteration_ms = report.rank() == 0 ? report.predicted_iteration_ms() : 0,
-      .predicted_overhead_ms = report.predicted_overhead_ms()};
+      .predicted_overhead_ms = report.predicted_overhead_ms(),
+      .plan_calibration_version = report.calibration_version()};
   return store.UpdateCalibration(
       [&](v1::CalibrationState* state) { return planner::FoldReport(folded, state); });
 }

@@ -33,7 +33,6 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-
 class BinaryHelp : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(BinaryHelp, PrintsUsageAndExitsZero) {

@@ -208,11 +208,7 @@ TEST_F(ExecutorShutdown, SigtermEndsARankInTheDataParallelAllReduce) {
 
 TEST_F(ExecutorShutdown, SigtermEndsARankWaitingForAPlan) {
   WriteJob("plan", 1, 1, 100);
-  const std::filesystem::path token = dir_ / "token";
-  std::ofstream(token) << "shutdown-test-token-0123456789abcdef\n";
-  std::filesystem::permissions(
-      token, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
-  const std::string token_flag = absl::StrCat(" --token_file '", token.string(), "'");
+  const std::string token_flag = varipipe::testing::TokenFileFlag(dir_);
   const std::string planner =
       StartPlannerDaemon(dir_, "planner", redis_->password(),
                          "--config job.json --progress_interval_s 0" + token_flag);

@@ -52,7 +52,6 @@ using ::varipipe::testing::RunCommand;
 
 using ::varipipe::testing::IsOk;
 
-
 struct EquivalenceCase {
   bool t5 = false;
   std::string schedule;   // planner.schedules
@@ -193,7 +192,7 @@ TEST(ExecutorTraining, FourPipelineRanksTrainTenIterations) {
     std::ofstream lengths(dir / "lengths.csv");
     for (int i = 0; i < 2000; ++i) {
       const int bucket = static_cast<int>(rng() % 3);
-      const int n = bucket == 0 ? 4 + static_cast<int>(rng() % 13)
+      const int n = bucket == 0   ? 4 + static_cast<int>(rng() % 13)
                     : bucket == 1 ? 16 + static_cast<int>(rng() % 33)
                                   : 48 + static_cast<int>(rng() % 43);
       const int start = static_cast<int>(rng() % 60);
@@ -219,9 +218,9 @@ TEST(ExecutorTraining, FourPipelineRanksTrainTenIterations) {
                  "watchdog_timeout_s": 60}
   })");
   const std::string cd = absl::StrCat("cd '", dir.string(), "' && ");
-  const CommandResult plan = RunCommand(
-      cd + Bin("varipipe-plan") +
-      " --config job.json --lengths lengths.csv --iterations 10 --emit-plans plans");
+  const CommandResult plan =
+      RunCommand(cd + Bin("varipipe-plan") +
+                 " --config job.json --lengths lengths.csv --iterations 10 --emit-plans plans");
   ASSERT_EQ(plan.exit_code, 0) << plan.output;
 
   // The password comes from the environment the config names.
@@ -265,11 +264,11 @@ TEST_P(ServicePath, ExecutorsTrainFromThePlannerService) {
     external = *std::move(redis);
   }
   const std::filesystem::path dir = FreshDirectory(embedded ? "service-embedded" : "service");
-  const std::string store =
-      embedded ? "{}"
-               : absl::StrCat(R"({"password_env": "VARIPIPE_TEST_REDIS_PASSWORD",
+  const std::string store = embedded
+                                ? "{}"
+                                : absl::StrCat(R"({"password_env": "VARIPIPE_TEST_REDIS_PASSWORD",
                                   "redis_address": "127.0.0.1:)",
-                              external->port(), R"("})");
+                                               external->port(), R"("})");
   std::ofstream(dir / "job.json") << absl::StrCat(R"({
     "job_id": "service-test",
     "model": {"kind": "gpt", "num_layers": 4, "hidden_size": 32, "num_attention_heads": 4,
@@ -279,7 +278,8 @@ TEST_P(ServicePath, ExecutorsTrainFromThePlannerService) {
     "data": {"format": "synthetic", "tokens_per_global_batch": 2048,
              "max_sequence_length": 96, "seed": 3, "synthetic_num_samples": 5000},
     "planner": {"tmax_interval_ms": 0.01, "threads": 1},
-    "store": )", store, R"(,
+    "store": )",
+                                                  store, R"(,
     "training": {"iterations": 5, "learning_rate": 0.003, "watchdog_timeout_s": 60}
   })");
   const std::string cd =
@@ -314,10 +314,10 @@ TEST_P(ServicePath, ExecutorsTrainFromThePlannerService) {
   std::string password;
   store_file >> address >> password;
   ASSERT_NE(address.find(':'), std::string::npos) << "store file: " << ReadFile(dir / "store");
-  absl::StatusOr<std::unique_ptr<RedisClient>> client = RedisClient::Connect(
-      {.host = "127.0.0.1",
-       .port = std::stoi(address.substr(address.rfind(':') + 1)),
-       .password = password});
+  absl::StatusOr<std::unique_ptr<RedisClient>> client =
+      RedisClient::Connect({.host = "127.0.0.1",
+                            .port = std::stoi(address.substr(address.rfind(':') + 1)),
+                            .password = password});
   absl::StatusOr<RedisReply> keys = absl::UnavailableError("no client");
   if (client.ok()) keys = (*client)->Command({"KEYS", "varipipe:service-test:plan:*"});
   RunCommand(cd + "kill $(cat planner.pid)");
@@ -361,9 +361,9 @@ TEST_P(CorruptPlan, TheExecutorExitsWithAnErrorNamingTheField) {
       "store": {"password_env": "VARIPIPE_TEST_REDIS_PASSWORD", "redis_address": "127.0.0.1:)",
                                                   (*redis)->port(), R"("},
       "training": {"iterations": 1, "watchdog_timeout_s": 60}})");
-  const CommandResult plan = RunCommand(absl::StrCat(
-      "cd '", dir.string(), "' && ", Bin("varipipe-plan"),
-      " --config job.json --iterations 1 --emit-plans plans"));
+  const CommandResult plan =
+      RunCommand(absl::StrCat("cd '", dir.string(), "' && ", Bin("varipipe-plan"),
+                              " --config job.json --iterations 1 --emit-plans plans"));
   ASSERT_EQ(plan.exit_code, 0) << plan.output;
   // The plan of iteration 0 (one rank), corrupted and written back.
   absl::StatusOr<v1::ExecutionPlan> read = executor::ReadPlanFile((dir / "plans").string(), 0, 0);
@@ -374,8 +374,8 @@ TEST_P(CorruptPlan, TheExecutorExitsWithAnErrorNamingTheField) {
   ASSERT_TRUE(google::protobuf::util::MessageToJsonString(corrupted, &json).ok());
   std::ofstream(executor::PlanFilePath((dir / "plans").string(), 0, 0), std::ios::trunc) << json;
 
-  const CommandResult run = LaunchRanks(dir, 1, (*redis)->password(),
-                                        "--config job.json --plans plans --run_id corrupt");
+  const CommandResult run =
+      LaunchRanks(dir, 1, (*redis)->password(), "--config job.json --plans plans --run_id corrupt");
   EXPECT_NE(run.exit_code, 0) << run.output;
   const std::optional<int> exit = ::varipipe::testing::RankExit(dir, 0);
   ASSERT_TRUE(exit.has_value()) << run.output;
@@ -397,39 +397,38 @@ v1::Instruction& FirstInstruction(v1::ExecutionPlan& plan, v1::Instruction::OpCa
 
 INSTANTIATE_TEST_SUITE_P(
     Executor, CorruptPlan,
-    ::testing::Values(
-        CorruptPlanCase{"HugeBufferCount",
-                        [](v1::ExecutionPlan& p) { p.set_num_buffers(4294967295u); },
-                        "num_buffers"},
-        CorruptPlanCase{"ShapeBeyondTheConfig",
-                        [](v1::ExecutionPlan& p) {
-                          FirstInstruction(p, v1::Instruction::kLoadInput)
-                              .mutable_load_input()
-                              ->mutable_tensors(0)
-                              ->set_dims(1, 1 << 30);
-                        },
-                        "load_input.tensors[0].dims[1]"},
-        CorruptPlanCase{"MismatchedBufferIdsAndTensors",
-                        [](v1::ExecutionPlan& p) {
-                          FirstInstruction(p, v1::Instruction::kLoadInput)
-                              .mutable_load_input()
-                              ->clear_tensors();
-                        },
-                        "load_input.tensors has 0 entries"},
-        CorruptPlanCase{"EmptyContents",
-                        [](v1::ExecutionPlan& p) {
-                          FirstInstruction(p, v1::Instruction::kLoadInput)
-                              .mutable_load_input()
-                              ->clear_contents();
-                        },
-                        "load_input.contents"},
-        CorruptPlanCase{"UnknownBufferId",
-                        [](v1::ExecutionPlan& p) {
-                          FirstInstruction(p, v1::Instruction::kForward)
-                              .mutable_forward()
-                              ->set_input_buffer_ids(0, p.num_buffers() + 3);
-                        },
-                        "forward.input_buffer_ids[0]"}),
+    ::testing::Values(CorruptPlanCase{"HugeBufferCount",
+                                      [](v1::ExecutionPlan& p) { p.set_num_buffers(4294967295u); },
+                                      "num_buffers"},
+                      CorruptPlanCase{"ShapeBeyondTheConfig",
+                                      [](v1::ExecutionPlan& p) {
+                                        FirstInstruction(p, v1::Instruction::kLoadInput)
+                                            .mutable_load_input()
+                                            ->mutable_tensors(0)
+                                            ->set_dims(1, 1 << 30);
+                                      },
+                                      "load_input.tensors[0].dims[1]"},
+                      CorruptPlanCase{"MismatchedBufferIdsAndTensors",
+                                      [](v1::ExecutionPlan& p) {
+                                        FirstInstruction(p, v1::Instruction::kLoadInput)
+                                            .mutable_load_input()
+                                            ->clear_tensors();
+                                      },
+                                      "load_input.tensors has 0 entries"},
+                      CorruptPlanCase{"EmptyContents",
+                                      [](v1::ExecutionPlan& p) {
+                                        FirstInstruction(p, v1::Instruction::kLoadInput)
+                                            .mutable_load_input()
+                                            ->clear_contents();
+                                      },
+                                      "load_input.contents"},
+                      CorruptPlanCase{"UnknownBufferId",
+                                      [](v1::ExecutionPlan& p) {
+                                        FirstInstruction(p, v1::Instruction::kForward)
+                                            .mutable_forward()
+                                            ->set_input_buffer_ids(0, p.num_buffers() + 3);
+                                      },
+                                      "forward.input_buffer_ids[0]"}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

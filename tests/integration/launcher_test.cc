@@ -22,7 +22,6 @@ using ::varipipe::testing::RunCommand;
 
 using ::testing::HasSubstr;
 
-
 // Debian's torchrun (PyTorch 1.13 under Python 3.11) mis-parses its default
 // --redirects/--tee value "0", hence the explicit "--redirects 2 --tee 2";
 // it also only knows the underscore spellings of its options.

@@ -131,15 +131,7 @@ class MetricsEndpoints : public ::testing::Test {
     std::error_code ignored;
     if (!HasFailure()) std::filesystem::remove_all(dir_, ignored);
   }
-  std::string TokenFlag() {
-    const std::filesystem::path token = dir_ / "token";
-    if (!std::filesystem::exists(token)) {
-      std::ofstream(token) << "test-token-0123456789abcdef0123456789abcdef\n";
-      std::filesystem::permissions(
-          token, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
-    }
-    return absl::StrCat(" --token_file '", token.string(), "'");
-  }
+  std::string TokenFlag() { return varipipe::testing::TokenFileFlag(dir_); }
 
   std::unique_ptr<RedisServer> redis_;
   std::filesystem::path dir_;

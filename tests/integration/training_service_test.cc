@@ -152,17 +152,7 @@ class TrainingService : public ::testing::Test {
         dir_, name, redis_->password(),
         "--config job.json --progress_interval_s 0 --lease_ms 1000" + TokenFlag() + extra);
   }
-  // The job token every daemon and executor of the test shares
-  // (docs/security.md): a 0600 file in the test's directory.
-  std::string TokenFlag() {
-    const std::filesystem::path token = dir_ / "token";
-    if (!std::filesystem::exists(token)) {
-      std::ofstream(token) << "test-token-0123456789abcdef0123456789abcdef\n";
-      std::filesystem::permissions(
-          token, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
-    }
-    return absl::StrCat(" --token_file '", token.string(), "'");
-  }
+  std::string TokenFlag() { return varipipe::testing::TokenFileFlag(dir_); }
 
   std::unique_ptr<RedisServer> redis_;
   std::filesystem::path dir_;

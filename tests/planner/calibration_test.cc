@@ -273,19 +273,26 @@ TEST(Calibration, OverheadConvergesToTheResidualOfWholeIterations) {
     const CalibrationReport report{.iteration = it,
                                    .measured_iteration_ms = pipeline + kResidual,
                                    .predicted_iteration_ms = pipeline + overhead,
-                                   .predicted_overhead_ms = overhead};
+                                   .predicted_overhead_ms = overhead,
+                                   .plan_calibration_version = it};
     ASSERT_TRUE(FoldReport(report, &state)) << "seed " << seed;
     overhead = ScalesOf(state, layout).overhead_ms;
     EXPECT_NEAR(overhead, kResidual, 1e-9) << "iteration " << it << ", seed " << seed;
   }
-  // Another rank's report (no whole iteration) leaves the overhead alone.
+  // Another rank's report (no whole iteration), or one of a plan made
+  // before any calibration, leaves the overhead alone.
   const double before = state.overhead_ms();
   EXPECT_FALSE(FoldReport({.iteration = 31}, &state));
+  EXPECT_FALSE(FoldReport(
+      {.iteration = 31, .measured_iteration_ms = 900, .predicted_iteration_ms = 100}, &state));
   EXPECT_EQ(state.overhead_ms(), before);
   // A negative residual (the simulation overestimates) is learned too, and
   // the description shows it.
   for (uint64_t it = 32; it < 60; ++it) {
-    FoldReport({.iteration = it, .measured_iteration_ms = 90, .predicted_iteration_ms = 100},
+    FoldReport({.iteration = it,
+                .measured_iteration_ms = 90,
+                .predicted_iteration_ms = 100,
+                .plan_calibration_version = it},
                &state);
   }
   EXPECT_NEAR(ScalesOf(state, layout).overhead_ms, -10, 0.01);

@@ -169,6 +169,18 @@ inline void Signal(const std::filesystem::path& dir, const std::string& name, in
   if (std::optional<int> pid = ReadNumber(dir / (name + ".pid"))) ::kill(*pid, signal);
 }
 
+// " --token_file 'DIR/token'": the job token every daemon and executor of a
+// test shares (docs/security.md), written once as a 0600 file in DIR.
+inline std::string TokenFileFlag(const std::filesystem::path& dir) {
+  const std::filesystem::path token = dir / "token";
+  if (!std::filesystem::exists(token)) {
+    std::ofstream(token) << "test-token-0123456789abcdef0123456789abcdef\n";
+    std::filesystem::permissions(
+        token, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  }
+  return absl::StrCat(" --token_file '", token.string(), "'");
+}
+
 }  // namespace varipipe::testing
 
 #endif  // VARIPIPE_TESTS_TESTING_EXECUTOR_RANKS_H_
