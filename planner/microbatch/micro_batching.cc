@@ -454,6 +454,8 @@ MicroBatchingOptions MicroBatchingOptionsFromConfig(const v1::JobConfig& config,
   o.virtual_chunks = config.parallelism().virtual_chunks();
   o.data_parallel = config.parallelism().data();
   o.tensor_parallel = config.parallelism().tensor();
+  // Validation admits stages 0 and 1 (common/config/job_config.cc).
+  o.zero = static_cast<ZeroStage>(std::min(config.training().zero_stage(), 3u));
   o.device_memory_limit_bytes =
       static_cast<double>(config.cluster().device_memory_limit_mib()) * (1 << 20);
   o.recompute_modes.clear();

@@ -209,6 +209,45 @@ TEST(PlannerSearch, EachDeviceGetsItsOwnRoom) {
   }
 }
 
+// training.zero_stage 1 at dp = 2: every device's predicted model state
+// falls by half its optimizer state (the share the other replica holds), and
+// each rank's activation room grows by exactly that.
+TEST(PlannerSearch, ZeroStageOneFreesHalfTheOptimizerStateAtDp2) {
+  const Job job{.t5 = false, .pp = 2, .dp = 2, .memory_mib = 2048};
+  const v1::JobConfig replicated = Config(job);
+  v1::JobConfig sharded = replicated;
+  sharded.mutable_training()->set_zero_stage(1);
+  ASSERT_THAT(ValidateJobConfig(sharded, "test"), IsOk());
+  absl::StatusOr<Planner> plain = Planner::Create(replicated);
+  absl::StatusOr<Planner> zero1 = Planner::Create(sharded);
+  ASSERT_THAT(plain, IsOk());
+  ASSERT_THAT(zero1, IsOk());
+  const ModelDims dims = ModelDimsFromConfig(replicated.model());
+  absl::StatusOr<StageLayout> layout = MakeStageLayout(dims, job.pp, 1);
+  ASSERT_THAT(layout, IsOk());
+  const std::vector<double> params = ParametersPerDevice(plain->cost_model(), *layout);
+  const SyntheticMixture mixture = SyntheticMixture::Flan(5);
+  uint64_t cursor = 0;
+  const MiniBatch mb = Draw(mixture, &cursor, job.tokens, 0);
+  absl::StatusOr<PlanningResult> a = plain->Plan(mb);
+  absl::StatusOr<PlanningResult> b = zero1->Plan(mb);
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT(b, IsOk());
+  ASSERT_EQ(a->report.memory_limit_per_rank.size(), 4u);
+  ASSERT_EQ(b->report.memory_limit_per_rank.size(), 4u);
+  for (size_t rank = 0; rank < 4; ++rank) {
+    const double p = params[rank % job.pp];
+    const ModelStateBytes s0 = ModelStatePerDevice(p, dims.dtype_bytes, ZeroStage::k0, 2);
+    const ModelStateBytes s1 = ModelStatePerDevice(p, dims.dtype_bytes, ZeroStage::k1, 2);
+    EXPECT_DOUBLE_EQ(s1.parameters, s0.parameters);
+    EXPECT_DOUBLE_EQ(s1.gradients, s0.gradients);
+    EXPECT_DOUBLE_EQ(s1.optimizer, s0.optimizer / 2);
+    EXPECT_NEAR(b->report.memory_limit_per_rank[rank] - a->report.memory_limit_per_rank[rank],
+                s0.optimizer / 2, 1e-6 * s0.optimizer)
+        << "rank " << rank;
+  }
+}
+
 // With more room on some devices, per-device budgets never predict a slower
 // iteration than the common budget on the same partitions' candidates, and
 // the validator checks each rank against its own limit.
