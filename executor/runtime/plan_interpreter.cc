@@ -477,6 +477,10 @@ class IterationRun {
       if (stage == it_.stages_.end()) {
         return absl::FailedPreconditionError(absl::StrCat("all-reduce of unknown stage ", id));
       }
+      if (OptimizerSharding* sharding = it_.options_.sharding; sharding != nullptr) {
+        VP_RETURN_IF_ERROR(sharding->ReduceScatterGradients(id, group, *it_.transport_));
+        continue;
+      }
       std::vector<torch::Tensor> grads;
       for (torch::Tensor& p : stage->second->parameters()) {
         if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
@@ -517,12 +521,18 @@ class IterationRun {
     // The optimizer's time is its local work: the norm, then the step (the
     // norm's all-reduce waits for the replica's slowest stage).
     const Clock::time_point norm_start = Clock::now();
+    OptimizerSharding* sharding = it_.options_.sharding;
+    if (sharding != nullptr) VP_RETURN_IF_ERROR(sharding->CheckGradientsReduced());
     float squared = static_cast<float>(it_.optimizer_->LocalSquaredGradNorm());
     stats_.optimizer_seconds += Seconds(Clock::now() - norm_start);
+    Transport* host =
+        it_.options_.host_transport != nullptr ? it_.options_.host_transport : it_.transport_;
+    if (sharding != nullptr) {  // ZeRO stage 1: the shards' squares add up over the group
+      VP_RETURN_IF_ERROR(host->AllReduceMean(std::span<float>(&squared, 1), sharding->group()));
+      squared *= static_cast<float>(sharding->group().size());
+    }
     const std::vector<int>& group = it_.options_.pipeline_group;
     if (group.size() > 1) {
-      Transport* host =
-          it_.options_.host_transport != nullptr ? it_.options_.host_transport : it_.transport_;
       VP_RETURN_IF_ERROR(host->AllReduceMean(std::span<float>(&squared, 1), group));
       squared *= static_cast<float>(group.size());
     }
@@ -533,6 +543,13 @@ class IterationRun {
     const double elapsed = Seconds(Clock::now() - start);
     stats_.compute_seconds += elapsed;
     stats_.optimizer_seconds += elapsed;
+    if (sharding != nullptr) {  // every replica's parameters whole again
+      const Clock::time_point gather_start = Clock::now();
+      VP_RETURN_IF_ERROR(sharding->AllGatherParameters(*it_.transport_));
+      const double gathered = Seconds(Clock::now() - gather_start);
+      stats_.communication_seconds += gathered;
+      stats_.all_reduce_seconds += gathered;
+    }
     return absl::OkStatus();
   }
 

@@ -6,7 +6,9 @@
 // under full recomputation, which re-runs one layer at a time inside the
 // backward); AllReduceGradients averages gradients over the data-parallel
 // group and OptimizerStep clips by the global norm over the pipeline and
-// applies the optimizer (AdamW or SGD).
+// applies the optimizer (AdamW or SGD). Under ZeRO stage 1 the gradients
+// are reduce-scattered instead, the optimizer updates this rank's shard,
+// and OptimizerStep all-gathers the parameters (optimizer_sharding.h).
 //
 // Nothing is exchanged at run time except the tensors: receive buffers are
 // allocated from the shapes in the plan, and every tensor a rank produces is
@@ -33,6 +35,7 @@
 #include "executor/model/model_stage.h"
 #include "executor/runtime/counting_allocator.h"
 #include "executor/runtime/instruction_progress.h"
+#include "executor/runtime/optimizer_sharding.h"
 #include "executor/runtime/training_optimizer.h"
 #include "varipipe/v1/plan.pb.h"
 
@@ -64,10 +67,17 @@ struct InterpreterOptions {
   // records this account's bytes per instruction. The executor passes the
   // process's account; threaded tests pass each rank's own.
   MemoryAccount* memory = nullptr;
+  // ZeRO stage 1 (optimizer_sharding.h): when set, AllReduceGradients
+  // reduce-scatters each stage's gradients into this rank's shard, the
+  // optimizer (built over the shards) steps them, and OptimizerStep
+  // all-gathers the parameters after. Null: stage 0 (all-reduce).
+  OptimizerSharding* sharding = nullptr;
   // Called by OptimizerStep once the gradients are final (data-parallel
   // all-reduce done, the global norm in `grad_norm`) and before clipping and
   // the update, on the interpreter's thread: equivalence tests read the
-  // gradients the optimizer is about to apply. Empty: nothing is called.
+  // gradients the optimizer is about to apply (under ZeRO stage 1 the
+  // shards' gradients; the model's are zero by then). Empty: nothing is
+  // called.
   std::function<void(const IterationStats&)> before_optimizer_step;
 };
 
@@ -110,8 +120,9 @@ struct IterationStats {
   double overhead_seconds = 0;
   double total_seconds = 0;
   // Parts of the above: the data-parallel gradient all-reduce (waiting for
-  // the other replicas included) and the optimizer's local work (gradient
-  // norm and step).
+  // the other replicas included; ZeRO stage 1: the reduce-scatter and the
+  // parameters' all-gather) and the optimizer's local work (gradient norm
+  // and step).
   double all_reduce_seconds = 0;
   double optimizer_seconds = 0;
   // In the order of the first forward of each (stage, micro-batch).
