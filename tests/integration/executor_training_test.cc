@@ -54,10 +54,11 @@ using ::varipipe::testing::IsOk;
 
 struct EquivalenceCase {
   bool t5 = false;
-  std::string schedule;   // planner.schedules
-  std::string recompute;  // planner.recompute_modes
-  std::string method;     // planner.partition_methods
-  std::string name;       // names the model, schedule and recompute mode
+  std::string schedule;     // planner.schedules
+  std::string recompute;    // planner.recompute_modes
+  std::string method;       // planner.partition_methods
+  std::string name;         // names the model, schedule and recompute mode
+  uint32_t zero_stage = 0;  // training.zero_stage
 };
 
 constexpr int kSgdIterations = 3;
@@ -100,7 +101,8 @@ TEST_P(ProcessEquivalence, FourProcessesMatchTheReferenceAfterThreeSgdSteps) {
       "training": {"iterations": )",
       kSgdIterations, R"(, "optimizer": "SGD",
                    "learning_rate": 0.05, "min_learning_rate": 0.05,
-                   "gradient_clip_norm": 0}})");
+                   "gradient_clip_norm": 0, "zero_stage": )",
+      c.zero_stage, "}}");
   const CommandResult plan = RunCommand(
       absl::StrCat("cd '", dir.string(), "' && ", Bin("varipipe-plan"),
                    " --config job.json --iterations ", kSgdIterations, " --emit-plans plans"));
@@ -109,6 +111,11 @@ TEST_P(ProcessEquivalence, FourProcessesMatchTheReferenceAfterThreeSgdSteps) {
       LaunchRanks(dir, 4, (*redis)->password(),
                   "--config job.json --plans plans --run_id test --save_parameters params");
   ASSERT_EQ(run.exit_code, 0) << run.output;
+  // Every rank logs its measured model state after its first step.
+  EXPECT_THAT(run.output, ::testing::HasSubstr(absl::StrCat(
+                              "optimizer state ", c.zero_stage == 1 ? "sharded" : "whole")));
+  EXPECT_THAT(run.output, ::testing::HasSubstr(absl::StrCat("(training.zero_stage ", c.zero_stage,
+                                                            ", data-parallel degree 2)")));
 
   absl::StatusOr<v1::JobConfig> config = LoadJobConfigFile((dir / "job.json").string());
   ASSERT_THAT(config, IsOk());
@@ -168,17 +175,23 @@ TEST_P(ProcessEquivalence, FourProcessesMatchTheReferenceAfterThreeSgdSteps) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, ProcessEquivalence,
     ::testing::Values(EquivalenceCase{false, "ONE_F_ONE_B", "RECOMPUTE_NONE", "DYNAMIC_PROGRAMMING",
-                                      "Gpt_OneFOneB_RecomputeNone"},
+                                      "Gpt_OneFOneB_RecomputeNone", 0},
                       EquivalenceCase{false, "ONE_F_ONE_B", "RECOMPUTE_SELECTIVE",
-                                      "DYNAMIC_PROGRAMMING", "Gpt_OneFOneB_RecomputeSelective"},
+                                      "DYNAMIC_PROGRAMMING", "Gpt_OneFOneB_RecomputeSelective", 0},
                       EquivalenceCase{false, "ADAPTIVE", "RECOMPUTE_FULL", "DYNAMIC_PROGRAMMING",
-                                      "Gpt_Adaptive_RecomputeFull"},
+                                      "Gpt_Adaptive_RecomputeFull", 0},
                       EquivalenceCase{false, "ONE_F_ONE_B", "RECOMPUTE_NONE", "PACKING",
-                                      "GptPacked_OneFOneB_RecomputeNone"},
+                                      "GptPacked_OneFOneB_RecomputeNone", 0},
                       EquivalenceCase{true, "ONE_F_ONE_B", "RECOMPUTE_SELECTIVE",
-                                      "DYNAMIC_PROGRAMMING", "T5_OneFOneB_RecomputeSelective"},
+                                      "DYNAMIC_PROGRAMMING", "T5_OneFOneB_RecomputeSelective", 0},
                       EquivalenceCase{true, "ADAPTIVE", "RECOMPUTE_FULL", "DYNAMIC_PROGRAMMING",
-                                      "T5_Adaptive_RecomputeFull"}),
+                                      "T5_Adaptive_RecomputeFull", 0},
+                      // ZeRO stage 1: the shards' steps give the same parameters.
+                      EquivalenceCase{false, "ONE_F_ONE_B", "RECOMPUTE_NONE", "DYNAMIC_PROGRAMMING",
+                                      "Gpt_OneFOneB_RecomputeNone_Zero1", 1},
+                      EquivalenceCase{true, "ONE_F_ONE_B", "RECOMPUTE_SELECTIVE",
+                                      "DYNAMIC_PROGRAMMING", "T5_OneFOneB_RecomputeSelective_Zero1",
+                                      1}),
     [](const auto& info) { return info.param.name; });
 
 TEST(ExecutorTraining, FourPipelineRanksTrainTenIterations) {
