@@ -346,5 +346,28 @@ TEST(UpdateCosts, RingAndMeasuredAllReduce) {
   EXPECT_EQ(MeasuredAllReduceMs(measured, 1e6, 1), 0);
 }
 
+// ZeRO stage 1 at dp = 2: the optimizer step updates half of each device's
+// parameters (its time falls by half its parameter-proportional part), the
+// reduce-scatter and all-gather cost what the all-reduce cost.
+TEST(UpdateCosts, ZeroStageOneStepsTheShard) {
+  v1::JobConfig config = Config(false, 2, 2);
+  absl::StatusOr<Planner> planner = Planner::Create(config);
+  ASSERT_THAT(planner, IsOk());
+  const StageLayout layout = Layout(false, 2);
+  const std::vector<DeviceUpdateCost> whole =
+      DeviceUpdateCosts(planner->cost_model(), layout, config);
+  config.mutable_training()->set_zero_stage(1);
+  const std::vector<DeviceUpdateCost> sharded =
+      DeviceUpdateCosts(planner->cost_model(), layout, config);
+  ASSERT_EQ(whole.size(), 2u);
+  ASSERT_EQ(sharded.size(), 2u);
+  for (size_t d = 0; d < 2; ++d) {
+    EXPECT_DOUBLE_EQ(sharded[d].all_reduce_ms, whole[d].all_reduce_ms);
+    EXPECT_GT(whole[d].optimizer_ms, 0);
+    EXPECT_LT(sharded[d].optimizer_ms, whole[d].optimizer_ms);
+    EXPECT_GE(sharded[d].optimizer_ms, whole[d].optimizer_ms / 2);
+  }
+}
+
 }  // namespace
 }  // namespace varipipe::planner
