@@ -253,13 +253,15 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
                                   coordinates.dp_rank, torch_device));
   executor::TrainingOptimizer& optimizer = *rank_optimizer.optimizer;
   const int64_t parameter_bytes = executor::TensorBytes(parameters);
-  spdlog::info("model state: {} parameters ({} bytes, fp32 master weights); optimizer state {}",
-               parameter_count, parameter_bytes,
-               rank_optimizer.sharding != nullptr
-                   ? absl::StrCat("sharded over the ", rank_optimizer.sharding->data_parallel(),
-                                  " data-parallel ranks (training.zero_stage 1, shard ",
-                                  rank_optimizer.sharding->index(), ")")
-                   : std::string("whole on this rank (training.zero_stage 0)"));
+  spdlog::info(
+      "model state: {} parameters ({} bytes, fp32 master weights); optimizer state {}",
+      parameter_count, parameter_bytes,
+      rank_optimizer.sharding != nullptr
+          ? absl::StrCat("sharded over the ", rank_optimizer.sharding->data_parallel(),
+                         " data-parallel ranks (training.zero_stage 1, shard ",
+                         rank_optimizer.sharding->index(), ")")
+          : absl::StrCat("whole on this rank (training.zero_stage ", config.training().zero_stage(),
+                         ", data-parallel degree ", config.parallelism().data(), ")"));
   const int replica_base = coordinates.dp_rank * static_cast<int>(pp);
   std::vector<int> pipeline_group;
   for (uint32_t k = 0; k < pp; ++k) pipeline_group.push_back(replica_base + static_cast<int>(k));
