@@ -127,13 +127,15 @@ class Search {
 
  private:
   ReplicaTimeline ScheduleReplica(const Candidate& cand, uint32_t r) const;
-  // The layers stage `stage` runs for micro-batch `g` (the backward split
-  // rule, backward_split.h): encoder layers (GPT layers) over the input
-  // tokens, decoder layers over the target tokens; a single T5 stage both.
-  StageLayers StageLayersOf(uint32_t stage, const MicroBatchGroup& g) const {
+  // The layers stage `stage` of `stages` runs for micro-batch `g` (the
+  // backward split rule, backward_split.h): encoder layers (GPT layers) over
+  // the input tokens, decoder layers over the target tokens, a single T5
+  // stage both; the last stage the LM head.
+  StageLayers StageLayersOf(uint32_t stage, uint32_t stages, const MicroBatchGroup& g) const {
     StageLayers layers{.samples = static_cast<double>(g.size()),
                        .input_len = g.input_len,
-                       .target_len = g.target_len};
+                       .target_len = g.target_len,
+                       .head = stage + 1 == stages};
     const bool shared = dims_.encoder_decoder() && p_ == 1;
     const bool decoder = dims_.encoder_decoder() && !shared && stage >= layout_.encoder_devices;
     if (!decoder) layers.encoder_layers = layout_.encoder_layers_per_device;
@@ -299,7 +301,7 @@ ReplicaTimeline Search::ScheduleReplica(const Candidate& cand, uint32_t r) const
       const StageCost& sc = stage_costs[s];
       costs[s][k] = {sc.forward_ms, sc.backward_ms,      sc.stored_bytes,
                      sc.peak_bytes, sc.activation_bytes, sc.gradient_bytes};
-      BackwardSplitRule(dims_).Split(StageLayersOf(s, g), &costs[s][k]);
+      BackwardSplitRule(dims_).Split(StageLayersOf(s, out.shape.stages(), g), &costs[s][k]);
     }
     times[k] = split.costs[mine[k]].time_ms;
   }
@@ -491,7 +493,8 @@ ReplicaPlan Search::ReplicaOf(const Candidate& best, uint32_t r, absl::Status* s
       for (uint32_t s = 0; s < stage_costs.size(); ++s) {
         const StageCost& sc = stage_costs[s];
         StageOpCost split{.forward_ms = sc.forward_ms, .backward_ms = sc.backward_ms};
-        BackwardSplitRule(dims_).Split(StageLayersOf(s, group), &split);
+        BackwardSplitRule(dims_).Split(
+            StageLayersOf(s, static_cast<uint32_t>(stage_costs.size()), group), &split);
         planned.profiled_forward_ms.push_back(sc.forward_ms);
         planned.profiled_backward_ms.push_back(sc.backward_ms);
         planned.profiled_weight_ms.push_back(split.weight_ms);

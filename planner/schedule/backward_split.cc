@@ -4,6 +4,10 @@
 
 namespace varipipe::planner {
 
+double BackwardSplitRule::HeadTokens(const StageLayers& stage) const {
+  return dims_.encoder_decoder() ? stage.target_len : stage.input_len;
+}
+
 double BackwardSplitRule::WeightGemmShare(const StageLayers& stage) const {
   const double h = dims_.hidden;
   const double i = static_cast<double>(dims_.attention_width());
@@ -12,7 +16,8 @@ double BackwardSplitRule::WeightGemmShare(const StageLayers& stage) const {
   const double tgt = stage.target_len;
   // Per sample, summed over the stage's layers.
   const double weight = stage.encoder_layers * in * (8 * h * i + 4 * h * f) +
-                        stage.decoder_layers * (tgt * (12 * h * i + 4 * h * f) + in * 4 * h * i);
+                        stage.decoder_layers * (tgt * (12 * h * i + 4 * h * f) + in * 4 * h * i) +
+                        (stage.head ? HeadTokens(stage) * 2 * h * dims_.vocab : 0.0);
   const double attention =
       stage.encoder_layers * in * 4 * in * i + stage.decoder_layers * tgt * 4 * (tgt + in) * i;
   return weight + attention > 0 ? weight / (weight + attention) : 0.0;
@@ -28,6 +33,7 @@ double BackwardSplitRule::KeptBytes(const StageLayers& stage) const {
   if (stage.decoder_layers > 0) {
     values += stage.decoder_layers * (tgt * (6 * h + 6 * i + 2 * f) + in * 2 * i) + in * h;
   }
+  if (stage.head) values += HeadTokens(stage) * (h + dims_.vocab);
   return values * stage.samples * dims_.dtype_bytes;
 }
 

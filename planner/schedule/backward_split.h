@@ -26,7 +26,9 @@
 // bytes of Qi et al., Table 1); a T5 decoder layer adds h + i (query) and
 // i + h (output projection) per target token and 2i (key and value
 // gradients) per encoder token, and its stage keeps the encoder output (h
-// per encoder token) once for all its layers. Under full recomputation B
+// per encoder token) once for all its layers. The LM head is a linear layer
+// too: 2hV weight FLOPs and h + V kept values per token (vocabulary V) on
+// the last stage. Under full recomputation B
 // rebuilds the layer, so the same bytes are kept; they may exceed what the
 // forward stored, and the zero-bubble fill then splits a backward only
 // where they fit (weight_fill.h).
@@ -43,13 +45,15 @@ namespace varipipe::planner {
 // The layers one stage runs for one micro-batch: `encoder_layers` (GPT
 // layers or T5 encoder layers) over `input_len` tokens per sample and
 // `decoder_layers` (T5) over `target_len` tokens, attending to `input_len`
-// encoder tokens, for `samples` samples.
+// encoder tokens, for `samples` samples; `head`: the stage ends with the LM
+// head (over the target tokens for T5, the sequence for GPT).
 struct StageLayers {
   double samples = 0;
   uint32_t input_len = 0;
   uint32_t target_len = 0;
   uint32_t encoder_layers = 0;
   uint32_t decoder_layers = 0;
+  bool head = false;
 };
 
 class BackwardSplitRule {
@@ -69,6 +73,9 @@ class BackwardSplitRule {
   void Split(const StageLayers& stage, StageOpCost* cost) const;
 
  private:
+  // Tokens per sample the LM head runs over.
+  double HeadTokens(const StageLayers& stage) const;
+
   ModelDims dims_;
 };
 

@@ -61,8 +61,8 @@ std::vector<Linear> LayerLinears(const ModelDims& d, bool decoder) {
 // FLOPs are the weight GEMMs (2 * in * out per token), the attention core
 // 4 * s * i per token and attended position count s, and B keeps every
 // linear layer's input and output gradient (the encoder output once per
-// stage). Dimensions off GPT's proportions (i != h, f != 4i) so that no
-// shortcut formula passes.
+// stage), the LM head included. Dimensions off GPT's proportions (i != h,
+// f != 4i) so that no shortcut formula passes.
 TEST(ZeroBubbleSplit, FollowsTheLinearLayersOfTheModel) {
   const ModelDims t5{.kind = ModelKind::kT5,
                      .encoder_layers = 6,
@@ -80,7 +80,8 @@ TEST(ZeroBubbleSplit, FollowsTheLinearLayersOfTheModel) {
                             .input_len = 700,
                             .target_len = 90,
                             .encoder_layers = decoder ? 0u : 2u,
-                            .decoder_layers = decoder ? 2u : 0u};
+                            .decoder_layers = decoder ? 2u : 0u,
+                            .head = decoder};
     const double own = decoder ? stage.target_len : stage.input_len;
     double weight = 0, kept = 0;
     for (const Linear& l : LayerLinears(t5, decoder)) {
@@ -90,7 +91,12 @@ TEST(ZeroBubbleSplit, FollowsTheLinearLayersOfTheModel) {
     }
     weight *= 2;  // two layers
     kept *= 2;
-    if (decoder) kept += t5.hidden * stage.input_len;  // the encoder output, once
+    if (decoder) {
+      kept += t5.hidden * stage.input_len;  // the encoder output, once
+      // The LM head over the target tokens.
+      weight += 2.0 * t5.hidden * t5.vocab * own;
+      kept += (t5.hidden + t5.vocab) * own;
+    }
     const double attention =
         2 * own * 4 * i * (decoder ? stage.target_len + stage.input_len : stage.input_len);
     SCOPED_TRACE(decoder ? "decoder stage" : "encoder stage");
