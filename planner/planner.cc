@@ -127,29 +127,20 @@ class Search {
 
  private:
   ReplicaTimeline ScheduleReplica(const Candidate& cand, uint32_t r) const;
-  // The attention length of the backward split rule (backward_split.h):
-  // decoder stages (and a single T5 stage) the longer of input and target.
-  // What B keeps for W under full recomputation (backward_split.h): the
-  // stage's layers rebuilt, encoder layers over the input tokens, decoder
-  // layers over the target tokens.
-  double FullRecomputeKeptBytes(uint32_t stage, const MicroBatchGroup& g) const {
-    const double b = static_cast<double>(g.size());
+  // The layers stage `stage` of `stages` runs for micro-batch `g` (the
+  // backward split rule, backward_split.h): encoder layers (GPT layers) over
+  // the input tokens, decoder layers over the target tokens, a single T5
+  // stage both; the last stage the LM head.
+  StageLayers StageLayersOf(uint32_t stage, uint32_t stages, const MicroBatchGroup& g) const {
+    StageLayers layers{.samples = static_cast<double>(g.size()),
+                       .input_len = g.input_len,
+                       .target_len = g.target_len,
+                       .head = stage + 1 == stages};
     const bool shared = dims_.encoder_decoder() && p_ == 1;
     const bool decoder = dims_.encoder_decoder() && !shared && stage >= layout_.encoder_devices;
-    double bytes = 0;
-    if (!decoder) {
-      bytes += LinearKeptBytes(b * g.input_len, dims_.hidden, layout_.encoder_layers_per_device,
-                               dims_.dtype_bytes);
-    }
-    if (decoder || shared) {
-      bytes += LinearKeptBytes(b * g.target_len, dims_.hidden, layout_.decoder_layers_per_device,
-                               dims_.dtype_bytes);
-    }
-    return bytes;
-  }
-  uint32_t AttentionLen(uint32_t stage, uint32_t input_len, uint32_t target_len) const {
-    const bool decoder = dims_.encoder_decoder() && (p_ == 1 || stage >= layout_.encoder_devices);
-    return decoder ? std::max(input_len, target_len) : input_len;
+    if (!decoder) layers.encoder_layers = layout_.encoder_layers_per_device;
+    if (decoder || shared) layers.decoder_layers = layout_.decoder_layers_per_device;
+    return layers;
   }
   absl::StatusOr<DeviceOrder> StaticOrder(v1::ScheduleKind schedule,
                                           const PipelineShape& shape) const;
@@ -310,10 +301,7 @@ ReplicaTimeline Search::ScheduleReplica(const Candidate& cand, uint32_t r) const
       const StageCost& sc = stage_costs[s];
       costs[s][k] = {sc.forward_ms, sc.backward_ms,      sc.stored_bytes,
                      sc.peak_bytes, sc.activation_bytes, sc.gradient_bytes};
-      SplitBackward(dims_.hidden, AttentionLen(s, g.input_len, g.target_len), &costs[s][k]);
-      if (cand.recompute == Recompute::kFull) {
-        costs[s][k].weight_stored_bytes = FullRecomputeKeptBytes(s, g);
-      }
+      BackwardSplitRule(dims_).Split(StageLayersOf(s, out.shape.stages(), g), &costs[s][k]);
     }
     times[k] = split.costs[mine[k]].time_ms;
   }
@@ -505,7 +493,8 @@ ReplicaPlan Search::ReplicaOf(const Candidate& best, uint32_t r, absl::Status* s
       for (uint32_t s = 0; s < stage_costs.size(); ++s) {
         const StageCost& sc = stage_costs[s];
         StageOpCost split{.forward_ms = sc.forward_ms, .backward_ms = sc.backward_ms};
-        SplitBackward(dims_.hidden, AttentionLen(s, group.input_len, group.target_len), &split);
+        BackwardSplitRule(dims_).Split(
+            StageLayersOf(s, static_cast<uint32_t>(stage_costs.size()), group), &split);
         planned.profiled_forward_ms.push_back(sc.forward_ms);
         planned.profiled_backward_ms.push_back(sc.backward_ms);
         planned.profiled_weight_ms.push_back(split.weight_ms);

@@ -19,8 +19,8 @@ struct StageOpCost {
   double gradient_bytes = 0;
   // Split backward (op.h): W's time (B then takes backward_ms - weight_ms)
   // and the bytes B keeps for W (the linear layers' inputs and output
-  // gradients), held from B's end to W's end. Set by SplitBackward
-  // (planner/schedule/backward_split.h).
+  // gradients), held from B's end to W's end. Set by
+  // BackwardSplitRule::Split (planner/schedule/backward_split.h).
   double weight_ms = 0;
   double weight_stored_bytes = 0;
 

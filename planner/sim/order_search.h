@@ -32,7 +32,7 @@ struct AdaptiveSearchResult {
 // every device's peak is within its own limit (the scalar form: one limit
 // for all). `zero_bubble`: the adaptive zero-bubble schedule, every
 // order's schedule filled with deferred weight gradients
-// (FillWeightGradients, weight_fill.h; costs need SplitBackward).
+// (FillWeightGradients, weight_fill.h; costs need BackwardSplitRule::Split).
 absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(const PipelineShape& shape,
                                                          const StageCostTable& costs,
                                                          std::span<const double> times_ms,

@@ -38,7 +38,7 @@ namespace varipipe::planner {
 
 // REQUIRES: `order` holds every F and B once and no W (CheckScheduleCoverage)
 // and completes; costs carry weight_ms and weight_stored_bytes
-// (SplitBackward); one limit per device.
+// (BackwardSplitRule::Split); one limit per device.
 absl::StatusOr<DeviceOrder> FillWeightGradients(const PipelineShape& shape,
                                                 const DeviceOrder& order,
                                                 const StageCostTable& costs,

@@ -271,6 +271,7 @@ TEST(Calibration, OverheadConvergesToTheResidualOfWholeIterations) {
   for (uint64_t it = 1; it <= 30; ++it) {
     const double pipeline = pipeline_ms(rng);
     const CalibrationReport report{.iteration = it,
+                                   .passes = {},
                                    .measured_iteration_ms = pipeline + kResidual,
                                    .predicted_iteration_ms = pipeline + overhead,
                                    .predicted_overhead_ms = overhead,
@@ -282,14 +283,16 @@ TEST(Calibration, OverheadConvergesToTheResidualOfWholeIterations) {
   // Another rank's report (no whole iteration), or one of a plan made
   // before any calibration, leaves the overhead alone.
   const double before = state.overhead_ms();
-  EXPECT_FALSE(FoldReport({.iteration = 31}, &state));
+  EXPECT_FALSE(FoldReport({.iteration = 31, .passes = {}}, &state));
   EXPECT_FALSE(FoldReport(
-      {.iteration = 31, .measured_iteration_ms = 900, .predicted_iteration_ms = 100}, &state));
+      {.iteration = 31, .passes = {}, .measured_iteration_ms = 900, .predicted_iteration_ms = 100},
+      &state));
   EXPECT_EQ(state.overhead_ms(), before);
   // A negative residual (the simulation overestimates) is learned too, and
   // the description shows it.
   for (uint64_t it = 32; it < 60; ++it) {
     FoldReport({.iteration = it,
+                .passes = {},
                 .measured_iteration_ms = 90,
                 .predicted_iteration_ms = 100,
                 .plan_calibration_version = it},

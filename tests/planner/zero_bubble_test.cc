@@ -38,15 +38,94 @@ TEST(ZeroBubbleOp, WeightOpsRoundTripThroughText) {
   EXPECT_FALSE(ParseOp("W3").ok());
 }
 
-TEST(ZeroBubbleSplit, FollowsTheGemmShareRule) {
-  StageOpCost c{.forward_ms = 10, .backward_ms = 20, .stored_bytes = 340};
-  SplitBackward(4096, 2048, &c);
-  EXPECT_NEAR(c.weight_ms, 10 * 6.0 * 4096 / (6.0 * 4096 + 2048), 1e-9);
-  EXPECT_NEAR(c.input_grad_ms(), 20 - c.weight_ms, 1e-9);
-  EXPECT_NEAR(c.weight_stored_bytes, 320, 1e-9);
+// The linear layers of one transformer layer as the executor builds them
+// (executor/model/transformer_layer.cc): input width, output width and
+// whether they run over encoder tokens (T5 cross-attention keys and values)
+// instead of the layer's own tokens.
+struct Linear {
+  double in, out;
+  bool over_encoder_tokens = false;
+};
+std::vector<Linear> LayerLinears(const ModelDims& d, bool decoder) {
+  const double h = d.hidden, i = static_cast<double>(d.attention_width()), f = d.ffn;
+  std::vector<Linear> l = {{h, 3 * i}, {i, h}, {h, f}, {f, h}};
+  if (decoder) {
+    l.push_back({h, i});
+    l.push_back({h, 2 * i, true});
+    l.push_back({i, h});
+  }
+  return l;
+}
+
+// The split rule against a layer-by-layer count of the linear layers: W's
+// FLOPs are the weight GEMMs (2 * in * out per token), the attention core
+// 4 * s * i per token and attended position count s, and B keeps every
+// linear layer's input and output gradient (the encoder output once per
+// stage), the LM head included. Dimensions off GPT's proportions (i != h,
+// f != 4i) so that no shortcut formula passes.
+TEST(ZeroBubbleSplit, FollowsTheLinearLayersOfTheModel) {
+  const ModelDims t5{.kind = ModelKind::kT5,
+                     .encoder_layers = 6,
+                     .decoder_layers = 6,
+                     .hidden = 512,
+                     .heads = 12,
+                     .kv_channels = 96,
+                     .ffn = 3000,
+                     .vocab = 32128,
+                     .dtype_bytes = 2};
+  const BackwardSplitRule rule(t5);
+  const double i = static_cast<double>(t5.attention_width());
+  for (const bool decoder : {false, true}) {
+    const StageLayers stage{.samples = 3,
+                            .input_len = 700,
+                            .target_len = 90,
+                            .encoder_layers = decoder ? 0u : 2u,
+                            .decoder_layers = decoder ? 2u : 0u,
+                            .head = decoder};
+    const double own = decoder ? stage.target_len : stage.input_len;
+    double weight = 0, kept = 0;
+    for (const Linear& l : LayerLinears(t5, decoder)) {
+      const double tokens = l.over_encoder_tokens ? stage.input_len : own;
+      weight += 2 * l.in * l.out * tokens;
+      kept += (l.in + l.out) * tokens - (l.over_encoder_tokens ? l.in * tokens : 0);
+    }
+    weight *= 2;  // two layers
+    kept *= 2;
+    if (decoder) {
+      kept += t5.hidden * stage.input_len;  // the encoder output, once
+      // The LM head over the target tokens.
+      weight += 2.0 * t5.hidden * t5.vocab * own;
+      kept += (t5.hidden + t5.vocab) * own;
+    }
+    const double attention =
+        2 * own * 4 * i * (decoder ? stage.target_len + stage.input_len : stage.input_len);
+    SCOPED_TRACE(decoder ? "decoder stage" : "encoder stage");
+    EXPECT_NEAR(rule.WeightGemmShare(stage), weight / (weight + attention), 1e-12);
+    EXPECT_NEAR(rule.KeptBytes(stage), kept * stage.samples * 2, 1e-6 * kept);
+    StageOpCost c{.forward_ms = 10, .backward_ms = 20};
+    rule.Split(stage, &c);
+    EXPECT_NEAR(c.weight_ms, 10 * weight / (weight + attention), 1e-9);
+    EXPECT_NEAR(c.input_grad_ms(), 20 - c.weight_ms, 1e-9);
+    EXPECT_DOUBLE_EQ(c.weight_stored_bytes, rule.KeptBytes(stage));
+  }
+  // GPT proportions: the share is 6h / (6h + s) and B keeps 16h values per
+  // token and layer (Qi et al.'s 32 b s h bytes at 2-byte activations).
+  const ModelDims gpt{.kind = ModelKind::kGpt,
+                      .encoder_layers = 32,
+                      .hidden = 4096,
+                      .heads = 32,
+                      .kv_channels = 128,
+                      .ffn = 16384,
+                      .vocab = 50257,
+                      .dtype_bytes = 2};
+  const StageLayers layer{.samples = 2, .input_len = 2048, .encoder_layers = 1};
+  EXPECT_NEAR(BackwardSplitRule(gpt).WeightGemmShare(layer), 6.0 * 4096 / (6.0 * 4096 + 2048),
+              1e-12);
+  EXPECT_DOUBLE_EQ(BackwardSplitRule(gpt).KeptBytes(layer), 32.0 * 2 * 2048 * 4096);
   // W never exceeds half the backward.
   StageOpCost short_backward{.forward_ms = 10, .backward_ms = 8};
-  SplitBackward(4096, 16, &short_backward);
+  BackwardSplitRule(gpt).Split({.samples = 1, .input_len = 16, .encoder_layers = 1},
+                               &short_backward);
   EXPECT_DOUBLE_EQ(short_backward.weight_ms, 4);
 }
 
@@ -186,10 +265,12 @@ TEST(ZeroBubbleH1, BubbleFractionAgainstOneFOneBOnTheA100Model) {
     const StageCost& layers = stages[1];  // no embedding, no LM head
     StageOpCost c{layers.forward_ms, layers.backward_ms,      layers.stored_bytes,
                   layers.peak_bytes, layers.activation_bytes, layers.gradient_bytes};
-    SplitBackward(dims.hidden, 1024, &c);
+    BackwardSplitRule(dims).Split(
+        {.samples = 2, .input_len = 1024, .encoder_layers = dims.encoder_layers / p}, &c);
     const PipelineShape shape{p, 1, 2 * p};
     const StageCostTable costs(p, std::vector<StageOpCost>(shape.micro_batches, c));
-    const ClusterNetwork nvlink{.intra_node = {.latency_ms = 0.005, .bytes_per_ms = 150e6}};
+    const ClusterNetwork nvlink{.intra_node = {.latency_ms = 0.005, .bytes_per_ms = 150e6},
+                                .inter_node = {}};
     const SimulationResult ofob = Simulate(shape, *OneFOneBSchedule(shape), costs, nvlink);
     const SimulationResult zb = Simulate(shape, *ZeroBubbleH1Schedule(shape), costs, nvlink);
     ASSERT_TRUE(ofob.completed && zb.completed);
@@ -223,7 +304,7 @@ StageCostTable Uneven(uint32_t stages, const std::vector<double>& factor) {
                   .activation_bytes = 0,
                   .gradient_bytes = 0,
                   .weight_ms = 0.9 * factor[m],
-                  .weight_stored_bytes = 100 * kWeightKeptFraction * factor[m]};
+                  .weight_stored_bytes = 100 * 32.0 / 34 * factor[m]};
     }
   }
   return costs;
@@ -247,7 +328,8 @@ TEST(AdaptiveZeroBubble, KeepsMemoryAndShortensTheIteration) {
     const StageCostTable costs = Uneven(c, factor);
     const double limit = 130 * 3.0 * (1 + rng() % 6);
     const PipelineShape shape{c, 1, m};
-    const ClusterNetwork net{.intra_node = {.latency_ms = 0.01, .bytes_per_ms = 0}};
+    const ClusterNetwork net{.intra_node = {.latency_ms = 0.01, .bytes_per_ms = 0},
+                             .inter_node = {}};
     absl::StatusOr<AdaptiveSearchResult> adaptive =
         SearchAdaptiveOrder(shape, costs, factor, limit, net);
     absl::StatusOr<AdaptiveSearchResult> zb =
