@@ -230,7 +230,7 @@ absl::Status PrepareSamples(const CostModel& model, const StageLayout& layout,
                             const MicroBatchingOptions& o, MicroBatchingResult& result) {
   if (absl::Status s = CheckAndTruncate(o, result.samples, result.truncated); !s.ok()) return s;
   absl::StatusOr<std::vector<double>> rooms = AvailableActivationBytesPerDevice(
-      model, layout, o.dims.dtype_bytes, o.zero, o.data_parallel, o.device_memory_limit_bytes);
+      model, layout, o.zero, o.data_parallel, o.device_memory_limit_bytes);
   if (!rooms.ok()) return rooms.status();
   const double smallest = *std::min_element(rooms->begin(), rooms->end());
   if (!o.per_device_memory) rooms->assign(rooms->size(), smallest);

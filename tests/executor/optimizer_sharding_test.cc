@@ -330,16 +330,12 @@ TEST(Zero1Checkpoint, RefusesAnotherDataParallelDegree) {
 
 // The executor's measured model state per rank against the planner's
 // ModelStatePerDevice for the same model and layout (GPT and T5, pp = 2,
-// dp = 2, stages 0 and 1). Comparable at fp32 (the tiny jobs' model.dtype,
-// and what the executor keeps on every device): the planner's fp32 layout is
-// 4 bytes of parameters, 4 of gradients and 8 of AdamW moments per
-// parameter, the executor's exactly that. (With a 16-bit model.dtype the
-// planner budgets the ZeRO paper's mixed precision, 2 + 2 + 12 bytes, while
-// the executor keeps fp32 master weights as its parameters under autocast:
-// the totals agree at stage 0, not the components; docs/cost-model.md.)
-// The planner's parameter count omits the learned position embeddings and
-// T5's final encoder LayerNorm: the executor's count is the planner's plus
-// exactly those. Under stage 1 the measured optimizer state falls by
+// dp = 2, stages 0 and 1): the planner counts 4 bytes of parameters, 4 of
+// gradients and 8 of AdamW moments per parameter whatever model.dtype, the
+// executor's layout (fp32 master weights, autocast on GPUs). The planner's
+// parameter count omits only T5's final encoder LayerNorm (2h parameters on
+// the last encoder device): the executor's count is the planner's plus
+// exactly that. Under stage 1 the measured optimizer state falls by
 // (1 - 1/dp) of stage 0's, as the prediction does.
 TEST(Zero1MemoryModel, MeasuredModelStateMatchesThePrediction) {
   for (bool t5 : {false, true}) {
@@ -374,16 +370,15 @@ TEST(Zero1MemoryModel, MeasuredModelStateMatchesThePrediction) {
         // The executor's parameters: the planner's plus what it omits.
         double unmodelled = 0;
         for (const auto& [name, p] : run.parameters) {
-          if (absl::StrContains(name, "position_embedding") ||
-              absl::StrContains(name, "encoder_ln_")) {
+          if (absl::StrContains(name, "encoder_ln_")) {
             unmodelled += static_cast<double>(p.numel());
           }
         }
         const double count = static_cast<double>(run.parameter_bytes) / 4;
         EXPECT_DOUBLE_EQ(count, planned[r % 2] + unmodelled) << "rank " << r;
-        const planner::ModelStateBytes predicted = planner::ModelStatePerDevice(count, 4, zero, 2);
+        const planner::ModelStateBytes predicted = planner::ModelStatePerDevice(count, zero, 2);
         const planner::ModelStateBytes planner_own =
-            planner::ModelStatePerDevice(planned[r % 2], 4, zero, 2);
+            planner::ModelStatePerDevice(planned[r % 2], zero, 2);
         const double optimizer = static_cast<double>(run.optimizer_state_bytes.front());
         EXPECT_DOUBLE_EQ(static_cast<double>(run.parameter_bytes), predicted.parameters);
         // Equal up to the shard padding (fewer than dp elements per stage).
@@ -392,8 +387,8 @@ TEST(Zero1MemoryModel, MeasuredModelStateMatchesThePrediction) {
         std::printf(
             "%s stage %u rank %zu: measured parameters %lld + optimizer state %.0f = %.0f bytes; "
             "predicted for the executor's %.0f parameters %.0f + %.0f = %.0f bytes; for the "
-            "planner's own count (%.0f parameters, without %.0f position-embedding and "
-            "LayerNorm ones) %.0f + %.0f = %.0f bytes\n",
+            "planner's own count (%.0f parameters, without %.0f encoder-LayerNorm ones) %.0f + "
+            "%.0f = %.0f bytes\n",
             t5 ? "T5" : "GPT", zero_stage, r, static_cast<long long>(run.parameter_bytes),
             optimizer, static_cast<double>(run.parameter_bytes) + optimizer, count,
             predicted.parameters, predicted.optimizer, predicted.parameters + predicted.optimizer,

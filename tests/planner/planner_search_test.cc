@@ -183,19 +183,18 @@ TEST(PlannerSearch, EachDeviceGetsItsOwnRoom) {
   ASSERT_THAT(layout, IsOk());
   const std::vector<double> params = ParametersPerDevice(planner->cost_model(), *layout);
   absl::StatusOr<std::vector<double>> rooms = AvailableActivationBytesPerDevice(
-      planner->cost_model(), *layout, dims.dtype_bytes, ZeroStage::k0, 1, 2048.0 * (1 << 20));
+      planner->cost_model(), *layout, ZeroStage::k0, 1, 2048.0 * (1 << 20));
   ASSERT_THAT(rooms, IsOk());
   ASSERT_EQ(rooms->size(), 4u);
   for (size_t d = 0; d < 4; ++d) {
     EXPECT_DOUBLE_EQ((*rooms)[d],
-                     2048.0 * (1 << 20) -
-                         ModelStatePerDevice(params[d], dims.dtype_bytes, ZeroStage::k0, 1).total())
+                     2048.0 * (1 << 20) - ModelStatePerDevice(params[d], ZeroStage::k0, 1).total())
         << d;
   }
   // The busiest device's room is the common budget.
   EXPECT_DOUBLE_EQ(*std::min_element(rooms->begin(), rooms->end()),
-                   *AvailableActivationBytes(planner->cost_model(), *layout, dims.dtype_bytes,
-                                             ZeroStage::k0, 1, 2048.0 * (1 << 20)));
+                   *AvailableActivationBytes(planner->cost_model(), *layout, ZeroStage::k0, 1,
+                                             2048.0 * (1 << 20)));
   const SyntheticMixture mixture = SyntheticMixture::Flan(11);
   uint64_t cursor = 0;
   for (int iteration = 0; iteration < 4; ++iteration) {
@@ -237,8 +236,8 @@ TEST(PlannerSearch, ZeroStageOneFreesHalfTheOptimizerStateAtDp2) {
   ASSERT_EQ(b->report.memory_limit_per_rank.size(), 4u);
   for (size_t rank = 0; rank < 4; ++rank) {
     const double p = params[rank % job.pp];
-    const ModelStateBytes s0 = ModelStatePerDevice(p, dims.dtype_bytes, ZeroStage::k0, 2);
-    const ModelStateBytes s1 = ModelStatePerDevice(p, dims.dtype_bytes, ZeroStage::k1, 2);
+    const ModelStateBytes s0 = ModelStatePerDevice(p, ZeroStage::k0, 2);
+    const ModelStateBytes s1 = ModelStatePerDevice(p, ZeroStage::k1, 2);
     EXPECT_DOUBLE_EQ(s1.parameters, s0.parameters);
     EXPECT_DOUBLE_EQ(s1.gradients, s0.gradients);
     EXPECT_DOUBLE_EQ(s1.optimizer, s0.optimizer / 2);
