@@ -411,9 +411,13 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
       timing->set_micro_batch(t.micro_batch);
       timing->set_stage(t.stage);
       timing->set_forward_ms(t.forward_seconds * 1e3);
-      timing->set_backward_ms(t.backward_seconds * 1e3);
+      // A split backward reports B and W together (the cost model has one
+      // backward per stage) and W apart.
+      timing->set_backward_ms((t.backward_seconds + t.weight_seconds) * 1e3);
       timing->set_profiled_forward_ms(t.profiled_forward_ms);
-      timing->set_profiled_backward_ms(t.profiled_backward_ms);
+      timing->set_profiled_backward_ms(t.profiled_backward_ms + t.profiled_weight_ms);
+      timing->set_weight_ms(t.weight_seconds * 1e3);
+      timing->set_profiled_weight_ms(t.profiled_weight_ms);
     }
     // What the plan predicted, for the daemons' calibration and error
     // statistics (docs/cost-model.md, "Calibration").

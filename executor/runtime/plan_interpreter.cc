@@ -8,6 +8,7 @@
 #include <cmath>
 #include <exception>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "executor/runtime/plan_check.h"
 
 namespace varipipe::executor {
 namespace {
@@ -87,16 +89,12 @@ class IterationRun {
     if (plan_.global_target_tokens() == 0) {
       return absl::FailedPreconditionError("plan has global_target_tokens = 0");
     }
-    // Split backwards (zero-bubble schedules) are refused before anything
-    // runs, so that no gradient is half accumulated.
-    for (int i = 0; i < plan_.instructions_size(); ++i) {
-      const v1::Instruction& in = plan_.instructions(i);
-      if (in.has_weight_grad() || (in.has_backward() && in.backward().weight_grad_deferred())) {
-        return absl::UnimplementedError(absl::StrCat(
-            "rank ", plan_.rank(), ", iteration ", plan_.iteration(), ", instruction #", i, " ",
-            Describe(in), in.has_backward() ? " with weight_grad_deferred" : "",
-            ": this executor does not run split backwards (the zero-bubble schedules "
-            "ZERO_BUBBLE_H1 and ADAPTIVE_ZERO_BUBBLE); plan with another schedule"));
+    // Split backwards (zero-bubble schedules): their order is checked before
+    // anything runs, so that no gradient is half accumulated.
+    if (absl::Status order = CheckWeightGradOrder(plan_); !order.ok()) return order;
+    for (const v1::Instruction& in : plan_.instructions()) {
+      if (in.has_backward() && in.backward().weight_grad_deferred()) {
+        deferred_.insert({in.stage(), in.micro_batch()});
       }
     }
     for (uint32_t stage : plan_.stages()) {
@@ -147,6 +145,9 @@ class IterationRun {
       }
     }
     if (progress != nullptr) progress->index.store(-1, std::memory_order_release);
+    if (!weight_grads_.empty()) {  // CheckWeightGradOrder makes this impossible
+      return absl::InternalError("the plan ended with deferred weight gradients not applied");
+    }
     stats_.instructions = plan_.instructions_size();
     stats_.total_seconds = Seconds(Clock::now() - start);
     stats_.overhead_seconds = stats_.total_seconds - stats_.compute_seconds -
@@ -160,6 +161,9 @@ class IterationRun {
     StageActivations in;
     StageActivations out;
     StageBatch batch;
+    // Split backward: what it keeps for the weight_grad; the forward's
+    // linear layers record into it (created by the forward).
+    std::unique_ptr<WeightGradStore> weight_grads;
   };
   struct Pending {
     std::vector<std::unique_ptr<Transfer>> transfers;
@@ -189,11 +193,13 @@ class IterationRun {
         }
         return absl::OkStatus();
       case v1::Instruction::kAllReduce:
+        VP_RETURN_IF_ERROR(NoWeightGradPending());
         return AllReduce(in.all_reduce());
       case v1::Instruction::kOptimizerStep:
+        VP_RETURN_IF_ERROR(NoWeightGradPending());
         return OptimizerStep();
-      case v1::Instruction::kWeightGrad:  // refused in Execute
-        return absl::UnimplementedError("split backwards are not supported");
+      case v1::Instruction::kWeightGrad:
+        return WeightGrad(in);
       default:
         return absl::InvalidArgumentError("instruction without an operation");
     }
@@ -300,6 +306,7 @@ class IterationRun {
   StageActivations RunStage(ModelStage* stage, const Saved& saved, double* seconds) {
     const Clock::time_point start = Clock::now();
     AutocastScope autocast(it_.options_.cuda_autocast_dtype);
+    const WeightGradScope weight_grads(saved.weight_grads.get());
     StageActivations out = stage->Forward(saved.in, saved.batch);
     const double elapsed = Seconds(Clock::now() - start);
     stats_.compute_seconds += elapsed;
@@ -324,6 +331,9 @@ class IterationRun {
     // every layer keeps only its inputs and is re-run in the backward.
     stage->SetSelectiveRecompute(plan_.recompute() == "selective");
     stage->SetFullRecompute(plan_.recompute() == "full");
+    if (deferred_.count({in.stage(), in.micro_batch()})) {
+      saved.weight_grads = std::make_unique<WeightGradStore>();
+    }
     MicroBatchTime& time = TimeOf(in.stage(), in.micro_batch());
     time.profiled_forward_ms = in.forward().profiled_ms();
     StageActivations out = RunStage(stage, saved, &time.forward_seconds);
@@ -361,6 +371,9 @@ class IterationRun {
     time.profiled_backward_ms = in.backward().profiled_ms();
     double& backward_seconds = time.backward_seconds;
     const v1::BackwardPass& b = in.backward();
+    if (b.weight_grad_deferred() != (saved.weight_grads != nullptr)) {
+      return absl::InternalError("the forward was not prepared for this split backward");
+    }
     const Clock::time_point start = Clock::now();
     if (stage->role().has_head) {
       saved.out.loss.backward();
@@ -382,6 +395,11 @@ class IterationRun {
     const double elapsed = Seconds(Clock::now() - start);
     stats_.compute_seconds += elapsed;
     backward_seconds += elapsed;
+    if (saved.weight_grads != nullptr) {
+      weight_grad_bytes_ += saved.weight_grads->stored_bytes();
+      stats_.weight_grad_peak_bytes = std::max(stats_.weight_grad_peak_bytes, weight_grad_bytes_);
+      weight_grads_[{in.stage(), in.micro_batch()}] = std::move(saved.weight_grads);
+    }
     // Gradients of the stage's inputs, in the order the activations came.
     std::vector<torch::Tensor> inputs;
     if (saved.in.hidden.defined()) inputs.push_back(saved.in.hidden);
@@ -398,6 +416,33 @@ class IterationRun {
       VP_RETURN_IF_ERROR(Store(b.input_grad_buffer_ids(k), g, b.input_grad_tensors(k)));
     }
     return absl::OkStatus();
+  }
+
+  // Applies what the split backward of the same (stage, micro-batch) kept.
+  absl::Status WeightGrad(const v1::Instruction& in) {
+    const auto node = weight_grads_.extract({in.stage(), in.micro_batch()});
+    if (node.empty()) {
+      return absl::FailedPreconditionError(
+          "weight_grad without a pending backward (weight_grad_deferred) of this micro-batch");
+    }
+    MicroBatchTime& time = TimeOf(in.stage(), in.micro_batch());
+    time.profiled_weight_ms = in.weight_grad().profiled_ms();
+    weight_grad_bytes_ -= node.mapped()->stored_bytes();
+    const Clock::time_point start = Clock::now();
+    node.mapped()->Apply();
+    const double elapsed = Seconds(Clock::now() - start);
+    stats_.compute_seconds += elapsed;
+    time.weight_seconds += elapsed;
+    return absl::OkStatus();
+  }
+
+  // All-reduce and the optimizer read the gradients: no split backward may
+  // still owe its weight gradients (CheckWeightGradOrder guarantees it).
+  absl::Status NoWeightGradPending() const {
+    if (weight_grads_.empty()) return absl::OkStatus();
+    const auto& [stage, micro_batch] = weight_grads_.begin()->first;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "gradients read before the weight_grad of micro-batch ", micro_batch, " on stage ", stage));
   }
 
   static std::string Key(const v1::Transfer& t, bool send) {
@@ -557,7 +602,13 @@ class IterationRun {
   const v1::ExecutionPlan& plan_;
   std::vector<torch::Tensor> buffers_;
   std::map<uint32_t, v1::LoadInput::Content> contents_;
-  std::map<std::pair<uint32_t, uint32_t>, Saved> saved_;        // (stage, micro-batch)
+  std::map<std::pair<uint32_t, uint32_t>, Saved> saved_;  // (stage, micro-batch)
+  // Split backwards: the (stage, micro-batch) pairs whose backward defers
+  // its weight gradients, and the stores of those that ran, until their
+  // weight_grad (with the bytes they hold together).
+  std::set<std::pair<uint32_t, uint32_t>> deferred_;
+  std::map<std::pair<uint32_t, uint32_t>, std::unique_ptr<WeightGradStore>> weight_grads_;
+  int64_t weight_grad_bytes_ = 0;
   std::map<std::pair<uint32_t, uint32_t>, size_t> time_index_;  // into micro_batch_times
   std::map<std::string, Pending> pending_;
   IterationStats stats_;

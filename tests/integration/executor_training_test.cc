@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -37,6 +38,7 @@
 #include "tests/testing/executor_ranks.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/reference_model.h"
+#include "tests/testing/split_backward.h"
 #include "tests/testing/status_matchers.h"
 
 namespace varipipe {
@@ -69,7 +71,8 @@ class ProcessEquivalence : public ::testing::TestWithParam<EquivalenceCase> {};
 // tests/executor/equivalence_test.cc): four varipipe-executor processes,
 // pp = 2, dp = 2, three plain-SGD steps (constant learning rate, no
 // clipping) against the independent reference model: every parameter within
-// 1e-5 relative on every rank.
+// 1e-5 relative on every rank. The zero-bubble cases split backwards into B
+// and W.
 TEST_P(ProcessEquivalence, FourProcessesMatchTheReferenceAfterThreeSgdSteps) {
   const EquivalenceCase& c = GetParam();
   const bool t5 = c.t5;
@@ -141,6 +144,9 @@ TEST_P(ProcessEquivalence, FourProcessesMatchTheReferenceAfterThreeSgdSteps) {
       plans.push_back(*std::move(p));
     }
     EXPECT_GE(micro_batches, 2);
+    if (absl::StrContains(c.schedule, "ZERO_BUBBLE")) {
+      EXPECT_GE(testing::SplitBackwards(plans), 1) << "iteration " << it;
+    }
     const testing::ReferencePass pass =
         reference.Gradients(testing::IterationSamples(plans), **dataset);
     EXPECT_EQ(plans[0].global_target_tokens(), pass.loss_tokens);
@@ -191,6 +197,16 @@ INSTANTIATE_TEST_SUITE_P(
                                       "Gpt_OneFOneB_RecomputeNone_Zero1", 1},
                       EquivalenceCase{true, "ONE_F_ONE_B", "RECOMPUTE_SELECTIVE",
                                       "DYNAMIC_PROGRAMMING", "T5_OneFOneB_RecomputeSelective_Zero1",
+                                      1},
+                      // Split backwards (B and W), also with sharded optimizer
+                      // states (every W before the reduce-scatter).
+                      EquivalenceCase{false, "ZERO_BUBBLE_H1", "RECOMPUTE_NONE",
+                                      "DYNAMIC_PROGRAMMING", "Gpt_ZeroBubbleH1_RecomputeNone", 0},
+                      EquivalenceCase{true, "ADAPTIVE_ZERO_BUBBLE", "RECOMPUTE_SELECTIVE",
+                                      "DYNAMIC_PROGRAMMING",
+                                      "T5_AdaptiveZeroBubble_RecomputeSelective", 0},
+                      EquivalenceCase{false, "ZERO_BUBBLE_H1", "RECOMPUTE_FULL",
+                                      "DYNAMIC_PROGRAMMING", "Gpt_ZeroBubbleH1_RecomputeFull_Zero1",
                                       1}),
     [](const auto& info) { return info.param.name; });
 
