@@ -25,6 +25,14 @@ struct StageOpCost {
   double weight_stored_bytes = 0;
 
   double input_grad_ms() const { return backward_ms - weight_ms; }
+  // What a split B holds beyond its forward's stored bytes at its peak: the
+  // kept pairs build up layer by layer while the transient of the layer
+  // being differentiated is live, and only the part beyond what the forward
+  // stored is new (full recomputation: almost all of it; otherwise the
+  // stored activations freed as B proceeds cover it).
+  double split_backward_extra_bytes() const {
+    return weight_stored_bytes > stored_bytes ? weight_stored_bytes - stored_bytes : 0;
+  }
 };
 
 // costs[stage][micro_batch].

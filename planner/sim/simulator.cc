@@ -209,7 +209,9 @@ class Replay {
       memory_[d] += c.stored_bytes;
       r_.peak_in_flight[d] = std::max(r_.peak_in_flight[d], ++in_flight_[d]);
     }
-    r_.peak_bytes[d] = std::max(r_.peak_bytes[d], memory_[d] + c.peak_bytes - c.stored_bytes);
+    r_.peak_bytes[d] =
+        std::max(r_.peak_bytes[d], memory_[d] + c.peak_bytes - c.stored_bytes +
+                                       (split && !forward ? c.split_backward_extra_bytes() : 0.0));
     if (forward) {
       forward_end_[key] = end;
       if (op.stage + 1 < shape_.stages()) {

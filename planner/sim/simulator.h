@@ -17,7 +17,8 @@
 // starts and freed when its backward ends; with a W, B's end frees all but
 // weight_stored_bytes (what W needs), freed when the W ends. While an F or
 // B runs the device holds everything stored plus that op's transient
-// (peak - stored); a W adds none.
+// (peak - stored), and a split B also what it keeps beyond its forward's
+// stored bytes (split_backward_extra_bytes, stage_costs.h); a W adds none.
 //
 // An order that cannot complete (a cycle of waits) is reported as a
 // deadlock naming each stuck device's next op.

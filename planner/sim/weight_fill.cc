@@ -122,7 +122,8 @@ class Filler {
   }
   bool KeepFits(uint32_t d, const Op& b) const {
     const StageOpCost& c = costs_[b.stage][b.micro_batch];
-    return memory_[d] - c.stored_bytes + c.weight_stored_bytes <= limits_[d];
+    return memory_[d] - c.stored_bytes + c.weight_stored_bytes <= limits_[d] &&
+           memory_[d] + Transient(b) + c.split_backward_extra_bytes() <= limits_[d];
   }
 
   // What device d does next and from when; false when it must wait for an

@@ -13,9 +13,10 @@
 // the next op would not fit: before a forward, when the device's memory
 // plus the forward's stored bytes plus the largest transient of the
 // micro-batches it then holds exceeds the limit (the adaptive schedule's
-// admission test, adaptive.h); before a B, when memory plus its transient,
-// or what the device holds after it (its W-kept bytes instead of its
-// stored ones), does. A B whose W-kept bytes do not fit even with no W
+// admission test, adaptive.h); before a B, when memory plus its transient
+// (split: plus what it keeps beyond its stored bytes,
+// split_backward_extra_bytes), or what the device holds after it (its
+// W-kept bytes instead of its stored ones), does. A B whose W-kept bytes do not fit even with no W
 // pending stays whole (no W; under full recomputation W keeps more than the
 // forward stored). What remains pending runs after the device's last B.
 // Deferring never pushes a device above its limit when the unsplit order
