@@ -66,9 +66,11 @@ TEST(Available, SubtractsTheBusiestDevicesModelState) {
   absl::StatusOr<StageLayout> layout = MakeStageLayout(Gpt(), 4, 1);
   ASSERT_THAT(layout, IsOk());
   const double params = MaxParametersPerDevice(*model, *layout);
-  // 8 layers plus the LM head copy (the larger end).
+  // 8 layers plus the larger end: the embedding with its 64 position rows
+  // (the LM head copy has the vocabulary's rows and the final LayerNorm).
+  EXPECT_DOUBLE_EQ(model->Parameters(Component::kEmbedding), (50432.0 + 64) * 4096);
   EXPECT_DOUBLE_EQ(params, 8 * model->Parameters(Component::kEncoderLayer) +
-                               model->Parameters(Component::kPostprocess));
+                               model->Parameters(Component::kEmbedding));
   const double limit = 40.0 * (1 << 30);
   absl::StatusOr<double> available =
       AvailableActivationBytes(*model, *layout, ZeroStage::k0, 1, limit);
