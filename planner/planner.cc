@@ -19,6 +19,7 @@
 #include "planner/parallel.h"
 #include "planner/plan/plan_builder.h"
 #include "planner/plan/validator.h"
+#include "planner/schedule/backward_split.h"
 #include "planner/schedule/static_schedules.h"
 #include "planner/sim/chrome_trace.h"
 #include "planner/sim/order_search.h"
@@ -47,6 +48,10 @@ std::string ScheduleName(v1::ScheduleKind kind) {
       return "kfkb";
     case v1::ADAPTIVE:
       return "adaptive";
+    case v1::ZERO_BUBBLE_H1:
+      return "zero_bubble_h1";
+    case v1::ADAPTIVE_ZERO_BUBBLE:
+      return "adaptive_zero_bubble";
     default:
       return "unknown";
   }
@@ -122,6 +127,21 @@ class Search {
 
  private:
   ReplicaTimeline ScheduleReplica(const Candidate& cand, uint32_t r) const;
+  // The layers stage `stage` of `stages` runs for micro-batch `g` (the
+  // backward split rule, backward_split.h): encoder layers (GPT layers) over
+  // the input tokens, decoder layers over the target tokens, a single T5
+  // stage both; the last stage the LM head.
+  StageLayers StageLayersOf(uint32_t stage, uint32_t stages, const MicroBatchGroup& g) const {
+    StageLayers layers{.samples = static_cast<double>(g.size()),
+                       .input_len = g.input_len,
+                       .target_len = g.target_len,
+                       .head = stage + 1 == stages};
+    const bool shared = dims_.encoder_decoder() && p_ == 1;
+    const bool decoder = dims_.encoder_decoder() && !shared && stage >= layout_.encoder_devices;
+    if (!decoder) layers.encoder_layers = layout_.encoder_layers_per_device;
+    if (decoder || shared) layers.decoder_layers = layout_.decoder_layers_per_device;
+    return layers;
+  }
   absl::StatusOr<DeviceOrder> StaticOrder(v1::ScheduleKind schedule,
                                           const PipelineShape& shape) const;
   void Judge(Candidate& cand) const;
@@ -217,8 +237,10 @@ void Search::EnumerateCandidates() {
         cand.report.partition_method = PartitionMethodName(split.method);
         cand.report.schedule = ScheduleName(cand.schedule);
         cand.report.recompute = RecomputeName(mode);
-        const MemoryBudget budget = cand.schedule == v1::ADAPTIVE ? MemoryBudget::kWholeDevice
-                                                                  : MemoryBudget::kPipelineDepth;
+        const MemoryBudget budget =
+            cand.schedule == v1::ADAPTIVE || cand.schedule == v1::ADAPTIVE_ZERO_BUBBLE
+                ? MemoryBudget::kWholeDevice
+                : MemoryBudget::kPipelineDepth;
         if (!split.result.ok()) {
           cand.Reject("micro-batching", std::string(split.result.status().message()));
         } else {
@@ -245,6 +267,8 @@ absl::StatusOr<DeviceOrder> Search::StaticOrder(v1::ScheduleKind schedule,
       return InterleavedOneFOneBSchedule(shape);
     case v1::KFKB:
       return KfkbSchedule(shape, c_.planner().kfkb_k());
+    case v1::ZERO_BUBBLE_H1:
+      return ZeroBubbleH1Schedule(shape);
     default:
       return absl::InvalidArgumentError("unknown schedule");
   }
@@ -277,6 +301,7 @@ ReplicaTimeline Search::ScheduleReplica(const Candidate& cand, uint32_t r) const
       const StageCost& sc = stage_costs[s];
       costs[s][k] = {sc.forward_ms, sc.backward_ms,      sc.stored_bytes,
                      sc.peak_bytes, sc.activation_bytes, sc.gradient_bytes};
+      BackwardSplitRule(dims_).Split(StageLayersOf(s, out.shape.stages(), g), &costs[s][k]);
     }
     times[k] = split.costs[mine[k]].time_ms;
   }
@@ -292,9 +317,10 @@ ReplicaTimeline Search::ScheduleReplica(const Candidate& cand, uint32_t r) const
                                    c_.cluster().intra_node_bandwidth_gbps()),
       .inter_node =
           MakeLink(c_.cluster().inter_node_latency_us(), c_.cluster().inter_node_bandwidth_gbps())};
-  if (cand.schedule == v1::ADAPTIVE) {
-    absl::StatusOr<AdaptiveSearchResult> searched = SearchAdaptiveOrder(
-        out.shape, costs, times, cand.micro_batching->available_per_device, network);
+  if (cand.schedule == v1::ADAPTIVE || cand.schedule == v1::ADAPTIVE_ZERO_BUBBLE) {
+    absl::StatusOr<AdaptiveSearchResult> searched =
+        SearchAdaptiveOrder(out.shape, costs, times, cand.micro_batching->available_per_device,
+                            network, cand.schedule == v1::ADAPTIVE_ZERO_BUBBLE);
     if (!searched.ok()) {
       out.error = std::string(searched.status().message());
       return out;
@@ -371,6 +397,7 @@ void Search::Schedule(std::span<const size_t> which) {
       cand.Reject("scheduling", "the interleaved schedule is not supported for T5 models");
     } else if (cand.chunks > 1 && dims_.encoder_layers < p_ * cand.chunks) {
       cand.Reject("scheduling", "too few layers for the virtual chunks");
+
     } else {
       cand.report.micro_batches = static_cast<int>(split.groups.size());
       cand.report.padding_efficiency = split.padding.Efficiency();
@@ -463,9 +490,14 @@ ReplicaPlan Search::ReplicaOf(const Candidate& best, uint32_t r, absl::Status* s
     if (profiled.ok() && profiled->EvaluateStages(static_cast<uint32_t>(group.size()),
                                                   group.input_len, group.target_len, best.chunks,
                                                   dims_.hidden, dims_.dtype_bytes, &stage_costs)) {
-      for (const StageCost& sc : stage_costs) {
+      for (uint32_t s = 0; s < stage_costs.size(); ++s) {
+        const StageCost& sc = stage_costs[s];
+        StageOpCost split{.forward_ms = sc.forward_ms, .backward_ms = sc.backward_ms};
+        BackwardSplitRule(dims_).Split(
+            StageLayersOf(s, static_cast<uint32_t>(stage_costs.size()), group), &split);
         planned.profiled_forward_ms.push_back(sc.forward_ms);
         planned.profiled_backward_ms.push_back(sc.backward_ms);
+        planned.profiled_weight_ms.push_back(split.weight_ms);
       }
     }
     // Packed rows start at row_starts; unpacked, every sample starts a row.

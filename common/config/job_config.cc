@@ -308,6 +308,10 @@ void ValidateTraining(const JobConfig& config, ErrorList& errors) {
     errors.Add("training.gradient_clip_norm", "must be zero (off) or positive (got ",
                t.gradient_clip_norm(), ")");
   }
+  if (t.zero_stage() > 1) {
+    errors.Add("training.zero_stage", "must be 0 or 1 (got ", t.zero_stage(),
+               "; ZeRO stages 2 and 3 are not supported)");
+  }
 }
 
 }  // namespace

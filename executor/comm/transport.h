@@ -1,5 +1,6 @@
 // The executor's communication interface: ordered point-to-point transfers
-// between pairs of ranks and data-parallel all-reduce. Implementations:
+// between pairs of ranks and data-parallel collectives (all-reduce, and
+// reduce-scatter and all-gather for sharded optimizer states). Implementations:
 // executor/comm/gloo/ (CPU, TCP) and executor/comm/nccl/ (GPU).
 //
 // Semantics (the ones the planner's validator proves deadlock-free): each
@@ -54,10 +55,21 @@ class Transport {
   // average. Blocking.
   virtual absl::Status AllReduceMean(std::span<float> data, const std::vector<int>& group) = 0;
 
+  // The collectives of ZeRO stage 1 (optimizer_sharding.h), in place on a
+  // buffer of group.size() equal shards: the group's i-th rank owns shard
+  // data[i * s, (i + 1) * s), s = data.size() / group.size(). InvalidArgument
+  // unless group.size() divides data.size(). Blocking; bounded and abortable
+  // as AllReduceMean.
+  // ReduceScatterSum: afterwards this rank's shard holds the elementwise sum
+  // of that shard over the group; the other shards hold unspecified values.
+  virtual absl::Status ReduceScatterSum(std::span<float> data, const std::vector<int>& group) = 0;
+  // AllGather: afterwards every shard holds what its owner had in it.
+  virtual absl::Status AllGather(std::span<float> data, const std::vector<int>& group) = 0;
+
   // Short description ("gloo tcp 127.0.0.1", "nccl 2.28.9").
   virtual std::string Describe() const = 0;
 
-  // Ends every pending and later Wait and AllReduceMean promptly with
+  // Ends every pending and later Wait and collective promptly with
   // CANCELLED carrying `reason` (e.g. "stopped by SIGTERM"), however long
   // they would have waited for a peer; the transport is unusable afterwards.
   // For shutdown: called from another thread while the driving thread is

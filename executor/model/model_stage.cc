@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "executor/model/attention_mask.h"
+#include "executor/model/deferred_linear.h"
 #include "executor/model/initializer.h"
 
 namespace varipipe::executor {
@@ -19,8 +20,7 @@ std::string StageRole::DebugString() const {
   if (ends_encoder) absl::StrAppend(&out, " encoder-norm");
   if (embeds_decoder) absl::StrAppend(&out, " decoder-embedding");
   if (decoder_layers.size() > 0) {
-    absl::StrAppend(&out, " decoder layers [", decoder_layers.begin, ", ", decoder_layers.end,
-                    ")");
+    absl::StrAppend(&out, " decoder layers [", decoder_layers.begin, ", ", decoder_layers.end, ")");
   }
   if (has_head) absl::StrAppend(&out, " head");
   return out;
@@ -35,8 +35,8 @@ absl::StatusOr<std::vector<StageRole>> PipelineStageRoles(const ModelSpec& spec,
   roles.back().has_head = true;
   if (!spec.encoder_decoder) {
     if (spec.num_layers < num_stages) {
-      return absl::InvalidArgumentError(absl::StrCat(spec.num_layers, " layers cannot fill ",
-                                                     num_stages, " pipeline stages"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(spec.num_layers, " layers cannot fill ", num_stages, " pipeline stages"));
     }
     for (int64_t i = 0; i < num_stages; ++i) {
       roles[i].encoder_layers = StageLayers(spec.num_layers, num_stages, i);
@@ -58,10 +58,10 @@ absl::StatusOr<std::vector<StageRole>> PipelineStageRoles(const ModelSpec& spec,
       static_cast<int64_t>(share * static_cast<double>(num_stages) + 0.5), 1, num_stages - 1);
   const int64_t decoder_stages = num_stages - encoder_stages;
   if (spec.num_layers < encoder_stages || spec.num_decoder_layers < decoder_stages) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "T5 with ", spec.num_layers, " encoder and ", spec.num_decoder_layers,
-        " decoder layers cannot fill ", encoder_stages, " encoder and ", decoder_stages,
-        " decoder stages"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("T5 with ", spec.num_layers, " encoder and ", spec.num_decoder_layers,
+                     " decoder layers cannot fill ", encoder_stages, " encoder and ",
+                     decoder_stages, " decoder stages"));
   }
   for (int64_t i = 0; i < encoder_stages; ++i) {
     roles[i].encoder_layers = StageLayers(spec.num_layers, encoder_stages, i);
@@ -69,7 +69,8 @@ absl::StatusOr<std::vector<StageRole>> PipelineStageRoles(const ModelSpec& spec,
   roles[encoder_stages - 1].ends_encoder = true;
   roles[encoder_stages].embeds_decoder = true;
   for (int64_t i = 0; i < decoder_stages; ++i) {
-    roles[encoder_stages + i].decoder_layers = StageLayers(spec.num_decoder_layers, decoder_stages, i);
+    roles[encoder_stages + i].decoder_layers =
+        StageLayers(spec.num_decoder_layers, decoder_stages, i);
   }
   return roles;
 }
@@ -111,7 +112,8 @@ ModelStage::ModelStage(const ModelSpec& spec, const StageRole& role) : spec_(spe
     Initializer init(spec.seed, ModelComponent::kHead, 0);
     final_ln_weight_ = register_parameter("final_ln_weight", Initializer::Ones({h}));
     final_ln_bias_ = register_parameter("final_ln_bias", Initializer::Zeros({h}));
-    head_weight_ = register_parameter("head_weight", init.Normal({spec.vocab_size, h}, kInitStddev));
+    head_weight_ =
+        register_parameter("head_weight", init.Normal({spec.vocab_size, h}, kInitStddev));
   }
 }
 
@@ -152,8 +154,8 @@ StageActivations ModelStage::Forward(const StageActivations& in, const StageBatc
     }
   }
   if (role_.ends_encoder) {
-    hidden = torch::layer_norm(hidden, {spec_.hidden_size}, encoder_ln_weight_, encoder_ln_bias_,
-                               1e-5);
+    hidden =
+        torch::layer_norm(hidden, {spec_.hidden_size}, encoder_ln_weight_, encoder_ln_bias_, 1e-5);
   }
   // Decoder part (T5).
   if (spec_.encoder_decoder && (role_.embeds_decoder || role_.decoder_layers.size() > 0)) {
@@ -164,8 +166,8 @@ StageActivations ModelStage::Forward(const StageActivations& in, const StageBatc
     }
     const torch::Tensor self_mask =
         packed ? SegmentSelfAttentionMask(batch.target_segments, /*causal=*/true)
-               : SelfAttentionMaskFor(spec_.attention_kernel, batch.target_lengths,
-                                      hidden.size(1), /*causal=*/true);
+               : SelfAttentionMaskFor(spec_.attention_kernel, batch.target_lengths, hidden.size(1),
+                                      /*causal=*/true);
     const torch::Tensor cross_mask =
         packed ? SegmentCrossAttentionMask(batch.target_segments, batch.input_segments)
                : CrossAttentionMask(batch.input_lengths, hidden.size(1), memory.size(1));
@@ -178,7 +180,7 @@ StageActivations ModelStage::Forward(const StageActivations& in, const StageBatc
   if (role_.has_head) {
     const torch::Tensor normed =
         torch::layer_norm(hidden, {spec_.hidden_size}, final_ln_weight_, final_ln_bias_, 1e-5);
-    const torch::Tensor logits = torch::linear(normed, head_weight_);
+    const torch::Tensor logits = DeferredLinear(normed, head_weight_);
     const torch::Tensor token_loss = torch::nn::functional::cross_entropy(
         logits.reshape({-1, spec_.vocab_size}).to(torch::kFloat32), batch.labels.reshape({-1}),
         torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kSum));

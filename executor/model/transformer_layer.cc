@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "executor/model/attention_mask.h"
+#include "executor/model/deferred_linear.h"
 #include "executor/model/recomputed_attention.h"
+#include "executor/model/weight_grad_store.h"
 
 namespace varipipe::executor {
 
@@ -74,6 +76,8 @@ void SaveForRecompute(AutogradContext* ctx, TransformerLayer* layer, const torch
   if (cross_mask.defined()) ctx->saved_data["cross_mask"] = cross_mask;
   ctx->saved_data["autocast"] = at::autocast::is_enabled();
   ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(at::autocast::get_autocast_gpu_dtype());
+  // A split backward's store: the re-run layer's linears record into it.
+  ctx->saved_data["weight_grad_store"] = reinterpret_cast<int64_t>(CurrentWeightGradStore());
 }
 
 // Re-runs the layer on `x` (and `memory`), leaves requiring gradients, and
@@ -96,6 +100,8 @@ void Recompute(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor
         static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()));
   }
   at::autocast::set_enabled(autocast);
+  const WeightGradScope store(
+      reinterpret_cast<WeightGradStore*>(ctx->saved_data["weight_grad_store"].toInt()));
   const torch::Tensor out = layer->Compute(x, self_mask, memory, cross_mask);
   at::autocast::set_enabled(was_enabled);
   at::autocast::set_autocast_gpu_dtype(was_dtype);
@@ -153,29 +159,30 @@ torch::Tensor TransformerLayer::Compute(const torch::Tensor& x, const torch::Ten
                                         const torch::Tensor& memory,
                                         const torch::Tensor& cross_mask) {
   // Self-attention branch.
-  const torch::Tensor qkv = torch::linear(LayerNorm(x, ln1_weight_, ln1_bias_), qkv_weight_,
-                                          qkv_bias_);
+  const torch::Tensor qkv =
+      DeferredLinear(LayerNorm(x, ln1_weight_, ln1_bias_), qkv_weight_, qkv_bias_);
   const std::vector<torch::Tensor> parts = qkv.chunk(3, -1);
   // The fused kernel keeps no score tensors: selective recomputation has
   // nothing to drop.
   const auto attention = fused_attention_       ? FusedAttention
                          : recompute_attention_ ? RecomputedMaskedAttention
                                                 : MaskedAttention;
-  torch::Tensor y = x + torch::linear(attention(parts[0], parts[1], parts[2], self_mask, heads_),
-                                      proj_weight_, proj_bias_);
+  torch::Tensor y = x + DeferredLinear(attention(parts[0], parts[1], parts[2], self_mask, heads_),
+                                       proj_weight_, proj_bias_);
   // Cross-attention branch (T5 decoder): queries from the decoder, keys and
   // values from the encoder output.
   if (cross_attention_) {
-    const torch::Tensor q = torch::linear(LayerNorm(y, lnx_weight_, lnx_bias_), xq_weight_,
-                                          xq_bias_);
-    const std::vector<torch::Tensor> kv = torch::linear(memory, xkv_weight_, xkv_bias_).chunk(2, -1);
-    y = y + torch::linear(attention(q, kv[0], kv[1], cross_mask, heads_), xproj_weight_,
-                          xproj_bias_);
+    const torch::Tensor q =
+        DeferredLinear(LayerNorm(y, lnx_weight_, lnx_bias_), xq_weight_, xq_bias_);
+    const std::vector<torch::Tensor> kv =
+        DeferredLinear(memory, xkv_weight_, xkv_bias_).chunk(2, -1);
+    y = y +
+        DeferredLinear(attention(q, kv[0], kv[1], cross_mask, heads_), xproj_weight_, xproj_bias_);
   }
   // MLP branch.
   const torch::Tensor hidden =
-      torch::gelu(torch::linear(LayerNorm(y, ln2_weight_, ln2_bias_), fc1_weight_, fc1_bias_));
-  return y + torch::linear(hidden, fc2_weight_, fc2_bias_);
+      torch::gelu(DeferredLinear(LayerNorm(y, ln2_weight_, ln2_bias_), fc1_weight_, fc1_bias_));
+  return y + DeferredLinear(hidden, fc2_weight_, fc2_bias_);
 }
 
 }  // namespace varipipe::executor

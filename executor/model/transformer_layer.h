@@ -1,7 +1,10 @@
 // One pre-LayerNorm transformer layer: self-attention and MLP residual
 // branches, plus a cross-attention branch for T5 decoder layers. Parameters
 // come from the layer's own Initializer (model component and global layer
-// index), so a layer is identical on whichever stage holds it.
+// index), so a layer is identical on whichever stage holds it. Its linear
+// layers (qkv, proj, xq, xkv, xproj, fc1, fc2) are DeferredLinear: a split
+// backward records their weight gradients' operands in the current
+// WeightGradStore (deferred_linear.h).
 #ifndef VARIPIPE_EXECUTOR_MODEL_TRANSFORMER_LAYER_H_
 #define VARIPIPE_EXECUTOR_MODEL_TRANSFORMER_LAYER_H_
 
@@ -36,7 +39,8 @@ class TransformerLayer : public torch::nn::Module {
   // Full recomputation (Megatron's full activation recomputation, one layer
   // per checkpoint): the forward keeps only the layer's inputs; the backward
   // re-runs the layer with autograd (under the forward's autocast state) and
-  // differentiates it, one layer at a time. Off by default.
+  // differentiates it, one layer at a time. Off by default. The re-run
+  // records into the WeightGradStore that was current in the forward.
   void set_recompute_full(bool on) { recompute_full_ = on; }
 
   // The layer's computation as an autograd graph, whatever the recompute
@@ -55,8 +59,8 @@ class TransformerLayer : public torch::nn::Module {
   bool recompute_attention_ = false;
   bool recompute_full_ = false;
   torch::Tensor ln1_weight_, ln1_bias_, qkv_weight_, qkv_bias_, proj_weight_, proj_bias_;
-  torch::Tensor lnx_weight_, lnx_bias_, xq_weight_, xq_bias_, xkv_weight_, xkv_bias_,
-      xproj_weight_, xproj_bias_;
+  torch::Tensor lnx_weight_, lnx_bias_, xq_weight_, xq_bias_, xkv_weight_, xkv_bias_, xproj_weight_,
+      xproj_bias_;
   torch::Tensor ln2_weight_, ln2_bias_, fc1_weight_, fc1_bias_, fc2_weight_, fc2_bias_;
 };
 

@@ -113,6 +113,14 @@ absl::Status RankCheckpoints::Load(uint64_t iterations_done, const std::vector<M
                                               value.item<int64_t>(), " iterations, not ",
                                               iterations_done));
     }
+    // The optimizer state's sharding first: a checkpoint of another
+    // data-parallel degree or ZeRO stage is refused before anything changes.
+    reading = "optimizer";
+    torch::serialize::InputArchive optimizer_archive;
+    archive.read(reading, optimizer_archive);
+    if (absl::Status fits = optimizer.CheckShard(optimizer_archive); !fits.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(path, ": ", fits.message()));
+    }
     torch::NoGradGuard no_grad;
     for (ModelStage* stage : stages) {
       for (auto& item : stage->named_parameters()) {
@@ -133,9 +141,9 @@ absl::Status RankCheckpoints::Load(uint64_t iterations_done, const std::vector<M
       }
     }
     reading = "optimizer";
-    torch::serialize::InputArchive optimizer_archive;
-    archive.read(reading, optimizer_archive);
-    optimizer.Load(optimizer_archive);
+    if (absl::Status loaded = optimizer.Load(optimizer_archive); !loaded.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(path, ": ", loaded.message()));
+    }
     reading = "rng/cpu";
     value = torch::Tensor();
     archive.read(reading, value);

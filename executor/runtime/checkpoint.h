@@ -3,7 +3,9 @@
 //
 // Layout: DIR/iteration_NNNNNN/rank_NNNNN.pt is the state of one rank after N
 // iterations (resuming runs iteration N next): its stages' parameters
-// ("stage<S>/<name>"), AdamW's state, N, the rank and the CPU generator's
+// ("stage<S>/<name>"), AdamW's state (under ZeRO stage 1 the rank's shard
+// of it, with the data-parallel degree and shard index: such a checkpoint
+// resumes only with the same degree), N, the rank and the CPU generator's
 // state, in one LibTorch archive. A file is written to a temporary name,
 // synced and renamed, so a rank's file is either complete or absent.
 //

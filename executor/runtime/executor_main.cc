@@ -41,6 +41,7 @@
 #include "executor/runtime/executor_metrics.h"
 #include "executor/runtime/executor_status_service.h"
 #include "executor/runtime/launch_env.h"
+#include "executor/runtime/optimizer_sharding.h"
 #include "executor/runtime/plan_check.h"
 #include "executor/runtime/plan_files.h"
 #include "executor/runtime/plan_interpreter.h"
@@ -244,7 +245,23 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
     stage_list.push_back(stage.get());
     stages.push_back(std::move(stage));
   }
-  executor::TrainingOptimizer optimizer(parameters, config.training());
+  // The optimizer: under training.zero_stage 1 over this rank's shard of
+  // its data-parallel group (optimizer_sharding.h).
+  VP_ASSIGN_OR_RETURN(
+      executor::RankOptimizer rank_optimizer,
+      executor::MakeRankOptimizer(by_id, config.training(), transport_options.data_parallel_group,
+                                  coordinates.dp_rank, torch_device));
+  executor::TrainingOptimizer& optimizer = *rank_optimizer.optimizer;
+  const int64_t parameter_bytes = executor::TensorBytes(parameters);
+  spdlog::info(
+      "model state: {} parameters ({} bytes, fp32 master weights); optimizer state {}",
+      parameter_count, parameter_bytes,
+      rank_optimizer.sharding != nullptr
+          ? absl::StrCat("sharded over the ", rank_optimizer.sharding->data_parallel(),
+                         " data-parallel ranks (training.zero_stage 1, shard ",
+                         rank_optimizer.sharding->index(), ")")
+          : absl::StrCat("whole on this rank (training.zero_stage ", config.training().zero_stage(),
+                         ", data-parallel degree ", config.parallelism().data(), ")"));
   const int replica_base = coordinates.dp_rank * static_cast<int>(pp);
   std::vector<int> pipeline_group;
   for (uint32_t k = 0; k < pp; ++k) pipeline_group.push_back(replica_base + static_cast<int>(k));
@@ -278,6 +295,7 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
   options.pipeline_group = pipeline_group;
   options.host_transport = host;
   options.progress = board.progress();
+  options.sharding = rank_optimizer.sharding.get();
   if (!device.is_cuda) options.memory = &executor::ProcessMemoryAccount();
   // GPUs compute in the model dtype under autocast (fp32 master weights);
   // CPUs always compute in fp32.
@@ -367,6 +385,17 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
                   (1024.0 * 1024.0)
             : -1.0;
     const double peak_mib = static_cast<double>(peak_bytes) / (1024.0 * 1024.0);
+    // Measured model state (AdamW's moments exist from the first step on).
+    const int64_t optimizer_state_bytes = optimizer.StateBytes();
+    if (iteration == first) {
+      spdlog::info(
+          "measured model state per rank: parameters {} bytes, optimizer state {} bytes "
+          "(training.zero_stage {}, data-parallel degree {})",
+          parameter_bytes, optimizer_state_bytes, config.training().zero_stage(),
+          config.parallelism().data());
+    }
+    board.SetModelState(static_cast<uint64_t>(parameter_bytes),
+                        static_cast<uint64_t>(optimizer_state_bytes));
     board.EndIteration(loss, real_tokens / step_seconds,
                        static_cast<uint64_t>(executor::CurrentMemoryBytes(device)),
                        static_cast<uint64_t>(peak_bytes));
@@ -382,9 +411,13 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
       timing->set_micro_batch(t.micro_batch);
       timing->set_stage(t.stage);
       timing->set_forward_ms(t.forward_seconds * 1e3);
-      timing->set_backward_ms(t.backward_seconds * 1e3);
+      // A split backward reports B and W together (the cost model has one
+      // backward per stage) and W apart.
+      timing->set_backward_ms((t.backward_seconds + t.weight_seconds) * 1e3);
       timing->set_profiled_forward_ms(t.profiled_forward_ms);
-      timing->set_profiled_backward_ms(t.profiled_backward_ms);
+      timing->set_profiled_backward_ms(t.profiled_backward_ms + t.profiled_weight_ms);
+      timing->set_weight_ms(t.weight_seconds * 1e3);
+      timing->set_profiled_weight_ms(t.profiled_weight_ms);
     }
     // What the plan predicted, for the daemons' calibration and error
     // statistics (docs/cost-model.md, "Calibration").
@@ -396,16 +429,19 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
     progress.set_profiled_all_reduce_ms(plan->profiled_all_reduce_ms());
     progress.set_profiled_optimizer_ms(plan->profiled_optimizer_ms());
     VP_RETURN_IF_ERROR(source.Done(progress));
-    executor::RecordIterationMetrics({.iteration = iteration,
-                                      .step_seconds = step_seconds,
-                                      .compute_seconds = stats.compute_seconds,
-                                      .wait_seconds = stats.communication_seconds,
-                                      .data_seconds = stats.data_seconds,
-                                      .loss = loss,
-                                      .real_tokens = real_tokens,
-                                      .padded_tokens = padded_tokens,
-                                      .predicted_seconds = plan->predicted_iteration_ms() / 1e3,
-                                      .peak_memory_bytes = static_cast<double>(peak_bytes)});
+    executor::RecordIterationMetrics(
+        {.iteration = iteration,
+         .step_seconds = step_seconds,
+         .compute_seconds = stats.compute_seconds,
+         .wait_seconds = stats.communication_seconds,
+         .data_seconds = stats.data_seconds,
+         .loss = loss,
+         .real_tokens = real_tokens,
+         .padded_tokens = padded_tokens,
+         .predicted_seconds = plan->predicted_iteration_ms() / 1e3,
+         .peak_memory_bytes = static_cast<double>(peak_bytes),
+         .parameter_bytes = static_cast<double>(parameter_bytes),
+         .optimizer_state_bytes = static_cast<double>(optimizer_state_bytes)});
     if (env.rank == 0) {
       spdlog::info(
           "iteration {}: loss {:.4f}, {:.0f} real tokens/s, padding efficiency {:.1f}%, "

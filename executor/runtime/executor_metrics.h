@@ -27,6 +27,10 @@ struct IterationMetrics {
   double padded_tokens = 0;
   double predicted_seconds = 0;  // the plan's predicted iteration time
   double peak_memory_bytes = 0;
+  // This rank's model state: its parameters (fp32) and its optimizer's
+  // state tensors (under training.zero_stage 1 its shard).
+  double parameter_bytes = 0;
+  double optimizer_state_bytes = 0;
 };
 
 // Labels the series with `identity` (job, rank, dp, pp) and, for a

@@ -28,6 +28,12 @@ void ExecutorStatusBoard::EndIteration(double loss, double tokens_per_second,
   status_.set_peak_memory_bytes(peak_memory_bytes);
 }
 
+void ExecutorStatusBoard::SetModelState(uint64_t parameter_bytes, uint64_t optimizer_state_bytes) {
+  absl::MutexLock lock(&mu_);
+  status_.set_parameter_bytes(parameter_bytes);
+  status_.set_optimizer_state_bytes(optimizer_state_bytes);
+}
+
 v1::ExecutorStatus ExecutorStatusBoard::Snapshot() const {
   v1::ExecutorStatus status;
   std::shared_ptr<const v1::ExecutionPlan> plan;

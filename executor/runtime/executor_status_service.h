@@ -30,6 +30,9 @@ class ExecutorStatusBoard {
   void BeginIteration(std::shared_ptr<const v1::ExecutionPlan> plan);
   void EndIteration(double loss, double tokens_per_second, uint64_t memory_allocated_bytes,
                     uint64_t peak_memory_bytes);
+  // This rank's measured model state (ExecutorStatus.parameter_bytes,
+  // optimizer_state_bytes).
+  void SetModelState(uint64_t parameter_bytes, uint64_t optimizer_state_bytes);
 
   // Passed to the interpreter (InterpreterOptions::progress).
   InstructionProgress* progress() { return &progress_; }

@@ -1,7 +1,9 @@
 #include "executor/runtime/plan_check.h"
 
 #include <algorithm>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -21,6 +23,19 @@ bool IsFloat(v1::DType dtype) {
 std::string OpName(const v1::Instruction& in) {
   const auto* field = v1::Instruction::descriptor()->FindFieldByNumber(in.op_case());
   return field == nullptr ? "no operation" : field->name();
+}
+
+// "plan of iteration I for rank R: instruction #i (op, micro-batch m,
+// stage s): " (without the instruction for index < 0).
+std::string Where(const v1::ExecutionPlan& plan, int index) {
+  std::string where =
+      absl::StrCat("plan of iteration ", plan.iteration(), " for rank ", plan.rank(), ": ");
+  if (index >= 0) {
+    const v1::Instruction& in = plan.instructions(index);
+    absl::StrAppend(&where, "instruction #", index, " (", OpName(in), ", micro-batch ",
+                    in.micro_batch(), ", stage ", in.stage(), "): ");
+  }
+  return where;
 }
 
 // Rows of a micro-batch's tensors: one per sample, or one per packed row.
@@ -56,6 +71,7 @@ class PlanChecker {
       }
     }
     index_ = -1;
+    if (absl::Status s = CheckWeightGradOrder(plan_); !s.ok()) return s;
     // Every buffer is written by some instruction, so a plan never needs more
     // buffers than the ids its instructions name; this bounds what the
     // interpreter allocates by the plan's own size.
@@ -69,15 +85,7 @@ class PlanChecker {
 
  private:
   absl::Status Error(absl::string_view field, absl::string_view problem) const {
-    std::string where;
-    if (index_ >= 0) {
-      const v1::Instruction& in = plan_.instructions(index_);
-      where = absl::StrCat("instruction #", index_, " (", OpName(in), ", micro-batch ",
-                           in.micro_batch(), ", stage ", in.stage(), "): ");
-    }
-    return absl::InvalidArgumentError(absl::StrCat("plan of iteration ", plan_.iteration(),
-                                                   " for rank ", plan_.rank(), ": ", where, field,
-                                                   " ", problem));
+    return absl::InvalidArgumentError(absl::StrCat(Where(plan_, index_), field, " ", problem));
   }
 
   absl::Status CheckHeader() {
@@ -437,6 +445,8 @@ class PlanChecker {
       }
       case v1::Instruction::kOptimizerStep:
         return CheckGroup("optimizer_step.stages", in.optimizer_step().stages());
+      case v1::Instruction::kWeightGrad:
+        return CheckMicroBatchAndStage(in);
       default:
         return Error("op", "is not set (an empty instruction)");
     }
@@ -458,6 +468,61 @@ class PlanChecker {
 absl::Status CheckPlan(const v1::ExecutionPlan& plan, const v1::JobConfig& config,
                        const PlanRecipient& recipient) {
   return PlanChecker(plan, config, recipient).Check();
+}
+
+absl::Status CheckWeightGradOrder(const v1::ExecutionPlan& plan) {
+  // (stage, micro-batch) -> index of its deferred backward whose weight_grad
+  // has not run yet; the keys whose weight_grad ran.
+  std::map<std::pair<uint32_t, uint32_t>, int> outstanding;
+  std::map<std::pair<uint32_t, uint32_t>, int> applied;
+  const auto fail = [&](int index, absl::string_view problem) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(plan, index), problem));
+  };
+  for (int i = 0; i < plan.instructions_size(); ++i) {
+    const v1::Instruction& in = plan.instructions(i);
+    const std::pair<uint32_t, uint32_t> key{in.stage(), in.micro_batch()};
+    switch (in.op_case()) {
+      case v1::Instruction::kBackward:
+        if (!in.backward().weight_grad_deferred()) break;
+        if (outstanding.count(key) || applied.count(key)) {
+          return fail(i, "a second backward with weight_grad_deferred of this micro-batch");
+        }
+        outstanding[key] = i;
+        break;
+      case v1::Instruction::kWeightGrad: {
+        if (const auto it = applied.find(key); it != applied.end()) {
+          return fail(
+              i, absl::StrCat("weight_grad runs twice (first at instruction #", it->second, ")"));
+        }
+        const auto it = outstanding.find(key);
+        if (it == outstanding.end()) {
+          return fail(i,
+                      "weight_grad without a backward with weight_grad_deferred of the same "
+                      "stage and micro-batch before it");
+        }
+        outstanding.erase(it);
+        applied[key] = i;
+        break;
+      }
+      case v1::Instruction::kAllReduce:
+      case v1::Instruction::kOptimizerStep:
+        if (!outstanding.empty()) {
+          const auto& [pending, backward] = *outstanding.begin();
+          return fail(i, absl::StrCat("reads the gradients before the weight_grad of micro-batch ",
+                                      pending.second, " on stage ", pending.first,
+                                      " (its backward is instruction #", backward,
+                                      ", with weight_grad_deferred)"));
+        }
+        break;
+      default:
+        break;
+    }
+  }
+  if (!outstanding.empty()) {
+    return fail(outstanding.begin()->second,
+                "defers its weight gradient (weight_grad_deferred) but no weight_grad follows");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace varipipe::executor

@@ -13,7 +13,8 @@
 //   [rows, length] of int64, activations [rows, length, hidden_size] of a
 //   float type, rows equal to the micro-batch's rows (at most the samples of
 //   a global batch), lengths equal to the micro-batch's input or target
-//   length (at most the config's maximum lengths).
+//   length (at most the config's maximum lengths);
+// - split backwards (CheckWeightGradOrder).
 // The first violation is returned as INVALID_ARGUMENT naming the iteration,
 // rank, instruction index and field, e.g.
 //   plan of iteration 3 for rank 1: instruction #17 (send_start, micro-batch
@@ -41,6 +42,16 @@ struct PlanRecipient {
 
 absl::Status CheckPlan(const v1::ExecutionPlan& plan, const v1::JobConfig& config,
                        const PlanRecipient& recipient);
+
+// The order of split backwards (zero-bubble schedules), as the planner's
+// validator requires it: every weight_grad follows a backward with
+// weight_grad_deferred of the same stage and micro-batch, exactly one per
+// such backward, and none is outstanding at an all_reduce or optimizer_step
+// (they read the gradients) or at the end of the plan. INVALID_ARGUMENT
+// naming the instruction otherwise. CheckPlan includes it; the interpreter
+// runs it before the first instruction, so a wrong order never leaves
+// gradients half accumulated.
+absl::Status CheckWeightGradOrder(const v1::ExecutionPlan& plan);
 
 }  // namespace varipipe::executor
 

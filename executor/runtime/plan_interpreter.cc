@@ -8,6 +8,7 @@
 #include <cmath>
 #include <exception>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "executor/runtime/plan_check.h"
 
 namespace varipipe::executor {
 namespace {
@@ -87,6 +89,14 @@ class IterationRun {
     if (plan_.global_target_tokens() == 0) {
       return absl::FailedPreconditionError("plan has global_target_tokens = 0");
     }
+    // Split backwards (zero-bubble schedules): their order is checked before
+    // anything runs, so that no gradient is half accumulated.
+    if (absl::Status order = CheckWeightGradOrder(plan_); !order.ok()) return order;
+    for (const v1::Instruction& in : plan_.instructions()) {
+      if (in.has_backward() && in.backward().weight_grad_deferred()) {
+        deferred_.insert({in.stage(), in.micro_batch()});
+      }
+    }
     for (uint32_t stage : plan_.stages()) {
       if (!it_.stages_.count(stage)) {
         return absl::FailedPreconditionError(absl::StrCat("plan of rank ", plan_.rank(),
@@ -135,6 +145,9 @@ class IterationRun {
       }
     }
     if (progress != nullptr) progress->index.store(-1, std::memory_order_release);
+    if (!weight_grads_.empty()) {  // CheckWeightGradOrder makes this impossible
+      return absl::InternalError("the plan ended with deferred weight gradients not applied");
+    }
     stats_.instructions = plan_.instructions_size();
     stats_.total_seconds = Seconds(Clock::now() - start);
     stats_.overhead_seconds = stats_.total_seconds - stats_.compute_seconds -
@@ -148,6 +161,9 @@ class IterationRun {
     StageActivations in;
     StageActivations out;
     StageBatch batch;
+    // Split backward: what it keeps for the weight_grad; the forward's
+    // linear layers record into it (created by the forward).
+    std::unique_ptr<WeightGradStore> weight_grads;
   };
   struct Pending {
     std::vector<std::unique_ptr<Transfer>> transfers;
@@ -177,9 +193,13 @@ class IterationRun {
         }
         return absl::OkStatus();
       case v1::Instruction::kAllReduce:
+        VP_RETURN_IF_ERROR(NoWeightGradPending());
         return AllReduce(in.all_reduce());
       case v1::Instruction::kOptimizerStep:
+        VP_RETURN_IF_ERROR(NoWeightGradPending());
         return OptimizerStep();
+      case v1::Instruction::kWeightGrad:
+        return WeightGrad(in);
       default:
         return absl::InvalidArgumentError("instruction without an operation");
     }
@@ -286,6 +306,7 @@ class IterationRun {
   StageActivations RunStage(ModelStage* stage, const Saved& saved, double* seconds) {
     const Clock::time_point start = Clock::now();
     AutocastScope autocast(it_.options_.cuda_autocast_dtype);
+    const WeightGradScope weight_grads(saved.weight_grads.get());
     StageActivations out = stage->Forward(saved.in, saved.batch);
     const double elapsed = Seconds(Clock::now() - start);
     stats_.compute_seconds += elapsed;
@@ -310,6 +331,9 @@ class IterationRun {
     // every layer keeps only its inputs and is re-run in the backward.
     stage->SetSelectiveRecompute(plan_.recompute() == "selective");
     stage->SetFullRecompute(plan_.recompute() == "full");
+    if (deferred_.count({in.stage(), in.micro_batch()})) {
+      saved.weight_grads = std::make_unique<WeightGradStore>();
+    }
     MicroBatchTime& time = TimeOf(in.stage(), in.micro_batch());
     time.profiled_forward_ms = in.forward().profiled_ms();
     StageActivations out = RunStage(stage, saved, &time.forward_seconds);
@@ -347,6 +371,9 @@ class IterationRun {
     time.profiled_backward_ms = in.backward().profiled_ms();
     double& backward_seconds = time.backward_seconds;
     const v1::BackwardPass& b = in.backward();
+    if (b.weight_grad_deferred() != (saved.weight_grads != nullptr)) {
+      return absl::InternalError("the forward was not prepared for this split backward");
+    }
     const Clock::time_point start = Clock::now();
     if (stage->role().has_head) {
       saved.out.loss.backward();
@@ -368,6 +395,11 @@ class IterationRun {
     const double elapsed = Seconds(Clock::now() - start);
     stats_.compute_seconds += elapsed;
     backward_seconds += elapsed;
+    if (saved.weight_grads != nullptr) {
+      weight_grad_bytes_ += saved.weight_grads->stored_bytes();
+      stats_.weight_grad_peak_bytes = std::max(stats_.weight_grad_peak_bytes, weight_grad_bytes_);
+      weight_grads_[{in.stage(), in.micro_batch()}] = std::move(saved.weight_grads);
+    }
     // Gradients of the stage's inputs, in the order the activations came.
     std::vector<torch::Tensor> inputs;
     if (saved.in.hidden.defined()) inputs.push_back(saved.in.hidden);
@@ -384,6 +416,33 @@ class IterationRun {
       VP_RETURN_IF_ERROR(Store(b.input_grad_buffer_ids(k), g, b.input_grad_tensors(k)));
     }
     return absl::OkStatus();
+  }
+
+  // Applies what the split backward of the same (stage, micro-batch) kept.
+  absl::Status WeightGrad(const v1::Instruction& in) {
+    const auto node = weight_grads_.extract({in.stage(), in.micro_batch()});
+    if (node.empty()) {
+      return absl::FailedPreconditionError(
+          "weight_grad without a pending backward (weight_grad_deferred) of this micro-batch");
+    }
+    MicroBatchTime& time = TimeOf(in.stage(), in.micro_batch());
+    time.profiled_weight_ms = in.weight_grad().profiled_ms();
+    weight_grad_bytes_ -= node.mapped()->stored_bytes();
+    const Clock::time_point start = Clock::now();
+    node.mapped()->Apply();
+    const double elapsed = Seconds(Clock::now() - start);
+    stats_.compute_seconds += elapsed;
+    time.weight_seconds += elapsed;
+    return absl::OkStatus();
+  }
+
+  // All-reduce and the optimizer read the gradients: no split backward may
+  // still owe its weight gradients (CheckWeightGradOrder guarantees it).
+  absl::Status NoWeightGradPending() const {
+    if (weight_grads_.empty()) return absl::OkStatus();
+    const auto& [stage, micro_batch] = weight_grads_.begin()->first;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "gradients read before the weight_grad of micro-batch ", micro_batch, " on stage ", stage));
   }
 
   static std::string Key(const v1::Transfer& t, bool send) {
@@ -463,6 +522,10 @@ class IterationRun {
       if (stage == it_.stages_.end()) {
         return absl::FailedPreconditionError(absl::StrCat("all-reduce of unknown stage ", id));
       }
+      if (OptimizerSharding* sharding = it_.options_.sharding; sharding != nullptr) {
+        VP_RETURN_IF_ERROR(sharding->ReduceScatterGradients(id, group, *it_.transport_));
+        continue;
+      }
       std::vector<torch::Tensor> grads;
       for (torch::Tensor& p : stage->second->parameters()) {
         if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
@@ -503,12 +566,18 @@ class IterationRun {
     // The optimizer's time is its local work: the norm, then the step (the
     // norm's all-reduce waits for the replica's slowest stage).
     const Clock::time_point norm_start = Clock::now();
+    OptimizerSharding* sharding = it_.options_.sharding;
+    if (sharding != nullptr) VP_RETURN_IF_ERROR(sharding->CheckGradientsReduced());
     float squared = static_cast<float>(it_.optimizer_->LocalSquaredGradNorm());
     stats_.optimizer_seconds += Seconds(Clock::now() - norm_start);
+    Transport* host =
+        it_.options_.host_transport != nullptr ? it_.options_.host_transport : it_.transport_;
+    if (sharding != nullptr) {  // ZeRO stage 1: the shards' squares add up over the group
+      VP_RETURN_IF_ERROR(host->AllReduceMean(std::span<float>(&squared, 1), sharding->group()));
+      squared *= static_cast<float>(sharding->group().size());
+    }
     const std::vector<int>& group = it_.options_.pipeline_group;
     if (group.size() > 1) {
-      Transport* host =
-          it_.options_.host_transport != nullptr ? it_.options_.host_transport : it_.transport_;
       VP_RETURN_IF_ERROR(host->AllReduceMean(std::span<float>(&squared, 1), group));
       squared *= static_cast<float>(group.size());
     }
@@ -519,6 +588,13 @@ class IterationRun {
     const double elapsed = Seconds(Clock::now() - start);
     stats_.compute_seconds += elapsed;
     stats_.optimizer_seconds += elapsed;
+    if (sharding != nullptr) {  // every replica's parameters whole again
+      const Clock::time_point gather_start = Clock::now();
+      VP_RETURN_IF_ERROR(sharding->AllGatherParameters(*it_.transport_));
+      const double gathered = Seconds(Clock::now() - gather_start);
+      stats_.communication_seconds += gathered;
+      stats_.all_reduce_seconds += gathered;
+    }
     return absl::OkStatus();
   }
 
@@ -526,7 +602,13 @@ class IterationRun {
   const v1::ExecutionPlan& plan_;
   std::vector<torch::Tensor> buffers_;
   std::map<uint32_t, v1::LoadInput::Content> contents_;
-  std::map<std::pair<uint32_t, uint32_t>, Saved> saved_;        // (stage, micro-batch)
+  std::map<std::pair<uint32_t, uint32_t>, Saved> saved_;  // (stage, micro-batch)
+  // Split backwards: the (stage, micro-batch) pairs whose backward defers
+  // its weight gradients, and the stores of those that ran, until their
+  // weight_grad (with the bytes they hold together).
+  std::set<std::pair<uint32_t, uint32_t>> deferred_;
+  std::map<std::pair<uint32_t, uint32_t>, std::unique_ptr<WeightGradStore>> weight_grads_;
+  int64_t weight_grad_bytes_ = 0;
   std::map<std::pair<uint32_t, uint32_t>, size_t> time_index_;  // into micro_batch_times
   std::map<std::string, Pending> pending_;
   IterationStats stats_;

@@ -4,9 +4,14 @@
 // buffers are addressed by the plan's ids and dropped at FreeBuffer; forward
 // passes keep what their backward passes need (only each layer's inputs
 // under full recomputation, which re-runs one layer at a time inside the
-// backward); AllReduceGradients averages gradients over the data-parallel
+// backward); a backward with weight_grad_deferred computes only input
+// gradients and keeps each linear layer's input and output gradient, from
+// which its WeightGradPass later accumulates the weight gradients
+// (weight_grad_store.h); AllReduceGradients averages gradients over the data-parallel
 // group and OptimizerStep clips by the global norm over the pipeline and
-// applies the optimizer (AdamW or SGD).
+// applies the optimizer (AdamW or SGD). Under ZeRO stage 1 the gradients
+// are reduce-scattered instead, the optimizer updates this rank's shard,
+// and OptimizerStep all-gathers the parameters (optimizer_sharding.h).
 //
 // Nothing is exchanged at run time except the tensors: receive buffers are
 // allocated from the shapes in the plan, and every tensor a rank produces is
@@ -31,8 +36,10 @@
 #include "executor/comm/transport.h"
 #include "executor/data/micro_batch_loader.h"
 #include "executor/model/model_stage.h"
+#include "executor/model/weight_grad_store.h"
 #include "executor/runtime/counting_allocator.h"
 #include "executor/runtime/instruction_progress.h"
+#include "executor/runtime/optimizer_sharding.h"
 #include "executor/runtime/training_optimizer.h"
 #include "varipipe/v1/plan.pb.h"
 
@@ -64,10 +71,17 @@ struct InterpreterOptions {
   // records this account's bytes per instruction. The executor passes the
   // process's account; threaded tests pass each rank's own.
   MemoryAccount* memory = nullptr;
+  // ZeRO stage 1 (optimizer_sharding.h): when set, AllReduceGradients
+  // reduce-scatters each stage's gradients into this rank's shard, the
+  // optimizer (built over the shards) steps them, and OptimizerStep
+  // all-gathers the parameters after. Null: stage 0 (all-reduce).
+  OptimizerSharding* sharding = nullptr;
   // Called by OptimizerStep once the gradients are final (data-parallel
   // all-reduce done, the global norm in `grad_norm`) and before clipping and
   // the update, on the interpreter's thread: equivalence tests read the
-  // gradients the optimizer is about to apply. Empty: nothing is called.
+  // gradients the optimizer is about to apply (under ZeRO stage 1 the
+  // shards' gradients; the model's are zero by then). Empty: nothing is
+  // called.
   std::function<void(const IterationStats&)> before_optimizer_step;
 };
 
@@ -78,18 +92,22 @@ struct InstructionMemory {
   int64_t peak_bytes = 0;
 };
 
-// Compute time of one micro-batch on one stage: the forward pass, and the
-// backward pass including its recomputation. Host-side wall time: exact on
-// CPUs; on GPUs it covers kernel launches plus whatever synchronisation the
-// pass needs (the loss read-out on the last stage).
+// Compute time of one micro-batch on one stage: the forward pass, the
+// backward pass including its recomputation, and for a split backward
+// (weight_grad_deferred) its weight_grad apart (backward_seconds is then B
+// alone). Host-side wall time: exact on CPUs; on GPUs it covers kernel
+// launches plus whatever synchronisation the pass needs (the loss read-out
+// on the last stage).
 struct MicroBatchTime {
   uint32_t micro_batch = 0;
   uint32_t stage = 0;
   double forward_seconds = 0;
   double backward_seconds = 0;
-  // The plan's profiled predictions of the two passes (0: none).
+  double weight_seconds = 0;
+  // The plan's profiled predictions of the passes (0: none).
   double profiled_forward_ms = 0;
   double profiled_backward_ms = 0;
+  double profiled_weight_ms = 0;
 };
 
 struct IterationStats {
@@ -110,8 +128,9 @@ struct IterationStats {
   double overhead_seconds = 0;
   double total_seconds = 0;
   // Parts of the above: the data-parallel gradient all-reduce (waiting for
-  // the other replicas included) and the optimizer's local work (gradient
-  // norm and step).
+  // the other replicas included; ZeRO stage 1: the reduce-scatter and the
+  // parameters' all-gather) and the optimizer's local work (gradient norm
+  // and step).
   double all_reduce_seconds = 0;
   double optimizer_seconds = 0;
   // In the order of the first forward of each (stage, micro-batch).
@@ -123,6 +142,10 @@ struct IterationStats {
   int64_t memory_start_bytes = -1;
   int64_t memory_peak_bytes = -1;
   std::vector<InstructionMemory> instruction_memory;
+  // Split backwards: the most bytes that backwards kept for their
+  // weight_grads at once (the linear layers' inputs and output gradients,
+  // each storage once per store; WeightGradStore::stored_bytes). 0 without.
+  int64_t weight_grad_peak_bytes = 0;
 };
 
 class PlanInterpreter {

@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace varipipe::executor {
 
@@ -20,8 +24,8 @@ double LearningRateAt(const v1::TrainingConfig& training, uint64_t iteration) {
 }
 
 TrainingOptimizer::TrainingOptimizer(std::vector<torch::Tensor> parameters,
-                                     const v1::TrainingConfig& training)
-    : parameters_(std::move(parameters)), training_(training) {
+                                     const v1::TrainingConfig& training, OptimizerShard shard)
+    : parameters_(std::move(parameters)), training_(training), shard_(shard) {
   if (training.optimizer() == v1::SGD) {
     torch::optim::SGDOptions options(training.learning_rate());
     options.momentum(0).weight_decay(training.weight_decay());
@@ -59,10 +63,86 @@ double TrainingOptimizer::Step(uint64_t iteration, double global_grad_norm) {
   return lr;
 }
 
+int64_t TrainingOptimizer::StateBytes() const {
+  int64_t bytes = 0;
+  const auto add = [&bytes](const torch::Tensor& t) {
+    if (t.defined()) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  };
+  for (const auto& [key, state] : optimizer_->state()) {
+    if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(state.get())) {
+      add(adamw->exp_avg());
+      add(adamw->exp_avg_sq());
+      add(adamw->max_exp_avg_sq());
+    } else if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state.get())) {
+      add(sgd->momentum_buffer());
+    }
+  }
+  return bytes;
+}
+
+// Stage 0 archives (and those of every release before ZeRO stage 1) hold no
+// zero/ keys: the whole state.
 void TrainingOptimizer::Save(torch::serialize::OutputArchive& archive) const {
+  if (shard_.sharded()) {
+    archive.write("zero/stage", torch::tensor(static_cast<int64_t>(shard_.zero_stage)));
+    archive.write("zero/data_parallel", torch::tensor(static_cast<int64_t>(shard_.data_parallel)));
+    archive.write("zero/shard", torch::tensor(static_cast<int64_t>(shard_.index)));
+  }
   optimizer_->save(archive);
 }
 
-void TrainingOptimizer::Load(torch::serialize::InputArchive& archive) { optimizer_->load(archive); }
+absl::Status TrainingOptimizer::CheckShard(torch::serialize::InputArchive& archive) const {
+  torch::Tensor value;
+  OptimizerShard saved;
+  if (archive.try_read("zero/data_parallel", value)) {
+    saved.zero_stage = 1;
+    saved.data_parallel = static_cast<uint32_t>(value.item<int64_t>());
+    value = torch::Tensor();
+    if (archive.try_read("zero/shard", value)) {
+      saved.index = static_cast<uint32_t>(value.item<int64_t>());
+    }
+  }
+  constexpr char kStartOver[] = ", or remove the checkpoint directory to start over";
+  if (saved.sharded() && !shard_.sharded()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the checkpoint's optimizer state is sharded over data-parallel degree ",
+        saved.data_parallel, " (training.zero_stage 1), but this run has data-parallel degree ",
+        shard_.data_parallel, " and training.zero_stage ", shard_.zero_stage,
+        " and keeps the whole state: resume with parallelism.data ", saved.data_parallel,
+        " and training.zero_stage 1", kStartOver));
+  }
+  if (!saved.sharded() && shard_.sharded()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the checkpoint holds the whole optimizer state (training.zero_stage 0), but this run "
+        "shards it over data-parallel degree ",
+        shard_.data_parallel, " (training.zero_stage 1): resume with training.zero_stage 0",
+        kStartOver));
+  }
+  if (saved.sharded() && saved.data_parallel != shard_.data_parallel) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the checkpoint's optimizer state is sharded over data-parallel degree ",
+        saved.data_parallel, " (training.zero_stage 1), but this run has data-parallel degree ",
+        shard_.data_parallel, ": resume with parallelism.data ", saved.data_parallel, kStartOver));
+  }
+  if (saved.sharded() && saved.index != shard_.index) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the checkpoint's optimizer state is shard ", saved.index, " of ",
+                     saved.data_parallel, ", but this rank holds shard ", shard_.index));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainingOptimizer::Load(torch::serialize::InputArchive& archive) {
+  VP_RETURN_IF_ERROR(CheckShard(archive));
+  optimizer_->load(archive);
+  return absl::OkStatus();
+}
+
+int64_t TensorBytes(const std::vector<torch::Tensor>& tensors) {
+  int64_t bytes = 0;
+  for (const torch::Tensor& t : tensors)
+    bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  return bytes;
+}
 
 }  // namespace varipipe::executor

@@ -1,7 +1,8 @@
 // The optimizer step of an iteration: AdamW (decoupled weight decay) or plain
 // SGD (training.optimizer) over the parameters of this rank's stages, after
 // clipping by the global gradient norm (over the whole model, not per stage),
-// with linear warm-up followed by cosine decay of the learning rate.
+// with linear warm-up followed by cosine decay of the learning rate. Under
+// ZeRO stage 1 it updates this rank's shards only (optimizer_sharding.h).
 #ifndef VARIPIPE_EXECUTOR_RUNTIME_TRAINING_OPTIMIZER_H_
 #define VARIPIPE_EXECUTOR_RUNTIME_TRAINING_OPTIMIZER_H_
 
@@ -10,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "varipipe/v1/config.pb.h"
 
 namespace varipipe::executor {
@@ -20,13 +22,28 @@ namespace varipipe::executor {
 // iterations.
 double LearningRateAt(const v1::TrainingConfig& training, uint64_t iteration);
 
+// Which part of the optimizer state an optimizer holds: the whole state
+// (ZeRO stage 0, or data-parallel degree 1), or under ZeRO stage 1 shard
+// `index` of `data_parallel` (optimizer_sharding.h). Recorded in
+// checkpoints, which resume only into the same sharding.
+struct OptimizerShard {
+  uint32_t zero_stage = 0;
+  uint32_t data_parallel = 1;
+  uint32_t index = 0;  // this rank's position in its data-parallel group
+  bool sharded() const { return zero_stage >= 1 && data_parallel > 1; }
+};
+
 class TrainingOptimizer {
  public:
-  // `training` with defaults applied (ApplyJobConfigDefaults).
-  TrainingOptimizer(std::vector<torch::Tensor> parameters, const v1::TrainingConfig& training);
+  // `training` with defaults applied (ApplyJobConfigDefaults). `parameters`
+  // are what the optimizer updates: the model's parameters, or under ZeRO
+  // stage 1 this rank's shards of them (`shard` says which).
+  TrainingOptimizer(std::vector<torch::Tensor> parameters, const v1::TrainingConfig& training,
+                    OptimizerShard shard = {});
 
-  // Sum of squared gradient entries of this rank's parameters; the caller
-  // sums it over the pipeline to get the global squared norm.
+  // Sum of squared gradient entries of this optimizer's parameters; the
+  // caller sums it over the pipeline (and, sharded, the data-parallel
+  // group) to get the global squared norm.
   double LocalSquaredGradNorm() const;
 
   // Scales gradients by min(1, clip / global_norm), applies the update rule
@@ -34,17 +51,32 @@ class TrainingOptimizer {
   // learning rate used.
   double Step(uint64_t iteration, double global_grad_norm);
 
+  // Bytes of the optimizer's state tensors (AdamW: first and second moments
+  // of its parameters, from the first step on; SGD: none).
+  int64_t StateBytes() const;
+
+  const OptimizerShard& shard() const { return shard_; }
+
   // The optimizer's state (AdamW: step counts, first and second moments;
-  // SGD: none) for checkpoints; Load expects the state of the same kind of
-  // optimizer over the same parameters.
+  // SGD: none) and, sharded, which shard it is, for checkpoints.
+  // CheckShard (FailedPrecondition naming both data-parallel degrees) tells
+  // whether an archive's state was written by an optimizer sharded like
+  // this one (stage 0 state fits any stage 0 optimizer); Load checks that,
+  // then expects the state of the same kind of optimizer over the same
+  // parameters.
   void Save(torch::serialize::OutputArchive& archive) const;
-  void Load(torch::serialize::InputArchive& archive);
+  absl::Status CheckShard(torch::serialize::InputArchive& archive) const;
+  absl::Status Load(torch::serialize::InputArchive& archive);
 
  private:
   std::vector<torch::Tensor> parameters_;
   v1::TrainingConfig training_;
+  OptimizerShard shard_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
+
+// Bytes of `tensors`' elements (a rank's parameters).
+int64_t TensorBytes(const std::vector<torch::Tensor>& tensors);
 
 }  // namespace varipipe::executor
 

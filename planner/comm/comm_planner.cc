@@ -18,10 +18,10 @@ struct Keyed {
   ProgramEntry entry;
 };
 
-// Op index: (stage, micro-batch, forward/backward).
+// Op index: (stage, micro-batch, forward/backward/weight).
 size_t OpKey(const PipelineShape& shape, const Op& op) {
-  return (static_cast<size_t>(op.stage) * shape.micro_batches + op.micro_batch) * 2 +
-         (op.kind == OpKind::kBackward ? 1 : 0);
+  return (static_cast<size_t>(op.stage) * shape.micro_batches + op.micro_batch) * 3 +
+         static_cast<size_t>(op.kind);
 }
 
 // An op of device `device`'s order, by its end time.
@@ -61,6 +61,7 @@ std::vector<std::vector<Keyed>> KeyedSteps(const PipelineShape& shape, const Dev
   uint64_t sequence = 0;
   for (const Ended& e : ended) {
     const Op& op = order[e.device][e.index];
+    if (op.kind == OpKind::kWeight) continue;  // W's result stays on its device
     const bool forward = op.kind == OpKind::kForward;
     if (forward ? op.stage + 1 >= shape.stages() : op.stage == 0) continue;
     const uint32_t consumer_stage = forward ? op.stage + 1 : op.stage - 1;
@@ -135,7 +136,7 @@ absl::StatusOr<CommPlan> PlanCommunication(const PipelineShape& shape, const Dev
   if (!timeline.completed) {
     return absl::FailedPreconditionError("communication planning needs a completed simulation");
   }
-  const size_t ops = static_cast<size_t>(shape.stages()) * shape.micro_batches * 2;
+  const size_t ops = static_cast<size_t>(shape.stages()) * shape.micro_batches * 3;
   std::vector<double> start(ops, -1);
   std::vector<double> end(ops, -1);
   for (const TimedOp& t : timeline.ops) {

@@ -12,7 +12,9 @@
 //       before the compute that consumes the tensor; an activation SendWait
 //       just before the backward of the same micro-batch and stage on the
 //       sender (when its buffer is released); gradient SendWaits at the end.
-// Transfers between stages on the same device are not transfers at all.
+// Transfers between stages on the same device are not transfers at all. A
+// split backward's B sends the input gradient as the whole backward does; W
+// ops send nothing.
 #ifndef VARIPIPE_PLANNER_COMM_COMM_PLANNER_H_
 #define VARIPIPE_PLANNER_COMM_COMM_PLANNER_H_
 

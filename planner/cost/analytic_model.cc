@@ -222,7 +222,8 @@ double DecoderLayerStoredBytes(const ModelDims& d, Recompute recompute, double b
          AttentionStored(d, recompute, b, s, encoder_s, true, tp) + MlpStored(d, b, s, tp);
 }
 
-double ComponentParameters(const ModelDims& d, Component component, uint32_t tp) {
+double ComponentParameters(const ModelDims& d, Component component, uint32_t tp,
+                           uint32_t positions) {
   const double t = tp;
   const double h = d.hidden;
   const double A = static_cast<double>(d.attention_width());
@@ -237,7 +238,9 @@ double ComponentParameters(const ModelDims& d, Component component, uint32_t tp)
     case Component::kDecoderLayer:
       return layer + attention + 2 * h;  // cross-attention and its LayerNorm
     case Component::kEmbedding:
-      return static_cast<double>(d.vocab) * h / t;
+      // Token embedding (vocabulary split over tensor-parallel ranks) and
+      // learned position embedding (replicated).
+      return static_cast<double>(d.vocab) * h / t + static_cast<double>(positions) * h;
     case Component::kPostprocess:
       // The LM head (a copy of the tied embedding on the last stage) and the
       // final LayerNorm.
@@ -306,7 +309,11 @@ absl::StatusOr<CostModel> BuildAnalyticCostModel(const ModelDims& dims, const Ha
       }
     }
   }
-  for (Component c : components) model.SetParameters(c, ComponentParameters(dims, c, 1));
+  // The position embedding has one row per position up to the job's longest
+  // sequence (options.max_seq_len, before rounding to the grid).
+  for (Component c : components) {
+    model.SetParameters(c, ComponentParameters(dims, c, 1, options.max_seq_len));
+  }
   model.set_profiled_dims(dims);
   return model;
 }

@@ -47,8 +47,11 @@ double EncoderLayerStoredBytes(const ModelDims& dims, Recompute recompute, doubl
                                uint32_t tp);
 double DecoderLayerStoredBytes(const ModelDims& dims, Recompute recompute, double b, double s,
                                double encoder_s, uint32_t tp);
-// Parameters of one instance of a component at tensor-parallel degree tp.
-double ComponentParameters(const ModelDims& dims, Component component, uint32_t tp);
+// Parameters of one instance of a component at tensor-parallel degree tp,
+// as the executor's model holds them (executor/model/): the embedding has
+// `positions` learned position rows besides the vocabulary's.
+double ComponentParameters(const ModelDims& dims, Component component, uint32_t tp,
+                           uint32_t positions);
 
 // The tabulated model: grids for every component the model kind needs, all
 // three recompute modes, each requested tensor-parallel degree.

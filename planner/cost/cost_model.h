@@ -34,7 +34,9 @@ namespace varipipe::planner {
 struct LinkCosts {
   double latency_ms = 0;
   double bytes_per_ms = 0;  // bandwidth
-  double Ms(double bytes) const { return latency_ms + (bytes_per_ms > 0 ? bytes / bytes_per_ms : 0); }
+  double Ms(double bytes) const {
+    return latency_ms + (bytes_per_ms > 0 ? bytes / bytes_per_ms : 0);
+  }
 };
 
 // What varipipe-profile measured besides the components: point-to-point

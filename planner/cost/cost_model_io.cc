@@ -106,15 +106,13 @@ absl::StatusOr<CostModel> CostModelFromProto(const v1::CostModelFile& file,
                         std::is_sorted(sl.begin(), sl.end());
     for (int c = 0; c < 4 && sorted; ++c) {
       // NaN and negative values are refused by ProfileGrid::Create below.
-      if (std::any_of(columns[c].begin(), columns[c].end(),
-                      [](double v) { return !(v >= 0); })) {
+      if (std::any_of(columns[c].begin(), columns[c].end(), [](double v) { return !(v >= 0); })) {
         continue;
       }
       std::string first;
       if (const int raised = RaiseToRunningMaxima(b, e, sl, columns[c], &first); raised > 0) {
-        repairs.push_back(absl::StrCat("grids[", g, "].", names[c], " (",
-                                       ComponentName(*component), "): ", raised,
-                                       " raised, first at ", first));
+        repairs.push_back(absl::StrCat("grids[", g, "].", names[c], " (", ComponentName(*component),
+                                       "): ", raised, " raised, first at ", first));
       }
     }
     std::vector<CostValues> values(points);
@@ -135,9 +133,9 @@ absl::StatusOr<CostModel> CostModelFromProto(const v1::CostModelFile& file,
     }
   }
   if (!repairs.empty()) {
-    model.set_description(absl::StrCat(model.description(),
-                                       " [values raised to keep the grids monotone: ",
-                                       absl::StrJoin(repairs, "; "), "]"));
+    model.set_description(absl::StrCat(
+        model.description(),
+        " [values raised to keep the grids monotone: ", absl::StrJoin(repairs, "; "), "]"));
   }
   if (file.has_communication()) {
     const v1::CommunicationCosts& c = file.communication();
@@ -168,8 +166,9 @@ absl::StatusOr<CostModel> CostModelFromProto(const v1::CostModelFile& file,
     if (!(o.fixed_ms() >= 0) || !std::isfinite(o.fixed_ms()) ||
         !(o.ms_per_million_parameters() >= 0) || !std::isfinite(o.ms_per_million_parameters())) {
       return absl::InvalidArgumentError(absl::StrCat(
-          source, ": optimizer.fixed_ms and optimizer.ms_per_million_parameters must be finite "
-                  "and >= 0"));
+          source,
+          ": optimizer.fixed_ms and optimizer.ms_per_million_parameters must be finite "
+          "and >= 0"));
     }
     model.set_optimizer({o.optimizer(), o.fixed_ms(), o.ms_per_million_parameters() / 1e6});
   }

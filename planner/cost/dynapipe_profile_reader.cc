@@ -322,9 +322,9 @@ absl::StatusOr<CostModel> ReadDynaPipeProfileDirectory(const std::string& direct
     }
   }
   if (!repairs.empty()) {
-    model.set_description(absl::StrCat(model.description(),
-                                       " [values raised to keep the grids monotone: ",
-                                       absl::StrJoin(repairs, "; "), "]"));
+    model.set_description(absl::StrCat(
+        model.description(),
+        " [values raised to keep the grids monotone: ", absl::StrJoin(repairs, "; "), "]"));
   }
   // 16-bit parameters: 2 bytes each.
   for (const auto& [component, sum] : parameters) {

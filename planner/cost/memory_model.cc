@@ -7,14 +7,13 @@
 
 namespace varipipe::planner {
 
-ModelStateBytes ModelStatePerDevice(double parameter_count, uint32_t dtype_bytes, ZeroStage zero,
+ModelStateBytes ModelStatePerDevice(double parameter_count, ZeroStage zero,
                                     uint32_t data_parallel) {
   const double dp = std::max<uint32_t>(1, data_parallel);
-  const bool fp32 = dtype_bytes >= 4;
   ModelStateBytes bytes;
-  bytes.parameters = parameter_count * (fp32 ? 4 : 2);
-  bytes.gradients = parameter_count * (fp32 ? 4 : 2);
-  bytes.optimizer = parameter_count * (fp32 ? 8 : 12);
+  bytes.parameters = parameter_count * 4;
+  bytes.gradients = parameter_count * 4;
+  bytes.optimizer = parameter_count * 8;
   if (zero >= ZeroStage::k1) bytes.optimizer /= dp;
   if (zero >= ZeroStage::k2) bytes.gradients /= dp;
   if (zero >= ZeroStage::k3) bytes.parameters /= dp;
@@ -87,11 +86,10 @@ double MaxParametersPerDevice(const CostModel& model, const StageLayout& layout)
 }
 
 absl::StatusOr<double> AvailableActivationBytes(const CostModel& model, const StageLayout& layout,
-                                                uint32_t dtype_bytes, ZeroStage zero,
-                                                uint32_t data_parallel,
+                                                ZeroStage zero, uint32_t data_parallel,
                                                 double device_memory_limit_bytes) {
   const double parameters = MaxParametersPerDevice(model, layout);
-  const double state = ModelStatePerDevice(parameters, dtype_bytes, zero, data_parallel).total();
+  const double state = ModelStatePerDevice(parameters, zero, data_parallel).total();
   const double available = device_memory_limit_bytes - state;
   if (available <= 0) {
     return absl::ResourceExhaustedError(absl::StrFormat(
@@ -135,13 +133,12 @@ std::vector<double> ParametersPerDevice(const CostModel& model, const StageLayou
 }
 
 absl::StatusOr<std::vector<double>> AvailableActivationBytesPerDevice(
-    const CostModel& model, const StageLayout& layout, uint32_t dtype_bytes, ZeroStage zero,
-    uint32_t data_parallel, double device_memory_limit_bytes) {
+    const CostModel& model, const StageLayout& layout, ZeroStage zero, uint32_t data_parallel,
+    double device_memory_limit_bytes) {
   std::vector<double> available = ParametersPerDevice(model, layout);
   for (size_t d = 0; d < available.size(); ++d) {
     const double parameters = available[d];
-    const double state =
-        ModelStatePerDevice(parameters, dtype_bytes, zero, data_parallel).total();
+    const double state = ModelStatePerDevice(parameters, zero, data_parallel).total();
     available[d] = device_memory_limit_bytes - state;
     if (available[d] <= 0) {
       return absl::ResourceExhaustedError(absl::StrFormat(

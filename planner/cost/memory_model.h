@@ -1,12 +1,14 @@
 // Model-state memory per device (parameters, gradients, optimizer state) and
 // the memory left for activations.
 //
-// Mixed-precision Adam (ZeRO paper, Rajbhandari et al. 2020, section 3.1):
-// 16-bit parameters and gradients (2 + 2 bytes per parameter) and fp32
-// optimizer state (master copy, momentum, variance: 12 bytes). fp32
-// training: 4 + 4 + 8 bytes. ZeRO stage 1 shards the optimizer state across
-// the data-parallel replicas, stage 2 also the gradients, stage 3 also the
-// parameters.
+// What the executor holds per parameter, whatever model.dtype: fp32
+// parameters (the master weights; under a 16-bit model.dtype forward passes
+// autocast them), fp32 gradients and AdamW's two fp32 moments: 4 + 4 + 8
+// bytes (the ZeRO paper's mixed-precision layout, 2 + 2 + 12, has the same
+// total but shards differently). ZeRO stage 1 shards the optimizer state
+// across the data-parallel replicas, stage 2 would also shard the gradients,
+// stage 3 also the parameters (Rajbhandari et al. 2020); the executor
+// implements stage 1.
 #ifndef VARIPIPE_PLANNER_COST_MEMORY_MODEL_H_
 #define VARIPIPE_PLANNER_COST_MEMORY_MODEL_H_
 
@@ -28,9 +30,8 @@ struct ModelStateBytes {
 };
 
 // Model state of `parameter_count` parameters held by one device.
-// REQUIRES: data_parallel >= 1; dtype_bytes 2 or 4.
-ModelStateBytes ModelStatePerDevice(double parameter_count, uint32_t dtype_bytes, ZeroStage zero,
-                                    uint32_t data_parallel);
+// REQUIRES: data_parallel >= 1.
+ModelStateBytes ModelStatePerDevice(double parameter_count, ZeroStage zero, uint32_t data_parallel);
 
 // How the model's layers sit on the pipeline's devices (DynaPipe's layout):
 // decoder-only models spread layers evenly over all devices; T5 puts its
@@ -61,8 +62,7 @@ double MaxParametersPerDevice(const CostModel& model, const StageLayout& layout)
 // device. ResourceExhausted (naming both numbers) when the model state alone
 // does not fit.
 absl::StatusOr<double> AvailableActivationBytes(const CostModel& model, const StageLayout& layout,
-                                                uint32_t dtype_bytes, ZeroStage zero,
-                                                uint32_t data_parallel,
+                                                ZeroStage zero, uint32_t data_parallel,
                                                 double device_memory_limit_bytes);
 
 // Parameters held by each pipeline device (index 0..devices-1), layers split
@@ -75,8 +75,8 @@ std::vector<double> ParametersPerDevice(const CostModel& model, const StageLayou
 // ResourceExhausted (naming the device) when a device's model state alone
 // does not fit.
 absl::StatusOr<std::vector<double>> AvailableActivationBytesPerDevice(
-    const CostModel& model, const StageLayout& layout, uint32_t dtype_bytes, ZeroStage zero,
-    uint32_t data_parallel, double device_memory_limit_bytes);
+    const CostModel& model, const StageLayout& layout, ZeroStage zero, uint32_t data_parallel,
+    double device_memory_limit_bytes);
 
 }  // namespace varipipe::planner
 

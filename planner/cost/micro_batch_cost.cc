@@ -55,10 +55,10 @@ absl::StatusOr<MicroBatchCostModel> MicroBatchCostModel::Create(const CostModel&
   m.total_decoder_layers_ = layout.decoder_layers;
   m.recompute_ = recompute;
   if (!layout.shared_device() && layout.devices > 1) {
-    m.depth_ = {static_cast<double>(layout.devices),
-                layout.encoder_decoder ? static_cast<double>(layout.devices - layout.encoder_devices)
-                                       : 1.0,
-                1.0};
+    m.depth_ = {
+        static_cast<double>(layout.devices),
+        layout.encoder_decoder ? static_cast<double>(layout.devices - layout.encoder_devices) : 1.0,
+        1.0};
   }
   m.encoder_ = model.Grid(Component::kEncoderLayer, recompute, tensor_parallel);
   m.postprocess_ = model.Grid(Component::kPostprocess, recompute, tensor_parallel);

@@ -24,9 +24,9 @@
 namespace varipipe::planner {
 
 struct MicroBatchCost {
-  double forward_ms = 0;    // bottleneck device
-  double backward_ms = 0;   // bottleneck device
-  double time_ms = 0;       // forward + backward of the bottleneck device
+  double forward_ms = 0;   // bottleneck device
+  double backward_ms = 0;  // bottleneck device
+  double time_ms = 0;      // forward + backward of the bottleneck device
   // Memory of the device closest to its room. Without SetDeviceRoom: the
   // largest per-device value in bytes. With it: each device's bytes scaled
   // by reference / room(device), so that one limit in reference bytes

@@ -38,10 +38,10 @@ double MeasuredAllReduceMs(const CommunicationCosts& measured, double bytes, uin
   const double r = std::max(2u, measured.all_reduce_ranks);
   const double n = ranks;
   const double latency = measured.all_reduce.latency_ms * (n - 1) / (r - 1);
-  const double transfer = measured.all_reduce.bytes_per_ms > 0
-                              ? bytes / measured.all_reduce.bytes_per_ms * ((n - 1) / n) /
-                                    ((r - 1) / r)
-                              : 0;
+  const double transfer =
+      measured.all_reduce.bytes_per_ms > 0
+          ? bytes / measured.all_reduce.bytes_per_ms * ((n - 1) / n) / ((r - 1) / r)
+          : 0;
   return latency + transfer;
 }
 
@@ -58,20 +58,24 @@ std::vector<DeviceUpdateCost> DeviceUpdateCosts(const CostModel& model, const St
       out[d].all_reduce_ms = MeasuredAllReduceMs(*model.communication(), bytes, dp);
     } else {
       const bool inter = SpansNodes(config, static_cast<uint32_t>(d));
-      const LinkCosts link{
-          (inter ? config.cluster().inter_node_latency_us() : config.cluster().intra_node_latency_us()) /
-              1e3,
-          (inter ? config.cluster().inter_node_bandwidth_gbps()
-                 : config.cluster().intra_node_bandwidth_gbps()) *
-              1e6};
+      const LinkCosts link{(inter ? config.cluster().inter_node_latency_us()
+                                  : config.cluster().intra_node_latency_us()) /
+                               1e3,
+                           (inter ? config.cluster().inter_node_bandwidth_gbps()
+                                  : config.cluster().intra_node_bandwidth_gbps()) *
+                               1e6};
       out[d].all_reduce_ms = RingAllReduceMs(bytes, dp, link);
     }
+    // ZeRO stage 1: a ring reduce-scatter plus all-gather moves what the
+    // ring all-reduce moves, but the optimizer updates only this rank's
+    // 1/dp shard of the parameters.
+    const double updated = config.training().zero_stage() >= 1 ? parameters[d] / dp : parameters[d];
     if (model.optimizer().has_value()) {
-      out[d].optimizer_ms = model.optimizer()->Ms(parameters[d]);
+      out[d].optimizer_ms = model.optimizer()->Ms(updated);
     } else if (hardware.ok() && hardware->memory_bandwidth_gbps > 0) {
       const double per_parameter = sgd ? kSgdBytesPerParameter : kAdamBytesPerParameter;
       out[d].optimizer_ms =
-          kOptimizerFixedMs + per_parameter * parameters[d] / (hardware->memory_bandwidth_gbps * 1e6);
+          kOptimizerFixedMs + per_parameter * updated / (hardware->memory_bandwidth_gbps * 1e6);
     }
   }
   return out;

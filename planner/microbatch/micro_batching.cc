@@ -230,7 +230,7 @@ absl::Status PrepareSamples(const CostModel& model, const StageLayout& layout,
                             const MicroBatchingOptions& o, MicroBatchingResult& result) {
   if (absl::Status s = CheckAndTruncate(o, result.samples, result.truncated); !s.ok()) return s;
   absl::StatusOr<std::vector<double>> rooms = AvailableActivationBytesPerDevice(
-      model, layout, o.dims.dtype_bytes, o.zero, o.data_parallel, o.device_memory_limit_bytes);
+      model, layout, o.zero, o.data_parallel, o.device_memory_limit_bytes);
   if (!rooms.ok()) return rooms.status();
   const double smallest = *std::min_element(rooms->begin(), rooms->end());
   if (!o.per_device_memory) rooms->assign(rooms->size(), smallest);
@@ -454,6 +454,8 @@ MicroBatchingOptions MicroBatchingOptionsFromConfig(const v1::JobConfig& config,
   o.virtual_chunks = config.parallelism().virtual_chunks();
   o.data_parallel = config.parallelism().data();
   o.tensor_parallel = config.parallelism().tensor();
+  // Validation admits stages 0 and 1 (common/config/job_config.cc).
+  o.zero = static_cast<ZeroStage>(std::min(config.training().zero_stage(), 3u));
   o.device_memory_limit_bytes =
       static_cast<double>(config.cluster().device_memory_limit_mib()) * (1 << 20);
   o.recompute_modes.clear();
@@ -464,7 +466,7 @@ MicroBatchingOptions MicroBatchingOptionsFromConfig(const v1::JobConfig& config,
   bool depth = false;
   bool whole = false;
   for (int schedule : config.planner().schedules()) {
-    (schedule == v1::ADAPTIVE ? whole : depth) = true;
+    (schedule == v1::ADAPTIVE || schedule == v1::ADAPTIVE_ZERO_BUBBLE ? whole : depth) = true;
   }
   if (depth) o.budgets.push_back(MemoryBudget::kPipelineDepth);
   if (whole) o.budgets.push_back(MemoryBudget::kWholeDevice);

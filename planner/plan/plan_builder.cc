@@ -1,6 +1,7 @@
 #include "planner/plan/plan_builder.h"
 
 #include <map>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -72,10 +73,17 @@ class RankPlanBuilder {
     }
 
     for (const ProgramEntry& e : replica_.comm.programs[device_]) {
+      if (e.step == ProgramStep::kCompute && e.op.kind == OpKind::kWeight) {
+        split_.insert({e.op.stage, e.op.micro_batch});
+      }
+    }
+    for (const ProgramEntry& e : replica_.comm.programs[device_]) {
       absl::Status status;
       switch (e.step) {
         case ProgramStep::kCompute:
-          status = e.op.kind == OpKind::kForward ? Forward(e.op) : Backward(e.op);
+          status = e.op.kind == OpKind::kForward    ? Forward(e.op)
+                   : e.op.kind == OpKind::kBackward ? Backward(e.op)
+                                                    : Weight(e.op);
           break;
         case ProgramStep::kRecvStart:
           status = RecvStart(e.transfer);
@@ -221,7 +229,11 @@ class RankPlanBuilder {
       }
     }
     v1::BackwardPass* bw = Add(mb, st)->mutable_backward();
-    bw->set_profiled_ms(Profiled(replica_.micro_batches[mb].profiled_backward_ms, st));
+    const PlannedMicroBatch& m = replica_.micro_batches[mb];
+    const bool split = split_.count({st, mb}) > 0;
+    bw->set_profiled_ms(Profiled(m.profiled_backward_ms, st) -
+                        (split ? Profiled(m.profiled_weight_ms, st) : 0.0));
+    bw->set_weight_grad_deferred(split);
     for (uint32_t id : output_grads) bw->add_output_grad_buffer_ids(id);
     if (st > 0) {
       const std::vector<v1::TensorSpec> specs = ActivationSpecs(st - 1, mb);
@@ -233,6 +245,13 @@ class RankPlanBuilder {
       input_grads_[{st, mb}] = grads;
     }
     Free(output_grads, op);
+    return absl::OkStatus();
+  }
+
+  absl::Status Weight(const Op& op) {
+    v1::WeightGradPass* w = Add(op.micro_batch, op.stage)->mutable_weight_grad();
+    w->set_profiled_ms(
+        Profiled(replica_.micro_batches[op.micro_batch].profiled_weight_ms, op.stage));
     return absl::OkStatus();
   }
 
@@ -310,6 +329,7 @@ class RankPlanBuilder {
   std::map<StageKey, std::vector<uint32_t>> input_grads_;
   std::map<uint32_t, v1::Transfer> transfers_;
   std::map<uint32_t, std::vector<uint32_t>> send_buffers_;
+  std::set<StageKey> split_;  // (stage, micro-batch) with a W: split backward
 };
 
 }  // namespace

@@ -51,6 +51,10 @@ struct PlannedMicroBatch {
   // (ForwardPass.profiled_ms, BackwardPass.profiled_ms); empty: unknown.
   std::vector<double> profiled_forward_ms;
   std::vector<double> profiled_backward_ms;
+  // Per stage id: W's share of profiled_backward_ms under the backward split
+  // rule (backward_split.h): a split backward's B reports the rest, its W
+  // this (WeightGradPass.profiled_ms).
+  std::vector<double> profiled_weight_ms;
 };
 
 struct ReplicaPlan {

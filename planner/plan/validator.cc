@@ -132,8 +132,19 @@ class RankChecker {
       if (absl::Status s = Read(i, in.forward().input_buffer_ids()); !s.ok()) return s;
       return Write(i, in.forward().output_buffer_ids());
     }
+    if (in.op_case() == v1::Instruction::kWeightGrad) {
+      if (awaiting_weight_.erase(key) == 0) {
+        return Fail(rank_, i, plan_,
+                    weights_.count(key) ? "weight_grad runs twice"
+                                        : "weight_grad without a backward (weight_grad_deferred) "
+                                          "of the same stage and micro-batch before it");
+      }
+      weights_.insert(key);
+      return absl::OkStatus();
+    }
     if (!forwards_.count(key)) return Fail(rank_, i, plan_, "backward before its forward");
     if (!backwards_.insert(key).second) return Fail(rank_, i, plan_, "backward runs twice");
+    if (in.backward().weight_grad_deferred()) awaiting_weight_.insert(key);
     if (absl::Status s = Read(i, in.backward().output_grad_buffer_ids()); !s.ok()) return s;
     return Write(i, in.backward().input_grad_buffer_ids());
   }
@@ -176,6 +187,7 @@ class RankChecker {
         return Write(i, in.load_input().buffer_ids());
       case v1::Instruction::kForward:
       case v1::Instruction::kBackward:
+      case v1::Instruction::kWeightGrad:
         return Compute(i, in);
       case v1::Instruction::kSendStart:
         open_[{in.send_start().peer(), true}].push_back(i);
@@ -190,6 +202,12 @@ class RankChecker {
         return Free(i, in);
       case v1::Instruction::kAllReduce:
       case v1::Instruction::kOptimizerStep:
+        if (!awaiting_weight_.empty()) {
+          const auto [stage, mb] = *awaiting_weight_.begin();
+          return Fail(rank_, i, plan_,
+                      absl::StrCat("gradients used before the weight_grad of micro-batch ", mb,
+                                   " on stage ", stage));
+        }
         return absl::OkStatus();
       default:
         return Fail(rank_, i, plan_, "instruction without an op");
@@ -216,14 +234,20 @@ class RankChecker {
     for (const auto& [peer_direction, starts] : open_) {
       if (!starts.empty()) return Fail(rank_, starts.front(), plan_, "Start without a Wait");
     }
+    if (!awaiting_weight_.empty()) {
+      const auto [stage, mb] = *awaiting_weight_.begin();
+      return Fail(rank_, plan_.instructions_size() - 1, plan_,
+                  absl::StrCat("the backward of micro-batch ", mb, " on stage ", stage,
+                               " deferred its weight gradient but no weight_grad follows"));
+    }
     for (uint32_t stage : stages_) {
       for (int m = 0; m < plan_.micro_batches_size(); ++m) {
         const std::pair<uint32_t, uint32_t> key{stage, static_cast<uint32_t>(m)};
         if (!forwards_.count(key) || !backwards_.count(key)) {
-          return Fail(rank_, plan_.instructions_size() - 1, plan_,
-                      absl::StrCat("micro-batch ", m, " never runs ",
-                                   forwards_.count(key) ? "backward" : "forward", " on stage ",
-                                   stage));
+          return Fail(
+              rank_, plan_.instructions_size() - 1, plan_,
+              absl::StrCat("micro-batch ", m, " never runs ",
+                           forwards_.count(key) ? "backward" : "forward", " on stage ", stage));
         }
       }
     }
@@ -237,6 +261,9 @@ class RankChecker {
   std::vector<State> state_;
   std::set<std::pair<uint32_t, uint32_t>> forwards_;
   std::set<std::pair<uint32_t, uint32_t>> backwards_;
+  // Split backwards whose weight_grad has not run yet, and those that ran.
+  std::set<std::pair<uint32_t, uint32_t>> awaiting_weight_;
+  std::set<std::pair<uint32_t, uint32_t>> weights_;
   std::set<uint32_t> stages_;
   // Open transfers: index of the Start, per (peer, direction) in order.
   std::map<std::pair<int32_t, bool>, std::vector<int>> open_;
@@ -386,8 +413,8 @@ std::vector<std::vector<int>> TransferGroups(std::span<const v1::ExecutionPlan> 
     for (const v1::Instruction& in : plans[r].instructions()) {
       const v1::Instruction::OpCase op = in.op_case();
       if (op != v1::Instruction::kSendStart && op != v1::Instruction::kRecvStart) continue;
-      const int peer = static_cast<int>(
-          op == v1::Instruction::kSendStart ? in.send_start().peer() : in.recv_start().peer());
+      const int peer = static_cast<int>(op == v1::Instruction::kSendStart ? in.send_start().peer()
+                                                                          : in.recv_start().peer());
       if (peer < 0 || peer >= n) continue;  // CheckRank reports it
       const int a = find(r);
       const int b = find(peer);
@@ -435,9 +462,12 @@ std::string FormatInstruction(const v1::Instruction& in) {
       return absl::StrCat("forward in ", absl::StrJoin(in.forward().input_buffer_ids(), ","),
                           " out ", absl::StrJoin(in.forward().output_buffer_ids(), ","), where);
     case v1::Instruction::kBackward:
-      return absl::StrCat("backward grad-in ",
-                          absl::StrJoin(in.backward().output_grad_buffer_ids(), ","), " grad-out ",
-                          absl::StrJoin(in.backward().input_grad_buffer_ids(), ","), where);
+      return absl::StrCat(
+          in.backward().weight_grad_deferred() ? "backward(input) grad-in " : "backward grad-in ",
+          absl::StrJoin(in.backward().output_grad_buffer_ids(), ","), " grad-out ",
+          absl::StrJoin(in.backward().input_grad_buffer_ids(), ","), where);
+    case v1::Instruction::kWeightGrad:
+      return absl::StrCat("weight_grad", where);
     case v1::Instruction::kSendStart:
       return transfer("send_start", in.send_start(), "to");
     case v1::Instruction::kSendWait:

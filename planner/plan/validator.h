@@ -9,7 +9,10 @@
 //      Wait after it and every Wait a Start before it.
 //   2. Compute: every micro-batch's forward and backward run exactly once on
 //      every stage the rank holds, backward after forward, and a compute
-//      reads a received tensor only after its RecvWait.
+//      reads a received tensor only after its RecvWait. A backward with
+//      weight_grad_deferred has exactly one weight_grad of the same stage
+//      and micro-batch after it, before any all_reduce or optimizer_step;
+//      no other weight_grad exists.
 //   3. Deadlock freedom under the executor's semantics: each pair of ranks
 //      has one ordered channel; the k-th transfer a rank starts on it pairs
 //      with the peer's k-th, which must be the opposite direction with the

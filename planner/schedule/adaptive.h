@@ -1,5 +1,9 @@
 // DynaPipe's memory-aware adaptive schedule (section 5, Algorithm 1). The
-// micro-batch ordering search around it is planner/sim/order_search.h.
+// micro-batch ordering search around it is planner/sim/order_search.h. The
+// adaptive zero-bubble schedule (ADAPTIVE_ZERO_BUBBLE) is this order with
+// split backwards, each device filling its idle time with deferred weight
+// gradients under its memory limit: planner/sim/weight_fill.h (it needs the
+// simulator's timing), searched over the same injection orders.
 //
 // Cyclic scheduling with injection control: time advances in cycles; in
 // each cycle every device runs at most one backward (first) and one forward

@@ -7,19 +7,22 @@
 namespace varipipe::planner {
 
 std::string Op::ToString() const {
-  return absl::StrCat(stage, kind == OpKind::kForward ? "F" : "B", micro_batch);
+  const char* letter = kind == OpKind::kForward ? "F" : kind == OpKind::kBackward ? "B" : "W";
+  return absl::StrCat(stage, letter, micro_batch);
 }
 
 absl::StatusOr<Op> ParseOp(absl::string_view text) {
-  const size_t at = text.find_first_of("FB");
+  const size_t at = text.find_first_of("FBW");
   Op op;
   if (at == absl::string_view::npos || at == 0 || at + 1 == text.size() ||
       !absl::SimpleAtoi(text.substr(0, at), &op.stage) ||
       !absl::SimpleAtoi(text.substr(at + 1), &op.micro_batch)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", text, "' is not an op (expected <stage>F<micro_batch> or ...B...)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", text, "' is not an op (expected <stage>F<micro_batch>, ...B... or ...W...)"));
   }
-  op.kind = text[at] == 'F' ? OpKind::kForward : OpKind::kBackward;
+  op.kind = text[at] == 'F'   ? OpKind::kForward
+            : text[at] == 'B' ? OpKind::kBackward
+                              : OpKind::kWeight;
   return op;
 }
 

@@ -1,10 +1,17 @@
-// The schedule IR: one forward or backward pass of one micro-batch on one
-// pipeline stage (model chunk). Schedules are pure functions from a pipeline
-// shape to per-device lists of these ops; later passes (simulation,
-// communication planning) lower them.
+// The schedule IR: one forward, backward or weight-gradient pass of one
+// micro-batch on one pipeline stage (model chunk). Schedules are pure
+// functions from a pipeline shape to per-device lists of these ops; later
+// passes (simulation, communication planning) lower them.
 //
-// Text form (logs, goldens, error messages): "<stage><F|B><micro_batch>",
-// e.g. "2F0" is stage 2's forward of micro-batch 0. ParseOp round-trips it.
+// Split backward (zero-bubble schedules): a B whose (stage, micro-batch) also
+// has a W in the same order computes only the gradient of the stage's input
+// (what the previous stage waits for) and keeps the linear layers' inputs
+// and output gradients; the W computes the weight gradients from them. A B
+// without a W is the whole backward (input and weight gradients).
+//
+// Text form (logs, goldens, error messages): "<stage><F|B|W><micro_batch>",
+// e.g. "2F0" is stage 2's forward of micro-batch 0, "2W0" its weight
+// gradient. ParseOp round-trips it.
 #ifndef VARIPIPE_PLANNER_SCHEDULE_OP_H_
 #define VARIPIPE_PLANNER_SCHEDULE_OP_H_
 
@@ -17,7 +24,7 @@
 
 namespace varipipe::planner {
 
-enum class OpKind : uint8_t { kForward, kBackward };
+enum class OpKind : uint8_t { kForward, kBackward, kWeight };
 
 struct Op {
   OpKind kind = OpKind::kForward;

@@ -116,4 +116,23 @@ absl::StatusOr<DeviceOrder> InterleavedOneFOneBSchedule(const PipelineShape& sha
   return order;
 }
 
+absl::StatusOr<DeviceOrder> ZeroBubbleH1Schedule(const PipelineShape& shape) {
+  if (absl::Status s = CheckShape(shape, false, "ZB-H1"); !s.ok()) return s;
+  const uint32_t p = shape.devices;
+  const uint32_t m = shape.micro_batches;
+  DeviceOrder order(p);
+  for (uint32_t d = 0; d < p; ++d) {
+    std::vector<Op>& out = order[d];
+    const uint32_t warmup = std::min(p - d - 1, m);
+    for (uint32_t k = 0; k < warmup; ++k) out.push_back({OpKind::kForward, d, k});
+    for (uint32_t k = 0; k < m; ++k) {
+      if (warmup + k < m) out.push_back({OpKind::kForward, d, warmup + k});
+      out.push_back({OpKind::kBackward, d, k});
+      if (k >= d) out.push_back({OpKind::kWeight, d, k - d});
+    }
+    for (uint32_t k = m > d ? m - d : 0; k < m; ++k) out.push_back({OpKind::kWeight, d, k});
+  }
+  return order;
+}
+
 }  // namespace varipipe::planner

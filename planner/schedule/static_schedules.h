@@ -16,6 +16,17 @@
 //   kFkB               Ada-Grouper's schedule: 1F1B over groups of k
 //                      micro-batches (k forwards, then k backwards); k = 1
 //                      is 1F1B
+//   ZB-H1              Qi et al.'s zero-bubble schedule with 1F1B's memory:
+//                      1F1B's forwards and split backwards (B: input
+//                      gradient only), device d running W(k - d) after
+//                      B(k) and its last d Ws after its last B. The W
+//                      deferred on later devices fill the drain's bubbles;
+//                      device d holds at most p - d micro-batches' stored
+//                      activations plus d of W-kept bytes, never more than
+//                      device 0's p (1F1B's peak). With t_F, t_B, t_W the
+//                      op times and no communication the iteration takes
+//                      m (t_F + t_B + t_W) + (p - 1)(t_F + t_B - t_W),
+//                      against 1F1B's (m + p - 1)(t_F + t_B + t_W).
 //
 // Each returns, per device, the order of its ops (op.h). The orders are
 // deadlock-free under in-order execution (tests/planner/schedule_test.cc
@@ -34,6 +45,8 @@ absl::StatusOr<DeviceOrder> GpipeSchedule(const PipelineShape& shape);
 absl::StatusOr<DeviceOrder> OneFOneBSchedule(const PipelineShape& shape);
 absl::StatusOr<DeviceOrder> InterleavedOneFOneBSchedule(const PipelineShape& shape);
 absl::StatusOr<DeviceOrder> KfkbSchedule(const PipelineShape& shape, uint32_t k);
+// REQUIRES: chunks == 1.
+absl::StatusOr<DeviceOrder> ZeroBubbleH1Schedule(const PipelineShape& shape);
 
 }  // namespace varipipe::planner
 

@@ -47,11 +47,16 @@ std::string ChromeTraceJson(const SimulationResult& result, const std::string& t
         R"j({"name":"thread_name","ph":"M","pid":%d,"tid":1,"args":{"name":"comm"}})j", d));
   }
   for (const TimedOp& t : result.ops) {
-    const bool fwd = t.op.kind == OpKind::kForward;
+    const char* name = t.op.kind == OpKind::kForward    ? "F"
+                       : t.op.kind == OpKind::kBackward ? "B"
+                                                        : "W";
+    const char* category = t.op.kind == OpKind::kForward    ? "forward"
+                           : t.op.kind == OpKind::kBackward ? "backward"
+                                                            : "weight_grad";
     add(absl::StrFormat(
         R"j({"name":"%s mb%d s%d","cat":"%s","ph":"X","pid":%d,"tid":0,"ts":%.3f,"dur":%.3f,"args":{"micro_batch":%d,"stage":%d}})j",
-        fwd ? "F" : "B", t.op.micro_batch, t.op.stage, fwd ? "forward" : "backward", t.device,
-        t.start_ms * 1e3, (t.end_ms - t.start_ms) * 1e3, t.op.micro_batch, t.op.stage));
+        name, t.op.micro_batch, t.op.stage, category, t.device, t.start_ms * 1e3,
+        (t.end_ms - t.start_ms) * 1e3, t.op.micro_batch, t.op.stage));
   }
   for (const TimedTransfer& t : result.transfers) {
     const bool fwd = t.producer.kind == OpKind::kForward;

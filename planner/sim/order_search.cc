@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "planner/sim/weight_fill.h"
 
 namespace varipipe::planner {
 
@@ -15,20 +16,16 @@ double PeakOverLimit(std::span<const double> peak_bytes, std::span<const double>
   return worst;
 }
 
-absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(const PipelineShape& shape,
-                                                         const StageCostTable& costs,
-                                                         std::span<const double> times_ms,
-                                                         double memory_limit_bytes,
-                                                         const ClusterNetwork& network) {
+absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(
+    const PipelineShape& shape, const StageCostTable& costs, std::span<const double> times_ms,
+    double memory_limit_bytes, const ClusterNetwork& network, bool zero_bubble) {
   const std::vector<double> limits(shape.devices, memory_limit_bytes);
-  return SearchAdaptiveOrder(shape, costs, times_ms, limits, network);
+  return SearchAdaptiveOrder(shape, costs, times_ms, limits, network, zero_bubble);
 }
 
-absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(const PipelineShape& shape,
-                                                         const StageCostTable& costs,
-                                                         std::span<const double> times_ms,
-                                                         std::span<const double> memory_limit_bytes,
-                                                         const ClusterNetwork& network) {
+absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(
+    const PipelineShape& shape, const StageCostTable& costs, std::span<const double> times_ms,
+    std::span<const double> memory_limit_bytes, const ClusterNetwork& network, bool zero_bubble) {
   const uint32_t m = shape.micro_batches;
   if (times_ms.size() != m) {
     return absl::InvalidArgumentError("one predicted time per micro-batch is needed");
@@ -59,6 +56,10 @@ absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(const PipelineShape& sh
     absl::StatusOr<DeviceOrder> order =
         AdaptiveSchedule(shape, costs, injection, memory_limit_bytes);
     if (!order.ok()) return order.status();
+    if (zero_bubble) {
+      order = FillWeightGradients(shape, *order, costs, network, memory_limit_bytes);
+      if (!order.ok()) return order.status();
+    }
     SimulationResult sim = Simulate(shape, *order, costs, network);
     if (!sim.completed)
       return absl::InternalError(absl::StrCat("adaptive schedule: ", sim.deadlock));
@@ -67,9 +68,9 @@ absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(const PipelineShape& sh
     ++best.orders_tried;
     const bool better =
         !have || (fits && !best.fits_memory) ||
-        (fits == best.fits_memory && (fits ? sim.makespan_ms < best.simulation.makespan_ms
-                                           : over < PeakOverLimit(best.simulation.peak_bytes,
-                                                                  memory_limit_bytes)));
+        (fits == best.fits_memory &&
+         (fits ? sim.makespan_ms < best.simulation.makespan_ms
+               : over < PeakOverLimit(best.simulation.peak_bytes, memory_limit_bytes)));
     if (better) {
       const int tried = best.orders_tried;
       best = {injection, *std::move(order), std::move(sim), tried, fits};

@@ -30,17 +30,18 @@ struct AdaptiveSearchResult {
 // peak).
 // `memory_limit_bytes[d]`: device d's own room; a simulation fits when
 // every device's peak is within its own limit (the scalar form: one limit
-// for all).
+// for all). `zero_bubble`: the adaptive zero-bubble schedule, every
+// order's schedule filled with deferred weight gradients
+// (FillWeightGradients, weight_fill.h; costs need BackwardSplitRule::Split).
 absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(const PipelineShape& shape,
                                                          const StageCostTable& costs,
                                                          std::span<const double> times_ms,
                                                          std::span<const double> memory_limit_bytes,
-                                                         const ClusterNetwork& network);
-absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(const PipelineShape& shape,
-                                                         const StageCostTable& costs,
-                                                         std::span<const double> times_ms,
-                                                         double memory_limit_bytes,
-                                                         const ClusterNetwork& network);
+                                                         const ClusterNetwork& network,
+                                                         bool zero_bubble = false);
+absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(
+    const PipelineShape& shape, const StageCostTable& costs, std::span<const double> times_ms,
+    double memory_limit_bytes, const ClusterNetwork& network, bool zero_bubble = false);
 
 // How far the worst device's simulated peak is over its limit: max over
 // devices of peak / limit (<= 1 fits).

@@ -33,6 +33,7 @@ std::string CheckScheduleCoverage(const PipelineShape& shape, const DeviceOrder&
   const size_t n = static_cast<size_t>(shape.stages()) * shape.micro_batches;
   std::vector<int> forwards(n, 0);
   std::vector<int> backwards(n, 0);
+  std::vector<int> weights(n, 0);
   for (uint32_t d = 0; d < order.size(); ++d) {
     for (const Op& op : order[d]) {
       if (op.stage >= shape.stages() || op.micro_batch >= shape.micro_batches) {
@@ -43,7 +44,10 @@ std::string CheckScheduleCoverage(const PipelineShape& shape, const DeviceOrder&
                             ", which lives on device ", shape.DeviceOf(op.stage));
       }
       const size_t key = static_cast<size_t>(op.stage) * shape.micro_batches + op.micro_batch;
-      if (++(op.kind == OpKind::kForward ? forwards : backwards)[key] > 1) {
+      std::vector<int>& seen = op.kind == OpKind::kForward    ? forwards
+                               : op.kind == OpKind::kBackward ? backwards
+                                                              : weights;
+      if (++seen[key] > 1) {
         return absl::StrCat(op.ToString(), " runs more than once");
       }
     }
@@ -73,6 +77,13 @@ class Replay {
     forward_ready_.assign(keys, kUnknown);
     backward_ready_.assign(keys, kUnknown);
     forward_end_.assign(keys, kUnknown);
+    backward_end_.assign(keys, kUnknown);
+    split_.assign(keys, false);
+    for (const auto& ops : order) {
+      for (const Op& op : ops) {
+        if (op.kind == OpKind::kWeight) split_[Key(op.stage, op.micro_batch)] = true;
+      }
+    }
     for (uint32_t mb = 0; mb < shape.micro_batches; ++mb) forward_ready_[Key(0, mb)] = 0;
     r_.busy_ms.assign(devices, 0);
     r_.peak_bytes.assign(devices, 0);
@@ -114,6 +125,7 @@ class Replay {
   double Ready(uint32_t d) const {
     const Op& op = order_[d][next_[d]];
     if (op.kind == OpKind::kForward) return forward_ready_[Key(op.stage, op.micro_batch)];
+    if (op.kind == OpKind::kWeight) return backward_end_[Key(op.stage, op.micro_batch)];
     const double own = forward_end_[Key(op.stage, op.micro_batch)];
     const double grad = backward_ready_[Key(op.stage, op.micro_batch)];
     return own == kUnknown || grad == kUnknown ? kUnknown : std::max(own, grad);
@@ -146,6 +158,8 @@ class Replay {
       const std::string needs =
           op.kind == OpKind::kForward
               ? absl::StrCat("the activation of ", op.stage - 1, "F", op.micro_batch)
+          : op.kind == OpKind::kWeight
+              ? absl::StrCat("its input gradient ", op.stage, "B", op.micro_batch)
           : forward_end_[Key(op.stage, op.micro_batch)] == kUnknown
               ? absl::StrCat("its own forward ", op.stage, "F", op.micro_batch)
               : absl::StrCat("the gradient of ", op.stage + 1, "B", op.micro_batch);
@@ -167,34 +181,54 @@ class Replay {
   }
 
   // Runs device d's next op from `start`: time, memory (stored from forward
-  // start to backward end, plus the running op's transient), and what it
+  // start to backward end, or with a W: all but the W-kept bytes to B's end
+  // and those to W's end; plus the running op's transient), and what it
   // makes ready.
   void Execute(uint32_t d, double start) {
     const Op op = order_[d][next_[d]++];
+    const size_t key = Key(op.stage, op.micro_batch);
     const StageOpCost& c = costs_[op.stage][op.micro_batch];
-    const bool forward = op.kind == OpKind::kForward;
-    const double end = start + (forward ? c.forward_ms : c.backward_ms);
+    const bool split = split_[key];
+    const double ms = op.kind == OpKind::kForward  ? c.forward_ms
+                      : op.kind == OpKind::kWeight ? c.weight_ms
+                      : split                      ? c.input_grad_ms()
+                                                   : c.backward_ms;
+    const double end = start + ms;
     device_free_[d] = end;
     r_.busy_ms[d] += end - start;
     r_.ops.push_back({op, d, start, end});
     r_.makespan_ms = std::max(r_.makespan_ms, end);
+    if (op.kind == OpKind::kWeight) {
+      r_.peak_bytes[d] = std::max(r_.peak_bytes[d], memory_[d]);
+      memory_[d] -= c.weight_stored_bytes;
+      --in_flight_[d];
+      return;
+    }
+    const bool forward = op.kind == OpKind::kForward;
     if (forward) {
       memory_[d] += c.stored_bytes;
       r_.peak_in_flight[d] = std::max(r_.peak_in_flight[d], ++in_flight_[d]);
     }
-    r_.peak_bytes[d] = std::max(r_.peak_bytes[d], memory_[d] + c.peak_bytes - c.stored_bytes);
+    r_.peak_bytes[d] =
+        std::max(r_.peak_bytes[d], memory_[d] + c.peak_bytes - c.stored_bytes +
+                                       (split && !forward ? c.split_backward_extra_bytes() : 0.0));
     if (forward) {
-      forward_end_[Key(op.stage, op.micro_batch)] = end;
+      forward_end_[key] = end;
       if (op.stage + 1 < shape_.stages()) {
         forward_ready_[Key(op.stage + 1, op.micro_batch)] =
             Send(op, d, shape_.DeviceOf(op.stage + 1), c.activation_bytes, end);
       } else {
-        backward_ready_[Key(op.stage, op.micro_batch)] = end;  // the loss
+        backward_ready_[key] = end;  // the loss
       }
       return;
     }
-    memory_[d] -= c.stored_bytes;
-    --in_flight_[d];
+    backward_end_[key] = end;
+    if (split) {
+      memory_[d] -= c.stored_bytes - c.weight_stored_bytes;
+    } else {
+      memory_[d] -= c.stored_bytes;
+      --in_flight_[d];
+    }
     if (op.stage > 0) {
       backward_ready_[Key(op.stage - 1, op.micro_batch)] =
           Send(op, d, shape_.DeviceOf(op.stage - 1), c.gradient_bytes, end);
@@ -209,6 +243,8 @@ class Replay {
   std::vector<double> forward_ready_;
   std::vector<double> backward_ready_;
   std::vector<double> forward_end_;
+  std::vector<double> backward_end_;
+  std::vector<bool> split_;  // the (stage, micro-batch) has a W
   std::vector<size_t> next_;
   std::vector<double> device_free_;
   std::vector<double> memory_;

@@ -9,10 +9,16 @@
 // latency + bytes / bandwidth (intra- or inter-node link).
 //
 // Dependencies: F(s, m) needs F(s - 1, m)'s activation; B(s, m) needs
-// F(s, m) and B(s + 1, m)'s gradient (the last stage: its own F, the loss).
+// F(s, m) and B(s + 1, m)'s gradient (the last stage: its own F, the loss);
+// W(s, m) needs B(s, m). B sends the input gradient in both forms.
+// Durations: F forward_ms; B backward_ms, or input_grad_ms() when the order
+// has a W for the same (stage, micro-batch) (op.h); W weight_ms.
 // Memory per device: an op's stored activation is allocated when its forward
-// starts and freed when its backward ends; while an op runs the device holds
-// everything stored plus that op's transient (peak - stored).
+// starts and freed when its backward ends; with a W, B's end frees all but
+// weight_stored_bytes (what W needs), freed when the W ends. While an F or
+// B runs the device holds everything stored plus that op's transient
+// (peak - stored), and a split B also what it keeps beyond its forward's
+// stored bytes (split_backward_extra_bytes, stage_costs.h); a W adds none.
 //
 // An order that cannot complete (a cycle of waits) is reported as a
 // deadlock naming each stuck device's next op.
@@ -74,6 +80,7 @@ struct SimulationResult {
   std::vector<double> bubble_fraction;   // per device: 1 - busy / makespan
   std::vector<double> peak_bytes;        // per device
   std::vector<uint32_t> peak_in_flight;  // per device: most forwards awaiting their backward
+                                         // (with a W: their W)
   std::vector<TimedOp> ops;              // in order of start time
   std::vector<TimedTransfer> transfers;  // in order of creation
 
@@ -83,14 +90,15 @@ struct SimulationResult {
 
 // REQUIRES: order has shape.devices lists over stages < shape.stages() and
 // micro-batches < shape.micro_batches, each forward and backward exactly
-// once on the stage's device (validate with CheckScheduleCoverage);
+// once and each W at most once on the stage's device (validate with
+// CheckScheduleCoverage);
 // costs[stage][micro_batch] for every stage and micro-batch.
 SimulationResult Simulate(const PipelineShape& shape, const DeviceOrder& order,
                           const StageCostTable& costs, const ClusterNetwork& network);
 
-// OK when `order` runs every forward and backward of every (stage,
-// micro-batch) exactly once, on the stage's device; otherwise names the
-// first problem.
+// OK ("") when `order` runs every forward and backward of every (stage,
+// micro-batch) exactly once and any W at most once, on the stage's device;
+// otherwise names the first problem.
 std::string CheckScheduleCoverage(const PipelineShape& shape, const DeviceOrder& order);
 
 }  // namespace varipipe::planner

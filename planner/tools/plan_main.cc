@@ -276,7 +276,8 @@ planner::Planner MakeComparer(const v1::JobConfig& config, const planner::Planne
     all.mutable_planner()->add_partition_methods(m);
   }
   all.mutable_planner()->clear_schedules();
-  for (auto s : {v1::GPIPE, v1::ONE_F_ONE_B, v1::KFKB, v1::ADAPTIVE}) {
+  for (auto s : {v1::GPIPE, v1::ONE_F_ONE_B, v1::KFKB, v1::ADAPTIVE, v1::ZERO_BUBBLE_H1,
+                 v1::ADAPTIVE_ZERO_BUBBLE}) {
     all.mutable_planner()->add_schedules(s);
   }
   if (config.parallelism().virtual_chunks() > 1) {
@@ -305,7 +306,7 @@ void PrintHeader(const Job& job) {
       config.parallelism().pipeline(), config.parallelism().data(), data.c_str(),
       static_cast<unsigned long long>(config.data().tokens_per_global_batch()),
       config.data().max_sequence_length());
-  std::printf("%-5s %7s %-20s %-16s %-10s %4s %12s %7s %9s %8s\n", "iter", "samples", "method",
+  std::printf("%-5s %7s %-20s %-20s %-10s %4s %12s %7s %9s %8s\n", "iter", "samples", "method",
               "schedule", "recompute", "mbs", "pred_iter_ms", "bubble", "peak_GiB", "plan_ms");
 }
 
@@ -370,7 +371,7 @@ std::optional<int> PlanOne(const planner::Planner& planner, const planner::Plann
   if (json) {
     std::printf("%s\n", ReportJson(mb, r).c_str());
   } else {
-    std::printf("%-5lld %7zu %-20s %-16s %-10s %4d %12.2f %6.1f%% %9.2f %8.2f\n",
+    std::printf("%-5lld %7zu %-20s %-20s %-10s %4d %12.2f %6.1f%% %9.2f %8.2f\n",
                 static_cast<long long>(mb.iteration), mb.sample_ids.size(),
                 r.partition_method.c_str(), r.schedule.c_str(), r.recompute.c_str(),
                 r.micro_batches, r.predicted_iteration_ms, 100 * r.bubble_fraction,
@@ -404,7 +405,7 @@ void PrintSummary(const Totals& totals) {
   if (totals.throughput.empty() && totals.infeasible.empty()) return;
   std::printf("\ncomparison (best recompute mode per cell, mean over %d mini-batches):\n",
               totals.planned);
-  std::printf("  %-20s %-16s %9s %22s\n", "method", "schedule", "padding",
+  std::printf("  %-20s %-20s %9s %22s\n", "method", "schedule", "padding",
               "real tokens/s predicted");
   std::set<std::pair<std::string, std::string>> cells;
   for (const auto& [key, t] : totals.throughput) cells.insert(key);
@@ -414,12 +415,12 @@ void PrintSummary(const Totals& totals) {
     // run it (planner.fixed_micro_batch_size and micro_batch_token_budget
     // set its micro-batches).
     if (const auto it = totals.infeasible.find(key); it != totals.infeasible.end()) {
-      std::printf("  %-20s %-16s %9s %22s  %s\n", key.first.c_str(), key.second.c_str(), "-",
+      std::printf("  %-20s %-20s %9s %22s  %s\n", key.first.c_str(), key.second.c_str(), "-",
                   "infeasible", it->second.c_str());
       continue;
     }
     const auto& t = totals.throughput.at(key);
-    std::printf("  %-20s %-16s %8.1f%% %22.0f\n", key.first.c_str(), key.second.c_str(),
+    std::printf("  %-20s %-20s %8.1f%% %22.0f\n", key.first.c_str(), key.second.c_str(),
                 100 * totals.padding.at(key) / t.second, t.first / t.second);
   }
 }

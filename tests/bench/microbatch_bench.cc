@@ -135,7 +135,7 @@ void PlanMiniBatch(benchmark::State& state, bool t5, double interval, bool bound
     } else {
       // The DP alone, every mode and budget, without the candidate bound.
       absl::StatusOr<StageLayout> layout = MakeStageLayout(s.dims, o.pipeline, 1);
-      const double available = *AvailableActivationBytes(s.model, *layout, 2, ZeroStage::k0, 1,
+      const double available = *AvailableActivationBytes(s.model, *layout, ZeroStage::k0, 1,
                                                          o.device_memory_limit_bytes);
       const LengthPolicy policy{.encoder_decoder = t5, .multiple = 8};
       const std::vector<uint32_t> order = OrderSamples(batch, policy, SampleOrder::kLengthSort);

@@ -93,6 +93,16 @@ TEST(JobConfig, ExplicitZeroOfOptionalFieldIsKept) {
   EXPECT_EQ(no_bucketing->planner().tmax_interval_ms(), 0.0);
 }
 
+TEST(JobConfig, ZeroStageDefaultsToZeroAndAcceptsOne) {
+  absl::StatusOr<v1::JobConfig> plain = ParseAndValidate(kValidGpt);
+  ASSERT_THAT(plain, IsOk());
+  EXPECT_EQ(plain->training().zero_stage(), 0u);
+  absl::StatusOr<v1::JobConfig> sharded =
+      ParseAndValidate(Replace(R"("iterations": 10)", R"("iterations": 10, "zero_stage": 1)"));
+  ASSERT_THAT(sharded, IsOk());
+  EXPECT_EQ(sharded->training().zero_stage(), 1u);
+}
+
 TEST(JobConfig, ExplicitZeroLatencyAndBetaAreKept) {
   absl::StatusOr<v1::JobConfig> config =
       ParseAndValidate(Replace(R"("device_memory_limit_mib": 8192)",
@@ -238,7 +248,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"TwoDTourOnGpt", R"("training")",
                 R"("planner": {"sample_order": "TWO_D_TOUR"}, "training")", "planner.sample_order"},
         BadCase{"BetaOne", R"("iterations": 10)", R"("iterations": 10, "adam_beta2": 1.0)",
-                "training.adam_beta2: must be in [0, 1)"}),
+                "training.adam_beta2: must be in [0, 1)"},
+        BadCase{"ZeroStage2", R"("iterations": 10)", R"("iterations": 10, "zero_stage": 2)",
+                "training.zero_stage: must be 0 or 1 (got 2"},
+        BadCase{"ZeroStage3", R"("iterations": 10)", R"("iterations": 10, "zero_stage": 3)",
+                "training.zero_stage: must be 0 or 1 (got 3"}),
     [](const ::testing::TestParamInfo<BadCase>& info) { return info.param.name; });
 
 TEST(JobConfig, ReportsEveryErrorAtOnce) {

@@ -16,6 +16,11 @@
 // - every parameter's gradient after the data-parallel reduction, before the
 //   optimizer, within 1e-5 relative (max |difference| / max |reference|);
 // and, after the three steps, every parameter within 1e-5 relative.
+//
+// The zero-bubble schedules (ZB-H1, adaptive zero-bubble; GPT and T5, every
+// recomputation, pp 2 and 4, and dp 2) split backwards into B and W: their
+// cells also run the same plans with every backward whole and require every
+// gradient of every iteration to match the split run within 1e-6.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -31,6 +36,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/reference_model.h"
+#include "tests/testing/split_backward.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/threaded_ranks.h"
 #include "tests/testing/tiny_job.h"
@@ -40,6 +46,9 @@ namespace {
 
 constexpr int kIterations = 3;
 constexpr double kTolerance = 1e-5;
+// Split backwards against whole ones (the same computation but for the
+// order of the weight-gradient sums).
+constexpr double kSplitTolerance = 1e-6;
 
 struct Cell {
   bool t5 = false;
@@ -63,6 +72,10 @@ std::string ScheduleName(const Cell& c) {
       return "Kfkb";
     case v1::ADAPTIVE:
       return "Adaptive";
+    case v1::ZERO_BUBBLE_H1:
+      return "ZeroBubbleH1";
+    case v1::ADAPTIVE_ZERO_BUBBLE:
+      return "AdaptiveZeroBubble";
     default:
       return v1::ScheduleKind_Name(c.schedule);
   }
@@ -108,6 +121,24 @@ std::vector<Cell> Matrix() {
       }
     }
   }
+  // Split backwards: the zero-bubble schedules.
+  for (bool t5 : {false, true}) {
+    for (v1::ScheduleKind schedule : {v1::ZERO_BUBBLE_H1, v1::ADAPTIVE_ZERO_BUBBLE}) {
+      for (v1::RecomputeMode recompute :
+           {v1::RECOMPUTE_NONE, v1::RECOMPUTE_SELECTIVE, v1::RECOMPUTE_FULL}) {
+        for (const auto& [pp, dp] : {std::pair<uint32_t, uint32_t>{2, 1}, {4, 1}, {2, 2}}) {
+          if (dp > 1 && recompute != v1::RECOMPUTE_NONE) continue;
+          Cell c;
+          c.t5 = t5;
+          c.schedule = schedule;
+          c.recompute = recompute;
+          c.pp = pp;
+          c.dp = dp;
+          cells.push_back(c);
+        }
+      }
+    }
+  }
   // Three virtual chunks per device, and packed micro-batches.
   Cell interleaved3;
   interleaved3.schedule = v1::INTERLEAVED_1F1B;
@@ -127,11 +158,30 @@ std::vector<Cell> Matrix() {
   return cells;
 }
 
+// Runs `plans` ([iteration][rank]) of `config` on threaded ranks (a fresh
+// redis-server for the rendezvous), recording the gradients.
+std::vector<RankRun> RunPlans(const v1::JobConfig& config,
+                              const std::vector<std::vector<v1::ExecutionPlan>>& plans,
+                              const SampleDataset& dataset) {
+  absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
+  EXPECT_THAT(redis, IsOk());
+  if (!redis.ok()) return {};
+  ThreadedRanksOptions options;
+  options.redis_host = (*redis)->host();
+  options.redis_port = (*redis)->port();
+  options.redis_password = (*redis)->password();
+  options.prefix = "equivalence";
+  options.capture_gradients = true;
+  return RunThreadedRanks(config, plans, dataset, options);
+}
+
 // Plans `iterations` iterations of `config`, runs them on threaded ranks and
 // checks every iteration and the final parameters against the reference
-// (the checks listed at the top). Returns the plans ([iteration][rank]).
+// (the checks listed at the top). Returns the plans ([iteration][rank]) and,
+// when `runs` is set, the ranks' runs.
 std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& config,
-                                                          const std::string& name) {
+                                                          const std::string& name,
+                                                          std::vector<RankRun>* runs = nullptr) {
   const int iterations = static_cast<int>(config.training().iterations());
   const uint32_t dp = config.parallelism().data();
   absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(config);
@@ -167,16 +217,8 @@ std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& c
     plans.push_back(*std::move(p));
   }
 
-  absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
-  EXPECT_THAT(redis, IsOk());
-  if (!redis.ok()) return {};
-  ThreadedRanksOptions options;
-  options.redis_host = (*redis)->host();
-  options.redis_port = (*redis)->port();
-  options.redis_password = (*redis)->password();
-  options.prefix = "equivalence";
-  options.capture_gradients = true;
-  const std::vector<RankRun> ranks = RunThreadedRanks(config, plans, **dataset, options);
+  const std::vector<RankRun> ranks = RunPlans(config, plans, **dataset);
+  if (runs != nullptr) *runs = ranks;
   for (size_t r = 0; r < ranks.size(); ++r) {
     EXPECT_THAT(ranks[r].status, IsOk()) << "rank " << r;
     if (!ranks[r].status.ok() || ranks[r].stats.size() != size_t(iterations) ||
@@ -251,6 +293,47 @@ std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& c
   return plans;
 }
 
+// Zero-bubble cells: the plans split backwards (at least one per
+// iteration), and run with every backward whole they give the same
+// gradients, every iteration, within 1e-6 relative.
+void CompareWithWholeBackwards(const v1::JobConfig& config,
+                               const std::vector<std::vector<v1::ExecutionPlan>>& plans,
+                               const std::vector<RankRun>& split) {
+  std::vector<std::vector<v1::ExecutionPlan>> whole_plans;
+  int split_backwards = 0;
+  for (const std::vector<v1::ExecutionPlan>& iteration : plans) {
+    EXPECT_GE(SplitBackwards(iteration), 1);
+    split_backwards += SplitBackwards(iteration);
+    std::vector<v1::ExecutionPlan>& whole = whole_plans.emplace_back();
+    for (const v1::ExecutionPlan& plan : iteration) whole.push_back(WithWholeBackwards(plan));
+  }
+  absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(config);
+  ASSERT_THAT(dataset, IsOk());
+  const std::vector<RankRun> whole = RunPlans(config, whole_plans, **dataset);
+  ASSERT_EQ(whole.size(), split.size());
+  double worst = 0;
+  std::string worst_name;
+  for (size_t r = 0; r < whole.size(); ++r) {
+    ASSERT_THAT(whole[r].status, IsOk()) << "rank " << r;
+    ASSERT_EQ(whole[r].gradients.size(), split[r].gradients.size());
+    for (size_t it = 0; it < whole[r].gradients.size(); ++it) {
+      const TensorDifference d =
+          MaxRelativeDifference(split[r].gradients[it], whole[r].gradients[it]);
+      EXPECT_EQ(d.compared, static_cast<int>(whole[r].gradients[it].size()));
+      EXPECT_LE(d.worst, kSplitTolerance)
+          << "rank " << r << " iteration " << it << ": gradient of " << d.worst_name;
+      if (d.worst > worst) {
+        worst = d.worst;
+        worst_name = d.worst_name;
+      }
+    }
+  }
+  std::printf(
+      "%d split backwards over %zu iterations; split against whole backwards: worst relative "
+      "gradient difference %.3g (%s)\n",
+      split_backwards, plans.size(), worst, worst_name.c_str());
+}
+
 class Equivalence : public ::testing::TestWithParam<Cell> {};
 
 TEST_P(Equivalence, ThreeSgdStepsMatchTheReference) {
@@ -267,8 +350,13 @@ TEST_P(Equivalence, ThreeSgdStepsMatchTheReference) {
   job.iterations = kIterations;
   absl::StatusOr<v1::JobConfig> config = TinyJobConfig(job);
   ASSERT_THAT(config, IsOk());
-  const std::vector<std::vector<v1::ExecutionPlan>> plans = RunAndCompare(*config, CellName(c));
+  std::vector<RankRun> split;
+  const std::vector<std::vector<v1::ExecutionPlan>> plans =
+      RunAndCompare(*config, CellName(c), &split);
   ASSERT_EQ(plans.size(), size_t{kIterations});
+  if (c.schedule == v1::ZERO_BUBBLE_H1 || c.schedule == v1::ADAPTIVE_ZERO_BUBBLE) {
+    CompareWithWholeBackwards(*config, plans, split);
+  }
   for (const std::vector<v1::ExecutionPlan>& iteration : plans) {
     ASSERT_EQ(iteration.size(), size_t{c.pp} * c.dp);
     for (const v1::ExecutionPlan& plan : iteration) {

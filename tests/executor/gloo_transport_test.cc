@@ -181,6 +181,56 @@ TEST_F(GlooTransportTest, RingAllReduceMatchesTheSumOnEveryRank) {
   }
 }
 
+// ZeRO stage 1's collectives against brute force, over groups of 2 to 5
+// ranks (shard sizes 1 and 7), interleaved with an all-reduce on the same
+// group (slots stay paired): after ReduceScatterSum each rank's shard is the
+// sum of that shard over the group, and AllGather then gives every rank the
+// same whole buffer; a length the group does not divide is refused.
+TEST_F(GlooTransportTest, ReduceScatterAndAllGatherMatchBruteForce) {
+  for (int size : {2, 3, 5}) {
+    for (size_t shard : {size_t{1}, size_t{7}}) {
+      const size_t length = shard * static_cast<size_t>(size);
+      std::vector<std::vector<float>> gathered(size);
+      RunRanks(size, absl::StrCat("shards-", size, "-", shard), [&](int rank, GlooTransport& t) {
+        std::vector<int> group;
+        for (int r = 0; r < size; ++r) group.push_back(r);
+        const auto value = [](int r, size_t k) {
+          return 0.25f * static_cast<float>(r + 1) + 0.5f * static_cast<float>(k);
+        };
+        std::vector<float> data(length);
+        for (size_t k = 0; k < length; ++k) data[k] = value(rank, k);
+        ASSERT_THAT(t.ReduceScatterSum(data, group), IsOk()) << "rank " << rank;
+        for (size_t k = rank * shard; k < (rank + 1) * shard; ++k) {
+          float sum = 0;
+          for (int r = 0; r < size; ++r) sum += value(r, k);
+          EXPECT_NEAR(data[k], sum, 1e-4f * sum) << "rank " << rank << " element " << k;
+        }
+        std::vector<float> mean(3, static_cast<float>(rank));
+        ASSERT_THAT(t.AllReduceMean(mean, group), IsOk());
+        EXPECT_FLOAT_EQ(mean[0], static_cast<float>(size - 1) / 2);
+        // Each rank's shard: its rank number, elsewhere garbage.
+        std::vector<float> params(length, -1.0f);
+        for (size_t k = rank * shard; k < (rank + 1) * shard; ++k) {
+          params[k] = static_cast<float>(rank * 100 + k);
+        }
+        ASSERT_THAT(t.AllGather(params, group), IsOk()) << "rank " << rank;
+        gathered[rank] = params;
+        std::vector<float> uneven(length + 1);
+        EXPECT_THAT(t.ReduceScatterSum(uneven, group),
+                    StatusIs(absl::StatusCode::kInvalidArgument));
+        EXPECT_THAT(t.AllGather(uneven, group), StatusIs(absl::StatusCode::kInvalidArgument));
+      });
+      for (int r = 0; r < size; ++r) {
+        for (size_t k = 0; k < length; ++k) {
+          const int owner = static_cast<int>(k / shard);
+          ASSERT_EQ(gathered[r][k], static_cast<float>(owner * 100 + k))
+              << "rank " << r << " element " << k << " of " << size;
+        }
+      }
+    }
+  }
+}
+
 // Abort() from another thread ends a receive from a peer that is alive but
 // never sends, and an all-reduce whose peer never joins, at once with
 // CANCELLED and the reason; later calls fail the same way.

@@ -9,6 +9,8 @@
 // more micro-batches in flight the prediction falls behind (about -17% at 14):
 // a forward's output buffer lives until its send completes, and gradient
 // sends are waited for at the end of the iteration (docs/cost-model.md).
+// The zero-bubble cases check what split backwards keep for their weight
+// gradients (docs/cost-model.md, "Split backward").
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -93,11 +95,20 @@ TEST_P(MeasuredMemory, ProfiledPredictionMatchesTheMeasuredPeak) {
     const executor::IterationStats& stats = ranks[r].stats.front();
     const double measured = static_cast<double>(stats.memory_peak_bytes - stats.memory_start_bytes);
     const double predicted = (*plans)[r].predicted_activation_peak_bytes();
+    int weight_grads = 0;
+    for (const v1::Instruction& in : (*plans)[r].instructions()) {
+      weight_grads += in.has_weight_grad() ? 1 : 0;
+    }
     std::printf(
-        "%s rank %zu: %d micro-batches, measured activation peak %.1f KiB, predicted "
-        "%.1f KiB (%+.1f%%)\n",
-        c.name.c_str(), r, (*plans)[r].micro_batches_size(), measured / 1024, predicted / 1024,
-        100 * (predicted - measured) / measured);
+        "%s rank %zu: %d micro-batches, %d split backwards, measured activation peak %.1f KiB, "
+        "predicted %.1f KiB (%+.1f%%)\n",
+        c.name.c_str(), r, (*plans)[r].micro_batches_size(), weight_grads, measured / 1024,
+        predicted / 1024, 100 * (predicted - measured) / measured);
+    const bool zero_bubble =
+        c.schedule == v1::ZERO_BUBBLE_H1 || c.schedule == v1::ADAPTIVE_ZERO_BUBBLE;
+    if (zero_bubble) {
+      EXPECT_GT(weight_grads, 0) << "rank " << r << " split no backward";
+    }
     EXPECT_GT(measured, 0);
     EXPECT_LE(std::abs(predicted - measured) / measured, kTolerance) << "rank " << r;
   }
@@ -111,7 +122,15 @@ INSTANTIATE_TEST_SUITE_P(
                       MemoryCase{v1::RECOMPUTE_FULL, v1::ONE_F_ONE_B, "Full1F1B"},
                       MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ADAPTIVE, "SelectiveAdaptive"},
                       MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ONE_F_ONE_B, "T5Selective1F1B", true},
-                      MemoryCase{v1::RECOMPUTE_NONE, v1::ONE_F_ONE_B, "T5None1F1B", true}),
+                      MemoryCase{v1::RECOMPUTE_NONE, v1::ONE_F_ONE_B, "T5None1F1B", true},
+                      // Split backwards: B keeps each linear layer's input and
+                      // output gradient until W (backward_split.h).
+                      MemoryCase{v1::RECOMPUTE_NONE, v1::ZERO_BUBBLE_H1, "NoneZeroBubbleH1"},
+                      MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ADAPTIVE_ZERO_BUBBLE,
+                                 "SelectiveAdaptiveZeroBubble"},
+                      MemoryCase{v1::RECOMPUTE_FULL, v1::ZERO_BUBBLE_H1, "FullZeroBubbleH1"},
+                      MemoryCase{v1::RECOMPUTE_NONE, v1::ZERO_BUBBLE_H1, "T5NoneZeroBubbleH1",
+                                 true}),
     [](const auto& info) { return info.param.name; });
 
 TEST(ProfileCli, HelpNamesTheFlags) {

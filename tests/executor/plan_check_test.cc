@@ -1,7 +1,8 @@
 // The executor's plan check: every plan the planner emits passes it (GPT and
 // T5, every schedule, recompute mode and partition method, including packed
-// micro-batches), and each kind of corruption is refused with an error that
-// names the iteration, rank, instruction and field.
+// micro-batches, zero-bubble plans with split backwards), and each kind of
+// corruption, wrong orders of weight_grads included, is refused with an error
+// that names the iteration, rank, instruction and field.
 #include "executor/runtime/plan_check.h"
 
 #include <functional>
@@ -119,6 +120,11 @@ TEST(PlanCheck, EveryPlanThePlannerEmitsPasses) {
     }
     for (v1::PartitionMethod method : {v1::TOKEN_BASED, v1::FIXED_SIZE, v1::PACKING, v1::PADDING}) {
       shapes.push_back({.t5 = t5, .pp = 3, .dp = 1, .method = method});
+    }
+  }
+  for (bool t5 : {false, true}) {
+    for (v1::ScheduleKind schedule : {v1::ZERO_BUBBLE_H1, v1::ADAPTIVE_ZERO_BUBBLE}) {
+      shapes.push_back({.t5 = t5, .pp = 2, .dp = 2, .schedule = schedule});
     }
   }
   shapes.push_back({.pp = 2, .chunks = 3, .schedule = v1::INTERLEAVED_1F1B});
@@ -270,6 +276,96 @@ TEST_P(PlanCheckCorruption, IsRefusedNamingTheField) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Plans, PlanCheckCorruption, ::testing::ValuesIn(Corruptions()),
+                         [](const auto& info) { return info.param.name; });
+
+// Wrong orders of split backwards (zero-bubble plans), each refused naming
+// the instruction: CheckPlan includes CheckWeightGradOrder.
+struct OrderFault {
+  std::string name;
+  std::function<void(v1::ExecutionPlan&)> apply;
+  std::vector<std::string> expected;
+};
+
+// Index of the last weight_grad.
+int LastWeightGrad(const v1::ExecutionPlan& plan) {
+  int last = -1;
+  for (int i = 0; i < plan.instructions_size(); ++i) {
+    if (plan.instructions(i).has_weight_grad()) last = i;
+  }
+  EXPECT_GE(last, 0);
+  return last;
+}
+
+// Moves instruction `from` to position `to`, shifting those between.
+void Move(v1::ExecutionPlan& plan, int from, int to) {
+  for (int i = from; i < to; ++i) plan.mutable_instructions()->SwapElements(i, i + 1);
+  for (int i = from; i > to; --i) plan.mutable_instructions()->SwapElements(i, i - 1);
+}
+
+std::vector<OrderFault> OrderFaults() {
+  return {
+      {"WeightGradBeforeItsBackward",
+       [](v1::ExecutionPlan& p) { Move(p, LastWeightGrad(p), 0); },
+       {"instruction #0 (weight_grad", "without a backward with weight_grad_deferred"}},
+      {"WeightGradTwice",
+       [](v1::ExecutionPlan& p) {
+         const int w = LastWeightGrad(p);
+         *p.add_instructions() = p.instructions(w);
+         Move(p, p.instructions_size() - 1, w + 1);
+       },
+       {"(weight_grad", "weight_grad runs twice (first at instruction #"}},
+      {"WeightGradAfterTheAllReduce",
+       [](v1::ExecutionPlan& p) { Move(p, LastWeightGrad(p), p.instructions_size() - 1); },
+       {"(all_reduce", "reads the gradients before the weight_grad of micro-batch"}},
+      {"WeightGradNeverComes",
+       [](v1::ExecutionPlan& p) {
+         p.mutable_instructions()->DeleteSubrange(LastWeightGrad(p), 1);
+         while (!p.instructions(p.instructions_size() - 1).has_backward() &&
+                !p.instructions(p.instructions_size() - 1).has_weight_grad()) {
+           p.mutable_instructions()->RemoveLast();
+         }
+       },
+       {"(backward",
+        "defers its weight gradient (weight_grad_deferred) but no weight_grad follows"}},
+      {"SecondDeferredBackward",
+       [](v1::ExecutionPlan& p) {
+         const int w = LastWeightGrad(p);
+         v1::Instruction backward;
+         for (int i = 0; i < w; ++i) {
+           if (p.instructions(i).has_backward() &&
+               p.instructions(i).micro_batch() == p.instructions(w).micro_batch()) {
+             backward = p.instructions(i);
+           }
+         }
+         *p.add_instructions() = backward;
+         Move(p, p.instructions_size() - 1, w + 1);
+       },
+       {"(backward", "a second backward with weight_grad_deferred"}},
+  };
+}
+
+class PlanCheckWeightGradOrder : public ::testing::TestWithParam<OrderFault> {};
+
+TEST_P(PlanCheckWeightGradOrder, IsRefusedNamingTheInstruction) {
+  const v1::JobConfig config = Config({.pp = 2, .dp = 1, .schedule = v1::ZERO_BUBBLE_H1});
+  std::vector<v1::ExecutionPlan> plans = Plans(config, 3);
+  ASSERT_EQ(plans.size(), 2u);
+  v1::ExecutionPlan plan = plans[1];
+  const PlanRecipient recipient = RecipientOf(plan);
+  ASSERT_THAT(CheckPlan(plan, config, recipient), IsOk());
+  GetParam().apply(plan);
+  const absl::Status status = CheckPlan(plan, config, recipient);
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument,
+                               HasSubstr("plan of iteration 3 for rank 1: instruction #")));
+  for (const std::string& part : GetParam().expected) {
+    EXPECT_THAT(std::string(status.message()), HasSubstr(part));
+  }
+  EXPECT_EQ(CheckWeightGradOrder(plan), status);
+  std::printf("%s: %s\n", GetParam().name.c_str(), std::string(status.message()).c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(ZeroBubblePlans, PlanCheckWeightGradOrder,
+                         ::testing::ValuesIn(OrderFaults()),
                          [](const auto& info) { return info.param.name; });
 
 }  // namespace

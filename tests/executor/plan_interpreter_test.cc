@@ -2,8 +2,10 @@
 // Gloo over loopback TCP, rendezvous through a real redis-server
 // (tests/testing/threaded_ranks.h). The equivalence matrix against the
 // independent reference model is equivalence_test.cc; here: selective
-// recomputation lowers every rank's measured activation peak, packed rows
-// give the gradients of unpacked ones, and the watchdog tests drop a send
+// recomputation lowers every rank's measured activation peak, zero-bubble
+// plans (split backwards) train like the reference and a wrong order of
+// their weight_grads is refused, packed rows give the gradients of unpacked
+// ones, and the watchdog tests drop a send
 // from one rank's plan, or swap two receives, and expect a diagnostic
 // instead of a hang.
 #include "executor/runtime/plan_interpreter.h"
@@ -12,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,6 +29,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/redis_server.h"
+#include "tests/testing/reference_model.h"
+#include "tests/testing/split_backward.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/threaded_ranks.h"
 #include "tests/testing/tiny_job.h"
@@ -190,6 +195,153 @@ TEST_F(PlanInterpreterTest, SelectiveRecomputationLowersTheMeasuredActivationPea
   }
 }
 
+// Split backwards (zero-bubble schedules) as executed: the planner's
+// ZB-H1 and adaptive zero-bubble plans (one SGD step) give the parameters of
+// the independent reference model (1e-5 relative); every rank's backwards
+// keep the linear layers' operands for W (IterationStats::
+// weight_grad_peak_bytes), and the counting allocator sees each weight_grad
+// release them (the live bytes fall across every weight_grad but the first
+// of each stage, which also allocates its weight gradients).
+class ZeroBubbleEquivalence : public PlanInterpreterTest {};
+
+TEST_P(ZeroBubbleEquivalence, OneSgdStepMatchesTheReference) {
+  const Case& c = GetParam();
+  ::varipipe::testing::TinyJob job;
+  job.t5 = c.t5;
+  job.schedule = c.schedule;
+  job.recompute = c.recompute;
+  job.pipeline = 2;
+  job.optimizer = v1::SGD;
+  job.iterations = 1;
+  absl::StatusOr<v1::JobConfig> config = ::varipipe::testing::TinyJobConfig(job);
+  ASSERT_THAT(config, IsOk());
+  absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(*config);
+  ASSERT_THAT(dataset, IsOk());
+  const std::vector<v1::ExecutionPlan> plans = Plans(*config, 0, **dataset);
+  ASSERT_EQ(plans.size(), 2u);
+  ASSERT_GE(::varipipe::testing::SplitBackwards(plans), 1);
+  std::vector<Parameters> after;
+  const auto results = RunRanks(*config, plans, **dataset, &after, absl::Seconds(60));
+  ::varipipe::testing::ReferenceModel reference(*config);
+  const ::varipipe::testing::ReferencePass pass =
+      reference.Gradients(::varipipe::testing::IterationSamples(plans), **dataset);
+  reference.SgdStep(pass.gradients, config->training().learning_rate());
+  for (size_t r = 0; r < results.size(); ++r) {
+    ASSERT_THAT(results[r], IsOk()) << "rank " << r;
+    const IterationStats& stats = *results[r];
+    const ::varipipe::testing::TensorDifference d =
+        ::varipipe::testing::MaxRelativeDifference(after[r], reference.parameters());
+    EXPECT_LE(d.worst, 1e-5) << "rank " << r << ": parameter " << d.worst_name;
+    EXPECT_GT(stats.weight_grad_peak_bytes, 0) << "rank " << r;
+    std::set<uint32_t> stages_seen;
+    int weight_grads = 0;
+    int falling = 0;
+    for (int i = 1; i < plans[r].instructions_size(); ++i) {
+      const v1::Instruction& in = plans[r].instructions(i);
+      if (!in.has_weight_grad()) continue;
+      ++weight_grads;
+      const bool first_of_stage = stages_seen.insert(in.stage()).second;
+      const int64_t released =
+          stats.instruction_memory[i - 1].current_bytes - stats.instruction_memory[i].current_bytes;
+      if (released > 0) ++falling;
+      if (!first_of_stage) {
+        EXPECT_GT(released, 0) << "rank " << r << " instruction #" << i;
+      }
+    }
+    double weight_ms = 0;
+    double profiled_weight_ms = 0;
+    for (const MicroBatchTime& t : stats.micro_batch_times) {
+      weight_ms += t.weight_seconds * 1e3;
+      profiled_weight_ms += t.profiled_weight_ms;
+    }
+    EXPECT_GT(weight_ms, 0);
+    EXPECT_GT(profiled_weight_ms, 0);
+    std::printf(
+        "rank %zu: %d weight_grads (%d released memory), backwards kept at most %.1f KiB for "
+        "them; measured activation peak %.1f KiB, the plan predicts %.1f KiB; parameters "
+        "within %.3g of the reference; W %.2f ms (profiled %.2f ms)\n",
+        r, weight_grads, falling, stats.weight_grad_peak_bytes / 1024.0,
+        (stats.memory_peak_bytes - stats.memory_start_bytes) / 1024.0,
+        plans[r].predicted_activation_peak_bytes() / 1024.0, d.worst, weight_ms,
+        profiled_weight_ms);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, ZeroBubbleEquivalence,
+    ::testing::Values(Case{.schedule = v1::ZERO_BUBBLE_H1, .name = "GptZeroBubbleH1"},
+                      Case{.schedule = v1::ADAPTIVE_ZERO_BUBBLE, .name = "GptAdaptiveZeroBubble"},
+                      Case{.t5 = true,
+                           .schedule = v1::ZERO_BUBBLE_H1,
+                           .recompute = v1::RECOMPUTE_SELECTIVE,
+                           .name = "T5ZeroBubbleH1Selective"},
+                      Case{.t5 = true,
+                           .schedule = v1::ADAPTIVE_ZERO_BUBBLE,
+                           .recompute = v1::RECOMPUTE_FULL,
+                           .name = "T5AdaptiveZeroBubbleFull"}),
+    [](const auto& info) { return info.param.name; });
+
+// A zero-bubble plan whose weight_grad is missing (so the all-reduce would
+// read incomplete gradients), repeated, or before its backward, on every
+// rank, is refused before any instruction runs, naming
+// the instruction; the parameters stay untouched.
+TEST_F(PlanInterpreterTest, RefusesZeroBubblePlansWithWrongWeightGradOrders) {
+  Case zb;
+  zb.schedule = v1::ZERO_BUBBLE_H1;
+  const v1::JobConfig config = TinyConfig(zb, 2, 1);
+  absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(config);
+  ASSERT_THAT(dataset, IsOk());
+  const std::vector<v1::ExecutionPlan> plans = Plans(config, 0, **dataset);
+  ASSERT_EQ(plans.size(), 2u);
+  // The untouched parameters: a run of no instruction.
+  std::vector<v1::ExecutionPlan> empty = plans;
+  for (v1::ExecutionPlan& plan : empty) plan.clear_instructions();
+  std::vector<Parameters> initial;
+  for (const auto& r : RunRanks(config, empty, **dataset, &initial, absl::Seconds(60))) {
+    ASSERT_THAT(r, IsOk());
+  }
+  enum Fault { kMissing, kTwice, kBeforeBackward };
+  for (Fault fault : {kMissing, kTwice, kBeforeBackward}) {
+    std::vector<v1::ExecutionPlan> faulty = plans;
+    for (v1::ExecutionPlan& plan : faulty) {
+      int w = -1;
+      for (int i = 0; i < plan.instructions_size(); ++i) {
+        if (plan.instructions(i).has_weight_grad()) w = i;
+      }
+      ASSERT_GE(w, 0) << "rank " << plan.rank() << " has no weight_grad";
+      auto* instructions = plan.mutable_instructions();
+      if (fault == kMissing) {
+        instructions->DeleteSubrange(w, 1);
+      } else if (fault == kTwice) {
+        *plan.add_instructions() = plan.instructions(w);
+        for (int i = plan.instructions_size() - 1; i > w + 1; --i) {
+          instructions->SwapElements(i, i - 1);
+        }
+      } else {
+        for (int i = w; i > 0; --i) instructions->SwapElements(i, i - 1);
+      }
+    }
+    std::vector<Parameters> after;
+    const auto results = RunRanks(config, faulty, **dataset, &after, absl::Seconds(60));
+    // A missing weight_grad is caught at the all_reduce that follows.
+    const std::string op = fault == kMissing ? "(all_reduce," : "(weight_grad,";
+    const std::string expected = fault == kMissing ? "reads the gradients before the weight_grad"
+                                 : fault == kTwice ? "weight_grad runs twice"
+                                                   : "weight_grad without a backward";
+    for (size_t r = 0; r < results.size(); ++r) {
+      EXPECT_THAT(results[r].status(),
+                  ::varipipe::testing::StatusIs(
+                      absl::StatusCode::kInvalidArgument,
+                      AllOf(HasSubstr(absl::StrCat("for rank ", r, ": instruction #")),
+                            HasSubstr(op), HasSubstr(expected))))
+          << "fault " << fault;
+      for (const auto& [name, value] : initial[r]) {
+        EXPECT_TRUE(torch::equal(after[r].at(name), value)) << name;
+      }
+    }
+  }
+}
+
 // Packed rows (several samples back to back, block-diagonal attention,
 // positions restarting per sample, each sample's own labels) give the loss and
 // every gradient of the same samples one per row: the whole model on one
@@ -259,9 +411,8 @@ TEST_P(PackingTest, PackedRowsGiveTheGradientsOfUnpackedRows) {
   packed.set_target_len(t5 ? *std::max_element(row_target.begin(), row_target.end()) + 2 : 0);
   const WholeModelPass one_per_row = RunWholeModel(config, loader, unpacked, 1.0 / loss_tokens);
   const WholeModelPass rows = RunWholeModel(config, loader, packed, 1.0 / loss_tokens);
-  std::printf("loss: packed %.9f, unpacked %.9f (rows %u/%u/%u tokens, padded to %u)\n",
-              rows.loss, one_per_row.loss, row_input[0], row_input[1], row_input[2],
-              packed.input_len());
+  std::printf("loss: packed %.9f, unpacked %.9f (rows %u/%u/%u tokens, padded to %u)\n", rows.loss,
+              one_per_row.loss, row_input[0], row_input[1], row_input[2], packed.input_len());
   EXPECT_NEAR(rows.loss, one_per_row.loss, 1e-6 * one_per_row.loss);
   double worst = 0;
   for (const auto& [name, grad] : one_per_row.grads) {
@@ -338,8 +489,7 @@ TEST_F(WatchdogTest, DroppedSendTripsTheWatchdogWithADiagnostic) {
   std::vector<Parameters> unused;
   const auto results = RunRanks(config, plans, **dataset, &unused, absl::Seconds(10), control);
   ASSERT_FALSE(results[1].ok());
-  EXPECT_EQ(results[1].status().code(), absl::StatusCode::kDeadlineExceeded)
-      << results[1].status();
+  EXPECT_EQ(results[1].status().code(), absl::StatusCode::kDeadlineExceeded) << results[1].status();
   EXPECT_THAT(std::string(results[1].status().message()),
               AllOf(HasSubstr("rank 1"), HasSubstr("instruction #"), HasSubstr("from rank 0"),
                     HasSubstr(absl::StrCat("micro-batch ", dropped_mb)), HasSubstr("watchdog")));

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -37,6 +38,7 @@
 #include "tests/testing/executor_ranks.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/reference_model.h"
+#include "tests/testing/split_backward.h"
 #include "tests/testing/status_matchers.h"
 
 namespace varipipe {
@@ -54,10 +56,11 @@ using ::varipipe::testing::IsOk;
 
 struct EquivalenceCase {
   bool t5 = false;
-  std::string schedule;   // planner.schedules
-  std::string recompute;  // planner.recompute_modes
-  std::string method;     // planner.partition_methods
-  std::string name;       // names the model, schedule and recompute mode
+  std::string schedule;     // planner.schedules
+  std::string recompute;    // planner.recompute_modes
+  std::string method;       // planner.partition_methods
+  std::string name;         // names the model, schedule and recompute mode
+  uint32_t zero_stage = 0;  // training.zero_stage
 };
 
 constexpr int kSgdIterations = 3;
@@ -68,7 +71,8 @@ class ProcessEquivalence : public ::testing::TestWithParam<EquivalenceCase> {};
 // tests/executor/equivalence_test.cc): four varipipe-executor processes,
 // pp = 2, dp = 2, three plain-SGD steps (constant learning rate, no
 // clipping) against the independent reference model: every parameter within
-// 1e-5 relative on every rank.
+// 1e-5 relative on every rank. The zero-bubble cases split backwards into B
+// and W.
 TEST_P(ProcessEquivalence, FourProcessesMatchTheReferenceAfterThreeSgdSteps) {
   const EquivalenceCase& c = GetParam();
   const bool t5 = c.t5;
@@ -100,7 +104,8 @@ TEST_P(ProcessEquivalence, FourProcessesMatchTheReferenceAfterThreeSgdSteps) {
       "training": {"iterations": )",
       kSgdIterations, R"(, "optimizer": "SGD",
                    "learning_rate": 0.05, "min_learning_rate": 0.05,
-                   "gradient_clip_norm": 0}})");
+                   "gradient_clip_norm": 0, "zero_stage": )",
+      c.zero_stage, "}}");
   const CommandResult plan = RunCommand(
       absl::StrCat("cd '", dir.string(), "' && ", Bin("varipipe-plan"),
                    " --config job.json --iterations ", kSgdIterations, " --emit-plans plans"));
@@ -109,6 +114,11 @@ TEST_P(ProcessEquivalence, FourProcessesMatchTheReferenceAfterThreeSgdSteps) {
       LaunchRanks(dir, 4, (*redis)->password(),
                   "--config job.json --plans plans --run_id test --save_parameters params");
   ASSERT_EQ(run.exit_code, 0) << run.output;
+  // Every rank logs its measured model state after its first step.
+  EXPECT_THAT(run.output, ::testing::HasSubstr(absl::StrCat(
+                              "optimizer state ", c.zero_stage == 1 ? "sharded" : "whole")));
+  EXPECT_THAT(run.output, ::testing::HasSubstr(absl::StrCat("(training.zero_stage ", c.zero_stage,
+                                                            ", data-parallel degree 2)")));
 
   absl::StatusOr<v1::JobConfig> config = LoadJobConfigFile((dir / "job.json").string());
   ASSERT_THAT(config, IsOk());
@@ -134,6 +144,9 @@ TEST_P(ProcessEquivalence, FourProcessesMatchTheReferenceAfterThreeSgdSteps) {
       plans.push_back(*std::move(p));
     }
     EXPECT_GE(micro_batches, 2);
+    if (absl::StrContains(c.schedule, "ZERO_BUBBLE")) {
+      EXPECT_GE(testing::SplitBackwards(plans), 1) << "iteration " << it;
+    }
     const testing::ReferencePass pass =
         reference.Gradients(testing::IterationSamples(plans), **dataset);
     EXPECT_EQ(plans[0].global_target_tokens(), pass.loss_tokens);
@@ -168,17 +181,33 @@ TEST_P(ProcessEquivalence, FourProcessesMatchTheReferenceAfterThreeSgdSteps) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, ProcessEquivalence,
     ::testing::Values(EquivalenceCase{false, "ONE_F_ONE_B", "RECOMPUTE_NONE", "DYNAMIC_PROGRAMMING",
-                                      "Gpt_OneFOneB_RecomputeNone"},
+                                      "Gpt_OneFOneB_RecomputeNone", 0},
                       EquivalenceCase{false, "ONE_F_ONE_B", "RECOMPUTE_SELECTIVE",
-                                      "DYNAMIC_PROGRAMMING", "Gpt_OneFOneB_RecomputeSelective"},
+                                      "DYNAMIC_PROGRAMMING", "Gpt_OneFOneB_RecomputeSelective", 0},
                       EquivalenceCase{false, "ADAPTIVE", "RECOMPUTE_FULL", "DYNAMIC_PROGRAMMING",
-                                      "Gpt_Adaptive_RecomputeFull"},
+                                      "Gpt_Adaptive_RecomputeFull", 0},
                       EquivalenceCase{false, "ONE_F_ONE_B", "RECOMPUTE_NONE", "PACKING",
-                                      "GptPacked_OneFOneB_RecomputeNone"},
+                                      "GptPacked_OneFOneB_RecomputeNone", 0},
                       EquivalenceCase{true, "ONE_F_ONE_B", "RECOMPUTE_SELECTIVE",
-                                      "DYNAMIC_PROGRAMMING", "T5_OneFOneB_RecomputeSelective"},
+                                      "DYNAMIC_PROGRAMMING", "T5_OneFOneB_RecomputeSelective", 0},
                       EquivalenceCase{true, "ADAPTIVE", "RECOMPUTE_FULL", "DYNAMIC_PROGRAMMING",
-                                      "T5_Adaptive_RecomputeFull"}),
+                                      "T5_Adaptive_RecomputeFull", 0},
+                      // ZeRO stage 1: the shards' steps give the same parameters.
+                      EquivalenceCase{false, "ONE_F_ONE_B", "RECOMPUTE_NONE", "DYNAMIC_PROGRAMMING",
+                                      "Gpt_OneFOneB_RecomputeNone_Zero1", 1},
+                      EquivalenceCase{true, "ONE_F_ONE_B", "RECOMPUTE_SELECTIVE",
+                                      "DYNAMIC_PROGRAMMING", "T5_OneFOneB_RecomputeSelective_Zero1",
+                                      1},
+                      // Split backwards (B and W), also with sharded optimizer
+                      // states (every W before the reduce-scatter).
+                      EquivalenceCase{false, "ZERO_BUBBLE_H1", "RECOMPUTE_NONE",
+                                      "DYNAMIC_PROGRAMMING", "Gpt_ZeroBubbleH1_RecomputeNone", 0},
+                      EquivalenceCase{true, "ADAPTIVE_ZERO_BUBBLE", "RECOMPUTE_SELECTIVE",
+                                      "DYNAMIC_PROGRAMMING",
+                                      "T5_AdaptiveZeroBubble_RecomputeSelective", 0},
+                      EquivalenceCase{false, "ZERO_BUBBLE_H1", "RECOMPUTE_FULL",
+                                      "DYNAMIC_PROGRAMMING", "Gpt_ZeroBubbleH1_RecomputeFull_Zero1",
+                                      1}),
     [](const auto& info) { return info.param.name; });
 
 TEST(ExecutorTraining, FourPipelineRanksTrainTenIterations) {

@@ -1,5 +1,5 @@
 // The --metrics_listen endpoints of a real planner daemon and real executors
-// (pp = 2, dp = 2, Gloo on loopback) while a job runs: every scrape passes
+// (pp = 2, dp = 2, Gloo on loopback, ZeRO stage 1) while a job runs: every scrape passes
 // `promtool check metrics`, carries the job and rank labels, and the
 // counters move between two scrapes.
 #include <signal.h>
@@ -53,7 +53,7 @@ std::string JobConfig(int redis_port) {
               "redis_address": "127.0.0.1:)",
                       redis_port, R"("},
     "training": {"iterations": 1000, "learning_rate": 0.01, "warmup_iterations": 2,
-                 "watchdog_timeout_s": 60}
+                 "watchdog_timeout_s": 60, "zero_stage": 1}
   })");
 }
 
@@ -176,6 +176,15 @@ TEST_F(MetricsEndpoints, DaemonAndExecutorsServeValidMetricsThatMoveWhileTheJobR
   EXPECT_GT(Value(executor, "varipipe_executor_predicted_iteration_seconds" + rank3).value_or(0),
             0);
   EXPECT_GT(Value(executor, "varipipe_executor_loss" + rank3).value_or(0), 0);
+  // ZeRO stage 1 at dp = 2: AdamW's 8 bytes per parameter, halved (plus at
+  // most one padding element of the shard), against 4 bytes of parameters.
+  const double parameter_bytes =
+      Value(executor, "varipipe_executor_parameter_bytes" + rank3).value_or(0);
+  const double optimizer_bytes =
+      Value(executor, "varipipe_executor_optimizer_state_bytes" + rank3).value_or(0);
+  EXPECT_GT(parameter_bytes, 0);
+  EXPECT_GE(optimizer_bytes, parameter_bytes);
+  EXPECT_LE(optimizer_bytes, parameter_bytes + 4);
   const double efficiency =
       Value(executor, "varipipe_executor_padding_efficiency_ratio" + rank3).value_or(0);
   EXPECT_GT(efficiency, 0);

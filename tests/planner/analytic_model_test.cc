@@ -67,8 +67,8 @@ TEST(AnalyticModel, DecoderLayerAddsCrossAttention) {
 
 TEST(AnalyticModel, ParametersOfGpt67bAddUp) {
   const ModelDims d = Gpt67b();
-  const double total = 32 * ComponentParameters(d, Component::kEncoderLayer, 1) +
-                       ComponentParameters(d, Component::kEmbedding, 1);
+  const double total = 32 * ComponentParameters(d, Component::kEncoderLayer, 1, 2048) +
+                       ComponentParameters(d, Component::kEmbedding, 1, 2048);
   EXPECT_NEAR(total / 1e9, 6.65, 0.1);
 }
 

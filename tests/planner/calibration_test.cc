@@ -271,6 +271,7 @@ TEST(Calibration, OverheadConvergesToTheResidualOfWholeIterations) {
   for (uint64_t it = 1; it <= 30; ++it) {
     const double pipeline = pipeline_ms(rng);
     const CalibrationReport report{.iteration = it,
+                                   .passes = {},
                                    .measured_iteration_ms = pipeline + kResidual,
                                    .predicted_iteration_ms = pipeline + overhead,
                                    .predicted_overhead_ms = overhead,
@@ -282,14 +283,16 @@ TEST(Calibration, OverheadConvergesToTheResidualOfWholeIterations) {
   // Another rank's report (no whole iteration), or one of a plan made
   // before any calibration, leaves the overhead alone.
   const double before = state.overhead_ms();
-  EXPECT_FALSE(FoldReport({.iteration = 31}, &state));
+  EXPECT_FALSE(FoldReport({.iteration = 31, .passes = {}}, &state));
   EXPECT_FALSE(FoldReport(
-      {.iteration = 31, .measured_iteration_ms = 900, .predicted_iteration_ms = 100}, &state));
+      {.iteration = 31, .passes = {}, .measured_iteration_ms = 900, .predicted_iteration_ms = 100},
+      &state));
   EXPECT_EQ(state.overhead_ms(), before);
   // A negative residual (the simulation overestimates) is learned too, and
   // the description shows it.
   for (uint64_t it = 32; it < 60; ++it) {
     FoldReport({.iteration = it,
+                .passes = {},
                 .measured_iteration_ms = 90,
                 .predicted_iteration_ms = 100,
                 .plan_calibration_version = it},
@@ -344,6 +347,29 @@ TEST(UpdateCosts, RingAndMeasuredAllReduce) {
   // Four ranks: latency x3, bandwidth term x (3/4) / (1/2).
   EXPECT_DOUBLE_EQ(MeasuredAllReduceMs(measured, 1e6, 4), 0.6 + 7.5);
   EXPECT_EQ(MeasuredAllReduceMs(measured, 1e6, 1), 0);
+}
+
+// ZeRO stage 1 at dp = 2: the optimizer step updates half of each device's
+// parameters (its time falls by half its parameter-proportional part), the
+// reduce-scatter and all-gather cost what the all-reduce cost.
+TEST(UpdateCosts, ZeroStageOneStepsTheShard) {
+  v1::JobConfig config = Config(false, 2, 2);
+  absl::StatusOr<Planner> planner = Planner::Create(config);
+  ASSERT_THAT(planner, IsOk());
+  const StageLayout layout = Layout(false, 2);
+  const std::vector<DeviceUpdateCost> whole =
+      DeviceUpdateCosts(planner->cost_model(), layout, config);
+  config.mutable_training()->set_zero_stage(1);
+  const std::vector<DeviceUpdateCost> sharded =
+      DeviceUpdateCosts(planner->cost_model(), layout, config);
+  ASSERT_EQ(whole.size(), 2u);
+  ASSERT_EQ(sharded.size(), 2u);
+  for (size_t d = 0; d < 2; ++d) {
+    EXPECT_DOUBLE_EQ(sharded[d].all_reduce_ms, whole[d].all_reduce_ms);
+    EXPECT_GT(whole[d].optimizer_ms, 0);
+    EXPECT_LT(sharded[d].optimizer_ms, whole[d].optimizer_ms);
+    EXPECT_GE(sharded[d].optimizer_ms, whole[d].optimizer_ms / 2);
+  }
 }
 
 }  // namespace

@@ -12,21 +12,21 @@ using ::testing::HasSubstr;
 using ::varipipe::testing::IsOk;
 using ::varipipe::testing::StatusIs;
 
-TEST(ModelState, MixedPrecisionAdamIs16BytesPerParameter) {
-  const ModelStateBytes s = ModelStatePerDevice(1e9, 2, ZeroStage::k0, 8);
-  EXPECT_DOUBLE_EQ(s.parameters, 2e9);
-  EXPECT_DOUBLE_EQ(s.gradients, 2e9);
-  EXPECT_DOUBLE_EQ(s.optimizer, 12e9);
+// The executor's layout: fp32 parameters, gradients and AdamW moments.
+TEST(ModelState, TheExecutorKeeps16BytesPerParameter) {
+  const ModelStateBytes s = ModelStatePerDevice(1e9, ZeroStage::k0, 8);
+  EXPECT_DOUBLE_EQ(s.parameters, 4e9);
+  EXPECT_DOUBLE_EQ(s.gradients, 4e9);
+  EXPECT_DOUBLE_EQ(s.optimizer, 8e9);
   EXPECT_DOUBLE_EQ(s.total(), 16e9);
-  EXPECT_DOUBLE_EQ(ModelStatePerDevice(1e9, 4, ZeroStage::k0, 1).total(), 16e9);
 }
 
-// ZeRO paper, Figure 1: with N_d = 64, stages 1/2/3 need 4 + 12/64,
-// 2 + 14/64 and 16/64 bytes per parameter.
+// With N_d = 64, stages 1/2/3 keep 8 + 8/64, 4 + 12/64 and 16/64 bytes per
+// parameter (the ZeRO paper's Figure 1 with the executor's layout).
 TEST(ModelState, ZeroStagesShardAcrossDataParallel) {
-  EXPECT_DOUBLE_EQ(ModelStatePerDevice(64, 2, ZeroStage::k1, 64).total(), 4 * 64 + 12);
-  EXPECT_DOUBLE_EQ(ModelStatePerDevice(64, 2, ZeroStage::k2, 64).total(), 2 * 64 + 14);
-  EXPECT_DOUBLE_EQ(ModelStatePerDevice(64, 2, ZeroStage::k3, 64).total(), 16);
+  EXPECT_DOUBLE_EQ(ModelStatePerDevice(64, ZeroStage::k1, 64).total(), 8 * 64 + 8);
+  EXPECT_DOUBLE_EQ(ModelStatePerDevice(64, ZeroStage::k2, 64).total(), 4 * 64 + 12);
+  EXPECT_DOUBLE_EQ(ModelStatePerDevice(64, ZeroStage::k3, 64).total(), 16);
 }
 
 ModelDims Gpt() {
@@ -66,18 +66,20 @@ TEST(Available, SubtractsTheBusiestDevicesModelState) {
   absl::StatusOr<StageLayout> layout = MakeStageLayout(Gpt(), 4, 1);
   ASSERT_THAT(layout, IsOk());
   const double params = MaxParametersPerDevice(*model, *layout);
-  // 8 layers plus the LM head copy (the larger end).
+  // 8 layers plus the larger end: the embedding with its 64 position rows
+  // (the LM head copy has the vocabulary's rows and the final LayerNorm).
+  EXPECT_DOUBLE_EQ(model->Parameters(Component::kEmbedding), (50432.0 + 64) * 4096);
   EXPECT_DOUBLE_EQ(params, 8 * model->Parameters(Component::kEncoderLayer) +
-                               model->Parameters(Component::kPostprocess));
+                               model->Parameters(Component::kEmbedding));
   const double limit = 40.0 * (1 << 30);
   absl::StatusOr<double> available =
-      AvailableActivationBytes(*model, *layout, 2, ZeroStage::k0, 1, limit);
+      AvailableActivationBytes(*model, *layout, ZeroStage::k0, 1, limit);
   ASSERT_THAT(available, IsOk());
   EXPECT_DOUBLE_EQ(*available, limit - 16 * params);
   // Pipeline 1 does not fit a 6.7B model with Adam in 40 GiB.
   absl::StatusOr<StageLayout> single = MakeStageLayout(Gpt(), 1, 1);
   ASSERT_THAT(single, IsOk());
-  EXPECT_THAT(AvailableActivationBytes(*model, *single, 2, ZeroStage::k0, 1, limit),
+  EXPECT_THAT(AvailableActivationBytes(*model, *single, ZeroStage::k0, 1, limit),
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("model state alone")));
 }
 

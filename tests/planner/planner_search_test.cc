@@ -183,19 +183,18 @@ TEST(PlannerSearch, EachDeviceGetsItsOwnRoom) {
   ASSERT_THAT(layout, IsOk());
   const std::vector<double> params = ParametersPerDevice(planner->cost_model(), *layout);
   absl::StatusOr<std::vector<double>> rooms = AvailableActivationBytesPerDevice(
-      planner->cost_model(), *layout, dims.dtype_bytes, ZeroStage::k0, 1, 2048.0 * (1 << 20));
+      planner->cost_model(), *layout, ZeroStage::k0, 1, 2048.0 * (1 << 20));
   ASSERT_THAT(rooms, IsOk());
   ASSERT_EQ(rooms->size(), 4u);
   for (size_t d = 0; d < 4; ++d) {
     EXPECT_DOUBLE_EQ((*rooms)[d],
-                     2048.0 * (1 << 20) -
-                         ModelStatePerDevice(params[d], dims.dtype_bytes, ZeroStage::k0, 1).total())
+                     2048.0 * (1 << 20) - ModelStatePerDevice(params[d], ZeroStage::k0, 1).total())
         << d;
   }
   // The busiest device's room is the common budget.
   EXPECT_DOUBLE_EQ(*std::min_element(rooms->begin(), rooms->end()),
-                   *AvailableActivationBytes(planner->cost_model(), *layout, dims.dtype_bytes,
-                                             ZeroStage::k0, 1, 2048.0 * (1 << 20)));
+                   *AvailableActivationBytes(planner->cost_model(), *layout, ZeroStage::k0, 1,
+                                             2048.0 * (1 << 20)));
   const SyntheticMixture mixture = SyntheticMixture::Flan(11);
   uint64_t cursor = 0;
   for (int iteration = 0; iteration < 4; ++iteration) {
@@ -206,6 +205,45 @@ TEST(PlannerSearch, EachDeviceGetsItsOwnRoom) {
       EXPECT_DOUBLE_EQ(r->report.memory_limit_per_rank[rank], (*rooms)[rank]);
       EXPECT_LE(r->report.peak_bytes[rank], (*rooms)[rank]) << rank;
     }
+  }
+}
+
+// training.zero_stage 1 at dp = 2: every device's predicted model state
+// falls by half its optimizer state (the share the other replica holds), and
+// each rank's activation room grows by exactly that.
+TEST(PlannerSearch, ZeroStageOneFreesHalfTheOptimizerStateAtDp2) {
+  const Job job{.t5 = false, .pp = 2, .dp = 2, .memory_mib = 2048};
+  const v1::JobConfig replicated = Config(job);
+  v1::JobConfig sharded = replicated;
+  sharded.mutable_training()->set_zero_stage(1);
+  ASSERT_THAT(ValidateJobConfig(sharded, "test"), IsOk());
+  absl::StatusOr<Planner> plain = Planner::Create(replicated);
+  absl::StatusOr<Planner> zero1 = Planner::Create(sharded);
+  ASSERT_THAT(plain, IsOk());
+  ASSERT_THAT(zero1, IsOk());
+  const ModelDims dims = ModelDimsFromConfig(replicated.model());
+  absl::StatusOr<StageLayout> layout = MakeStageLayout(dims, job.pp, 1);
+  ASSERT_THAT(layout, IsOk());
+  const std::vector<double> params = ParametersPerDevice(plain->cost_model(), *layout);
+  const SyntheticMixture mixture = SyntheticMixture::Flan(5);
+  uint64_t cursor = 0;
+  const MiniBatch mb = Draw(mixture, &cursor, job.tokens, 0);
+  absl::StatusOr<PlanningResult> a = plain->Plan(mb);
+  absl::StatusOr<PlanningResult> b = zero1->Plan(mb);
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT(b, IsOk());
+  ASSERT_EQ(a->report.memory_limit_per_rank.size(), 4u);
+  ASSERT_EQ(b->report.memory_limit_per_rank.size(), 4u);
+  for (size_t rank = 0; rank < 4; ++rank) {
+    const double p = params[rank % job.pp];
+    const ModelStateBytes s0 = ModelStatePerDevice(p, ZeroStage::k0, 2);
+    const ModelStateBytes s1 = ModelStatePerDevice(p, ZeroStage::k1, 2);
+    EXPECT_DOUBLE_EQ(s1.parameters, s0.parameters);
+    EXPECT_DOUBLE_EQ(s1.gradients, s0.gradients);
+    EXPECT_DOUBLE_EQ(s1.optimizer, s0.optimizer / 2);
+    EXPECT_NEAR(b->report.memory_limit_per_rank[rank] - a->report.memory_limit_per_rank[rank],
+                s0.optimizer / 2, 1e-6 * s0.optimizer)
+        << "rank " << rank;
   }
 }
 

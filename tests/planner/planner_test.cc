@@ -82,6 +82,8 @@ TEST(Planner, PlansValidateAcrossShapesAndAreDeterministic) {
       {true, 1, 1, 1, {v1::ONE_F_ONE_B}},
       {true, 2, 1, 1, {v1::ADAPTIVE, v1::ONE_F_ONE_B}},
       {true, 4, 2, 1, {v1::ADAPTIVE, v1::ONE_F_ONE_B, v1::KFKB}},
+      {false, 4, 1, 1, {v1::ZERO_BUBBLE_H1, v1::ADAPTIVE_ZERO_BUBBLE}},
+      {true, 4, 1, 1, {v1::ADAPTIVE_ZERO_BUBBLE}},
   };
   int validated = 0;
   for (const Shape& shape : shapes) {
@@ -108,7 +110,65 @@ TEST(Planner, PlansValidateAcrossShapesAndAreDeterministic) {
       ++validated;
     }
   }
-  EXPECT_EQ(validated, 64);
+  EXPECT_EQ(validated, 80);
+}
+
+// Zero-bubble plans split every backward: each deferred backward has one
+// weight_grad after it and before the all-reduce; the validator refuses a
+// plan that drops one, runs one early or adds one.
+TEST(Planner, ZeroBubblePlansCarryWeightGradients) {
+  for (v1::ScheduleKind schedule : {v1::ZERO_BUBBLE_H1, v1::ADAPTIVE_ZERO_BUBBLE}) {
+    v1::JobConfig config = Config(false, 4, 1, 1, {schedule});
+    config.mutable_planner()->clear_recompute_modes();
+    config.mutable_planner()->add_recompute_modes(v1::RECOMPUTE_NONE);
+    absl::StatusOr<Planner> planner = Planner::Create(config);
+    ASSERT_THAT(planner, IsOk());
+    uint64_t cursor = 0;
+    MiniBatch mb = Draw(SyntheticMixture::Flan(11), &cursor, false);
+    absl::StatusOr<PlanningResult> r = planner->Plan(mb);
+    ASSERT_THAT(r, IsOk());
+    ASSERT_THAT(ValidatePlans(r->plans), IsOk());
+    for (const v1::ExecutionPlan& plan : r->plans) {
+      int deferred = 0;
+      int weights = 0;
+      int first_weight = -1;
+      int last_weight = -1;
+      int all_reduce = -1;
+      for (int i = 0; i < plan.instructions_size(); ++i) {
+        const v1::Instruction& in = plan.instructions(i);
+        if (in.has_backward() && in.backward().weight_grad_deferred()) ++deferred;
+        if (in.has_weight_grad()) {
+          ++weights;
+          if (first_weight < 0) first_weight = i;
+          last_weight = i;
+          EXPECT_GT(in.weight_grad().profiled_ms(), 0);
+        }
+        if (in.has_all_reduce()) all_reduce = i;
+      }
+      EXPECT_EQ(deferred, plan.micro_batches_size());
+      EXPECT_EQ(weights, plan.micro_batches_size());
+      EXPECT_LT(last_weight, all_reduce);
+      std::vector<v1::ExecutionPlan> broken = r->plans;
+      v1::ExecutionPlan& b = broken[plan.rank()];
+      b.mutable_instructions()->DeleteSubrange(last_weight, 1);
+      EXPECT_THAT(ValidatePlans(broken),
+                  StatusIs(absl::StatusCode::kInvalidArgument,
+                           HasSubstr("gradients used before the weight_grad of micro-batch")));
+      b.mutable_instructions()->DeleteSubrange(b.instructions_size() - 2, 2);
+      EXPECT_THAT(ValidatePlans(broken),
+                  StatusIs(absl::StatusCode::kInvalidArgument,
+                           HasSubstr("deferred its weight gradient but no weight_grad follows")));
+      broken = r->plans;
+      *broken[plan.rank()].add_instructions() = plan.instructions(first_weight);
+      EXPECT_THAT(ValidatePlans(broken), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                  HasSubstr("weight_grad runs twice")));
+      broken = r->plans;
+      broken[plan.rank()].mutable_instructions()->SwapElements(last_weight, all_reduce);
+      EXPECT_THAT(ValidatePlans(broken),
+                  StatusIs(absl::StatusCode::kInvalidArgument,
+                           HasSubstr("gradients used before the weight_grad")));
+    }
+  }
 }
 
 // The validator accepts every plan of every schedule over thousands of
@@ -129,7 +189,11 @@ TEST(Planner, ValidatorAcceptsThousandsOfRandomPlans) {
                                  {true, 2, 1, 1, v1::ONE_F_ONE_B},
                                  {true, 4, 1, 1, v1::ADAPTIVE},
                                  {true, 3, 1, 1, v1::KFKB},
-                                 {true, 4, 1, 1, v1::GPIPE}};
+                                 {true, 4, 1, 1, v1::GPIPE},
+                                 {false, 4, 2, 1, v1::ADAPTIVE_ZERO_BUBBLE},
+                                 {false, 3, 1, 1, v1::ZERO_BUBBLE_H1},
+                                 {true, 4, 1, 1, v1::ADAPTIVE_ZERO_BUBBLE},
+                                 {true, 3, 1, 1, v1::ZERO_BUBBLE_H1}};
   int accepted = 0;
   for (const Job& job : jobs) {
     v1::JobConfig config = Config(job.t5, job.pp, job.dp, job.v, {job.schedule}, 65536);

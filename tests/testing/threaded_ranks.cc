@@ -11,6 +11,8 @@
 #include "executor/data/micro_batch_loader.h"
 #include "executor/model/model_spec.h"
 #include "executor/model/model_stage.h"
+#include "executor/runtime/checkpoint.h"
+#include "executor/runtime/optimizer_sharding.h"
 #include "executor/runtime/training_optimizer.h"
 
 namespace varipipe::testing {
@@ -20,7 +22,7 @@ using executor::ModelStage;
 
 // Rank r of a run: its stages (looped placement for interleaved schedules:
 // stage s on pipeline rank s % pp, as the executor places them), optimizer
-// and interpreter.
+// (sharded under training.zero_stage 1, as the executor's) and interpreter.
 void RunRank(const v1::JobConfig& config,
              const std::vector<std::vector<v1::ExecutionPlan>>& iterations,
              const SampleDataset& dataset, const ThreadedRanksOptions& options, int rank, int size,
@@ -47,19 +49,37 @@ void RunRank(const v1::JobConfig& config,
   const std::vector<executor::StageRole> roles = *executor::PipelineStageRoles(spec, pp * chunks);
   std::vector<std::unique_ptr<ModelStage>> stages;
   std::map<uint32_t, ModelStage*> by_id;
+  std::vector<ModelStage*> stage_list;
   std::vector<torch::Tensor> trainable;
   for (int s = rank % pp; s < pp * chunks; s += pp) {
     stages.push_back(std::make_unique<ModelStage>(spec, roles[s]));
     by_id[static_cast<uint32_t>(s)] = stages.back().get();
+    stage_list.push_back(stages.back().get());
     for (const torch::Tensor& p : stages.back()->parameters()) trainable.push_back(p);
   }
-  executor::TrainingOptimizer optimizer(trainable, config.training());
+  // As the executor: the data-parallel group of pipeline rank rank % pp.
+  std::vector<int> data_parallel_group;
+  for (int r = rank % pp; r < size; r += pp) data_parallel_group.push_back(r);
+  absl::StatusOr<executor::RankOptimizer> rank_optimizer = executor::MakeRankOptimizer(
+      by_id, config.training(), data_parallel_group, rank / pp, torch::kCPU);
+  if (!rank_optimizer.ok()) {
+    out.status = rank_optimizer.status();
+    return;
+  }
+  executor::TrainingOptimizer& optimizer = *rank_optimizer->optimizer;
+  out.parameter_bytes = executor::TensorBytes(trainable);
+  const executor::RankCheckpoints checkpoints(options.checkpoint_dir, rank);
+  if (options.resume_from > 0) {
+    out.status = checkpoints.Load(options.resume_from, stage_list, optimizer);
+    if (!out.status.ok()) return;
+  }
   executor::MicroBatchLoader loader(&dataset, SamplerOptionsFromConfig(config));
   executor::InterpreterOptions interpreter_options;
   interpreter_options.wait_timeout =
       options.timeouts.empty() ? options.timeout : options.timeouts[rank];
   interpreter_options.progress = &progress[rank];
   if (!options.memory.empty()) interpreter_options.memory = options.memory[rank];
+  interpreter_options.sharding = rank_optimizer->sharding.get();
   for (int k = 0; k < pp; ++k) interpreter_options.pipeline_group.push_back(rank / pp * pp + k);
   if (options.capture_gradients) {
     interpreter_options.before_optimizer_step = [&](const executor::IterationStats&) {
@@ -82,6 +102,10 @@ void RunRank(const v1::JobConfig& config,
       break;
     }
     out.stats.push_back(*std::move(stats));
+    out.optimizer_state_bytes.push_back(optimizer.StateBytes());
+  }
+  if (out.status.ok() && !options.checkpoint_dir.empty() && !iterations.empty()) {
+    out.status = checkpoints.Save(iterations.back()[rank].iteration() + 1, stage_list, optimizer);
   }
   for (const auto& stage : stages) {
     for (const auto& item : stage->named_parameters()) {

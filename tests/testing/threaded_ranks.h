@@ -1,7 +1,8 @@
 // Executor ranks as threads of the test process: each rank builds its model
 // stages, a Gloo transport over loopback TCP (rendezvous through a real
-// redis-server) and a plan interpreter, as varipipe-executor does, and runs
-// its plans of consecutive iterations.
+// redis-server), its optimizer (sharded under training.zero_stage 1) and a
+// plan interpreter, as varipipe-executor does, and runs its plans of
+// consecutive iterations.
 #ifndef VARIPIPE_TESTS_TESTING_THREADED_RANKS_H_
 #define VARIPIPE_TESTS_TESTING_THREADED_RANKS_H_
 
@@ -42,6 +43,12 @@ struct ThreadedRanksOptions {
       before_run;
   // Record the gradients each rank's optimizer step is about to apply.
   bool capture_gradients = false;
+  // Checkpoints (executor/runtime/checkpoint.h) in this directory: when set,
+  // every rank saves its state after its last plan (as the state after that
+  // plan's iteration); with `resume_from` > 0 it first loads the state after
+  // that many iterations.
+  std::string checkpoint_dir;
+  uint64_t resume_from = 0;
 };
 
 struct RankRun {
@@ -51,6 +58,10 @@ struct RankRun {
   // data-parallel reduction and before clipping and the update.
   std::vector<std::map<std::string, torch::Tensor>> gradients;
   std::map<std::string, torch::Tensor> parameters;  // after the last iteration
+  // Measured model state: the rank's parameter bytes, and its optimizer's
+  // state bytes after each iteration.
+  int64_t parameter_bytes = 0;
+  std::vector<int64_t> optimizer_state_bytes;
 };
 
 // Runs `iterations[i][r]` (iteration i's plan of rank r) on one thread per

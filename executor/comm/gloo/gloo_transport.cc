@@ -186,9 +186,15 @@ absl::StatusOr<GlooTransport::Group*> GlooTransport::GroupContext(const std::vec
   }
 }
 
-absl::Status GlooTransport::AllReduceMean(std::span<float> data, const std::vector<int>& group) {
-  if (group.size() <= 1 || data.empty()) return absl::OkStatus();
-  const std::string what = absl::StrCat("all-reduce over ranks ", absl::StrJoin(group, ","));
+// The ring of every collective. Chunk c of `data` is [begin(c),
+// begin(c + 1)) with begin(c) = size * c / n (chunks may be empty). Rank
+// `me` owns chunk `owned` = me + shift (mod n): a reduce-scatter leaves the
+// sum of that chunk with it, an all-gather starts from it. Each pass takes
+// n - 1 steps of one slot each (both neighbours number them alike); every
+// chunk is summed in one fixed order, so every rank gets the same bits.
+absl::Status GlooTransport::Ring(std::span<float> data, const std::vector<int>& group,
+                                 bool reduce_scatter, bool all_gather, int shift,
+                                 const std::string& what) {
   VP_RETURN_IF_ERROR(Aborted(*abort_, what));
   VP_ASSIGN_OR_RETURN(Group * g, GroupContext(group));
   gloo::Context& context = *g->context;
@@ -196,32 +202,34 @@ absl::Status GlooTransport::AllReduceMean(std::span<float> data, const std::vect
   const int me = context.rank;
   const int right = (me + 1) % n;
   const int left = (me + n - 1) % n;
-  // Chunk c is data[begin(c), begin(c + 1)); chunks may be empty.
+  const int owned = me + shift;
   const auto begin = [&](int c) { return data.size() * static_cast<size_t>(c) / n; };
   const auto bytes = [&](int c) { return (begin(c + 1) - begin(c)) * sizeof(float); };
   const auto chunk = [n](int c) { return ((c % n) + n) % n; };
-  std::vector<float> incoming(data.size() / n + 1);
-  // 2 (n - 1) steps, one slot each: both neighbours number them alike.
+  std::vector<float> incoming(reduce_scatter ? data.size() / n + 1 : 0);
   const uint64_t first_slot = g->next_slot;
-  g->next_slot += 2 * static_cast<uint64_t>(n - 1);
+  g->next_slot += static_cast<uint64_t>(n - 1) * ((reduce_scatter ? 1 : 0) + (all_gather ? 1 : 0));
   try {
     std::unique_ptr<gloo::transport::UnboundBuffer> mine =
         context.createUnboundBuffer(data.data(), data.size() * sizeof(float));
     std::unique_ptr<gloo::transport::UnboundBuffer> in =
-        context.createUnboundBuffer(incoming.data(), incoming.size() * sizeof(float));
+        reduce_scatter
+            ? context.createUnboundBuffer(incoming.data(), incoming.size() * sizeof(float))
+            : nullptr;
     // One step: send chunk `out` to the right, receive chunk `into` from the
     // left (into `incoming`, or in place), each bounded and abortable.
-    const auto step = [&](int s, int out, int into, bool in_place) -> absl::Status {
-      const uint64_t slot = first_slot + static_cast<uint64_t>(s);
+    uint64_t slot = first_slot;
+    const auto step = [&](int out, int into, bool in_place) -> absl::Status {
+      const uint64_t this_slot = slot++;
       const absl::Time deadline = absl::Now() + options_.collective_timeout;
       if (bytes(into) > 0) {
         if (in_place) {
-          mine->recv(left, slot, begin(into) * sizeof(float), bytes(into));
+          mine->recv(left, this_slot, begin(into) * sizeof(float), bytes(into));
         } else {
-          in->recv(left, slot, 0, bytes(into));
+          in->recv(left, this_slot, 0, bytes(into));
         }
       }
-      if (bytes(out) > 0) mine->send(right, slot, begin(out) * sizeof(float), bytes(out));
+      if (bytes(out) > 0) mine->send(right, this_slot, begin(out) * sizeof(float), bytes(out));
       if (bytes(into) > 0) {
         VP_RETURN_IF_ERROR(WaitBuffer(*abort_, in_place ? *mine : *in, false, deadline,
                                       absl::StrCat(what, ": receive from rank ", group[left])));
@@ -232,24 +240,54 @@ absl::Status GlooTransport::AllReduceMean(std::span<float> data, const std::vect
       }
       return absl::OkStatus();
     };
-    // Reduce-scatter: after it, this rank holds the sum of chunk me + 1.
-    for (int s = 0; s < n - 1; ++s) {
-      const int into = chunk(me - s - 1);
-      VP_RETURN_IF_ERROR(step(s, chunk(me - s), into, /*in_place=*/false));
+    // Reduce-scatter: at step s, pass on the partial sum of chunk
+    // owned - 1 - s and add the left's partial sum of chunk owned - 2 - s;
+    // after n - 1 steps this rank holds the whole sum of chunk `owned`.
+    for (int s = 0; reduce_scatter && s < n - 1; ++s) {
+      const int into = chunk(owned - 2 - s);
+      VP_RETURN_IF_ERROR(step(chunk(owned - 1 - s), into, /*in_place=*/false));
       float* target = data.data() + begin(into);
       for (size_t k = 0; k < begin(into + 1) - begin(into); ++k) target[k] += incoming[k];
     }
-    // All-gather: the summed chunks travel around the ring.
-    for (int s = 0; s < n - 1; ++s) {
-      VP_RETURN_IF_ERROR(step(n - 1 + s, chunk(me + 1 - s), chunk(me - s), /*in_place=*/true));
+    // All-gather: the owned chunks travel around the ring.
+    for (int s = 0; all_gather && s < n - 1; ++s) {
+      VP_RETURN_IF_ERROR(step(chunk(owned - s), chunk(owned - 1 - s), /*in_place=*/true));
     }
   } catch (const gloo::Exception& e) {
     VP_RETURN_IF_ERROR(Aborted(*abort_, what));
     return absl::UnavailableError(absl::StrCat(what, " failed: ", e.what()));
   }
+  return absl::OkStatus();
+}
+
+absl::Status GlooTransport::AllReduceMean(std::span<float> data, const std::vector<int>& group) {
+  if (group.size() <= 1 || data.empty()) return absl::OkStatus();
+  const std::string what = absl::StrCat("all-reduce over ranks ", absl::StrJoin(group, ","));
+  VP_RETURN_IF_ERROR(Ring(data, group, /*reduce_scatter=*/true, /*all_gather=*/true,
+                          /*shift=*/1, what));
   const float scale = 1.0f / static_cast<float>(group.size());
   for (float& x : data) x *= scale;
   return absl::OkStatus();
+}
+
+absl::Status GlooTransport::ReduceScatterSum(std::span<float> data, const std::vector<int>& group) {
+  if (data.size() % std::max<size_t>(1, group.size()) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reduce-scatter of ", data.size(), " values over ", group.size(), " ranks"));
+  }
+  if (group.size() <= 1 || data.empty()) return absl::OkStatus();
+  return Ring(data, group, /*reduce_scatter=*/true, /*all_gather=*/false, /*shift=*/0,
+              absl::StrCat("reduce-scatter over ranks ", absl::StrJoin(group, ",")));
+}
+
+absl::Status GlooTransport::AllGather(std::span<float> data, const std::vector<int>& group) {
+  if (data.size() % std::max<size_t>(1, group.size()) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("all-gather of ", data.size(), " values over ", group.size(), " ranks"));
+  }
+  if (group.size() <= 1 || data.empty()) return absl::OkStatus();
+  return Ring(data, group, /*reduce_scatter=*/false, /*all_gather=*/true, /*shift=*/0,
+              absl::StrCat("all-gather over ranks ", absl::StrJoin(group, ",")));
 }
 
 std::string GlooTransport::Describe() const {

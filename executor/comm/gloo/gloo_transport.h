@@ -6,7 +6,8 @@
 // the peer's k-th (transport.h's channel order). Data-parallel all-reduce
 // is a ring all-reduce (reduce-scatter, then all-gather; every chunk is
 // summed in one fixed order, so every rank gets the same bits) over
-// unbound buffers on a Gloo context per group, connected on first use.
+// unbound buffers on a Gloo context per group, connected on first use;
+// ReduceScatterSum and AllGather are its two halves.
 //
 // Every wait is on an unbound buffer of ours, so Abort() can end the one in
 // progress (Gloo's abortWaitSend/abortWaitRecv) from another thread; the
@@ -72,6 +73,8 @@ class GlooTransport final : public Transport {
   absl::StatusOr<std::unique_ptr<Transfer>> StartSend(int peer, void* data, size_t bytes) override;
   absl::StatusOr<std::unique_ptr<Transfer>> StartRecv(int peer, void* data, size_t bytes) override;
   absl::Status AllReduceMean(std::span<float> data, const std::vector<int>& group) override;
+  absl::Status ReduceScatterSum(std::span<float> data, const std::vector<int>& group) override;
+  absl::Status AllGather(std::span<float> data, const std::vector<int>& group) override;
   std::string Describe() const override;
   void Abort(const std::string& reason) override;
 
@@ -82,6 +85,9 @@ class GlooTransport final : public Transport {
   };
   explicit GlooTransport(const Options& options) : options_(options) {}
   absl::StatusOr<Group*> GroupContext(const std::vector<int>& group);
+  // A ring reduce-scatter and/or all-gather over `group` (gloo_transport.cc).
+  absl::Status Ring(std::span<float> data, const std::vector<int>& group, bool reduce_scatter,
+                    bool all_gather, int shift, const std::string& what);
 
   Options options_;
   std::shared_ptr<gloo::transport::Device> device_;

@@ -229,27 +229,69 @@ absl::StatusOr<std::unique_ptr<Transfer>> NcclTransport::StartRecv(int peer, voi
   return Start(peer, data, bytes, false);
 }
 
-absl::Status NcclTransport::AllReduceMean(std::span<float> data, const std::vector<int>& group) {
-  if (group.size() <= 1 || data.empty()) return absl::OkStatus();
+absl::Status NcclTransport::Collective(const std::string& what, const std::vector<int>& group,
+                                       const std::function<ncclResult_t()>& enqueue) {
   if (group != options_.data_parallel_group || group_comm_ == nullptr) {
-    return absl::InvalidArgumentError("all-reduce over a group the transport was not built for");
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": a group the transport was not built for"));
   }
-  const std::string what = absl::StrCat("all-reduce over ranks ", absl::StrJoin(group, ","));
   VP_RETURN_IF_ERROR(Aborted(*abort_, what));
   // Bounded like every wait: a rank of the group that never joins must not
   // block this one in cudaStreamSynchronize forever.
   const absl::Time deadline = absl::Now() + options_.collective_timeout;
   if (group_comm_->aborted()) return group_comm_->AsyncError(what);
   VP_RETURN_IF_ERROR(group_comm_->Check(
-      ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat, ncclAvg, group_comm_->get(),
-                    group_stream_),
-      deadline, [abort = abort_] { return abort->aborted.load(); }, what));
+      enqueue(), deadline, [abort = abort_] { return abort->aborted.load(); }, what));
   cudaEvent_t event;
   VP_RETURN_IF_ERROR(
       CudaToStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "event"));
   const absl::Cleanup destroy = [event] { cudaEventDestroy(event); };
   VP_RETURN_IF_ERROR(CudaToStatus(cudaEventRecord(event, group_stream_), "event record"));
   return WaitEvent(event, *group_comm_, *abort_, deadline, what);
+}
+
+absl::Status NcclTransport::AllReduceMean(std::span<float> data, const std::vector<int>& group) {
+  if (group.size() <= 1 || data.empty()) return absl::OkStatus();
+  return Collective(absl::StrCat("all-reduce over ranks ", absl::StrJoin(group, ",")), group, [&] {
+    return ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat, ncclAvg,
+                         group_comm_->get(), group_stream_);
+  });
+}
+
+// In place (NCCL's rule for both: the rank's shard of the full buffer is
+// its send buffer of an all-gather and its receive buffer of a
+// reduce-scatter).
+absl::Status NcclTransport::ReduceScatterSum(std::span<float> data, const std::vector<int>& group) {
+  const size_t n = std::max<size_t>(1, group.size());
+  if (data.size() % n != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reduce-scatter of ", data.size(), " values over ", n, " ranks"));
+  }
+  if (group.size() <= 1 || data.empty()) return absl::OkStatus();
+  const size_t shard = data.size() / n;
+  const size_t me =
+      static_cast<size_t>(std::find(group.begin(), group.end(), options_.rank) - group.begin());
+  return Collective(
+      absl::StrCat("reduce-scatter over ranks ", absl::StrJoin(group, ",")), group, [&] {
+        return ncclReduceScatter(data.data(), data.data() + me * shard, shard, ncclFloat, ncclSum,
+                                 group_comm_->get(), group_stream_);
+      });
+}
+
+absl::Status NcclTransport::AllGather(std::span<float> data, const std::vector<int>& group) {
+  const size_t n = std::max<size_t>(1, group.size());
+  if (data.size() % n != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("all-gather of ", data.size(), " values over ", n, " ranks"));
+  }
+  if (group.size() <= 1 || data.empty()) return absl::OkStatus();
+  const size_t shard = data.size() / n;
+  const size_t me =
+      static_cast<size_t>(std::find(group.begin(), group.end(), options_.rank) - group.begin());
+  return Collective(absl::StrCat("all-gather over ranks ", absl::StrJoin(group, ",")), group, [&] {
+    return ncclAllGather(data.data() + me * shard, data.data(), shard, ncclFloat,
+                         group_comm_->get(), group_stream_);
+  });
 }
 
 std::string NcclTransport::Describe() const {

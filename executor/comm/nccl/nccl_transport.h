@@ -1,7 +1,8 @@
 // The GPU transport: NCCL point-to-point on one communicator and CUDA stream
 // per pair of ranks that exchange tensors (transport.h's ordered channel:
 // NCCL runs a communicator's operations in issue order), CUDA events to
-// wait, and one communicator for the rank's data-parallel group. NCCL
+// wait, and one communicator for the rank's data-parallel group (all-reduce,
+// and the reduce-scatter and all-gather of ZeRO stage 1). NCCL
 // unique ids are exchanged through the job's Redis. Compiled when CUDA and
 // NCCL are found (VARIPIPE_WITH_CUDA).
 //
@@ -62,6 +63,9 @@ class NcclTransport final : public Transport {
   absl::StatusOr<std::unique_ptr<Transfer>> StartSend(int peer, void* data, size_t bytes) override;
   absl::StatusOr<std::unique_ptr<Transfer>> StartRecv(int peer, void* data, size_t bytes) override;
   absl::Status AllReduceMean(std::span<float> data, const std::vector<int>& group) override;
+  // `data` is device memory on this rank's device (as for AllReduceMean).
+  absl::Status ReduceScatterSum(std::span<float> data, const std::vector<int>& group) override;
+  absl::Status AllGather(std::span<float> data, const std::vector<int>& group) override;
   std::string Describe() const override;
   // Sets a flag the polling waits check on the driving thread, which then
   // aborts the communicator it waits on (NCCL calls stay on that thread).
@@ -85,6 +89,10 @@ class NcclTransport final : public Transport {
   absl::StatusOr<std::unique_ptr<Transfer>> Start(int peer, void* data, size_t bytes, bool send);
   // Aborts every communicator (Create failing half-way).
   void AbortCommunicators();
+  // Enqueues one collective on the data-parallel communicator (`group` must
+  // be the one it was built for) and waits for it, bounded and abortable.
+  absl::Status Collective(const std::string& what, const std::vector<int>& group,
+                          const std::function<ncclResult_t()>& enqueue);
 
   Options options_;
   std::map<int, Channel> channels_;  // by peer

@@ -1,0 +1,84 @@
+// The cost of a split backward (zero-bubble schedules): how a stage's
+// backward time divides into B (input gradient) and W (weight gradient), and
+// what B keeps for W. See docs/cost-model.md, "Split backward".
+//
+// Time (Qi et al. 2023, "Zero bubble pipeline parallelism", section 2; the
+// F/B/W split ZeroPP builds on): W computes dW = X^T dY for every linear
+// layer, exactly the FLOPs of the forward's weight GEMMs; everything else of
+// the backward (the attention core's gradient, norms, element-wise ops,
+// recomputation) belongs to B. Per token of a layer with hidden size h,
+// attention width i (heads * kv_channels) and MLP width f, the forward's
+// weight GEMMs take 8hi + 4hf FLOPs (QKV 6hi, output projection 2ih, MLP
+// 4hf; a T5 decoder layer adds 4hi per target token for its cross-attention
+// query and output projections and 4hi per encoder token for its keys and
+// values) and the attention core 4 s i per attended position count s. So
+//
+//   t_W = min(t_F * weight / (weight + attention), t_bwd / 2),  t_B = t_bwd - t_W
+//
+// over the stage's layers (for GPT dimensions, i = h and f = 4h, the share is
+// 6h / (6h + s)). The cap keeps B at least as long as W.
+//
+// Memory: B keeps, for every linear layer, its input and its output's
+// gradient until W has used them (what the executor's deferred linear layer
+// stores); the rest of what the forward stored is freed by B. Per token and
+// layer that is h + 3i (QKV), i + h (output projection), h + f (fc1) and
+// f + h (fc2): 4h + 4i + 2f values (16h for GPT dimensions, the 32 b s h
+// bytes of Qi et al., Table 1); a T5 decoder layer adds h + i (query) and
+// i + h (output projection) per target token and 2i (key and value
+// gradients) per encoder token, and its stage keeps the encoder output (h
+// per encoder token) once for all its layers. The LM head is a linear layer
+// too: 2hV weight FLOPs and h + V kept values per token (vocabulary V) on
+// the last stage. Under full recomputation B
+// rebuilds the layer, so the same bytes are kept; they may exceed what the
+// forward stored, and the zero-bubble fill then splits a backward only
+// where they fit (weight_fill.h).
+#ifndef VARIPIPE_PLANNER_SCHEDULE_BACKWARD_SPLIT_H_
+#define VARIPIPE_PLANNER_SCHEDULE_BACKWARD_SPLIT_H_
+
+#include <cstdint>
+
+#include "planner/cost/model_dims.h"
+#include "planner/schedule/stage_costs.h"
+
+namespace varipipe::planner {
+
+// The layers one stage runs for one micro-batch: `encoder_layers` (GPT
+// layers or T5 encoder layers) over `input_len` tokens per sample and
+// `decoder_layers` (T5) over `target_len` tokens, attending to `input_len`
+// encoder tokens, for `samples` samples; `head`: the stage ends with the LM
+// head (over the target tokens for T5, the sequence for GPT).
+struct StageLayers {
+  double samples = 0;
+  uint32_t input_len = 0;
+  uint32_t target_len = 0;
+  uint32_t encoder_layers = 0;
+  uint32_t decoder_layers = 0;
+  bool head = false;
+};
+
+class BackwardSplitRule {
+ public:
+  explicit BackwardSplitRule(const ModelDims& dims) : dims_(dims) {}
+
+  // W's share of the stage's forward time: its weight-GEMM FLOPs over its
+  // weight-GEMM plus attention-core FLOPs (0 with no layer).
+  double WeightGemmShare(const StageLayers& stage) const;
+
+  // The bytes B keeps for W (inputs and output gradients of the linear
+  // layers) at the model's activation dtype.
+  double KeptBytes(const StageLayers& stage) const;
+
+  // Sets cost->weight_ms and cost->weight_stored_bytes from its forward and
+  // backward times by the rule above.
+  void Split(const StageLayers& stage, StageOpCost* cost) const;
+
+ private:
+  // Tokens per sample the LM head runs over.
+  double HeadTokens(const StageLayers& stage) const;
+
+  ModelDims dims_;
+};
+
+}  // namespace varipipe::planner
+
+#endif  // VARIPIPE_PLANNER_SCHEDULE_BACKWARD_SPLIT_H_

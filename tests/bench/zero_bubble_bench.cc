@@ -1,0 +1,175 @@
+// The adaptive zero-bubble schedule against the adaptive schedule: the
+// predicted iteration of the plans Planner::Plan chooses when it may use only
+// one of them (every recompute mode searched, the dynamic program, the
+// A100-40GB analytic cost model, 40,960 MiB per device as in
+// planner_bench.cc), on the same mini-batches.
+//
+// Settings (planner_bench.cc's): GPT-6.7B-like pp = 4 and T5-11B-like
+// pp = 8, 65,536 tokens per mini-batch, FLAN-like and documents-like
+// mixtures (common/dataset/synthetic_mixture.h). Each benchmark plans
+// kBatches mini-batches with both planners once before timing and reports:
+//   adaptive_ms, zb_ms:    median predicted iteration of each;
+//   median_ratio:          median over mini-batches of zb / adaptive;
+//   max_ratio:             the worst mini-batch's ratio;
+//   max_peak_over_limit:   the largest simulated device peak over its own
+//                          limit among the zero-bubble plans (<= 1 fits);
+//   *_bubble, *_makespan_ms: medians of the simulated bubble fraction (1 -
+//                          busy / makespan, mean over devices) and makespan
+//                          (the iteration without all-reduce, optimizer
+//                          step and overhead).
+// The timed loop plans with the zero-bubble planner (planning speed).
+//
+// Run: build/bench/zero_bubble_bench --benchmark_repetitions=1
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "benchmark/benchmark.h"
+#include "common/config/job_config.h"
+#include "common/dataset/synthetic_mixture.h"
+#include "planner/planner.h"
+
+namespace varipipe::planner {
+namespace {
+
+constexpr int kBatches = 15;
+
+v1::JobConfig Config(bool t5, v1::ScheduleKind schedule) {
+  v1::JobConfig c;
+  c.set_job_id(t5 ? "t5-11b" : "gpt-6.7b");
+  v1::ModelConfig& m = *c.mutable_model();
+  if (t5) {
+    m.set_kind(v1::T5);
+    m.set_num_layers(24);
+    m.set_num_decoder_layers(24);
+    m.set_hidden_size(1024);
+    m.set_num_attention_heads(128);
+    m.set_kv_channels(128);
+    m.set_ffn_hidden_size(65536);
+    m.set_vocab_size(32128);
+  } else {
+    m.set_kind(v1::GPT);
+    m.set_num_layers(32);
+    m.set_hidden_size(4096);
+    m.set_num_attention_heads(32);
+    m.set_ffn_hidden_size(16384);
+    m.set_vocab_size(50432);
+  }
+  c.mutable_parallelism()->set_pipeline(t5 ? 8 : 4);
+  c.mutable_parallelism()->set_data(1);
+  c.mutable_cluster()->set_device_memory_limit_mib(40960);
+  c.mutable_cluster()->set_hardware("a100-40gb");
+  c.mutable_data()->set_format(v1::SYNTHETIC);
+  c.mutable_data()->set_tokens_per_global_batch(65536);
+  c.mutable_data()->set_max_sequence_length(2048);
+  if (t5) c.mutable_data()->set_max_target_length(512);
+  c.mutable_planner()->add_schedules(schedule);
+  c.mutable_planner()->set_threads(1);
+  c.mutable_training()->set_iterations(1);
+  ApplyJobConfigDefaults(c);
+  return c;
+}
+
+std::vector<MiniBatch> Batches(const v1::JobConfig& c, bool documents) {
+  const bool t5 = c.model().kind() == v1::T5;
+  const uint32_t max_len = c.data().max_sequence_length();
+  const uint32_t max_target = t5 ? c.data().max_target_length() : max_len;
+  const SyntheticMixture mixture =
+      documents ? SyntheticMixture::Documents(2024) : SyntheticMixture::Flan(2024);
+  std::vector<MiniBatch> batches;
+  uint64_t index = 0;
+  for (int b = 0; b < kBatches; ++b) {
+    MiniBatch mb;
+    mb.iteration = b;
+    uint64_t tokens = 0;
+    while (true) {
+      SampleLengths s = mixture.Sample(index);
+      if (t5) {
+        s = {std::min(s.input, max_len), std::min(s.target, max_target)};
+      } else {
+        s.target = std::min(s.target, max_len);
+        s.input = std::min(s.input, max_len - s.target);
+      }
+      if (tokens + s.input + s.target > c.data().tokens_per_global_batch()) break;
+      tokens += s.input + s.target;
+      mb.sample_ids.push_back(index++);
+      mb.lengths.push_back(s);
+    }
+    batches.push_back(std::move(mb));
+  }
+  return batches;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+void Compare(benchmark::State& state, bool t5, bool documents) {
+  absl::StatusOr<Planner> adaptive = Planner::Create(Config(t5, v1::ADAPTIVE));
+  absl::StatusOr<Planner> zb = Planner::Create(Config(t5, v1::ADAPTIVE_ZERO_BUBBLE));
+  if (!adaptive.ok() || !zb.ok()) {
+    state.SkipWithError("planner");
+    return;
+  }
+  const std::vector<MiniBatch> batches = Batches(Config(t5, v1::ADAPTIVE), documents);
+  std::vector<double> a_ms;
+  std::vector<double> z_ms;
+  std::vector<double> ratios;
+  std::vector<double> a_bubble;
+  std::vector<double> z_bubble;
+  std::vector<double> a_makespan;
+  std::vector<double> z_makespan;
+  double over = 0;
+  std::string label;
+  for (const MiniBatch& mb : batches) {
+    absl::StatusOr<PlanningResult> a = adaptive->Plan(mb);
+    absl::StatusOr<PlanningResult> z = zb->Plan(mb);
+    if (!a.ok() || !z.ok()) {
+      state.SkipWithError(std::string((a.ok() ? z : a).status().message()).c_str());
+      return;
+    }
+    a_ms.push_back(a->report.predicted_iteration_ms);
+    z_ms.push_back(z->report.predicted_iteration_ms);
+    ratios.push_back(z_ms.back() / a_ms.back());
+    a_bubble.push_back(a->report.bubble_fraction);
+    z_bubble.push_back(z->report.bubble_fraction);
+    a_makespan.push_back(a->report.predicted_makespan_ms);
+    z_makespan.push_back(z->report.predicted_makespan_ms);
+    for (size_t r = 0; r < z->report.peak_bytes.size(); ++r) {
+      over = std::max(over, z->report.peak_bytes[r] / z->report.memory_limit_per_rank[r]);
+    }
+    if (label.empty()) label = z->report.recompute + "/" + a->report.recompute;
+  }
+  int i = 0;
+  for (auto _ : state) {
+    absl::StatusOr<PlanningResult> r = zb->Plan(batches[i++ % kBatches]);
+    benchmark::DoNotOptimize(r.ok());
+  }
+  state.counters["adaptive_ms"] = Median(a_ms);
+  state.counters["zb_ms"] = Median(z_ms);
+  state.counters["median_ratio"] = Median(ratios);
+  state.counters["max_ratio"] = *std::max_element(ratios.begin(), ratios.end());
+  state.counters["max_peak_over_limit"] = over;
+  state.counters["adaptive_bubble"] = Median(a_bubble);
+  state.counters["zb_bubble"] = Median(z_bubble);
+  state.counters["adaptive_makespan_ms"] = Median(a_makespan);
+  state.counters["zb_makespan_ms"] = Median(z_makespan);
+  state.SetLabel(absl::StrCat("recompute zb/adaptive (first batch): ", label));
+}
+
+void BM_ZeroBubbleGpt(benchmark::State& s) { Compare(s, false, false); }
+void BM_ZeroBubbleGptDocuments(benchmark::State& s) { Compare(s, false, true); }
+void BM_ZeroBubbleT5(benchmark::State& s) { Compare(s, true, false); }
+void BM_ZeroBubbleT5Documents(benchmark::State& s) { Compare(s, true, true); }
+BENCHMARK(BM_ZeroBubbleGpt)->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK(BM_ZeroBubbleGptDocuments)->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK(BM_ZeroBubbleT5)->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK(BM_ZeroBubbleT5Documents)->Unit(benchmark::kMillisecond)->Iterations(3);
+
+}  // namespace
+}  // namespace varipipe::planner
+
+BENCHMARK_MAIN();
