@@ -180,34 +180,32 @@ TEST_P(ProcessEquivalence, FourProcessesMatchTheReferenceAfterThreeSgdSteps) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, ProcessEquivalence,
-    ::testing::Values(EquivalenceCase{false, "ONE_F_ONE_B", "RECOMPUTE_NONE", "DYNAMIC_PROGRAMMING",
-                                      "Gpt_OneFOneB_RecomputeNone", 0},
-                      EquivalenceCase{false, "ONE_F_ONE_B", "RECOMPUTE_SELECTIVE",
-                                      "DYNAMIC_PROGRAMMING", "Gpt_OneFOneB_RecomputeSelective", 0},
-                      EquivalenceCase{false, "ADAPTIVE", "RECOMPUTE_FULL", "DYNAMIC_PROGRAMMING",
-                                      "Gpt_Adaptive_RecomputeFull", 0},
-                      EquivalenceCase{false, "ONE_F_ONE_B", "RECOMPUTE_NONE", "PACKING",
-                                      "GptPacked_OneFOneB_RecomputeNone", 0},
-                      EquivalenceCase{true, "ONE_F_ONE_B", "RECOMPUTE_SELECTIVE",
-                                      "DYNAMIC_PROGRAMMING", "T5_OneFOneB_RecomputeSelective", 0},
-                      EquivalenceCase{true, "ADAPTIVE", "RECOMPUTE_FULL", "DYNAMIC_PROGRAMMING",
-                                      "T5_Adaptive_RecomputeFull", 0},
-                      // ZeRO stage 1: the shards' steps give the same parameters.
-                      EquivalenceCase{false, "ONE_F_ONE_B", "RECOMPUTE_NONE", "DYNAMIC_PROGRAMMING",
-                                      "Gpt_OneFOneB_RecomputeNone_Zero1", 1},
-                      EquivalenceCase{true, "ONE_F_ONE_B", "RECOMPUTE_SELECTIVE",
-                                      "DYNAMIC_PROGRAMMING", "T5_OneFOneB_RecomputeSelective_Zero1",
-                                      1},
-                      // Split backwards (B and W), also with sharded optimizer
-                      // states (every W before the reduce-scatter).
-                      EquivalenceCase{false, "ZERO_BUBBLE_H1", "RECOMPUTE_NONE",
-                                      "DYNAMIC_PROGRAMMING", "Gpt_ZeroBubbleH1_RecomputeNone", 0},
-                      EquivalenceCase{true, "ADAPTIVE_ZERO_BUBBLE", "RECOMPUTE_SELECTIVE",
-                                      "DYNAMIC_PROGRAMMING",
-                                      "T5_AdaptiveZeroBubble_RecomputeSelective", 0},
-                      EquivalenceCase{false, "ZERO_BUBBLE_H1", "RECOMPUTE_FULL",
-                                      "DYNAMIC_PROGRAMMING", "Gpt_ZeroBubbleH1_RecomputeFull_Zero1",
-                                      1}),
+    ::testing::Values(
+        EquivalenceCase{false, "ONE_F_ONE_B", "RECOMPUTE_NONE", "DYNAMIC_PROGRAMMING",
+                        "Gpt_OneFOneB_RecomputeNone", 0},
+        EquivalenceCase{false, "ONE_F_ONE_B", "RECOMPUTE_SELECTIVE", "DYNAMIC_PROGRAMMING",
+                        "Gpt_OneFOneB_RecomputeSelective", 0},
+        EquivalenceCase{false, "ADAPTIVE", "RECOMPUTE_FULL", "DYNAMIC_PROGRAMMING",
+                        "Gpt_Adaptive_RecomputeFull", 0},
+        EquivalenceCase{false, "ONE_F_ONE_B", "RECOMPUTE_NONE", "PACKING",
+                        "GptPacked_OneFOneB_RecomputeNone", 0},
+        EquivalenceCase{true, "ONE_F_ONE_B", "RECOMPUTE_SELECTIVE", "DYNAMIC_PROGRAMMING",
+                        "T5_OneFOneB_RecomputeSelective", 0},
+        EquivalenceCase{true, "ADAPTIVE", "RECOMPUTE_FULL", "DYNAMIC_PROGRAMMING",
+                        "T5_Adaptive_RecomputeFull", 0},
+        // ZeRO stage 1: the shards' steps give the same parameters.
+        EquivalenceCase{false, "ONE_F_ONE_B", "RECOMPUTE_NONE", "DYNAMIC_PROGRAMMING",
+                        "Gpt_OneFOneB_RecomputeNone_Zero1", 1},
+        EquivalenceCase{true, "ONE_F_ONE_B", "RECOMPUTE_SELECTIVE", "DYNAMIC_PROGRAMMING",
+                        "T5_OneFOneB_RecomputeSelective_Zero1", 1},
+        // Split backwards (B and W), also with sharded optimizer
+        // states (every W before the reduce-scatter).
+        EquivalenceCase{false, "ZERO_BUBBLE_H1", "RECOMPUTE_NONE", "DYNAMIC_PROGRAMMING",
+                        "Gpt_ZeroBubbleH1_RecomputeNone", 0},
+        EquivalenceCase{true, "ADAPTIVE_ZERO_BUBBLE", "RECOMPUTE_SELECTIVE", "DYNAMIC_PROGRAMMING",
+                        "T5_AdaptiveZeroBubble_RecomputeSelective", 0},
+        EquivalenceCase{false, "ZERO_BUBBLE_H1", "RECOMPUTE_NONE", "DYNAMIC_PROGRAMMING",
+                        "Gpt_ZeroBubbleH1_RecomputeNone_Zero1", 1}),
     [](const auto& info) { return info.param.name; });
 
 TEST(ExecutorTraining, FourPipelineRanksTrainTenIterations) {
