@@ -36,7 +36,7 @@ void BM_InterpreterOverhead(benchmark::State& state) {
     "planner": {"partition_methods": ["FIXED_SIZE"], "fixed_micro_batch_size": 1,
                 "schedules": ["ONE_F_ONE_B"], "recompute_modes": ["RECOMPUTE_NONE"]},
     "training": {"iterations": 1000000}})",
-                                                             "bench");
+                                                            "bench");
   if (!config.ok()) {
     state.SkipWithError(std::string(config.status().message()).c_str());
     return;

@@ -37,8 +37,8 @@
 
 #include "benchmark/benchmark.h"
 #include "common/config/job_config.h"
-#include "common/dataset/synthetic_mixture.h"
 #include "planner/planner.h"
+#include "tests/bench/synthetic_batches.h"
 
 namespace varipipe::planner {
 namespace {
@@ -96,37 +96,6 @@ v1::JobConfig Config(const Setting& s) {
   return c;
 }
 
-// Consecutive samples of the mixture, truncated, until the token budget.
-std::vector<MiniBatch> Batches(const v1::JobConfig& c, bool documents, int count) {
-  const bool t5 = c.model().kind() == v1::T5;
-  const uint32_t max_len = c.data().max_sequence_length();
-  const uint32_t max_target = t5 ? c.data().max_target_length() : max_len;
-  const SyntheticMixture mixture =
-      documents ? SyntheticMixture::Documents(2024) : SyntheticMixture::Flan(2024);
-  std::vector<MiniBatch> batches;
-  uint64_t index = 0;
-  for (int b = 0; b < count; ++b) {
-    MiniBatch mb;
-    mb.iteration = b;
-    uint64_t tokens = 0;
-    while (true) {
-      SampleLengths s = mixture.Sample(index);
-      if (t5) {
-        s = {std::min(s.input, max_len), std::min(s.target, max_target)};
-      } else {
-        s.target = std::min(s.target, max_len);
-        s.input = std::min(s.input, max_len - s.target);
-      }
-      if (tokens + s.input + s.target > c.data().tokens_per_global_batch()) break;
-      tokens += s.input + s.target;
-      mb.sample_ids.push_back(index++);
-      mb.lengths.push_back(s);
-    }
-    batches.push_back(std::move(mb));
-  }
-  return batches;
-}
-
 void Run(benchmark::State& state, const Setting& setting) {
   const v1::JobConfig config = Config(setting);
   absl::StatusOr<Planner> planner = Planner::Create(config);
@@ -137,7 +106,7 @@ void Run(benchmark::State& state, const Setting& setting) {
   planner->set_options({.threads = setting.threads,
                         .share_micro_batching_bound = !setting.per_pair,
                         .per_device_memory = setting.per_device_memory});
-  const std::vector<MiniBatch> batches = Batches(config, setting.documents, kMiniBatches);
+  const std::vector<MiniBatch> batches = SyntheticBatches(config, setting.documents, kMiniBatches);
   int i = 0;
   double samples = 0;
   double predicted = 0;
@@ -239,14 +208,14 @@ void RunMemory(benchmark::State& state, bool adaptive) {
   own->set_options({.threads = 1, .per_device_memory = true});
   Planner common = *own;
   common.set_options({.threads = 1, .per_device_memory = false});
-  const std::vector<MiniBatch> quality = Batches(config, false, kQualityBatches);
+  const std::vector<MiniBatch> quality = SyntheticBatches(config, false, kQualityBatches);
   absl::StatusOr<Quality> own_q = PlanAll(*own, quality);
   absl::StatusOr<Quality> common_q = PlanAll(common, quality);
   if (!own_q.ok() || !common_q.ok()) {
     state.SkipWithError(std::string((own_q.ok() ? common_q : own_q).status().message()).c_str());
     return;
   }
-  const std::vector<MiniBatch> batches = Batches(config, false, kMiniBatches);
+  const std::vector<MiniBatch> batches = SyntheticBatches(config, false, kMiniBatches);
   int i = 0;
   for (auto _ : state) {
     absl::StatusOr<PlanningResult> r = own->Plan(batches[i++ % kMiniBatches]);
@@ -325,7 +294,7 @@ void RunThreadRatio(benchmark::State& state, const Setting& setting) {
   one->set_options({.threads = 1});
   Planner two = *one;
   two.set_options({.threads = 2});
-  const std::vector<MiniBatch> batches = Batches(config, setting.documents, kMiniBatches);
+  const std::vector<MiniBatch> batches = SyntheticBatches(config, setting.documents, kMiniBatches);
   std::array<std::vector<double>, 2> ms;
   int i = 0;
   for (auto _ : state) {

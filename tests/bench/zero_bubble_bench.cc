@@ -27,8 +27,8 @@
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
 #include "common/config/job_config.h"
-#include "common/dataset/synthetic_mixture.h"
 #include "planner/planner.h"
+#include "tests/bench/synthetic_batches.h"
 
 namespace varipipe::planner {
 namespace {
@@ -71,36 +71,6 @@ v1::JobConfig Config(bool t5, v1::ScheduleKind schedule) {
   return c;
 }
 
-std::vector<MiniBatch> Batches(const v1::JobConfig& c, bool documents) {
-  const bool t5 = c.model().kind() == v1::T5;
-  const uint32_t max_len = c.data().max_sequence_length();
-  const uint32_t max_target = t5 ? c.data().max_target_length() : max_len;
-  const SyntheticMixture mixture =
-      documents ? SyntheticMixture::Documents(2024) : SyntheticMixture::Flan(2024);
-  std::vector<MiniBatch> batches;
-  uint64_t index = 0;
-  for (int b = 0; b < kBatches; ++b) {
-    MiniBatch mb;
-    mb.iteration = b;
-    uint64_t tokens = 0;
-    while (true) {
-      SampleLengths s = mixture.Sample(index);
-      if (t5) {
-        s = {std::min(s.input, max_len), std::min(s.target, max_target)};
-      } else {
-        s.target = std::min(s.target, max_len);
-        s.input = std::min(s.input, max_len - s.target);
-      }
-      if (tokens + s.input + s.target > c.data().tokens_per_global_batch()) break;
-      tokens += s.input + s.target;
-      mb.sample_ids.push_back(index++);
-      mb.lengths.push_back(s);
-    }
-    batches.push_back(std::move(mb));
-  }
-  return batches;
-}
-
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -114,7 +84,8 @@ void Compare(benchmark::State& state, bool t5, bool documents) {
     state.SkipWithError("planner");
     return;
   }
-  const std::vector<MiniBatch> batches = Batches(Config(t5, v1::ADAPTIVE), documents);
+  const std::vector<MiniBatch> batches =
+      SyntheticBatches(Config(t5, v1::ADAPTIVE), documents, kBatches);
   std::vector<double> a_ms;
   std::vector<double> z_ms;
   std::vector<double> ratios;
