@@ -5,7 +5,9 @@
 // dp = 2) train and report, and the daemon's calibration brings the
 // predicted iteration within 20% of the measured one. The state lives in
 // the store: a daemon started afterwards on the same Redis continues with
-// it.
+// it. It asserts on measured wall time, so it runs alone (SERIAL in
+// tests/CMakeLists.txt): other tests' load changing mid-run is what no
+// calibration can follow.
 #include <cmath>
 #include <filesystem>
 #include <fstream>
