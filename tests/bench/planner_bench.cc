@@ -39,6 +39,7 @@
 #include "common/config/job_config.h"
 #include "planner/planner.h"
 #include "tests/bench/synthetic_batches.h"
+#include "tests/testing/paper_models.h"
 
 namespace varipipe::planner {
 namespace {
@@ -62,24 +63,7 @@ struct Setting {
 v1::JobConfig Config(const Setting& s) {
   v1::JobConfig c;
   c.set_job_id(s.t5 ? "t5-11b" : "gpt-6.7b");
-  v1::ModelConfig& m = *c.mutable_model();
-  if (s.t5) {
-    m.set_kind(v1::T5);
-    m.set_num_layers(24);
-    m.set_num_decoder_layers(24);
-    m.set_hidden_size(1024);
-    m.set_num_attention_heads(128);
-    m.set_kv_channels(128);
-    m.set_ffn_hidden_size(65536);
-    m.set_vocab_size(32128);
-  } else {
-    m.set_kind(v1::GPT);
-    m.set_num_layers(32);
-    m.set_hidden_size(4096);
-    m.set_num_attention_heads(32);
-    m.set_ffn_hidden_size(16384);
-    m.set_vocab_size(50432);
-  }
+  *c.mutable_model() = s.t5 ? testing::T511bConfig() : testing::Gpt67bConfig();
   c.mutable_parallelism()->set_pipeline(s.pipeline != 0 ? s.pipeline : (s.t5 ? 8 : 4));
   c.mutable_parallelism()->set_data(s.data);
   c.mutable_cluster()->set_device_memory_limit_mib(s.memory_mib);

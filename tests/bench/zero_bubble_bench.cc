@@ -29,6 +29,7 @@
 #include "common/config/job_config.h"
 #include "planner/planner.h"
 #include "tests/bench/synthetic_batches.h"
+#include "tests/testing/paper_models.h"
 
 namespace varipipe::planner {
 namespace {
@@ -38,24 +39,7 @@ constexpr int kBatches = 15;
 v1::JobConfig Config(bool t5, v1::ScheduleKind schedule) {
   v1::JobConfig c;
   c.set_job_id(t5 ? "t5-11b" : "gpt-6.7b");
-  v1::ModelConfig& m = *c.mutable_model();
-  if (t5) {
-    m.set_kind(v1::T5);
-    m.set_num_layers(24);
-    m.set_num_decoder_layers(24);
-    m.set_hidden_size(1024);
-    m.set_num_attention_heads(128);
-    m.set_kv_channels(128);
-    m.set_ffn_hidden_size(65536);
-    m.set_vocab_size(32128);
-  } else {
-    m.set_kind(v1::GPT);
-    m.set_num_layers(32);
-    m.set_hidden_size(4096);
-    m.set_num_attention_heads(32);
-    m.set_ffn_hidden_size(16384);
-    m.set_vocab_size(50432);
-  }
+  *c.mutable_model() = t5 ? testing::T511bConfig() : testing::Gpt67bConfig();
   c.mutable_parallelism()->set_pipeline(t5 ? 8 : 4);
   c.mutable_parallelism()->set_data(1);
   c.mutable_cluster()->set_device_memory_limit_mib(40960);

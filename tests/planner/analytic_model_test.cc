@@ -3,23 +3,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/cost/hardware.h"
+#include "tests/testing/paper_models.h"
 #include "tests/testing/status_matchers.h"
 
 namespace varipipe::planner {
 namespace {
 
+using ::varipipe::testing::Gpt67bDims;
 using ::varipipe::testing::IsOk;
-
-ModelDims Gpt67b() {
-  return {.kind = ModelKind::kGpt,
-          .encoder_layers = 32,
-          .hidden = 4096,
-          .heads = 32,
-          .kv_channels = 128,
-          .ffn = 16384,
-          .vocab = 50432,
-          .dtype_bytes = 2};
-}
 
 ModelDims T5Small() {
   return {.kind = ModelKind::kT5,
@@ -35,7 +26,7 @@ ModelDims T5Small() {
 
 // With A = h and f = 4h the FLOPs are Megatron's 24 b s h^2 + 4 b s^2 h.
 TEST(AnalyticModel, FlopsMatchMegatronsFormula) {
-  const ModelDims d = Gpt67b();
+  const ModelDims d = Gpt67bDims();
   const double b = 4, s = 1024, h = 4096;
   EXPECT_DOUBLE_EQ(EncoderLayerForwardFlops(d, b, s, 1), 24 * b * s * h * h + 4 * b * s * s * h);
   EXPECT_DOUBLE_EQ(EncoderLayerForwardFlops(d, b, s, 2),
@@ -45,7 +36,7 @@ TEST(AnalyticModel, FlopsMatchMegatronsFormula) {
 // Korthikanti et al., section 4: s b h (34 + 5 a s / h) without
 // recomputation, 34 s b h with selective, 2 s b h with full (16-bit).
 TEST(AnalyticModel, ActivationMemoryMatchesKorthikanti) {
-  const ModelDims d = Gpt67b();
+  const ModelDims d = Gpt67bDims();
   const double b = 2, s = 2048, h = 4096, a = 32;
   EXPECT_DOUBLE_EQ(EncoderLayerStoredBytes(d, Recompute::kNone, b, s, 1),
                    s * b * h * (34 + 5 * a * s / h));
@@ -66,7 +57,7 @@ TEST(AnalyticModel, DecoderLayerAddsCrossAttention) {
 }
 
 TEST(AnalyticModel, ParametersOfGpt67bAddUp) {
-  const ModelDims d = Gpt67b();
+  const ModelDims d = Gpt67bDims();
   const double total = 32 * ComponentParameters(d, Component::kEncoderLayer, 1, 2048) +
                        ComponentParameters(d, Component::kEmbedding, 1, 2048);
   EXPECT_NEAR(total / 1e9, 6.65, 0.1);
@@ -75,7 +66,7 @@ TEST(AnalyticModel, ParametersOfGpt67bAddUp) {
 TEST(AnalyticModel, RecomputationTradesTimeForMemory) {
   absl::StatusOr<Hardware> hw = HardwarePreset("a100-40gb");
   ASSERT_THAT(hw, IsOk());
-  const ModelDims d = Gpt67b();
+  const ModelDims d = Gpt67bDims();
   const CostValues none =
       AnalyticComponentCost(d, *hw, Component::kEncoderLayer, Recompute::kNone, 1, 4, 1024, 0);
   const CostValues selective =
@@ -93,7 +84,7 @@ TEST(AnalyticModel, RecomputationTradesTimeForMemory) {
 }
 
 TEST(AnalyticModel, PresetsAreOrderedBySpeed) {
-  const ModelDims d = Gpt67b();
+  const ModelDims d = Gpt67bDims();
   double previous = 1e300;
   for (const char* name : {"a100-40gb", "a100-80gb", "h100-80gb", "h200"}) {
     absl::StatusOr<Hardware> hw = HardwarePreset(name);
@@ -113,7 +104,7 @@ TEST(AnalyticModel, PresetsAreOrderedBySpeed) {
 TEST(AnalyticModel, MagnitudeIsPlausible) {
   absl::StatusOr<Hardware> hw = HardwarePreset("a100-40gb");
   ASSERT_THAT(hw, IsOk());
-  const CostValues v = AnalyticComponentCost(Gpt67b(), *hw, Component::kEncoderLayer,
+  const CostValues v = AnalyticComponentCost(Gpt67bDims(), *hw, Component::kEncoderLayer,
                                              Recompute::kNone, 1, 2, 2048, 0);
   EXPECT_GT(v.forward_ms, 9.0);
   EXPECT_LT(v.forward_ms, 16.0);

@@ -19,6 +19,7 @@
 #include "planner/sim/order_search.h"
 #include "planner/sim/simulator.h"
 #include "planner/sim/weight_fill.h"
+#include "tests/testing/paper_models.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/status_matchers.h"
 
@@ -26,6 +27,7 @@ namespace varipipe::planner {
 namespace {
 
 using ::testing::HasSubstr;
+using ::varipipe::testing::Gpt67bDims;
 using ::varipipe::testing::IsOk;
 
 TEST(ZeroBubbleOp, WeightOpsRoundTripThroughText) {
@@ -36,18 +38,6 @@ TEST(ZeroBubbleOp, WeightOpsRoundTripThroughText) {
   EXPECT_EQ(*parsed, w);
   EXPECT_EQ(ParseOp("7B3")->kind, OpKind::kBackward);
   EXPECT_FALSE(ParseOp("W3").ok());
-}
-
-// GPT-6.7B's dimensions (32 layers, h = 4,096, 32 heads of 128).
-ModelDims Gpt67b() {
-  return {.kind = ModelKind::kGpt,
-          .encoder_layers = 32,
-          .hidden = 4096,
-          .heads = 32,
-          .kv_channels = 128,
-          .ffn = 16384,
-          .vocab = 50257,
-          .dtype_bytes = 2};
 }
 
 // The linear layers of one transformer layer as the executor builds them
@@ -122,7 +112,7 @@ TEST(ZeroBubbleSplit, FollowsTheLinearLayersOfTheModel) {
   }
   // GPT proportions: the share is 6h / (6h + s) and B keeps 16h values per
   // token and layer (Qi et al.'s 32 b s h bytes at 2-byte activations).
-  const ModelDims gpt = Gpt67b();
+  const ModelDims gpt = Gpt67bDims();
   const StageLayers layer{.samples = 2, .input_len = 2048, .encoder_layers = 1};
   EXPECT_NEAR(BackwardSplitRule(gpt).WeightGemmShare(layer), 6.0 * 4096 / (6.0 * 4096 + 2048),
               1e-12);
@@ -246,7 +236,7 @@ double IdleOverBusy(const SimulationResult& r) {
 // same peak memory, m = 2p, p = 4 and 8. The closed form's ratio is
 // (F + B - W) / (F + B + W).
 TEST(ZeroBubbleH1, BubbleFractionAgainstOneFOneBOnTheA100Model) {
-  const ModelDims dims = Gpt67b();
+  const ModelDims dims = Gpt67bDims();
   absl::StatusOr<Hardware> hw = HardwarePreset("a100-40gb");
   ASSERT_THAT(hw, IsOk());
   absl::StatusOr<CostModel> model =
