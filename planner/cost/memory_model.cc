@@ -20,6 +20,10 @@ ModelStateBytes ModelStatePerDevice(double parameter_count, ZeroStage zero,
   return bytes;
 }
 
+uint32_t LayersOnStage(uint32_t layers, uint32_t stages, uint32_t index) {
+  return layers / stages + (index < layers % stages ? 1 : 0);
+}
+
 absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipeline,
                                             uint32_t virtual_chunks) {
   if (pipeline == 0 || virtual_chunks == 0) {
@@ -114,17 +118,15 @@ std::vector<double> ParametersPerDevice(const CostModel& model, const StageLayou
                 (layout.encoder_decoder ? 2 : 1) * emb;
     return params;
   }
-  const auto layers_of = [](uint32_t layers, uint32_t count, uint32_t index) {
-    return layers / count + (index < layers % count ? 1 : 0);
-  };
   const uint32_t encoder_devices = layout.encoder_decoder ? layout.encoder_devices : c;
   for (uint32_t d = 0; d < encoder_devices; ++d) {
-    params[d] = layers_of(layout.encoder_layers, encoder_devices, d) * enc;
+    params[d] = LayersOnStage(layout.encoder_layers, encoder_devices, d) * enc;
   }
   params[0] += emb;
   if (layout.encoder_decoder) {
     for (uint32_t d = encoder_devices; d < c; ++d) {
-      params[d] = layers_of(layout.decoder_layers, c - encoder_devices, d - encoder_devices) * dec;
+      params[d] =
+          LayersOnStage(layout.decoder_layers, c - encoder_devices, d - encoder_devices) * dec;
     }
     params[encoder_devices] += emb;
   }

@@ -52,6 +52,11 @@ struct StageLayout {
   // T5 with one device: encoder and decoder share it.
   bool shared_device() const { return encoder_decoder && devices == 1; }
 };
+// Layers of stage `index` when `layers` are spread over `stages` stages as
+// evenly as possible, the first stages taking the remainder (the executor's
+// stage roles; the largest stage holds the ceiling).
+uint32_t LayersOnStage(uint32_t layers, uint32_t stages, uint32_t index);
+
 absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipeline,
                                             uint32_t virtual_chunks);
 

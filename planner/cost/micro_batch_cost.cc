@@ -240,11 +240,6 @@ bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_
   out->assign(stages, StageCost());
   const double encoder_act = static_cast<double>(b) * input_len * hidden * dtype_bytes;
   const double decoder_act = static_cast<double>(b) * target_len * hidden * dtype_bytes;
-  // Layers of each stage: an even split of `layers` over `count` stages
-  // (the first stages take the remainder).
-  const auto layers_of = [](uint32_t layers, uint32_t count, uint32_t index) {
-    return layers / count + (index < layers % count ? 1 : 0);
-  };
   const auto add = [](StageCost& st, const CostValues& v, double count, double& transient) {
     st.forward_ms += count * v.forward_ms;
     st.backward_ms += count * v.backward_ms;
@@ -259,7 +254,7 @@ bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_
     const bool decoder_stage = t5 && (layout_.devices == 1 ? false : st >= encoder_stages);
     if (!decoder_stage) {
       const uint32_t index = st;
-      add(c, encoder, layers_of(total_encoder_layers_, encoder_stages, index), transient);
+      add(c, encoder, LayersOnStage(total_encoder_layers_, encoder_stages, index), transient);
       if (index == 0) add(c, encoder_embedding, 1, transient);
       if (t5 && layout_.devices == 1) {
         add(c, decoder, total_decoder_layers_, transient);
@@ -273,7 +268,7 @@ bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_
     } else {
       const uint32_t index = st - encoder_stages;
       const uint32_t decoder_stages = stages - encoder_stages;
-      add(c, decoder, layers_of(total_decoder_layers_, decoder_stages, index), transient);
+      add(c, decoder, LayersOnStage(total_decoder_layers_, decoder_stages, index), transient);
       if (index == 0) add(c, decoder_embedding, 1, transient);
       if (st + 1 == stages) add(c, postprocess, 1, transient);
       // Decoder stages pass on their activations and the encoder output.
