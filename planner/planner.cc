@@ -136,10 +136,19 @@ class Search {
                        .input_len = g.input_len,
                        .target_len = g.target_len,
                        .head = stage + 1 == stages};
-    const bool shared = dims_.encoder_decoder() && p_ == 1;
-    const bool decoder = dims_.encoder_decoder() && !shared && stage >= layout_.encoder_devices;
-    if (!decoder) layers.encoder_layers = layout_.encoder_layers_per_device;
-    if (decoder || shared) layers.decoder_layers = layout_.decoder_layers_per_device;
+    // The stage's own layer counts, split as the stage costs split them.
+    if (dims_.encoder_decoder() && p_ == 1) {
+      layers.encoder_layers = layout_.encoder_layers;
+      layers.decoder_layers = layout_.decoder_layers;
+      return layers;
+    }
+    const uint32_t encoder_stages = dims_.encoder_decoder() ? layout_.encoder_devices : stages;
+    if (stage < encoder_stages) {
+      layers.encoder_layers = LayersOnStage(layout_.encoder_layers, encoder_stages, stage);
+    } else {
+      layers.decoder_layers =
+          LayersOnStage(layout_.decoder_layers, stages - encoder_stages, stage - encoder_stages);
+    }
     return layers;
   }
   absl::StatusOr<DeviceOrder> StaticOrder(v1::ScheduleKind schedule,

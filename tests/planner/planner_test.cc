@@ -3,10 +3,12 @@
 // detection.
 #include "planner/planner.h"
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/config/job_config.h"
@@ -15,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "planner/plan/plan_builder.h"
 #include "planner/plan/validator.h"
+#include "planner/schedule/backward_split.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/status_matchers.h"
 
@@ -169,6 +172,58 @@ TEST(Planner, ZeroBubblePlansCarryWeightGradients) {
                            HasSubstr("gradients used before the weight_grad")));
     }
   }
+}
+
+// With layers that do not divide evenly (30 over 4 stages: 8, 8, 7, 7, as
+// the executor splits them), each stage's W time follows the backward split
+// rule for the stage's own layer count, the LM head included on the last.
+TEST(Planner, ZeroBubbleWeightTimesUseEachStagesOwnLayers) {
+  v1::JobConfig config = Config(false, 4, 1, 1, {v1::ZERO_BUBBLE_H1});
+  config.mutable_model()->set_num_layers(30);
+  // A small vocabulary, so that W stays below half the backward (the rule's
+  // cap) on the LM head's stage too.
+  config.mutable_model()->set_vocab_size(1024);
+  config.mutable_planner()->clear_recompute_modes();
+  config.mutable_planner()->add_recompute_modes(v1::RECOMPUTE_NONE);
+  absl::StatusOr<Planner> planner = Planner::Create(config);
+  ASSERT_THAT(planner, IsOk());
+  const BackwardSplitRule rule(ModelDimsFromConfig(config.model()));
+  uint64_t cursor = 0;
+  const MiniBatch mb = Draw(SyntheticMixture::Flan(5), &cursor, false);
+  absl::StatusOr<PlanningResult> r = planner->Plan(mb);
+  ASSERT_THAT(r, IsOk());
+  const std::vector<uint32_t> layers = {8, 8, 7, 7};
+  int checked = 0;
+  for (const v1::ExecutionPlan& plan : r->plans) {
+    const uint32_t stage = plan.rank();
+    absl::flat_hash_map<uint32_t, double> forward_ms;
+    absl::flat_hash_map<uint32_t, double> input_grad_ms;
+    for (const v1::Instruction& in : plan.instructions()) {
+      if (in.has_forward()) forward_ms[in.micro_batch()] = in.forward().profiled_ms();
+      if (in.has_backward()) input_grad_ms[in.micro_batch()] = in.backward().profiled_ms();
+      if (!in.has_weight_grad()) continue;
+      const v1::MicroBatch* m = nullptr;
+      for (const v1::MicroBatch& candidate : plan.micro_batches()) {
+        if (candidate.id() == in.micro_batch()) m = &candidate;
+      }
+      ASSERT_NE(m, nullptr);
+      const StageLayers own{.samples = static_cast<double>(m->sample_ids_size()),
+                            .input_len = m->input_len(),
+                            .encoder_layers = layers[stage],
+                            .head = stage == 3};
+      ASSERT_TRUE(forward_ms.contains(in.micro_batch()));
+      ASSERT_TRUE(input_grad_ms.contains(in.micro_batch()));
+      // t_W = min(t_F * share, t_bwd / 2) with t_bwd = t_B + t_W.
+      const double w = in.weight_grad().profiled_ms();
+      const double backward_ms = input_grad_ms[in.micro_batch()] + w;
+      EXPECT_NEAR(
+          w, std::min(forward_ms[in.micro_batch()] * rule.WeightGemmShare(own), backward_ms / 2),
+          1e-9 * backward_ms)
+          << "stage " << stage << ", micro-batch " << in.micro_batch();
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 4 * r->report.micro_batches);
 }
 
 // The validator accepts every plan of every schedule over thousands of
