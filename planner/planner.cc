@@ -363,6 +363,9 @@ void Search::Judge(Candidate& cand) const {
     }
     makespan = std::max(makespan, t.sim.makespan_ms);
     bubble += t.sim.MeanBubbleFraction();
+    for (double busy : t.sim.busy_ms) {
+      cand.report.busiest_device_ms = std::max(cand.report.busiest_device_ms, busy);
+    }
     for (uint32_t d = 0; d < p_; ++d) cand.peak_per_rank[r * p_ + d] = t.sim.peak_bytes[d];
   }
   cand.report.makespan_ms = makespan;
@@ -631,6 +634,7 @@ PlanReport Search::Report(const Candidate* best, bool with_trace) const {
       best->report.makespan_ms + report.predicted_update_ms + report.predicted_overhead_ms;
   report.calibration_version = calibration_version_;
   report.bubble_fraction = best->report.bubble_fraction;
+  report.busiest_device_ms = best->report.busiest_device_ms;
   report.peak_bytes = best->peak_per_rank;
   report.memory_limit_bytes = mbr.available_activation_bytes;
   report.memory_limit_per_rank = RankLimits(mbr);

@@ -57,7 +57,10 @@ struct CandidateReport {
   double dp_objective_ms = 0;  // the micro-batching objective (a bound when pruned)
   double makespan_ms = 0;
   double bubble_fraction = 0;  // mean over devices and replicas
-  double peak_bytes = 0;       // largest device peak
+  // The most compute (busy time) of any device: no schedule over these
+  // micro-batches, recompute mode and stage split has a shorter makespan.
+  double busiest_device_ms = 0;
+  double peak_bytes = 0;  // largest device peak
   int micro_batches = 0;
   double padding_efficiency = 0;
 };
@@ -74,6 +77,9 @@ struct PlanReport {
   double predicted_overhead_ms = 0;
   uint64_t calibration_version = 0;
   double bubble_fraction = 0;
+  // The busiest device's compute: the makespan's lower bound for the chosen
+  // micro-batches, recompute mode and stage split, whatever the schedule.
+  double busiest_device_ms = 0;
   std::vector<double> peak_bytes;             // per rank
   double memory_limit_bytes = 0;              // the smallest device's activation room
   std::vector<double> memory_limit_per_rank;  // each rank's own room

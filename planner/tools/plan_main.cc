@@ -139,6 +139,7 @@ std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& 
   f["predicted_update_ms"] = Num(r.predicted_update_ms);
   f["predicted_overhead_ms"] = Num(r.predicted_overhead_ms);
   f["bubble_fraction"] = Num(r.bubble_fraction);
+  f["busiest_device_ms"] = Num(r.busiest_device_ms);
   f["padding_efficiency"] = Num(r.padding_efficiency);
   f["input_padding_efficiency"] = Num(r.input_padding_efficiency);
   f["target_padding_efficiency"] = Num(r.target_padding_efficiency);
@@ -181,6 +182,7 @@ std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& 
     if (c.feasible) {
       cf["makespan_ms"] = Num(c.makespan_ms);
       cf["bubble_fraction"] = Num(c.bubble_fraction);
+      cf["busiest_device_ms"] = Num(c.busiest_device_ms);
       cf["peak_bytes"] = Num(c.peak_bytes);
     }
     *cands->add_values() = std::move(v);

@@ -16,7 +16,20 @@
 //   *_bubble, *_makespan_ms: medians of the simulated bubble fraction (1 -
 //                          busy / makespan, mean over devices) and makespan
 //                          (the iteration without all-reduce, optimizer
-//                          step and overhead).
+//                          step and overhead);
+//   floor_ratio:           median over mini-batches of (the adaptive plan's
+//                          busiest device's compute + update) / its
+//                          iteration: the lowest ratio any schedule of the
+//                          adaptive plan's micro-batches, recompute mode and
+//                          stage split can reach (a device cannot finish
+//                          before its own compute);
+//   zb_floor_ratio:        the same for the zero-bubble plan's own
+//                          micro-batches and recompute mode: (its busiest
+//                          device's compute + update) / the adaptive
+//                          iteration;
+//   zb_busiest_share:      median of the zero-bubble plan's busiest device's
+//                          compute / its makespan (1: no idle time left on
+//                          the device that bounds the iteration).
 // The timed loop plans with the zero-bubble planner (planning speed).
 //
 // Run: build/bench/zero_bubble_bench --benchmark_repetitions=1
@@ -77,6 +90,9 @@ void Compare(benchmark::State& state, bool t5, bool documents) {
   std::vector<double> z_bubble;
   std::vector<double> a_makespan;
   std::vector<double> z_makespan;
+  std::vector<double> floors;
+  std::vector<double> z_floors;
+  std::vector<double> z_busiest_share;
   double over = 0;
   std::string label;
   for (const MiniBatch& mb : batches) {
@@ -93,6 +109,11 @@ void Compare(benchmark::State& state, bool t5, bool documents) {
     z_bubble.push_back(z->report.bubble_fraction);
     a_makespan.push_back(a->report.predicted_makespan_ms);
     z_makespan.push_back(z->report.predicted_makespan_ms);
+    floors.push_back((a->report.busiest_device_ms + a->report.predicted_update_ms) /
+                     a->report.predicted_iteration_ms);
+    z_floors.push_back((z->report.busiest_device_ms + z->report.predicted_update_ms) /
+                       a->report.predicted_iteration_ms);
+    z_busiest_share.push_back(z->report.busiest_device_ms / z->report.predicted_makespan_ms);
     for (size_t r = 0; r < z->report.peak_bytes.size(); ++r) {
       over = std::max(over, z->report.peak_bytes[r] / z->report.memory_limit_per_rank[r]);
     }
@@ -112,6 +133,9 @@ void Compare(benchmark::State& state, bool t5, bool documents) {
   state.counters["zb_bubble"] = Median(z_bubble);
   state.counters["adaptive_makespan_ms"] = Median(a_makespan);
   state.counters["zb_makespan_ms"] = Median(z_makespan);
+  state.counters["floor_ratio"] = Median(floors);
+  state.counters["zb_floor_ratio"] = Median(z_floors);
+  state.counters["zb_busiest_share"] = Median(z_busiest_share);
   state.SetLabel(absl::StrCat("recompute zb/adaptive (first batch): ", label));
 }
 

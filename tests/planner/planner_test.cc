@@ -104,6 +104,14 @@ TEST(Planner, PlansValidateAcrossShapesAndAreDeterministic) {
       ASSERT_THAT(a, IsOk());
       ASSERT_EQ(a->plans.size(), shape.pp * shape.dp);
       EXPECT_THAT(ValidatePlans(a->plans), IsOk());
+      // The busiest device's compute bounds the makespan from below and,
+      // with one replica, is at least the mean device's.
+      EXPECT_GT(a->report.busiest_device_ms, 0);
+      EXPECT_LE(a->report.busiest_device_ms, a->report.predicted_makespan_ms * (1 + 1e-9));
+      if (shape.dp == 1) {
+        EXPECT_GE(a->report.busiest_device_ms,
+                  (1 - a->report.bubble_fraction) * a->report.predicted_makespan_ms * (1 - 1e-9));
+      }
       absl::StatusOr<PlanningResult> b = planner->Plan(mb);
       ASSERT_THAT(b, IsOk());
       for (size_t r = 0; r < a->plans.size(); ++r) {
