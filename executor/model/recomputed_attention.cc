@@ -1,8 +1,7 @@
 #include "executor/model/recomputed_attention.h"
 
-#include <ATen/autocast_mode.h>
-
 #include "executor/model/attention_mask.h"
+#include "executor/model/recompute_precision.h"
 
 namespace varipipe::executor {
 namespace {
@@ -22,19 +21,13 @@ class RecomputedAttention : public torch::autograd::Function<RecomputedAttention
     if (mask->defined()) ctx->saved_data["mask"] = *mask;
     ctx->saved_data["heads"] = heads;
     // The recomputation must see the forward's precision (CUDA autocast).
-    const bool autocast = at::autocast::is_enabled();
-    ctx->saved_data["autocast"] = autocast;
-    if (autocast) {
-      ctx->saved_data["autocast_dtype"] =
-          static_cast<int64_t>(at::autocast::get_autocast_gpu_dtype());
-    }
+    SaveForwardPrecision(ctx);
     return MaskedAttention(q, k, v, *mask, heads);
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
     const int64_t heads = ctx->saved_data["heads"].toInt();
-    const bool autocast = ctx->saved_data["autocast"].toBool();
     const torch::Tensor mask =
         ctx->saved_data["has_mask"].toBool() ? ctx->saved_data["mask"].toTensor() : torch::Tensor();
     torch::Tensor q = saved[0].detach().requires_grad_(true);
@@ -43,16 +36,8 @@ class RecomputedAttention : public torch::autograd::Function<RecomputedAttention
     torch::Tensor out;
     {
       torch::AutoGradMode enable_grad(true);
-      const bool was_enabled = at::autocast::is_enabled();
-      const at::ScalarType was_dtype = at::autocast::get_autocast_gpu_dtype();
-      if (autocast) {
-        at::autocast::set_autocast_gpu_dtype(
-            static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()));
-      }
-      at::autocast::set_enabled(autocast);
+      const RecomputePrecisionScope precision(ctx);
       out = MaskedAttention(q, k, v, mask, heads);
-      at::autocast::set_enabled(was_enabled);
-      at::autocast::set_autocast_gpu_dtype(was_dtype);
     }
     const tensor_list grads = torch::autograd::grad({out}, {q, k, v}, {grad_outputs[0]});
     // One gradient per input of forward: none for the mask and the head count.

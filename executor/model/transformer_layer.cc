@@ -1,13 +1,12 @@
 #include "executor/model/transformer_layer.h"
 
-#include <ATen/autocast_mode.h>
-
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "executor/model/attention_mask.h"
 #include "executor/model/deferred_linear.h"
+#include "executor/model/recompute_precision.h"
 #include "executor/model/recomputed_attention.h"
 #include "executor/model/weight_grad_store.h"
 
@@ -74,8 +73,7 @@ void SaveForRecompute(AutogradContext* ctx, TransformerLayer* layer, const torch
   if (self_mask.defined()) ctx->saved_data["self_mask"] = self_mask;
   ctx->saved_data["has_cross_mask"] = cross_mask.defined();
   if (cross_mask.defined()) ctx->saved_data["cross_mask"] = cross_mask;
-  ctx->saved_data["autocast"] = at::autocast::is_enabled();
-  ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(at::autocast::get_autocast_gpu_dtype());
+  SaveForwardPrecision(ctx);
   // A split backward's store: the re-run layer's linears record into it.
   ctx->saved_data["weight_grad_store"] = reinterpret_cast<int64_t>(CurrentWeightGradStore());
 }
@@ -92,19 +90,13 @@ void Recompute(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor
                                        ? ctx->saved_data["cross_mask"].toTensor()
                                        : torch::Tensor();
   torch::AutoGradMode enable_grad(true);
-  const bool was_enabled = at::autocast::is_enabled();
-  const at::ScalarType was_dtype = at::autocast::get_autocast_gpu_dtype();
-  const bool autocast = ctx->saved_data["autocast"].toBool();
-  if (autocast) {
-    at::autocast::set_autocast_gpu_dtype(
-        static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()));
+  torch::Tensor out;
+  {
+    const RecomputePrecisionScope precision(ctx);
+    const WeightGradScope store(
+        reinterpret_cast<WeightGradStore*>(ctx->saved_data["weight_grad_store"].toInt()));
+    out = layer->Compute(x, self_mask, memory, cross_mask);
   }
-  at::autocast::set_enabled(autocast);
-  const WeightGradScope store(
-      reinterpret_cast<WeightGradStore*>(ctx->saved_data["weight_grad_store"].toInt()));
-  const torch::Tensor out = layer->Compute(x, self_mask, memory, cross_mask);
-  at::autocast::set_enabled(was_enabled);
-  at::autocast::set_autocast_gpu_dtype(was_dtype);
   torch::autograd::backward({out}, {grad});
 }
 
