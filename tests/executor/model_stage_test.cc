@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/seed.h"
+#include "tests/testing/stage_chain.h"
 #include "tests/testing/status_matchers.h"
 
 namespace varipipe::executor {
@@ -99,8 +100,8 @@ TEST(PipelineStageRolesTest, RejectsStagesWithoutLayers) {
   ModelSpec t5 = SmallT5();
   t5.num_layers = 1;
   t5.num_decoder_layers = 1;
-  EXPECT_THAT(PipelineStageRoles(t5, 3), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                  HasSubstr("cannot fill")));
+  EXPECT_THAT(PipelineStageRoles(t5, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cannot fill")));
 }
 
 // Every parameter of every stage, keyed by its stage-independent name.
@@ -227,16 +228,7 @@ double RunMicroBatch(const std::vector<std::shared_ptr<ModelStage>>& stages,
     outputs[i] = stages[i]->Forward(inputs[i], batch);
   }
   const double loss = outputs.back().loss.item<double>();
-  outputs.back().loss.backward();
-  for (size_t i = stages.size() - 1; i-- > 0;) {
-    std::vector<torch::Tensor> tensors{outputs[i].hidden};
-    std::vector<torch::Tensor> grads{inputs[i + 1].hidden.grad()};
-    if (outputs[i].memory.defined()) {
-      tensors.push_back(outputs[i].memory);
-      grads.push_back(inputs[i + 1].memory.grad());
-    }
-    torch::autograd::backward(tensors, grads);
-  }
+  ::varipipe::testing::BackwardAcrossStages(inputs, outputs);
   return loss;
 }
 
@@ -385,11 +377,11 @@ TEST_P(SelectiveRecomputeTest, SameGradientsLessStoredMemory) {
   // attention s x s; T5 decoder self t x t and cross t x s.
   const int64_t cores = spec.num_layers * s * s + spec.num_decoder_layers * (t * t + t * s);
   const int64_t one_tensor_per_core = b * spec.num_attention_heads * cores * 4;
-  std::printf("stored by the forward: none %.1f KiB, selective %.1f KiB (saved %.1f KiB; "
-              "one score tensor per attention core is %.1f KiB)\n",
-              none.stored_bytes / 1024.0, selective.stored_bytes / 1024.0,
-              (none.stored_bytes - selective.stored_bytes) / 1024.0,
-              one_tensor_per_core / 1024.0);
+  std::printf(
+      "stored by the forward: none %.1f KiB, selective %.1f KiB (saved %.1f KiB; "
+      "one score tensor per attention core is %.1f KiB)\n",
+      none.stored_bytes / 1024.0, selective.stored_bytes / 1024.0,
+      (none.stored_bytes - selective.stored_bytes) / 1024.0, one_tensor_per_core / 1024.0);
   EXPECT_GE(none.stored_bytes - selective.stored_bytes, one_tensor_per_core);
 }
 

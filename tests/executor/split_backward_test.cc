@@ -24,6 +24,7 @@
 #include "executor/runtime/counting_allocator.h"
 #include "gtest/gtest.h"
 #include "tests/testing/seed.h"
+#include "tests/testing/stage_chain.h"
 
 namespace varipipe::executor {
 namespace {
@@ -207,16 +208,7 @@ TEST_P(StageSplitBackward, GradientsMatchTheWholeBackwardAndTheStoreIsCounted) {
       const WeightGradScope scope(stores != nullptr ? (*stores)[i].get() : nullptr);
       out[i] = stages[i]->Forward(in[i], batch);
     }
-    out.back().loss.backward();
-    for (size_t i = stages.size() - 1; i-- > 0;) {
-      std::vector<torch::Tensor> tensors{out[i].hidden};
-      std::vector<torch::Tensor> grads{in[i + 1].hidden.grad()};
-      if (out[i].memory.defined()) {
-        tensors.push_back(out[i].memory);
-        grads.push_back(in[i + 1].memory.grad());
-      }
-      torch::autograd::backward(tensors, grads);
-    }
+    ::varipipe::testing::BackwardAcrossStages(in, out);
     std::vector<torch::Tensor> input_grads;
     for (size_t i = 1; i < stages.size(); ++i) {
       input_grads.push_back(in[i].hidden.grad().clone());
