@@ -52,6 +52,7 @@ struct StageLayout {
   // T5 with one device: encoder and decoder share it.
   bool shared_device() const { return encoder_decoder && devices == 1; }
 };
+
 // Layers of stage `index` when `layers` are spread over `stages` stages as
 // evenly as possible, the first stages taking the remainder (the executor's
 // stage roles; the largest stage holds the ceiling).
