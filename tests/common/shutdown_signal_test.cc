@@ -7,6 +7,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 
 namespace varipipe {
@@ -35,6 +37,14 @@ TEST(ShutdownSignal, ConcurrentRequestsAreSafe) {
   ASSERT_EQ(kill(getpid(), SIGTERM), 0);
   for (std::thread& t : threads) t.join();
   EXPECT_TRUE(shutdown.WaitFor(absl::Seconds(10)));
+  // The threads' requests end the wait even while the SIGTERM is still
+  // pending; destroying the object then would unblock it with its default
+  // action and kill the test. Wait until the handler has taken it.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (shutdown.signal_number() == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(shutdown.signal_number(), SIGTERM);
 }
 
 // SIGUSR1 from outside must neither stop the handler nor count as shutdown.
