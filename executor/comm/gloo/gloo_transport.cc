@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "common/status.h"
 #include "executor/comm/gloo/redis_store.h"
+#include "gloo/barrier.h"
 #include "gloo/common/error.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/prefix_store.h"
@@ -100,6 +101,15 @@ absl::StatusOr<std::unique_ptr<GlooTransport>> GlooTransport::Create(const Optio
     context->setTimeout(
         std::chrono::milliseconds(absl::ToInt64Milliseconds(options.connect_timeout)));
     context->connectFullMesh(store, t->device_);
+    // A rank's connectFullMesh can return while a peer still completes its
+    // side of their connection; a rank that then closes at once (refusing
+    // its plan, say) would fail that peer's rendezvous with "connection
+    // closed". Past this barrier every rank has connected, so leaving is
+    // safe.
+    gloo::BarrierOptions barrier(context);
+    barrier.setTimeout(
+        std::chrono::milliseconds(absl::ToInt64Milliseconds(options.connect_timeout)));
+    gloo::barrier(barrier);
     t->context_ = context;
   } catch (const gloo::Exception& e) {
     if (options.cancelled && options.cancelled()) {

@@ -64,7 +64,9 @@ class GlooTransport final : public Transport {
     bool waiting_send = false;                          // guarded by mu
   };
 
-  // Connects to every other rank (blocking until all have started).
+  // Connects to every other rank; returns only once every rank has
+  // connected (a barrier), so closing the transport right away never fails
+  // a peer's rendezvous.
   static absl::StatusOr<std::unique_ptr<GlooTransport>> Create(const Options& options);
   ~GlooTransport() override;
 
