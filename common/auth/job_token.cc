@@ -43,6 +43,10 @@ absl::Status CheckJobToken(absl::string_view token, absl::string_view source) {
   return absl::OkStatus();
 }
 
+std::string JobTokenKey(absl::string_view key_prefix, absl::string_view job_id) {
+  return absl::StrCat(key_prefix, ":", job_id, ":token");
+}
+
 absl::StatusOr<std::string> ClientJobToken(const std::string& token_file,
                                            const std::string& store_file) {
   if (!token_file.empty()) {

@@ -16,6 +16,11 @@ namespace varipipe {
 // 64 hex characters from the kernel's random source (getrandom).
 absl::StatusOr<std::string> GenerateJobToken();
 
+// The Redis key of a job's token in its instruction store
+// ("<key_prefix>:<job_id>:token"; docs/instruction-store.md), where clients
+// that hold the store's password read it.
+std::string JobTokenKey(absl::string_view key_prefix, absl::string_view job_id);
+
 // The token file written beside a daemon's --store_file: "FILE.token".
 std::string TokenFileBeside(absl::string_view store_file);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <set>
 
@@ -18,14 +19,7 @@ namespace varipipe {
 namespace {
 
 using v1::JobConfig;
-
-// Upper bounds that keep every derived size (4 * hidden, b * s * h, ...)
-// far from integer overflow.
-constexpr uint64_t kMaxLayers = 4096;
-constexpr uint64_t kMaxHidden = uint64_t{1} << 20;
-constexpr uint64_t kMaxHeads = 1 << 16;
-constexpr uint64_t kMaxVocab = uint64_t{1} << 30;
-constexpr uint64_t kMaxSequence = uint64_t{1} << 24;
+namespace bounds = job_config_bounds;
 
 // Collects "field: message" lines.
 class ErrorList {
@@ -86,12 +80,62 @@ std::string ResolvePath(const std::filesystem::path& base, const std::string& pa
   return (base / path).lexically_normal().string();
 }
 
+// A double as written in a config, all its digits up to 15 (StrCat's six
+// would print 1e+06 and hide the digits of 1000001): "0.001", "1000000",
+// "1e+300", "nan", "inf".
+std::string Real(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.15g", value);
+  return text;
+}
+
+// Checks value <= max.
+void CheckAtMost(ErrorList& errors, absl::string_view field, uint64_t value, uint64_t max) {
+  if (value > max) errors.Add(field, "is too large (", value, "; at most ", max, ")");
+}
+
 // Checks 1 <= value <= max (0 means "missing").
 void CheckRange(ErrorList& errors, absl::string_view field, uint64_t value, uint64_t max) {
   if (value == 0) {
     errors.Add(field, "must be at least 1");
-  } else if (value > max) {
-    errors.Add(field, "is too large (", value, "; at most ", max, ")");
+  } else {
+    CheckAtMost(errors, field, value, max);
+  }
+}
+
+// Checks that a double is finite (NaN and infinities parse from JSON as
+// "NaN", "Infinity" and "-Infinity"); returns whether it is, so that the
+// callers check its range only then.
+bool CheckFinite(ErrorList& errors, absl::string_view field, double value) {
+  if (std::isfinite(value)) return true;
+  errors.Add(field, "must be a finite number (got ", Real(value), ")");
+  return false;
+}
+
+// Checks a finite double against its upper bound.
+void CheckRealAtMost(ErrorList& errors, absl::string_view field, double value, double max) {
+  if (value > max) errors.Add(field, "is too large (", Real(value), "; at most ", Real(max), ")");
+}
+
+// Checks a double that must be zero or positive (what zero means follows
+// in `zero_note`, e.g. " (off)") and at most `max`.
+void CheckNonNegative(ErrorList& errors, absl::string_view field, double value, double max,
+                      absl::string_view zero_note = "") {
+  if (!CheckFinite(errors, field, value)) return;
+  if (value < 0) {
+    errors.Add(field, "must be zero", zero_note, " or positive (got ", Real(value), ")");
+  } else {
+    CheckRealAtMost(errors, field, value, max);
+  }
+}
+
+// Checks a double that must be positive and at most `max`.
+void CheckPositive(ErrorList& errors, absl::string_view field, double value, double max) {
+  if (!CheckFinite(errors, field, value)) return;
+  if (!(value > 0)) {
+    errors.Add(field, "must be positive (got ", Real(value), ")");
+  } else {
+    CheckRealAtMost(errors, field, value, max);
   }
 }
 
@@ -103,26 +147,33 @@ void ValidateModel(const JobConfig& config, ErrorList& errors) {
   } else if (!v1::ModelKind_IsValid(m.kind())) {
     errors.Add("model.kind", "unknown value ", static_cast<int>(m.kind()), " (GPT or T5)");
   }
-  CheckRange(errors, "model.num_layers", m.num_layers(), kMaxLayers);
-  if (t5) CheckRange(errors, "model.num_decoder_layers", m.num_decoder_layers(), kMaxLayers);
+  CheckRange(errors, "model.num_layers", m.num_layers(), bounds::kMaxLayers);
+  if (t5) {
+    CheckRange(errors, "model.num_decoder_layers", m.num_decoder_layers(), bounds::kMaxLayers);
+  }
   if (!t5 && m.num_decoder_layers() != 0) {
     errors.Add("model.num_decoder_layers", "is only used by T5 models (model.kind is GPT)");
   }
-  CheckRange(errors, "model.hidden_size", m.hidden_size(), kMaxHidden);
-  CheckRange(errors, "model.num_attention_heads", m.num_attention_heads(), kMaxHeads);
-  if (m.kv_channels() > kMaxHidden) {
-    errors.Add("model.kv_channels", "is too large (", m.kv_channels(), "; at most ", kMaxHidden,
-               ")");
+  CheckRange(errors, "model.hidden_size", m.hidden_size(), bounds::kMaxHiddenSize);
+  CheckRange(errors, "model.num_attention_heads", m.num_attention_heads(),
+             bounds::kMaxAttentionHeads);
+  CheckAtMost(errors, "model.kv_channels", m.kv_channels(), bounds::kMaxHiddenSize);
+  const uint64_t attention_width = uint64_t{m.num_attention_heads()} * m.kv_channels();
+  if (m.num_attention_heads() <= bounds::kMaxAttentionHeads &&
+      m.kv_channels() <= bounds::kMaxHiddenSize && attention_width > bounds::kMaxAttentionWidth) {
+    errors.Add("model.kv_channels", "num_attention_heads (", m.num_attention_heads(),
+               ") x kv_channels (", m.kv_channels(), ") = ", attention_width,
+               " is too large (at most ", bounds::kMaxAttentionWidth, ")");
   }
-  if (m.hidden_size() <= kMaxHidden) {
-    CheckRange(errors, "model.ffn_hidden_size", m.ffn_hidden_size(), 4 * kMaxHidden);
+  if (m.hidden_size() <= bounds::kMaxHiddenSize) {
+    CheckRange(errors, "model.ffn_hidden_size", m.ffn_hidden_size(), bounds::kMaxFfnHiddenSize);
   }
   if (m.num_attention_heads() != 0 && m.kv_channels() == 0 && m.hidden_size() != 0) {
     errors.Add("model.hidden_size", "must be divisible by model.num_attention_heads (",
                m.hidden_size(), " % ", m.num_attention_heads(), " = ",
                m.hidden_size() % m.num_attention_heads(), ") unless model.kv_channels is set");
   }
-  CheckRange(errors, "model.vocab_size", m.vocab_size(), kMaxVocab);
+  CheckRange(errors, "model.vocab_size", m.vocab_size(), bounds::kMaxVocabSize);
   if (m.dtype() != v1::FLOAT32 && m.dtype() != v1::BFLOAT16 && m.dtype() != v1::FLOAT16) {
     errors.Add("model.dtype", "must be FLOAT32, BFLOAT16 or FLOAT16 (got ",
                v1::DType_IsValid(m.dtype()) ? v1::DType_Name(m.dtype())
@@ -142,8 +193,17 @@ void ValidateParallelism(const JobConfig& config, ErrorList& errors) {
   const v1::ParallelismConfig& p = config.parallelism();
   if (p.tensor() != 1)
     errors.Add("parallelism.tensor", "only 1 is supported (got ", p.tensor(), ")");
-  if (p.pipeline() > 4096) errors.Add("parallelism.pipeline", "is too large (", p.pipeline(), ")");
-  if (p.data() > 65536) errors.Add("parallelism.data", "is too large (", p.data(), ")");
+  CheckAtMost(errors, "parallelism.pipeline", p.pipeline(), bounds::kMaxPipeline);
+  CheckAtMost(errors, "parallelism.data", p.data(), bounds::kMaxData);
+  if (p.pipeline() <= bounds::kMaxPipeline && p.data() <= bounds::kMaxData) {
+    // At most 2^12 x 2^16 x 2^32: no overflow.
+    const uint64_t ranks = uint64_t{p.pipeline()} * p.data() * p.tensor();
+    if (ranks > bounds::kMaxWorldSize) {
+      errors.Add("parallelism.data", "pipeline (", p.pipeline(), ") x data (", p.data(),
+                 ") x tensor (", p.tensor(), ") = ", ranks, " ranks is too many (at most ",
+                 bounds::kMaxWorldSize, ")");
+    }
+  }
   const v1::ModelConfig& m = config.model();
   const uint64_t layers =
       m.kind() == v1::T5 ? uint64_t{m.num_layers()} + m.num_decoder_layers() : m.num_layers();
@@ -165,22 +225,26 @@ void ValidateParallelism(const JobConfig& config, ErrorList& errors) {
 
 void ValidateCluster(const JobConfig& config, ErrorList& errors) {
   const v1::ClusterConfig& c = config.cluster();
+  CheckAtMost(errors, "cluster.devices_per_node", c.devices_per_node(), bounds::kMaxDevicesPerNode);
   if (c.device_memory_limit_mib() == 0) {
     errors.Add("cluster.device_memory_limit_mib", "is required (memory per device in MiB)");
+  } else {
+    CheckAtMost(errors, "cluster.device_memory_limit_mib", c.device_memory_limit_mib(),
+                bounds::kMaxDeviceMemoryMib);
   }
-  const auto check_positive = [&](absl::string_view field, double value) {
-    if (!(value > 0) || !std::isfinite(value))
-      errors.Add(field, "must be positive (got ", value, ")");
-  };
-  const auto check_non_negative = [&](absl::string_view field, double value) {
-    if (!(value >= 0) || !std::isfinite(value)) {
-      errors.Add(field, "must be zero or positive (got ", value, ")");
+  const auto check_bandwidth = [&](absl::string_view field, double value) {
+    CheckPositive(errors, field, value, bounds::kMaxBandwidthGbps);
+    if (value > 0 && value < bounds::kMinBandwidthGbps) {
+      errors.Add(field, "is too small (", Real(value), "; at least ",
+                 Real(bounds::kMinBandwidthGbps), ")");
     }
   };
-  check_positive("cluster.intra_node_bandwidth_gbps", c.intra_node_bandwidth_gbps());
-  check_positive("cluster.inter_node_bandwidth_gbps", c.inter_node_bandwidth_gbps());
-  check_non_negative("cluster.intra_node_latency_us", c.intra_node_latency_us());
-  check_non_negative("cluster.inter_node_latency_us", c.inter_node_latency_us());
+  check_bandwidth("cluster.intra_node_bandwidth_gbps", c.intra_node_bandwidth_gbps());
+  CheckNonNegative(errors, "cluster.intra_node_latency_us", c.intra_node_latency_us(),
+                   bounds::kMaxLatencyUs);
+  check_bandwidth("cluster.inter_node_bandwidth_gbps", c.inter_node_bandwidth_gbps());
+  CheckNonNegative(errors, "cluster.inter_node_latency_us", c.inter_node_latency_us(),
+                   bounds::kMaxLatencyUs);
   const auto& presets = HardwarePresetNames();
   if (std::find(presets.begin(), presets.end(), c.hardware()) == presets.end()) {
     errors.Add("cluster.hardware", "unknown preset '", c.hardware(),
@@ -220,16 +284,23 @@ void ValidateData(const JobConfig& config, ErrorList& errors) {
   }
   if (d.format() != v1::SYNTHETIC && d.synthetic_num_samples() != 0) {
     errors.Add("data.synthetic_num_samples", "is only used by SYNTHETIC data");
+  } else {
+    CheckAtMost(errors, "data.synthetic_num_samples", d.synthetic_num_samples(),
+                bounds::kMaxSyntheticSamples);
+  }
+  if (!v1::SyntheticMixtureKind_IsValid(d.synthetic_mixture())) {
+    errors.Add("data.synthetic_mixture", "unknown value ", static_cast<int>(d.synthetic_mixture()),
+               " (FLAN_LIKE or DOCUMENTS)");
   }
   if (d.max_sequence_length() == 0) {
     errors.Add("data.max_sequence_length", "is required");
-  } else if (d.max_sequence_length() > kMaxSequence) {
-    errors.Add("data.max_sequence_length", "is too large (", d.max_sequence_length(), "; at most ",
-               kMaxSequence, ")");
+  } else {
+    CheckAtMost(errors, "data.max_sequence_length", d.max_sequence_length(),
+                bounds::kMaxSequenceLength);
   }
-  if (t5 && d.max_target_length() > kMaxSequence) {
-    errors.Add("data.max_target_length", "is too large (", d.max_target_length(), "; at most ",
-               kMaxSequence, ")");
+  if (t5) {
+    CheckAtMost(errors, "data.max_target_length", d.max_target_length(),
+                bounds::kMaxSequenceLength);
   }
   if (!t5 && d.max_target_length() != 0) {
     errors.Add("data.max_target_length", "is only used by T5 models (model.kind is GPT)");
@@ -242,6 +313,9 @@ void ValidateData(const JobConfig& config, ErrorList& errors) {
     errors.Add("data.tokens_per_global_batch", "(", d.tokens_per_global_batch(),
                ") must hold at least one sample of the maximum length (", longest_sample,
                " tokens)");
+  } else {
+    CheckAtMost(errors, "data.tokens_per_global_batch", d.tokens_per_global_batch(),
+                bounds::kMaxTokensPerBatch);
   }
 }
 
@@ -255,14 +329,20 @@ void ValidatePlanner(const JobConfig& config, ErrorList& errors) {
   CheckEnumList(
       p.recompute_modes(), "planner.recompute_modes",
       [](int v) { return v1::RecomputeMode_Name(v); }, errors);
-  if (!(p.tmax_interval_ms() >= 0) || !std::isfinite(p.tmax_interval_ms())) {
-    errors.Add("planner.tmax_interval_ms", "must be zero (no bucketing) or positive (got ",
-               p.tmax_interval_ms(), ")");
+  CheckNonNegative(errors, "planner.tmax_interval_ms", p.tmax_interval_ms(),
+                   bounds::kMaxTmaxIntervalMs, " (no bucketing)");
+  CheckAtMost(errors, "planner.length_multiple", p.length_multiple(), bounds::kMaxLengthMultiple);
+  CheckAtMost(errors, "planner.plan_ahead", p.plan_ahead(), bounds::kMaxPlanAhead);
+  CheckAtMost(errors, "planner.threads", p.threads(), bounds::kMaxPlannerThreads);
+  CheckAtMost(errors, "planner.kfkb_k", p.kfkb_k(), bounds::kMaxKfkbK);
+  CheckAtMost(errors, "planner.fixed_micro_batch_size", p.fixed_micro_batch_size(),
+              bounds::kMaxFixedMicroBatchSize);
+  CheckAtMost(errors, "planner.micro_batch_token_budget", p.micro_batch_token_budget(),
+              bounds::kMaxTokensPerBatch);
+  if (!v1::SampleOrder_IsValid(p.sample_order())) {
+    errors.Add("planner.sample_order", "unknown value ", static_cast<int>(p.sample_order()),
+               " (LENGTH_SORT or TWO_D_TOUR)");
   }
-  if (p.length_multiple() > 4096) {
-    errors.Add("planner.length_multiple", "is too large (", p.length_multiple(), ")");
-  }
-  if (p.threads() > 1024) errors.Add("planner.threads", "is too large (", p.threads(), ")");
   if (p.sample_order() == v1::TWO_D_TOUR && config.model().kind() != v1::T5) {
     errors.Add("planner.sample_order",
                "TWO_D_TOUR orders (input, target) pairs of T5 models; "
@@ -284,29 +364,36 @@ void ValidateStore(const JobConfig& config, ErrorList& errors) {
 
 void ValidateTraining(const JobConfig& config, ErrorList& errors) {
   const v1::TrainingConfig& t = config.training();
-  if (t.iterations() == 0) errors.Add("training.iterations", "is required (at least 1)");
-  if (!(t.learning_rate() > 0) || !std::isfinite(t.learning_rate())) {
-    errors.Add("training.learning_rate", "must be positive (got ", t.learning_rate(), ")");
+  if (t.iterations() == 0) {
+    errors.Add("training.iterations", "is required (at least 1)");
+  } else {
+    CheckAtMost(errors, "training.iterations", t.iterations(), bounds::kMaxIterations);
   }
-  if (!(t.min_learning_rate() >= 0) || t.min_learning_rate() > t.learning_rate()) {
+  CheckPositive(errors, "training.learning_rate", t.learning_rate(), bounds::kMaxLearningRate);
+  if (CheckFinite(errors, "training.min_learning_rate", t.min_learning_rate()) &&
+      (!(t.min_learning_rate() >= 0) || t.min_learning_rate() > t.learning_rate())) {
     errors.Add("training.min_learning_rate", "must be in [0, training.learning_rate] (got ",
-               t.min_learning_rate(), ")");
+               Real(t.min_learning_rate()), ")");
   }
-  if (!(t.weight_decay() >= 0)) {
-    errors.Add("training.weight_decay", "must be zero or positive (got ", t.weight_decay(), ")");
-  }
-  if (!(t.adam_beta1() >= 0 && t.adam_beta1() < 1)) {
-    errors.Add("training.adam_beta1", "must be in [0, 1) (got ", t.adam_beta1(), ")");
-  }
-  if (!(t.adam_beta2() >= 0 && t.adam_beta2() < 1)) {
-    errors.Add("training.adam_beta2", "must be in [0, 1) (got ", t.adam_beta2(), ")");
-  }
-  if (!(t.adam_epsilon() > 0)) {
-    errors.Add("training.adam_epsilon", "must be positive (got ", t.adam_epsilon(), ")");
-  }
-  if (!(t.gradient_clip_norm() >= 0)) {
-    errors.Add("training.gradient_clip_norm", "must be zero (off) or positive (got ",
-               t.gradient_clip_norm(), ")");
+  CheckAtMost(errors, "training.warmup_iterations", t.warmup_iterations(), bounds::kMaxIterations);
+  CheckNonNegative(errors, "training.weight_decay", t.weight_decay(), bounds::kMaxWeightDecay);
+  const auto check_beta = [&](absl::string_view field, double beta) {
+    if (CheckFinite(errors, field, beta) && !(beta >= 0 && beta < 1)) {
+      errors.Add(field, "must be in [0, 1) (got ", Real(beta), ")");
+    }
+  };
+  check_beta("training.adam_beta1", t.adam_beta1());
+  check_beta("training.adam_beta2", t.adam_beta2());
+  CheckPositive(errors, "training.adam_epsilon", t.adam_epsilon(), bounds::kMaxAdamEpsilon);
+  CheckNonNegative(errors, "training.gradient_clip_norm", t.gradient_clip_norm(),
+                   bounds::kMaxGradientClipNorm, " (off)");
+  CheckAtMost(errors, "training.checkpoint_interval", t.checkpoint_interval(),
+              bounds::kMaxIterations);
+  CheckAtMost(errors, "training.watchdog_timeout_s", t.watchdog_timeout_s(),
+              bounds::kMaxWatchdogTimeoutS);
+  if (!v1::Optimizer_IsValid(t.optimizer())) {
+    errors.Add("training.optimizer", "unknown value ", static_cast<int>(t.optimizer()),
+               " (ADAMW or SGD)");
   }
   if (t.zero_stage() > 1) {
     errors.Add("training.zero_stage", "must be 0 or 1 (got ", t.zero_stage(),
@@ -383,7 +470,7 @@ void ApplyJobConfigDefaults(JobConfig& config) {
       m.hidden_size() % m.num_attention_heads() == 0) {
     m.set_kv_channels(m.hidden_size() / m.num_attention_heads());
   }
-  if (m.ffn_hidden_size() == 0 && m.hidden_size() <= kMaxHidden) {
+  if (m.ffn_hidden_size() == 0 && m.hidden_size() <= bounds::kMaxHiddenSize) {
     m.set_ffn_hidden_size(4 * m.hidden_size());
   }
   if (m.dtype() == v1::DTYPE_UNSPECIFIED) m.set_dtype(v1::BFLOAT16);

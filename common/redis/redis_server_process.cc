@@ -155,6 +155,18 @@ absl::StatusOr<std::unique_ptr<RedisServer>> RedisServer::Start(Options options)
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(127);
+      // The signal mask and ignored signals survive exec: a parent that
+      // blocks SIGTERM for sigwait() (ShutdownSignal) would leave the server
+      // deaf to Stop()'s SIGTERM, killed only after the 5 s grace. The
+      // server gets the defaults.
+      struct sigaction default_action {};
+      default_action.sa_handler = SIG_DFL;
+      for (const int signal_number : {SIGTERM, SIGINT, SIGHUP, SIGPIPE, SIGUSR1}) {
+        sigaction(signal_number, &default_action, nullptr);
+      }
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
       const int devnull = open("/dev/null", O_RDWR);
       dup2(config_socket[0], STDIN_FILENO);  // dup2 clears O_CLOEXEC on the copy
       dup2(devnull, STDOUT_FILENO);

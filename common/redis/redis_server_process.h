@@ -11,8 +11,11 @@
 //
 // The server process is killed when the thread that called Start() exits
 // (PR_SET_PDEATHSIG follows the starting thread), so a crashed test leaves
-// nothing running. The binary is the one CMake found at configure time, else
-// `redis-server` on PATH (VARIPIPE_REDIS_SERVER overrides both).
+// nothing running. It starts with no blocked signals and default signal
+// dispositions, whatever the caller's (e.g. SIGTERM blocked by
+// ShutdownSignal), so Stop()'s SIGTERM ends it at once. The binary is the
+// one CMake found at configure time, else `redis-server` on PATH
+// (VARIPIPE_REDIS_SERVER overrides both).
 //
 // Thread safety: call Start() from a thread that outlives the server (the
 // test's main thread); the accessors may be used from any thread.

@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "common/status.h"
+#include "executor/runtime/fault_injection.h"
 
 namespace varipipe::executor {
 namespace {
@@ -80,6 +81,12 @@ absl::Status RankCheckpoints::Save(uint64_t iterations_done, const std::vector<M
     }
     archive.save_to(temporary);
     SyncPath(temporary, /*directory=*/false);
+    // Test-only (fault_injection.h): the file written, not yet in place.
+    if (absl::Status fault = MaybeInjectFault(FaultPoint::kInCheckpointWrite); !fault.ok()) {
+      std::error_code ignored;
+      std::filesystem::remove(temporary, ignored);
+      return fault;
+    }
     std::filesystem::rename(temporary, path);
     SyncPath(std::filesystem::path(path).parent_path().string(), /*directory=*/true);
   } catch (const std::exception& e) {

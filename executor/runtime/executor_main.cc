@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "common/auth/job_token.h"
 #include "common/binary_main.h"
 #include "common/config/job_config.h"
@@ -40,6 +41,7 @@
 #include "executor/runtime/device.h"
 #include "executor/runtime/executor_metrics.h"
 #include "executor/runtime/executor_status_service.h"
+#include "executor/runtime/fault_injection.h"
 #include "executor/runtime/launch_env.h"
 #include "executor/runtime/optimizer_sharding.h"
 #include "executor/runtime/plan_check.h"
@@ -47,6 +49,7 @@
 #include "executor/runtime/plan_interpreter.h"
 #include "executor/runtime/plan_source.h"
 #include "executor/runtime/rank_liveness.h"
+#include "executor/runtime/rank_transports.h"
 #include "executor/runtime/training_optimizer.h"
 #include "spdlog/spdlog.h"
 #ifdef VARIPIPE_HAVE_NCCL
@@ -195,6 +198,40 @@ absl::StatusOr<executor::TransportOptions> MeetingPoint(
   return transport_options;
 }
 
+// The job's token from a shared store (docs/security.md): executors that
+// reach the job's Redis (--redis, or store.redis_address of --config, with
+// the store's password) read the key the first daemon wrote. "" when the
+// config names no shared store; an error naming the key when it holds none.
+absl::StatusOr<std::string> TokenFromSharedStore(const v1::JobConfig& config) {
+  std::string address = absl::GetFlag(FLAGS_redis);
+  if (address.empty()) address = config.store().redis_address();
+  if (address.empty()) return std::string();
+  VP_ASSIGN_OR_RETURN(const auto host_port, ParseHostPort(address));
+  RedisClient::Options options;
+  options.host = host_port.first;
+  options.port = host_port.second;
+  options.max_attempts = 2;
+  VP_ASSIGN_OR_RETURN(options.password, ReadRedisPassword(config.store()));
+  const std::string key = JobTokenKey(config.store().key_prefix(), config.job_id());
+  absl::StatusOr<std::unique_ptr<RedisClient>> redis = RedisClient::Connect(options);
+  if (!redis.ok()) {
+    return absl::Status(redis.status().code(),
+                        absl::StrCat("reading the job token from the store at ", address, ": ",
+                                     redis.status().message()));
+  }
+  VP_ASSIGN_OR_RETURN(RedisReply reply, (*redis)->Command({"GET", key}));
+  VP_RETURN_IF_ERROR(RedisReplyError(reply, "GET"));
+  if (!reply.is_string()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the store at ", address, " holds no token for job '", config.job_id(), "' (key ", key,
+        "): start a planner daemon for the job first, or pass --token_file"));
+  }
+  const std::string token = reply.str();
+  VP_RETURN_IF_ERROR(CheckJobToken(token, absl::StrCat("the store's key ", key)));
+  spdlog::info("job token read from the store at {} (key {})", address, key);
+  return token;
+}
+
 // Why the executor stops on a signal, for its log and its peers.
 std::string StopReason(const ShutdownSignal& shutdown) {
   switch (shutdown.signal_number()) {
@@ -213,7 +250,7 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
                    const executor::DeviceChoice& device, ShutdownSignal& shutdown,
                    executor::PlanSource& source,
                    const executor::TransportOptions& transport_options,
-                   executor::ExecutorStatusBoard& board) {
+                   executor::RankTransports& transports, executor::ExecutorStatusBoard& board) {
   const uint32_t pp = config.parallelism().pipeline();
   const uint32_t chunks = std::max<uint32_t>(1, config.parallelism().virtual_chunks());
   // CPUs: count tensor bytes (activation peaks per instruction), before any
@@ -268,27 +305,23 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
   spdlog::info("meeting {} ranks through Redis {}:{} (keys {})", env.world_size,
                transport_options.redis.host, transport_options.redis.port,
                transport_options.prefix);
-  VP_ASSIGN_OR_RETURN(std::unique_ptr<executor::Transport> transport,
+  VP_RETURN_IF_ERROR(executor::MaybeInjectFault(executor::FaultPoint::kBeforeRendezvous));
+  VP_ASSIGN_OR_RETURN(std::unique_ptr<executor::Transport> created,
                       executor::CreateTransport(transport_options));
+  executor::Transport* transport = transports.Add(std::move(created));
   spdlog::info("transport: {}", transport->Describe());
   // GPUs: a Gloo transport next to NCCL for small host-side reductions (the
   // gradient norm over the pipeline, the iteration's metrics).
-  std::unique_ptr<executor::Transport> host_transport;
+  executor::Transport* host = transport;
   if (device.is_cuda) {
     executor::TransportOptions host_options = transport_options;
     host_options.prefix += "/host";
     host_options.cuda_device = -1;
-    VP_ASSIGN_OR_RETURN(host_transport, executor::CreateTransport(host_options));
-    spdlog::info("host transport: {}", host_transport->Describe());
+    VP_ASSIGN_OR_RETURN(created, executor::CreateTransport(host_options));
+    host = transports.Add(std::move(created));
+    spdlog::info("host transport: {}", host->Describe());
   }
-  executor::Transport* host = host_transport ? host_transport.get() : transport.get();
-  // A signal ends every wait on a peer at once: transfers and all-reduces
-  // return CANCELLED (before the transports go).
-  const std::unique_ptr<ShutdownSignal::Subscription> abort_on_shutdown =
-      shutdown.OnShutdown([&transport, &host_transport] {
-        transport->Abort("aborted for shutdown");
-        if (host_transport != nullptr) host_transport->Abort("aborted for shutdown");
-      });
+  VP_RETURN_IF_ERROR(executor::MaybeInjectFault(executor::FaultPoint::kAfterRendezvous));
   executor::InterpreterOptions options;
   options.wait_timeout = absl::Seconds(config.training().watchdog_timeout_s());
   options.device = torch_device;
@@ -305,7 +338,7 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
     spdlog::info("mixed precision: CUDA autocast to {} with fp32 master weights",
                  v1::DType_Name(config.model().dtype()));
   }
-  executor::PlanInterpreter interpreter(by_id, transport.get(), &loader, &optimizer, options);
+  executor::PlanInterpreter interpreter(by_id, transport, &loader, &optimizer, options);
 
   std::vector<int> world;
   for (int r = 0; r < env.world_size; ++r) world.push_back(r);
@@ -338,6 +371,7 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
       spdlog::info("no checkpoint to resume from in {}", checkpoint_dir);
     }
   }
+  executor::SetFirstFaultIteration(first);
   // One iteration: run the plan, reduce the metrics, report, checkpoint.
   const auto run_iteration = [&](uint64_t iteration) -> absl::Status {
     VP_ASSIGN_OR_RETURN(v1::ExecutionPlan fetched, source.Get(iteration));
@@ -502,9 +536,18 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
     if (shutdown.Requested()) {
       return absl::CancelledError(absl::StrCat("between iterations, before iteration ", iteration));
     }
+    if (transports.aborted()) {
+      return absl::AbortedError(absl::StrCat("between iterations, before iteration ", iteration));
+    }
+    executor::SetFaultIteration(iteration);
     if (absl::Status status = run_iteration(iteration); !status.ok()) {
       return absl::Status(status.code(),
                           absl::StrCat("iteration ", iteration, " failed: ", status.message()));
+    }
+    if (absl::Status status = executor::MaybeInjectFault(executor::FaultPoint::kBetweenIterations);
+        !status.ok()) {
+      return absl::Status(status.code(),
+                          absl::StrCat("after iteration ", iteration, ": ", status.message()));
     }
   }
   if (const std::string prefix = absl::GetFlag(FLAGS_save_parameters); !prefix.empty()) {
@@ -528,9 +571,10 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
 
 // Train with heartbeats from before the rendezvous to the end, so that
 // whatever ends this rank (a failure at start-up included) is reported to
-// its peers, and a failing rank names the peers that stopped without a
-// report. A signal cancels the rank's waits; the result is then CANCELLED,
-// naming where it stopped.
+// its peers, and with a watch on the peers, so that whatever ends another
+// rank ends this one too, naming the launch's first failure. A signal
+// cancels the rank's waits; the result is then CANCELLED, naming where it
+// stopped.
 absl::Status TrainAndReport(const v1::JobConfig& config, const executor::LaunchEnv& env,
                             const executor::RankCoordinates& coordinates,
                             const executor::DeviceChoice& device, ShutdownSignal& shutdown,
@@ -538,8 +582,16 @@ absl::Status TrainAndReport(const v1::JobConfig& config, const executor::LaunchE
                             executor::ExecutorStatusBoard& board) {
   VP_ASSIGN_OR_RETURN(executor::TransportOptions transport_options,
                       MeetingPoint(config, env, coordinates, device, planner_store_address));
-  transport_options.cancelled = [&shutdown] { return shutdown.Requested(); };
+  // Outlives Train: closed only once this rank's end is reported.
+  executor::RankTransports transports;
+  transport_options.cancelled = [&shutdown, &transports] {
+    return shutdown.Requested() || transports.aborted();
+  };
   transport_options.collective_timeout = absl::Seconds(config.training().watchdog_timeout_s());
+  // The first peer failure the watch saw (declared before the liveness,
+  // whose watch thread writes it).
+  absl::Mutex peer_mu;
+  std::string peer_failure;
   executor::LivenessOptions liveness_options;
   liveness_options.redis = transport_options.redis;
   liveness_options.prefix = transport_options.prefix + "/liveness";
@@ -547,11 +599,30 @@ absl::Status TrainAndReport(const v1::JobConfig& config, const executor::LaunchE
   liveness_options.world_size = env.world_size;
   VP_ASSIGN_OR_RETURN(std::unique_ptr<executor::RankLiveness> liveness,
                       executor::RankLiveness::Start(liveness_options));
+  // A peer's failure ends every wait of this rank: transfers, collectives,
+  // the rendezvous and plan fetches.
+  liveness->WatchPeers([&](const std::string& failure) {
+    {
+      absl::MutexLock lock(&peer_mu);
+      peer_failure = failure;
+    }
+    spdlog::error("ending this rank: {}", failure);
+    transports.Abort(absl::StrCat("ended because ", failure));
+    source.Cancel();
+  });
+  const auto peer_failed = [&]() -> std::string {
+    absl::MutexLock lock(&peer_mu);
+    return peer_failure;
+  };
   absl::Status status;
   {
-    const std::unique_ptr<ShutdownSignal::Subscription> cancel_plans =
-        shutdown.OnShutdown([&source] { source.Cancel(); });
-    status = Train(config, env, coordinates, device, shutdown, source, transport_options, board);
+    const std::unique_ptr<ShutdownSignal::Subscription> abort_on_shutdown =
+        shutdown.OnShutdown([&source, &transports] {
+          source.Cancel();
+          transports.Abort("aborted for shutdown");
+        });
+    status = Train(config, env, coordinates, device, shutdown, source, transport_options,
+                   transports, board);
   }
   if (status.ok()) {
     liveness->ReportDone();
@@ -563,12 +634,36 @@ absl::Status TrainAndReport(const v1::JobConfig& config, const executor::LaunchE
     liveness->ReportFailure(message);
     return absl::CancelledError(message);
   }
-  // Name the rank that died when this failure is a consequence of it.
-  liveness->ReportFailure(std::string(status.message()));
-  const std::string diagnosis = liveness->DiagnosePeers(liveness_options.ttl + absl::Seconds(1));
-  return absl::Status(
-      status.code(),
-      absl::StrCat(status.message(), diagnosis.empty() ? "" : "\n  other ranks: ", diagnosis));
+  const auto with_diagnosis = [&status](const std::string& message, const std::string& diagnosis) {
+    return absl::Status(
+        status.code(),
+        absl::StrCat(message, diagnosis.empty() ? "" : "\n  other ranks: ", diagnosis));
+  };
+  // A transfer or collective that failed or timed out may be the
+  // consequence of a peer's death: name it before reporting (the report
+  // may become the launch's first failure).
+  std::string diagnosis;
+  if (peer_failed().empty() && (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status))) {
+    diagnosis = liveness->DiagnosePeers(liveness_options.ttl + absl::Seconds(2),
+                                        /*until_first_finding=*/true);
+  }
+  if (const std::string failure = peer_failed(); !failure.empty()) {
+    // Ended by a peer's failure: the cause first, then where this rank was.
+    const std::string message =
+        absl::StrCat("ended because ", failure, "\n  (this rank was at: ", status.message(), ")");
+    liveness->ReportFailure(message, /*first_candidate=*/false);
+    transports.Close();
+    return absl::AbortedError(message);
+  }
+  const std::string message = diagnosis.empty()
+                                  ? std::string(status.message())
+                                  : absl::StrCat(status.message(), "; other ranks: ", diagnosis);
+  liveness->ReportFailure(message);
+  transports.Close();
+  if (diagnosis.empty()) {
+    diagnosis = liveness->DiagnosePeers(liveness_options.ttl + absl::Seconds(1));
+  }
+  return with_diagnosis(std::string(status.message()), diagnosis);
 }
 
 }  // namespace
@@ -591,6 +686,10 @@ int main(int argc, char** argv) {
   if (!env.ok()) {
     return varipipe::StartupError(env.status(), varipipe::kExitUsage);
   }
+  if (const absl::Status faults = varipipe::executor::ConfigureFaultInjection(env->rank);
+      !faults.ok()) {
+    return varipipe::StartupError(faults, varipipe::kExitUsage);
+  }
   // The plan source, and the config (from the file, or from the planners).
   const std::string path = absl::GetFlag(FLAGS_config);
   const std::string planners = absl::GetFlag(FLAGS_planner);
@@ -601,10 +700,19 @@ int main(int argc, char** argv) {
   std::unique_ptr<varipipe::executor::PlanSource> source;
   std::string planner_store_address;
   absl::StatusOr<varipipe::v1::JobConfig> config = absl::FailedPreconditionError("no config");
+  if (!path.empty()) {
+    config = varipipe::LoadJobConfigFile(path);
+    if (!config.ok()) {
+      return varipipe::StartupError(config.status(), varipipe::kExitUsage);
+    }
+  }
   // The job token (docs/security.md): presented to the daemons, and required
   // by this rank's status endpoint.
-  const absl::StatusOr<std::string> token =
+  absl::StatusOr<std::string> token =
       varipipe::ClientJobToken(absl::GetFlag(FLAGS_token_file), absl::GetFlag(FLAGS_store_file));
+  if (token.ok() && token->empty() && !planners.empty() && config.ok()) {
+    token = varipipe::TokenFromSharedStore(*config);
+  }
   if (!token.ok()) {
     return varipipe::StartupError(token.status(), varipipe::kExitUsage);
   }
@@ -622,14 +730,8 @@ int main(int argc, char** argv) {
       return varipipe::StartupError(job.status(), varipipe::kExitFailure);
     }
     planner_store_address = job->store_address();
-    config = job->config();
+    if (path.empty()) config = job->config();
     source = std::move(service);
-  }
-  if (!path.empty()) {
-    config = varipipe::LoadJobConfigFile(path);
-    if (!config.ok()) {
-      return varipipe::StartupError(config.status(), varipipe::kExitUsage);
-    }
   }
   absl::StatusOr<varipipe::executor::RankCoordinates> coordinates =
       varipipe::executor::ComputeCoordinates(*env, *config);

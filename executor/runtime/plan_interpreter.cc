@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "executor/runtime/fault_injection.h"
 #include "executor/runtime/plan_check.h"
 
 namespace varipipe::executor {
@@ -490,6 +491,7 @@ class IterationRun {
   absl::Status Wait(const v1::Instruction& in, const v1::Transfer& t, bool send) {
     const auto node = pending_.extract(Key(t, send));
     if (node.empty()) return absl::FailedPreconditionError("wait without a matching start");
+    VP_RETURN_IF_ERROR(MaybeInjectFault(send ? FaultPoint::kInSend : FaultPoint::kInReceive));
     const Clock::time_point start = Clock::now();
     const absl::Time deadline = absl::Now() + it_.options_.wait_timeout;
     for (const std::unique_ptr<Transfer>& transfer : node.mapped().transfers) {
@@ -516,6 +518,7 @@ class IterationRun {
   absl::Status AllReduce(const v1::AllReduceGradients& reduce) {
     std::vector<int> group(reduce.group_ranks().begin(), reduce.group_ranks().end());
     if (group.size() <= 1) return absl::OkStatus();
+    VP_RETURN_IF_ERROR(MaybeInjectFault(FaultPoint::kBeforeAllReduce));
     const Clock::time_point start = Clock::now();
     for (uint32_t id : reduce.stages()) {
       const auto stage = it_.stages_.find(id);

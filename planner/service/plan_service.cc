@@ -37,6 +37,8 @@ grpc::Status PlanServiceImpl::CheckJob(const std::string& job_id) const {
 
 grpc::Status PlanServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                                      v1::GetJobResponse* response) {
+  const PlannerDaemon::CallScope call(daemon_);
+  if (grpc::Status s = daemon_->CheckServing(); !s.ok()) return s;
   if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   if (grpc::Status s = CheckJob(request->job_id()); !s.ok()) return s;
   *response->mutable_config() = daemon_->config();
@@ -71,7 +73,9 @@ grpc::Status PlanServiceImpl::FetchPlan(grpc::ServerContext* context, uint64_t i
                                   : absl::FromChrono(context->deadline());
   bool asked_for_planning = false;
   while (!context->IsCancelled()) {
-    // Wait in slices so cancellation and on-demand planning are noticed.
+    // Wait in slices so cancellation, shutdown and on-demand planning are
+    // noticed.
+    if (grpc::Status s = daemon_->CheckServing(); !s.ok()) return s;
     const absl::Duration slice = std::min(absl::Seconds(2), deadline - absl::Now());
     if (slice <= absl::ZeroDuration()) break;
     absl::StatusOr<std::optional<std::string>> bytes = (*store)->WaitPlan(iteration, rank, slice);
@@ -110,7 +114,8 @@ grpc::Status PlanServiceImpl::WaitForReport(grpc::ServerContext* context, int ra
                                   ? absl::InfiniteFuture()
                                   : absl::FromChrono(context->deadline());
   while (!context->IsCancelled()) {
-    // In slices, so cancellation is noticed.
+    // In slices, so cancellation and shutdown are noticed.
+    if (grpc::Status s = daemon_->CheckServing(); !s.ok()) return s;
     const absl::Duration slice = std::min(absl::Seconds(2), deadline - absl::Now());
     if (slice <= absl::ZeroDuration()) {
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
@@ -127,6 +132,8 @@ grpc::Status PlanServiceImpl::WaitForReport(grpc::ServerContext* context, int ra
 grpc::Status PlanServiceImpl::GetPlan(grpc::ServerContext* context,
                                       const v1::GetPlanRequest* request,
                                       v1::PlanEnvelope* response) {
+  const PlannerDaemon::CallScope call(daemon_);
+  if (grpc::Status s = daemon_->CheckServing(); !s.ok()) return s;
   if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   if (grpc::Status s = CheckJob(request->job_id()); !s.ok()) return s;
   if (!daemon_->EnterWait()) return TooManyWaiting();
@@ -137,6 +144,8 @@ grpc::Status PlanServiceImpl::GetPlan(grpc::ServerContext* context,
 grpc::Status PlanServiceImpl::WatchPlans(grpc::ServerContext* context,
                                          const v1::WatchPlansRequest* request,
                                          grpc::ServerWriter<v1::PlanEnvelope>* writer) {
+  const PlannerDaemon::CallScope call(daemon_);
+  if (grpc::Status s = daemon_->CheckServing(); !s.ok()) return s;
   if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   if (grpc::Status s = CheckJob(request->job_id()); !s.ok()) return s;
   if (!daemon_->EnterWait()) return TooManyWaiting();
@@ -164,6 +173,8 @@ grpc::Status PlanServiceImpl::WatchPlans(grpc::ServerContext* context,
 grpc::Status PlanServiceImpl::ReportProgress(grpc::ServerContext* context,
                                              const v1::ReportProgressRequest* request,
                                              v1::ReportProgressResponse* response) {
+  const PlannerDaemon::CallScope call(daemon_);
+  if (grpc::Status s = daemon_->CheckServing(); !s.ok()) return s;
   if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   if (grpc::Status s = CheckJob(request->job_id()); !s.ok()) return s;
   const int world = WorldSize(daemon_->config());

@@ -5,7 +5,9 @@
 // Status codes: UNAUTHENTICATED without the job token, NOT_FOUND for another
 // job, OUT_OF_RANGE past the last iteration, INVALID_ARGUMENT for a rank
 // outside the job, DEADLINE_EXCEEDED while waiting, UNAVAILABLE when Redis is
-// unreachable, RESOURCE_EXHAUSTED beyond --max_calls waiting calls; for
+// unreachable, while the daemon starts ("starting: ...", before the token is
+// checked) and once it shuts down (waiting calls end with it too),
+// RESOURCE_EXHAUSTED beyond --max_calls waiting calls; for
 // ReportProgress PERMISSION_DENIED when the rank never
 // fetched the iteration's plan and FAILED_PRECONDITION for an iteration
 // beyond the rank's next (rejected reports change nothing).

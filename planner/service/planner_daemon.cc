@@ -38,17 +38,33 @@ std::string HostName() {
   return name;
 }
 
+// The connection's Redis client id, -1 when unknown.
+int64_t ClientId(RedisInstructionStore& store) {
+  absl::StatusOr<RedisReply> id = store.redis().Command({"CLIENT", "ID"});
+  return id.ok() && id->is_integer() ? id->integer() : -1;
+}
+
 }  // namespace
 
 PlannerDaemon::StoreLease::~StoreLease() {
   if (store_ == nullptr || daemon_ == nullptr) return;
   absl::MutexLock lock(&daemon_->mu_);
+  daemon_->leased_.erase(store_.get());
   if (static_cast<int>(daemon_->pool_.size()) < kIdleConnections) {
     daemon_->pool_.push_back(std::move(store_));
     return;
   }
   --daemon_->open_connections_;
+  daemon_->client_ids_.erase(store_.get());
   // Closed as store_ goes (the connection's close does not block).
+}
+
+void PlannerDaemon::AddToPool(std::unique_ptr<RedisInstructionStore> store) {
+  const int64_t id = ClientId(*store);
+  absl::MutexLock lock(&mu_);
+  client_ids_[store.get()] = id;
+  pool_.push_back(std::move(store));
+  ++open_connections_;
 }
 
 absl::StatusOr<PlannerDaemon::StoreLease> PlannerDaemon::AcquireStore() {
@@ -57,6 +73,7 @@ absl::StatusOr<PlannerDaemon::StoreLease> PlannerDaemon::AcquireStore() {
     if (!pool_.empty()) {
       std::unique_ptr<RedisInstructionStore> store = std::move(pool_.back());
       pool_.pop_back();
+      leased_.insert(store.get());
       return StoreLease(this, std::move(store));
     }
     if (open_connections_ >= options_.max_calls + kSpareConnections) {
@@ -74,6 +91,10 @@ absl::StatusOr<PlannerDaemon::StoreLease> PlannerDaemon::AcquireStore() {
     --open_connections_;
     return store.status();
   }
+  const int64_t id = ClientId(**store);
+  absl::MutexLock lock(&mu_);
+  client_ids_[store->get()] = id;
+  leased_.insert(store->get());
   return StoreLease(this, *std::move(store));
 }
 
@@ -89,6 +110,13 @@ std::string PlannerDaemon::store_address() const {
 
 absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const v1::JobConfig& config,
                                                                     const DaemonOptions& options) {
+  VP_ASSIGN_OR_RETURN(std::unique_ptr<PlannerDaemon> d, Bind(config, options));
+  VP_RETURN_IF_ERROR(d->Initialize());
+  return d;
+}
+
+absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Bind(const v1::JobConfig& config,
+                                                                   const DaemonOptions& options) {
   if (options.max_calls < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_calls must be at least 1 (not ", options.max_calls, ")"));
@@ -99,49 +127,8 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const v1::Jo
   d->started_ = absl::Now();
   d->planner_id_ =
       absl::StrCat(HostName(), ":", getpid(), ":", absl::ToUnixMillis(d->started_) % 100000000);
-  // The store.
-  const v1::StoreConfig& store = config.store();
-  if (store.redis_address().empty()) {
-    VP_ASSIGN_OR_RETURN(d->embedded_redis_, RedisServer::Start());
-    spdlog::info("started an embedded redis-server {} on {} (single-machine mode)",
-                 d->embedded_redis_->version(), d->embedded_redis_->address());
-    d->redis_options_.host = d->embedded_redis_->host();
-    d->redis_options_.port = d->embedded_redis_->port();
-    d->redis_options_.password = d->embedded_redis_->password();
-  } else {
-    VP_ASSIGN_OR_RETURN(const auto host_port, ParseHostPort(store.redis_address()));
-    d->redis_options_.host = host_port.first;
-    d->redis_options_.port = host_port.second;
-    VP_ASSIGN_OR_RETURN(d->redis_options_.password, ReadRedisPassword(store));
-  }
-  d->store_options_ = {.key_prefix = store.key_prefix(),
-                       .job_id = config.job_id(),
-                       .world_size = WorldSize(config),
-                       .total_iterations = config.training().iterations(),
-                       .lease = options.lease};
-  {
-    absl::StatusOr<std::unique_ptr<RedisInstructionStore>> first =
-        RedisInstructionStore::Open(d->redis_options_, d->store_options_);
-    if (!first.ok()) return Annotate(first.status(), "instruction store");
-    VP_RETURN_IF_ERROR((*first)->RegisterJob(config));
-    std::string candidate = options.token;
-    if (candidate.empty()) {
-      VP_ASSIGN_OR_RETURN(candidate, GenerateJobToken());
-    }
-    VP_ASSIGN_OR_RETURN(d->token_, (*first)->RegisterToken(candidate, !options.token.empty()));
-    d->verifier_ = CallTokenVerifier(d->token_);
-    absl::MutexLock lock(&d->mu_);
-    d->pool_.push_back(*std::move(first));
-    d->open_connections_ = 1;
-  }
-  // The data and the planner.
-  VP_ASSIGN_OR_RETURN(d->dataset_, OpenSampleDataset(config));
-  spdlog::info("dataset: {}", d->dataset_->Describe());
-  const SamplerOptions sampler = SamplerOptionsFromConfig(config);
-  VP_ASSIGN_OR_RETURN(d->sampler_, MiniBatchSampler::Create(d->dataset_->AllLengths(), sampler));
-  VP_ASSIGN_OR_RETURN(planner::Planner planner, planner::Planner::Create(config));
-  d->planner_ = std::make_unique<planner::Planner>(std::move(planner));
-  // gRPC.
+  // gRPC first: the port is taken (or found taken) before any slow work, and
+  // the services answer "starting" until Initialize() is done.
   d->plan_service_ = std::make_unique<PlanServiceImpl>(d.get());
   d->status_service_ = std::make_unique<StatusServiceImpl>(d.get());
   grpc::EnableDefaultHealthCheckService(true);
@@ -168,52 +155,212 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const v1::Jo
         " (--listen): the port is in use by another process, or the host is not an address "
         "of this machine"));
   }
+  // The default health service starts out SERVING: not before Initialize().
+  d->server_->GetHealthCheckService()->SetServingStatus(false);
+  spdlog::info("planner {} listening on {} (port {}); starting", d->planner_id_,
+               options.listen_address, d->port_);
+  return d;
+}
+
+PlannerDaemon::CallScope::CallScope(PlannerDaemon* daemon) : daemon_(daemon) {
+  absl::MutexLock lock(&daemon_->calls_mu_);
+  ++daemon_->active_calls_;
+}
+
+PlannerDaemon::CallScope::~CallScope() {
+  absl::MutexLock lock(&daemon_->calls_mu_);
+  --daemon_->active_calls_;
+}
+
+absl::Status PlannerDaemon::CheckCancelled() const {
+  if (!startup_cancelled_.load()) return absl::OkStatus();
+  return absl::CancelledError(absl::StrCat("start-up stopped before ", step_.load()));
+}
+
+grpc::Status PlannerDaemon::CheckServing() const {
+  if (shut_down_.load()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        absl::StrCat("planner ", planner_id_, " is shutting down"));
+  }
+  if (ready_.load(std::memory_order_acquire)) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      absl::StrCat("starting: ", step_.load(), " (planner ", planner_id_,
+                                   " is not ready to serve yet; retry shortly)"));
+}
+
+absl::Status PlannerDaemon::Initialize() {
+  const v1::JobConfig& config = config_;
+  const DaemonOptions& options = options_;
+  // The store.
+  const v1::StoreConfig& store = config.store();
+  if (store.redis_address().empty()) {
+    SetStep("starting the embedded redis-server");
+    VP_RETURN_IF_ERROR(CheckCancelled());
+    VP_ASSIGN_OR_RETURN(embedded_redis_, RedisServer::Start());
+    spdlog::info("started an embedded redis-server {} on {} (single-machine mode)",
+                 embedded_redis_->version(), embedded_redis_->address());
+    redis_options_.host = embedded_redis_->host();
+    redis_options_.port = embedded_redis_->port();
+    redis_options_.password = embedded_redis_->password();
+  } else {
+    VP_ASSIGN_OR_RETURN(const auto host_port, ParseHostPort(store.redis_address()));
+    redis_options_.host = host_port.first;
+    redis_options_.port = host_port.second;
+    VP_ASSIGN_OR_RETURN(redis_options_.password, ReadRedisPassword(store));
+  }
+  store_options_ = {.key_prefix = store.key_prefix(),
+                    .job_id = config.job_id(),
+                    .world_size = WorldSize(config),
+                    .total_iterations = config.training().iterations(),
+                    .lease = options.lease};
+  {
+    SetStep("connecting to the instruction store");
+    VP_RETURN_IF_ERROR(CheckCancelled());
+    absl::StatusOr<std::unique_ptr<RedisInstructionStore>> first =
+        RedisInstructionStore::Open(redis_options_, store_options_);
+    if (!first.ok()) return Annotate(first.status(), "instruction store");
+    SetStep("registering the job");
+    VP_RETURN_IF_ERROR(CheckCancelled());
+    VP_RETURN_IF_ERROR((*first)->RegisterJob(config));
+    std::string candidate = options.token;
+    if (candidate.empty()) {
+      VP_ASSIGN_OR_RETURN(candidate, GenerateJobToken());
+    }
+    VP_ASSIGN_OR_RETURN(token_, (*first)->RegisterToken(candidate, !options.token.empty()));
+    verifier_ = CallTokenVerifier(token_);
+    AddToPool(*std::move(first));
+  }
+  // The data and the planner.
+  SetStep("opening the dataset");
+  VP_RETURN_IF_ERROR(CheckCancelled());
+  VP_ASSIGN_OR_RETURN(dataset_, OpenSampleDataset(config));
+  spdlog::info("dataset: {}", dataset_->Describe());
+  const SamplerOptions sampler = SamplerOptionsFromConfig(config);
+  VP_ASSIGN_OR_RETURN(sampler_, MiniBatchSampler::Create(dataset_->AllLengths(), sampler));
+  SetStep("building the planner (cost models)");
+  VP_RETURN_IF_ERROR(CheckCancelled());
+  VP_ASSIGN_OR_RETURN(planner::Planner planner, planner::Planner::Create(config));
+  planner_ = std::make_unique<planner::Planner>(std::move(planner));
   // Workers.
-  d->worker_count_ = options.worker_threads < 0   ? 0
-                     : options.worker_threads > 0 ? options.worker_threads
-                     : config.planner().threads() > 0
-                         ? static_cast<int>(config.planner().threads())
-                         : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
+  SetStep("starting the planning workers");
+  VP_RETURN_IF_ERROR(CheckCancelled());
+  worker_count_ = options.worker_threads < 0   ? 0
+                  : options.worker_threads > 0 ? options.worker_threads
+                  : config.planner().threads() > 0
+                      ? static_cast<int>(config.planner().threads())
+                      : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
   // planner.threads is the daemon's share of cores: the workers split it for
   // the per-replica work of their iterations.
-  planner::PlannerOptions planner_options = d->planner_->options();
+  planner::PlannerOptions planner_options = planner_->options();
   planner_options.threads =
-      std::max(1, planner::PlannerThreads(config) / std::max(1, d->worker_count_));
-  d->planner_->set_options(planner_options);
-  d->calibrated_ = std::make_shared<const planner::Planner>(*d->planner_);
-  for (int w = 0; w < d->worker_count_; ++w) {
-    d->workers_.emplace_back([daemon = d.get(), w] { daemon->WorkerLoop(w); });
+      std::max(1, planner::PlannerThreads(config) / std::max(1, worker_count_));
+  planner_->set_options(planner_options);
+  {
+    absl::MutexLock lock(&mu_);
+    calibrated_ = std::make_shared<const planner::Planner>(*planner_);
+  }
+  for (int w = 0; w < worker_count_; ++w) {
+    workers_.emplace_back([this, w] { WorkerLoop(w); });
   }
   if (options.progress_interval > absl::ZeroDuration()) {
-    d->progress_thread_ = std::thread([daemon = d.get()] { daemon->ProgressLoop(); });
+    progress_thread_ = std::thread([this] { ProgressLoop(); });
   }
+  // Serving: every member the services read is set.
+  SetStep("ready");
+  ready_.store(true, std::memory_order_release);
+  server_->GetHealthCheckService()->SetServingStatus(true);
   spdlog::info(
       "planner {} serving job {} on {} (port {}, {}, job token required) with {} planning "
-      "workers (store {})",
-      d->planner_id_, config.job_id(), options.listen_address, d->port_,
-      options.tls.enabled() ? "TLS" : "plaintext", d->worker_count_, d->store_address());
-  return d;
+      "workers (store {}; ready {:.2f} s after start)",
+      planner_id_, config.job_id(), options.listen_address, port_,
+      options.tls.enabled() ? "TLS" : "plaintext", worker_count_, store_address(),
+      absl::ToDoubleSeconds(absl::Now() - started_));
+  return absl::OkStatus();
 }
 
 PlannerDaemon::~PlannerDaemon() { Shutdown(); }
 
 void PlannerDaemon::Shutdown() {
   if (shut_down_.exchange(true)) return;
+  CancelStartup();
   if (!stop_.HasBeenNotified()) stop_.Notify();
-  if (server_ != nullptr)
-    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (server_ != nullptr) {
+    server_->GetHealthCheckService()->SetServingStatus(false);
+    // New calls end at once (CheckServing) and calls waiting in the store
+    // are woken to end the same way; the others get kCallGrace.
+    absl::Notification calls_ended;
+    std::thread waker([this, &calls_ended] { WakeWaitingCalls(calls_ended); });
+    bool ended = false;
+    {
+      absl::MutexLock lock(&calls_mu_);
+      ended =
+          calls_mu_.AwaitWithTimeout(absl::Condition(
+                                         +[](int* calls) { return *calls == 0; }, &active_calls_),
+                                     kCallGrace);
+    }
+    calls_ended.Notify();
+    waker.join();
+    // gRPC's shutdown waits until every client closed its connection after
+    // the GOAWAY, and an idle client (an executor between calls) may notice
+    // it only seconds later: the deadline closes them. Once every call
+    // returned, kFlushGrace lets their last answers go out first; the calls
+    // still running are cancelled at once.
+    const absl::Duration grace = ended ? kFlushGrace : absl::ZeroDuration();
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  }
   for (std::thread& t : workers_) t.join();
   if (progress_thread_.joinable()) progress_thread_.join();
   {
     absl::MutexLock lock(&mu_);
     pool_.clear();
+    client_ids_.clear();
     open_connections_ = 0;
   }
   if (embedded_redis_ != nullptr) {
-    (void)embedded_redis_->Stop();
+    if (absl::Status s = embedded_redis_->Stop(); !s.ok()) {
+      spdlog::warn("embedded redis-server: {}", s.message());
+    }
     embedded_redis_.reset();
   }
   spdlog::info("planner {} stopped", planner_id_);
+}
+
+void PlannerDaemon::WakeWaitingCalls(const absl::Notification& calls_ended) {
+  // A call may enter a blocking read just after a round: repeat until every
+  // call returned.
+  constexpr absl::Duration kRound = absl::Milliseconds(50);
+  std::unique_ptr<RedisClient> redis;
+  do {
+    std::vector<std::string> unblock = {"CLIENT", "UNBLOCK", ""};
+    std::vector<std::vector<std::string>> commands;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const RedisInstructionStore* store : leased_) {
+        const auto id = client_ids_.find(store);
+        if (id == client_ids_.end() || id->second < 0) continue;
+        unblock[2] = std::to_string(id->second);
+        commands.push_back(unblock);
+      }
+    }
+    if (commands.empty()) continue;
+    if (redis == nullptr) {
+      // One quick attempt: without Redis the waits end on their own.
+      RedisClient::Options quick = redis_options_;
+      quick.max_attempts = 1;
+      quick.connect_timeout = std::min(quick.connect_timeout, absl::Milliseconds(500));
+      quick.command_timeout = std::min(quick.command_timeout, absl::Seconds(1));
+      absl::StatusOr<std::unique_ptr<RedisClient>> connected = RedisClient::Connect(quick);
+      if (!connected.ok()) {
+        spdlog::debug("cannot wake waiting calls: {}", connected.status().message());
+        return;
+      }
+      redis = *std::move(connected);
+    }
+    if (absl::StatusOr<std::vector<RedisReply>> woken = redis->Pipeline(commands); !woken.ok()) {
+      spdlog::debug("cannot wake waiting calls: {}", woken.status().message());
+      return;
+    }
+  } while (!calls_ended.WaitForNotificationWithTimeout(kRound));
 }
 
 void PlannerDaemon::WaitUntilAllPublished() {

@@ -11,13 +11,22 @@
 // PlanService and StatusService calls must carry the job token
 // (docs/security.md); the port is never shared with another process.
 //
-// Thread safety: Start/Shutdown from one thread; Status() from any.
+// Start-up comes in two steps: Bind() listens on the port at once (a taken
+// port fails in milliseconds), and Initialize() does the slow work (Redis,
+// registration, the dataset, the planner). Until it is done, calls end with
+// UNAVAILABLE ("starting: ...") and the health service says NOT_SERVING.
+//
+// Thread safety: Bind/Initialize/Start/Shutdown from one thread (the one
+// that outlives the embedded redis-server: RedisServer's death signal
+// follows it); CancelStartup(), Status() and the serving checks from any.
 #ifndef VARIPIPE_PLANNER_SERVICE_PLANNER_DAEMON_H_
 #define VARIPIPE_PLANNER_SERVICE_PLANNER_DAEMON_H_
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -78,18 +87,57 @@ class PlannerDaemon {
   // idle ones beyond kIdleConnections are closed.
   static constexpr int kSpareConnections = 16;
   static constexpr int kIdleConnections = 8;
+  // On Shutdown(): how long the calls running get to return (calls waiting
+  // for a plan or a report are woken at once), and then how long their last
+  // answers get before the connections are closed.
+  static constexpr absl::Duration kCallGrace = absl::Seconds(2);
+  static constexpr absl::Duration kFlushGrace = absl::Milliseconds(200);
   // Iterations the status's prediction error percentiles cover.
   static constexpr size_t kPredictionErrorIterations = 20;
 
-  // Connects to (or starts) Redis, registers the job (refusing a different
-  // config), opens the dataset, starts the workers and the gRPC server.
+  // Bind() then Initialize(): a daemon ready to serve.
   static absl::StatusOr<std::unique_ptr<PlannerDaemon>> Start(const v1::JobConfig& config,
                                                               const DaemonOptions& options);
+  // Starts the gRPC server on options.listen_address before any slow work,
+  // so a taken port (or bad TLS files) fails at once; the server answers
+  // "starting" (see CheckServing()) until Initialize() succeeds.
+  static absl::StatusOr<std::unique_ptr<PlannerDaemon>> Bind(const v1::JobConfig& config,
+                                                             const DaemonOptions& options);
+  // The slow part of start-up: connects to (or starts) Redis, registers the
+  // job (refusing a different config or token), opens the dataset, builds
+  // the planner and starts the workers; then the daemon serves (health
+  // SERVING). CANCELLED when CancelStartup() came first (checked between the
+  // steps). Call once, after Bind().
+  absl::Status Initialize();
+  // Makes a running (or later) Initialize() stop at its next step. Quick;
+  // any thread (e.g. a shutdown-signal callback).
+  void CancelStartup() { startup_cancelled_.store(true); }
+  // What start-up is doing now, for messages ("ready" once done).
+  const char* startup_step() const { return step_.load(); }
   ~PlannerDaemon();
 
-  // Stops the server and the workers (finishing the iteration each is
-  // planning) and the embedded Redis. Idempotent.
+  // Stops the server (waiting calls end with UNAVAILABLE), the workers
+  // (finishing the iteration each is planning) and the embedded Redis.
+  // Idempotent.
   void Shutdown();
+  // True once Shutdown() began.
+  bool stopping() const { return shut_down_.load(); }
+  // OK when the daemon serves; UNAVAILABLE "starting: <step>" during
+  // start-up and "shutting down" once Shutdown() began. Every PlanService
+  // and StatusService call checks it first.
+  grpc::Status CheckServing() const;
+  // Counts a PlanService or StatusService call while it runs: Shutdown()
+  // waits (up to kCallGrace) for the calls to return. Every call holds one.
+  class CallScope {
+   public:
+    explicit CallScope(PlannerDaemon* daemon);
+    ~CallScope();
+    CallScope(const CallScope&) = delete;
+    CallScope& operator=(const CallScope&) = delete;
+
+   private:
+    PlannerDaemon* const daemon_;
+  };
   // Blocks until every iteration of the job is published or Shutdown().
   void WaitUntilAllPublished();
 
@@ -116,7 +164,8 @@ class PlannerDaemon {
   absl::Status RefreshCalibration(RedisInstructionStore& store);
   // Folds an accepted progress report into the job's calibration state
   // (when planner.online_calibration) and records rank 0's prediction error.
-  absl::Status LearnFromReport(RedisInstructionStore& store, const v1::ReportProgressRequest& report);
+  absl::Status LearnFromReport(RedisInstructionStore& store,
+                               const v1::ReportProgressRequest& report);
   const MiniBatchSampler& sampler() const { return *sampler_; }
   // A store connection for one request; returned to the pool when released.
   // RESOURCE_EXHAUSTED when max_calls + kSpareConnections are in use.
@@ -141,11 +190,23 @@ class PlannerDaemon {
 
  private:
   PlannerDaemon() = default;
+  // The start-up step now running (for CheckServing and logs).
+  void SetStep(const char* step) { step_.store(step); }
+  absl::Status CheckCancelled() const;
   void WorkerLoop(int worker);
   void ProgressLoop();
   absl::Status PlanAndPublish(RedisInstructionStore& store, uint64_t iteration);
+  // A new pooled connection: records its Redis client id.
+  void AddToPool(std::unique_ptr<RedisInstructionStore> store) ABSL_LOCKS_EXCLUDED(mu_);
+  // During Shutdown(), until `calls_ended`: wakes the calls blocked in the
+  // store (GetPlan, WatchPlans) with CLIENT UNBLOCK on their leased
+  // connections, so they see stopping() at once instead of at the end of
+  // their wait slice.
+  void WakeWaitingCalls(const absl::Notification& calls_ended);
 
-  // Constant after Start.
+  // Constant once Initialize() succeeded (config_, options_, planner_id_,
+  // started_, server_, port_ once Bind() returned); the services read the
+  // others only after ready_.
   v1::JobConfig config_;
   DaemonOptions options_;
   std::string planner_id_;
@@ -169,10 +230,23 @@ class PlannerDaemon {
   std::thread progress_thread_;
   std::atomic<bool> shut_down_{false};
   std::atomic<int> waiting_calls_{0};
+  // Start-up: what Initialize() is doing (a string literal), whether it was
+  // asked to stop, and whether it is done: ready_ is set (release) once the
+  // members above are constant, so a call that sees it (acquire) may read
+  // them.
+  std::atomic<const char*> step_{"binding the port"};
+  std::atomic<bool> startup_cancelled_{false};
+  std::atomic<bool> ready_{false};
+  // Calls running (CallScope).
+  absl::Mutex calls_mu_;
+  int active_calls_ ABSL_GUARDED_BY(calls_mu_) = 0;
 
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<RedisInstructionStore>> pool_ ABSL_GUARDED_BY(mu_);
-  int open_connections_ ABSL_GUARDED_BY(mu_) = 0;     // pooled and leased
+  int open_connections_ ABSL_GUARDED_BY(mu_) = 0;  // pooled and leased
+  // Redis client ids (CLIENT ID) of the open connections, and the leased ones.
+  std::map<const RedisInstructionStore*, int64_t> client_ids_ ABSL_GUARDED_BY(mu_);
+  std::set<const RedisInstructionStore*> leased_ ABSL_GUARDED_BY(mu_);
   std::vector<double> plan_ms_ ABSL_GUARDED_BY(mu_);  // recent planning times
   uint64_t planned_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t errors_ ABSL_GUARDED_BY(mu_) = 0;

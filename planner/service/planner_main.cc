@@ -1,6 +1,12 @@
 // varipipe-planner: the planner daemon (planner/service/planner_daemon.h).
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -8,6 +14,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/auth/job_token.h"
 #include "common/binary_main.h"
 #include "common/config/job_config.h"
@@ -30,8 +38,8 @@ ABSL_FLAG(int, max_calls, 1024,
           "more get RESOURCE_EXHAUSTED. Bounds the server's threads and store connections.");
 ABSL_FLAG(int, threads, 0, "Planning worker threads (0: planner.threads, else cores - 1).");
 ABSL_FLAG(std::string, port_file, "",
-          "Write the gRPC port to this file once serving (for scripts; written after the "
-          "--store_file files).");
+          "Write the gRPC port to this file once ready to serve (for scripts; written after the "
+          "--store_file files). The port itself is bound first, before the slow start-up.");
 ABSL_FLAG(std::string, store_file, "",
           "Write 'host:port password' of the instruction store to this file, and the job token "
           "to FILE.token, both created with mode 0600, once serving: how local executors and "
@@ -68,6 +76,85 @@ constexpr char kUsage[] =
     "(single-machine mode). Several daemons (on several hosts) with the same config and\n"
     "store share a job. Calls must carry the job's token (docs/security.md).\n"
     "SIGTERM or SIGINT stops it gracefully.";
+
+// How long a stop requested during start-up may take: Initialize() stops at
+// its next step, but one step may block longer (an unreachable Redis, a large
+// dataset).
+constexpr absl::Duration kStartupStopGrace = absl::Seconds(2);
+
+// Watches start-up for SIGTERM/SIGINT: asks the daemon to stop at its next
+// start-up step at once, and ends the process (128 + signal) if start-up is
+// still running kStartupStopGrace later. Destroy it once start-up returned.
+class StartupGuard {
+ public:
+  StartupGuard(varipipe::ShutdownSignal& shutdown, varipipe::service::PlannerDaemon* daemon)
+      : shutdown_(shutdown), daemon_(daemon) {
+    subscription_ = shutdown.OnShutdown([this] {
+      daemon_->CancelStartup();
+      absl::MutexLock lock(&mu_);
+      requested_ = true;
+    });
+    thread_ = std::thread([this] { Watch(); });
+  }
+  ~StartupGuard() {
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+    }
+    thread_.join();
+    subscription_.reset();
+  }
+  StartupGuard(const StartupGuard&) = delete;
+  StartupGuard& operator=(const StartupGuard&) = delete;
+
+ private:
+  void Watch() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &StartupGuard::DoneOrRequested));
+    if (done_ || mu_.AwaitWithTimeout(absl::Condition(&done_), kStartupStopGrace)) return;
+    const int signal_number = shutdown_.signal_number() != 0 ? shutdown_.signal_number() : SIGTERM;
+    spdlog::error(
+        "start-up did not stop within {} of the signal (still {}); exiting now with status {}",
+        absl::FormatDuration(kStartupStopGrace), daemon_->startup_step(), 128 + signal_number);
+    spdlog::default_logger()->flush();
+    std::_Exit(128 + signal_number);
+  }
+
+  bool DoneOrRequested() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_ || requested_; }
+
+  varipipe::ShutdownSignal& shutdown_;
+  varipipe::service::PlannerDaemon* const daemon_;
+  absl::Mutex mu_;
+  bool requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<varipipe::ShutdownSignal::Subscription> subscription_;
+  std::thread thread_;
+};
+
+int ExitCodeFor(const absl::Status& status) {
+  return absl::IsInvalidArgument(status) || absl::IsFailedPrecondition(status)
+             ? varipipe::kExitUsage
+             : varipipe::kExitFailure;
+}
+
+// Writes `text` to `path` through a temporary file and a rename, so a reader
+// never sees it half-written.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
+  const std::string temporary = absl::StrCat(path, ".tmp.", getpid());
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << text;
+    out.close();
+    if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", temporary));
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    std::remove(temporary.c_str());
+    return absl::UnavailableError(
+        absl::StrCat("cannot rename ", temporary, " to ", path, ": ", std::strerror(error)));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -113,13 +200,31 @@ int main(int argc, char** argv) {
     }
     options.token = *token;
   }
+  // The port first: a taken one fails here, in milliseconds; calls get
+  // UNAVAILABLE ("starting: ...") until Initialize() is done.
   absl::StatusOr<std::unique_ptr<varipipe::service::PlannerDaemon>> daemon =
-      varipipe::service::PlannerDaemon::Start(*config, options);
+      varipipe::service::PlannerDaemon::Bind(*config, options);
   if (!daemon.ok()) {
     spdlog::error("cannot start: {}", daemon.status().message());
-    return absl::IsInvalidArgument(daemon.status()) || absl::IsFailedPrecondition(daemon.status())
-               ? varipipe::kExitUsage
-               : varipipe::kExitFailure;
+    return ExitCodeFor(daemon.status());
+  }
+  absl::Status initialized;
+  {
+    const StartupGuard guard(shutdown, daemon->get());
+    initialized = (*daemon)->Initialize();
+  }
+  if (!initialized.ok()) {
+    (*daemon)->Shutdown();
+    if (shutdown.Requested()) {
+      spdlog::info("stopped during start-up ({})", initialized.message());
+      return varipipe::kExitOk;
+    }
+    spdlog::error("cannot start: {}", initialized.message());
+    return ExitCodeFor(initialized);
+  }
+  if (shutdown.Requested()) {  // the signal came after the last start-up step
+    (*daemon)->Shutdown();
+    return varipipe::kExitOk;
   }
   if (const std::string file = absl::GetFlag(FLAGS_store_file); !file.empty()) {
     // The token file first: a reader that sees the store file finds both.
@@ -143,9 +248,15 @@ int main(int argc, char** argv) {
     (*daemon)->Shutdown();
     return varipipe::kExitUsage;
   }
-  // The port file last: once it exists, the store and token files do too.
-  if (!absl::GetFlag(FLAGS_port_file).empty()) {
-    std::ofstream(absl::GetFlag(FLAGS_port_file)) << (*daemon)->port() << "\n";
+  // The port file last: once it exists, the store and token files do too,
+  // and the daemon serves.
+  if (const std::string file = absl::GetFlag(FLAGS_port_file); !file.empty()) {
+    if (absl::Status s = WriteFileAtomically(file, absl::StrCat((*daemon)->port(), "\n"));
+        !s.ok()) {
+      spdlog::error("--port_file: {}", s.message());
+      (*daemon)->Shutdown();
+      return varipipe::kExitFailure;
+    }
   }
   if (absl::GetFlag(FLAGS_exit_when_done)) {
     std::thread waiter([&] {

@@ -3,11 +3,12 @@
 #include <algorithm>
 
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/auth/job_token.h"
 #include "common/status.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
@@ -217,7 +218,8 @@ absl::StatusOr<std::string> RedisInstructionStore::RegisterToken(const std::stri
                                                                  bool must_match) {
   VP_ASSIGN_OR_RETURN(
       std::vector<RedisReply> replies,
-      redis_->Pipeline({{"SET", Key("token"), candidate, "NX"}, {"GET", Key("token")}}));
+      redis_->Pipeline({{"SET", JobTokenKey(options_.key_prefix, options_.job_id), candidate, "NX"},
+                        {"GET", JobTokenKey(options_.key_prefix, options_.job_id)}}));
   for (const RedisReply& r : replies) VP_RETURN_IF_ERROR(RedisReplyError(r, "SET token"));
   const std::string stored = replies[1].str();
   if (must_match && stored != candidate) {

@@ -11,6 +11,8 @@ namespace varipipe::service {
 grpc::Status StatusServiceImpl::GetPlannerStatus(grpc::ServerContext* context,
                                                  const v1::GetPlannerStatusRequest*,
                                                  v1::PlannerStatus* response) {
+  const PlannerDaemon::CallScope call(daemon_);
+  if (grpc::Status s = daemon_->CheckServing(); !s.ok()) return s;
   if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   *response = daemon_->Status();
   return grpc::Status::OK;
@@ -19,6 +21,8 @@ grpc::Status StatusServiceImpl::GetPlannerStatus(grpc::ServerContext* context,
 grpc::Status StatusServiceImpl::GetJobStatus(grpc::ServerContext* context,
                                              const v1::GetJobStatusRequest* request,
                                              v1::JobStatus* response) {
+  const PlannerDaemon::CallScope call(daemon_);
+  if (grpc::Status s = daemon_->CheckServing(); !s.ok()) return s;
   if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   const v1::JobConfig& c = daemon_->config();
   if (!request->job_id().empty() && request->job_id() != c.job_id()) {
@@ -59,6 +63,8 @@ grpc::Status StatusServiceImpl::GetJobStatus(grpc::ServerContext* context,
 grpc::Status StatusServiceImpl::GetTrace(grpc::ServerContext* context,
                                          const v1::GetTraceRequest* request,
                                          v1::TraceResponse* response) {
+  const PlannerDaemon::CallScope call(daemon_);
+  if (grpc::Status s = daemon_->CheckServing(); !s.ok()) return s;
   if (grpc::Status s = daemon_->Authenticate(*context); !s.ok()) return s;
   const v1::JobConfig& c = daemon_->config();
   if (!request->job_id().empty() && request->job_id() != c.job_id()) {

@@ -1,6 +1,8 @@
 // StatusService served by a planner daemon: its own status, the job's
 // (per-rank progress from the instruction store) and predicted-timeline
 // traces. GetExecutorStatus is UNIMPLEMENTED here (executors serve it).
+// Every call is UNAVAILABLE while the daemon starts ("starting: ...") or
+// shuts down (PlannerDaemon::CheckServing).
 #ifndef VARIPIPE_PLANNER_SERVICE_STATUS_SERVICE_H_
 #define VARIPIPE_PLANNER_SERVICE_STATUS_SERVICE_H_
 

@@ -1,7 +1,11 @@
 #include "common/config/job_config.h"
 
+#include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -17,6 +21,8 @@ namespace varipipe {
 namespace {
 
 using ::testing::AllOf;
+using ::testing::Contains;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::varipipe::testing::IsOk;
 using ::varipipe::testing::StatusIs;
@@ -252,8 +258,362 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"ZeroStage2", R"("iterations": 10)", R"("iterations": 10, "zero_stage": 2)",
                 "training.zero_stage: must be 0 or 1 (got 2"},
         BadCase{"ZeroStage3", R"("iterations": 10)", R"("iterations": 10, "zero_stage": 3)",
-                "training.zero_stage: must be 0 or 1 (got 3"}),
+                "training.zero_stage: must be 0 or 1 (got 3"},
+        BadCase{"UnknownOptimizerNumber", R"("iterations": 10)",
+                R"("iterations": 10, "optimizer": 7)",
+                "training.optimizer: unknown value 7 (ADAMW or SGD)"},
+        BadCase{"UnknownMixtureNumber", R"("format": "SYNTHETIC")",
+                R"("format": "SYNTHETIC", "synthetic_mixture": 5)",
+                "data.synthetic_mixture: unknown value 5 (FLAN_LIKE or DOCUMENTS)"},
+        BadCase{"UnknownSampleOrderNumber", R"("training")",
+                R"("planner": {"sample_order": 9}, "training")",
+                "planner.sample_order: unknown value 9 (LENGTH_SORT or TWO_D_TOUR)"},
+        BadCase{"TinyBandwidth", R"("device_memory_limit_mib": 8192)",
+                R"("device_memory_limit_mib": 8192, "intra_node_bandwidth_gbps": 0.0009)",
+                "cluster.intra_node_bandwidth_gbps: is too small (0.0009; at least 0.001)"},
+        BadCase{"NegativeLatency", R"("device_memory_limit_mib": 8192)",
+                R"("device_memory_limit_mib": 8192, "inter_node_latency_us": -0.5)",
+                "cluster.inter_node_latency_us: must be zero or positive (got -0.5)"},
+        BadCase{"NegativeClipNorm", R"("iterations": 10)",
+                R"("iterations": 10, "gradient_clip_norm": -1)",
+                "training.gradient_clip_norm: must be zero (off) or positive (got -1)"}),
     [](const ::testing::TestParamInfo<BadCase>& info) { return info.param.name; });
+
+// The numbers of the issue: a daemon loaded them and reported "2 of
+// 18446744073709551615" iterations.
+TEST(JobConfigBounds, AbsurdIterationsAndMemoryAreRefusedNamingFieldValueAndBound) {
+  EXPECT_THAT(
+      ParseAndValidate(Replace(R"("iterations": 10)", R"("iterations": 18446744073709551615)")),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("training.iterations: is too large (18446744073709551615; at most "
+                         "1000000000000)")));
+  // 64-bit integers may also be JSON strings.
+  EXPECT_THAT(
+      ParseAndValidate(Replace(R"("iterations": 10)", R"("iterations": "18446744073709551615")")),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("training.iterations: is too large (18446744073709551615; at most "
+                         "1000000000000)")));
+  EXPECT_THAT(ParseAndValidate(Replace(R"("device_memory_limit_mib": 8192)",
+                                       R"("device_memory_limit_mib": 1e18)")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("cluster.device_memory_limit_mib: is too large "
+                                 "(1000000000000000000; at most 67108864)")));
+}
+
+// Every bound documented in docs/configuration.md, with its value written
+// out: changing a bound fails here until the docs follow.
+TEST(JobConfigBounds, ConstantsAreTheDocumentedOnes) {
+  namespace b = job_config_bounds;
+  EXPECT_EQ(b::kMaxLayers, 4096u);
+  EXPECT_EQ(b::kMaxHiddenSize, 1048576u);
+  EXPECT_EQ(b::kMaxFfnHiddenSize, 4194304u);
+  EXPECT_EQ(b::kMaxAttentionHeads, 65536u);
+  EXPECT_EQ(b::kMaxAttentionWidth, 4194304u);
+  EXPECT_EQ(b::kMaxVocabSize, 1073741824u);
+  EXPECT_EQ(b::kMaxPipeline, 4096u);
+  EXPECT_EQ(b::kMaxData, 65536u);
+  EXPECT_EQ(b::kMaxWorldSize, 1048576u);
+  EXPECT_EQ(b::kMaxDevicesPerNode, 1024u);
+  EXPECT_EQ(b::kMaxDeviceMemoryMib, 67108864u);
+  EXPECT_EQ(b::kMinBandwidthGbps, 1e-3);
+  EXPECT_EQ(b::kMaxBandwidthGbps, 1e6);
+  EXPECT_EQ(b::kMaxLatencyUs, 1e6);
+  EXPECT_EQ(b::kMaxSequenceLength, 16777216u);
+  EXPECT_EQ(b::kMaxTokensPerBatch, 4294967296u);
+  EXPECT_EQ(b::kMaxSyntheticSamples, 4294967296u);
+  EXPECT_EQ(b::kMaxTmaxIntervalMs, 1e6);
+  EXPECT_EQ(b::kMaxLengthMultiple, 4096u);
+  EXPECT_EQ(b::kMaxPlanAhead, 1048576u);
+  EXPECT_EQ(b::kMaxPlannerThreads, 1024u);
+  EXPECT_EQ(b::kMaxKfkbK, 1024u);
+  EXPECT_EQ(b::kMaxFixedMicroBatchSize, 1048576u);
+  EXPECT_EQ(b::kMaxIterations, 1000000000000u);
+  EXPECT_EQ(b::kMaxWatchdogTimeoutS, 604800u);
+  EXPECT_EQ(b::kMaxLearningRate, 1e3);
+  EXPECT_EQ(b::kMaxWeightDecay, 1e3);
+  EXPECT_EQ(b::kMaxAdamEpsilon, 1.0);
+  EXPECT_EQ(b::kMaxGradientClipNorm, 1e6);
+}
+
+// kValidGpt parsed, without defaults.
+v1::JobConfig BaseConfig() {
+  absl::StatusOr<v1::JobConfig> config = ParseJobConfigJson(kValidGpt, "job.json");
+  EXPECT_THAT(config, IsOk());
+  return config.ok() ? *config : v1::JobConfig();
+}
+
+std::vector<std::string> ErrorsOf(v1::JobConfig config) {
+  ApplyJobConfigDefaults(config);
+  return JobConfigErrors(config);
+}
+
+// A bounded integer field: `set` writes a value into kValidGpt (and whatever
+// else the value needs to be valid at the bound, e.g. enough layers for a
+// deep pipeline).
+struct IntegerBound {
+  std::string name;
+  std::string field;
+  uint64_t bound;
+  std::function<void(v1::JobConfig&, uint64_t)> set;
+};
+
+class JobConfigIntegerBounds : public ::testing::TestWithParam<IntegerBound> {};
+
+TEST_P(JobConfigIntegerBounds, AcceptsTheBoundAndRefusesOneMore) {
+  const IntegerBound& c = GetParam();
+  v1::JobConfig at = BaseConfig();
+  c.set(at, c.bound);
+  EXPECT_THAT(ErrorsOf(at), ::testing::IsEmpty()) << "at the bound " << c.bound;
+  v1::JobConfig above = BaseConfig();
+  c.set(above, c.bound + 1);
+  EXPECT_THAT(ErrorsOf(above), Contains(absl::StrCat(c.field, ": is too large (", c.bound + 1,
+                                                     "; at most ", c.bound, ")")));
+}
+
+void MakeT5(v1::JobConfig& config) { config.mutable_model()->set_kind(v1::T5); }
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryField, JobConfigIntegerBounds,
+    ::testing::Values(
+        IntegerBound{"NumLayers", "model.num_layers", 4096,
+                     [](v1::JobConfig& c, uint64_t v) { c.mutable_model()->set_num_layers(v); }},
+        IntegerBound{"NumDecoderLayers", "model.num_decoder_layers", 4096,
+                     [](v1::JobConfig& c, uint64_t v) {
+                       MakeT5(c);
+                       c.mutable_model()->set_num_decoder_layers(v);
+                     }},
+        IntegerBound{"HiddenSize", "model.hidden_size", uint64_t{1} << 20,
+                     [](v1::JobConfig& c, uint64_t v) { c.mutable_model()->set_hidden_size(v); }},
+        IntegerBound{"AttentionHeads", "model.num_attention_heads", uint64_t{1} << 16,
+                     [](v1::JobConfig& c, uint64_t v) {
+                       c.mutable_model()->set_num_attention_heads(v);
+                       c.mutable_model()->set_kv_channels(1);
+                     }},
+        IntegerBound{"KvChannels", "model.kv_channels", uint64_t{1} << 20,
+                     [](v1::JobConfig& c, uint64_t v) {
+                       c.mutable_model()->set_num_attention_heads(1);
+                       c.mutable_model()->set_kv_channels(v);
+                     }},
+        IntegerBound{
+            "FfnHiddenSize", "model.ffn_hidden_size", uint64_t{1} << 22,
+            [](v1::JobConfig& c, uint64_t v) { c.mutable_model()->set_ffn_hidden_size(v); }},
+        IntegerBound{"VocabSize", "model.vocab_size", uint64_t{1} << 30,
+                     [](v1::JobConfig& c, uint64_t v) { c.mutable_model()->set_vocab_size(v); }},
+        IntegerBound{"Pipeline", "parallelism.pipeline", 4096,
+                     [](v1::JobConfig& c, uint64_t v) {
+                       c.mutable_model()->set_num_layers(4096);
+                       c.mutable_parallelism()->set_pipeline(v);
+                     }},
+        IntegerBound{"Data", "parallelism.data", uint64_t{1} << 16,
+                     [](v1::JobConfig& c, uint64_t v) { c.mutable_parallelism()->set_data(v); }},
+        IntegerBound{
+            "DevicesPerNode", "cluster.devices_per_node", 1024,
+            [](v1::JobConfig& c, uint64_t v) { c.mutable_cluster()->set_devices_per_node(v); }},
+        IntegerBound{"DeviceMemory", "cluster.device_memory_limit_mib", uint64_t{1} << 26,
+                     [](v1::JobConfig& c, uint64_t v) {
+                       c.mutable_cluster()->set_device_memory_limit_mib(v);
+                     }},
+        IntegerBound{"MaxSequenceLength", "data.max_sequence_length", uint64_t{1} << 24,
+                     [](v1::JobConfig& c, uint64_t v) {
+                       c.mutable_data()->set_max_sequence_length(v);
+                       c.mutable_data()->set_tokens_per_global_batch(uint64_t{1} << 32);
+                     }},
+        IntegerBound{"MaxTargetLength", "data.max_target_length", uint64_t{1} << 24,
+                     [](v1::JobConfig& c, uint64_t v) {
+                       MakeT5(c);
+                       c.mutable_data()->set_max_target_length(v);
+                       c.mutable_data()->set_tokens_per_global_batch(uint64_t{1} << 32);
+                     }},
+        IntegerBound{
+            "TokensPerGlobalBatch", "data.tokens_per_global_batch", uint64_t{1} << 32,
+            [](v1::JobConfig& c, uint64_t v) { c.mutable_data()->set_tokens_per_global_batch(v); }},
+        IntegerBound{
+            "SyntheticSamples", "data.synthetic_num_samples", uint64_t{1} << 32,
+            [](v1::JobConfig& c, uint64_t v) { c.mutable_data()->set_synthetic_num_samples(v); }},
+        IntegerBound{
+            "LengthMultiple", "planner.length_multiple", 4096,
+            [](v1::JobConfig& c, uint64_t v) { c.mutable_planner()->set_length_multiple(v); }},
+        IntegerBound{"PlanAhead", "planner.plan_ahead", uint64_t{1} << 20,
+                     [](v1::JobConfig& c, uint64_t v) { c.mutable_planner()->set_plan_ahead(v); }},
+        IntegerBound{"Threads", "planner.threads", 1024,
+                     [](v1::JobConfig& c, uint64_t v) { c.mutable_planner()->set_threads(v); }},
+        IntegerBound{"KfkbK", "planner.kfkb_k", 1024,
+                     [](v1::JobConfig& c, uint64_t v) { c.mutable_planner()->set_kfkb_k(v); }},
+        IntegerBound{"FixedMicroBatchSize", "planner.fixed_micro_batch_size", uint64_t{1} << 20,
+                     [](v1::JobConfig& c, uint64_t v) {
+                       c.mutable_planner()->set_fixed_micro_batch_size(v);
+                     }},
+        IntegerBound{"MicroBatchTokenBudget", "planner.micro_batch_token_budget", uint64_t{1} << 32,
+                     [](v1::JobConfig& c, uint64_t v) {
+                       c.mutable_planner()->set_micro_batch_token_budget(v);
+                     }},
+        IntegerBound{"Iterations", "training.iterations", 1000000000000,
+                     [](v1::JobConfig& c, uint64_t v) { c.mutable_training()->set_iterations(v); }},
+        IntegerBound{
+            "WarmupIterations", "training.warmup_iterations", 1000000000000,
+            [](v1::JobConfig& c, uint64_t v) { c.mutable_training()->set_warmup_iterations(v); }},
+        IntegerBound{
+            "CheckpointInterval", "training.checkpoint_interval", 1000000000000,
+            [](v1::JobConfig& c, uint64_t v) { c.mutable_training()->set_checkpoint_interval(v); }},
+        IntegerBound{
+            "WatchdogTimeout", "training.watchdog_timeout_s", 7 * 24 * 3600,
+            [](v1::JobConfig& c, uint64_t v) { c.mutable_training()->set_watchdog_timeout_s(v); }}),
+    [](const ::testing::TestParamInfo<IntegerBound>& info) { return info.param.name; });
+
+// The largest value of each uint32 field (and of each uint64 field) is
+// refused with its full digits: nothing wraps on the way to the message.
+TEST(JobConfigBounds, LargestIntegersAreRefusedWithTheirDigits) {
+  constexpr uint32_t kMax32 = std::numeric_limits<uint32_t>::max();
+  constexpr uint64_t kMax64 = std::numeric_limits<uint64_t>::max();
+  v1::JobConfig config = BaseConfig();
+  config.mutable_model()->set_kv_channels(kMax32);
+  config.mutable_parallelism()->set_pipeline(kMax32);
+  config.mutable_parallelism()->set_data(kMax32);
+  config.mutable_parallelism()->set_virtual_chunks(kMax32);
+  config.mutable_cluster()->set_device_memory_limit_mib(kMax64);
+  config.mutable_data()->set_tokens_per_global_batch(kMax64);
+  config.mutable_data()->set_synthetic_num_samples(kMax64);
+  config.mutable_planner()->set_micro_batch_token_budget(kMax64);
+  config.mutable_training()->set_iterations(kMax64);
+  config.mutable_training()->set_watchdog_timeout_s(kMax32);
+  const std::vector<std::string> errors = ErrorsOf(config);
+  EXPECT_THAT(errors, Contains("model.kv_channels: is too large (4294967295; at most 1048576)"));
+  EXPECT_THAT(errors, Contains("parallelism.pipeline: is too large (4294967295; at most 4096)"));
+  EXPECT_THAT(errors, Contains("parallelism.data: is too large (4294967295; at most 65536)"));
+  EXPECT_THAT(errors, Contains("parallelism.pipeline: pipeline (4294967295) x virtual_chunks "
+                               "(4294967295) = 18446744065119617025 stages exceeds the model's 4 "
+                               "layers"));
+  EXPECT_THAT(errors, Contains("cluster.device_memory_limit_mib: is too large "
+                               "(18446744073709551615; at most 67108864)"));
+  EXPECT_THAT(errors, Contains("data.tokens_per_global_batch: is too large "
+                               "(18446744073709551615; at most 4294967296)"));
+  EXPECT_THAT(errors, Contains("training.iterations: is too large (18446744073709551615; at most "
+                               "1000000000000)"));
+  EXPECT_THAT(errors,
+              Contains("training.watchdog_timeout_s: is too large (4294967295; at most 604800)"));
+}
+
+TEST(JobConfigBounds, WorldSizeIsBounded) {
+  v1::JobConfig at = BaseConfig();
+  at.mutable_model()->set_num_layers(32);
+  at.mutable_parallelism()->set_pipeline(16);
+  at.mutable_parallelism()->set_data(65536);
+  EXPECT_THAT(ErrorsOf(at), ::testing::IsEmpty());
+  v1::JobConfig above = at;
+  above.mutable_parallelism()->set_pipeline(17);
+  EXPECT_THAT(ErrorsOf(above), ElementsAre("parallelism.data: pipeline (17) x data (65536) x "
+                                           "tensor (1) = 1114112 ranks is too many (at most "
+                                           "1048576)"));
+}
+
+TEST(JobConfigBounds, AttentionWidthIsBounded) {
+  v1::JobConfig at = BaseConfig();
+  at.mutable_model()->set_num_attention_heads(4);
+  at.mutable_model()->set_kv_channels(uint64_t{1} << 20);
+  EXPECT_THAT(ErrorsOf(at), ::testing::IsEmpty());
+  v1::JobConfig above = at;
+  above.mutable_model()->set_num_attention_heads(5);
+  EXPECT_THAT(ErrorsOf(above), ElementsAre("model.kv_channels: num_attention_heads (5) x "
+                                           "kv_channels (1048576) = 5242880 is too large (at "
+                                           "most 4194304)"));
+}
+
+// A bounded double field, set through the JSON text: `before` is replaced
+// by `before`, "field": value.
+struct RealBound {
+  std::string name;
+  std::string field;  // full path; the JSON key is its last part
+  std::string before;
+  std::string bound;  // as the error prints it
+  std::string above;
+};
+
+std::string WithValue(const RealBound& c, absl::string_view value) {
+  const std::string key = c.field.substr(c.field.rfind('.') + 1);
+  if (c.before == "planner") {
+    return Replace(R"("training")",
+                   absl::StrCat(R"("planner": {")", key, R"(": )", value, R"(}, "training")"));
+  }
+  return Replace(c.before, absl::StrCat(c.before, R"(, ")", key, R"(": )", value));
+}
+
+class JobConfigRealBounds : public ::testing::TestWithParam<RealBound> {};
+
+TEST_P(JobConfigRealBounds, AcceptsTheBoundAndRefusesMore) {
+  const RealBound& c = GetParam();
+  EXPECT_THAT(ParseAndValidate(WithValue(c, c.bound)), IsOk());
+  EXPECT_THAT(ParseAndValidate(WithValue(c, c.above)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(absl::StrCat(c.field, ": is too large (", c.above, "; at most ",
+                                              c.bound, ")"))));
+}
+
+// NaN and both infinities (protobuf JSON: "NaN", "Infinity", "-Infinity")
+// are refused naming the field, whatever the field's range.
+TEST_P(JobConfigRealBounds, RefusesNanAndInfinities) {
+  const RealBound& c = GetParam();
+  for (const auto& [json, printed] : std::vector<std::pair<std::string, std::string>>{
+           {R"("NaN")", "nan"}, {R"("Infinity")", "inf"}, {R"("-Infinity")", "-inf"}}) {
+    EXPECT_THAT(
+        ParseAndValidate(WithValue(c, json)),
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 HasSubstr(absl::StrCat(c.field, ": must be a finite number (got ", printed, ")"))))
+        << json;
+  }
+}
+
+constexpr char kCluster[] = R"("device_memory_limit_mib": 8192)";
+constexpr char kTraining[] = R"("iterations": 10)";
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryField, JobConfigRealBounds,
+    ::testing::Values(
+        RealBound{"IntraBandwidth", "cluster.intra_node_bandwidth_gbps", kCluster, "1000000",
+                  "1000000.001"},
+        RealBound{"IntraLatency", "cluster.intra_node_latency_us", kCluster, "1000000",
+                  "1000000.001"},
+        RealBound{"InterBandwidth", "cluster.inter_node_bandwidth_gbps", kCluster, "1000000",
+                  "1000000.001"},
+        RealBound{"InterLatency", "cluster.inter_node_latency_us", kCluster, "1000000",
+                  "1000000.001"},
+        RealBound{"TmaxInterval", "planner.tmax_interval_ms", "planner", "1000000", "1000000.001"},
+        RealBound{"LearningRate", "training.learning_rate", kTraining, "1000", "1000.000001"},
+        RealBound{"WeightDecay", "training.weight_decay", kTraining, "1000", "1000.000001"},
+        RealBound{"AdamEpsilon", "training.adam_epsilon", kTraining, "1", "1.000000001"},
+        RealBound{"GradientClipNorm", "training.gradient_clip_norm", kTraining, "1000000",
+                  "1000000.001"}),
+    [](const ::testing::TestParamInfo<RealBound>& info) { return info.param.name; });
+
+// The double fields without an upper bound of their own are checked for
+// NaN and infinities too.
+TEST(JobConfigBounds, EveryDoubleFieldRefusesNanAndInfinities) {
+  for (const RealBound& c : {RealBound{"", "training.min_learning_rate", kTraining, "", ""},
+                             RealBound{"", "training.adam_beta1", kTraining, "", ""},
+                             RealBound{"", "training.adam_beta2", kTraining, "", ""}}) {
+    for (const auto& [json, printed] : std::vector<std::pair<std::string, std::string>>{
+             {R"("NaN")", "nan"}, {R"("Infinity")", "inf"}, {R"("-Infinity")", "-inf"}}) {
+      EXPECT_THAT(ParseAndValidate(WithValue(c, json)),
+                  StatusIs(absl::StatusCode::kInvalidArgument,
+                           HasSubstr(absl::StrCat(c.field, ": must be a finite number (got ",
+                                                  printed, ")"))))
+          << c.field << " " << json;
+    }
+  }
+  // The learning rate's NaN reaches the default minimum (learning_rate / 10):
+  // both are named.
+  absl::StatusOr<v1::JobConfig> nan_rate =
+      ParseAndValidate(Replace(kTraining, R"("iterations": 10, "learning_rate": "NaN")"));
+  EXPECT_THAT(nan_rate, StatusIs(absl::StatusCode::kInvalidArgument,
+                                 AllOf(HasSubstr("training.learning_rate: must be a finite number"),
+                                       HasSubstr("training.min_learning_rate: must be a finite "
+                                                 "number"))));
+}
+
+TEST(JobConfigBounds, SmallestBandwidthIsAccepted) {
+  EXPECT_THAT(ParseAndValidate(Replace(kCluster, R"("device_memory_limit_mib": 8192, )"
+                                                 R"("inter_node_bandwidth_gbps": 0.001)")),
+              IsOk());
+}
 
 TEST(JobConfig, ReportsEveryErrorAtOnce) {
   std::string json = Replace(R"("num_layers": 4)", R"("num_layers": 0)");
@@ -341,6 +701,25 @@ TEST(ExampleConfigs, AllLoad) {
     EXPECT_THAT(LoadJobConfigFile(entry.path().string()), IsOk()) << entry.path();
   }
   EXPECT_GE(count, 3);
+}
+
+// So do the job configs the fuzz targets start from (seeds and the plan
+// targets' configs), among them one with every bounded field at its bound.
+// Seeds named regression-* are inputs that once failed, not configs.
+TEST(ExampleConfigs, FuzzSeedConfigsLoad) {
+  int count = 0;
+  for (const char* dir : {"tests/fuzz/corpus/job_config", "tests/fuzz/plan_configs"}) {
+    for (const auto& entry :
+         std::filesystem::directory_iterator(std::filesystem::path(VARIPIPE_SOURCE_DIR) / dir)) {
+      if (entry.path().extension() != ".json" ||
+          entry.path().filename().string().rfind("regression-", 0) == 0) {
+        continue;
+      }
+      ++count;
+      EXPECT_THAT(LoadJobConfigFile(entry.path().string()), IsOk()) << entry.path();
+    }
+  }
+  EXPECT_GE(count, 8);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "common/status.h"
 #include "executor/comm/gloo/redis_store.h"
+#include "executor/runtime/fault_injection.h"
 #include "gloo/barrier.h"
 #include "gloo/common/error.h"
 #include "gloo/rendezvous/context.h"
@@ -66,6 +67,27 @@ absl::Status WaitBuffer(AbortState& state, gloo::transport::UnboundBuffer& buffe
   }
 }
 
+// Meets the other ranks of a context in two phases: first every rank
+// announces itself in the store and waits until all have, up to `timeout`
+// (polling, so a cancellation ends it); then the ranks exchange addresses
+// (store waits, cancellable) and connect. Gloo waits up to five times a
+// context's timeout for a pair's initial connection, and nothing can cancel
+// that wait; since every rank has arrived by then, connecting takes moments,
+// and a context timeout of at most 2 s means a rank that dies between the
+// phases holds its peers for at most 10 s (not five times `timeout`).
+void ConnectFullMesh(gloo::rendezvous::Context& context, GlooRedisStore& store,
+                     std::shared_ptr<gloo::transport::Device>& device, absl::Duration timeout) {
+  const auto chrono = [](absl::Duration d) {
+    return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
+  };
+  store.set(absl::StrCat("arrived/", context.rank), {'1'});
+  std::vector<std::string> arrivals;
+  for (int r = 0; r < context.size; ++r) arrivals.push_back(absl::StrCat("arrived/", r));
+  store.wait(arrivals, chrono(timeout));
+  context.setTimeout(chrono(std::clamp(timeout / 5, absl::Seconds(1), absl::Seconds(2))));
+  context.connectFullMesh(store, device);
+}
+
 class GlooTransfer final : public Transfer {
  public:
   GlooTransfer(std::unique_ptr<gloo::transport::UnboundBuffer> buffer, bool send, int peer,
@@ -98,9 +120,7 @@ absl::StatusOr<std::unique_ptr<GlooTransport>> GlooTransport::Create(const Optio
     t->device_ = gloo::transport::tcp::CreateDevice(attr);
     GlooRedisStore store(std::move(redis), options.prefix, options.cancelled);
     auto context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.size);
-    context->setTimeout(
-        std::chrono::milliseconds(absl::ToInt64Milliseconds(options.connect_timeout)));
-    context->connectFullMesh(store, t->device_);
+    ConnectFullMesh(*context, store, t->device_, options.connect_timeout);
     // A rank's connectFullMesh can return while a peer still completes its
     // side of their connection; a rank that then closes at once (refusing
     // its plan, say) would fail that peer's rendezvous with "connection
@@ -185,9 +205,11 @@ absl::StatusOr<GlooTransport::Group*> GlooTransport::GroupContext(const std::vec
                          [abort = abort_] { return abort->aborted.load(); });
     auto context = std::make_shared<gloo::rendezvous::Context>(static_cast<int>(me - group.begin()),
                                                                static_cast<int>(group.size()));
-    context->setTimeout(
-        std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.connect_timeout)));
-    context->connectFullMesh(store, device_);
+    // The group meets at its first collective: bounded as a collective (the
+    // watchdog), not as the launch's rendezvous, since every rank of the
+    // group is past that.
+    ConnectFullMesh(*context, store, device_,
+                    std::min(options_.connect_timeout, options_.collective_timeout));
     return &(groups_[group] = Group{.context = context});
   } catch (const gloo::Exception& e) {
     VP_RETURN_IF_ERROR(Aborted(*abort_, absl::StrCat("gloo group ", absl::StrJoin(group, ","))));
@@ -250,6 +272,10 @@ absl::Status GlooTransport::Ring(std::span<float> data, const std::vector<int>& 
       }
       return absl::OkStatus();
     };
+    // Test-only fault points (executor/runtime/fault_injection.h): inside a
+    // collective, once the group met.
+    const bool all_reduce = reduce_scatter && all_gather;
+    if (!all_reduce) VP_RETURN_IF_ERROR(MaybeInjectFault(FaultPoint::kInShardedCollective));
     // Reduce-scatter: at step s, pass on the partial sum of chunk
     // owned - 1 - s and add the left's partial sum of chunk owned - 2 - s;
     // after n - 1 steps this rank holds the whole sum of chunk `owned`.
@@ -259,6 +285,7 @@ absl::Status GlooTransport::Ring(std::span<float> data, const std::vector<int>& 
       float* target = data.data() + begin(into);
       for (size_t k = 0; k < begin(into + 1) - begin(into); ++k) target[k] += incoming[k];
     }
+    if (all_reduce) VP_RETURN_IF_ERROR(MaybeInjectFault(FaultPoint::kInAllReduce));
     // All-gather: the owned chunks travel around the ring.
     for (int s = 0; all_gather && s < n - 1; ++s) {
       VP_RETURN_IF_ERROR(step(chunk(owned - s), chunk(owned - 1 - s), /*in_place=*/true));

@@ -4,11 +4,13 @@
 #include <cstring>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
 #include "executor/comm/nccl/nccl_status.h"
+#include "executor/runtime/fault_injection.h"
 
 namespace varipipe::executor {
 namespace {
@@ -236,6 +238,10 @@ absl::Status NcclTransport::Collective(const std::string& what, const std::vecto
         absl::StrCat(what, ": a group the transport was not built for"));
   }
   VP_RETURN_IF_ERROR(Aborted(*abort_, what));
+  // Test-only fault points (executor/runtime/fault_injection.h).
+  VP_RETURN_IF_ERROR(MaybeInjectFault(absl::StartsWith(what, "all-reduce")
+                                          ? FaultPoint::kInAllReduce
+                                          : FaultPoint::kInShardedCollective));
   // Bounded like every wait: a rank of the group that never joins must not
   // block this one in cudaStreamSynchronize forever.
   const absl::Time deadline = absl::Now() + options_.collective_timeout;
