@@ -70,11 +70,13 @@ absl::Status WaitBuffer(AbortState& state, gloo::transport::UnboundBuffer& buffe
 // Meets the other ranks of a context in two phases: first every rank
 // announces itself in the store and waits until all have, up to `timeout`
 // (polling, so a cancellation ends it); then the ranks exchange addresses
-// (store waits, cancellable) and connect. Gloo waits up to five times a
-// context's timeout for a pair's initial connection, and nothing can cancel
-// that wait; since every rank has arrived by then, connecting takes moments,
-// and a context timeout of at most 2 s means a rank that dies between the
-// phases holds its peers for at most 10 s (not five times `timeout`).
+// and connect. Gloo waits up to five times a context's timeout for a pair's
+// initial connection, and nothing can cancel that wait: since every rank
+// has arrived by then, connecting takes moments, a context timeout of at
+// most 2 s bounds what a rank that dies in between costs its peers to 10 s,
+// and a rank cancelled in between still connects (its store waits honour
+// the cancellation only after 5 s) rather than leave its peers connecting
+// to nobody.
 void ConnectFullMesh(gloo::rendezvous::Context& context, GlooRedisStore& store,
                      std::shared_ptr<gloo::transport::Device>& device, absl::Duration timeout) {
   const auto chrono = [](absl::Duration d) {
@@ -84,6 +86,7 @@ void ConnectFullMesh(gloo::rendezvous::Context& context, GlooRedisStore& store,
   std::vector<std::string> arrivals;
   for (int r = 0; r < context.size; ++r) arrivals.push_back(absl::StrCat("arrived/", r));
   store.wait(arrivals, chrono(timeout));
+  store.SetCancelGrace(absl::Seconds(5));
   context.setTimeout(chrono(std::clamp(timeout / 5, absl::Seconds(1), absl::Seconds(2))));
   context.connectFullMesh(store, device);
 }

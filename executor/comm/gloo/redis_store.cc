@@ -34,7 +34,8 @@ void GlooRedisStore::wait(const std::vector<std::string>& keys) {
 
 void GlooRedisStore::wait(const std::vector<std::string>& keys,
                           const std::chrono::milliseconds& timeout) {
-  const absl::Time deadline = absl::Now() + absl::FromChrono(timeout);
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + absl::FromChrono(timeout);
   for (const std::string& key : keys) {
     // Rendezvous happens once per job start: a short polling interval is
     // cheap and keeps the store to plain SET/GET/EXISTS.
@@ -42,7 +43,7 @@ void GlooRedisStore::wait(const std::vector<std::string>& keys,
       absl::StatusOr<RedisReply> r = redis_->Command({"EXISTS", absl::StrCat(prefix_, "/", key)});
       if (!r.ok()) GLOO_THROW_IO_EXCEPTION(std::string(r.status().message()));
       if (r->integer() == 1) break;
-      if (cancelled_ && cancelled_()) {
+      if (cancelled_ && absl::Now() - start >= grace_ && cancelled_()) {
         GLOO_THROW_IO_EXCEPTION(
             absl::StrCat("rendezvous: cancelled while waiting for key ", prefix_, "/", key));
       }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "common/redis/redis_client.h"
 #include "gloo/rendezvous/store.h"
 
@@ -30,11 +31,18 @@ class GlooRedisStore final : public gloo::rendezvous::Store {
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override;
 
+  // From now on a wait honours `cancelled` only once it has lasted `grace`:
+  // a rank cancelled after every rank arrived finishes connecting (its peers
+  // are about to connect to it) instead of leaving them in a connection
+  // wait nothing can cancel.
+  void SetCancelGrace(absl::Duration grace) { grace_ = grace; }
+
  private:
   std::unique_ptr<RedisClient> redis_;
   std::string prefix_;
   std::function<bool()> cancelled_;
   std::chrono::seconds ttl_;
+  absl::Duration grace_ = absl::ZeroDuration();
 };
 
 }  // namespace varipipe::executor
