@@ -634,11 +634,6 @@ absl::Status TrainAndReport(const v1::JobConfig& config, const executor::LaunchE
     liveness->ReportFailure(message);
     return absl::CancelledError(message);
   }
-  const auto with_diagnosis = [&status](const std::string& message, const std::string& diagnosis) {
-    return absl::Status(
-        status.code(),
-        absl::StrCat(message, diagnosis.empty() ? "" : "\n  other ranks: ", diagnosis));
-  };
   // A transfer or collective that failed or timed out may be the
   // consequence of a peer's death: name it before reporting (the report
   // may become the launch's first failure).
@@ -663,7 +658,9 @@ absl::Status TrainAndReport(const v1::JobConfig& config, const executor::LaunchE
   if (diagnosis.empty()) {
     diagnosis = liveness->DiagnosePeers(liveness_options.ttl + absl::Seconds(1));
   }
-  return with_diagnosis(std::string(status.message()), diagnosis);
+  return absl::Status(
+      status.code(),
+      absl::StrCat(status.message(), diagnosis.empty() ? "" : "\n  other ranks: ", diagnosis));
 }
 
 }  // namespace

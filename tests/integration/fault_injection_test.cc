@@ -43,6 +43,7 @@
 #include "tests/testing/command.h"
 #include "tests/testing/executor_ranks.h"
 #include "tests/testing/redis_server.h"
+#include "tests/testing/saved_parameters.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/status_matchers.h"
 #include "varipipe/v1/plan.pb.h"
@@ -54,6 +55,7 @@ using ::varipipe::testing::Bin;
 using ::varipipe::testing::CommandResult;
 using ::varipipe::testing::FreshDirectory;
 using ::varipipe::testing::IsOk;
+using ::varipipe::testing::LoadParameters;
 using ::varipipe::testing::RankExit;
 using ::varipipe::testing::RankLogs;
 using ::varipipe::testing::ReadFile;
@@ -93,15 +95,6 @@ std::string JobConfig(const std::string& job_id, int redis_port, int zero_stage)
                       kWatchdogSeconds, R"(, "zero_stage": )", zero_stage, R"(,
                  "checkpoint_dir": "ckpt", "checkpoint_interval": 1}
   })");
-}
-
-// Loads a --save_parameters archive.
-std::map<std::string, torch::Tensor> LoadParameters(const std::filesystem::path& file) {
-  torch::serialize::InputArchive archive;
-  archive.load_from(file.string());
-  std::map<std::string, torch::Tensor> parameters;
-  for (const std::string& key : archive.keys()) archive.read(key, parameters[key]);
-  return parameters;
 }
 
 // Sets VARIPIPE_FAULT_INJECTION for the ranks started while it lives.

@@ -38,6 +38,7 @@
 #include "tests/testing/command.h"
 #include "tests/testing/executor_ranks.h"
 #include "tests/testing/redis_server.h"
+#include "tests/testing/saved_parameters.h"
 #include "tests/testing/status_matchers.h"
 
 namespace varipipe {
@@ -49,6 +50,7 @@ using ::varipipe::testing::CommandResult;
 using ::varipipe::testing::FreshDirectory;
 using ::varipipe::testing::IsOk;
 using ::varipipe::testing::LaunchRanks;
+using ::varipipe::testing::LoadParameters;
 using ::varipipe::testing::RankExit;
 using ::varipipe::testing::RankLogs;
 using ::varipipe::testing::ReadFile;
@@ -264,15 +266,6 @@ TEST_F(TrainingService, TrainingContinuesWhenAPlannerDaemonDies) {
   EXPECT_EQ(losses.rbegin()->first, 19);
   EXPECT_EQ(PlansLeft(*redis_, "daemon-dies"), 0u);
   EXPECT_THAT(logs, HasSubstr(absl::StrCat("now using ", b)));
-}
-
-// Parameters a run saved with --save_parameters PREFIX, per rank.
-std::map<std::string, torch::Tensor> LoadParameters(const std::filesystem::path& file) {
-  torch::serialize::InputArchive archive;
-  archive.load_from(file.string());
-  std::map<std::string, torch::Tensor> parameters;
-  for (const std::string& key : archive.keys()) archive.read(key, parameters[key]);
-  return parameters;
 }
 
 TEST_F(TrainingService, AKilledExecutorIsNamedAndTheRerunResumesFromTheCheckpoint) {
