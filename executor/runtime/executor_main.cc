@@ -102,8 +102,9 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "bare PORT: 127.0.0.1; port 0: a free one, logged). Empty: none (docs/operations.md).");
 ABSL_FLAG(std::string, token_file, "",
           "File holding the job token (docs/security.md); default: FILE.token beside "
-          "--store_file. Sent on every call to the planner daemons and required by this rank's "
-          "status endpoint.");
+          "--store_file, else (with --planner) the token the job's shared Redis holds "
+          "(--redis or store.redis_address of --config). Sent on every call to the planner "
+          "daemons and required by this rank's status endpoint.");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA certificates to verify TLS planner daemons with (their --tls_cert's issuer).");
 ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate for daemons that require one.");
