@@ -68,15 +68,15 @@ dry_run=0
 
 # name|group|what it checks (in run order; build steps come first).
 CHECKS=(
-  "gloo-transport|gpu|Gloo transport unit test on the CUDA build (CPU tensors); first, as it shows a clash between two Gloo copies"
   "gpu-fp32-vs-cpu|gpu|one rank, fp32, the quickstart's multi-task job: losses on cuda:0 (TF32 off) match the CPU run of the same plans"
   "gpu-bf16-train|gpu|the quickstart's multi-task job, one rank on cuda:0 under torchrun, bf16 autocast, 30 iterations: the loss falls"
+  "profile|gpu|varipipe-profile on a hidden-4096 layer up to 8,192 tokens: the cost model (varipipe-plan accepts it) and the layer's MFU from device times"
+  "speed|gpu|tokens/s, MFU and interpreter overhead per micro-batching method, GPT-1.3B-like stack, bf16, maximum length 8,192, FLAN-like and documents mixtures"
   "two-ranks-one-gpu-nccl|gpu|two pipeline ranks on cuda:0 with NCCL: a clear refusal (NCCL rejects two ranks on one GPU) or success, never a hang"
+  "gloo-transport|gpu|Gloo transport unit test on the CUDA build (CPU tensors): shows a clash between two Gloo copies"
   "two-ranks-one-gpu-gloo|gpu|two ranks sharing the GPU over Gloo with device tensors (pending: the executor has no such option)"
   "nccl-allreduce-one-rank|gpu|ncclAllReduce on a one-rank communicator (pending: the NCCL transport skips groups of one)"
   "layer-timings|gpu|per-micro-batch forward/backward times of GPT-1.3B-like and GPT-6.7B-like layer stacks (executor timings, CUDA_LAUNCH_BLOCKING=1)"
-  "speed|gpu|tokens/s, MFU and interpreter overhead per micro-batching method, GPT-1.3B-like stack, bf16"
-  "profile|gpu|varipipe-profile on the same layer stacks (runs only once that binary exists)"
   "gpu-tests|gpu|CTest tests labelled gpu, GPU visible, TF32 off (runs only once such tests exist)"
   "equivalence-cpu|cpu|the equivalence tests (equivalence_test, plan_interpreter_test, executor_training_test) on the CUDA build with the GPU hidden"
   "ctest-cpu|cpu|the rest of the CTest suite on the CUDA build with the GPU hidden"
@@ -432,7 +432,7 @@ unpack() {
 # ---------------------------------------------------------------------------
 cmake_args=(
   -S "$root" -B "$build" -G Ninja
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  -DCMAKE_BUILD_TYPE=Release
   "-DCMAKE_PREFIX_PATH=$prefix/usr"
   "-DTorch_DIR=$torch_dir"
   "-DProtobuf_PROTOC_EXECUTABLE=$prefix/usr/bin/protoc"
@@ -453,7 +453,9 @@ fi
 if [[ "${cmake_version%%.*}" =~ ^[0-9]+$ && "${cmake_version%%.*}" -ge 4 ]]; then
   cmake_args+=(-DCMAKE_POLICY_VERSION_MINIMUM=3.5)
 fi
-core_targets=(varipipe-executor varipipe-plan varipipe-planner varipipe-ctl varipipe-convert-jsonl gloo_transport_test)
+core_targets=(varipipe-executor varipipe-profile varipipe-plan varipipe-planner varipipe-ctl varipipe-convert-jsonl gloo_transport_test)
+# What the GPU checks cannot run without.
+essential_binaries=(varipipe-executor varipipe-planner varipipe-ctl varipipe-convert-jsonl)
 
 # Every dependency must come from the prefix (or LibTorch/CUDA), not from
 # whatever the machine happens to have in /usr.
@@ -525,12 +527,18 @@ if [[ "$skip_build" -eq 0 ]]; then
 
   begin build
   rm -f "$build/.built-all"
-  if timeout "$(budget_left)" cmake --build "$build" -j "$jobs" --target "${core_targets[@]}" \
+  # -k 0: every compile error in one run, and whatever can build does.
+  if timeout "$(budget_left)" cmake --build "$build" -j "$jobs" --target "${core_targets[@]}" -- -k 0 \
        > "$logs/build.log" 2>&1; then
-    record PASS build "$(elapsed)" "executor, planner tools and gloo_transport_test with $jobs jobs"
+    record PASS build "$(elapsed)" "executor, profiler, planner tools and gloo_transport_test with $jobs jobs"
   else
-    record FAIL build "$(elapsed)" "$(first_error "$logs/build.log") (logs/build.log)"
-    skip_rest "build failed"
+    missing_binaries=()
+    for b in "${essential_binaries[@]}"; do [[ -x "$build/bin/$b" ]] || missing_binaries+=("$b"); done
+    if [[ ${#missing_binaries[@]} -gt 0 ]]; then
+      record FAIL build "$(elapsed)" "$(first_error "$logs/build.log") (logs/build.log)"
+      skip_rest "build failed"
+    fi
+    record FAIL build "$(elapsed)" "$(first_error "$logs/build.log") (logs/build.log); the executor and planner built, the checks run"
   fi
 else
   [[ -x "$build/bin/varipipe-executor" ]] || die "--skip-build but $build/bin/varipipe-executor does not exist"
@@ -574,20 +582,21 @@ def configs(template, data, jobs, hardware):
         c["training"].pop("checkpoint_dir", None)
         c["training"]["watchdog_timeout_s"] = 120
         return c
-    def gpt(job_id, layers, hidden, heads, methods):
+    def gpt(job_id, layers, hidden, heads, methods, max_len=2048, mixture="FLAN_LIKE",
+            tokens=65536, iterations=6):
         return {
             "job_id": job_id,
             "model": {"kind": "gpt", "num_layers": layers, "hidden_size": hidden,
                       "num_attention_heads": heads, "ffn_hidden_size": 4 * hidden,
-                      "vocab_size": 50432, "dtype": "bfloat16"},
+                      "vocab_size": 50432, "dtype": "bfloat16", "attention_kernel": "FUSED"},
             "parallelism": {"pipeline": 1, "data": 1},
             "cluster": {"devices_per_node": 1, "device_memory_limit_mib": 65536,
                         "hardware": hardware},
-            "data": {"format": "synthetic", "tokens_per_global_batch": 65536,
-                     "max_sequence_length": 2048, "seed": 1234,
-                     "synthetic_num_samples": 100000},
+            "data": {"format": "synthetic", "tokens_per_global_batch": tokens,
+                     "max_sequence_length": max_len, "seed": 1234,
+                     "synthetic_num_samples": 100000, "synthetic_mixture": mixture},
             "planner": {"partition_methods": methods, "plan_ahead": 16},
-            "training": {"iterations": 6, "learning_rate": 1e-4, "warmup_iterations": 1,
+            "training": {"iterations": iterations, "learning_rate": 1e-4, "warmup_iterations": 1,
                          "watchdog_timeout_s": 300},
         }
     os.makedirs(jobs, exist_ok=True)
@@ -599,12 +608,56 @@ def configs(template, data, jobs, hardware):
         "gpt1.3b-like": gpt("gpu-gpt1.3b-like", 8, 2048, 16, ["dynamic_programming"]),
         "gpt6.7b-like": gpt("gpu-gpt6.7b-like", 4, 4096, 32, ["dynamic_programming"]),
     }
-    for m in ["dynamic_programming", "token_based", "fixed_size", "padding"]:
-        out["speed-" + m] = gpt("gpu-speed-" + m.replace("_", "-"), 8, 2048, 16, [m])
+    # One GPU, maximum length 8,192, each micro-batching method on two mixtures.
+    for mixture in ["FLAN_LIKE", "DOCUMENTS"]:
+        for m in SPEED_METHODS:
+            name = f"speed-{mixture.lower().replace('_', '-')}-{m}"
+            out[name] = gpt("gpu-" + name.replace("_", "-"), 8, 2048, 16, [m], max_len=8192,
+                            mixture=mixture, iterations=5)
+    # The profiler's job: a hidden-4,096 (GPT-6.7B) layer up to 8,192 tokens,
+    # without recomputation (the MFU of one stage's layer).
+    h4096 = gpt("gpu-profile-h4096", 2, 4096, 32, ["dynamic_programming"], max_len=8192,
+                tokens=16384)
+    h4096["planner"]["recompute_modes"] = ["RECOMPUTE_NONE"]
+    out["profile-h4096"] = h4096
     for name, c in out.items():
         d = os.path.join(jobs, name)
         os.makedirs(d, exist_ok=True)
         json.dump(c, open(os.path.join(d, "job.json"), "w"), indent=1)
+
+
+SPEED_METHODS = ["dynamic_programming", "packing", "token_based", "fixed_size", "padding"]
+
+
+def mfu(cost_model, peak_tflops, lengths):
+    """MFU of the profiled layer (no recomputation) at the largest measured
+    micro-batch of each length: Megatron's FLOP count over device time."""
+    c = json.load(open(cost_model))
+    h = c["model"]["hidden_size"]
+    f = c["model"].get("ffn_hidden_size", 4 * h)
+    notes = []
+    for g in c["grids"]:
+        if g["component"] != "ENCODER_LAYER" or g.get("recompute", "RECOMPUTE_NONE") != "RECOMPUTE_NONE":
+            continue
+        sizes, seqs = g["micro_batch_sizes"], g["seq_lens"]
+        fwd, bwd = g["forward_ms"], g["backward_ms"]
+        print("b\ts\ttokens\tforward_ms\tbackward_ms\ttflops\tmfu")
+        for si, s in enumerate(seqs):
+            best = None
+            for bi, b in enumerate(sizes):
+                k = bi * len(seqs) + si
+                t = float(fwd[k]) + float(bwd[k])
+                if not math.isfinite(t) or t <= 0:
+                    continue
+                flops = 3 * b * s * (8 * h * h + 4 * h * f + 4 * s * h)
+                tf = flops / (t * 1e-3) / 1e12
+                print(f"{b}\t{s}\t{b * s}\t{float(fwd[k]):.3f}\t{float(bwd[k]):.3f}\t{tf:.1f}\t"
+                      f"{100 * tf / peak_tflops:.1f}%")
+                best = (b, tf)
+            if s in lengths and best:
+                notes.append(f"s={s} b={best[0]}: {best[1]:.0f} TFLOP/s, MFU {100 * best[1] / peak_tflops:.1f}%")
+    print("NOTE hidden-4096 layer, bf16, fused attention (device times): " + "; ".join(notes))
+    return 0 if notes else 1
 
 
 def compare(cpu_dir, gpu_dir, tolerance):
@@ -714,6 +767,8 @@ if __name__ == "__main__":
         sys.exit(loss_falls(args[0], int(args[1])))
     elif cmd == "timings":
         sys.exit(timings(args[0], args[1], float(args[2])))
+    elif cmd == "mfu":
+        sys.exit(mfu(args[0], float(args[1]), [512, 2048, 8192]))
     else:
         sys.exit(f"unknown command {cmd}")
 EOF
@@ -911,33 +966,43 @@ check_layer_timings() {
 }
 
 check_speed() {
-  local method rc=0 failed=() methods=(dynamic_programming packing token_based fixed_size padding) i=0
+  local mixture method run rc=0 failed=() runs=() i=0
+  local methods=(dynamic_programming packing token_based fixed_size padding)
+  for mixture in flan-like documents; do
+    for method in "${methods[@]}"; do runs+=("speed-$mixture-$method"); done
+  done
   printf 'run\ttokens_per_s\tstep_ms\tcompute_ms\tinterpreter_ms\tinstructions\tpadding_efficiency\tmean_padded_len\tmfu\n' > "$logs/speed.tsv"
-  for method in "${methods[@]}"; do
+  for run in "${runs[@]}"; do
     i=$((i + 1))
-    if [[ $(left) -lt 30 ]]; then failed+=("$method (no time left)"); rc=1; continue; fi
-    # An equal share of the time left for each method still to run.
-    if train "$1/$method" "speed-$method" cuda direct "$(( $(left) / (${#methods[@]} - i + 1) ))" &&
-       "$python" "$work/gpu_tools.py" timings "$1/$method" "$method" "$peak_tflops" > "$1/$method/result.txt"; then
-      tail -n 1 "$1/$method/speed.tsv" >> "$logs/speed.tsv"
+    if [[ $(left) -lt 20 ]]; then failed+=("$run (no time left)"); rc=1; continue; fi
+    # An equal share of the time left for each run still to come.
+    if train "$1/$run" "$run" cuda direct "$(( $(left) / (${#runs[@]} - i + 1) ))" &&
+       "$python" "$work/gpu_tools.py" timings "$1/$run" "$run" "$peak_tflops" > "$1/$run/result.txt"; then
+      tail -n 1 "$1/$run/speed.tsv" >> "$logs/speed.tsv"
     else
-      failed+=("$method"); rc=1
+      failed+=("$run"); rc=1
     fi
   done
   cat "$logs/speed.tsv"
-  note "$(awk -F'\t' 'NR > 1 {printf "%s%s %s tok/s MFU %s interp %s ms", sep, $1, $2, ($9 == "" ? "n/a" : $9), $5; sep = "; "}' "$logs/speed.tsv")${failed[*]:+; failed: ${failed[*]}}; table in logs/speed.tsv"
+  note "$(awk -F'\t' 'NR > 1 {sub(/^speed-/, "", $1); printf "%s%s %s tok/s MFU %s", sep, $1, $2, ($9 == "" ? "n/a" : $9); sep = "; "}' "$logs/speed.tsv")${failed[*]:+; failed: ${failed[*]}}; table in logs/speed.tsv"
   return "$rc"
 }
 
+# The profiler on a hidden-4,096 layer up to 8,192 tokens (quick grid, no
+# recomputation): the cost model and, from its device times, the layer's MFU.
 check_profile() {
-  [[ -x "$bin/varipipe-profile" ]] ||
-    { note "varipipe-profile does not exist yet; layer-timings has the executor's per-micro-batch timings"; return 77; }
-  local model rc=0
-  for model in gpt1.3b-like gpt6.7b-like; do
-    timeout "$(( $(left) / 2 ))" "$bin/varipipe-profile" --config "$work/jobs/$model/job.json" \
-      --out "$logs/profile-$model" || rc=1
-  done
-  note "varipipe-profile --config JOB --out DIR on both stacks: exit $rc (logs/profile-*)"
+  [[ -x "$bin/varipipe-profile" ]] || { note "varipipe-profile did not build"; return 1; }
+  local rc=0 out="$logs/cost-model-h4096.json"
+  timeout "$(( $(left) > 10 ? $(left) - 5 : 5 ))" "$bin/varipipe-profile" --config "$work/jobs/profile-h4096/job.json" \
+    --out "$out" --quick --repeats 3 || rc=$?
+  [[ -f "$out" ]] || cp "$out.partial" "$logs/" 2> /dev/null || true
+  if [[ $rc -ne 0 ]]; then note "varipipe-profile exit $rc (partial grid in logs/, if any)"; return 1; fi
+  "$python" "$work/gpu_tools.py" mfu "$out" "$peak_tflops" > "$logs/mfu-h4096.tsv" || rc=$?
+  cat "$logs/mfu-h4096.tsv"
+  "$bin/varipipe-plan" --config "$work/jobs/profile-h4096/job.json" --cost-model "$out" --iterations 2 \
+    > "$logs/plan-with-cost-model.txt" 2>&1 || { rc=1; echo "varipipe-plan refused the cost model"; }
+  cat "$logs/plan-with-cost-model.txt"
+  note "$(sed -n 's/^NOTE //p' "$logs/mfu-h4096.tsv"); varipipe-plan --cost-model: exit $rc"
   return "$rc"
 }
 
@@ -1020,17 +1085,18 @@ run_check() {
   esac
 }
 
-run_check gloo-transport 120 check_gloo_transport
-run_check gpu-fp32-vs-cpu 240 check_gpu_fp32_vs_cpu
-run_check gpu-bf16-train 240 check_gpu_bf16_train
-run_check two-ranks-one-gpu-nccl 150 check_two_ranks_one_gpu_nccl
+# Most telling first: a call may end before the last check.
+run_check gpu-fp32-vs-cpu 150 check_gpu_fp32_vs_cpu
+run_check gpu-bf16-train 100 check_gpu_bf16_train
+run_check profile 120 check_profile
+run_check speed 240 check_speed
+run_check two-ranks-one-gpu-nccl 60 check_two_ranks_one_gpu_nccl
+run_check gloo-transport 60 check_gloo_transport
 run_check two-ranks-one-gpu-gloo 10 check_pending \
   "pending: every rank on cuda:0 with the Gloo transport over device tensors needs an executor option (today a CUDA rank always uses NCCL, on cuda:LOCAL_RANK)"
 run_check nccl-allreduce-one-rank 10 check_pending \
   "pending: the NCCL transport creates no communicator for a group of one, so ncclAllReduce is not reached; NCCL send/recv between two ranks needs two GPUs"
 run_check layer-timings 300 check_layer_timings
-run_check speed 420 check_speed
-run_check profile 300 check_profile
 run_check gpu-tests 420 check_gpu_tests
 run_check equivalence-cpu 420 check_equivalence_cpu
 run_check ctest-cpu 600 check_ctest_cpu

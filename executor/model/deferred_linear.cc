@@ -1,7 +1,7 @@
 #include "executor/model/deferred_linear.h"
 
-#include <ATen/autocast_mode.h>
 
+#include "executor/model/cuda_autocast.h"
 #include "executor/model/weight_grad_store.h"
 
 namespace varipipe::executor {
@@ -13,7 +13,7 @@ using torch::autograd::tensor_list;
 // The dtype torch::linear computes in for `x`: the CUDA autocast dtype when
 // autocast is on and x is on a GPU, else x's own.
 torch::ScalarType ComputeDtype(const torch::Tensor& x) {
-  if (x.is_cuda() && at::autocast::is_enabled()) return at::autocast::get_autocast_gpu_dtype();
+  if (x.is_cuda() && CudaAutocastEnabled()) return CudaAutocastDtype();
   return x.scalar_type();
 }
 

@@ -14,33 +14,34 @@
 #ifndef VARIPIPE_EXECUTOR_MODEL_RECOMPUTE_PRECISION_H_
 #define VARIPIPE_EXECUTOR_MODEL_RECOMPUTE_PRECISION_H_
 
-#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
+
+#include "executor/model/cuda_autocast.h"
 
 namespace varipipe::executor {
 
 // Records the calling thread's autocast state in `ctx->saved_data`.
 inline void SaveForwardPrecision(torch::autograd::AutogradContext* ctx) {
-  ctx->saved_data["autocast"] = at::autocast::is_enabled();
-  ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(at::autocast::get_autocast_gpu_dtype());
+  ctx->saved_data["autocast"] = CudaAutocastEnabled();
+  ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(CudaAutocastDtype());
 }
 
 // Sets the autocast state SaveForwardPrecision recorded for its lifetime.
 class RecomputePrecisionScope {
  public:
   explicit RecomputePrecisionScope(torch::autograd::AutogradContext* ctx)
-      : was_enabled_(at::autocast::is_enabled()),
-        was_dtype_(at::autocast::get_autocast_gpu_dtype()),
+      : was_enabled_(CudaAutocastEnabled()),
+        was_dtype_(CudaAutocastDtype()),
         enabled_(ctx->saved_data["autocast"].toBool()) {
     if (enabled_) {
-      at::autocast::set_autocast_gpu_dtype(
+      SetCudaAutocastDtype(
           static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()));
     }
-    at::autocast::set_enabled(enabled_);
+    SetCudaAutocastEnabled(enabled_);
   }
   ~RecomputePrecisionScope() {
-    at::autocast::set_enabled(was_enabled_);
-    at::autocast::set_autocast_gpu_dtype(was_dtype_);
+    SetCudaAutocastEnabled(was_enabled_);
+    SetCudaAutocastDtype(was_dtype_);
     if (enabled_ && !was_enabled_) at::autocast::clear_cache();
   }
   RecomputePrecisionScope(const RecomputePrecisionScope&) = delete;

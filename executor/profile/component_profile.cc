@@ -1,6 +1,5 @@
 #include "executor/profile/component_profile.h"
 
-#include <ATen/autocast_mode.h>
 
 #include <algorithm>
 #include <chrono>
@@ -13,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "executor/model/attention_mask.h"
+#include "executor/model/cuda_autocast.h"
 #include "executor/model/initializer.h"
 #include "executor/model/transformer_layer.h"
 #include "executor/runtime/counting_allocator.h"
@@ -24,6 +24,12 @@
 
 namespace varipipe::executor {
 namespace {
+
+#ifdef VARIPIPE_PROFILE_HAS_CUDA_ALLOCATOR
+// The caching allocator's aggregate statistic (StatType::AGGREGATE, first in
+// every LibTorch; newer ones declare StatType outside CUDACachingAllocator).
+constexpr size_t kAggregateStat = 0;
+#endif
 
 using Clock = std::chrono::steady_clock;
 constexpr double kMiB = 1024.0 * 1024.0;
@@ -59,9 +65,9 @@ class MemoryProbe {
 
  private:
 #ifdef VARIPIPE_PROFILE_HAS_CUDA_ALLOCATOR
-  c10::cuda::CUDACachingAllocator::Stat Stat() const {
+  auto Stat() const {
     return c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index())
-        .allocated_bytes[static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE)];
+        .allocated_bytes[kAggregateStat];
   }
 #endif
   torch::Device device_;
@@ -197,12 +203,12 @@ Pass RunOnce(Runnable& r, const ProfileSettings& settings, MemoryProbe& probe) {
   const auto forward = [&] {
     const bool autocast = settings.cuda_autocast_dtype.has_value();
     if (autocast) {
-      at::autocast::set_autocast_gpu_dtype(*settings.cuda_autocast_dtype);
-      at::autocast::set_enabled(true);
+      SetCudaAutocastDtype(*settings.cuda_autocast_dtype);
+      SetCudaAutocastEnabled(true);
     }
     torch::Tensor out = r.forward();
     if (autocast) {
-      at::autocast::set_enabled(false);
+      SetCudaAutocastEnabled(false);
       at::autocast::clear_cache();
     }
     return out;

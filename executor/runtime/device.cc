@@ -19,6 +19,12 @@
 
 namespace varipipe::executor {
 
+#ifdef VARIPIPE_TORCH_HAS_CUDA_ALLOCATOR
+// The caching allocator's aggregate statistic (StatType::AGGREGATE, first in
+// every LibTorch; newer ones declare StatType outside CUDACachingAllocator).
+constexpr size_t kAggregateStat = 0;
+#endif
+
 absl::StatusOr<DeviceChoice> ChooseDevice(int local_rank) {
   try {
     DeviceChoice choice;
@@ -51,7 +57,7 @@ int64_t PeakMemoryBytes(const DeviceChoice& device) {
     const int index = std::stoi(device.name.substr(device.name.find(':') + 1));
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
     return stats
-        .allocated_bytes[static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE)]
+        .allocated_bytes[kAggregateStat]
         .peak;
   }
 #endif
@@ -67,7 +73,7 @@ int64_t CurrentMemoryBytes(const DeviceChoice& device) {
     const int index = std::stoi(device.name.substr(device.name.find(':') + 1));
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
     return stats
-        .allocated_bytes[static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE)]
+        .allocated_bytes[kAggregateStat]
         .current;
   }
 #endif

@@ -1,6 +1,5 @@
 #include "executor/runtime/plan_interpreter.h"
 
-#include <ATen/autocast_mode.h>
 #include <torch/cuda.h>
 
 #include <algorithm>
@@ -16,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "executor/model/cuda_autocast.h"
 #include "executor/runtime/fault_injection.h"
 #include "executor/runtime/plan_check.h"
 
@@ -54,13 +54,13 @@ class AutocastScope {
  public:
   explicit AutocastScope(std::optional<torch::ScalarType> dtype) : active_(dtype.has_value()) {
     if (!active_) return;
-    previous_ = at::autocast::is_enabled();
-    at::autocast::set_autocast_gpu_dtype(*dtype);
-    at::autocast::set_enabled(true);
+    previous_ = CudaAutocastEnabled();
+    SetCudaAutocastDtype(*dtype);
+    SetCudaAutocastEnabled(true);
   }
   ~AutocastScope() {
     if (!active_) return;
-    at::autocast::set_enabled(previous_);
+    SetCudaAutocastEnabled(previous_);
     at::autocast::clear_cache();
   }
   AutocastScope(const AutocastScope&) = delete;
