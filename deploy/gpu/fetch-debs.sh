@@ -38,6 +38,8 @@ PACKAGES=(
   libhiredis-dev libhiredis0.14 redis-server redis-tools libjemalloc2 liblzf1
   # Logging.
   libspdlog-dev libspdlog1.10 libfmt-dev libfmt9
+  # Metrics endpoints (--metrics_listen).
+  libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1
   # Tests and benchmarks.
   libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian
   # Gloo (gloo group), for a LibTorch without Gloo headers.
