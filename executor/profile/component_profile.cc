@@ -41,6 +41,14 @@ class MemoryProbe {
  public:
   explicit MemoryProbe(torch::Device device) : device_(device), scope_(&account_) {}
 
+#ifdef VARIPIPE_PROFILE_HAS_CUDA_ALLOCATOR
+  // Defined before its callers: they need its deduced type.
+  auto Stat() const {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index())
+        .allocated_bytes[kAggregateStat];
+  }
+#endif
+
   int64_t Current() const {
 #ifdef VARIPIPE_PROFILE_HAS_CUDA_ALLOCATOR
     if (device_.is_cuda()) return Stat().current;
@@ -64,12 +72,6 @@ class MemoryProbe {
   }
 
  private:
-#ifdef VARIPIPE_PROFILE_HAS_CUDA_ALLOCATOR
-  auto Stat() const {
-    return c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index())
-        .allocated_bytes[kAggregateStat];
-  }
-#endif
   torch::Device device_;
   MemoryAccount account_;
   ScopedAccount scope_;

@@ -1,6 +1,7 @@
 #include "executor/runtime/counting_allocator.h"
 
 #include <c10/core/CPUAllocator.h>
+#include <torch/version.h>
 
 #include <mutex>
 #include <utility>
@@ -52,11 +53,19 @@ void FreeCounted(void* data) {
   if (allocation.account != nullptr) allocation.account->Add(-allocation.bytes);
 }
 
+// LibTorch 2.3 made Allocator::allocate non-const and added copy_data.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define VARIPIPE_ALLOCATE_CONST
+#define VARIPIPE_ALLOCATOR_HAS_COPY_DATA 1
+#else
+#define VARIPIPE_ALLOCATE_CONST const
+#endif
+
 class CountingCpuAllocator final : public c10::Allocator {
  public:
   explicit CountingCpuAllocator(c10::Allocator* base) : base_(base) {}
 
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) VARIPIPE_ALLOCATE_CONST override {
     c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
     const c10::Device device = inner.device();
@@ -68,6 +77,12 @@ class CountingCpuAllocator final : public c10::Allocator {
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &FreeCounted; }
+
+#ifdef VARIPIPE_ALLOCATOR_HAS_COPY_DATA
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    base_->copy_data(dest, src, count);
+  }
+#endif
 
  private:
   c10::Allocator* base_;
