@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -99,21 +100,65 @@ torch::Tensor Activation(const ProfilePoint& p, int64_t length, int64_t hidden,
       .requires_grad_(true);
 }
 
-Runnable Build(const ModelSpec& spec, const ProfilePoint& p, torch::Device device) {
+// Makes `cache` hold the parameters of `component` (on `device`, requiring
+// gradients), replacing another component's.
+void EnsureParameters(const ModelSpec& spec, v1::CostComponent component, torch::Device device,
+                      ComponentCache& cache) {
+  if (cache.component == component && (cache.layer != nullptr || !cache.parameters.empty())) {
+    return;
+  }
+  cache = ComponentCache{};  // frees the previous component first
+  cache.component = component;
+  const int64_t h = spec.hidden_size;
+  switch (component) {
+    case v1::DECODER_LAYER:
+    case v1::ENCODER_LAYER:
+      cache.layer = std::make_shared<TransformerLayer>(
+          spec,
+          component == v1::DECODER_LAYER ? ModelComponent::kDecoderLayer
+                                         : ModelComponent::kEncoderLayer,
+          0, spec.num_layers + spec.num_decoder_layers);
+      cache.layer->to(device);
+      break;
+    case v1::EMBEDDING: {
+      Initializer init(spec.seed, ModelComponent::kEmbedding, 0);
+      cache.parameters = {init.Normal({spec.vocab_size, h}, kInitStddev).to(device),
+                          init.Normal({spec.max_sequence_length, h}, kInitStddev).to(device)};
+      break;
+    }
+    default: {  // POSTPROCESS: final LayerNorm and LM head
+      Initializer init(spec.seed, ModelComponent::kHead, 0);
+      cache.parameters = {Initializer::Ones({h}).to(device), Initializer::Zeros({h}).to(device),
+                          init.Normal({spec.vocab_size, h}, kInitStddev).to(device)};
+      break;
+    }
+  }
+  for (torch::Tensor& t : cache.parameters) t.requires_grad_(true);
+}
+
+// Drops the gradients a point's passes gave the cached parameters (they were
+// counted by that point's memory probe and must not outlive it).
+void ClearGradients(ComponentCache& cache) {
+  if (cache.layer != nullptr) {
+    for (torch::Tensor t : cache.layer->parameters()) t.mutable_grad() = torch::Tensor();
+  }
+  for (torch::Tensor& t : cache.parameters) t.mutable_grad() = torch::Tensor();
+}
+
+// The point's inputs and forward around the parameters in `cache`
+// (EnsureParameters for p.component).
+Runnable Build(const ModelSpec& spec, const ProfilePoint& p, torch::Device device,
+               const ComponentCache& cache) {
   Runnable r;
   const int64_t b = p.micro_batch;
   const int64_t s = p.seq_len;
   const int64_t h = spec.hidden_size;
   const auto lengths = [&](int64_t n) { return torch::full({b}, n, torch::kInt64).to(device); };
-  const int64_t total_layers = spec.num_layers + spec.num_decoder_layers;
   switch (p.component) {
     case v1::DECODER_LAYER:
     case v1::ENCODER_LAYER: {
       const bool decoder = p.component == v1::DECODER_LAYER;
-      r.layer = std::make_shared<TransformerLayer>(
-          spec, decoder ? ModelComponent::kDecoderLayer : ModelComponent::kEncoderLayer, 0,
-          total_layers);
-      r.layer->to(device);
+      r.layer = cache.layer;
       r.layer->set_recompute_attention(p.recompute == v1::RECOMPUTE_SELECTIVE);
       r.layer->set_recompute_full(p.recompute == v1::RECOMPUTE_FULL);
       for (const torch::Tensor& t : r.layer->parameters()) r.parameters.push_back(t);
@@ -144,12 +189,9 @@ Runnable Build(const ModelSpec& spec, const ProfilePoint& p, torch::Device devic
       break;
     }
     case v1::EMBEDDING: {
-      Initializer init(spec.seed, ModelComponent::kEmbedding, 0);
-      torch::Tensor word = init.Normal({spec.vocab_size, h}, kInitStddev).to(device);
-      torch::Tensor position = init.Normal({spec.max_sequence_length, h}, kInitStddev).to(device);
-      word.requires_grad_(true);
-      position.requires_grad_(true);
-      r.parameters = {word, position};
+      const torch::Tensor word = cache.parameters[0];
+      const torch::Tensor position = cache.parameters[1];
+      r.parameters = cache.parameters;
       torch::Tensor tokens = torch::randint(spec.vocab_size, {b, s}, torch::kInt64).to(device);
       r.kept_input_bytes = tokens.nbytes();  // the backward keeps the token ids
       r.forward = [word, position, tokens, s] {
@@ -158,12 +200,10 @@ Runnable Build(const ModelSpec& spec, const ProfilePoint& p, torch::Device devic
       break;
     }
     default: {  // POSTPROCESS: final LayerNorm, LM head and the summed token loss
-      Initializer init(spec.seed, ModelComponent::kHead, 0);
-      torch::Tensor weight = Initializer::Ones({h}).to(device).requires_grad_(true);
-      torch::Tensor bias = Initializer::Zeros({h}).to(device).requires_grad_(true);
-      torch::Tensor head = init.Normal({spec.vocab_size, h}, kInitStddev).to(device);
-      head.requires_grad_(true);
-      r.parameters = {weight, bias, head};
+      const torch::Tensor weight = cache.parameters[0];
+      const torch::Tensor bias = cache.parameters[1];
+      const torch::Tensor head = cache.parameters[2];
+      r.parameters = cache.parameters;
       torch::Tensor x = Activation(p, s, h, device);
       r.inputs.push_back(x);
       torch::Tensor labels = torch::randint(spec.vocab_size, {b * s}, torch::kInt64).to(device);
@@ -265,14 +305,19 @@ double Median(std::vector<double> values) {
 }  // namespace
 
 absl::StatusOr<PointCosts> MeasurePoint(const ModelSpec& spec, const ProfilePoint& point,
-                                        const ProfileSettings& settings) {
+                                        const ProfileSettings& settings, ComponentCache* cache) {
   if (point.micro_batch < 1 || point.seq_len < 1 ||
       (point.component == v1::DECODER_LAYER && point.encoder_len < 1)) {
     return absl::InvalidArgumentError("profile points need positive sizes and lengths");
   }
+  ComponentCache local;
+  ComponentCache& parameters = cache != nullptr ? *cache : local;
   try {
+    // Parameters before the probe: they are model state, and outlive it.
+    EnsureParameters(spec, point.component, settings.device, parameters);
     MemoryProbe probe(settings.device);  // outlives every tensor below
-    Runnable runnable = Build(spec, point, settings.device);
+    const absl::Cleanup clear_gradients = [&parameters] { ClearGradients(parameters); };
+    Runnable runnable = Build(spec, point, settings.device, parameters);
     // Warm-up passes also allocate the parameters' gradients, which are
     // model state and must not count as activation memory.
     for (int i = 0; i < std::max(1, settings.warmup); ++i) {

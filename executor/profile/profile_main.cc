@@ -420,6 +420,9 @@ int Run(const ShutdownSignal& shutdown) {
   spdlog::info("profiling {} grid points on {} ({} already measured in {}.partial)", todo.size(),
                device, done.size(), out_path);
 
+  // The points of a component come one after another (todo's order): its
+  // parameters are built once.
+  executor::ComponentCache parameters;
   const absl::Time start = absl::Now();
   size_t measured_now = 0;
   absl::Time last_report = start;
@@ -437,7 +440,8 @@ int Run(const ShutdownSignal& shutdown) {
     point.micro_batch = std::get<2>(key);
     point.encoder_len = std::get<3>(key);
     point.seq_len = std::get<4>(key);
-    absl::StatusOr<executor::PointCosts> costs = executor::MeasurePoint(*spec, point, settings);
+    absl::StatusOr<executor::PointCosts> costs =
+        executor::MeasurePoint(*spec, point, settings, &parameters);
     if (absl::IsResourceExhausted(costs.status())) {
       spdlog::warn("{}: infeasible", std::string(costs.status().message()));
       costs = executor::PointCosts{kInf, kInf, kInf, kInf};
