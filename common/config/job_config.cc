@@ -189,6 +189,74 @@ void ValidateModel(const JobConfig& config, ErrorList& errors) {
   }
 }
 
+// Architecture-specific fields (docs/models.md): each belongs to LLAMA, and
+// grouped-query attention, rotary pairs and a tied head have constraints.
+void ValidateArchitecture(const JobConfig& config, ErrorList& errors) {
+  const v1::ModelConfig& m = config.model();
+  if (m.architecture() != v1::ARCHITECTURE_UNSPECIFIED && m.architecture() != v1::MEGATRON &&
+      m.architecture() != v1::LLAMA) {
+    errors.Add("model.architecture", "must be MEGATRON or LLAMA (got ",
+               v1::Architecture_IsValid(m.architecture())
+                   ? v1::Architecture_Name(m.architecture())
+                   : absl::StrCat(static_cast<int>(m.architecture())),
+               ")");
+    return;
+  }
+  if (m.has_norm_epsilon()) {
+    CheckPositive(errors, "model.norm_epsilon", m.norm_epsilon(), 1.0);
+  }
+  const bool llama = m.architecture() == v1::LLAMA;
+  if (!llama) {
+    if (m.num_key_value_heads() != 0 && m.num_key_value_heads() != m.num_attention_heads()) {
+      errors.Add("model.num_key_value_heads",
+                 "grouped-query attention needs model.architecture LLAMA");
+    }
+    if (m.has_rope_theta()) errors.Add("model.rope_theta", "is only used by LLAMA models");
+    if (m.has_rope_scaling()) errors.Add("model.rope_scaling", "is only used by LLAMA models");
+    if (m.tie_word_embeddings()) {
+      errors.Add("model.tie_word_embeddings", "is only used by LLAMA models");
+    }
+    return;
+  }
+  if (m.kind() != v1::GPT) {
+    errors.Add("model.architecture", "LLAMA is a decoder-only architecture: model.kind must be GPT");
+  }
+  const uint32_t heads = m.num_attention_heads();
+  const uint32_t kv_heads = m.num_key_value_heads();
+  if (heads != 0 && (kv_heads == 0 || kv_heads > heads || heads % kv_heads != 0)) {
+    errors.Add("model.num_key_value_heads", "must divide model.num_attention_heads (", heads,
+               "; got ", kv_heads, ")");
+  }
+  if (m.kv_channels() % 2 != 0) {
+    errors.Add("model.kv_channels", "must be even for rotary embeddings (got ", m.kv_channels(),
+               ")");
+  }
+  if (m.has_rope_theta()) CheckPositive(errors, "model.rope_theta", m.rope_theta(), 1e12);
+  if (m.has_rope_scaling()) {
+    const v1::RopeScaling& r = m.rope_scaling();
+    if (CheckFinite(errors, "model.rope_scaling.factor", r.factor()) &&
+        !(r.factor() > 1 && r.factor() <= 1024)) {
+      errors.Add("model.rope_scaling.factor", "must be above 1 and at most 1024 (got ",
+                 Real(r.factor()), ")");
+    }
+    CheckPositive(errors, "model.rope_scaling.low_freq_factor", r.low_freq_factor(), 1e6);
+    CheckPositive(errors, "model.rope_scaling.high_freq_factor", r.high_freq_factor(), 1e6);
+    if (std::isfinite(r.low_freq_factor()) && std::isfinite(r.high_freq_factor()) &&
+        !(r.high_freq_factor() > r.low_freq_factor())) {
+      errors.Add("model.rope_scaling.high_freq_factor", "must exceed low_freq_factor (",
+                 Real(r.high_freq_factor()), " <= ", Real(r.low_freq_factor()), ")");
+    }
+    CheckRange(errors, "model.rope_scaling.original_max_position_embeddings",
+               r.original_max_position_embeddings(), bounds::kMaxSequenceLength);
+  }
+  if (m.tie_word_embeddings() &&
+      (config.parallelism().pipeline() != 1 || config.parallelism().virtual_chunks() != 1)) {
+    errors.Add("model.tie_word_embeddings",
+               "needs the embedding and the LM head on one stage: parallelism.pipeline 1 (got ",
+               config.parallelism().pipeline(), ")");
+  }
+}
+
 void ValidateParallelism(const JobConfig& config, ErrorList& errors) {
   const v1::ParallelismConfig& p = config.parallelism();
   if (p.tensor() != 1)
@@ -470,8 +538,25 @@ void ApplyJobConfigDefaults(JobConfig& config) {
       m.hidden_size() % m.num_attention_heads() == 0) {
     m.set_kv_channels(m.hidden_size() / m.num_attention_heads());
   }
+  // model.architecture stays unset for MEGATRON (the default), so the
+  // resolved configs of today's models are unchanged.
+  const bool llama = m.architecture() == v1::LLAMA;
   if (m.ffn_hidden_size() == 0 && m.hidden_size() <= bounds::kMaxHiddenSize) {
-    m.set_ffn_hidden_size(4 * m.hidden_size());
+    // LLAMA: two thirds of 4h (the gated MLP's three matrices cost what two
+    // of 4h would), rounded up to a multiple of 256, as Meta's reference.
+    m.set_ffn_hidden_size(llama ? (8 * m.hidden_size() / 3 + 255) / 256 * 256
+                                : 4 * m.hidden_size());
+  }
+  if (llama) {
+    if (!m.has_norm_epsilon()) m.set_norm_epsilon(1e-5);
+    if (m.num_key_value_heads() == 0) m.set_num_key_value_heads(m.num_attention_heads());
+    if (!m.has_rope_theta()) m.set_rope_theta(10000);
+    if (m.has_rope_scaling()) {
+      v1::RopeScaling& r = *m.mutable_rope_scaling();
+      if (r.low_freq_factor() == 0) r.set_low_freq_factor(1);
+      if (r.high_freq_factor() == 0) r.set_high_freq_factor(4);
+      if (r.original_max_position_embeddings() == 0) r.set_original_max_position_embeddings(8192);
+    }
   }
   if (m.dtype() == v1::DTYPE_UNSPECIFIED) m.set_dtype(v1::BFLOAT16);
   if (m.attention_kernel() == v1::ATTENTION_KERNEL_UNSPECIFIED) {
@@ -548,6 +633,7 @@ std::vector<std::string> JobConfigErrors(const JobConfig& config) {
                                             "' must be 1-64 letters, digits, '-', '_' or '.'"));
   }
   ValidateModel(config, errors);
+  ValidateArchitecture(config, errors);
   ValidateParallelism(config, errors);
   ValidateCluster(config, errors);
   ValidateData(config, errors);
