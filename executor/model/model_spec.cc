@@ -29,6 +29,19 @@ absl::StatusOr<ModelSpec> ModelSpecFromConfig(const v1::JobConfig& config) {
       std::max(resolved.data().max_sequence_length(), resolved.data().max_target_length());
   spec.seed = resolved.data().seed();
   spec.attention_kernel = model.attention_kernel();
+  spec.llama = model.architecture() == v1::LLAMA;
+  if (spec.llama) {
+    spec.num_key_value_heads = model.num_key_value_heads();
+    spec.norm_epsilon = model.norm_epsilon();
+    spec.rope_theta = model.rope_theta();
+    if (model.has_rope_scaling()) {
+      spec.rope_factor = model.rope_scaling().factor();
+      spec.rope_low_freq_factor = model.rope_scaling().low_freq_factor();
+      spec.rope_high_freq_factor = model.rope_scaling().high_freq_factor();
+      spec.rope_original_max_positions = model.rope_scaling().original_max_position_embeddings();
+    }
+    spec.tie_word_embeddings = model.tie_word_embeddings();
+  }
   const auto require = [](int64_t value, const char* field) -> absl::Status {
     if (value > 0) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(field, " must be positive"));
@@ -42,6 +55,17 @@ absl::StatusOr<ModelSpec> ModelSpecFromConfig(const v1::JobConfig& config) {
   VP_RETURN_IF_ERROR(require(spec.max_sequence_length, "data.max_sequence_length"));
   if (spec.encoder_decoder) {
     VP_RETURN_IF_ERROR(require(spec.num_decoder_layers, "model.num_decoder_layers"));
+  }
+  if (spec.llama) {
+    if (spec.encoder_decoder) {
+      return absl::InvalidArgumentError("model.architecture LLAMA needs model.kind GPT");
+    }
+    VP_RETURN_IF_ERROR(require(spec.num_key_value_heads, "model.num_key_value_heads"));
+    if (spec.num_attention_heads % spec.num_key_value_heads != 0 || spec.kv_channels % 2 != 0) {
+      return absl::InvalidArgumentError(
+          "model.num_key_value_heads must divide model.num_attention_heads and "
+          "model.kv_channels must be even");
+    }
   }
   if (spec.attention_kernel == v1::FUSED && !FusedAttentionAvailable()) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -24,6 +24,18 @@ struct ModelSpec {
   uint64_t seed = 0;                // deterministic initialisation
   // EXPLICIT or FUSED (FUSED only when FusedAttentionAvailable()).
   v1::AttentionKernel attention_kernel = v1::EXPLICIT;
+  // LLAMA layers (docs/models.md) instead of MEGATRON ones.
+  bool llama = false;
+  // LLAMA: grouped-query attention's key/value heads (divides the heads).
+  int64_t num_key_value_heads = 0;
+  double norm_epsilon = 1e-5;  // LLAMA's RMSNorm
+  double rope_theta = 10000;
+  // Llama 3.1 frequency scaling; factor 0: none.
+  double rope_factor = 0;
+  double rope_low_freq_factor = 1;
+  double rope_high_freq_factor = 4;
+  double rope_original_max_positions = 8192;
+  bool tie_word_embeddings = false;  // LLAMA: the head uses word_embedding
 };
 
 // Applies the config's documented defaults; InvalidArgument naming the field

@@ -8,6 +8,7 @@
 #include "executor/model/attention_mask.h"
 #include "executor/model/deferred_linear.h"
 #include "executor/model/initializer.h"
+#include "executor/model/rotary.h"
 
 namespace varipipe::executor {
 
@@ -79,12 +80,16 @@ ModelStage::ModelStage(const ModelSpec& spec, const StageRole& role) : spec_(spe
   const int64_t h = spec.hidden_size;
   // GPT / T5 encoder embedding (index 0) and T5 decoder embedding (index 1,
   // untied from the encoder's).
-  if (role.embeds_input) {
+  // LLAMA has no position table (rotary positions in every layer), and a
+  // tied head reuses word_embedding (on the one stage: pipeline 1).
+  if (role.embeds_input || (spec.tie_word_embeddings && role.has_head)) {
     Initializer init(spec.seed, ModelComponent::kEmbedding, 0);
     word_embedding_ =
         register_parameter("word_embedding", init.Normal({spec.vocab_size, h}, kInitStddev));
-    position_embedding_ = register_parameter(
-        "position_embedding", init.Normal({spec.max_sequence_length, h}, kInitStddev));
+    if (!spec.llama) {
+      position_embedding_ = register_parameter(
+          "position_embedding", init.Normal({spec.max_sequence_length, h}, kInitStddev));
+    }
   }
   if (role.embeds_decoder) {
     Initializer init(spec.seed, ModelComponent::kEmbedding, 1);
@@ -108,7 +113,14 @@ ModelStage::ModelStage(const ModelSpec& spec, const StageRole& role) : spec_(spe
         absl::StrCat("decoder_layer_", i),
         std::make_shared<TransformerLayer>(spec, ModelComponent::kDecoderLayer, i, total_layers)));
   }
-  if (role.has_head) {
+  if (role.has_head && spec.llama) {
+    Initializer init(spec.seed, ModelComponent::kHead, 0);
+    final_ln_weight_ = register_parameter("final_norm_weight", Initializer::Ones({h}));
+    head_weight_ = spec.tie_word_embeddings
+                       ? word_embedding_
+                       : register_parameter("head_weight",
+                                            init.Normal({spec.vocab_size, h}, kInitStddev));
+  } else if (role.has_head) {
     Initializer init(spec.seed, ModelComponent::kHead, 0);
     final_ln_weight_ = register_parameter("final_ln_weight", Initializer::Ones({h}));
     final_ln_bias_ = register_parameter("final_ln_bias", Initializer::Zeros({h}));
@@ -129,6 +141,7 @@ torch::Tensor ModelStage::Embed(const torch::Tensor& tokens, const torch::Tensor
                                 const torch::Tensor& position,
                                 const torch::Tensor& positions) const {
   const torch::Tensor words = torch::embedding(word, tokens);
+  if (!position.defined()) return words;  // LLAMA: rotary positions in the layers
   if (positions.defined()) return words + torch::embedding(position, positions);
   return words + position.slice(0, 0, tokens.size(1)).unsqueeze(0);
 }
@@ -149,8 +162,14 @@ StageActivations ModelStage::Forward(const StageActivations& in, const StageBatc
         packed ? SegmentSelfAttentionMask(batch.input_segments, causal)
                : SelfAttentionMaskFor(spec_.attention_kernel, batch.input_lengths, hidden.size(1),
                                       causal);
+    // LLAMA: each token's rotary angles, restarting per sample in packed rows.
+    const torch::Tensor rotary =
+        spec_.llama ? RotaryTable(spec_, packed ? batch.input_positions
+                                                : SequentialPositions(hidden.size(1),
+                                                                      hidden.device()))
+                    : torch::Tensor();
     for (int64_t i = 0; i < role_.encoder_layers.size(); ++i) {
-      hidden = layers_[next_layer++]->Forward(hidden, mask);
+      hidden = layers_[next_layer++]->Forward(hidden, mask, {}, {}, rotary);
     }
   }
   if (role_.ends_encoder) {
@@ -179,7 +198,10 @@ StageActivations ModelStage::Forward(const StageActivations& in, const StageBatc
   out.hidden = hidden;
   if (role_.has_head) {
     const torch::Tensor normed =
-        torch::layer_norm(hidden, {spec_.hidden_size}, final_ln_weight_, final_ln_bias_, 1e-5);
+        spec_.llama
+            ? RmsNorm(hidden, final_ln_weight_, spec_.norm_epsilon)
+            : torch::layer_norm(hidden, {spec_.hidden_size}, final_ln_weight_, final_ln_bias_,
+                                1e-5);
     const torch::Tensor logits = DeferredLinear(normed, head_weight_);
     const torch::Tensor token_loss = torch::nn::functional::cross_entropy(
         logits.reshape({-1, spec_.vocab_size}).to(torch::kFloat32), batch.labels.reshape({-1}),

@@ -1,6 +1,6 @@
-// One pipeline stage of a GPT or T5 model: a range of layers, with the
-// embedding on the stage that starts a stack and the final LayerNorm, LM head
-// and loss on the last stage. T5 puts its encoder stages first and its
+// One pipeline stage of a GPT (MEGATRON or LLAMA, docs/models.md) or T5
+// model: a range of layers, with the embedding on the stage that starts a
+// stack and the final norm, LM head and loss on the last stage. T5 puts its encoder stages first and its
 // decoder stages after (the planner's cost model assumes the same); the
 // encoder output travels with the decoder activations through every decoder
 // stage, and its gradient flows back the same way.
@@ -97,10 +97,13 @@ class ModelStage : public torch::nn::Module {
 
   ModelSpec spec_;
   StageRole role_;
-  torch::Tensor word_embedding_, position_embedding_;                  // embeds_input
+  // embeds_input (or a tied head); LLAMA has no position table.
+  torch::Tensor word_embedding_, position_embedding_;
   torch::Tensor decoder_word_embedding_, decoder_position_embedding_;  // embeds_decoder
   torch::Tensor encoder_ln_weight_, encoder_ln_bias_;  // ends_encoder
-  torch::Tensor final_ln_weight_, final_ln_bias_, head_weight_;  // has_head
+  // has_head; LLAMA: RMSNorm (no bias), and head_weight_ is word_embedding_
+  // when tied.
+  torch::Tensor final_ln_weight_, final_ln_bias_, head_weight_;
   std::vector<std::shared_ptr<TransformerLayer>> layers_;
 };
 

@@ -8,6 +8,7 @@
 #include "executor/model/deferred_linear.h"
 #include "executor/model/recompute_precision.h"
 #include "executor/model/recomputed_attention.h"
+#include "executor/model/rotary.h"
 #include "executor/model/weight_grad_store.h"
 
 namespace varipipe::executor {
@@ -16,14 +17,44 @@ TransformerLayer::TransformerLayer(const ModelSpec& spec, ModelComponent compone
                                    int64_t total_layers)
     : hidden_(spec.hidden_size),
       heads_(spec.num_attention_heads),
+      llama_(spec.llama),
+      kv_heads_(spec.llama ? spec.num_key_value_heads : spec.num_attention_heads),
+      norm_epsilon_(spec.norm_epsilon),
       cross_attention_(component == ModelComponent::kDecoderLayer),
       fused_attention_(spec.attention_kernel == v1::FUSED) {
   Initializer init(spec.seed, component, index);
+  const double output_stddev = kInitStddev / std::sqrt(2.0 * static_cast<double>(total_layers));
+  if (llama_) {
+    RegisterLlama(spec, init, output_stddev);
+  } else {
+    RegisterMegatron(spec, init, output_stddev);
+  }
+}
+
+// Registration order is the draw order; keep it fixed (docs/models.md).
+void TransformerLayer::RegisterLlama(const ModelSpec& spec, Initializer& init,
+                                     double output_stddev) {
+  const int64_t h = spec.hidden_size;
+  const int64_t inner = spec.num_attention_heads * spec.kv_channels;
+  const int64_t kv_inner = spec.num_key_value_heads * spec.kv_channels;
+  const int64_t ffn = spec.ffn_hidden_size;
+  attn_norm_weight_ = register_parameter("attn_norm_weight", Initializer::Ones({h}));
+  q_weight_ = register_parameter("q_weight", init.Normal({inner, h}, kInitStddev));
+  k_weight_ = register_parameter("k_weight", init.Normal({kv_inner, h}, kInitStddev));
+  v_weight_ = register_parameter("v_weight", init.Normal({kv_inner, h}, kInitStddev));
+  o_weight_ = register_parameter("o_weight", init.Normal({h, inner}, output_stddev));
+  mlp_norm_weight_ = register_parameter("mlp_norm_weight", Initializer::Ones({h}));
+  gate_weight_ = register_parameter("gate_weight", init.Normal({ffn, h}, kInitStddev));
+  up_weight_ = register_parameter("up_weight", init.Normal({ffn, h}, kInitStddev));
+  down_weight_ = register_parameter("down_weight", init.Normal({h, ffn}, output_stddev));
+}
+
+// Registration order is the draw order; keep it fixed.
+void TransformerLayer::RegisterMegatron(const ModelSpec& spec, Initializer& init,
+                                        double output_stddev) {
   const int64_t h = spec.hidden_size;
   const int64_t inner = spec.num_attention_heads * spec.kv_channels;
   const int64_t ffn = spec.ffn_hidden_size;
-  const double output_stddev = kInitStddev / std::sqrt(2.0 * static_cast<double>(total_layers));
-  // Registration order is the draw order; keep it fixed.
   ln1_weight_ = register_parameter("ln1_weight", Initializer::Ones({h}));
   ln1_bias_ = register_parameter("ln1_bias", Initializer::Zeros({h}));
   qkv_weight_ = register_parameter("qkv_weight", init.Normal({3 * inner, h}, kInitStddev));
@@ -48,6 +79,12 @@ TransformerLayer::TransformerLayer(const ModelSpec& spec, ModelComponent compone
   fc2_bias_ = register_parameter("fc2_bias", Initializer::Zeros({h}));
 }
 
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double epsilon) {
+  const torch::Tensor x32 = x.to(torch::kFloat32);
+  const torch::Tensor normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + epsilon);
+  return normed.to(x.scalar_type()) * weight;
+}
+
 torch::Tensor TransformerLayer::LayerNorm(const torch::Tensor& x, const torch::Tensor& weight,
                                           const torch::Tensor& bias) const {
   return torch::layer_norm(x, {hidden_}, weight, bias, 1e-5);
@@ -67,8 +104,10 @@ using torch::autograd::tensor_list;
 // decoder layers (CheckpointedDecoderLayer). The self mask is passed by
 // pointer because it may be undefined (causal, SelfAttentionMaskFor).
 void SaveForRecompute(AutogradContext* ctx, TransformerLayer* layer, const torch::Tensor& self_mask,
-                      const torch::Tensor& cross_mask) {
+                      const torch::Tensor& cross_mask, const torch::Tensor& rotary) {
   ctx->saved_data["layer"] = reinterpret_cast<int64_t>(layer);
+  ctx->saved_data["has_rotary"] = rotary.defined();
+  if (rotary.defined()) ctx->saved_data["rotary"] = rotary;
   ctx->saved_data["has_self_mask"] = self_mask.defined();
   if (self_mask.defined()) ctx->saved_data["self_mask"] = self_mask;
   ctx->saved_data["has_cross_mask"] = cross_mask.defined();
@@ -89,29 +128,34 @@ void Recompute(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor
   const torch::Tensor cross_mask = ctx->saved_data["has_cross_mask"].toBool()
                                        ? ctx->saved_data["cross_mask"].toTensor()
                                        : torch::Tensor();
+  const torch::Tensor rotary = ctx->saved_data["has_rotary"].toBool()
+                                   ? ctx->saved_data["rotary"].toTensor()
+                                   : torch::Tensor();
   torch::AutoGradMode enable_grad(true);
   torch::Tensor out;
   {
     const RecomputePrecisionScope precision(ctx);
     const WeightGradScope store(
         reinterpret_cast<WeightGradStore*>(ctx->saved_data["weight_grad_store"].toInt()));
-    out = layer->Compute(x, self_mask, memory, cross_mask);
+    out = layer->Compute(x, self_mask, memory, cross_mask, rotary);
   }
   torch::autograd::backward({out}, {grad});
 }
 
 class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
  public:
+  // `rotary` by pointer: it is undefined for MEGATRON layers.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
-                               TransformerLayer* layer, const torch::Tensor* self_mask) {
+                               TransformerLayer* layer, const torch::Tensor* self_mask,
+                               const torch::Tensor* rotary) {
     ctx->save_for_backward({x});
-    SaveForRecompute(ctx, layer, *self_mask, torch::Tensor());
-    return layer->Compute(x, *self_mask, torch::Tensor(), torch::Tensor());
+    SaveForRecompute(ctx, layer, *self_mask, torch::Tensor(), *rotary);
+    return layer->Compute(x, *self_mask, torch::Tensor(), torch::Tensor(), *rotary);
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     const torch::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
     Recompute(ctx, x, torch::Tensor(), grad_outputs[0]);
-    return {x.grad(), torch::Tensor(), torch::Tensor()};
+    return {x.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -121,8 +165,8 @@ class CheckpointedDecoderLayer : public torch::autograd::Function<CheckpointedDe
                                const torch::Tensor& memory, TransformerLayer* layer,
                                const torch::Tensor* self_mask, const torch::Tensor& cross_mask) {
     ctx->save_for_backward({x, memory});
-    SaveForRecompute(ctx, layer, *self_mask, cross_mask);
-    return layer->Compute(x, *self_mask, memory, cross_mask);
+    SaveForRecompute(ctx, layer, *self_mask, cross_mask, torch::Tensor());
+    return layer->Compute(x, *self_mask, memory, cross_mask, torch::Tensor());
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
@@ -137,30 +181,73 @@ class CheckpointedDecoderLayer : public torch::autograd::Function<CheckpointedDe
 
 torch::Tensor TransformerLayer::Forward(const torch::Tensor& x, const torch::Tensor& self_mask,
                                         const torch::Tensor& memory,
-                                        const torch::Tensor& cross_mask) {
+                                        const torch::Tensor& cross_mask,
+                                        const torch::Tensor& rotary) {
   if (recompute_full_ && torch::GradMode::is_enabled()) {
     if (memory.defined()) {
       return CheckpointedDecoderLayer::apply(x, memory, this, &self_mask, cross_mask);
     }
-    return CheckpointedLayer::apply(x, this, &self_mask);
+    return CheckpointedLayer::apply(x, this, &self_mask, &rotary);
   }
-  return Compute(x, self_mask, memory, cross_mask);
+  return Compute(x, self_mask, memory, cross_mask, rotary);
+}
+
+torch::Tensor TransformerLayer::Attention(const torch::Tensor& q, const torch::Tensor& k,
+                                          const torch::Tensor& v, const torch::Tensor& mask) const {
+  // The fused kernel keeps no score tensors: selective recomputation has
+  // nothing to drop.
+  if (fused_attention_) return FusedAttention(q, k, v, mask, heads_);
+  if (recompute_attention_) return RecomputedMaskedAttention(q, k, v, mask, heads_);
+  return MaskedAttention(q, k, v, mask, heads_);
+}
+
+namespace {
+
+// Grouped-query attention: each of x's `kv_heads` heads [b, s, kv_heads * d]
+// repeated for the `heads / kv_heads` query heads that use it (query head i
+// reads key/value head i / (heads / kv_heads)).
+torch::Tensor RepeatKeyValueHeads(const torch::Tensor& x, int64_t kv_heads, int64_t heads) {
+  if (kv_heads == heads) return x;
+  const int64_t b = x.size(0);
+  const int64_t s = x.size(1);
+  const int64_t d = x.size(2) / kv_heads;
+  return x.reshape({b, s, kv_heads, 1, d})
+      .expand({b, s, kv_heads, heads / kv_heads, d})
+      .reshape({b, s, heads * d});
+}
+
+}  // namespace
+
+torch::Tensor TransformerLayer::ComputeLlama(const torch::Tensor& x, const torch::Tensor& self_mask,
+                                             const torch::Tensor& rotary) {
+  TORCH_CHECK(rotary.defined(), "a LLAMA layer needs its positions' rotary table");
+  const torch::Tensor n = RmsNorm(x, attn_norm_weight_, norm_epsilon_);
+  const torch::Tensor q = ApplyRotary(DeferredLinear(n, q_weight_), rotary, heads_);
+  const torch::Tensor k = ApplyRotary(DeferredLinear(n, k_weight_), rotary, kv_heads_);
+  const torch::Tensor v = DeferredLinear(n, v_weight_);
+  const torch::Tensor y =
+      x + DeferredLinear(Attention(q, RepeatKeyValueHeads(k, kv_heads_, heads_),
+                                   RepeatKeyValueHeads(v, kv_heads_, heads_), self_mask),
+                         o_weight_);
+  // SwiGLU MLP (Shazeer 2020): silu(m W_gate) * (m W_up), then W_down.
+  const torch::Tensor m = RmsNorm(y, mlp_norm_weight_, norm_epsilon_);
+  const torch::Tensor gated =
+      torch::silu(DeferredLinear(m, gate_weight_)) * DeferredLinear(m, up_weight_);
+  return y + DeferredLinear(gated, down_weight_);
 }
 
 torch::Tensor TransformerLayer::Compute(const torch::Tensor& x, const torch::Tensor& self_mask,
                                         const torch::Tensor& memory,
-                                        const torch::Tensor& cross_mask) {
+                                        const torch::Tensor& cross_mask,
+                                        const torch::Tensor& rotary) {
+  if (llama_) return ComputeLlama(x, self_mask, rotary);
   // Self-attention branch.
   const torch::Tensor qkv =
       DeferredLinear(LayerNorm(x, ln1_weight_, ln1_bias_), qkv_weight_, qkv_bias_);
   const std::vector<torch::Tensor> parts = qkv.chunk(3, -1);
-  // The fused kernel keeps no score tensors: selective recomputation has
-  // nothing to drop.
-  const auto attention = fused_attention_       ? FusedAttention
-                         : recompute_attention_ ? RecomputedMaskedAttention
-                                                : MaskedAttention;
-  torch::Tensor y = x + DeferredLinear(attention(parts[0], parts[1], parts[2], self_mask, heads_),
-                                       proj_weight_, proj_bias_);
+  torch::Tensor y =
+      x + DeferredLinear(Attention(parts[0], parts[1], parts[2], self_mask), proj_weight_,
+                         proj_bias_);
   // Cross-attention branch (T5 decoder): queries from the decoder, keys and
   // values from the encoder output.
   if (cross_attention_) {
@@ -168,8 +255,7 @@ torch::Tensor TransformerLayer::Compute(const torch::Tensor& x, const torch::Ten
         DeferredLinear(LayerNorm(y, lnx_weight_, lnx_bias_), xq_weight_, xq_bias_);
     const std::vector<torch::Tensor> kv =
         DeferredLinear(memory, xkv_weight_, xkv_bias_).chunk(2, -1);
-    y = y +
-        DeferredLinear(attention(q, kv[0], kv[1], cross_mask, heads_), xproj_weight_, xproj_bias_);
+    y = y + DeferredLinear(Attention(q, kv[0], kv[1], cross_mask), xproj_weight_, xproj_bias_);
   }
   // MLP branch.
   const torch::Tensor hidden =

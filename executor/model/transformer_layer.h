@@ -1,5 +1,7 @@
-// One pre-LayerNorm transformer layer: self-attention and MLP residual
-// branches, plus a cross-attention branch for T5 decoder layers. Parameters
+// One pre-norm transformer layer: self-attention and MLP residual branches,
+// plus a cross-attention branch for T5 decoder layers. MEGATRON layers use
+// LayerNorm, biases and a GELU MLP; LLAMA layers (docs/models.md) RMSNorm,
+// rotary positions, grouped-query attention and a SwiGLU MLP, no biases. Parameters
 // come from the layer's own Initializer (model component and global layer
 // index), so a layer is identical on whichever stage holds it. Its linear
 // layers (qkv, proj, xq, xkv, xproj, fc1, fc2) are DeferredLinear: a split
@@ -25,9 +27,11 @@ class TransformerLayer : public torch::nn::Module {
 
   // x [b, s, hidden]; self_mask [b, 1, s, s] or undefined for causal
   // (attention_mask.h, SelfAttentionMaskFor); for decoder layers `memory`
-  // [b, s_enc, hidden] and cross_mask [b, 1, s, s_enc].
+  // [b, s_enc, hidden] and cross_mask [b, 1, s, s_enc]. LLAMA layers need
+  // `rotary`, the positions' RotaryTable (rotary.h).
   torch::Tensor Forward(const torch::Tensor& x, const torch::Tensor& self_mask,
-                        const torch::Tensor& memory = {}, const torch::Tensor& cross_mask = {});
+                        const torch::Tensor& memory = {}, const torch::Tensor& cross_mask = {},
+                        const torch::Tensor& rotary = {});
 
   // Selective recomputation: the attention cores (self and cross) keep no
   // intermediates for backward and are recomputed there
@@ -46,14 +50,25 @@ class TransformerLayer : public torch::nn::Module {
   // The layer's computation as an autograd graph, whatever the recompute
   // setting (Forward and the full recomputation call it).
   torch::Tensor Compute(const torch::Tensor& x, const torch::Tensor& self_mask,
-                        const torch::Tensor& memory, const torch::Tensor& cross_mask);
+                        const torch::Tensor& memory, const torch::Tensor& cross_mask,
+                        const torch::Tensor& rotary);
 
  private:
+  void RegisterMegatron(const ModelSpec& spec, Initializer& init, double output_stddev);
+  void RegisterLlama(const ModelSpec& spec, Initializer& init, double output_stddev);
+  torch::Tensor ComputeLlama(const torch::Tensor& x, const torch::Tensor& self_mask,
+                             const torch::Tensor& rotary);
   torch::Tensor LayerNorm(const torch::Tensor& x, const torch::Tensor& weight,
                           const torch::Tensor& bias) const;
+  // The attention core the settings choose (fused, recomputed or explicit).
+  torch::Tensor Attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                          const torch::Tensor& mask) const;
 
   int64_t hidden_;
   int64_t heads_;
+  bool llama_;
+  int64_t kv_heads_;
+  double norm_epsilon_;
   bool cross_attention_;
   bool fused_attention_;
   bool recompute_attention_ = false;
@@ -62,7 +77,14 @@ class TransformerLayer : public torch::nn::Module {
   torch::Tensor lnx_weight_, lnx_bias_, xq_weight_, xq_bias_, xkv_weight_, xkv_bias_, xproj_weight_,
       xproj_bias_;
   torch::Tensor ln2_weight_, ln2_bias_, fc1_weight_, fc1_bias_, fc2_weight_, fc2_bias_;
+  // LLAMA.
+  torch::Tensor attn_norm_weight_, q_weight_, k_weight_, v_weight_, o_weight_, mlp_norm_weight_,
+      gate_weight_, up_weight_, down_weight_;
 };
+
+// RMSNorm (Zhang and Sennrich 2019): x / sqrt(mean(x^2) + epsilon) * weight,
+// the statistic in fp32 whatever x's dtype (as Hugging Face's Llama).
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double epsilon);
 
 }  // namespace varipipe::executor
 

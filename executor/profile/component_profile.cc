@@ -15,6 +15,7 @@
 #include "executor/model/attention_mask.h"
 #include "executor/model/cuda_autocast.h"
 #include "executor/model/initializer.h"
+#include "executor/model/rotary.h"
 #include "executor/model/transformer_layer.h"
 #include "executor/runtime/counting_allocator.h"
 
@@ -122,18 +123,26 @@ void EnsureParameters(const ModelSpec& spec, v1::CostComponent component, torch:
       break;
     case v1::EMBEDDING: {
       Initializer init(spec.seed, ModelComponent::kEmbedding, 0);
-      cache.parameters = {init.Normal({spec.vocab_size, h}, kInitStddev).to(device),
-                          init.Normal({spec.max_sequence_length, h}, kInitStddev).to(device)};
+      cache.parameters = {init.Normal({spec.vocab_size, h}, kInitStddev).to(device)};
+      // MEGATRON's learned positions (LLAMA rotates in its layers).
+      if (!spec.llama) {
+        cache.parameters.push_back(
+            init.Normal({spec.max_sequence_length, h}, kInitStddev).to(device));
+      }
       break;
     }
     default: {  // POSTPROCESS: final LayerNorm and LM head
       Initializer init(spec.seed, ModelComponent::kHead, 0);
-      cache.parameters = {Initializer::Ones({h}).to(device), Initializer::Zeros({h}).to(device),
+      // LLAMA's RMSNorm has no bias (an empty tensor keeps the positions).
+      cache.parameters = {Initializer::Ones({h}).to(device),
+                          spec.llama ? torch::Tensor() : Initializer::Zeros({h}).to(device),
                           init.Normal({spec.vocab_size, h}, kInitStddev).to(device)};
       break;
     }
   }
-  for (torch::Tensor& t : cache.parameters) t.requires_grad_(true);
+  for (torch::Tensor& t : cache.parameters) {
+    if (t.defined()) t.requires_grad_(true);
+  }
 }
 
 // Drops the gradients a point's passes gave the cached parameters (they were
@@ -142,7 +151,9 @@ void ClearGradients(ComponentCache& cache) {
   if (cache.layer != nullptr) {
     for (torch::Tensor t : cache.layer->parameters()) t.mutable_grad() = torch::Tensor();
   }
-  for (torch::Tensor& t : cache.parameters) t.mutable_grad() = torch::Tensor();
+  for (torch::Tensor& t : cache.parameters) {
+    if (t.defined()) t.mutable_grad() = torch::Tensor();
+  }
 }
 
 // The point's inputs and forward around the parameters in `cache`
@@ -172,8 +183,11 @@ Runnable Build(const ModelSpec& spec, const ProfilePoint& p, torch::Device devic
       // a stage keeps one per micro-batch: a small overestimate).
       torch::Tensor full_lengths = lengths(s);
       if (!decoder) {
-        r.forward = [layer = r.layer, x, full_lengths, s, causal, kernel = spec.attention_kernel] {
-          return layer->Forward(x, SelfAttentionMaskFor(kernel, full_lengths, s, causal));
+        r.forward = [layer = r.layer, x, full_lengths, s, causal, spec] {
+          const torch::Tensor rotary =
+              spec.llama ? RotaryTable(spec, SequentialPositions(s, x.device())) : torch::Tensor();
+          return layer->Forward(x, SelfAttentionMaskFor(spec.attention_kernel, full_lengths, s, causal),
+                                {}, {}, rotary);
         };
         break;
       }
@@ -190,12 +204,13 @@ Runnable Build(const ModelSpec& spec, const ProfilePoint& p, torch::Device devic
     }
     case v1::EMBEDDING: {
       const torch::Tensor word = cache.parameters[0];
-      const torch::Tensor position = cache.parameters[1];
+      const torch::Tensor position = spec.llama ? torch::Tensor() : cache.parameters[1];
       r.parameters = cache.parameters;
       torch::Tensor tokens = torch::randint(spec.vocab_size, {b, s}, torch::kInt64).to(device);
       r.kept_input_bytes = tokens.nbytes();  // the backward keeps the token ids
       r.forward = [word, position, tokens, s] {
-        return torch::embedding(word, tokens) + position.slice(0, 0, s).unsqueeze(0);
+        const torch::Tensor words = torch::embedding(word, tokens);
+        return position.defined() ? words + position.slice(0, 0, s).unsqueeze(0) : words;
       };
       break;
     }
@@ -203,15 +218,20 @@ Runnable Build(const ModelSpec& spec, const ProfilePoint& p, torch::Device devic
       const torch::Tensor weight = cache.parameters[0];
       const torch::Tensor bias = cache.parameters[1];
       const torch::Tensor head = cache.parameters[2];
-      r.parameters = cache.parameters;
+      for (const torch::Tensor& t : cache.parameters) {
+        if (t.defined()) r.parameters.push_back(t);
+      }
       torch::Tensor x = Activation(p, s, h, device);
       r.inputs.push_back(x);
       torch::Tensor labels = torch::randint(spec.vocab_size, {b * s}, torch::kInt64).to(device);
       r.kept_input_bytes = x.nbytes() + labels.nbytes();
       const int64_t vocab = spec.vocab_size;
-      r.forward = [x, weight, bias, head, labels, h, vocab] {
-        const torch::Tensor logits =
-            torch::linear(torch::layer_norm(x, {h}, weight, bias, 1e-5), head);
+      const bool llama = spec.llama;
+      const double epsilon = spec.norm_epsilon;
+      r.forward = [x, weight, bias, head, labels, h, vocab, llama, epsilon] {
+        const torch::Tensor normed = llama ? RmsNorm(x, weight, epsilon)
+                                           : torch::layer_norm(x, {h}, weight, bias, 1e-5);
+        const torch::Tensor logits = torch::linear(normed, head);
         return torch::nn::functional::cross_entropy(
             logits.reshape({-1, vocab}).to(torch::kFloat32), labels,
             torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
@@ -363,10 +383,10 @@ double ComponentParameters(const ModelSpec& spec, v1::CostComponent component) {
       for (const torch::Tensor& t : layer.parameters()) n += static_cast<double>(t.numel());
       return n;
     }
-    case v1::EMBEDDING:
-      return (vocab + static_cast<double>(spec.max_sequence_length)) * h;
-    default:
-      return vocab * h + 2 * h;  // LM head and the final LayerNorm
+    case v1::EMBEDDING:  // LLAMA: no position table
+      return (vocab + (spec.llama ? 0.0 : static_cast<double>(spec.max_sequence_length))) * h;
+    default:  // LM head and the final LayerNorm (LLAMA: RMSNorm, no bias)
+      return vocab * h + (spec.llama ? 1 : 2) * h;
   }
 }
 

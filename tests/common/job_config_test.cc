@@ -79,6 +79,31 @@ TEST(JobConfig, ValidConfigGetsDocumentedDefaults) {
   EXPECT_EQ(WorldSize(*config), 4);
 }
 
+TEST(JobConfig, LlamaGetsDocumentedDefaults) {
+  absl::StatusOr<v1::JobConfig> config = ParseAndValidate(
+      Replace(R"("kind": "GPT", "num_layers": 4, "hidden_size": 256)",
+              R"("kind": "GPT", "architecture": "LLAMA", "num_layers": 4, "hidden_size": 4096,
+                 "rope_scaling": {"factor": 8})"));
+  ASSERT_THAT(config, IsOk());
+  const v1::ModelConfig& m = config->model();
+  EXPECT_EQ(m.ffn_hidden_size(), 11008u);  // Llama-2-7B's
+  EXPECT_EQ(m.num_key_value_heads(), 4u);
+  EXPECT_DOUBLE_EQ(m.norm_epsilon(), 1e-5);
+  EXPECT_DOUBLE_EQ(m.rope_theta(), 10000);
+  EXPECT_DOUBLE_EQ(m.rope_scaling().low_freq_factor(), 1);
+  EXPECT_DOUBLE_EQ(m.rope_scaling().high_freq_factor(), 4);
+  EXPECT_EQ(m.rope_scaling().original_max_position_embeddings(), 8192u);
+}
+
+TEST(JobConfig, MegatronResolvedConfigIsUnchanged) {
+  absl::StatusOr<v1::JobConfig> config = ParseAndValidate(kValidGpt);
+  ASSERT_THAT(config, IsOk());
+  EXPECT_EQ(config->model().architecture(), v1::ARCHITECTURE_UNSPECIFIED);
+  EXPECT_FALSE(config->model().has_norm_epsilon());
+  EXPECT_FALSE(config->model().has_rope_theta());
+  EXPECT_EQ(config->model().num_key_value_heads(), 0u);
+}
+
 TEST(JobConfig, DefaultsAreIdempotent) {
   absl::StatusOr<v1::JobConfig> config = ParseAndValidate(kValidGpt);
   ASSERT_THAT(config, IsOk());
@@ -194,6 +219,32 @@ INSTANTIATE_TEST_SUITE_P(
                 R"("kind": "GPT", "attention_kernel": 7)",
                 "model.attention_kernel: must be EXPLICIT or FUSED (got 7)"},
         BadCase{"ZeroVocab", R"("vocab_size": 1000)", R"("vocab_size": 0)", "model.vocab_size"},
+        BadCase{"LlamaT5", R"("kind": "GPT")", R"("kind": "T5", "architecture": "LLAMA")",
+                "model.architecture: LLAMA is a decoder-only architecture"},
+        BadCase{"KvHeadsDoNotDivide", R"("kind": "GPT")",
+                R"("kind": "GPT", "architecture": "LLAMA", "num_key_value_heads": 3)",
+                "model.num_key_value_heads: must divide model.num_attention_heads (4; got 3)"},
+        BadCase{"GroupedQueryOnMegatron", R"("kind": "GPT")",
+                R"("kind": "GPT", "num_key_value_heads": 2)",
+                "model.num_key_value_heads: grouped-query attention needs model.architecture LLAMA"},
+        BadCase{"RopeThetaOnMegatron", R"("kind": "GPT")", R"("kind": "GPT", "rope_theta": 5e5)",
+                "model.rope_theta: is only used by LLAMA models"},
+        BadCase{"OddLlamaHeadWidth", R"("kind": "GPT")",
+                R"("kind": "GPT", "architecture": "LLAMA", "kv_channels": 63)",
+                "model.kv_channels: must be even for rotary embeddings (got 63)"},
+        BadCase{"RopeScalingWithoutFactor", R"("kind": "GPT")",
+                R"("kind": "GPT", "architecture": "LLAMA", "rope_scaling": {"low_freq_factor": 1})",
+                "model.rope_scaling.factor: must be above 1"},
+        BadCase{"RopeScalingBandsReversed", R"("kind": "GPT")",
+                R"("kind": "GPT", "architecture": "LLAMA", "rope_scaling": {"factor": 8,
+                   "low_freq_factor": 4, "high_freq_factor": 2})",
+                "model.rope_scaling.high_freq_factor: must exceed low_freq_factor"},
+        BadCase{"TiedEmbeddingsOverStages", R"("kind": "GPT")",
+                R"("kind": "GPT", "architecture": "LLAMA", "tie_word_embeddings": true)",
+                "model.tie_word_embeddings: needs the embedding and the LM head on one stage"},
+        BadCase{"NegativeNormEpsilon", R"("kind": "GPT")",
+                R"("kind": "GPT", "architecture": "LLAMA", "norm_epsilon": -1)",
+                "model.norm_epsilon: must be positive"},
         BadCase{"TensorParallel", R"("data": 2)", R"("data": 2, "tensor": 2)",
                 "parallelism.tensor: only 1 is supported (got 2)"},
         BadCase{"TooManyStages", R"("pipeline": 2)", R"("pipeline": 8)",

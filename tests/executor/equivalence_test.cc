@@ -21,6 +21,11 @@
 // recomputation, pp 2 and 4, and dp 2) split backwards into B and W: their
 // cells also run the same plans with every backward whole and require every
 // gradient of every iteration to match the split run within 1e-6.
+//
+// LLAMA cells (docs/models.md; grouped-query attention, Llama 3.1 rotary
+// scaling) cover every schedule family, each recompute mode, the four
+// shapes, split backwards, packed rows and a tied head, against the
+// reference's own LLAMA path.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -52,6 +57,8 @@ constexpr double kSplitTolerance = 1e-6;
 
 struct Cell {
   bool t5 = false;
+  bool llama = false;
+  bool tied = false;  // LLAMA: tie_word_embeddings
   v1::ScheduleKind schedule = v1::ONE_F_ONE_B;
   v1::RecomputeMode recompute = v1::RECOMPUTE_NONE;
   uint32_t pp = 1;
@@ -95,7 +102,8 @@ std::string RecomputeName(v1::RecomputeMode mode) {
 }
 
 std::string CellName(const Cell& c) {
-  return absl::StrCat(c.t5 ? "T5" : "Gpt", c.method == v1::PACKING ? "Packed" : "", "_",
+  return absl::StrCat(c.t5 ? "T5" : c.llama ? "Llama" : "Gpt", c.tied ? "Tied" : "",
+                      c.method == v1::PACKING ? "Packed" : "", "_",
                       ScheduleName(c), "_", RecomputeName(c.recompute), "_pp", c.pp, "dp", c.dp);
 }
 
@@ -155,6 +163,34 @@ std::vector<Cell> Matrix() {
       cells.push_back(packed);
     }
   }
+  // LLAMA (docs/models.md): every schedule family, each recompute mode, the
+  // four shapes, split backwards, packed rows (rotary positions restart per
+  // sample) and a tied head.
+  const auto llama = [&cells](v1::ScheduleKind schedule, v1::RecomputeMode recompute, uint32_t pp,
+                              uint32_t dp) -> Cell& {
+    Cell c;
+    c.llama = true;
+    c.schedule = schedule;
+    c.recompute = recompute;
+    c.pp = pp;
+    c.dp = dp;
+    c.chunks = schedule == v1::INTERLEAVED_1F1B ? 2 : 1;
+    return cells.emplace_back(c);
+  };
+  llama(v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 1, 1);
+  llama(v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 2, 1);
+  llama(v1::ONE_F_ONE_B, v1::RECOMPUTE_SELECTIVE, 2, 2);
+  llama(v1::ONE_F_ONE_B, v1::RECOMPUTE_FULL, 4, 1);
+  llama(v1::GPIPE, v1::RECOMPUTE_FULL, 2, 1);
+  llama(v1::KFKB, v1::RECOMPUTE_SELECTIVE, 4, 1);
+  llama(v1::ADAPTIVE, v1::RECOMPUTE_NONE, 2, 2);
+  llama(v1::INTERLEAVED_1F1B, v1::RECOMPUTE_NONE, 2, 1);
+  llama(v1::ZERO_BUBBLE_H1, v1::RECOMPUTE_NONE, 2, 1);
+  llama(v1::ZERO_BUBBLE_H1, v1::RECOMPUTE_FULL, 4, 1);
+  llama(v1::ADAPTIVE_ZERO_BUBBLE, v1::RECOMPUTE_NONE, 4, 1);
+  llama(v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 1, 1).method = v1::PACKING;
+  llama(v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 2, 2).method = v1::PACKING;
+  llama(v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 1, 1).tied = true;
   return cells;
 }
 
@@ -340,6 +376,8 @@ TEST_P(Equivalence, ThreeSgdStepsMatchTheReference) {
   const Cell& c = GetParam();
   TinyJob job;
   job.t5 = c.t5;
+  job.llama = c.llama;
+  job.tie_word_embeddings = c.tied;
   job.schedule = c.schedule;
   job.recompute = c.recompute;
   job.method = c.method;

@@ -7,12 +7,15 @@
 #include "executor/model/model_stage.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
+#include <numbers>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "executor/model/rotary.h"
 #include "executor/runtime/counting_allocator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -37,6 +40,17 @@ ModelSpec SmallGpt() {
   spec.vocab_size = 50;
   spec.max_sequence_length = 40;
   spec.seed = 7;
+  return spec;
+}
+
+// LLAMA (docs/models.md): grouped-query attention (2 key/value heads for 4)
+// and Llama 3.1 rotary scaling with all three frequency bands (d = 8).
+ModelSpec SmallLlama() {
+  ModelSpec spec = SmallGpt();
+  spec.llama = true;
+  spec.num_key_value_heads = 2;
+  spec.rope_factor = 8;
+  spec.rope_original_max_positions = 64;
   return spec;
 }
 
@@ -126,7 +140,7 @@ std::vector<std::shared_ptr<ModelStage>> BuildStages(const ModelSpec& spec, int6
 }
 
 TEST(ModelStageTest, InitialisationDoesNotDependOnPartitioning) {
-  for (const ModelSpec& spec : {SmallGpt(), SmallT5()}) {
+  for (const ModelSpec& spec : {SmallGpt(), SmallT5(), SmallLlama()}) {
     const auto whole = Parameters(BuildStages(spec, 1));
     const auto split = Parameters(BuildStages(spec, 3));
     ASSERT_EQ(whole.size(), split.size());
@@ -138,8 +152,8 @@ TEST(ModelStageTest, InitialisationDoesNotDependOnPartitioning) {
     ModelSpec other = spec;
     other.seed = spec.seed + 1;
     const auto reseeded = Parameters(BuildStages(other, 1));
-    EXPECT_FALSE(torch::equal(whole.at("encoder_layer_0.qkv_weight"),
-                              reseeded.at("encoder_layer_0.qkv_weight")));
+    const std::string weight = spec.llama ? "encoder_layer_0.q_weight" : "encoder_layer_0.qkv_weight";
+    EXPECT_FALSE(torch::equal(whole.at(weight), reseeded.at(weight)));
   }
 }
 
@@ -236,11 +250,16 @@ double RelativeDifference(const torch::Tensor& a, const torch::Tensor& b) {
   return (a - b).abs().max().item<double>() / std::max(b.abs().max().item<double>(), 1e-30);
 }
 
-class EquivalenceTest : public ::testing::TestWithParam<bool> {};
+enum class Architecture { kGpt, kT5, kLlama };
+
+ModelSpec SmallModel(Architecture a) {
+  return a == Architecture::kT5 ? SmallT5() : a == Architecture::kLlama ? SmallLlama() : SmallGpt();
+}
+
+class EquivalenceTest : public ::testing::TestWithParam<Architecture> {};
 
 TEST_P(EquivalenceTest, MicroBatchedPipelineMatchesOnePass) {
-  const bool t5 = GetParam();
-  const ModelSpec spec = t5 ? SmallT5() : SmallGpt();
+  const ModelSpec spec = SmallModel(GetParam());
   std::mt19937 rng(::varipipe::testing::TestSeed("MicroBatchedPipelineMatchesOnePass"));
   const std::vector<Sample> samples = RandomSamples(spec, 7, rng);
   const double scale = LossScale(spec, samples);
@@ -274,8 +293,77 @@ TEST_P(EquivalenceTest, MicroBatchedPipelineMatchesOnePass) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(GptAndT5, EquivalenceTest, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "T5" : "Gpt"; });
+INSTANTIATE_TEST_SUITE_P(GptT5AndLlama, EquivalenceTest,
+                         ::testing::Values(Architecture::kGpt, Architecture::kT5,
+                                           Architecture::kLlama),
+                         [](const auto& info) {
+                           return info.param == Architecture::kT5      ? "T5"
+                                  : info.param == Architecture::kLlama ? "Llama"
+                                                                       : "Gpt";
+                         });
+
+TEST(ModelStageTest, LlamaHasTheDocumentedParameters) {
+  ModelSpec spec = SmallLlama();
+  const auto parameters = Parameters(BuildStages(spec, 2));
+  const int64_t h = spec.hidden_size;
+  const std::map<std::string, std::vector<int64_t>> expected_layer = {
+      {"attn_norm_weight", {h}},   {"q_weight", {32, h}},   {"k_weight", {16, h}},
+      {"v_weight", {16, h}},       {"o_weight", {h, 32}},   {"mlp_norm_weight", {h}},
+      {"gate_weight", {64, h}},    {"up_weight", {64, h}},  {"down_weight", {h, 64}}};
+  size_t expected_count = 3;  // word_embedding, final_norm_weight, head_weight
+  for (int64_t i = 0; i < spec.num_layers; ++i) {
+    for (const auto& [name, shape] : expected_layer) {
+      const std::string full = "encoder_layer_" + std::to_string(i) + "." + name;
+      ASSERT_TRUE(parameters.count(full)) << full;
+      EXPECT_EQ(parameters.at(full).sizes().vec(), shape) << full;
+      ++expected_count;
+    }
+  }
+  EXPECT_EQ(parameters.at("word_embedding").sizes().vec(), (std::vector<int64_t>{50, h}));
+  EXPECT_EQ(parameters.at("head_weight").sizes().vec(), (std::vector<int64_t>{50, h}));
+  EXPECT_TRUE(parameters.count("final_norm_weight"));
+  EXPECT_FALSE(parameters.count("position_embedding"));  // rotary positions
+  EXPECT_EQ(parameters.size(), expected_count);
+
+  // Tied: one stage, and the head is the embedding.
+  spec.tie_word_embeddings = true;
+  const auto stages = BuildStages(spec, 1);
+  const auto tied = Parameters(stages);
+  EXPECT_FALSE(tied.count("head_weight"));
+  EXPECT_EQ(tied.size(), expected_count - 1);
+}
+
+TEST(RotaryTest, Llama31ScalingKeepsShortWavelengthsSlowsLongOnesBlendsBetween) {
+  // d = 8, theta 10^4: inverse frequencies 1, 0.1, 0.01, 0.001, wavelengths
+  // 2 pi / f = 6.3, 63, 628, 6283; with 64 original positions the bands are
+  // below 64 / 4 = 16 (kept) and above 64 / 1 = 64 (divided by 8).
+  const std::vector<double> inv = RotaryInverseFrequencies(SmallLlama());
+  ASSERT_EQ(inv.size(), 4u);
+  EXPECT_DOUBLE_EQ(inv[0], 1.0);
+  const double wavelength = 2 * std::numbers::pi / 0.1;
+  const double smooth = (64 / wavelength - 1) / (4 - 1);
+  EXPECT_NEAR(inv[1], (1 - smooth) * 0.1 / 8 + smooth * 0.1, 1e-15);
+  EXPECT_NEAR(inv[2], 0.01 / 8, 1e-15);
+  EXPECT_NEAR(inv[3], 0.001 / 8, 1e-15);
+  ModelSpec plain = SmallLlama();
+  plain.rope_factor = 0;
+  EXPECT_NEAR(RotaryInverseFrequencies(plain)[3], 0.001, 1e-15);
+}
+
+TEST(RotaryTest, ScoresDependOnlyOnRelativePositionAndNormsAreKept) {
+  const ModelSpec spec = SmallLlama();
+  torch::manual_seed(::varipipe::testing::TestSeed("ScoresDependOnlyOnRelativePosition"));
+  const torch::Tensor q = torch::randn({1, 1, 8});
+  const torch::Tensor k = torch::randn({1, 1, 8});
+  const auto at = [&](const torch::Tensor& x, int64_t p) {
+    return ApplyRotary(x, RotaryTable(spec, torch::full({1, 1}, p, torch::kInt64)), 1);
+  };
+  const double near = (at(q, 9) * at(k, 4)).sum().item<double>();
+  const double shifted = (at(q, 39) * at(k, 34)).sum().item<double>();
+  EXPECT_NEAR(near, shifted, 1e-4 * std::abs(near) + 1e-6);
+  EXPECT_NEAR(at(q, 17).norm().item<double>(), q.norm().item<double>(), 1e-5);
+  EXPECT_TRUE(torch::allclose(at(q, 0), q));  // position 0 is the identity
+}
 
 TEST(ModelStageTest, PaddingDoesNotChangeRealPositions) {
   const ModelSpec spec = SmallGpt();

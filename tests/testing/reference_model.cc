@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numbers>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -57,22 +58,36 @@ torch::Tensor Gelu(const torch::Tensor& x) {
   return 0.5 * x * (1.0 + torch::erf(x / std::sqrt(2.0)));
 }
 
+// RMSNorm: x / sqrt(mean(x^2) + eps) * weight.
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double epsilon) {
+  return x / (x.pow(2).mean(-1, /*keepdim=*/true) + epsilon).sqrt() * weight;
+}
+
+// SiLU: x * sigmoid(x).
+torch::Tensor Silu(const torch::Tensor& x) { return x * torch::sigmoid(x); }
+
 torch::Tensor Affine(const torch::Tensor& x, const torch::Tensor& weight,
                      const torch::Tensor& bias = {}) {
   torch::Tensor y = x.matmul(weight.t());
   return bias.defined() ? y + bias : y;
 }
 
-// Softmax attention of q [n_q, heads * d] over k, v [n_k, heads * d], one
-// head at a time; with `causal` query i sees keys 0..i.
+// Softmax attention of q [n_q, heads * d] over k, v [n_k, kv_heads * d],
+// one head at a time: query head h uses key/value head h / (heads /
+// kv_heads) (kv_heads == heads: multi-head attention); with `causal` query i
+// sees keys 0..i.
 torch::Tensor Attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                        int64_t heads, bool causal) {
+                        int64_t heads, int64_t kv_heads, bool causal) {
   const int64_t d = q.size(1) / heads;
+  const int64_t group = heads / kv_heads;
+  TORCH_CHECK(group * kv_heads == heads && k.size(1) == kv_heads * d && v.size(1) == k.size(1),
+              "attention: ", heads, " query heads over ", kv_heads, " key/value heads of ", d);
   std::vector<torch::Tensor> contexts;
   for (int64_t h = 0; h < heads; ++h) {
+    const int64_t kv = h / group;
     const torch::Tensor qh = q.narrow(1, h * d, d);
-    const torch::Tensor kh = k.narrow(1, h * d, d);
-    const torch::Tensor vh = v.narrow(1, h * d, d);
+    const torch::Tensor kh = k.narrow(1, kv * d, d);
+    const torch::Tensor vh = v.narrow(1, kv * d, d);
     torch::Tensor scores = qh.matmul(kh.t()) / std::sqrt(static_cast<double>(d));
     if (causal) {
       const torch::Tensor future =
@@ -84,6 +99,59 @@ torch::Tensor Attention(const torch::Tensor& q, const torch::Tensor& k, const to
     contexts.push_back(weights.matmul(vh));
   }
   return torch::cat(contexts, 1);
+}
+
+// Rotary frequencies inv_freq_j = theta^(-2j/d) for j < d/2, d = kv_channels,
+// in double. With rope_scaling (Llama 3.1), by wavelength w = 2 pi /
+// inv_freq_j against L = original_max_position_embeddings: w < L / high
+// keeps it, w > L / low divides it by factor, and in between it becomes
+// (1 - s) * inv_freq_j / factor + s * inv_freq_j with
+// s = (L / w - low) / (high - low).
+std::vector<double> RotaryFrequencies(const v1::ModelConfig& m) {
+  const int64_t d = m.kv_channels();
+  std::vector<double> inv_freq;
+  for (int64_t j = 0; j < d / 2; ++j) {
+    double f = std::pow(m.rope_theta(), -2.0 * static_cast<double>(j) / static_cast<double>(d));
+    if (m.has_rope_scaling()) {
+      const v1::RopeScaling& r = m.rope_scaling();
+      const double original = r.original_max_position_embeddings();
+      const double low = r.low_freq_factor();
+      const double high = r.high_freq_factor();
+      const double wavelength = 2 * std::numbers::pi / f;
+      if (wavelength > original / low) {
+        f /= r.factor();
+      } else if (wavelength >= original / high) {
+        const double s = (original / wavelength - low) / (high - low);
+        f = (1 - s) * f / r.factor() + s * f;
+      }
+    }
+    inv_freq.push_back(f);
+  }
+  return inv_freq;
+}
+
+// Rotary embeddings on x [n, heads * d] at positions 0..n-1 (Hugging Face's
+// rotate_half layout): each head vector u = [u1, u2] (its halves) becomes
+// u * cos + [-u2, u1] * sin, cos and sin of the angles p * inv_freq_j
+// (computed in double) repeated twice.
+torch::Tensor Rotary(const torch::Tensor& x, int64_t heads, const std::vector<double>& inv_freq) {
+  const int64_t half = static_cast<int64_t>(inv_freq.size());
+  const int64_t d = 2 * half;
+  TORCH_CHECK(x.size(1) == heads * d, "rotary: ", x.size(1), " channels are not ", heads,
+              " heads of ", d);
+  const torch::Tensor positions = torch::arange(x.size(0), torch::kFloat64).unsqueeze(1);
+  const torch::Tensor angles =
+      positions * torch::tensor(inv_freq, torch::kFloat64).unsqueeze(0);  // [n, d/2]
+  const torch::Tensor repeated = torch::cat({angles, angles}, 1);         // [n, d]
+  const torch::Tensor cos = repeated.cos().to(torch::kFloat32);
+  const torch::Tensor sin = repeated.sin().to(torch::kFloat32);
+  std::vector<torch::Tensor> rotated;
+  for (int64_t h = 0; h < heads; ++h) {
+    const torch::Tensor u = x.narrow(1, h * d, d);
+    const torch::Tensor turned = torch::cat({-u.narrow(1, half, half), u.narrow(1, 0, half)}, 1);
+    rotated.push_back(u * cos + turned * sin);
+  }
+  return torch::cat(rotated, 1);
 }
 
 // Summed negative log-likelihood of `labels` under `logits` [n, vocab].
@@ -117,6 +185,30 @@ ReferenceModel::ReferenceModel(const v1::JobConfig& config) {
   decoder_layers_ = t5_ ? m.num_decoder_layers() : 0;
   hidden_ = m.hidden_size();
   heads_ = m.num_attention_heads();
+  llama_ = m.architecture() == v1::LLAMA;
+  if (llama_) {
+    TORCH_CHECK(!t5_, "the reference builds LLAMA models of kind GPT only");
+    kv_heads_ = m.num_key_value_heads();
+    TORCH_CHECK(kv_heads_ > 0 && heads_ % kv_heads_ == 0, "num_key_value_heads ", kv_heads_,
+                " must divide num_attention_heads ", heads_, " (defaults applied?)");
+    TORCH_CHECK(m.kv_channels() % 2 == 0, "LLAMA needs even kv_channels (got ", m.kv_channels(),
+                ")");
+    TORCH_CHECK(m.has_norm_epsilon() && m.has_rope_theta(),
+                "the reference needs a LLAMA config with defaults applied");
+    norm_epsilon_ = m.norm_epsilon();
+    tied_ = m.tie_word_embeddings();
+    inv_freq_ = RotaryFrequencies(m);
+    InitLlama(config);
+  } else {
+    InitMegatron(config);
+  }
+  for (auto& [name, p] : parameters_) p.requires_grad_(true);
+}
+
+// MEGATRON (docs/executor.md): per component, the weights drawn in a fixed
+// order, then LayerNorm 1/0 and biases 0.
+void ReferenceModel::InitMegatron(const v1::JobConfig& config) {
+  const v1::ModelConfig& m = config.model();
   const int64_t h = hidden_;
   const int64_t inner = heads_ * m.kv_channels();
   const int64_t ffn = m.ffn_hidden_size();
@@ -177,7 +269,42 @@ ReferenceModel::ReferenceModel(const v1::JobConfig& config) {
     parameters_["final_ln_weight"] = Ones(h);
     parameters_["final_ln_bias"] = Zeros(h);
   }
-  for (auto& [name, p] : parameters_) p.requires_grad_(true);
+}
+
+// LLAMA (docs/models.md): each component draws its normal tensors in the
+// table's order; the norms start at one and draw nothing.
+void ReferenceModel::InitLlama(const v1::JobConfig& config) {
+  const v1::ModelConfig& m = config.model();
+  const int64_t h = hidden_;
+  const int64_t q_inner = heads_ * m.kv_channels();
+  const int64_t kv_inner = kv_heads_ * m.kv_channels();
+  const int64_t ffn = m.ffn_hidden_size();
+  const int64_t vocab = m.vocab_size();
+  const uint64_t seed = config.data().seed();
+  const double residual_stddev = kStddev / std::sqrt(2.0 * static_cast<double>(encoder_layers_));
+  {
+    Draws draw(seed, kEmbeddingComponent, 0);
+    parameters_["word_embedding"] = draw.Normal({vocab, h}, kStddev);
+  }
+  for (int64_t i = 0; i < encoder_layers_; ++i) {
+    const std::string prefix = absl::StrCat("encoder_layer_", i, ".");
+    Draws draw(seed, kEncoderLayerComponent, static_cast<uint64_t>(i));
+    // Draw order: q, k, v, o, gate, up, down.
+    parameters_[prefix + "attn_norm_weight"] = Ones(h);
+    parameters_[prefix + "q_weight"] = draw.Normal({q_inner, h}, kStddev);
+    parameters_[prefix + "k_weight"] = draw.Normal({kv_inner, h}, kStddev);
+    parameters_[prefix + "v_weight"] = draw.Normal({kv_inner, h}, kStddev);
+    parameters_[prefix + "o_weight"] = draw.Normal({h, q_inner}, residual_stddev);
+    parameters_[prefix + "mlp_norm_weight"] = Ones(h);
+    parameters_[prefix + "gate_weight"] = draw.Normal({ffn, h}, kStddev);
+    parameters_[prefix + "up_weight"] = draw.Normal({ffn, h}, kStddev);
+    parameters_[prefix + "down_weight"] = draw.Normal({h, ffn}, residual_stddev);
+  }
+  {
+    Draws draw(seed, kHeadComponent, 0);
+    parameters_["final_norm_weight"] = Ones(h);
+    if (!tied_) parameters_["head_weight"] = draw.Normal({vocab, h}, kStddev);
+  }
 }
 
 torch::Tensor& ReferenceModel::P(const std::string& name) {
@@ -189,8 +316,9 @@ torch::Tensor& ReferenceModel::P(const std::string& name) {
 torch::Tensor ReferenceModel::Embed(const std::string& prefix, const std::vector<int64_t>& tokens) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const torch::Tensor ids = torch::tensor(tokens, torch::kInt64);
-  return P(prefix + "word_embedding").index_select(0, ids) +
-         P(prefix + "position_embedding").narrow(0, 0, n);
+  const torch::Tensor words = P(prefix + "word_embedding").index_select(0, ids);
+  if (llama_) return words;  // rotary positions act inside attention
+  return words + P(prefix + "position_embedding").narrow(0, 0, n);
 }
 
 // Pre-LayerNorm layer: x + SelfAttention(LN1(x)), [+ CrossAttention(LNx(.),
@@ -201,13 +329,13 @@ torch::Tensor ReferenceModel::Layer(const std::string& prefix, const torch::Tens
                                    P(prefix + "qkv_weight"), P(prefix + "qkv_bias"));
   const int64_t inner = qkv.size(1) / 3;
   torch::Tensor y = x + Affine(Attention(qkv.narrow(1, 0, inner), qkv.narrow(1, inner, inner),
-                                         qkv.narrow(1, 2 * inner, inner), heads_, causal),
+                                         qkv.narrow(1, 2 * inner, inner), heads_, heads_, causal),
                                P(prefix + "proj_weight"), P(prefix + "proj_bias"));
   if (memory.defined()) {
     const torch::Tensor q = Affine(LayerNorm(y, P(prefix + "lnx_weight"), P(prefix + "lnx_bias")),
                                    P(prefix + "xq_weight"), P(prefix + "xq_bias"));
     const torch::Tensor kv = Affine(memory, P(prefix + "xkv_weight"), P(prefix + "xkv_bias"));
-    y = y + Affine(Attention(q, kv.narrow(1, 0, inner), kv.narrow(1, inner, inner), heads_,
+    y = y + Affine(Attention(q, kv.narrow(1, 0, inner), kv.narrow(1, inner, inner), heads_, heads_,
                              /*causal=*/false),
                    P(prefix + "xproj_weight"), P(prefix + "xproj_bias"));
   }
@@ -215,6 +343,32 @@ torch::Tensor ReferenceModel::Layer(const std::string& prefix, const torch::Tens
       Gelu(Affine(LayerNorm(y, P(prefix + "ln2_weight"), P(prefix + "ln2_bias")),
                   P(prefix + "fc1_weight"), P(prefix + "fc1_bias")));
   return y + Affine(mlp, P(prefix + "fc2_weight"), P(prefix + "fc2_bias"));
+}
+
+// LLAMA layer (docs/models.md), no biases: y = x + GQA(rotary q, rotary k,
+// v of RMSNorm(x)) o^T, then y + (SiLU(m gate^T) * (m up^T)) down^T with
+// m = RMSNorm(y).
+torch::Tensor ReferenceModel::LlamaLayer(const std::string& prefix, const torch::Tensor& x) {
+  const torch::Tensor n = RmsNorm(x, P(prefix + "attn_norm_weight"), norm_epsilon_);
+  const torch::Tensor q = Rotary(Affine(n, P(prefix + "q_weight")), heads_, inv_freq_);
+  const torch::Tensor k = Rotary(Affine(n, P(prefix + "k_weight")), kv_heads_, inv_freq_);
+  const torch::Tensor v = Affine(n, P(prefix + "v_weight"));
+  const torch::Tensor y =
+      x + Affine(Attention(q, k, v, heads_, kv_heads_, /*causal=*/true), P(prefix + "o_weight"));
+  const torch::Tensor m = RmsNorm(y, P(prefix + "mlp_norm_weight"), norm_epsilon_);
+  const torch::Tensor gated =
+      Silu(Affine(m, P(prefix + "gate_weight"))) * Affine(m, P(prefix + "up_weight"));
+  return y + Affine(gated, P(prefix + "down_weight"));
+}
+
+// MEGATRON: final LayerNorm, then head_weight. LLAMA: final RMSNorm, then
+// head_weight (word_embedding when tied).
+torch::Tensor ReferenceModel::Head(const torch::Tensor& x) {
+  if (llama_) {
+    return Affine(RmsNorm(x, P("final_norm_weight"), norm_epsilon_),
+                  P(tied_ ? "word_embedding" : "head_weight"));
+  }
+  return Affine(LayerNorm(x, P("final_ln_weight"), P("final_ln_bias")), P("head_weight"));
 }
 
 // GPT: the sequence input ++ target; position p predicts token p + 1, and
@@ -225,22 +379,20 @@ torch::Tensor ReferenceModel::Layer(const std::string& prefix, const torch::Tens
 torch::Tensor ReferenceModel::SampleLoss(const std::vector<int64_t>& input,
                                          const std::vector<int64_t>& target,
                                          uint64_t* loss_tokens) {
-  const auto head = [&](const torch::Tensor& x) {
-    return Affine(LayerNorm(x, P("final_ln_weight"), P("final_ln_bias")), P("head_weight"));
-  };
   if (!t5_) {
     std::vector<int64_t> sequence = input;
     sequence.insert(sequence.end(), target.begin(), target.end());
     torch::Tensor x = Embed("", sequence);
     for (int64_t i = 0; i < encoder_layers_; ++i) {
-      x = Layer(absl::StrCat("encoder_layer_", i, "."), x, /*causal=*/true, {});
+      const std::string prefix = absl::StrCat("encoder_layer_", i, ".");
+      x = llama_ ? LlamaLayer(prefix, x) : Layer(prefix, x, /*causal=*/true, {});
     }
     const size_t first = target.empty() ? 1 : std::max<size_t>(input.size(), 1);
     std::vector<int64_t> labels(sequence.begin() + static_cast<ptrdiff_t>(first), sequence.end());
     *loss_tokens += labels.size();
     if (labels.empty()) return torch::zeros({}, torch::kFloat32);
     const torch::Tensor predicting =
-        head(x).narrow(0, static_cast<int64_t>(first) - 1, static_cast<int64_t>(labels.size()));
+        Head(x).narrow(0, static_cast<int64_t>(first) - 1, static_cast<int64_t>(labels.size()));
     return TokenLoss(predicting, labels);
   }
   torch::Tensor memory = Embed("", input);
@@ -255,7 +407,7 @@ torch::Tensor ReferenceModel::SampleLoss(const std::vector<int64_t>& input,
     x = Layer(absl::StrCat("decoder_layer_", i, "."), x, /*causal=*/true, memory);
   }
   *loss_tokens += target.size();
-  return TokenLoss(head(x), target);
+  return TokenLoss(Head(x), target);
 }
 
 ReferencePass ReferenceModel::Gradients(const std::vector<ReferenceSample>& samples,

@@ -1,13 +1,15 @@
-// The independent reference of the equivalence tests: the whole GPT or T5
-// written here from the model's definition (docs/executor.md), not from
-// executor/model. It runs one sample at a time with no padding and no masks
-// but causality, and spells out layer norm, GELU, attention (one head at a
-// time) and the cross-entropy, so a defect in the executor's batching,
-// masking, packing, pipelining, recomputation or gradient reduction cannot
-// hide in shared code. It shares with the executor only the deterministic
-// initialisation rule (a SplitMix64-seeded LibTorch CPU generator per model
-// component, drawn in a fixed order) and the parameter names, so both start
-// from the same parameters and can be compared by name.
+// The independent reference of the equivalence tests: the whole model written
+// here from its definition (docs/executor.md for MEGATRON GPT and T5,
+// docs/models.md for LLAMA GPT), not from executor/model. It runs one sample
+// at a time with no padding and no masks but causality, and spells out layer
+// norm, RMSNorm, GELU, SiLU, rotary embeddings, attention (one head at a
+// time, grouped-query for LLAMA) and the cross-entropy, so a defect in the
+// executor's batching, masking, packing, pipelining, recomputation or
+// gradient reduction cannot hide in shared code. It shares with the executor
+// only the deterministic initialisation rule (a SplitMix64-seeded LibTorch
+// CPU generator per model component, drawn in a fixed order) and the
+// parameter names, so both start from the same parameters and can be
+// compared by name.
 #ifndef VARIPIPE_TESTS_TESTING_REFERENCE_MODEL_H_
 #define VARIPIPE_TESTS_TESTING_REFERENCE_MODEL_H_
 
@@ -63,10 +65,16 @@ class ReferenceModel {
   const NamedTensors& parameters() const { return parameters_; }
 
  private:
+  // The parameters with their initial values, per architecture.
+  void InitMegatron(const v1::JobConfig& config);
+  void InitLlama(const v1::JobConfig& config);
   torch::Tensor& P(const std::string& name);
   torch::Tensor Embed(const std::string& prefix, const std::vector<int64_t>& tokens);
   torch::Tensor Layer(const std::string& prefix, const torch::Tensor& x, bool causal,
                       const torch::Tensor& memory);
+  torch::Tensor LlamaLayer(const std::string& prefix, const torch::Tensor& x);
+  // The final normalisation and the LM head: logits [n, vocab].
+  torch::Tensor Head(const torch::Tensor& x);
   // Summed token loss of one sample.
   torch::Tensor SampleLoss(const std::vector<int64_t>& input, const std::vector<int64_t>& target,
                            uint64_t* loss_tokens);
@@ -76,6 +84,12 @@ class ReferenceModel {
   int64_t decoder_layers_ = 0;
   int64_t hidden_ = 0;
   int64_t heads_ = 0;
+  bool llama_ = false;  // architecture LLAMA (else MEGATRON)
+  // LLAMA only.
+  int64_t kv_heads_ = 0;
+  double norm_epsilon_ = 0;
+  bool tied_ = false;             // the head multiplies by word_embedding
+  std::vector<double> inv_freq_;  // rotary frequencies, kv_channels / 2
   NamedTensors parameters_;
 };
 

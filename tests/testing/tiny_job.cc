@@ -24,7 +24,11 @@ absl::StatusOr<v1::JobConfig> TinyJobConfig(const TinyJob& job) {
       R"({"job_id": "tiny", "model": {"kind": ")", job.t5 ? "T5" : "GPT", R"(", "num_layers": )",
       std::max(4u, job.pipeline * job.chunks), R"(, )",
       job.t5 ? R"("num_decoder_layers": 4, )" : "", R"("hidden_size": 32,
-      "num_attention_heads": 4, "ffn_hidden_size": 64, "vocab_size": 61, "dtype": "FLOAT32"},
+      "num_attention_heads": 4, "ffn_hidden_size": 64, "vocab_size": 61, "dtype": "FLOAT32")",
+      job.llama ? R"(, "architecture": "LLAMA", "num_key_value_heads": 2, "rope_theta": 10000,
+      "rope_scaling": {"factor": 8, "original_max_position_embeddings": 64})"
+                : "",
+      job.tie_word_embeddings ? R"(, "tie_word_embeddings": true)" : "", R"(},
       "parallelism": {"pipeline": )",
       job.pipeline, R"(, "data": )", job.data, R"(, "virtual_chunks": )", job.chunks, R"(},
       "cluster": {"device_memory_limit_mib": )",

@@ -1,4 +1,5 @@
-// The small jobs the executor's equivalence tests run: a GPT or T5 of a few
+// The small jobs the executor's equivalence tests run: a GPT (MEGATRON or
+// LLAMA) or T5 of a few
 // layers (hidden 32, fp32) on synthetic data, and the planner's plans for
 // one of its iterations.
 #ifndef VARIPIPE_TESTS_TESTING_TINY_JOB_H_
@@ -16,6 +17,10 @@ namespace varipipe::testing {
 
 struct TinyJob {
   bool t5 = false;
+  // A LLAMA GPT (docs/models.md): 2 key/value heads for 4 query heads,
+  // Llama 3.1 rotary scaling whose three frequency bands all occur.
+  bool llama = false;
+  bool tie_word_embeddings = false;  // LLAMA, pipeline 1
   v1::ScheduleKind schedule = v1::ONE_F_ONE_B;
   v1::RecomputeMode recompute = v1::RECOMPUTE_NONE;
   v1::PartitionMethod method = v1::DYNAMIC_PROGRAMMING;
