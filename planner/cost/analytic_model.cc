@@ -54,6 +54,53 @@ double MlpStored(const ModelDims& d, double b, double s, double t) {
   return 2 * B * s * b * d.hidden + 2 * B * s * b * d.ffn / t + kMaskBytes * s * b * d.hidden;
 }
 
+// LLAMA (docs/models.md, "The LLAMA layer"): the same terms for its blocks,
+// with K = key_value_heads * kv_channels the width of K and V under
+// grouped-query attention (K = A without it), and what the architecture
+// drops: no dropout anywhere (no masks, no dropout output), RMSNorm (its
+// input kept, as LayerNorm's; the per-row statistic is left out for both).
+//   attention: RMSNorm input B*s*b*h, q/k/v projection input B*s*b*h
+//   (one tensor feeds all three), Q B*s*b*A/t, K and V B*s*b*K/t each
+//   (after rotary embedding, which keeps nothing of its own: it is linear in
+//   Q and K with fixed cos/sin tables), output projection input B*s*b*A/t;
+//   score path (explicit kernel, no selective recomputation): the softmax
+//   output B*a*s^2*b/t only, which both the softmax backward and P.V's use;
+//   fused kernel: the logsumexp 4*a*s*b/t as for MEGATRON.
+//   SwiGLU MLP: RMSNorm input B*s*b*h, gate/up projection input B*s*b*h,
+//   and four ffn-wide tensors B*s*b*f/t each: the gate projection's output
+//   (silu's input), silu's output and the up projection's output (the
+//   product's operands) and their product (the down projection's input).
+// Total without recomputation, explicit kernel:
+//   4B*sbh + 2B*sb(A + K)/t + 4B*sbf/t + B*a*s^2*b/t.
+// An implementation that repeats K and V to all `a` heads before the core
+// (rather than grouping the query heads over each key/value head) keeps
+// A-wide copies instead; a measured profile records what the executor keeps.
+double LlamaAttentionStored(const ModelDims& d, Recompute recompute, double b, double s, double t) {
+  const double B = d.dtype_bytes;
+  const double h = d.hidden;
+  const double A = static_cast<double>(d.attention_width());
+  const double K = static_cast<double>(d.kv_width());
+  const double a = d.heads;
+  double bytes = B * s * b * h            // RMSNorm input
+                 + B * s * b * h          // q/k/v projection input
+                 + B * s * b * A / t      // Q
+                 + 2 * B * s * b * K / t  // K, V
+                 + B * s * b * A / t;     // output projection input
+  if (d.attention_kernel == AttentionKernel::kFused) {
+    bytes += kStatBytes * a * s * b / t;  // logsumexp per query row
+  } else if (recompute != Recompute::kSelective) {
+    bytes += B * a * s * s * b / t;  // softmax output
+  }
+  return bytes;
+}
+
+double LlamaMlpStored(const ModelDims& d, double b, double s, double t) {
+  const double B = d.dtype_bytes;
+  // RMSNorm input, gate/up input; gate output, silu output, up output,
+  // their product.
+  return 2 * B * s * b * d.hidden + 4 * B * s * b * d.ffn / t;
+}
+
 // Elementwise traffic of a layer's forward pass: every stored activation is
 // written once and read once (LayerNorm, softmax, GeLU, dropout, residuals).
 double ElementwiseBytes(double stored_without_recompute) { return 2 * stored_without_recompute; }
@@ -118,11 +165,13 @@ CostValues LayerCost(const ModelDims& d, const Hardware& hw, Recompute recompute
   }
   // Largest transient tensor of the backward pass: the score gradient (a
   // fused kernel instead holds one fp32 value per query row and head,
-  // D = rowsum(dO o O)) or the GeLU gradient.
+  // D = rowsum(dO o O)) or the GeLU gradient (LLAMA: the gate and up
+  // gradients, which the product's backward produces together).
   const double B = d.dtype_bytes;
   const double score = fused ? kStatBytes * d.heads * s * b / t
                              : B * d.heads * s * (decoder ? std::max(s, encoder_s) : s) * b / t;
-  const double transient = std::max(score, B * s * b * d.ffn / t);
+  const double mlp_gradient = (d.gated_mlp() ? 2 : 1) * B * s * b * d.ffn / t;
+  const double transient = std::max(score, mlp_gradient);
   double peak = stored + transient;
   switch (recompute) {
     case Recompute::kNone:
@@ -131,12 +180,14 @@ CostValues LayerCost(const ModelDims& d, const Hardware& hw, Recompute recompute
       // A fused kernel keeps no score tensors: there is nothing to
       // recompute, selective costs what no recomputation does.
       if (fused) break;
-      // Recompute QK^T, softmax and dropout of every attention block.
+      // Recompute QK^T, softmax and dropout of every attention block
+      // (LLAMA: no attention dropout, the softmax output alone).
+      const double per_score = d.dropout() ? 2 * B + kMaskBytes : B;
       double core = AttentionCoreFlops(d, b, s, s, t);
-      double score_bytes = (2 * B + kMaskBytes) * d.heads * s * s * b / t;
+      double score_bytes = per_score * d.heads * s * s * b / t;
       if (decoder) {
         core += AttentionCoreFlops(d, b, s, encoder_s, t);
-        score_bytes += (2 * B + kMaskBytes) * d.heads * s * encoder_s * b / t;
+        score_bytes += per_score * d.heads * s * encoder_s * b / t;
       }
       backward_ms += MatrixMs(hw, d, core, tokens) + MemoryMs(hw, 2 * score_bytes);
       peak = stored + score_bytes + transient;
@@ -155,12 +206,21 @@ CostValues EmbeddingCost(const ModelDims& d, const Hardware& hw, double t, doubl
   const double B = d.dtype_bytes;
   const double out = B * b * s * d.hidden;  // embedding output (vocab-parallel: full width)
   const double overhead_ms = hw.layer_overhead_us * 1e-3;
+  (void)t;
+  if (d.llama()) {
+    // No position table and no dropout: the forward gathers the rows and
+    // writes them, the backward reads the gradient and scatter-adds it into
+    // the table (read and write); only the token ids are kept.
+    const double forward_ms = MemoryMs(hw, 2 * out) + overhead_ms;
+    const double backward_ms = MemoryMs(hw, 3 * out) + overhead_ms;
+    const double stored = 8.0 * b * s;  // ids
+    return {forward_ms, backward_ms, stored, stored + out};
+  }
   // Forward: gather rows and write them (plus dropout); backward: scatter-add
   // the gradient into the table.
   const double forward_ms = MemoryMs(hw, 3 * out) + overhead_ms;
   const double backward_ms = MemoryMs(hw, 4 * out) + overhead_ms;
   const double stored = 8.0 * b * s + kMaskBytes * b * s * d.hidden;  // ids, dropout mask
-  (void)t;
   return {forward_ms, backward_ms, stored, stored + out};
 }
 
@@ -168,7 +228,8 @@ CostValues PostprocessCost(const ModelDims& d, const Hardware& hw, double t, dou
   const double logits = 4.0 * b * s * d.vocab / t;  // fp32 logits for the loss
   const double flops = 2 * b * s * d.hidden * static_cast<double>(d.vocab) / t;
   const double overhead_ms = hw.layer_overhead_us * 1e-3;
-  // Final LayerNorm, LM head GEMM, softmax cross-entropy over the logits.
+  // Final LayerNorm (LLAMA: RMSNorm), LM head GEMM, softmax cross-entropy
+  // over the logits; the same for both architectures, tied head or not.
   const double forward_ms = MatrixMs(hw, d, flops, b * s) + MemoryMs(hw, 3 * logits) + overhead_ms;
   const double backward_ms =
       MatrixMs(hw, d, 2 * flops, b * s) + MemoryMs(hw, 3 * logits) + overhead_ms;
@@ -189,6 +250,16 @@ double EncoderLayerForwardFlops(const ModelDims& d, double b, double s, uint32_t
   const double t = tp;
   const double h = d.hidden;
   const double A = static_cast<double>(d.attention_width());
+  if (d.llama()) {
+    // Q projection 2bshA, K and V projections 4bshK (K = key/value heads *
+    // kv_channels), output projection 2bsAh; SwiGLU gate and up 4bshf, down
+    // 2bsfh; all /t. The attention core is over the query heads, 4 b s^2 A
+    // / t, whatever the key/value heads. RMSNorm, rotary, silu and the
+    // product are elementwise (memory-bound, counted in bytes).
+    const double K = static_cast<double>(d.kv_width());
+    return (4 * b * s * h * A + 4 * b * s * h * K + 6 * b * s * h * d.ffn) / t +
+           AttentionCoreFlops(d, b, s, s, t);
+  }
   // QKV projections 6bshA, output projection 2bsAh, MLP 4bshf, all /t;
   // attention core 4 b s^2 A / t.
   return (8 * b * s * h * A + 4 * b * s * h * d.ffn) / t + AttentionCoreFlops(d, b, s, s, t);
@@ -210,6 +281,7 @@ double DecoderLayerForwardFlops(const ModelDims& d, double b, double s, double e
 double EncoderLayerStoredBytes(const ModelDims& d, Recompute recompute, double b, double s,
                                uint32_t tp) {
   if (recompute == Recompute::kFull) return d.dtype_bytes * s * b * d.hidden;  // layer input
+  if (d.llama()) return LlamaAttentionStored(d, recompute, b, s, tp) + LlamaMlpStored(d, b, s, tp);
   return AttentionStored(d, recompute, b, s, s, false, tp) + MlpStored(d, b, s, tp);
 }
 
@@ -228,6 +300,31 @@ double ComponentParameters(const ModelDims& d, Component component, uint32_t tp,
   const double h = d.hidden;
   const double A = static_cast<double>(d.attention_width());
   const double f = d.ffn;
+  if (d.llama()) {
+    const double K = static_cast<double>(d.kv_width());
+    const double V = d.vocab;
+    switch (component) {
+      case Component::kEncoderLayer:
+        // q [A, h], k and v [K, h], o [h, A]; gate and up [f, h], down
+        // [h, f]; no biases; two RMSNorm weights (replicated) 2h.
+        return (h * A + 2 * h * K + A * h + 3 * h * f) / t + 2 * h;
+      case Component::kDecoderLayer:
+        return 0;  // LLAMA is decoder-only: no T5 decoder layers
+      case Component::kEmbedding:
+        // Token embedding only: rotary positions have no parameters.
+        return V * h / t;
+      case Component::kPostprocess:
+        // The final RMSNorm and the untied head [V, h] on the last stage.
+        // A tied head is word_embedding itself, which tie_word_embeddings
+        // allows only on one stage (pipeline 1; job_config.cc): the one
+        // tensor (and its gradient and optimizer state) is counted with
+        // the embedding, not twice. Should tied heads ever span stages, the
+        // last stage would hold a copy (as Megatron-LM does) and count V*h/t
+        // here again.
+        return (d.tied_embeddings ? 0.0 : V * h / t) + h;
+    }
+    return 0;
+  }
   // Attention: QKV (3hA + 3A bias), output projection (Ah + h); MLP
   // (hf + f, fh + h); two LayerNorms (4h).
   const double attention = (4 * h * A + 3 * A) / t + h;
@@ -272,6 +369,13 @@ absl::StatusOr<CostModel> BuildAnalyticCostModel(const ModelDims& dims, const Ha
       dims.vocab == 0 || dims.encoder_layers == 0) {
     return absl::InvalidArgumentError("analytic cost model: model dimensions must be positive");
   }
+  if (dims.heads % dims.key_value_heads() != 0) {
+    return absl::InvalidArgumentError(
+        "analytic cost model: key/value heads must divide the attention heads");
+  }
+  if (dims.llama() && dims.encoder_decoder()) {
+    return absl::InvalidArgumentError("analytic cost model: LLAMA models are decoder-only");
+  }
   if (options.tensor_parallel_degrees.empty()) {
     return absl::InvalidArgumentError("analytic cost model: no tensor-parallel degree requested");
   }
@@ -282,7 +386,8 @@ absl::StatusOr<CostModel> BuildAnalyticCostModel(const ModelDims& dims, const Ha
   }
   CostModel model;
   model.set_description(absl::StrCat("analytic model on ", hw.name, ", ",
-                                     AttentionKernelName(dims.attention_kernel), " attention"));
+                                     AttentionKernelName(dims.attention_kernel), " attention",
+                                     dims.llama() ? ", LLAMA layers" : ""));
   std::vector<Component> components = {Component::kEncoderLayer, Component::kEmbedding,
                                        Component::kPostprocess};
   if (dims.encoder_decoder()) components.push_back(Component::kDecoderLayer);
@@ -310,7 +415,8 @@ absl::StatusOr<CostModel> BuildAnalyticCostModel(const ModelDims& dims, const Ha
     }
   }
   // The position embedding has one row per position up to the job's longest
-  // sequence (options.max_seq_len, before rounding to the grid).
+  // sequence (options.max_seq_len, before rounding to the grid); LLAMA has
+  // none (ComponentParameters ignores the count).
   for (Component c : components) {
     model.SetParameters(c, ComponentParameters(dims, c, 1, options.max_seq_len));
   }

@@ -52,11 +52,28 @@ absl::Status CostModel::CheckMatches(const ModelDims& dims) const {
         absl::StrCat("the cost model was measured for a ", p.encoder_decoder() ? "T5" : "GPT",
                      " model but the job's model is ", dims.encoder_decoder() ? "T5" : "GPT"));
   }
+  if (p.architecture != dims.architecture) {
+    // Different layers: other parameters, FLOPs and activations per layer
+    // even at equal widths (docs/models.md).
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the cost model was measured for a ", ArchitectureName(p.architecture),
+        " model but the job's model.architecture is ", ArchitectureName(dims.architecture)));
+  }
   if (p.hidden != dims.hidden) return differ("hidden size", p.hidden, dims.hidden);
   if (p.heads != dims.heads) return differ("attention heads", p.heads, dims.heads);
   if (p.kv_channels != dims.kv_channels)
     return differ("kv channels", p.kv_channels, dims.kv_channels);
   if (p.ffn != dims.ffn) return differ("ffn hidden size", p.ffn, dims.ffn);
+  if (p.key_value_heads() != dims.key_value_heads()) {
+    return differ("key/value heads", p.key_value_heads(), dims.key_value_heads());
+  }
+  if (p.tied_embeddings != dims.tied_embeddings) {
+    // The LM head's parameters (model-state memory) differ.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the cost model was measured with ", p.tied_embeddings ? "a tied" : "an untied",
+        " LM head but the job's model.tie_word_embeddings is ",
+        dims.tied_embeddings ? "true" : "false"));
+  }
   if (attention_kernel_known_ && p.attention_kernel != dims.attention_kernel) {
     // The kernel decides whether activation memory grows with s or s^2.
     return absl::InvalidArgumentError(absl::StrCat(

@@ -95,8 +95,9 @@ class CostModel {
   const std::map<Key, ProfileGrid>& grids() const { return grids_; }
 
   // Dimensions of the model the costs were measured for, when known (only
-  // kind, hidden, heads, kv_channels, ffn and, when known, the attention
-  // kernel are compared with a job).
+  // kind, architecture, hidden, heads, kv_channels, ffn, key/value heads,
+  // tied embeddings and, when known, the attention kernel are compared with
+  // a job).
   const std::optional<ModelDims>& profiled_dims() const { return profiled_dims_; }
   // `attention_kernel_known`: false when the source does not say which
   // attention kernel it measured (DynaPipe profiles); dims.attention_kernel

@@ -64,7 +64,14 @@ absl::StatusOr<CostModel> CostModelFromProto(const v1::CostModelFile& file,
     if (profiled.kv_channels() == 0 && profiled.num_attention_heads() != 0) {
       profiled.set_kv_channels(profiled.hidden_size() / profiled.num_attention_heads());
     }
-    if (profiled.ffn_hidden_size() == 0) profiled.set_ffn_hidden_size(4 * profiled.hidden_size());
+    // The job config's defaults (common/config/job_config.cc): LLAMA's MLP
+    // is two thirds of 4h rounded up to a multiple of 256; key/value heads
+    // default to the heads (ModelDimsFromConfig).
+    const bool llama = profiled.architecture() == v1::LLAMA;
+    if (profiled.ffn_hidden_size() == 0) {
+      profiled.set_ffn_hidden_size(llama ? (8 * profiled.hidden_size() / 3 + 255) / 256 * 256
+                                         : 4 * profiled.hidden_size());
+    }
     // A file that does not name its attention kernel is not checked for it.
     model.set_profiled_dims(ModelDimsFromConfig(profiled),
                             profiled.attention_kernel() != v1::ATTENTION_KERNEL_UNSPECIFIED);
@@ -199,6 +206,12 @@ v1::CostModelFile CostModelToProto(const CostModel& model) {
     m->set_kv_channels(d.kv_channels);
     m->set_ffn_hidden_size(d.ffn);
     m->set_vocab_size(d.vocab);
+    // MEGATRON stays unset (the default), so today's files are unchanged.
+    if (d.llama()) {
+      m->set_architecture(v1::LLAMA);
+      m->set_num_key_value_heads(d.key_value_heads());
+      m->set_tie_word_embeddings(d.tied_embeddings);
+    }
     if (model.attention_kernel_known()) {
       m->set_attention_kernel(AttentionKernelToProto(d.attention_kernel));
     }

@@ -336,6 +336,10 @@ absl::StatusOr<CostModel> ReadDynaPipeProfileDirectory(const std::string& direct
   profiled.heads = s.heads;
   profiled.kv_channels = s.kv_channels;
   profiled.ffn = s.ffn;
+  // DynaPipe profiles Megatron-LM's GPT and T5 layers ("kv" in the file
+  // names is kv_channels): MEGATRON, multi-head, so a LLAMA job is refused.
+  profiled.architecture = Architecture::kMegatron;
+  profiled.kv_heads = s.heads;
   // DynaPipe's file names do not say which attention kernel was measured.
   model.set_profiled_dims(profiled, /*attention_kernel_known=*/false);
   // The LM head on the last stage holds a copy of the (tied) embedding.

@@ -18,6 +18,10 @@ const char* AttentionKernelName(AttentionKernel kernel) {
   return kernel == AttentionKernel::kFused ? "FUSED" : "EXPLICIT";
 }
 
+const char* ArchitectureName(Architecture architecture) {
+  return architecture == Architecture::kLlama ? "LLAMA" : "MEGATRON";
+}
+
 AttentionKernel AttentionKernelFromProto(v1::AttentionKernel kernel) {
   return kernel == v1::FUSED ? AttentionKernel::kFused : AttentionKernel::kExplicit;
 }
@@ -38,6 +42,13 @@ ModelDims ModelDimsFromConfig(const v1::ModelConfig& model) {
   dims.vocab = model.vocab_size();
   dims.dtype_bytes = model.dtype() == v1::FLOAT32 ? 4 : 2;
   dims.attention_kernel = AttentionKernelFromProto(model.attention_kernel());
+  // Unspecified is MEGATRON (config.proto); the LLAMA-only fields are
+  // validated away for MEGATRON models (common/config/job_config.cc).
+  dims.architecture =
+      model.architecture() == v1::LLAMA ? Architecture::kLlama : Architecture::kMegatron;
+  dims.kv_heads =
+      dims.llama() && model.num_key_value_heads() != 0 ? model.num_key_value_heads() : dims.heads;
+  dims.tied_embeddings = dims.llama() && model.tie_word_embeddings();
   return dims;
 }
 

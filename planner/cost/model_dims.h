@@ -13,6 +13,13 @@ namespace varipipe::planner {
 
 enum class ModelKind { kGpt, kT5 };
 
+// The layers a model is built from (config.proto Architecture,
+// docs/models.md): Megatron's (LayerNorm with bias, learned positions, GeLU
+// MLP, biases everywhere) or Llama's (RMSNorm, rotary positions, SwiGLU MLP,
+// grouped-query attention, no biases; decoder-only).
+enum class Architecture { kMegatron = 0, kLlama = 1 };
+const char* ArchitectureName(Architecture architecture);  // "MEGATRON", "LLAMA"
+
 // Recomputation of activations during the backward pass (Korthikanti et al.).
 enum class Recompute { kNone = 0, kSelective = 1, kFull = 2 };
 inline constexpr int kNumRecomputeModes = 3;
@@ -40,10 +47,32 @@ struct ModelDims {
   // bf16/fp16, 4 for fp32).
   uint32_t dtype_bytes = 2;
   AttentionKernel attention_kernel = AttentionKernel::kExplicit;
+  Architecture architecture = Architecture::kMegatron;
+  // Key/value heads of grouped-query attention (LLAMA); 0 means `heads`
+  // (multi-head attention, as every MEGATRON model).
+  uint32_t kv_heads = 0;
+  // LLAMA: the LM head multiplies by the token embedding (one tensor).
+  bool tied_embeddings = false;
 
   bool encoder_decoder() const { return kind == ModelKind::kT5; }
-  // heads * kv_channels: the width of the attention projections.
+  bool llama() const { return architecture == Architecture::kLlama; }
+  // heads * kv_channels: the width of the attention projections (Q and the
+  // output projection; K and V too without grouped-query attention).
   uint64_t attention_width() const { return uint64_t{heads} * kv_channels; }
+  uint32_t key_value_heads() const { return kv_heads == 0 ? heads : kv_heads; }
+  // key_value_heads * kv_channels: the width of the K and V projections.
+  uint64_t kv_width() const { return uint64_t{key_value_heads()} * kv_channels; }
+  // What the architecture builds (docs/models.md). Gated MLP: SwiGLU's gate,
+  // up and down matrices instead of fc1 and fc2.
+  bool gated_mlp() const { return llama(); }
+  // Biases on the linear layers, and LayerNorm's bias (RMSNorm has none).
+  bool biases() const { return !llama(); }
+  // A learned absolute position table next to the token embedding (LLAMA
+  // rotates Q and K instead and holds no position parameters).
+  bool position_table() const { return !llama(); }
+  // Dropout after the embedding and on the residual branches (MEGATRON's
+  // memory formulas keep its one-byte masks; LLAMA has none).
+  bool dropout() const { return !llama(); }
 };
 
 // Dimensions of a validated config (defaults applied).

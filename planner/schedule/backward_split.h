@@ -28,10 +28,15 @@
 // gradients) per encoder token, and its stage keeps the encoder output (h
 // per encoder token) once for all its layers. The LM head is a linear layer
 // too: 2hV weight FLOPs and h + V kept values per token (vocabulary V) on
-// the last stage. Under full recomputation B
-// rebuilds the layer, so the same bytes are kept; they may exceed what the
-// forward stored, and the zero-bubble fill then splits a backward only
-// where they fit (weight_fill.h).
+// the last stage (tied to the embedding or not). A LLAMA layer (K/V width k =
+// key/value heads * kv_channels, SwiGLU) takes 4hi + 4hk + 6hf weight FLOPs
+// (Q 2hi, K and V 4hk, output projection 2ih, gate, up and down 6hf) and
+// keeps 4h + 2i + 2k + 3f values per token (q/k/v input h, shared by the
+// three, and output gradients i + 2k; output projection i + h; gate/up input
+// h, shared, and output gradients 2f; down projection f + h). Under full
+// recomputation B rebuilds the layer, so the same bytes are kept; they may
+// exceed what the forward stored, and the zero-bubble fill then splits a
+// backward only where they fit (weight_fill.h).
 #ifndef VARIPIPE_PLANNER_SCHEDULE_BACKWARD_SPLIT_H_
 #define VARIPIPE_PLANNER_SCHEDULE_BACKWARD_SPLIT_H_
 

@@ -124,9 +124,11 @@ absl::StatusOr<EvaluationJob> LoadEvaluationJob(const std::string& config_path,
   job.mixture_name = mixture;
   const v1::ModelConfig& m = job.config.model();
   job.model_name =
-      absl::StrCat(m.kind() == v1::T5 ? "T5" : "GPT", " ", m.num_layers() + m.num_decoder_layers(),
-                   "L h", m.hidden_size(), " pp", job.config.parallelism().pipeline(), " dp",
-                   job.config.parallelism().data());
+      absl::StrCat(m.kind() == v1::T5              ? "T5"
+                   : m.architecture() == v1::LLAMA ? "LLAMA"
+                                                   : "GPT",
+                   " ", m.num_layers() + m.num_decoder_layers(), "L h", m.hidden_size(), " pp",
+                   job.config.parallelism().pipeline(), " dp", job.config.parallelism().data());
   if (absl::Status s = ValidateJobConfig(job.config, config_path); !s.ok()) return s;
   if (absl::Status s = BuildCostModel(job); !s.ok()) return s;
   return job;

@@ -42,6 +42,7 @@ struct MemoryCase {
   v1::ScheduleKind schedule = v1::ONE_F_ONE_B;
   std::string name;
   bool t5 = false;
+  bool llama = false;  // LLAMA layers (docs/models.md)
 };
 
 class MeasuredMemory : public ::testing::TestWithParam<MemoryCase> {};
@@ -50,6 +51,7 @@ TEST_P(MeasuredMemory, ProfiledPredictionMatchesTheMeasuredPeak) {
   const MemoryCase& c = GetParam();
   TinyJob job;
   job.t5 = c.t5;
+  job.llama = c.llama;
   job.pipeline = 2;
   job.schedule = c.schedule;
   job.recompute = c.recompute;
@@ -130,7 +132,13 @@ INSTANTIATE_TEST_SUITE_P(
                                  "SelectiveAdaptiveZeroBubble"},
                       MemoryCase{v1::RECOMPUTE_FULL, v1::ZERO_BUBBLE_H1, "FullZeroBubbleH1"},
                       MemoryCase{v1::RECOMPUTE_NONE, v1::ZERO_BUBBLE_H1, "T5NoneZeroBubbleH1",
-                                 true}),
+                                 true},
+                      MemoryCase{v1::RECOMPUTE_NONE, v1::ONE_F_ONE_B, "LlamaNone1F1B", false, true},
+                      MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ONE_F_ONE_B, "LlamaSelective1F1B",
+                                 false, true},
+                      MemoryCase{v1::RECOMPUTE_FULL, v1::ONE_F_ONE_B, "LlamaFull1F1B", false, true},
+                      MemoryCase{v1::RECOMPUTE_NONE, v1::ZERO_BUBBLE_H1, "LlamaNoneZeroBubbleH1",
+                                 false, true}),
     [](const auto& info) { return info.param.name; });
 
 TEST(ProfileCli, HelpNamesTheFlags) {

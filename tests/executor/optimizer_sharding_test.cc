@@ -55,6 +55,7 @@ constexpr double kTolerance = 1e-5;
 struct Cell {
   std::string name;
   bool t5 = false;
+  bool llama = false;  // LLAMA layers (docs/models.md)
   uint32_t pp = 1;
   uint32_t dp = 2;
   uint32_t chunks = 1;  // > 1: interleaved 1F1B, several stages per rank
@@ -64,6 +65,7 @@ struct Cell {
 absl::StatusOr<v1::JobConfig> CellConfig(const Cell& c, uint32_t zero_stage, int iterations) {
   TinyJob job;
   job.t5 = c.t5;
+  job.llama = c.llama;
   job.pipeline = c.pp;
   job.data = c.dp;
   job.chunks = c.chunks;
@@ -200,7 +202,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Cell{.name = "T5_pp2dp2", .t5 = true, .pp = 2},
                       Cell{.name = "Gpt_pp1dp3", .dp = 3},
                       Cell{.name = "GptInterleaved2_pp2dp2", .pp = 2, .chunks = 2},
-                      Cell{.name = "GptSgd_pp2dp2", .pp = 2, .optimizer = v1::SGD}),
+                      Cell{.name = "GptSgd_pp2dp2", .pp = 2, .optimizer = v1::SGD},
+                      Cell{.name = "Llama_pp2dp2", .llama = true, .pp = 2}),
     [](const auto& info) { return info.param.name; });
 
 // A data-parallel degree of 1 leaves nothing to shard: stage 1 is stage 0.
@@ -330,7 +333,7 @@ TEST(Zero1Checkpoint, RefusesAnotherDataParallelDegree) {
 
 // The executor's measured model state per rank against the planner's
 // ModelStatePerDevice for the same model and layout (GPT and T5, pp = 2,
-// dp = 2, stages 0 and 1): the planner counts 4 bytes of parameters, 4 of
+// dp = 2, stages 0 and 1; LLAMA too): the planner counts 4 bytes of parameters, 4 of
 // gradients and 8 of AdamW moments per parameter whatever model.dtype, the
 // executor's layout (fp32 master weights, autocast on GPUs). The planner's
 // parameter count omits only T5's final encoder LayerNorm (2h parameters on
@@ -338,13 +341,13 @@ TEST(Zero1Checkpoint, RefusesAnotherDataParallelDegree) {
 // exactly that. Under stage 1 the measured optimizer state falls by
 // (1 - 1/dp) of stage 0's, as the prediction does.
 TEST(Zero1MemoryModel, MeasuredModelStateMatchesThePrediction) {
-  for (bool t5 : {false, true}) {
+  for (const auto& [t5, llama] : {std::pair{false, false}, {true, false}, {false, true}}) {
     std::map<uint32_t, std::vector<RankRun>> runs;
     std::vector<double> planned;
     absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
     ASSERT_THAT(redis, IsOk());
     for (uint32_t zero_stage : {0u, 1u}) {
-      const Cell c{.name = "pp2dp2", .t5 = t5, .pp = 2};
+      const Cell c{.name = "pp2dp2", .t5 = t5, .llama = llama, .pp = 2};
       absl::StatusOr<v1::JobConfig> config = CellConfig(c, zero_stage, 1);
       ASSERT_THAT(config, IsOk());
       absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(*config);
@@ -389,7 +392,7 @@ TEST(Zero1MemoryModel, MeasuredModelStateMatchesThePrediction) {
             "predicted for the executor's %.0f parameters %.0f + %.0f = %.0f bytes; for the "
             "planner's own count (%.0f parameters, without %.0f encoder-LayerNorm ones) %.0f + "
             "%.0f = %.0f bytes\n",
-            t5 ? "T5" : "GPT", zero_stage, r, static_cast<long long>(run.parameter_bytes),
+            t5 ? "T5" : llama ? "LLAMA" : "GPT", zero_stage, r, static_cast<long long>(run.parameter_bytes),
             optimizer, static_cast<double>(run.parameter_bytes) + optimizer, count,
             predicted.parameters, predicted.optimizer, predicted.parameters + predicted.optimizer,
             planned[r % 2], unmodelled, planner_own.parameters, planner_own.optimizer,

@@ -1,14 +1,20 @@
 #include "planner/cost/analytic_model.h"
 
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/config/job_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/cost/hardware.h"
+#include "planner/cost/memory_model.h"
 #include "tests/testing/paper_models.h"
 #include "tests/testing/status_matchers.h"
 
 namespace varipipe::planner {
 namespace {
 
+using ::testing::HasSubstr;
 using ::varipipe::testing::Gpt67bDims;
 using ::varipipe::testing::IsOk;
 
@@ -132,6 +138,283 @@ TEST(AnalyticModel, GridReproducesTheFormulaAtGridPoints) {
   }
   CostValues v;
   EXPECT_FALSE(dec->Lookup(65, 8, 16, &v));  // beyond the grid
+}
+
+// ---------------------------------------------------------------------------
+// LLAMA (docs/models.md, docs/cost-model.md "LLAMA")
+
+// Llama-2-7B: 32 layers, h = 4,096, 32 heads of 128 (multi-head), SwiGLU
+// 11,008 wide, vocabulary 32,000, untied head.
+v1::ModelConfig Llama2_7bConfig() {
+  v1::ModelConfig m;
+  m.set_kind(v1::GPT);
+  m.set_architecture(v1::LLAMA);
+  m.set_num_layers(32);
+  m.set_hidden_size(4096);
+  m.set_num_attention_heads(32);
+  m.set_num_key_value_heads(32);
+  m.set_kv_channels(128);
+  m.set_ffn_hidden_size(11008);
+  m.set_vocab_size(32000);
+  m.set_dtype(v1::BFLOAT16);
+  return m;
+}
+
+// Llama-3-8B: as above with 8 key/value heads, SwiGLU 14,336 wide, vocabulary
+// 128,256, rope_theta 500,000 (which changes no cost).
+v1::ModelConfig Llama3_8bConfig() {
+  v1::ModelConfig m = Llama2_7bConfig();
+  m.set_num_key_value_heads(8);
+  m.set_ffn_hidden_size(14336);
+  m.set_vocab_size(128256);
+  m.set_rope_theta(500000);
+  return m;
+}
+
+// Embedding + layers + postprocess, as a pipeline's devices hold them all
+// together. `positions` is what a MEGATRON job's longest sequence would be.
+double TotalParameters(const ModelDims& d, uint32_t positions) {
+  return ComponentParameters(d, Component::kEmbedding, 1, positions) +
+         d.encoder_layers * ComponentParameters(d, Component::kEncoderLayer, 1, positions) +
+         ComponentParameters(d, Component::kPostprocess, 1, positions);
+}
+
+TEST(AnalyticModelLlama, DimsFromConfig) {
+  const ModelDims d = ModelDimsFromConfig(Llama3_8bConfig());
+  EXPECT_TRUE(d.llama());
+  EXPECT_EQ(d.key_value_heads(), 8u);
+  EXPECT_EQ(d.attention_width(), 4096u);
+  EXPECT_EQ(d.kv_width(), 1024u);
+  EXPECT_TRUE(d.gated_mlp());
+  EXPECT_FALSE(d.biases());
+  EXPECT_FALSE(d.position_table());
+  EXPECT_FALSE(d.tied_embeddings);
+  const ModelDims g = Gpt67bDims();
+  EXPECT_FALSE(g.llama());
+  EXPECT_EQ(g.key_value_heads(), 32u);
+  EXPECT_EQ(g.kv_width(), g.attention_width());
+  EXPECT_TRUE(g.gated_mlp() == false && g.biases() && g.position_table());
+}
+
+// The published counts (Hugging Face's num_parameters()): no position rows,
+// an untied head with the final RMSNorm on the last stage.
+TEST(AnalyticModelLlama, ParametersOfLlama2_7bAndLlama3_8bAreExact) {
+  const ModelDims llama2 = ModelDimsFromConfig(Llama2_7bConfig());
+  EXPECT_EQ(TotalParameters(llama2, 4096), 6'738'415'616.0);
+  // Per layer: q, k, v, o 4 h^2, gate, up, down 3 h f, two RMSNorms 2h.
+  EXPECT_EQ(ComponentParameters(llama2, Component::kEncoderLayer, 1, 4096),
+            4.0 * 4096 * 4096 + 3.0 * 4096 * 11008 + 2 * 4096);
+  EXPECT_EQ(ComponentParameters(llama2, Component::kEmbedding, 1, 4096), 32000.0 * 4096);
+  EXPECT_EQ(ComponentParameters(llama2, Component::kPostprocess, 1, 4096), 32000.0 * 4096 + 4096);
+
+  const ModelDims llama3 = ModelDimsFromConfig(Llama3_8bConfig());
+  EXPECT_EQ(TotalParameters(llama3, 8192), 8'030'261'248.0);
+  // The position count changes nothing: rotary positions have no table.
+  EXPECT_EQ(TotalParameters(llama3, 1), TotalParameters(llama3, 8192));
+
+  // The analytic cost model records the same counts.
+  absl::StatusOr<Hardware> hw = HardwarePreset("h100-80gb");
+  ASSERT_THAT(hw, IsOk());
+  absl::StatusOr<CostModel> model =
+      BuildAnalyticCostModel(llama3, *hw, {.max_micro_batch_size = 16, .max_seq_len = 8192});
+  ASSERT_THAT(model, IsOk());
+  EXPECT_THAT(model->description(), HasSubstr("LLAMA"));
+  EXPECT_EQ(model->Parameters(Component::kEmbedding) +
+                32 * model->Parameters(Component::kEncoderLayer) +
+                model->Parameters(Component::kPostprocess),
+            8'030'261'248.0);
+}
+
+// The presets in deploy/configs/ load, validate and count the same; the
+// model state of their pp = 4 devices adds up to the whole model.
+TEST(AnalyticModelLlama, PresetsCountThePublishedParameters) {
+  for (const auto& [name, expected] :
+       {std::pair<std::string, double>{"llama-2-7b", 6'738'415'616.0},
+        {"llama-3-8b", 8'030'261'248.0}}) {
+    SCOPED_TRACE(name);
+    absl::StatusOr<v1::JobConfig> config =
+        LoadJobConfigFile(absl::StrCat(VARIPIPE_SOURCE_DIR, "/deploy/configs/", name, ".json"));
+    ASSERT_THAT(config, IsOk());
+    const ModelDims d = ModelDimsFromConfig(config->model());
+    EXPECT_TRUE(d.llama());
+    EXPECT_EQ(TotalParameters(d, config->data().max_sequence_length()), expected);
+    absl::StatusOr<Hardware> hw = HardwarePreset(config->cluster().hardware());
+    ASSERT_THAT(hw, IsOk());
+    absl::StatusOr<CostModel> model = BuildAnalyticCostModel(
+        d, *hw, {.max_micro_batch_size = 16, .max_seq_len = config->data().max_sequence_length()});
+    ASSERT_THAT(model, IsOk());
+    absl::StatusOr<StageLayout> layout = MakeStageLayout(d, config->parallelism().pipeline(),
+                                                         config->parallelism().virtual_chunks());
+    ASSERT_THAT(layout, IsOk());
+    double sum = 0;
+    for (double p : ParametersPerDevice(*model, *layout)) sum += p;
+    EXPECT_EQ(sum, expected);
+  }
+}
+
+// A tied head is the embedding's tensor (one stage, pipeline 1): counted
+// once, with the embedding; the last stage adds only the final RMSNorm.
+TEST(AnalyticModelLlama, TiedHeadIsCountedOnce) {
+  v1::ModelConfig config = Llama3_8bConfig();
+  config.set_tie_word_embeddings(true);
+  const ModelDims tied = ModelDimsFromConfig(config);
+  const ModelDims untied = ModelDimsFromConfig(Llama3_8bConfig());
+  EXPECT_TRUE(tied.tied_embeddings);
+  EXPECT_EQ(ComponentParameters(tied, Component::kPostprocess, 1, 0), 4096.0);
+  EXPECT_EQ(TotalParameters(untied, 0) - TotalParameters(tied, 0), 128256.0 * 4096);
+  // The head's GEMM runs either way.
+  absl::StatusOr<Hardware> hw = HardwarePreset("h100-80gb");
+  ASSERT_THAT(hw, IsOk());
+  EXPECT_EQ(
+      AnalyticComponentCost(tied, *hw, Component::kPostprocess, Recompute::kNone, 1, 2, 512, 0),
+      AnalyticComponentCost(untied, *hw, Component::kPostprocess, Recompute::kNone, 1, 2, 512, 0));
+}
+
+// Today's model is untouched by the new fields: GPT-6.7B's exact counts
+// (LayerNorms and biases, 2,048 learned positions, the head as a copy).
+TEST(AnalyticModelLlama, MegatronCountsAreUnchanged) {
+  const ModelDims d = Gpt67bDims();
+  EXPECT_EQ(ComponentParameters(d, Component::kEncoderLayer, 1, 2048), 201'379'840.0);
+  EXPECT_EQ(ComponentParameters(d, Component::kEmbedding, 1, 2048), 214'958'080.0);
+  EXPECT_EQ(ComponentParameters(d, Component::kPostprocess, 1, 2048), 206'577'664.0);
+  EXPECT_EQ(TotalParameters(d, 2048), 6'865'690'624.0);
+}
+
+// One LLAMA layer's forward FLOPs: Q 2bshA, K and V 2 * 2bshK, output
+// projection 2bsAh, gate, up and down 3 * 2bshf, core 4bs^2A; all / t.
+// Equivalently 2 * tokens * (the layer's matrix parameters) + the core.
+TEST(AnalyticModelLlama, LayerFlopsMatchTheHandFormula) {
+  const ModelDims d = ModelDimsFromConfig(Llama3_8bConfig());
+  const double b = 2, s = 4096, h = 4096, A = 4096, K = 1024, f = 14336;
+  for (const uint32_t t : {1u, 2u, 8u}) {
+    SCOPED_TRACE(t);
+    const double expected = (2 * b * s * h * A + 2 * 2 * b * s * h * K + 2 * b * s * A * h +
+                             3 * 2 * b * s * h * f + 4 * b * s * s * A) /
+                            t;
+    EXPECT_DOUBLE_EQ(EncoderLayerForwardFlops(d, b, s, t), expected);
+  }
+  const double matrix_parameters =
+      ComponentParameters(d, Component::kEncoderLayer, 1, 0) - 2 * h;  // less the norms
+  EXPECT_DOUBLE_EQ(EncoderLayerForwardFlops(d, b, s, 1),
+                   2 * b * s * matrix_parameters + 4 * b * s * s * A);
+}
+
+// One LLAMA layer's stored bytes (B = 2): RMSNorm inputs and projection
+// inputs 4B sbh, Q and the output projection input 2B sbA/t, K and V
+// 2B sbK/t, the SwiGLU tensors (gate, silu, up, product) 4B sbf/t, the
+// softmax output B a s^2 b/t (explicit, no selective recomputation); no
+// dropout masks. Fused: the logsumexp 4 a s b/t instead. Full: the input.
+TEST(AnalyticModelLlama, LayerStoredBytesMatchTheHandFormula) {
+  v1::ModelConfig config = Llama3_8bConfig();
+  const double b = 2, s = 2048, h = 4096, A = 4096, K = 1024, f = 14336, a = 32, B = 2;
+  for (const double t : {1.0, 4.0}) {
+    SCOPED_TRACE(t);
+    const double linear = s * b * (4 * B * h + 2 * B * (A + K) / t + 4 * B * f / t);
+    const double scores = B * a * s * s * b / t;
+    const double lse = 4 * a * s * b / t;
+    config.set_attention_kernel(v1::EXPLICIT);
+    const ModelDims ex = ModelDimsFromConfig(config);
+    const uint32_t tp = static_cast<uint32_t>(t);
+    EXPECT_DOUBLE_EQ(EncoderLayerStoredBytes(ex, Recompute::kNone, b, s, tp), linear + scores);
+    EXPECT_DOUBLE_EQ(EncoderLayerStoredBytes(ex, Recompute::kSelective, b, s, tp), linear);
+    EXPECT_DOUBLE_EQ(EncoderLayerStoredBytes(ex, Recompute::kFull, b, s, tp), B * s * b * h);
+    config.set_attention_kernel(v1::FUSED);
+    const ModelDims fu = ModelDimsFromConfig(config);
+    EXPECT_DOUBLE_EQ(EncoderLayerStoredBytes(fu, Recompute::kNone, b, s, tp), linear + lse);
+    EXPECT_DOUBLE_EQ(EncoderLayerStoredBytes(fu, Recompute::kSelective, b, s, tp), linear + lse);
+    EXPECT_DOUBLE_EQ(EncoderLayerStoredBytes(fu, Recompute::kFull, b, s, tp), B * s * b * h);
+  }
+  // The grid's stored value is the formula; peak adds the larger of the
+  // score gradient and the gate and up gradients (2B sbf).
+  absl::StatusOr<Hardware> hw = HardwarePreset("h100-80gb");
+  ASSERT_THAT(hw, IsOk());
+  config.set_attention_kernel(v1::FUSED);
+  const ModelDims fu = ModelDimsFromConfig(config);
+  const CostValues v =
+      AnalyticComponentCost(fu, *hw, Component::kEncoderLayer, Recompute::kNone, 1, b, s, 0);
+  EXPECT_DOUBLE_EQ(v.stored_bytes, EncoderLayerStoredBytes(fu, Recompute::kNone, b, s, 1));
+  EXPECT_DOUBLE_EQ(v.peak_bytes - v.stored_bytes, 2 * B * s * b * f);
+  // The embedding keeps the token ids only (no dropout mask).
+  EXPECT_DOUBLE_EQ(
+      AnalyticComponentCost(fu, *hw, Component::kEmbedding, Recompute::kNone, 1, b, s, 0)
+          .stored_bytes,
+      8 * b * s);
+}
+
+// Grouped-query attention shrinks the K and V terms only: parameters
+// 2h(A - K), FLOPs 4bsh(A - K)/t, stored bytes 2B sb(A - K)/t; the
+// attention core (over the query heads) is unchanged.
+TEST(AnalyticModelLlama, GroupedQueryAttentionReducesTheKeyValueTerms) {
+  v1::ModelConfig config = Llama3_8bConfig();
+  const ModelDims gqa = ModelDimsFromConfig(config);
+  config.set_num_key_value_heads(32);
+  const ModelDims mha = ModelDimsFromConfig(config);
+  const double b = 4, s = 1024, h = 4096, A = 4096, K = 1024, B = 2;
+  EXPECT_EQ(ComponentParameters(mha, Component::kEncoderLayer, 1, 0) -
+                ComponentParameters(gqa, Component::kEncoderLayer, 1, 0),
+            2 * h * (A - K));
+  for (const uint32_t t : {1u, 2u}) {
+    SCOPED_TRACE(t);
+    EXPECT_DOUBLE_EQ(
+        EncoderLayerForwardFlops(mha, b, s, t) - EncoderLayerForwardFlops(gqa, b, s, t),
+        4 * b * s * h * (A - K) / t);
+    for (const Recompute mode : {Recompute::kNone, Recompute::kSelective}) {
+      EXPECT_DOUBLE_EQ(
+          EncoderLayerStoredBytes(mha, mode, b, s, t) - EncoderLayerStoredBytes(gqa, mode, b, s, t),
+          2 * B * s * b * (A - K) / t);
+    }
+    EXPECT_EQ(EncoderLayerStoredBytes(mha, Recompute::kFull, b, s, t),
+              EncoderLayerStoredBytes(gqa, Recompute::kFull, b, s, t));
+  }
+}
+
+// Against MEGATRON at the same widths: no biases, no position rows, the
+// third MLP matrix; a Megatron layer with f = 4h costs what a LLAMA layer
+// with two thirds of it does in FLOPs (the reason for LLAMA's default).
+TEST(AnalyticModelLlama, DiffersFromMegatronWhereTheLayersDo) {
+  ModelDims megatron = Gpt67bDims();
+  ModelDims llama = megatron;
+  llama.architecture = Architecture::kLlama;
+  llama.ffn = 16384 * 2 / 3;  // 10,922 (not rounded: an exact two thirds)
+  const double b = 1, s = 2048;
+  EXPECT_NEAR(
+      EncoderLayerForwardFlops(llama, b, s, 1) / EncoderLayerForwardFlops(megatron, b, s, 1), 1.0,
+      1e-4);
+  EXPECT_LT(ComponentParameters(llama, Component::kEmbedding, 1, 2048),
+            ComponentParameters(megatron, Component::kEmbedding, 1, 2048));
+  // Dropout masks gone: a LLAMA layer with MEGATRON's widths stores less
+  // except for the SwiGLU tensors.
+  llama.ffn = megatron.ffn;
+  EXPECT_GT(EncoderLayerStoredBytes(llama, Recompute::kSelective, b, s, 1),
+            EncoderLayerStoredBytes(megatron, Recompute::kSelective, b, s, 1));
+  EXPECT_LT(EncoderLayerStoredBytes(llama, Recompute::kNone, b, s, 1) -
+                EncoderLayerStoredBytes(llama, Recompute::kSelective, b, s, 1),
+            EncoderLayerStoredBytes(megatron, Recompute::kNone, b, s, 1) -
+                EncoderLayerStoredBytes(megatron, Recompute::kSelective, b, s, 1));
+}
+
+TEST(AnalyticModelLlama, GridReproducesTheFormulaAndRefusesBadDims) {
+  absl::StatusOr<Hardware> hw = HardwarePreset("a100-80gb");
+  ASSERT_THAT(hw, IsOk());
+  const ModelDims d = ModelDimsFromConfig(Llama3_8bConfig());
+  absl::StatusOr<CostModel> model =
+      BuildAnalyticCostModel(d, *hw, {.max_micro_batch_size = 8, .max_seq_len = 1024});
+  ASSERT_THAT(model, IsOk());
+  EXPECT_THAT(model->CheckUsable(ModelKind::kGpt, 1), IsOk());
+  for (const Recompute mode : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    const ProfileGrid* grid = model->Grid(Component::kEncoderLayer, mode, 1);
+    ASSERT_NE(grid, nullptr);
+    CostValues v;
+    ASSERT_TRUE(grid->Lookup(4, 512, 0, &v));
+    EXPECT_EQ(v, AnalyticComponentCost(d, *hw, Component::kEncoderLayer, mode, 1, 4, 512, 0));
+  }
+  ModelDims odd = d;
+  odd.kv_heads = 5;
+  EXPECT_FALSE(BuildAnalyticCostModel(odd, *hw, {}).ok());
+  ModelDims t5 = d;
+  t5.kind = ModelKind::kT5;
+  t5.decoder_layers = 2;
+  EXPECT_FALSE(BuildAnalyticCostModel(t5, *hw, {}).ok());
 }
 
 }  // namespace

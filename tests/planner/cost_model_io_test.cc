@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/config/job_config.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
@@ -285,6 +286,97 @@ TEST_F(CostModelIoTest, JsonRoundTripAndErrors) {
   Write("v2.json", R"({"format_version": 2})");
   EXPECT_THAT(LoadCostModel((dir_ / "v2.json").string()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("format_version must be 1")));
+}
+
+// A profile records the architecture, key/value heads and head tying; a
+// MEGATRON profile (every file written before LLAMA existed, and DynaPipe's)
+// is refused for a LLAMA job of the same widths, and the other way round.
+TEST_F(CostModelIoTest, ArchitectureAndKeyValueHeadsAreChecked) {
+  absl::StatusOr<Hardware> hw = HardwarePreset("h100-80gb");
+  ASSERT_THAT(hw, IsOk());
+  const ModelDims megatron{.kind = ModelKind::kGpt,
+                           .encoder_layers = 4,
+                           .hidden = 256,
+                           .heads = 8,
+                           .kv_channels = 32,
+                           .ffn = 768,
+                           .vocab = 1000,
+                           .dtype_bytes = 2};
+  ModelDims llama = megatron;
+  llama.architecture = Architecture::kLlama;
+  llama.kv_heads = 2;
+  absl::StatusOr<CostModel> megatron_model =
+      BuildAnalyticCostModel(megatron, *hw, {.max_micro_batch_size = 4, .max_seq_len = 64});
+  absl::StatusOr<CostModel> llama_model =
+      BuildAnalyticCostModel(llama, *hw, {.max_micro_batch_size = 4, .max_seq_len = 64});
+  ASSERT_THAT(megatron_model, IsOk());
+  ASSERT_THAT(llama_model, IsOk());
+  // MEGATRON files keep their form (no architecture field); LLAMA files say
+  // what they measured.
+  EXPECT_EQ(CostModelToProto(*megatron_model).model().architecture(), v1::ARCHITECTURE_UNSPECIFIED);
+  const v1::ModelConfig written = CostModelToProto(*llama_model).model();
+  EXPECT_EQ(written.architecture(), v1::LLAMA);
+  EXPECT_EQ(written.num_key_value_heads(), 2u);
+  EXPECT_FALSE(written.tie_word_embeddings());
+
+  const std::string megatron_path = (dir_ / "megatron.json").string();
+  const std::string llama_path = (dir_ / "llama.json").string();
+  ASSERT_THAT(SaveCostModelJson(*megatron_model, megatron_path), IsOk());
+  ASSERT_THAT(SaveCostModelJson(*llama_model, llama_path), IsOk());
+  absl::StatusOr<CostModel> megatron_loaded = LoadCostModel(megatron_path);
+  absl::StatusOr<CostModel> llama_loaded = LoadCostModel(llama_path);
+  ASSERT_THAT(megatron_loaded, IsOk());
+  ASSERT_THAT(llama_loaded, IsOk());
+  EXPECT_THAT(megatron_loaded->CheckMatches(megatron), IsOk());
+  EXPECT_THAT(llama_loaded->CheckMatches(llama), IsOk());
+  EXPECT_THAT(megatron_loaded->CheckMatches(llama),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("the cost model was measured for a MEGATRON model but the job's "
+                                 "model.architecture is LLAMA")));
+  EXPECT_THAT(llama_loaded->CheckMatches(megatron),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("measured for a LLAMA model but the job's model.architecture is "
+                                 "MEGATRON")));
+  ModelDims other = llama;
+  other.kv_heads = 4;
+  EXPECT_THAT(llama_loaded->CheckMatches(other),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("measured with key/value heads 2 but the job's model has 4")));
+  other = llama;
+  other.tied_embeddings = true;
+  EXPECT_THAT(llama_loaded->CheckMatches(other),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("measured with an untied LM head but the job's "
+                                 "model.tie_word_embeddings is true")));
+
+  // A hand-written LLAMA file takes the job config's defaults: LLAMA's
+  // ffn width and multi-head attention.
+  Write("sparse.json", R"({"format_version": 1, "model": {"kind": "GPT",
+      "architecture": "LLAMA", "num_layers": 32, "hidden_size": 4096,
+      "num_attention_heads": 32, "vocab_size": 32000}})");
+  absl::StatusOr<CostModel> sparse = LoadCostModel((dir_ / "sparse.json").string());
+  ASSERT_THAT(sparse, IsOk());
+  ASSERT_TRUE(sparse->profiled_dims().has_value());
+  EXPECT_TRUE(sparse->profiled_dims()->llama());
+  EXPECT_EQ(sparse->profiled_dims()->ffn, 11008u);
+  EXPECT_EQ(sparse->profiled_dims()->kv_channels, 128u);
+  EXPECT_EQ(sparse->profiled_dims()->key_value_heads(), 32u);
+
+  // The Llama-3-8B preset given the MEGATRON profile: refused naming the
+  // file and both architectures.
+  absl::StatusOr<v1::JobConfig> job =
+      LoadJobConfigFile(absl::StrCat(VARIPIPE_SOURCE_DIR, "/deploy/configs/llama-3-8b.json"));
+  ASSERT_THAT(job, IsOk());
+  job->mutable_planner()->set_cost_model_path(megatron_path);
+  EXPECT_THAT(CostModelForJob(*job),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(megatron_path), HasSubstr("MEGATRON model"),
+                             HasSubstr("model.architecture is LLAMA"))));
+  // ... and planned with the analytic model without one.
+  job->mutable_planner()->clear_cost_model_path();
+  absl::StatusOr<CostModel> analytic = CostModelForJob(*job);
+  ASSERT_THAT(analytic, IsOk());
+  EXPECT_THAT(analytic->description(), HasSubstr("LLAMA"));
 }
 
 // Transfer and optimizer costs measured by varipipe-profile survive a round

@@ -124,6 +124,55 @@ TEST(ZeroBubbleSplit, FollowsTheLinearLayersOfTheModel) {
   EXPECT_DOUBLE_EQ(short_backward.weight_ms, 4);
 }
 
+// A LLAMA layer's linear layers (docs/models.md): q [h -> A], k and v
+// [h -> K] (grouped-query), o [A -> h]; gate and up [h -> f], down [f -> h].
+// q, k and v read one tensor, gate and up another: B keeps each input once.
+// Grouped-query heads (K != A) and f off 4h so no shortcut passes.
+TEST(ZeroBubbleSplit, FollowsTheLinearLayersOfALlamaLayer) {
+  const ModelDims llama{.kind = ModelKind::kGpt,
+                        .encoder_layers = 8,
+                        .hidden = 1024,
+                        .heads = 16,
+                        .kv_channels = 96,
+                        .ffn = 2816,
+                        .vocab = 32000,
+                        .dtype_bytes = 2,
+                        .architecture = Architecture::kLlama,
+                        .kv_heads = 4};
+  const double h = 1024, A = 16 * 96, K = 4 * 96, f = 2816;
+  const std::vector<Linear> linears = {{h, A}, {h, K}, {h, K}, {A, h}, {h, f}, {h, f}, {f, h}};
+  const BackwardSplitRule rule(llama);
+  for (const bool head : {false, true}) {
+    SCOPED_TRACE(head ? "with the LM head" : "layers only");
+    const StageLayers stage{.samples = 3, .input_len = 700, .encoder_layers = 2, .head = head};
+    const double tokens = stage.input_len;
+    double weight = 0, kept = 0;
+    for (const Linear& l : linears) {
+      weight += 2 * l.in * l.out * tokens;
+      kept += (l.in + l.out) * tokens;
+    }
+    kept -= 3 * h * tokens;  // h was counted three times for q/k/v and twice for gate/up
+    weight *= 2;             // two layers
+    kept *= 2;
+    if (head) {
+      weight += 2.0 * h * llama.vocab * tokens;
+      kept += (h + llama.vocab) * tokens;
+    }
+    const double attention = 2 * tokens * 4 * A * stage.input_len;
+    EXPECT_NEAR(rule.WeightGemmShare(stage), weight / (weight + attention), 1e-12);
+    EXPECT_NEAR(rule.KeptBytes(stage), kept * stage.samples * 2, 1e-9 * kept);
+  }
+  // Grouped-query attention: K and V's GEMMs and gradients shrink.
+  ModelDims mha = llama;
+  mha.kv_heads = 16;
+  const StageLayers layer{.samples = 1, .input_len = 512, .encoder_layers = 1};
+  EXPECT_LT(BackwardSplitRule(llama).WeightGemmShare(layer),
+            BackwardSplitRule(mha).WeightGemmShare(layer));
+  EXPECT_DOUBLE_EQ(
+      BackwardSplitRule(mha).KeptBytes(layer) - BackwardSplitRule(llama).KeptBytes(layer),
+      2 * (A - K) * 512 * 2);
+}
+
 // One device, one stage: F0 F1 B0 W0 B1 W1 with hand-computed times and
 // memory (stored 100, transient 50, W keeps 40).
 TEST(ZeroBubbleSimulator, TimesAndFreesSplitBackwards) {
