@@ -70,6 +70,7 @@ dry_run=0
 CHECKS=(
   "gpu-fp32-vs-cpu|gpu|one rank, fp32, the quickstart's multi-task job: losses on cuda:0 (TF32 off) match the CPU run of the same plans"
   "gpu-bf16-train|gpu|the quickstart's multi-task job, one rank on cuda:0 under torchrun, bf16 autocast, 30 iterations: the loss falls"
+  "gpu-tests|gpu|the equivalence cells on cuda:0 (equivalence_test Cuda/*: GPT, T5, LLAMA, each recompute mode, packed; fp32, TF32 off) against the reference"
   "speed|gpu|tokens/s, MFU and interpreter overhead per micro-batching method, GPT-1.3B-like stack, bf16, maximum length 8,192, FLAN-like and documents mixtures"
   "profile|gpu|varipipe-profile on a hidden-4096 layer up to 8,192 tokens: the cost model (varipipe-plan accepts it) and the layer's MFU from device times"
   "gloo-transport|gpu|Gloo transport unit test on the CUDA build (CPU tensors): shows a clash between two Gloo copies"
@@ -77,7 +78,6 @@ CHECKS=(
   "two-ranks-one-gpu-gloo|gpu|two ranks sharing the GPU over Gloo with device tensors (pending: the executor has no such option)"
   "nccl-allreduce-one-rank|gpu|ncclAllReduce on a one-rank communicator (pending: the NCCL transport skips groups of one)"
   "layer-timings|gpu|per-micro-batch forward/backward times of GPT-1.3B-like and GPT-6.7B-like layer stacks (executor timings, CUDA_LAUNCH_BLOCKING=1)"
-  "gpu-tests|gpu|CTest tests labelled gpu, GPU visible, TF32 off (runs only once such tests exist)"
   "equivalence-cpu|cpu|the equivalence tests (equivalence_test, plan_interpreter_test, executor_training_test) on the CUDA build with the GPU hidden"
   "ctest-cpu|cpu|the rest of the CTest suite on the CUDA build with the GPU hidden"
 )
@@ -1020,16 +1020,20 @@ check_profile() {
   return "$rc"
 }
 
-# Tests labelled gpu (none yet): GPU visible, TF32 off.
+# The equivalence cells on the GPU (equivalence_test's Cuda/*: one rank per
+# model and recompute mode, packed rows too; fp32 against the reference),
+# GPU visible, TF32 off.
 check_gpu_tests() {
   local rc=0
-  grep -qE 'LABELS? +gpu' "$root/tests/CMakeLists.txt" ||
-    { note "no CTest test is labelled gpu yet (tests that run the equivalence on device cuda are pending)"; return 77; }
-  ensure_build_all || return 1
-  NVIDIA_TF32_OVERRIDE=0 timeout "$(left)" ctest --test-dir "$build" -L gpu --output-on-failure \
-    --no-tests=error -j 2 > "$1/ctest.log" 2>&1 || rc=$?
+  say "building equivalence_test"
+  timeout "$(left)" cmake --build "$build" -j "$jobs" --target equivalence_test \
+    > "$logs/build-equivalence.log" 2>&1 ||
+    { note "building equivalence_test failed: $(first_error "$logs/build-equivalence.log")"; return 1; }
+  NVIDIA_TF32_OVERRIDE=0 timeout "$(left)" ctest --test-dir "$build" -R '^equivalence_test\.Cuda/' \
+    --output-on-failure --no-tests=error > "$1/ctest.log" 2>&1 || rc=$?
   cat "$1/ctest.log"
-  note "$(grep -m 1 'tests passed' "$1/ctest.log")"
+  grep -h 'worst relative difference' "$build"/Testing/Temporary/LastTest.log > "$logs/cuda-equivalence.txt" 2> /dev/null || true
+  note "$(grep -m 1 'tests passed' "$1/ctest.log"); worst over the cells: $(awk '{for (i = 1; i <= NF; ++i) if ($i == "gradients") print $(i + 1)}' "$logs/cuda-equivalence.txt" | sort -g | tail -n 1) (logs/cuda-equivalence.txt)"
   return "$rc"
 }
 
@@ -1102,6 +1106,7 @@ run_check() {
 # Most telling first: a call may end before the last check.
 run_check gpu-fp32-vs-cpu 100 check_gpu_fp32_vs_cpu
 run_check gpu-bf16-train 80 check_gpu_bf16_train
+run_check gpu-tests 200 check_gpu_tests
 run_check speed 170 check_speed
 run_check profile 120 check_profile
 run_check gloo-transport 40 check_gloo_transport
@@ -1111,7 +1116,6 @@ run_check two-ranks-one-gpu-gloo 10 check_pending \
 run_check nccl-allreduce-one-rank 10 check_pending \
   "pending: the NCCL transport creates no communicator for a group of one, so ncclAllReduce is not reached; NCCL send/recv between two ranks needs two GPUs"
 run_check layer-timings 300 check_layer_timings
-run_check gpu-tests 420 check_gpu_tests
 run_check equivalence-cpu 420 check_equivalence_cpu
 run_check ctest-cpu 600 check_ctest_cpu
 

@@ -53,6 +53,7 @@ void RunRank(const v1::JobConfig& config,
   std::vector<torch::Tensor> trainable;
   for (int s = rank % pp; s < pp * chunks; s += pp) {
     stages.push_back(std::make_unique<ModelStage>(spec, roles[s]));
+    stages.back()->to(options.device);
     by_id[static_cast<uint32_t>(s)] = stages.back().get();
     stage_list.push_back(stages.back().get());
     for (const torch::Tensor& p : stages.back()->parameters()) trainable.push_back(p);
@@ -61,7 +62,7 @@ void RunRank(const v1::JobConfig& config,
   std::vector<int> data_parallel_group;
   for (int r = rank % pp; r < size; r += pp) data_parallel_group.push_back(r);
   absl::StatusOr<executor::RankOptimizer> rank_optimizer = executor::MakeRankOptimizer(
-      by_id, config.training(), data_parallel_group, rank / pp, torch::kCPU);
+      by_id, config.training(), data_parallel_group, rank / pp, options.device);
   if (!rank_optimizer.ok()) {
     out.status = rank_optimizer.status();
     return;
@@ -80,6 +81,7 @@ void RunRank(const v1::JobConfig& config,
   interpreter_options.progress = &progress[rank];
   if (!options.memory.empty()) interpreter_options.memory = options.memory[rank];
   interpreter_options.sharding = rank_optimizer->sharding.get();
+  interpreter_options.device = options.device;
   for (int k = 0; k < pp; ++k) interpreter_options.pipeline_group.push_back(rank / pp * pp + k);
   if (options.capture_gradients) {
     interpreter_options.before_optimizer_step = [&](const executor::IterationStats&) {
@@ -87,7 +89,8 @@ void RunRank(const v1::JobConfig& config,
       for (const auto& stage : stages) {
         for (const auto& item : stage->named_parameters()) {
           const torch::Tensor& g = item.value().grad();
-          grads[item.key()] = g.defined() ? g.detach().clone() : torch::zeros_like(item.value());
+          grads[item.key()] = g.defined() ? g.detach().cpu().clone()
+                                          : torch::zeros_like(item.value().cpu());
         }
       }
     };
@@ -109,7 +112,7 @@ void RunRank(const v1::JobConfig& config,
   }
   for (const auto& stage : stages) {
     for (const auto& item : stage->named_parameters()) {
-      out.parameters[item.key()] = item.value().detach().clone();
+      out.parameters[item.key()] = item.value().detach().cpu().clone();
     }
   }
 }

@@ -49,6 +49,10 @@ struct ThreadedRanksOptions {
   // that many iterations.
   std::string checkpoint_dir;
   uint64_t resume_from = 0;
+  // Where every rank's stages, optimizer state and micro-batches live. A
+  // GPU needs one rank (pipeline 1, data 1): the ranks' Gloo transport moves
+  // host memory only. Captured gradients and parameters come back on the CPU.
+  torch::Device device = torch::kCPU;
 };
 
 struct RankRun {
