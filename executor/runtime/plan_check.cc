@@ -38,12 +38,6 @@ std::string Where(const v1::ExecutionPlan& plan, int index) {
   return where;
 }
 
-// Rows of a micro-batch's tensors: one per sample, or one per packed row.
-uint64_t Rows(const v1::MicroBatch& mb) {
-  return mb.row_starts().empty() ? static_cast<uint64_t>(mb.sample_ids_size())
-                                 : static_cast<uint64_t>(mb.row_starts_size());
-}
-
 class PlanChecker {
  public:
   PlanChecker(const v1::ExecutionPlan& plan, const v1::JobConfig& config,
@@ -169,7 +163,7 @@ class PlanChecker {
       }
     }
     if (absl::Status s = CheckSamples(mb, name); !s.ok()) return s;
-    const uint64_t rows = Rows(mb);
+    const uint64_t rows = MicroBatchRows(mb);
     if (mb.real_input_tokens() > rows * mb.input_len()) {
       return Error(name + ".real_input_tokens",
                    absl::StrCat("is ", mb.real_input_tokens(), ", more than ", rows, " rows of ",
@@ -289,7 +283,7 @@ class PlanChecker {
                    absl::StrCat("is ", v1::DType_Name(spec.dtype()), " (expected ",
                                 tokens ? "INT64" : "FLOAT32, BFLOAT16 or FLOAT16", ")"));
     }
-    const int64_t rows = static_cast<int64_t>(Rows(mb));
+    const int64_t rows = static_cast<int64_t>(MicroBatchRows(mb));
     if (spec.dims(0) != rows) {
       return Error(
           absl::StrCat(field, ".dims[0]"),
@@ -464,6 +458,11 @@ class PlanChecker {
 };
 
 }  // namespace
+
+uint64_t MicroBatchRows(const v1::MicroBatch& mb) {
+  return mb.row_starts().empty() ? static_cast<uint64_t>(mb.sample_ids_size())
+                                 : static_cast<uint64_t>(mb.row_starts_size());
+}
 
 absl::Status CheckPlan(const v1::ExecutionPlan& plan, const v1::JobConfig& config,
                        const PlanRecipient& recipient) {

@@ -53,6 +53,10 @@ absl::Status CheckPlan(const v1::ExecutionPlan& plan, const v1::JobConfig& confi
 // gradients half accumulated.
 absl::Status CheckWeightGradOrder(const v1::ExecutionPlan& plan);
 
+// Rows of a micro-batch's tensors: one per sample, or one per packed row
+// (row_starts). Its padded tokens are rows x (input_len + target_len).
+uint64_t MicroBatchRows(const v1::MicroBatch& mb);
+
 }  // namespace varipipe::executor
 
 #endif  // VARIPIPE_EXECUTOR_RUNTIME_PLAN_CHECK_H_

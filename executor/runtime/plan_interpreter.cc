@@ -107,8 +107,8 @@ class IterationRun {
     }
     for (const v1::MicroBatch& mb : plan_.micro_batches()) {
       stats_.real_tokens += mb.real_input_tokens() + mb.real_target_tokens();
-      stats_.padded_tokens +=
-          static_cast<uint64_t>(mb.sample_ids_size()) * (mb.input_len() + mb.target_len());
+      // Rows, not samples: a packed row holds several samples.
+      stats_.padded_tokens += MicroBatchRows(mb) * (mb.input_len() + mb.target_len());
     }
     InstructionProgress* progress = it_.options_.progress;
     MemoryAccount* memory = it_.options_.memory;

@@ -198,7 +198,7 @@ std::vector<Cell> Matrix() {
 // redis-server for the rendezvous), recording the gradients.
 std::vector<RankRun> RunPlans(const v1::JobConfig& config,
                               const std::vector<std::vector<v1::ExecutionPlan>>& plans,
-                              const SampleDataset& dataset) {
+                              const SampleDataset& dataset, torch::Device device = torch::kCPU) {
   absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
   EXPECT_THAT(redis, IsOk());
   if (!redis.ok()) return {};
@@ -208,6 +208,7 @@ std::vector<RankRun> RunPlans(const v1::JobConfig& config,
   options.redis_password = (*redis)->password();
   options.prefix = "equivalence";
   options.capture_gradients = true;
+  options.device = device;
   return RunThreadedRanks(config, plans, dataset, options);
 }
 
@@ -217,7 +218,8 @@ std::vector<RankRun> RunPlans(const v1::JobConfig& config,
 // when `runs` is set, the ranks' runs.
 std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& config,
                                                           const std::string& name,
-                                                          std::vector<RankRun>* runs = nullptr) {
+                                                          std::vector<RankRun>* runs = nullptr,
+                                                          torch::Device device = torch::kCPU) {
   const int iterations = static_cast<int>(config.training().iterations());
   const uint32_t dp = config.parallelism().data();
   absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(config);
@@ -253,7 +255,7 @@ std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& c
     plans.push_back(*std::move(p));
   }
 
-  const std::vector<RankRun> ranks = RunPlans(config, plans, **dataset);
+  const std::vector<RankRun> ranks = RunPlans(config, plans, **dataset, device);
   if (runs != nullptr) *runs = ranks;
   for (size_t r = 0; r < ranks.size(); ++r) {
     EXPECT_THAT(ranks[r].status, IsOk()) << "rank " << r;
@@ -282,6 +284,14 @@ std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& c
     for (size_t r = 0; r < ranks.size(); ++r) {
       const executor::IterationStats& stats = ranks[r].stats[it];
       if (stats.has_loss) loss += stats.loss;
+      // Padded tokens count rows (a packed row holds several samples).
+      uint64_t padded = 0;
+      for (const v1::MicroBatch& mb : plans[it][r].micro_batches()) {
+        const int rows = mb.row_starts_size() > 0 ? mb.row_starts_size() : mb.sample_ids_size();
+        padded += static_cast<uint64_t>(rows) * (mb.input_len() + mb.target_len());
+      }
+      EXPECT_EQ(stats.padded_tokens, padded) << "rank " << r << " iteration " << it;
+      EXPECT_LE(stats.real_tokens, stats.padded_tokens) << "rank " << r << " iteration " << it;
       EXPECT_DOUBLE_EQ(stats.learning_rate, config.training().learning_rate());
       const double norm_error = std::abs(stats.grad_norm - pass.grad_norm) / pass.grad_norm;
       EXPECT_LE(norm_error, kTolerance) << "rank " << r << " iteration " << it << ": grad norm "
@@ -409,6 +419,54 @@ TEST_P(Equivalence, ThreeSgdStepsMatchTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(Matrix, Equivalence, ::testing::ValuesIn(Matrix()),
                          [](const auto& info) { return CellName(info.param); });
+
+// The same comparison with the rank's model on a GPU (fp32, TF32 off): one
+// rank, since the threaded ranks' Gloo transport moves host memory only
+// (deploy/gpu/run-on-gpu.sh runs these; they skip without a GPU).
+class CudaEquivalence : public ::testing::TestWithParam<Cell> {};
+
+TEST_P(CudaEquivalence, ThreeSgdStepsMatchTheReference) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU visible to LibTorch";
+  at::globalContext().setAllowTF32CuBLAS(false);
+  at::globalContext().setAllowTF32CuDNN(false);
+  const Cell& c = GetParam();
+  TinyJob job;
+  job.t5 = c.t5;
+  job.llama = c.llama;
+  job.schedule = c.schedule;
+  job.recompute = c.recompute;
+  job.method = c.method;
+  job.optimizer = v1::SGD;
+  job.iterations = kIterations;
+  absl::StatusOr<v1::JobConfig> config = TinyJobConfig(job);
+  ASSERT_THAT(config, IsOk());
+  const std::vector<std::vector<v1::ExecutionPlan>> plans =
+      RunAndCompare(*config, "Cuda" + CellName(c), nullptr, torch::Device(torch::kCUDA, 0));
+  EXPECT_EQ(plans.size(), size_t{kIterations});
+}
+
+std::vector<Cell> CudaCells() {
+  std::vector<Cell> cells;
+  for (int model = 0; model < 3; ++model) {
+    for (v1::RecomputeMode recompute :
+         {v1::RECOMPUTE_NONE, v1::RECOMPUTE_SELECTIVE, v1::RECOMPUTE_FULL}) {
+      Cell c;
+      c.t5 = model == 1;
+      c.llama = model == 2;
+      c.recompute = recompute;
+      cells.push_back(c);
+    }
+    Cell packed;
+    packed.t5 = model == 1;
+    packed.llama = model == 2;
+    packed.method = v1::PACKING;
+    cells.push_back(packed);
+  }
+  return cells;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaEquivalence, ::testing::ValuesIn(CudaCells()),
+                         [](const auto& info) { return "Cuda" + CellName(info.param); });
 
 // Samples the planner shortens to fit memory (planner.truncate_long_samples)
 // are fed as the plan says: the reference reads the plan's lengths, so an
