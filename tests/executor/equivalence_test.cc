@@ -380,10 +380,8 @@ void CompareWithWholeBackwards(const v1::JobConfig& config,
       split_backwards, plans.size(), worst, worst_name.c_str());
 }
 
-class Equivalence : public ::testing::TestWithParam<Cell> {};
-
-TEST_P(Equivalence, ThreeSgdStepsMatchTheReference) {
-  const Cell& c = GetParam();
+// The tiny job of a cell: plain SGD for kIterations iterations.
+absl::StatusOr<v1::JobConfig> CellConfig(const Cell& c) {
   TinyJob job;
   job.t5 = c.t5;
   job.llama = c.llama;
@@ -396,7 +394,14 @@ TEST_P(Equivalence, ThreeSgdStepsMatchTheReference) {
   job.chunks = c.chunks;
   job.optimizer = v1::SGD;
   job.iterations = kIterations;
-  absl::StatusOr<v1::JobConfig> config = TinyJobConfig(job);
+  return TinyJobConfig(job);
+}
+
+class Equivalence : public ::testing::TestWithParam<Cell> {};
+
+TEST_P(Equivalence, ThreeSgdStepsMatchTheReference) {
+  const Cell& c = GetParam();
+  absl::StatusOr<v1::JobConfig> config = CellConfig(c);
   ASSERT_THAT(config, IsOk());
   std::vector<RankRun> split;
   const std::vector<std::vector<v1::ExecutionPlan>> plans =
@@ -430,15 +435,7 @@ TEST_P(CudaEquivalence, ThreeSgdStepsMatchTheReference) {
   at::globalContext().setAllowTF32CuBLAS(false);
   at::globalContext().setAllowTF32CuDNN(false);
   const Cell& c = GetParam();
-  TinyJob job;
-  job.t5 = c.t5;
-  job.llama = c.llama;
-  job.schedule = c.schedule;
-  job.recompute = c.recompute;
-  job.method = c.method;
-  job.optimizer = v1::SGD;
-  job.iterations = kIterations;
-  absl::StatusOr<v1::JobConfig> config = TinyJobConfig(job);
+  absl::StatusOr<v1::JobConfig> config = CellConfig(c);
   ASSERT_THAT(config, IsOk());
   const std::vector<std::vector<v1::ExecutionPlan>> plans =
       RunAndCompare(*config, "Cuda" + CellName(c), nullptr, torch::Device(torch::kCUDA, 0));
