@@ -31,9 +31,9 @@
 #include "absl/time/time.h"
 #include "common/grpc/client_channel.h"
 #include "gmock/gmock.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/testing/health_check.h"
 #include "tests/testing/planner_process.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/status_matchers.h"
@@ -46,6 +46,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using ::varipipe::testing::HealthStatus;
 using ::varipipe::testing::IsOk;
 using ::varipipe::testing::PlannerProcess;
 
@@ -177,27 +178,6 @@ class DaemonLifecycleTest : public ::testing::Test {
     context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
     return context;
   }
-  // grpc.health.v1.Health/Check for the whole server: the status's number
-  // (1 SERVING, 2 NOT_SERVING), or -1 when the call failed.
-  static int HealthStatus(const std::shared_ptr<grpc::Channel>& channel) {
-    grpc::GenericStub generic(channel);
-    auto context = Context();
-    grpc::Slice empty(std::string(""));
-    grpc::ByteBuffer request(&empty, 1);
-    grpc::ByteBuffer response;
-    std::promise<grpc::Status> done;
-    generic.UnaryCall(context.get(), "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
-                      &response, [&](grpc::Status s) { done.set_value(s); });
-    if (!done.get_future().get().ok()) return -1;
-    std::vector<grpc::Slice> slices;
-    if (!response.Dump(&slices).ok()) return -1;
-    std::string bytes;
-    for (const grpc::Slice& slice : slices) {
-      bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-    }
-    return bytes.size() == 2 && bytes[0] == '\x08' ? bytes[1] : -1;
-  }
-
   fs::path dir_;
   std::vector<std::unique_ptr<PlannerProcess>> daemons_;
 };

@@ -34,7 +34,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -55,7 +54,7 @@ using ::varipipe::testing::Bin;
 using ::varipipe::testing::CommandResult;
 using ::varipipe::testing::FreshDirectory;
 using ::varipipe::testing::IsOk;
-using ::varipipe::testing::LoadParameters;
+using ::varipipe::testing::ExpectSameSavedParameters;
 using ::varipipe::testing::RankExit;
 using ::varipipe::testing::RankLogs;
 using ::varipipe::testing::ReadFile;
@@ -215,22 +214,6 @@ class FaultInjection : public ::testing::Test {
     }
     return reference;
   }
-  void ExpectSameParameters(const std::filesystem::path& dir,
-                            const std::filesystem::path& reference) {
-    for (int r = 0; r < kRanks; ++r) {
-      const std::string file = absl::StrFormat("params.rank_%05d.pt", r);
-      const auto resumed = LoadParameters(dir / file);
-      const auto straight = LoadParameters(reference / file);
-      ASSERT_EQ(resumed.size(), straight.size());
-      for (const auto& [name, tensor] : straight) {
-        ASSERT_TRUE(resumed.count(name)) << name;
-        EXPECT_TRUE(torch::equal(resumed.at(name), tensor))
-            << "rank " << r << " " << name << ": max difference "
-            << (resumed.at(name) - tensor).abs().max().item<double>();
-      }
-    }
-  }
-
   // One cell: rank `rank` faults with `action` at `point` (in iteration
   // `iteration`, or at the launch's rendezvous); every rank must be gone
   // within the bound, the peers naming `rank`; the relaunch must resume and
@@ -288,7 +271,7 @@ class FaultInjection : public ::testing::Test {
     if (iteration > 0 || seeded) {
       EXPECT_THAT(ReadFile(dir / "rank0.log"), ::testing::HasSubstr("resumed from checkpoint"));
     }
-    ExpectSameParameters(dir, reference);
+    ExpectSameSavedParameters(dir, reference, kRanks);
   }
   void RunPoint(const std::string& point, int rank, int iteration, int zero_stage = 0,
                 bool seeded = false) {

@@ -28,7 +28,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/redis/redis_client.h"
 #include "gmock/gmock.h"
@@ -50,7 +49,7 @@ using ::varipipe::testing::CommandResult;
 using ::varipipe::testing::FreshDirectory;
 using ::varipipe::testing::IsOk;
 using ::varipipe::testing::LaunchRanks;
-using ::varipipe::testing::LoadParameters;
+using ::varipipe::testing::ExpectSameSavedParameters;
 using ::varipipe::testing::RankExit;
 using ::varipipe::testing::RankLogs;
 using ::varipipe::testing::ReadFile;
@@ -323,21 +322,7 @@ TEST_F(TrainingService, AKilledExecutorIsNamedAndTheRerunResumesFromTheCheckpoin
       LaunchRanks(reference, 4, redis_->password(),
                   "--config job.json --plans plans --run_id reference --save_parameters params");
   ASSERT_EQ(uninterrupted.exit_code, 0) << uninterrupted.output;
-  int compared = 0;
-  for (int r = 0; r < 4; ++r) {
-    const std::string file = absl::StrFormat("params.rank_%05d.pt", r);
-    const auto resumed = LoadParameters(dir_ / file);
-    const auto straight = LoadParameters(reference / file);
-    ASSERT_EQ(resumed.size(), straight.size());
-    for (const auto& [name, tensor] : straight) {
-      ASSERT_TRUE(resumed.count(name)) << name;
-      EXPECT_TRUE(torch::equal(resumed.at(name), tensor))
-          << "rank " << r << " " << name << ": max difference "
-          << (resumed.at(name) - tensor).abs().max().item<double>();
-      ++compared;
-    }
-  }
-  EXPECT_GT(compared, 8);
+  EXPECT_GT(ExpectSameSavedParameters(dir_, reference, 4), 8);
 }
 
 TEST_F(TrainingService, AStoppedRankShowsInThePeersStatusAndItsPeerEndsNamingIt) {

@@ -15,7 +15,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <future>
 #include <map>
 #include <set>
 #include <sstream>
@@ -30,12 +29,12 @@
 #include "common/config/job_config.h"
 #include "common/grpc/client_channel.h"
 #include "gmock/gmock.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "planner/service/planner_daemon.h"
 #include "planner/service/redis_instruction_store.h"
 #include "tests/testing/command.h"
+#include "tests/testing/health_check.h"
 #include "tests/testing/planner_process.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/status_matchers.h"
@@ -48,6 +47,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using ::varipipe::testing::HealthStatus;
 using ::varipipe::testing::Bin;
 using ::varipipe::testing::IsOk;
 using ::varipipe::testing::PlannerProcess;
@@ -229,26 +229,6 @@ class PlannerSecurityTest : public ::testing::Test {
     return context;
   }
 
-  // grpc.health.v1.Health/Check for the whole server: true when SERVING.
-  static bool HealthServing(const std::shared_ptr<grpc::Channel>& channel) {
-    grpc::GenericStub generic(channel);
-    auto context = Context();
-    grpc::Slice empty(std::string(""));
-    grpc::ByteBuffer request(&empty, 1);
-    grpc::ByteBuffer response;
-    std::promise<grpc::Status> done;
-    generic.UnaryCall(context.get(), "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
-                      &response, [&](grpc::Status s) { done.set_value(s); });
-    if (!done.get_future().get().ok()) return false;
-    std::vector<grpc::Slice> slices;
-    if (!response.Dump(&slices).ok()) return false;
-    std::string bytes;
-    for (const grpc::Slice& slice : slices) {
-      bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-    }
-    return bytes == std::string("\x08\x01", 2);
-  }
-
   std::unique_ptr<RedisServer> redis_;
   fs::path dir_;
   std::vector<std::unique_ptr<PlannerProcess>> daemons_;
@@ -337,7 +317,7 @@ TEST_F(PlannerSecurityTest, CallsWithoutTheJobTokenAreUnauthenticated) {
     auto reader = plans->WatchPlans(context.get(), {});
     EXPECT_FALSE(reader->Read(&envelope));
     EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
-    EXPECT_TRUE(HealthServing(channel));
+    EXPECT_EQ(HealthStatus(channel), 1);
   }
   // Nothing was acknowledged or reported by the refused calls.
   auto status = v1::StatusService::NewStub(Channel(port, token));
