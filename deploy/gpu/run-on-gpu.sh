@@ -77,6 +77,7 @@ CHECKS=(
   "two-ranks-one-gpu-nccl|gpu|two pipeline ranks on cuda:0 with NCCL: a clear refusal (NCCL rejects two ranks on one GPU) or success, never a hang"
   "two-ranks-one-gpu-gloo|gpu|two ranks sharing the GPU over Gloo with device tensors (pending: the executor has no such option)"
   "nccl-allreduce-one-rank|gpu|ncclAllReduce on a one-rank communicator (pending: the NCCL transport skips groups of one)"
+  "hf-goldens|gpu|tiny random Llama (untied, tied) and FLAN-T5 models from transformers, saved with their token ids, logits, loss and gradient norms as golden files for the CPU tests (deploy/gpu/hf_goldens.py)"
   "layer-timings|gpu|per-micro-batch forward/backward times of GPT-1.3B-like and GPT-6.7B-like layer stacks (executor timings, CUDA_LAUNCH_BLOCKING=1)"
   "equivalence-cpu|cpu|the equivalence tests (equivalence_test, plan_interpreter_test, executor_training_test) on the CUDA build with the GPU hidden"
   "ctest-cpu|cpu|the rest of the CTest suite on the CUDA build with the GPU hidden"
@@ -1037,6 +1038,18 @@ check_gpu_tests() {
   return "$rc"
 }
 
+# Golden files from transformers (deploy/gpu/hf_goldens.py), on the CPU of
+# the GPU machine: this machine has transformers, the CPU machine has not.
+check_hf_goldens() {
+  local rc=0
+  CUDA_VISIBLE_DEVICES='' timeout "$(left)" "$python" "$root/deploy/gpu/hf_goldens.py" \
+    --out "$logs/hf-goldens" > "$1/goldens.txt" 2>&1 || rc=$?
+  cat "$1/goldens.txt"
+  note "$(sed -n 's/^NOTE //p' "$1/goldens.txt" | tr '\n' ';' | cut -c 1-400) (logs/hf-goldens/)"
+  [[ $rc -eq 0 ]] || note "hf_goldens.py exit $rc: $(tail -n 1 "$1/goldens.txt" | cut -c 1-300)"
+  return "$rc"
+}
+
 ensure_build_all() {
   [[ -f "$build/.built-all" ]] && return 0
   say "building every target (tests)"
@@ -1107,8 +1120,9 @@ run_check() {
 run_check gpu-fp32-vs-cpu 100 check_gpu_fp32_vs_cpu
 run_check gpu-bf16-train 80 check_gpu_bf16_train
 run_check gpu-tests 200 check_gpu_tests
+run_check hf-goldens 90 check_hf_goldens
 run_check speed 170 check_speed
-run_check profile 120 check_profile
+run_check profile 240 check_profile
 run_check gloo-transport 40 check_gloo_transport
 run_check two-ranks-one-gpu-nccl 40 check_two_ranks_one_gpu_nccl
 run_check two-ranks-one-gpu-gloo 10 check_pending \

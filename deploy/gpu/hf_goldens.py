@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Golden files from Hugging Face `transformers` for the CPU tests.
+
+Builds tiny random models of the families Varipipe maps to Hugging Face
+(Llama, with and without tied embeddings and with grouped-query attention,
+and FLAN-T5, i.e. T5 v1.1 with gated-GELU feed-forward and untied head),
+saves each with `save_pretrained` (config.json and model.safetensors) and,
+next to it, golden.safetensors holding what one forward and backward pass of
+`transformers` computes on fixed token ids, in fp32 on the CPU with eager
+attention:
+
+  input_ids, labels (int64), and for T5 decoder_input_ids
+  logits   [batch, length, vocab] fp32
+  loss     [] fp32 (the model's own mean cross-entropy over the labels)
+  grad_norm/<parameter name>  [] fp32: each parameter's gradient L2 norm
+
+and golden.json with the same scalars, the versions used and the command.
+The machine needs only torch, transformers and safetensors (the GPU machine
+of docs/gpu.md has them; run-on-gpu.sh's check hf-goldens runs this).
+
+Usage: hf_goldens.py --out DIR [--seed N]
+"""
+
+import argparse
+import json
+import os
+import sys
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="folder to write one subfolder per model into")
+    p.add_argument("--seed", type=int, default=1234, help="seed of the weights and token ids")
+    return p.parse_args()
+
+
+def llama(transformers, tied):
+    cfg = transformers.LlamaConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=tied,
+        attention_bias=False, mlp_bias=False, hidden_act="silu")
+    try:
+        cfg._attn_implementation = "eager"  # the reference math, not a fused kernel
+    except AttributeError:
+        pass
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def flan_t5(transformers):
+    cfg = transformers.T5Config(
+        vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+        num_heads=4, relative_attention_num_buckets=32, relative_attention_max_distance=128,
+        dropout_rate=0.0, layer_norm_epsilon=1e-6, feed_forward_proj="gated-gelu",
+        tie_word_embeddings=False, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    return transformers.T5ForConditionalGeneration(cfg)
+
+
+def main():
+    args = parse_args()
+    try:
+        import safetensors
+        import safetensors.torch
+        import torch
+        import transformers
+    except ImportError as e:
+        sys.exit(f"hf_goldens.py: {e} (needs torch, transformers and safetensors)")
+    os.makedirs(args.out, exist_ok=True)
+    torch.use_deterministic_algorithms(True)
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__,
+                "safetensors": getattr(safetensors, "__version__", "unknown")}
+    models = {
+        "llama-tiny": lambda: llama(transformers, tied=False),
+        "llama-tiny-tied": lambda: llama(transformers, tied=True),
+        "flan-t5-tiny": lambda: flan_t5(transformers),
+    }
+    failed = []
+    for name, build in models.items():
+        try:
+            golden(name, build, args, versions, torch, safetensors)
+        except Exception as e:  # one model's failure must not hide the others
+            print(f"NOTE {name}: failed: {type(e).__name__}: {e}")
+            failed.append(name)
+    if failed:
+        sys.exit(f"hf_goldens.py: failed for {', '.join(failed)}")
+
+
+def golden(name, build, args, versions, torch, safetensors):
+    """Writes DIR/name: the model, golden.safetensors and golden.json."""
+    torch.manual_seed(args.seed)
+    model = build().float().eval()  # eval: no dropout; gradients still flow
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    vocab = model.config.vocab_size
+    batch, length = 2, 12
+    # Ids from 2 up: 0 and 1 are T5's pad and end tokens.
+    input_ids = torch.randint(2, vocab, (batch, length), generator=gen)
+    tensors = {"input_ids": input_ids}
+    if name.startswith("flan-t5"):
+        labels = torch.randint(2, vocab, (batch, 8), generator=gen)
+        out = model(input_ids=input_ids, labels=labels)
+        # What T5 feeds its decoder: the labels shifted right after the
+        # decoder start token.
+        tensors["decoder_input_ids"] = model._shift_right(labels)
+    else:
+        labels = input_ids.clone()  # LlamaForCausalLM shifts them itself
+        out = model(input_ids=input_ids, labels=labels)
+    out.loss.backward()
+    tensors["labels"] = labels
+    tensors["logits"] = out.logits.detach().float().contiguous()
+    tensors["loss"] = out.loss.detach().float().reshape(())
+    norms = {}
+    for pname, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        norms[pname] = float(p.grad.detach().float().norm())
+        tensors[f"grad_norm/{pname}"] = p.grad.detach().float().norm().reshape(())
+    folder = os.path.join(args.out, name)
+    model.save_pretrained(folder, safe_serialization=True)
+    safetensors.torch.save_file({k: v.contiguous() for k, v in tensors.items()},
+                                os.path.join(folder, "golden.safetensors"))
+    with open(os.path.join(folder, "golden.json"), "w") as f:
+        json.dump({"model": name, "seed": args.seed, "versions": versions,
+                   "command": "deploy/gpu/hf_goldens.py --out DIR --seed %d" % args.seed,
+                   "loss": float(out.loss), "parameters": sum(p.numel() for p in model.parameters()),
+                   "grad_norms": norms}, f, indent=1, sort_keys=True)
+    print(f"NOTE {name}: loss {float(out.loss):.6f}, "
+          f"{sum(p.numel() for p in model.parameters())} parameters, {len(norms)} gradient norms")
+
+
+if __name__ == "__main__":
+    main()
