@@ -73,6 +73,7 @@ CHECKS=(
   "gpu-tests|gpu|the equivalence cells on cuda:0 (equivalence_test Cuda/*: GPT, T5, LLAMA, each recompute mode, packed; fp32, TF32 off) against the reference"
   "speed|gpu|tokens/s, MFU and interpreter overhead per micro-batching method, GPT-1.3B-like stack, bf16, maximum length 8,192, FLAN-like and documents mixtures"
   "profile|gpu|varipipe-profile on a hidden-4096 layer up to 8,192 tokens: the cost model (varipipe-plan accepts it) and the layer's MFU from device times"
+  "predict|gpu|predicted against measured iteration time of a hidden-4096 GPT job: the analytic model, the profiled cost model, and the profiled model with online calibration (varipipe-ctl status: prediction error p50, p90)"
   "gloo-transport|gpu|Gloo transport unit test on the CUDA build (CPU tensors): shows a clash between two Gloo copies"
   "two-ranks-one-gpu-nccl|gpu|two pipeline ranks on cuda:0 with NCCL: a clear refusal (NCCL rejects two ranks on one GPU) or success, never a hang"
   "two-ranks-one-gpu-gloo|gpu|two ranks sharing the GPU over Gloo with device tensors (pending: the executor has no such option)"
@@ -789,6 +790,7 @@ EOF
 
 hardware=h100-80gb
 device_name=$(tf device_name)
+gpu_slug=$(echo "$device_name" | tr '[:upper:]' '[:lower:]' | tr -cs 'a-z0-9' '-' | sed 's/-$//')
 [[ "$device_name" == *H200* ]] && hardware=h200
 if [[ -z "$peak_tflops" ]]; then
   # Dense bf16 peaks from NVIDIA's datasheets (SXM parts); 0: MFU not computed.
@@ -838,6 +840,8 @@ train() {
   # The plans, before the executor acknowledges (and so deletes) them;
   # at most a minute for all (the daemon plans ahead of any executor).
   local dump_end=$(( $(date +%s) + 60 ))
+  # DUMP_PLANS=0: no dumps (a job that plans only just ahead of its executor).
+  [[ "${DUMP_PLANS:-1}" == 1 ]] || iterations=0
   for i in $(seq 0 $((iterations - 1))); do
     until "$bin/varipipe-ctl" --planner "$planner" --store_file "$dir/store" plan \
             --iteration "$i" --rank 0 \
@@ -873,6 +877,9 @@ train() {
   wait "$exec_pid" || rc=$?
   poll
   grep '^{' "$dir/reports.raw" 2> /dev/null | awk '!seen[$0]++' > "$dir/reports.jsonl" || true
+  # The daemon's own account (prediction error against the measured times).
+  timeout 20 "$bin/varipipe-ctl" --planner "$planner" --store_file "$dir/store" status \
+    > "$dir/status.txt" 2>&1 || true
   kill "$planner_pid" 2> /dev/null || true
   wait "$planner_pid" 2> /dev/null || true
   trap - EXIT
@@ -886,10 +893,39 @@ check_end=0
 left() { local s=$((check_end - $(date +%s))); echo $((s > 1 ? s : 1)); }
 note() { echo "$*" > "$note_file"; }
 
+# What a crashing test binary loads and binds (LOG_DIR): its libraries,
+# the providers of its Gloo symbols (LD_DEBUG=bindings), the crash trace
+# with and without the preloaded Gloo, and gdb's backtrace where gdb exists.
+gloo_crash_facts() {  # BINARY GTEST_FILTER LOG_DIR
+  local bin_path=$1 filter=$2 dir=$3
+  mkdir -p "$dir"
+  ldd "$bin_path" > "$dir/ldd.txt" 2>&1 || true
+  timeout 60 "$bin_path" "$filter" > "$dir/run-preload.txt" 2>&1 || true
+  LD_PRELOAD='' timeout 60 "$bin_path" "$filter" > "$dir/run-no-preload.txt" 2>&1 || true
+  LD_DEBUG=bindings LD_DEBUG_OUTPUT="$dir/bindings" timeout 60 "$bin_path" "$filter" \
+    > /dev/null 2>&1 || true
+  # Which library each Gloo symbol bound to, once per symbol and provider.
+  cat "$dir"/bindings.* 2> /dev/null | grep -E "binding file .* to .*: normal symbol .*gloo" |
+    sed -E 's/^ *[0-9]+: *//' | sort -u > "$dir/gloo-bindings.all" || true
+  { echo "Gloo symbols bound, by providing library:"
+    grep -oE ' to [^ ]+ ' "$dir/gloo-bindings.all" | sort | uniq -c | sort -rn
+    echo; head -n 200 "$dir/gloo-bindings.all"; } > "$dir/gloo-bindings.txt" 2>&1 || true
+  rm -f "$dir/gloo-bindings.all"
+  rm -f "$dir"/bindings.*
+  if command -v gdb > /dev/null; then
+    timeout 90 gdb -batch -ex run -ex 'thread apply all bt 25' \
+      --args "$bin_path" "$filter" > "$dir/gdb.txt" 2>&1 || true
+  else
+    echo "no gdb on this machine" > "$dir/gdb.txt"
+  fi
+}
+
 check_gloo_transport() {
   CUDA_VISIBLE_DEVICES='' timeout "$(left)" ctest --test-dir "$build" -R '^gloo_transport_test\.' \
     --output-on-failure --no-tests=error > "$1/ctest.log" 2>&1 || {
     cat "$1/ctest.log"
+    CUDA_VISIBLE_DEVICES='' gloo_crash_facts "$build/tests/gloo_transport_test" '--gtest_filter=*TransfersPairInChannelOrder*' \
+      "$logs/gloo-crash" || true
     note "$(grep -m 1 -E 'tests passed|No tests were found|SEGFAULT|Exception' "$1/ctest.log" || tail -n 1 "$1/ctest.log")"
     return 1
   }
@@ -1021,6 +1057,41 @@ check_profile() {
   return "$rc"
 }
 
+# Predicted against measured iteration time of the profiled job's model:
+# the analytic model, the cost model this run profiled (or the one committed
+# for this GPU), and that model with online calibration. The planner plans
+# one iteration ahead, so calibration reaches the plans.
+check_predict() {
+  local model="$logs/cost-model-h4096.json" run rc=0 notes=() err
+  [[ -f "$model" ]] || model="$root/deploy/cost-models/$gpu_slug-gpt-h4096-bf16.json"
+  [[ -f "$model" ]] || { note "no cost model (run profile first, or commit one as $model)"; return 1; }
+  for run in analytic profiled calibrated; do
+    mkdir -p "$work/jobs/predict-$run"
+    "$python" - "$work/jobs/profile-h4096/job.json" "$work/jobs/predict-$run/job.json" "$run" "$model" << 'PY'
+import json, sys
+src, dst, run, model = sys.argv[1:]
+c = json.load(open(src))
+c["job_id"] = "gpu-predict-" + run
+c["training"]["iterations"] = 16
+c["planner"]["plan_ahead"] = 1
+if run != "analytic":
+    c["planner"]["cost_model_path"] = model
+c["planner"]["online_calibration"] = run == "calibrated"
+json.dump(c, open(dst, "w"), indent=1)
+PY
+    if DUMP_PLANS=0 train "$1/$run" "predict-$run" cuda direct "$(( $(left) / 2 ))"; then
+      err=$(grep -m 1 'prediction error' "$1/$run/status.txt" | sed 's/^ *//')
+      notes+=("$run: ${err:-no prediction error reported}")
+      cat "$1/$run/status.txt"
+    else
+      notes+=("$run failed: $(grep -m 1 -iE 'error|out of memory' "$1/$run/executor.log" | cut -c 1-160)")
+      rc=1
+    fi
+  done
+  note "$(IFS=';'; echo "${notes[*]}") (cost model $(basename "$model"))"
+  return "$rc"
+}
+
 # The equivalence cells on the GPU (equivalence_test's Cuda/*: one rank per
 # model and recompute mode, packed rows too; fp32 against the reference),
 # GPU visible, TF32 off.
@@ -1033,6 +1104,8 @@ check_gpu_tests() {
   NVIDIA_TF32_OVERRIDE=0 timeout "$(left)" ctest --test-dir "$build" -R '^equivalence_test\.Cuda/' \
     --output-on-failure --no-tests=error > "$1/ctest.log" 2>&1 || rc=$?
   cat "$1/ctest.log"
+  [[ $rc -eq 0 ]] || gloo_crash_facts "$build/tests/equivalence_test" \
+    '--gtest_filter=Cuda/CudaEquivalence.*/CudaGpt_OneFOneB_RecomputeNone_pp1dp1' "$logs/cuda-equivalence-crash" || true
   grep -h 'worst relative difference' "$build"/Testing/Temporary/LastTest.log > "$logs/cuda-equivalence.txt" 2> /dev/null || true
   note "$(grep -m 1 'tests passed' "$1/ctest.log"); worst over the cells: $(awk '{for (i = 1; i <= NF; ++i) if ($i == "gradients") print $(i + 1)}' "$logs/cuda-equivalence.txt" | sort -g | tail -n 1) (logs/cuda-equivalence.txt)"
   return "$rc"
@@ -1123,7 +1196,8 @@ run_check gpu-tests 200 check_gpu_tests
 run_check hf-goldens 90 check_hf_goldens
 run_check speed 170 check_speed
 run_check profile 240 check_profile
-run_check gloo-transport 40 check_gloo_transport
+run_check predict 120 check_predict
+run_check gloo-transport 120 check_gloo_transport
 run_check two-ranks-one-gpu-nccl 40 check_two_ranks_one_gpu_nccl
 run_check two-ranks-one-gpu-gloo 10 check_pending \
   "pending: every rank on cuda:0 with the Gloo transport over device tensors needs an executor option (today a CUDA rank always uses NCCL, on cuda:LOCAL_RANK)"
