@@ -902,6 +902,13 @@ gloo_crash_facts() {  # BINARY GTEST_FILTER LOG_DIR
   ldd "$bin_path" > "$dir/ldd.txt" 2>&1 || true
   timeout 60 "$bin_path" "$filter" > "$dir/run-preload.txt" 2>&1 || true
   LD_PRELOAD='' timeout 60 "$bin_path" "$filter" > "$dir/run-no-preload.txt" 2>&1 || true
+  # The crash trace's "object(+0x..)" and "(object+0x..)" frames, named by addr2line.
+  if command -v addr2line > /dev/null; then
+    grep -ohE '[^ ()]+\(\+0x[0-9a-f]+\)|\([^ ()]+\+0x[0-9a-f]+' "$dir/run-preload.txt" |
+      sed -E 's/^\(//; s/\(\+/ /; s/\)$//; s/\+0x/ 0x/' | while read -r object offset; do
+        echo "$object $offset $(addr2line -f -C -e "$object" "$offset" 2> /dev/null | head -n 1)"
+      done > "$dir/frames.txt" 2>&1 || true
+  fi
   LD_DEBUG=bindings LD_DEBUG_OUTPUT="$dir/bindings" timeout 60 "$bin_path" "$filter" \
     > /dev/null 2>&1 || true
   # Which library each Gloo symbol bound to, once per symbol and provider.
