@@ -15,6 +15,12 @@ if(NOT TARGET hiredis::hiredis)
   add_library(hiredis::hiredis ALIAS PkgConfig::HIREDIS)
 endif()
 find_package(spdlog CONFIG REQUIRED)
+# nlohmann-json3-dev (header only): safetensors headers and Hugging Face
+# config.json files (common/checkpoint).
+find_package(nlohmann_json CONFIG QUIET)
+if(NOT TARGET nlohmann_json::nlohmann_json)
+  message(FATAL_ERROR "nlohmann_json not found (nlohmann-json3-dev): ${_vp_missing_hint}")
+endif()
 # cpp-httplib (libcpp-httplib-dev: a header plus a shared library) for the
 # --metrics_listen endpoints.
 find_package(PkgConfig REQUIRED)
@@ -107,7 +113,8 @@ set(_deps
   "protobuf ${Protobuf_VERSION}"
   "gRPC ${gRPC_VERSION}"
   "hiredis ${hiredis_VERSION}${HIREDIS_VERSION}"
-  "spdlog ${spdlog_VERSION}")
+  "spdlog ${spdlog_VERSION}"
+  "nlohmann_json ${nlohmann_json_VERSION}")
 if(VARIPIPE_BUILD_TESTS)
   list(APPEND _deps "GTest ${GTest_VERSION}" "benchmark ${benchmark_VERSION}")
 endif()

@@ -22,6 +22,8 @@ PACKAGES=(
   libhiredis-dev redis-server redis-tools
   # Common libraries.
   libabsl-dev libspdlog-dev libfmt-dev
+  # Hugging Face checkpoints: safetensors headers and config.json.
+  nlohmann-json3-dev
   # Metrics endpoints (--metrics_listen).
   libcpp-httplib-dev
   # Tests and benchmarks; promtool checks the metrics endpoints.

@@ -40,6 +40,8 @@ PACKAGES=(
   libspdlog-dev libspdlog1.10 libfmt-dev libfmt9
   # Metrics endpoints (--metrics_listen).
   libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1
+  # Hugging Face checkpoints (safetensors headers, config.json): headers only.
+  nlohmann-json3-dev
   # Tests and benchmarks.
   libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian
   # Gloo (gloo group), for a LibTorch without Gloo headers.

@@ -1,0 +1,405 @@
+// Hugging Face weights into LLAMA stages, against what `transformers`
+// computed for the same tiny checkpoints (tests/data/hf, written on the GPU
+// machine by deploy/gpu/hf_goldens.py): the loss and every parameter's
+// gradient norm at pipeline 1 and 2, and each bad-checkpoint case with the
+// message it gives.
+#include "executor/model/hf_weights.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/checkpoint/hf_checkpoint.h"
+#include "common/checkpoint/safetensors_file.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/test_directory.h"
+
+namespace varipipe::executor {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::varipipe::testing::IsOk;
+using ::varipipe::testing::StatusIs;
+
+fs::path Golden(const std::string& model) {
+  return fs::path(VARIPIPE_SOURCE_DIR) / "tests" / "data" / "hf" / model;
+}
+
+// The tiny models' shape (tests/data/hf/README.md).
+ModelSpec TinyLlama(bool tied) {
+  ModelSpec spec;
+  spec.num_layers = 2;
+  spec.hidden_size = 32;
+  spec.num_attention_heads = 4;
+  spec.kv_channels = 8;
+  spec.ffn_hidden_size = 64;
+  spec.vocab_size = 96;
+  spec.max_sequence_length = 64;
+  spec.seed = 7;
+  spec.llama = true;
+  spec.num_key_value_heads = 2;
+  spec.norm_epsilon = 1e-5;
+  spec.rope_theta = 10000;
+  spec.tie_word_embeddings = tied;
+  return spec;
+}
+
+// A golden file's tensor as a CPU tensor.
+torch::Tensor ReadGolden(const SafetensorsFile& file, const std::string& name) {
+  const SafetensorsTensor* t = file.Find(name);
+  if (t == nullptr) {
+    ADD_FAILURE() << file.path() << " has no " << name;
+    return {};
+  }
+  const torch::Dtype dtype = t->dtype == "I64" ? torch::kInt64 : torch::kFloat32;
+  torch::Tensor out = torch::empty(t->shape, torch::TensorOptions().dtype(dtype));
+  EXPECT_THAT(file.Read(*t, out.data_ptr()), IsOk());
+  return out;
+}
+
+struct Stages {
+  std::vector<std::shared_ptr<ModelStage>> owned;
+  std::vector<ModelStage*> pointers;
+};
+
+Stages BuildStages(const ModelSpec& spec, int pipeline) {
+  Stages s;
+  absl::StatusOr<std::vector<StageRole>> roles = PipelineStageRoles(spec, pipeline);
+  EXPECT_THAT(roles, IsOk());
+  for (const StageRole& role : *roles) {
+    s.owned.push_back(std::make_shared<ModelStage>(spec, role));
+    s.pointers.push_back(s.owned.back().get());
+  }
+  return s;
+}
+
+// The causal LM loss of `transformers` (labels = input ids, shifted inside
+// the model) as the stages compute it: label t is token t + 1, the last
+// position has none, and the mean is over the 2 x 11 predicted tokens.
+torch::Tensor Loss(const Stages& stages, const torch::Tensor& input_ids) {
+  StageBatch batch;
+  batch.input_tokens = input_ids;
+  batch.input_lengths = torch::full({input_ids.size(0)}, input_ids.size(1), torch::kInt64);
+  batch.labels = torch::full_like(input_ids, -1);
+  batch.labels.slice(1, 0, input_ids.size(1) - 1).copy_(input_ids.slice(1, 1));
+  batch.loss_scale = 1.0 / static_cast<double>(input_ids.size(0) * (input_ids.size(1) - 1));
+  StageActivations acts;
+  for (ModelStage* stage : stages.pointers) acts = stage->Forward(acts, batch);
+  return acts.loss;
+}
+
+struct GoldenCase {
+  std::string model;
+  bool tied;
+  int pipeline;
+};
+
+class HuggingFaceGolden : public ::testing::TestWithParam<GoldenCase> {};
+
+TEST_P(HuggingFaceGolden, LossAndGradientNormsMatchTransformers) {
+  const GoldenCase& c = GetParam();
+  const ModelSpec spec = TinyLlama(c.tied);
+  absl::StatusOr<HuggingFaceCheckpoint> ckpt = HuggingFaceCheckpoint::Open(Golden(c.model));
+  ASSERT_THAT(ckpt, IsOk());
+  ASSERT_THAT(CheckHuggingFaceConfig(*ckpt, spec), IsOk());
+  Stages stages = BuildStages(spec, c.pipeline);
+  ASSERT_THAT(LoadHuggingFaceWeights(*ckpt, spec, stages.pointers), IsOk());
+
+  absl::StatusOr<SafetensorsFile> golden =
+      SafetensorsFile::Open((Golden(c.model) / "golden.safetensors").string());
+  ASSERT_THAT(golden, IsOk());
+  const torch::Tensor input_ids = ReadGolden(*golden, "input_ids");
+  const double want_loss = ReadGolden(*golden, "loss").item<double>();
+  torch::Tensor loss = Loss(stages, input_ids);
+  const double got_loss = loss.item<double>();
+  EXPECT_NEAR(got_loss, want_loss, 1e-5 * want_loss) << "loss";
+  loss.backward();
+
+  double worst = 0;
+  std::string worst_name;
+  int compared = 0;
+  for (ModelStage* stage : stages.pointers) {
+    for (const auto& item : stage->named_parameters(/*recurse=*/true)) {
+      absl::StatusOr<std::string> hf = HuggingFaceName(spec, item.key());
+      ASSERT_THAT(hf, IsOk());
+      const double want = ReadGolden(*golden, "grad_norm/" + *hf).item<double>();
+      ASSERT_TRUE(item.value().grad().defined()) << item.key();
+      const double got = item.value().grad().norm().item<double>();
+      const double rel = std::abs(got - want) / std::max(want, 1e-12);
+      if (rel > worst) {
+        worst = rel;
+        worst_name = *hf;
+      }
+      EXPECT_NEAR(got, want, 1e-5 * want) << *hf;
+      ++compared;
+    }
+  }
+  // Every parameter of the Hugging Face model, on some stage.
+  absl::StatusOr<std::vector<std::string>> names = HuggingFaceNames(spec);
+  ASSERT_THAT(names, IsOk());
+  EXPECT_EQ(compared, static_cast<int>(names->size()));
+  std::printf("%s at pp=%d: loss %.7f (transformers %.7f), worst relative gradient-norm "
+              "difference %.3g (%s) over %d parameters\n",
+              c.model.c_str(), c.pipeline, got_loss, want_loss, worst, worst_name.c_str(),
+              compared);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, HuggingFaceGolden,
+                         ::testing::Values(GoldenCase{"llama-tiny", false, 1},
+                                           GoldenCase{"llama-tiny", false, 2},
+                                           GoldenCase{"llama-tiny-tied", true, 1}),
+                         [](const auto& info) {
+                           std::string name = info.param.model + "_pp" +
+                                              std::to_string(info.param.pipeline);
+                           for (char& ch : name) {
+                             if (ch == '-') ch = '_';
+                           }
+                           return name;
+                         });
+
+// ---------------------------------------------------------------------------
+// Bad checkpoints. A minimal writer of test checkpoints (header JSON, then
+// the tensors' bytes in order).
+
+struct RawTensor {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::string bytes;
+};
+
+void WriteSafetensors(const fs::path& path, const std::vector<RawTensor>& tensors,
+                      std::string header_override = "") {
+  nlohmann::json header = nlohmann::json::object();
+  uint64_t offset = 0;
+  std::string data;
+  for (const RawTensor& t : tensors) {
+    header[t.name] = {{"dtype", t.dtype},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + t.bytes.size()}}};
+    offset += t.bytes.size();
+    data += t.bytes;
+  }
+  const std::string json = header_override.empty() ? header.dump() : header_override;
+  std::ofstream out(path, std::ios::binary);
+  const uint64_t n = json.size();
+  for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xff));
+  out << json << data;
+}
+
+// Every tensor of a checkpoint's file, as raw bytes.
+std::vector<RawTensor> ReadAll(const fs::path& file_path) {
+  absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Open(file_path.string());
+  EXPECT_THAT(file, IsOk());
+  std::vector<RawTensor> out;
+  for (const SafetensorsTensor& t : file->tensors()) {
+    RawTensor raw{t.name, t.dtype, t.shape, std::string(t.bytes(), '\0')};
+    EXPECT_THAT(file->Read(t, raw.bytes.data()), IsOk());
+    out.push_back(std::move(raw));
+  }
+  return out;
+}
+
+// A copy of the tiny Llama checkpoint whose tensors `edit` may change.
+fs::path EditedCopy(const std::function<void(std::vector<RawTensor>&)>& edit) {
+  const fs::path dir = varipipe::testing::PerTestDirectory("hf-weights");
+  fs::copy_file(Golden("llama-tiny") / "config.json", dir / "config.json");
+  std::vector<RawTensor> tensors = ReadAll(Golden("llama-tiny") / "model.safetensors");
+  edit(tensors);
+  WriteSafetensors(dir / "model.safetensors", tensors);
+  return dir;
+}
+
+absl::Status LoadInto(const fs::path& dir, const ModelSpec& spec, int pipeline = 1) {
+  absl::StatusOr<HuggingFaceCheckpoint> ckpt = HuggingFaceCheckpoint::Open(dir.string());
+  if (!ckpt.ok()) return ckpt.status();
+  if (absl::Status s = CheckHuggingFaceConfig(*ckpt, spec); !s.ok()) return s;
+  Stages stages = BuildStages(spec, pipeline);
+  return LoadHuggingFaceWeights(*ckpt, spec, stages.pointers);
+}
+
+void EraseTensor(std::vector<RawTensor>& tensors, const std::string& name) {
+  std::erase_if(tensors, [&](const RawTensor& t) { return t.name == name; });
+}
+
+TEST(HuggingFaceWeights, AMissingTensorIsNamed) {
+  const fs::path dir = EditedCopy([](auto& t) { EraseTensor(t, "model.layers.1.mlp.up_proj.weight"); });
+  EXPECT_THAT(LoadInto(dir, TinyLlama(false)),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("no tensor 'model.layers.1.mlp.up_proj.weight'")));
+}
+
+TEST(HuggingFaceWeights, AnUnexpectedTensorIsNamed) {
+  const fs::path dir = EditedCopy([](auto& t) {
+    t.push_back({"model.layers.2.mlp.up_proj.weight", "F32", {1}, std::string(4, '\0')});
+  });
+  EXPECT_THAT(LoadInto(dir, TinyLlama(false)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("unexpected tensor 'model.layers.2.mlp.up_proj.weight'")));
+}
+
+TEST(HuggingFaceWeights, AMisshapenTensorIsNamedWithBothShapes) {
+  const fs::path dir = EditedCopy([](auto& tensors) {
+    for (RawTensor& t : tensors) {
+      if (t.name == "model.layers.0.self_attn.k_proj.weight") t.shape = {32, 16};
+    }
+  });
+  EXPECT_THAT(LoadInto(dir, TinyLlama(false)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("tensor 'model.layers.0.self_attn.k_proj.weight' has shape "
+                                 "[32, 16] but stage 0's encoder_layer_0.k_weight needs [16, 32]")));
+}
+
+TEST(HuggingFaceWeights, AWronglyTypedTensorIsNamed) {
+  const fs::path dir = EditedCopy([](auto& tensors) {
+    for (RawTensor& t : tensors) {
+      if (t.name == "model.norm.weight") t.dtype = "I32";
+    }
+  });
+  EXPECT_THAT(LoadInto(dir, TinyLlama(false)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("tensor 'model.norm.weight' has dtype I32; weights must be F32, "
+                                 "F16 or BF16")));
+}
+
+TEST(HuggingFaceWeights, BFloat16WeightsLoadAsTheirFloat32Values) {
+  // Every F32 weight rounded to BF16 (truncating the low 16 bits): the
+  // loaded parameters hold exactly the BF16 values.
+  const fs::path dir = EditedCopy([](auto& tensors) {
+    for (RawTensor& t : tensors) {
+      std::string half(t.bytes.size() / 2, '\0');
+      for (size_t i = 0; i < t.bytes.size() / 4; ++i) std::memcpy(&half[2 * i], &t.bytes[4 * i + 2], 2);
+      t.bytes = half;
+      t.dtype = "BF16";
+    }
+  });
+  const ModelSpec spec = TinyLlama(false);
+  absl::StatusOr<HuggingFaceCheckpoint> ckpt = HuggingFaceCheckpoint::Open(dir.string());
+  ASSERT_THAT(ckpt, IsOk());
+  Stages stages = BuildStages(spec, 1);
+  ASSERT_THAT(LoadHuggingFaceWeights(*ckpt, spec, stages.pointers), IsOk());
+  Stages reference = BuildStages(spec, 1);
+  absl::StatusOr<HuggingFaceCheckpoint> f32 = HuggingFaceCheckpoint::Open(Golden("llama-tiny"));
+  ASSERT_THAT(f32, IsOk());
+  ASSERT_THAT(LoadHuggingFaceWeights(*f32, spec, reference.pointers), IsOk());
+  const auto want = reference.owned[0]->named_parameters();
+  for (const auto& item : stages.owned[0]->named_parameters()) {
+    const torch::Tensor rounded = want[item.key()].to(torch::kBFloat16).to(torch::kFloat32);
+    // Truncation and round-to-nearest differ by at most one BF16 step.
+    EXPECT_TRUE(torch::allclose(item.value(), rounded, 1e-2, 0)) << item.key();
+    EXPECT_TRUE(torch::equal(item.value().to(torch::kBFloat16).to(torch::kFloat32), item.value()))
+        << item.key() << " holds values BF16 cannot";
+  }
+}
+
+TEST(HuggingFaceWeights, ATruncatedFileIsReported) {
+  const fs::path dir = EditedCopy([](auto&) {});
+  fs::resize_file(dir / "model.safetensors", fs::file_size(dir / "model.safetensors") - 100);
+  EXPECT_THAT(LoadInto(dir, TinyLlama(false)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("outside the file's")));
+}
+
+TEST(HuggingFaceWeights, AHeaderLongerThanTheFileIsReported) {
+  const fs::path dir = EditedCopy([](auto&) {});
+  {
+    std::fstream f(dir / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    const char length[8] = {0, 0, 0, 0, 1, 0, 0, 0};  // 2^32 bytes
+    f.write(length, 8);
+  }
+  EXPECT_THAT(LoadInto(dir, TinyLlama(false)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("header length 4294967296 does not fit the file's")));
+}
+
+TEST(HuggingFaceWeights, AnIndexNamingAMissingShardIsReported) {
+  const fs::path dir = varipipe::testing::PerTestDirectory("hf-weights");
+  fs::copy_file(Golden("llama-tiny") / "config.json", dir / "config.json");
+  std::ofstream(dir / "model.safetensors.index.json")
+      << R"({"metadata": {}, "weight_map": {"model.norm.weight": "model-00002-of-00002.safetensors"}})";
+  EXPECT_THAT(HuggingFaceCheckpoint::Open(dir.string()).status(),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("shard 'model-00002-of-00002.safetensors' of "
+                                 "'model.norm.weight' is not in")));
+}
+
+TEST(HuggingFaceWeights, AConfigDifferenceNamesTheFieldAndBothValues) {
+  ModelSpec spec = TinyLlama(false);
+  spec.ffn_hidden_size = 128;
+  spec.num_layers = 2;
+  absl::StatusOr<HuggingFaceCheckpoint> ckpt = HuggingFaceCheckpoint::Open(Golden("llama-tiny"));
+  ASSERT_THAT(ckpt, IsOk());
+  EXPECT_THAT(CheckHuggingFaceConfig(*ckpt, spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("config.json: intermediate_size is 64 but the job's "
+                                 "model.ffn_hidden_size is 128")));
+  EXPECT_THAT(CheckHuggingFaceConfig(*ckpt, TinyLlama(true)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("tie_word_embeddings is false but the job's "
+                                 "model.tie_word_embeddings is true")));
+}
+
+// Sharded by layer, a pipeline's second stage (layer 1, final norm, head)
+// opens only the shard holding them and reads exactly its tensors' bytes.
+TEST(HuggingFaceWeights, EachStageReadsOnlyItsOwnTensors) {
+  const fs::path dir = varipipe::testing::PerTestDirectory("hf-weights");
+  fs::copy_file(Golden("llama-tiny") / "config.json", dir / "config.json");
+  std::vector<RawTensor> first, second;
+  for (RawTensor& t : ReadAll(Golden("llama-tiny") / "model.safetensors")) {
+    const bool late = t.name.starts_with("model.layers.1.") || t.name == "model.norm.weight" ||
+                      t.name == "lm_head.weight";
+    (late ? second : first).push_back(std::move(t));
+  }
+  nlohmann::json index = {{"metadata", nlohmann::json::object()},
+                          {"weight_map", nlohmann::json::object()}};
+  uint64_t second_bytes = 0;
+  for (const RawTensor& t : first) index["weight_map"][t.name] = "model-00001-of-00002.safetensors";
+  for (const RawTensor& t : second) {
+    index["weight_map"][t.name] = "model-00002-of-00002.safetensors";
+    second_bytes += t.bytes.size();
+  }
+  WriteSafetensors(dir / "model-00001-of-00002.safetensors", first);
+  WriteSafetensors(dir / "model-00002-of-00002.safetensors", second);
+  std::ofstream(dir / "model.safetensors.index.json") << index.dump();
+
+  const ModelSpec spec = TinyLlama(false);
+  absl::StatusOr<HuggingFaceCheckpoint> ckpt = HuggingFaceCheckpoint::Open(dir.string());
+  ASSERT_THAT(ckpt, IsOk());
+  EXPECT_TRUE(ckpt->sharded());
+  Stages stages = BuildStages(spec, 2);
+  ASSERT_THAT(LoadHuggingFaceWeights(*ckpt, spec, {stages.pointers[1]}), IsOk());
+  EXPECT_EQ(ckpt->bytes_read(), second_bytes);
+  EXPECT_THAT(ckpt->opened_files(),
+              ::testing::ElementsAre("model-00002-of-00002.safetensors"));
+
+  // The same weights as from the single file.
+  Stages reference = BuildStages(spec, 2);
+  absl::StatusOr<HuggingFaceCheckpoint> single = HuggingFaceCheckpoint::Open(Golden("llama-tiny"));
+  ASSERT_THAT(single, IsOk());
+  ASSERT_THAT(LoadHuggingFaceWeights(*single, spec, {reference.pointers[1]}), IsOk());
+  const auto want = reference.owned[1]->named_parameters();
+  for (const auto& item : stages.owned[1]->named_parameters()) {
+    EXPECT_TRUE(torch::equal(item.value(), want[item.key()])) << item.key();
+  }
+}
+
+TEST(HuggingFaceWeights, MegatronModelsAreRefused) {
+  ModelSpec spec = TinyLlama(false);
+  spec.llama = false;
+  EXPECT_THAT(HuggingFaceName(spec, "word_embedding").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("LLAMA")));
+}
+
+}  // namespace
+}  // namespace varipipe::executor
