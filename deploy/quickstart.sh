@@ -3,16 +3,19 @@
 #
 #  1. dependencies and build;
 #  2. the planner's decisions for a larger GPT job, planned offline;
-#  3. a synthetic multi-task dataset (JSONL, converted to Megatron format);
+#  3. a synthetic multi-task dataset (JSONL, converted to Megatron format)
+#     and a small Llama model as a Hugging Face checkpoint to fine-tune
+#     (deploy/make-hf-llama.py: nothing can be downloaded here);
 #  4. a profile of this machine: varipipe-profile --quick on 2 ranks measures
 #     the training job's model components, transfers and optimizer step
 #     (cached in build/profiles/, so a second run skips it);
 #  5. a planner daemon with its embedded Redis, planning with that profile
 #     (and calibrating it online), and 4 executors launched by
-#     torchrun --no_python (pp=2, dp=2; Gloo on CPUs, NCCL on GPUs) training
-#     a small GPT (deploy/configs/quickstart-train.json) with a progress line
-#     per iteration, then a summary (measured vs predicted iteration time)
-#     and a Chrome trace of one iteration.
+#     torchrun --no_python (pp=2, dp=2; Gloo on CPUs, NCCL on GPUs)
+#     fine-tuning that Llama (deploy/configs/quickstart-train.json,
+#     training.init_from) with a progress line per iteration, exporting it
+#     as a Hugging Face checkpoint at the end, then a summary (measured vs
+#     predicted iteration time) and a Chrome trace of one iteration.
 #
 # Usage: deploy/quickstart.sh [--iterations N] [--out DIR] [--skip-build] [--reprofile]
 #   --iterations N  iterations to train (default: 30, the config's)
@@ -74,11 +77,15 @@ step "2/5 the planner's decisions for deploy/configs/quickstart-gpt.json (3 iter
 "$bin/varipipe-plan" --config deploy/configs/quickstart-gpt.json --iterations 3 --compare \
   2> "$out/plan-offline.log" | tail -n 12
 
-step "3/5 a synthetic multi-task dataset"
+step "3/5 a synthetic multi-task dataset and a Hugging Face Llama checkpoint"
 deploy/make-multitask-dataset.sh "$out/data/multitask.jsonl" --samples 4000 --vocab 128 --seed 7
 "$bin/varipipe-convert-jsonl" --input "$out/data/multitask.jsonl" \
   --output_prefix "$out/data/multitask" --vocab_size 128 > /dev/null 2> "$out/convert.log" || {
   cat "$out/convert.log" >&2; exit 1; }
+# The model to fine-tune (training.init_from: hf-base, beside job.json):
+# the shape of the job's model section, random weights.
+python3 deploy/make-hf-llama.py --out "$out/hf-base" --layers 4 --hidden 64 --heads 4 \
+  --kv-heads 2 --ffn 128 --vocab 128 --seed 7
 
 # The profile depends on the model and this machine: cached per config.
 step "4/5 a profile of this machine (varipipe-profile --quick, 2 ranks)"
@@ -136,7 +143,7 @@ echo "planner daemon on $planner (log: $out/planner.log)"
   --redirects 2 --tee 2 --log_dir "$out/torchrun" \
   "$bin/varipipe-executor" --planner "$planner" --store_file "$out/store" \
     --metrics_jsonl "$out/metrics.jsonl" --status_port 0 --status_host 127.0.0.1 \
-    --log_all_ranks=false) 2>&1 |
+    --log_all_ranks=false --export_hf "$out/hf-trained") 2>&1 |
   sed -E -u 's/^\[default([0-9]+)\]:\[[^]]*\] \[executor\[rank [0-9]+\]\] \[info\] /rank \1: /' |
   grep -E --line-buffered -v '^\s*$' || {
     echo "deploy/quickstart.sh: the executors failed (logs: $out/torchrun)" >&2
@@ -193,12 +200,13 @@ END {
 }' "$out/metrics.jsonl"
 echo "  Chrome trace         $out/trace.json (iteration $trace_iteration; open in Perfetto or chrome://tracing)"
 echo "  checkpoints          $out/checkpoints"
+echo "  Hugging Face export  $out/hf-trained (started from $out/hf-base; LlamaForCausalLM.from_pretrained loads it)"
 echo "  cost model           $profile (calibration: $out/planner-status.txt)"
 echo "  logs                 $out/planner.log, $out/torchrun"
 
 # The run drawn: loss and real tokens/s per iteration (deploy/plot-run.py).
 if plot_error=$(deploy/plot-run.py "$out/metrics.jsonl" "$out/run.png" \
-    --title "quickstart (pp=2, dp=2, small GPT)" 2>&1); then
+    --title "quickstart (pp=2, dp=2, small Llama)" 2>&1); then
   echo "  plot                 $out/run.png (loss and real tokens/s per iteration)"
 else
   echo "  plot                 not drawn: $plot_error"

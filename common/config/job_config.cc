@@ -216,6 +216,11 @@ void ValidateArchitecture(const JobConfig& config, ErrorList& errors) {
     if (m.tie_word_embeddings()) {
       errors.Add("model.tie_word_embeddings", "is only used by LLAMA models");
     }
+    if (!config.training().init_from().empty()) {
+      errors.Add("training.init_from",
+                 "loads Hugging Face checkpoints into model.architecture LLAMA only (this "
+                 "model is MEGATRON)");
+    }
     return;
   }
   if (m.kind() != v1::GPT) {

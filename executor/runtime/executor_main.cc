@@ -35,6 +35,9 @@
 #include "executor/comm/transport_factory.h"
 #include "executor/data/micro_batch_loader.h"
 #include "executor/model/model_spec.h"
+#include "common/checkpoint/hf_checkpoint.h"
+#include "executor/model/hf_export.h"
+#include "executor/model/hf_weights.h"
 #include "executor/model/model_stage.h"
 #include "executor/runtime/checkpoint.h"
 #include "executor/runtime/counting_allocator.h"
@@ -84,6 +87,11 @@ ABSL_FLAG(std::string, run_id, "",
           "Identifies this launch of the job in the rendezvous keys; every rank must get the "
           "same one. Default: TORCHELASTIC_RUN_ID (torchrun) or OMPI_MCA_orte_ess_jobid "
           "(mpirun), else \"default\".");
+ABSL_FLAG(std::string, export_hf, "",
+          "After the last iteration, write the model as a Hugging Face checkpoint into this "
+          "directory (config.json, model.safetensors.index.json, one safetensors shard per "
+          "layer, in model.dtype): every pipeline rank of data-parallel replica 0 writes its own "
+          "stages' shards. LLAMA models only.");
 ABSL_FLAG(std::string, save_parameters, "",
           "After the last iteration, every rank writes its stages' parameters to "
           "PREFIX.rank_NNNNN.pt (a LibTorch archive keyed by parameter name), for comparisons "
@@ -282,6 +290,24 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
     by_id[s] = stage.get();
     stage_list.push_back(stage.get());
     stages.push_back(std::move(stage));
+  }
+  if (!absl::GetFlag(FLAGS_export_hf).empty() && (!spec.llama || spec.encoder_decoder)) {
+    return absl::InvalidArgumentError(
+        "--export_hf: only model.architecture LLAMA has a Hugging Face layout");
+  }
+  // Hugging Face weights (training.init_from) over the initializer's: this
+  // rank's stages only, before the optimizer copies anything. A Varipipe
+  // checkpoint resumed below replaces them.
+  if (const std::string& init_from = config.training().init_from(); !init_from.empty()) {
+    const absl::Time start = absl::Now();
+    VP_ASSIGN_OR_RETURN(HuggingFaceCheckpoint checkpoint, HuggingFaceCheckpoint::Open(init_from));
+    VP_RETURN_IF_ERROR(executor::CheckHuggingFaceConfig(checkpoint, spec));
+    VP_RETURN_IF_ERROR(executor::LoadHuggingFaceWeights(checkpoint, spec, stage_list));
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    spdlog::info("loaded this rank's weights from Hugging Face checkpoint {}: {} bytes from {} "
+                 "file(s) in {:.2f} s ({:.0f} MB/s)",
+                 init_from, checkpoint.bytes_read(), checkpoint.opened_files().size(), seconds,
+                 static_cast<double>(checkpoint.bytes_read()) / 1e6 / std::max(seconds, 1e-6));
   }
   // The optimizer: under training.zero_stage 1 over this rank's shard of
   // its data-parallel group (optimizer_sharding.h).
@@ -565,6 +591,22 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
       return absl::UnavailableError(absl::StrCat(path, ": cannot save the parameters: ", e.what()));
     }
     spdlog::info("parameters written to {}", path);
+  }
+  // The trained model as a Hugging Face checkpoint: every pipeline rank of
+  // data-parallel replica 0 writes the shards of its own stages, rank 0 the
+  // config and index (the files equal a single process's export).
+  if (const std::string out = absl::GetFlag(FLAGS_export_hf); !out.empty()) {
+    if (coordinates.dp_rank == 0) {
+      std::error_code ec;
+      std::filesystem::create_directories(out, ec);
+      if (ec) return absl::UnavailableError(absl::StrCat(out, ": cannot create: ", ec.message()));
+      const v1::DType dtype =
+          config.model().dtype() == v1::DTYPE_UNSPECIFIED ? v1::FLOAT32 : config.model().dtype();
+      VP_RETURN_IF_ERROR(executor::ExportHuggingFaceShards(out, spec, stage_list, dtype));
+      if (env.rank == 0) VP_RETURN_IF_ERROR(executor::ExportHuggingFaceIndex(out, spec, dtype));
+      spdlog::info("exported this rank's stages as a Hugging Face checkpoint in {} ({})", out,
+                   v1::DType_Name(dtype));
+    }
   }
   spdlog::info("done");
   return absl::OkStatus();

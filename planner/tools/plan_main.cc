@@ -29,6 +29,7 @@
 #include "common/status.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
+#include "common/checkpoint/hf_model_config.h"
 #include "planner/planner.h"
 #include "spdlog/spdlog.h"
 
@@ -47,6 +48,9 @@ ABSL_FLAG(bool, json, false, "Print one JSON report per iteration instead of the
 ABSL_FLAG(std::string, emit_plans, "",
           "Write every rank's ExecutionPlan (protobuf JSON) to "
           "DIR/iteration_NNNNNN/rank_NNNNN.json.");
+ABSL_FLAG(std::string, model_from_hf, "",
+          "Print the job's \"model\" section for a Hugging Face checkpoint (its config.json, or "
+          "the directory holding it) and exit; --config is not needed. Llama-family models.");
 ABSL_FLAG(std::string, cost_model, "",
           "Cost model to use instead of planner.cost_model_path: the project's JSON format or a "
           "DynaPipe profile directory.");
@@ -60,6 +64,7 @@ constexpr char kUsage[] =
     "Usage: varipipe-plan --config job.json [--lengths lengths.csv] [--iterations N]\n"
     "                     [--first-iteration I] [--trace out.json] [--compare] [--json]\n"
     "                     [--emit-plans DIR] [--cost-model FILE]\n"
+    "       varipipe-plan --model_from_hf CHECKPOINT_DIR\n"
     "\n"
     "Mini-batches: the training sampler's (shuffled per epoch, as daemons and\n"
     "executors draw them) over the samples of --lengths or the job's synthetic\n"
@@ -428,7 +433,26 @@ void PrintSummary(const Totals& totals) {
   }
 }
 
+// --model_from_hf: {"model": {...}} with the config's field names.
+int PrintModelFromHuggingFace(const std::string& path) {
+  absl::StatusOr<v1::ModelConfig> model = ModelConfigFromHuggingFace(path);
+  if (!model.ok()) return Fail(model.status(), kExitUsage);
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.add_whitespace = true;
+  std::string json;
+  if (!google::protobuf::util::MessageToJsonString(*model, &json, options).ok()) {
+    return Fail(absl::InternalError("cannot print the model section"), kExitFailure);
+  }
+  // A JSON object holding the section, to paste into a job config.
+  std::printf("{\"model\": %s}\n", json.c_str());
+  return kExitOk;
+}
+
 int Run() {
+  if (const std::string hf = absl::GetFlag(FLAGS_model_from_hf); !hf.empty()) {
+    return PrintModelFromHuggingFace(hf);
+  }
   Job job;
   if (std::optional<int> code = LoadJob(job)) return *code;
   const auto build_start = std::chrono::steady_clock::now();

@@ -242,6 +242,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"TiedEmbeddingsOverStages", R"("kind": "GPT")",
                 R"("kind": "GPT", "architecture": "LLAMA", "tie_word_embeddings": true)",
                 "model.tie_word_embeddings: needs the embedding and the LM head on one stage"},
+        BadCase{"InitFromOnMegatron", R"("iterations": 10)",
+                R"("iterations": 10, "init_from": "checkpoints/llama")",
+                "training.init_from: loads Hugging Face checkpoints into model.architecture LLAMA "
+                "only"},
         BadCase{"NegativeNormEpsilon", R"("kind": "GPT")",
                 R"("kind": "GPT", "architecture": "LLAMA", "norm_epsilon": -1)",
                 "model.norm_epsilon: must be positive"},

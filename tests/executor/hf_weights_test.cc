@@ -5,6 +5,8 @@
 // message it gives.
 #include "executor/model/hf_weights.h"
 
+#include "executor/model/hf_export.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -13,6 +15,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -21,6 +25,7 @@
 #include "common/checkpoint/hf_checkpoint.h"
 #include "common/checkpoint/safetensors_file.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/command.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_directory.h"
 
@@ -390,6 +395,176 @@ TEST(HuggingFaceWeights, EachStageReadsOnlyItsOwnTensors) {
   ASSERT_THAT(LoadHuggingFaceWeights(*single, spec, {reference.pointers[1]}), IsOk());
   const auto want = reference.owned[1]->named_parameters();
   for (const auto& item : stages.owned[1]->named_parameters()) {
+    EXPECT_TRUE(torch::equal(item.value(), want[item.key()])) << item.key();
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Checkpoints written by an independent writer (deploy/make-hf-llama.py:
+// Python's struct and json, not Varipipe's writer), single-file and sharded,
+// F32 and BF16, at pipeline depths 1, 2 and 4.
+
+struct Pass {
+  double loss = 0;
+  std::map<std::string, torch::Tensor> gradients;   // by Hugging Face name
+  std::map<std::string, torch::Tensor> parameters;  // by Hugging Face name
+};
+
+Pass LoadAndRun(const fs::path& dir, const ModelSpec& spec, int pipeline,
+                const torch::Tensor& input_ids) {
+  Pass pass;
+  absl::StatusOr<HuggingFaceCheckpoint> ckpt = HuggingFaceCheckpoint::Open(dir.string());
+  EXPECT_THAT(ckpt, IsOk());
+  if (!ckpt.ok()) return pass;
+  EXPECT_THAT(CheckHuggingFaceConfig(*ckpt, spec), IsOk());
+  Stages stages = BuildStages(spec, pipeline);
+  EXPECT_THAT(LoadHuggingFaceWeights(*ckpt, spec, stages.pointers), IsOk());
+  torch::Tensor loss = Loss(stages, input_ids);
+  loss.backward();
+  pass.loss = loss.item<double>();
+  for (ModelStage* stage : stages.pointers) {
+    for (const auto& item : stage->named_parameters()) {
+      const std::string hf = *HuggingFaceName(spec, item.key());
+      pass.gradients[hf] = item.value().grad().clone();
+      pass.parameters[hf] = item.value().detach().clone();
+    }
+  }
+  return pass;
+}
+
+TEST(IndependentCheckpoints, LoadAtEveryPipelineDepthWithTheSameGradients) {
+  const fs::path dir = varipipe::testing::PerTestDirectory("hf-independent");
+  const std::string script =
+      (fs::path(VARIPIPE_SOURCE_DIR) / "deploy" / "make-hf-llama.py").string();
+  const std::string shape =
+      " --layers 4 --hidden 32 --heads 4 --kv-heads 2 --ffn 64 --vocab 96 --seed 3";
+  for (const auto& [name, flags] : std::vector<std::pair<std::string, std::string>>{
+           {"f32", ""}, {"f32-sharded", " --shards 3"}, {"bf16-sharded", " --dtype BF16 --shards 2"}}) {
+    const varipipe::testing::CommandResult made = varipipe::testing::RunCommand(
+        absl::StrCat("python3 '", script, "' --out '", (dir / name).string(), "'", shape, flags));
+    ASSERT_EQ(made.exit_code, 0) << made.output;
+  }
+  ModelSpec spec = TinyLlama(false);
+  spec.num_layers = 4;
+  const uint64_t seed = 5;
+  std::printf("token ids drawn with torch::manual_seed(%lu)\n", seed);
+  torch::manual_seed(seed);
+  const torch::Tensor input_ids =
+      torch::randint(0, 96, {3, 10}, torch::TensorOptions().dtype(torch::kInt64));
+  const Pass f32 = LoadAndRun(dir / "f32", spec, 1, input_ids);
+  ASSERT_EQ(f32.parameters.size(), 39u);
+  for (const std::string name : {"f32-sharded", "bf16-sharded"}) {
+    for (int pipeline : {1, 2, 4}) {
+      SCOPED_TRACE(absl::StrCat(name, " at pp=", pipeline));
+      const Pass p = LoadAndRun(dir / name, spec, pipeline, input_ids);
+      ASSERT_EQ(p.parameters.size(), f32.parameters.size());
+      const bool bf16 = name == "bf16-sharded";
+      for (const auto& [hf, value] : p.parameters) {
+        // The BF16 file holds the F32 values rounded to nearest even.
+        const torch::Tensor want =
+            bf16 ? f32.parameters.at(hf).to(torch::kBFloat16).to(torch::kFloat32)
+                 : f32.parameters.at(hf);
+        EXPECT_TRUE(torch::equal(value, want)) << hf;
+      }
+      if (bf16) continue;
+      EXPECT_NEAR(p.loss, f32.loss, 1e-6 * f32.loss);
+      for (const auto& [hf, grad] : p.gradients) {
+        const double scale = f32.gradients.at(hf).abs().max().item<double>();
+        EXPECT_LE((grad - f32.gradients.at(hf)).abs().max().item<double>(), 1e-5 * scale) << hf;
+      }
+    }
+  }
+  // BF16 weights at pp = 4 against pp = 1.
+  const Pass bf16_one = LoadAndRun(dir / "bf16-sharded", spec, 1, input_ids);
+  const Pass bf16_four = LoadAndRun(dir / "bf16-sharded", spec, 4, input_ids);
+  EXPECT_NEAR(bf16_four.loss, bf16_one.loss, 1e-6 * bf16_one.loss);
+  for (const auto& [hf, grad] : bf16_four.gradients) {
+    const double scale = bf16_one.gradients.at(hf).abs().max().item<double>();
+    EXPECT_LE((grad - bf16_one.gradients.at(hf)).abs().max().item<double>(), 1e-5 * scale) << hf;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Export.
+
+std::string FileBytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Exports the stages of a pipeline of `pipeline` stages, each stage on its
+// own as a rank would, then the index.
+fs::path ExportAt(const ModelSpec& spec, const Stages& stages, const std::string& name,
+                  v1::DType dtype) {
+  const fs::path dir = varipipe::testing::PerTestDirectory("hf-export-" + name);
+  for (ModelStage* stage : stages.pointers) {
+    EXPECT_THAT(ExportHuggingFaceShards(dir.string(), spec, {stage}, dtype), IsOk());
+  }
+  EXPECT_THAT(ExportHuggingFaceIndex(dir.string(), spec, dtype), IsOk());
+  return dir;
+}
+
+// Weights loaded at pp = 2, exported per stage, load back at pp = 1 bit for
+// bit, and the files equal those of an export at pp = 1 byte for byte.
+TEST(HuggingFaceExport, RoundTripsExactlyAndIndependentlyOfThePipeline) {
+  const ModelSpec spec = TinyLlama(false);
+  absl::StatusOr<HuggingFaceCheckpoint> golden = HuggingFaceCheckpoint::Open(Golden("llama-tiny"));
+  ASSERT_THAT(golden, IsOk());
+  Stages two = BuildStages(spec, 2);
+  ASSERT_THAT(LoadHuggingFaceWeights(*golden, spec, two.pointers), IsOk());
+  Stages one = BuildStages(spec, 1);
+  ASSERT_THAT(LoadHuggingFaceWeights(*golden, spec, one.pointers), IsOk());
+  const fs::path from_two = ExportAt(spec, two, "pp2", v1::FLOAT32);
+  const fs::path from_one = ExportAt(spec, one, "pp1", v1::FLOAT32);
+
+  int files = 0;
+  for (const auto& entry : fs::directory_iterator(from_one)) {
+    const fs::path other = from_two / entry.path().filename();
+    ASSERT_TRUE(fs::exists(other)) << other;
+    EXPECT_EQ(FileBytes(entry.path()), FileBytes(other)) << entry.path().filename();
+    ++files;
+  }
+  EXPECT_EQ(files, 4);  // config.json, the index, one shard per layer
+
+  absl::StatusOr<HuggingFaceCheckpoint> exported = HuggingFaceCheckpoint::Open(from_two.string());
+  ASSERT_THAT(exported, IsOk());
+  ASSERT_THAT(CheckHuggingFaceConfig(*exported, spec), IsOk());
+  Stages back = BuildStages(spec, 1);
+  ASSERT_THAT(LoadHuggingFaceWeights(*exported, spec, back.pointers), IsOk());
+  const auto want = one.owned[0]->named_parameters();
+  for (const auto& item : back.owned[0]->named_parameters()) {
+    EXPECT_TRUE(torch::equal(item.value(), want[item.key()])) << item.key();
+  }
+  // Every shard's tensors, and its name, as the index says.
+  EXPECT_EQ(exported->TensorNames().size(), 21u);
+  EXPECT_THAT(exported->Find("model.embed_tokens.weight"), IsOk());
+  EXPECT_EQ(exported->Find("lm_head.weight")->file->path(),
+            (from_two / "model-00002-of-00002.safetensors").string());
+}
+
+// BF16 exports round BF16-exact weights to themselves; a tied model has no
+// lm_head.weight.
+TEST(HuggingFaceExport, BFloat16AndTiedModels) {
+  const ModelSpec spec = TinyLlama(true);
+  absl::StatusOr<HuggingFaceCheckpoint> golden =
+      HuggingFaceCheckpoint::Open(Golden("llama-tiny-tied"));
+  ASSERT_THAT(golden, IsOk());
+  Stages stages = BuildStages(spec, 1);
+  ASSERT_THAT(LoadHuggingFaceWeights(*golden, spec, stages.pointers), IsOk());
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : stages.owned[0]->parameters()) p.copy_(p.to(torch::kBFloat16).to(torch::kFloat32));
+  }
+  const fs::path dir = ExportAt(spec, stages, "bf16", v1::BFLOAT16);
+  absl::StatusOr<HuggingFaceCheckpoint> exported = HuggingFaceCheckpoint::Open(dir.string());
+  ASSERT_THAT(exported, IsOk());
+  EXPECT_THAT(exported->Find("lm_head.weight").status(), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(exported->Find("model.norm.weight")->tensor->dtype, "BF16");
+  Stages back = BuildStages(spec, 1);
+  ASSERT_THAT(CheckHuggingFaceConfig(*exported, spec), IsOk());
+  ASSERT_THAT(LoadHuggingFaceWeights(*exported, spec, back.pointers), IsOk());
+  const auto want = stages.owned[0]->named_parameters();
+  for (const auto& item : back.owned[0]->named_parameters()) {
     EXPECT_TRUE(torch::equal(item.value(), want[item.key()])) << item.key();
   }
 }

@@ -3,6 +3,8 @@
 // - equivalence: pp=2, dp=2 (4 processes), three plain-SGD steps leave the
 //   parameters of the independent reference model (1e-5 relative, fp32),
 //   GPT and T5;
+// - training.init_from: the same at pp=2, dp=2 from a Hugging Face Llama
+//   checkpoint;
 // - ten iterations of pp=4 on a small GPT: every rank exits 0, the loss
 //   decreases (the data is learnable: arithmetic token sequences), and rank 0
 //   writes one metrics line per iteration.
@@ -26,9 +28,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/checkpoint/hf_checkpoint.h"
 #include "common/config/job_config.h"
 #include "common/dataset/sample_dataset.h"
 #include "common/redis/redis_client.h"
+#include "executor/model/hf_weights.h"
+#include "executor/model/model_spec.h"
 #include "executor/runtime/plan_files.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
@@ -207,6 +212,96 @@ INSTANTIATE_TEST_SUITE_P(
         EquivalenceCase{false, "ZERO_BUBBLE_H1", "RECOMPUTE_NONE", "DYNAMIC_PROGRAMMING",
                         "Gpt_ZeroBubbleH1_RecomputeNone_Zero1", 1}),
     [](const auto& info) { return info.param.name; });
+
+// training.init_from: four processes (pp = 2, dp = 2) start from the tiny
+// Hugging Face Llama checkpoint of tests/data/hf (saved by transformers), each
+// rank logging what it read, and three SGD steps leave the parameters of the
+// reference model started from the same weights (1e-5 relative).
+TEST(ExecutorTraining, HuggingFaceWeightsLoadAndTrainLikeTheReference) {
+  absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
+  ASSERT_THAT(redis, IsOk());
+  const std::filesystem::path dir = FreshDirectory("init-from-hf");
+  const std::filesystem::path checkpoint =
+      std::filesystem::path(VARIPIPE_SOURCE_DIR) / "tests" / "data" / "hf" / "llama-tiny";
+  std::ofstream(dir / "job.json") << absl::StrCat(
+      R"({"job_id": "init-from-hf",
+      "model": {"kind": "GPT", "architecture": "LLAMA", "num_layers": 2, "hidden_size": 32,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "ffn_hidden_size": 64,
+                "vocab_size": 96, "norm_epsilon": 1e-5, "rope_theta": 10000,
+                "dtype": "FLOAT32"},
+      "parallelism": {"pipeline": 2, "data": 2},
+      "cluster": {"device_memory_limit_mib": 8, "devices_per_node": 8},
+      "data": {"format": "SYNTHETIC", "tokens_per_global_batch": 1200,
+               "max_sequence_length": 96, "seed": 11, "synthetic_num_samples": 5000},
+      "planner": {"tmax_interval_ms": 0.01},
+      "store": {"password_env": "VARIPIPE_TEST_REDIS_PASSWORD", "redis_address": "127.0.0.1:)",
+      (*redis)->port(), R"("},
+      "training": {"iterations": )",
+      kSgdIterations, R"(, "optimizer": "SGD", "learning_rate": 0.05,
+                   "min_learning_rate": 0.05, "gradient_clip_norm": 0,
+                   "init_from": ")",
+      checkpoint.string(), R"("}})");
+  const CommandResult plan = RunCommand(
+      absl::StrCat("cd '", dir.string(), "' && ", Bin("varipipe-plan"),
+                   " --config job.json --iterations ", kSgdIterations, " --emit-plans plans"));
+  ASSERT_EQ(plan.exit_code, 0) << plan.output;
+  const CommandResult run =
+      LaunchRanks(dir, 4, (*redis)->password(),
+                  "--config job.json --plans plans --run_id test --save_parameters params");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output,
+              ::testing::HasSubstr("loaded this rank's weights from Hugging Face checkpoint"));
+
+  absl::StatusOr<v1::JobConfig> config = LoadJobConfigFile((dir / "job.json").string());
+  ASSERT_THAT(config, IsOk());
+  absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(*config);
+  ASSERT_THAT(dataset, IsOk());
+  absl::StatusOr<executor::ModelSpec> spec = executor::ModelSpecFromConfig(*config);
+  ASSERT_THAT(spec, IsOk());
+  testing::ReferenceModel reference(*config);
+  {
+    absl::StatusOr<HuggingFaceCheckpoint> hf = HuggingFaceCheckpoint::Open(checkpoint.string());
+    ASSERT_THAT(hf, IsOk());
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, p] : reference.parameters()) {
+      absl::StatusOr<std::string> hf_name = executor::HuggingFaceName(*spec, name);
+      ASSERT_THAT(hf_name, IsOk());
+      absl::StatusOr<HuggingFaceCheckpoint::Located> t = hf->Find(*hf_name);
+      ASSERT_THAT(t, IsOk());
+      ASSERT_EQ(t->tensor->dtype, "F32");
+      torch::Tensor value = torch::empty(t->tensor->shape);
+      ASSERT_THAT(t->file->Read(*t->tensor, value.data_ptr()), IsOk());
+      ASSERT_EQ(value.sizes(), p.sizes()) << name;
+      p.copy_(value);
+    }
+  }
+  for (int it = 0; it < kSgdIterations; ++it) {
+    std::vector<v1::ExecutionPlan> plans;
+    for (int r = 0; r < 4; ++r) {
+      absl::StatusOr<v1::ExecutionPlan> p = executor::ReadPlanFile((dir / "plans").string(), it, r);
+      ASSERT_THAT(p, IsOk());
+      plans.push_back(*std::move(p));
+    }
+    const testing::ReferencePass pass =
+        reference.Gradients(testing::IterationSamples(plans), **dataset);
+    reference.SgdStep(pass.gradients, config->training().learning_rate());
+  }
+  int compared = 0;
+  for (int r = 0; r < 4; ++r) {
+    torch::serialize::InputArchive archive;
+    archive.load_from((dir / absl::StrFormat("params.rank_%05d.pt", r)).string());
+    testing::NamedTensors trained;
+    for (const std::string& key : archive.keys()) archive.read(key, trained[key]);
+    const testing::TensorDifference d =
+        testing::MaxRelativeDifference(trained, reference.parameters());
+    std::printf("rank %d: %d tensors, parameters within %.3g (%s)\n", r, d.compared, d.worst,
+                d.worst_name.c_str());
+    EXPECT_LE(d.worst, 1e-5) << "rank " << r << ": " << d.worst_name;
+    compared += d.compared;
+  }
+  EXPECT_EQ(compared, 2 * static_cast<int>(reference.parameters().size()));
+  std::filesystem::remove_all(dir);
+}
 
 TEST(ExecutorTraining, FourPipelineRanksTrainTenIterations) {
   absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();

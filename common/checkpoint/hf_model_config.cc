@@ -1,0 +1,159 @@
+#include "common/checkpoint/hf_model_config.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace varipipe {
+namespace {
+
+class Reader {
+ public:
+  Reader(const nlohmann::json& json, std::string path) : json_(json), path_(std::move(path)) {}
+
+  const nlohmann::json* Find(const std::string& key, const nlohmann::json* in = nullptr) const {
+    const nlohmann::json& node = in != nullptr ? *in : json_;
+    if (!node.is_object()) return nullptr;
+    const auto it = node.find(key);
+    return it == node.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  // A positive whole number, required unless `fallback` > 0.
+  absl::StatusOr<uint32_t> Count(const std::string& key, uint64_t fallback = 0) const {
+    const nlohmann::json* v = Find(key);
+    if (v == nullptr) {
+      if (fallback > 0) return static_cast<uint32_t>(fallback);
+      return absl::InvalidArgumentError(absl::StrCat(path_, ": ", key, " is missing"));
+    }
+    if (!v->is_number_unsigned() || v->get<uint64_t>() == 0 ||
+        v->get<uint64_t>() > 0xffffffffull) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path_, ": ", key, " is not a positive whole number: ", v->dump()));
+    }
+    return static_cast<uint32_t>(v->get<uint64_t>());
+  }
+
+  absl::StatusOr<double> Real(const std::string& key, double fallback,
+                              const nlohmann::json* in = nullptr,
+                              const std::string& prefix = "") const {
+    const nlohmann::json* v = Find(key, in);
+    if (v == nullptr) return fallback;
+    if (!v->is_number() || !std::isfinite(v->get<double>())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path_, ": ", prefix, key, " is not a number: ", v->dump()));
+    }
+    return v->get<double>();
+  }
+
+  const std::string& path() const { return path_; }
+
+ private:
+  const nlohmann::json& json_;
+  std::string path_;
+};
+
+}  // namespace
+
+absl::StatusOr<v1::ModelConfig> ModelConfigFromHuggingFace(const std::string& given) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string path =
+      fs::is_directory(given, ec) ? (fs::path(given) / "config.json").string() : given;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, false);
+  if (json.is_discarded() || !json.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
+  }
+  const Reader r(json, path);
+  const nlohmann::json* type = r.Find("model_type");
+  if (type == nullptr || !type->is_string() || type->get<std::string>() != "llama") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": model_type is ", type == nullptr ? "missing" : type->dump(),
+        "; only Llama-family checkpoints (model_type \"llama\") map to a Varipipe model"));
+  }
+  v1::ModelConfig m;
+  m.set_kind(v1::GPT);
+  m.set_architecture(v1::LLAMA);
+  absl::StatusOr<uint32_t> n = r.Count("num_hidden_layers");
+  if (!n.ok()) return n.status();
+  m.set_num_layers(*n);
+  if (n = r.Count("hidden_size"); !n.ok()) return n.status();
+  m.set_hidden_size(*n);
+  if (n = r.Count("num_attention_heads"); !n.ok()) return n.status();
+  m.set_num_attention_heads(*n);
+  if (n = r.Count("num_key_value_heads", m.num_attention_heads()); !n.ok()) return n.status();
+  m.set_num_key_value_heads(*n);
+  if (n = r.Count("head_dim", m.hidden_size() / m.num_attention_heads()); !n.ok()) {
+    return n.status();
+  }
+  m.set_kv_channels(*n);
+  if (n = r.Count("intermediate_size"); !n.ok()) return n.status();
+  m.set_ffn_hidden_size(*n);
+  if (n = r.Count("vocab_size"); !n.ok()) return n.status();
+  m.set_vocab_size(*n);
+  absl::StatusOr<double> x = r.Real("rms_norm_eps", 1e-6);
+  if (!x.ok()) return x.status();
+  m.set_norm_epsilon(*x);
+  // transformers 5: rope_parameters; earlier: rope_theta and rope_scaling.
+  const nlohmann::json* params = r.Find("rope_parameters");
+  const nlohmann::json* scaling = params != nullptr ? params : r.Find("rope_scaling");
+  const std::string prefix = params != nullptr ? "rope_parameters." : "rope_scaling.";
+  if (x = params != nullptr ? r.Real("rope_theta", 10000, params, prefix) : r.Real("rope_theta", 10000);
+      !x.ok()) {
+    return x.status();
+  }
+  m.set_rope_theta(*x);
+  if (scaling != nullptr) {
+    const nlohmann::json* kind = r.Find("rope_type", scaling);
+    if (kind == nullptr) kind = r.Find("type", scaling);
+    const std::string k = kind != nullptr && kind->is_string() ? kind->get<std::string>() : "default";
+    if (k == "llama3") {
+      v1::RopeScaling* s = m.mutable_rope_scaling();
+      if (x = r.Real("factor", 0, scaling, prefix); !x.ok()) return x.status();
+      s->set_factor(*x);
+      if (x = r.Real("low_freq_factor", 1, scaling, prefix); !x.ok()) return x.status();
+      s->set_low_freq_factor(*x);
+      if (x = r.Real("high_freq_factor", 4, scaling, prefix); !x.ok()) return x.status();
+      s->set_high_freq_factor(*x);
+      if (x = r.Real("original_max_position_embeddings", 8192, scaling, prefix); !x.ok()) {
+        return x.status();
+      }
+      s->set_original_max_position_embeddings(static_cast<uint32_t>(*x));
+    } else if (k != "default") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": ", prefix, "rope_type \"", k, "\" is not supported (default or llama3)"));
+    }
+  }
+  if (const nlohmann::json* tie = r.Find("tie_word_embeddings"); tie != nullptr) {
+    m.set_tie_word_embeddings(tie->is_boolean() && tie->get<bool>());
+  }
+  for (const char* bias : {"attention_bias", "mlp_bias"}) {
+    const nlohmann::json* v = r.Find(bias);
+    if (v != nullptr && v->is_boolean() && v->get<bool>()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": ", bias, " is true; LLAMA layers have no biases"));
+    }
+  }
+  if (const nlohmann::json* act = r.Find("hidden_act");
+      act != nullptr && (!act->is_string() || act->get<std::string>() != "silu")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": hidden_act is ", act->dump(), "; LLAMA layers use silu (SwiGLU)"));
+  }
+  // The weights' dtype, as the model's compute dtype.
+  const nlohmann::json* dtype = r.Find("dtype");
+  if (dtype == nullptr) dtype = r.Find("torch_dtype");
+  if (dtype != nullptr && dtype->is_string()) {
+    const std::string d = dtype->get<std::string>();
+    m.set_dtype(d == "float32" ? v1::FLOAT32 : d == "float16" ? v1::FLOAT16 : v1::BFLOAT16);
+  }
+  return m;
+}
+
+}  // namespace varipipe

@@ -1,0 +1,176 @@
+#include "executor/model/hf_export.h"
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <map>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/checkpoint/safetensors_writer.h"
+#include "common/status.h"
+#include "executor/model/hf_weights.h"
+#include "nlohmann/json.hpp"
+
+namespace varipipe::executor {
+namespace {
+
+struct ExportDtype {
+  torch::Dtype torch;
+  const char* safetensors;
+  const char* config;  // config.json's torch_dtype
+  int bytes;
+};
+
+absl::StatusOr<ExportDtype> DtypeFor(v1::DType dtype) {
+  switch (dtype) {
+    case v1::FLOAT32:
+      return ExportDtype{torch::kFloat32, "F32", "float32", 4};
+    case v1::BFLOAT16:
+      return ExportDtype{torch::kBFloat16, "BF16", "bfloat16", 2};
+    case v1::FLOAT16:
+      return ExportDtype{torch::kFloat16, "F16", "float16", 2};
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot export weights as ", v1::DType_Name(dtype)));
+  }
+}
+
+// Every exported tensor's shape, from the spec (docs/models.md's table).
+absl::StatusOr<std::vector<int64_t>> ShapeOf(const ModelSpec& spec, const std::string& name) {
+  const int64_t h = spec.hidden_size;
+  const int64_t q = spec.num_attention_heads * spec.kv_channels;
+  const int64_t kv = spec.num_key_value_heads * spec.kv_channels;
+  const int64_t f = spec.ffn_hidden_size;
+  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") {
+    return std::vector<int64_t>{spec.vocab_size, h};
+  }
+  if (absl::EndsWith(name, "norm.weight") || absl::EndsWith(name, "layernorm.weight")) {
+    return std::vector<int64_t>{h};
+  }
+  if (absl::EndsWith(name, "q_proj.weight")) return std::vector<int64_t>{q, h};
+  if (absl::EndsWith(name, "k_proj.weight") || absl::EndsWith(name, "v_proj.weight")) {
+    return std::vector<int64_t>{kv, h};
+  }
+  if (absl::EndsWith(name, "o_proj.weight")) return std::vector<int64_t>{h, q};
+  if (absl::EndsWith(name, "gate_proj.weight") || absl::EndsWith(name, "up_proj.weight")) {
+    return std::vector<int64_t>{f, h};
+  }
+  if (absl::EndsWith(name, "down_proj.weight")) return std::vector<int64_t>{h, f};
+  return absl::InvalidArgumentError(absl::StrCat("no shape for '", name, "'"));
+}
+
+}  // namespace
+
+absl::StatusOr<int> ExportShardOf(const ModelSpec& spec, const std::string& hf_name) {
+  if (hf_name == "model.embed_tokens.weight") return 0;
+  if (hf_name == "model.norm.weight" || hf_name == "lm_head.weight") {
+    return static_cast<int>(spec.num_layers) - 1;
+  }
+  const std::vector<std::string> parts = absl::StrSplit(hf_name, '.');
+  int layer = 0;
+  if (parts.size() > 3 && parts[0] == "model" && parts[1] == "layers" &&
+      absl::SimpleAtoi(parts[2], &layer) && layer >= 0 && layer < spec.num_layers) {
+    return layer;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("'", hf_name, "' belongs to no export shard"));
+}
+
+std::string ExportShardName(int shard, int shards) {
+  return absl::StrFormat("model-%05d-of-%05d.safetensors", shard + 1, shards);
+}
+
+absl::Status ExportHuggingFaceShards(const std::string& dir, const ModelSpec& spec,
+                                     const std::vector<ModelStage*>& stages, v1::DType dtype) {
+  VP_ASSIGN_OR_RETURN(const ExportDtype d, DtypeFor(dtype));
+  VP_ASSIGN_OR_RETURN(const std::vector<std::string> all, HuggingFaceNames(spec));
+  const int shards = static_cast<int>(spec.num_layers);
+  // Per shard: the names it needs and the tensors these stages hold.
+  std::map<int, size_t> needed;
+  for (const std::string& name : all) {
+    VP_ASSIGN_OR_RETURN(const int shard, ExportShardOf(spec, name));
+    ++needed[shard];
+  }
+  std::map<int, std::vector<std::pair<std::string, torch::Tensor>>> held;
+  for (ModelStage* stage : stages) {
+    for (const auto& item : stage->named_parameters(/*recurse=*/true)) {
+      VP_ASSIGN_OR_RETURN(const std::string name, HuggingFaceName(spec, item.key()));
+      VP_ASSIGN_OR_RETURN(const int shard, ExportShardOf(spec, name));
+      held[shard].emplace_back(
+          name, item.value().detach().to(torch::kCPU).to(d.torch).contiguous());
+    }
+  }
+  for (const auto& [shard, tensors] : held) {
+    if (tensors.size() != needed[shard]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "export shard ", ExportShardName(shard, shards), " needs ", needed[shard],
+          " tensors but these stages hold ", tensors.size(), " of them"));
+    }
+    std::vector<TensorToWrite> out;
+    for (const auto& [name, t] : tensors) {
+      out.push_back({name, d.safetensors, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
+                     t.data_ptr(), static_cast<uint64_t>(t.numel()) * d.bytes});
+    }
+    const std::string path = (std::filesystem::path(dir) / ExportShardName(shard, shards)).string();
+    VP_RETURN_IF_ERROR(WriteSafetensors(path, std::move(out), {{"format", "pt"}}));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExportHuggingFaceIndex(const std::string& dir, const ModelSpec& spec,
+                                    v1::DType dtype) {
+  VP_ASSIGN_OR_RETURN(const ExportDtype d, DtypeFor(dtype));
+  VP_ASSIGN_OR_RETURN(const std::vector<std::string> all, HuggingFaceNames(spec));
+  const int shards = static_cast<int>(spec.num_layers);
+  nlohmann::json map = nlohmann::json::object();
+  uint64_t total = 0;
+  for (const std::string& name : all) {
+    VP_ASSIGN_OR_RETURN(const int shard, ExportShardOf(spec, name));
+    VP_ASSIGN_OR_RETURN(const std::vector<int64_t> shape, ShapeOf(spec, name));
+    uint64_t numel = 1;
+    for (int64_t v : shape) numel *= static_cast<uint64_t>(v);
+    total += numel * static_cast<uint64_t>(d.bytes);
+    map[name] = ExportShardName(shard, shards);
+  }
+  const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", map}};
+  nlohmann::json config = {
+      {"architectures", {"LlamaForCausalLM"}},
+      {"model_type", "llama"},
+      {"hidden_size", spec.hidden_size},
+      {"intermediate_size", spec.ffn_hidden_size},
+      {"num_hidden_layers", spec.num_layers},
+      {"num_attention_heads", spec.num_attention_heads},
+      {"num_key_value_heads", spec.num_key_value_heads},
+      {"head_dim", spec.kv_channels},
+      {"vocab_size", spec.vocab_size},
+      {"max_position_embeddings", spec.max_sequence_length},
+      {"rms_norm_eps", spec.norm_epsilon},
+      {"rope_theta", spec.rope_theta},
+      {"tie_word_embeddings", spec.tie_word_embeddings},
+      {"hidden_act", "silu"},
+      {"attention_bias", false},
+      {"mlp_bias", false},
+      {"initializer_range", 0.02},
+      {"torch_dtype", d.config},
+  };
+  if (spec.rope_factor > 0) {
+    config["rope_scaling"] = {{"rope_type", "llama3"},
+                              {"factor", spec.rope_factor},
+                              {"low_freq_factor", spec.rope_low_freq_factor},
+                              {"high_freq_factor", spec.rope_high_freq_factor},
+                              {"original_max_position_embeddings",
+                               static_cast<int64_t>(spec.rope_original_max_positions)}};
+  } else {
+    config["rope_scaling"] = nullptr;
+  }
+  const std::filesystem::path base(dir);
+  VP_RETURN_IF_ERROR(WriteFileAtomically((base / "config.json").string(), config.dump(2) + "\n"));
+  return WriteFileAtomically((base / "model.safetensors.index.json").string(),
+                             index.dump(2) + "\n");
+}
+
+}  // namespace varipipe::executor
