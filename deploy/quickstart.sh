@@ -200,7 +200,7 @@ END {
 }' "$out/metrics.jsonl"
 echo "  Chrome trace         $out/trace.json (iteration $trace_iteration; open in Perfetto or chrome://tracing)"
 echo "  checkpoints          $out/checkpoints"
-echo "  Hugging Face export  $out/hf-trained (started from $out/hf-base; LlamaForCausalLM.from_pretrained loads it)"
+echo "  Hugging Face export  $out/hf-trained (fine-tuned from $out/hf-base; the layout LlamaForCausalLM.from_pretrained reads)"
 echo "  cost model           $profile (calibration: $out/planner-status.txt)"
 echo "  logs                 $out/planner.log, $out/torchrun"
 

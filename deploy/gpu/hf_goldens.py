@@ -18,7 +18,14 @@ and golden.json with the same scalars, the versions used and the command.
 The machine needs only torch, transformers and safetensors (the GPU machine
 of docs/gpu.md has them; run-on-gpu.sh's check hf-goldens runs this).
 
+With --check-export DIR it instead loads a Varipipe export (a Hugging Face
+directory written by varipipe-executor --export_hf, e.g. tests/data/hf/
+varipipe-export) with LlamaForCausalLM.from_pretrained, reports missing,
+unexpected and mismatched keys, and compares its loss on --golden's token ids
+with the golden loss (the export holds the golden model's weights).
+
 Usage: hf_goldens.py --out DIR [--seed N]
+       hf_goldens.py --check-export DIR --golden tests/data/hf/llama-tiny
 """
 
 import argparse
@@ -30,7 +37,9 @@ import sys
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, help="folder to write one subfolder per model into")
+    p.add_argument("--out", help="folder to write one subfolder per model into")
+    p.add_argument("--check-export", help="a Varipipe export to load with from_pretrained")
+    p.add_argument("--golden", help="with --check-export: the golden folder it was exported from")
     p.add_argument("--seed", type=int, default=1234, help="seed of the weights and token ids")
     return p.parse_args()
 
@@ -57,8 +66,37 @@ def flan_t5(transformers):
     return transformers.T5ForConditionalGeneration(cfg)
 
 
+def check_export(args):
+    import safetensors.torch
+    import torch
+    import transformers
+    try:  # transformers 5 names it dtype, earlier versions torch_dtype
+        model, info = transformers.LlamaForCausalLM.from_pretrained(
+            args.check_export, output_loading_info=True, dtype=torch.float32)
+    except TypeError:
+        model, info = transformers.LlamaForCausalLM.from_pretrained(
+            args.check_export, output_loading_info=True, torch_dtype=torch.float32)
+    problems = {k: sorted(v) for k, v in info.items() if v}
+    print(f"NOTE from_pretrained({args.check_export}): "
+          + ("no missing, unexpected or mismatched keys" if not problems else str(problems)))
+    if not args.golden:
+        return 1 if problems else 0
+    golden = safetensors.torch.load_file(os.path.join(args.golden, "golden.safetensors"))
+    model.eval()
+    with torch.no_grad():
+        loss = float(model(input_ids=golden["input_ids"], labels=golden["labels"]).loss)
+    want = float(golden["loss"])
+    rel = abs(loss - want) / want
+    print(f"NOTE export's loss {loss:.7f} against the golden {want:.7f} (relative {rel:.2e})")
+    return 1 if problems or rel > 1e-6 else 0
+
+
 def main():
     args = parse_args()
+    if args.check_export:
+        sys.exit(check_export(args))
+    if not args.out:
+        sys.exit("hf_goldens.py: --out or --check-export is required")
     try:
         import safetensors
         import safetensors.torch

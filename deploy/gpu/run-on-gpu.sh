@@ -79,6 +79,7 @@ CHECKS=(
   "two-ranks-one-gpu-gloo|gpu|two ranks sharing the GPU over Gloo with device tensors (pending: the executor has no such option)"
   "nccl-allreduce-one-rank|gpu|ncclAllReduce on a one-rank communicator (pending: the NCCL transport skips groups of one)"
   "hf-goldens|gpu|tiny random Llama (untied, tied) and FLAN-T5 models from transformers, saved with their token ids, logits, loss and gradient norms as golden files for the CPU tests (deploy/gpu/hf_goldens.py)"
+  "hf-export-loads|gpu|a Varipipe export (tests/data/hf/varipipe-export) loaded with transformers' LlamaForCausalLM.from_pretrained: missing, unexpected and mismatched keys, and its loss against the golden one"
   "layer-timings|gpu|per-micro-batch forward/backward times of GPT-1.3B-like and GPT-6.7B-like layer stacks (executor timings, CUDA_LAUNCH_BLOCKING=1)"
   "equivalence-cpu|cpu|the equivalence tests (equivalence_test, plan_interpreter_test, executor_training_test) on the CUDA build with the GPU hidden"
   "ctest-cpu|cpu|the rest of the CTest suite on the CUDA build with the GPU hidden"
@@ -1130,6 +1131,18 @@ check_hf_goldens() {
   return "$rc"
 }
 
+# A Varipipe export loaded by transformers (deploy/gpu/hf_goldens.py --check-export).
+check_hf_export_loads() {
+  local rc=0
+  CUDA_VISIBLE_DEVICES='' timeout "$(left)" "$python" "$root/deploy/gpu/hf_goldens.py" \
+    --check-export "$root/tests/data/hf/varipipe-export" --golden "$root/tests/data/hf/llama-tiny" \
+    > "$1/check.txt" 2>&1 || rc=$?
+  cat "$1/check.txt"
+  note "$(sed -n 's/^NOTE //p' "$1/check.txt" | tr '\n' ';' | cut -c 1-400)"
+  [[ $rc -eq 0 ]] || note "exit $rc: $(sed -n 's/^NOTE //p' "$1/check.txt" | tr '\n' ';' | cut -c 1-300) $(tail -n 1 "$1/check.txt" | cut -c 1-200)"
+  return "$rc"
+}
+
 ensure_build_all() {
   [[ -f "$build/.built-all" ]] && return 0
   say "building every target (tests)"
@@ -1201,6 +1214,7 @@ run_check gpu-fp32-vs-cpu 100 check_gpu_fp32_vs_cpu
 run_check gpu-bf16-train 80 check_gpu_bf16_train
 run_check gpu-tests 200 check_gpu_tests
 run_check hf-goldens 90 check_hf_goldens
+run_check hf-export-loads 60 check_hf_export_loads
 run_check speed 170 check_speed
 run_check profile 240 check_profile
 run_check predict 120 check_predict

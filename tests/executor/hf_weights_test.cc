@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -534,6 +535,16 @@ TEST(HuggingFaceExport, RoundTripsExactlyAndIndependentlyOfThePipeline) {
   const auto want = one.owned[0]->named_parameters();
   for (const auto& item : back.owned[0]->named_parameters()) {
     EXPECT_TRUE(torch::equal(item.value(), want[item.key()])) << item.key();
+  }
+  // VARIPIPE_KEEP_EXPORT=DIR keeps this export (tests/data/hf/varipipe-export
+  // is one, which deploy/gpu/hf_goldens.py --check-export loads with
+  // transformers).
+  if (const char* keep = std::getenv("VARIPIPE_KEEP_EXPORT"); keep != nullptr && *keep != '\0') {
+    fs::create_directories(keep);
+    for (const auto& entry : fs::directory_iterator(from_two)) {
+      fs::copy_file(entry.path(), fs::path(keep) / entry.path().filename(),
+                    fs::copy_options::overwrite_existing);
+    }
   }
   // Every shard's tensors, and its name, as the index says.
   EXPECT_EQ(exported->TensorNames().size(), 21u);
