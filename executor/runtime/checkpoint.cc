@@ -97,29 +97,82 @@ absl::Status RankCheckpoints::Save(uint64_t iterations_done, const std::vector<M
   return absl::OkStatus();
 }
 
+namespace {
+
+// Opens the archive and checks its format and iteration count (throws what
+// LibTorch throws; `reading` names the entry being read).
+absl::Status OpenChecked(const std::string& path, uint64_t iterations_done,
+                         torch::serialize::InputArchive& archive, std::string& reading) {
+  reading = "the archive";
+  archive.load_from(path);
+  torch::Tensor value;
+  reading = "varipipe/format";
+  archive.read(reading, value);
+  if (value.item<int64_t>() != kFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(path, ": checkpoint format ",
+                                                      value.item<int64_t>(),
+                                                      ", this executor reads ", kFormatVersion));
+  }
+  reading = "varipipe/iterations_done";
+  value = torch::Tensor();  // read() into a defined tensor would resize it
+  archive.read(reading, value);
+  if (value.item<int64_t>() != static_cast<int64_t>(iterations_done)) {
+    return absl::DataLossError(absl::StrCat(path, ": holds the state after ",
+                                            value.item<int64_t>(), " iterations, not ",
+                                            iterations_done));
+  }
+  return absl::OkStatus();
+}
+
+// Copies every parameter of `stages` from the archive.
+absl::Status CopyParameters(const std::string& path, torch::serialize::InputArchive& archive,
+                            const std::vector<ModelStage*>& stages, std::string& reading) {
+  torch::NoGradGuard no_grad;
+  for (ModelStage* stage : stages) {
+    for (auto& item : stage->named_parameters()) {
+      reading = StageKey(*stage, item.key());
+      torch::Tensor saved;
+      if (!archive.try_read(reading, saved)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            path, ": no parameter ", reading,
+            " (written for another model or parallelism? remove the checkpoint directory "
+            "to start over)"));
+      }
+      if (!saved.sizes().equals(item.value().sizes())) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(path, ": parameter ", reading, " has shape ", c10::str(saved.sizes()),
+                         ", the model has ", c10::str(item.value().sizes())));
+      }
+      item.value().copy_(saved);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RankCheckpoints::LoadParameters(uint64_t iterations_done,
+                                             const std::vector<ModelStage*>& stages) const {
+  const std::string path = PathFor(iterations_done);
+  std::string reading;
+  try {
+    torch::serialize::InputArchive archive;
+    VP_RETURN_IF_ERROR(OpenChecked(path, iterations_done, archive, reading));
+    return CopyParameters(path, archive, stages, reading);
+  } catch (const std::exception& e) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": cannot read ", reading, " of the checkpoint: ", e.what()));
+  }
+}
+
 absl::Status RankCheckpoints::Load(uint64_t iterations_done, const std::vector<ModelStage*>& stages,
                                    TrainingOptimizer& optimizer) const {
   const std::string path = PathFor(iterations_done);
   std::string reading = "the archive";
   try {
     torch::serialize::InputArchive archive;
-    archive.load_from(path);
+    VP_RETURN_IF_ERROR(OpenChecked(path, iterations_done, archive, reading));
     torch::Tensor value;
-    reading = "varipipe/format";
-    archive.read(reading, value);
-    if (value.item<int64_t>() != kFormatVersion) {
-      return absl::FailedPreconditionError(absl::StrCat(path, ": checkpoint format ",
-                                                        value.item<int64_t>(),
-                                                        ", this executor reads ", kFormatVersion));
-    }
-    reading = "varipipe/iterations_done";
-    value = torch::Tensor();  // read() into a defined tensor would resize it
-    archive.read(reading, value);
-    if (value.item<int64_t>() != static_cast<int64_t>(iterations_done)) {
-      return absl::DataLossError(absl::StrCat(path, ": holds the state after ",
-                                              value.item<int64_t>(), " iterations, not ",
-                                              iterations_done));
-    }
     // The optimizer state's sharding first: a checkpoint of another
     // data-parallel degree or ZeRO stage is refused before anything changes.
     reading = "optimizer";
@@ -128,25 +181,7 @@ absl::Status RankCheckpoints::Load(uint64_t iterations_done, const std::vector<M
     if (absl::Status fits = optimizer.CheckShard(optimizer_archive); !fits.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(path, ": ", fits.message()));
     }
-    torch::NoGradGuard no_grad;
-    for (ModelStage* stage : stages) {
-      for (auto& item : stage->named_parameters()) {
-        reading = StageKey(*stage, item.key());
-        torch::Tensor saved;
-        if (!archive.try_read(reading, saved)) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              path, ": no parameter ", reading,
-              " (written for another model or parallelism? remove the checkpoint directory "
-              "to start over)"));
-        }
-        if (!saved.sizes().equals(item.value().sizes())) {
-          return absl::FailedPreconditionError(
-              absl::StrCat(path, ": parameter ", reading, " has shape ", c10::str(saved.sizes()),
-                           ", the model has ", c10::str(item.value().sizes())));
-        }
-        item.value().copy_(saved);
-      }
-    }
+    VP_RETURN_IF_ERROR(CopyParameters(path, archive, stages, reading));
     reading = "optimizer";
     if (absl::Status loaded = optimizer.Load(optimizer_archive); !loaded.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(path, ": ", loaded.message()));

@@ -47,6 +47,11 @@ class RankCheckpoints {
   absl::Status Load(uint64_t iterations_done, const std::vector<ModelStage*>& stages,
                     TrainingOptimizer& optimizer) const;
 
+  // Restores only the parameters of `stages` (varipipe-export-hf): no
+  // optimizer state, no generator; the same errors as Load for them.
+  absl::Status LoadParameters(uint64_t iterations_done,
+                              const std::vector<ModelStage*>& stages) const;
+
   // Deletes this rank's files of checkpoints older than `keep_from` (and
   // their directories once empty).
   void DeleteOlderThan(uint64_t keep_from) const;

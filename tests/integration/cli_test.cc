@@ -70,7 +70,7 @@ INSTANTIATE_TEST_SUITE_P(Binaries, BinaryHelp,
                          ::testing::Values("varipipe-plan", "varipipe-planner", "varipipe-evaluate"
 #ifdef VARIPIPE_HAVE_EXECUTOR
                                            ,
-                                           "varipipe-executor"
+                                           "varipipe-executor", "varipipe-export-hf"
 #endif
                                            ));
 

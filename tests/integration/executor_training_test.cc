@@ -216,7 +216,9 @@ INSTANTIATE_TEST_SUITE_P(
 // training.init_from: four processes (pp = 2, dp = 2) start from the tiny
 // Hugging Face Llama checkpoint of tests/data/hf (saved by transformers), each
 // rank logging what it read, and three SGD steps leave the parameters of the
-// reference model started from the same weights (1e-5 relative).
+// reference model started from the same weights (1e-5 relative); the
+// --export_hf directory the ranks write holds exactly the trained parameters,
+// and varipipe-export-hf writes the same files from the run's checkpoint.
 TEST(ExecutorTraining, HuggingFaceWeightsLoadAndTrainLikeTheReference) {
   absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
   ASSERT_THAT(redis, IsOk());
@@ -239,15 +241,16 @@ TEST(ExecutorTraining, HuggingFaceWeightsLoadAndTrainLikeTheReference) {
       "training": {"iterations": )",
       kSgdIterations, R"(, "optimizer": "SGD", "learning_rate": 0.05,
                    "min_learning_rate": 0.05, "gradient_clip_norm": 0,
-                   "init_from": ")",
-      checkpoint.string(), R"("}})");
+                   "checkpoint_dir": "checkpoints", "checkpoint_interval": )",
+      kSgdIterations, R"(, "init_from": ")", checkpoint.string(), R"("}})");
   const CommandResult plan = RunCommand(
       absl::StrCat("cd '", dir.string(), "' && ", Bin("varipipe-plan"),
                    " --config job.json --iterations ", kSgdIterations, " --emit-plans plans"));
   ASSERT_EQ(plan.exit_code, 0) << plan.output;
   const CommandResult run =
       LaunchRanks(dir, 4, (*redis)->password(),
-                  "--config job.json --plans plans --run_id test --save_parameters params");
+                  "--config job.json --plans plans --run_id test --save_parameters params "
+                  "--export_hf export");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output,
               ::testing::HasSubstr("loaded this rank's weights from Hugging Face checkpoint"));
@@ -300,6 +303,42 @@ TEST(ExecutorTraining, HuggingFaceWeightsLoadAndTrainLikeTheReference) {
     compared += d.compared;
   }
   EXPECT_EQ(compared, 2 * static_cast<int>(reference.parameters().size()));
+  // The export the two pipeline ranks of replica 0 wrote in parallel holds
+  // exactly the trained parameters.
+  absl::StatusOr<HuggingFaceCheckpoint> exported =
+      HuggingFaceCheckpoint::Open((dir / "export").string());
+  ASSERT_THAT(exported, IsOk());
+  ASSERT_THAT(executor::CheckHuggingFaceConfig(*exported, *spec), IsOk());
+  int exported_tensors = 0;
+  for (int r = 0; r < 2; ++r) {
+    torch::serialize::InputArchive archive;
+    archive.load_from((dir / absl::StrFormat("params.rank_%05d.pt", r)).string());
+    for (const std::string& key : archive.keys()) {
+      torch::Tensor trained;
+      archive.read(key, trained);
+      absl::StatusOr<std::string> hf_name = executor::HuggingFaceName(*spec, key);
+      ASSERT_THAT(hf_name, IsOk());
+      absl::StatusOr<HuggingFaceCheckpoint::Located> t = exported->Find(*hf_name);
+      ASSERT_THAT(t, IsOk());
+      torch::Tensor value = torch::empty(t->tensor->shape);
+      ASSERT_THAT(t->file->Read(*t->tensor, value.data_ptr()), IsOk());
+      EXPECT_TRUE(torch::equal(value, trained)) << *hf_name;
+      ++exported_tensors;
+    }
+  }
+  EXPECT_EQ(exported_tensors, static_cast<int>(exported->TensorNames().size()));
+  // varipipe-export-hf, one process, from the checkpoint after the last
+  // iteration: the same files byte for byte.
+  const CommandResult offline = RunCommand(absl::StrCat(
+      "cd '", dir.string(), "' && ", Bin("varipipe-export-hf"), " --config job.json --out offline"));
+  ASSERT_EQ(offline.exit_code, 0) << offline.output;
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir / "export")) {
+    EXPECT_EQ(ReadFile(entry.path()), ReadFile(dir / "offline" / entry.path().filename()))
+        << entry.path().filename();
+    ++files;
+  }
+  EXPECT_EQ(files, 4);  // config.json, the index and one shard per layer
   std::filesystem::remove_all(dir);
 }
 

@@ -1,0 +1,135 @@
+// varipipe-export-hf: a Varipipe training checkpoint (training.checkpoint_dir,
+// any pipeline depth, data-parallel degree and ZeRO stage) as a Hugging Face
+// checkpoint directory, in one process, stage by stage (one stage's
+// parameters in memory at a time). The files equal those the executors'
+// --export_hf writes for the same weights (executor/model/hf_export.h).
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/binary_main.h"
+#include "common/config/job_config.h"
+#include "common/status.h"
+#include "executor/model/hf_export.h"
+#include "executor/model/model_spec.h"
+#include "executor/model/model_stage.h"
+#include "executor/runtime/checkpoint.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, config, "", "The job's config (JSON, varipipe.v1.JobConfig). Required.");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "The job's checkpoints. Default: the config's training.checkpoint_dir.");
+ABSL_FLAG(int64_t, iteration, -1,
+          "Export the checkpoint taken after this many iterations. Default: the newest one "
+          "that every pipeline rank of data-parallel replica 0 holds.");
+ABSL_FLAG(std::string, out, "", "The Hugging Face directory to write (created). Required.");
+ABSL_FLAG(std::string, dtype, "",
+          "FLOAT32, BFLOAT16 or FLOAT16 for the exported weights. Default: model.dtype.");
+
+namespace varipipe {
+namespace {
+
+constexpr char kUsage[] =
+    "Exports a Varipipe training checkpoint as a Hugging Face checkpoint directory\n"
+    "(config.json, model.safetensors.index.json, one safetensors shard per layer), which\n"
+    "transformers' LlamaForCausalLM.from_pretrained reads. LLAMA models only.\n"
+    "\n"
+    "Usage: varipipe-export-hf --config job.json --out DIR [--checkpoint_dir DIR]\n"
+    "                          [--iteration N] [--dtype BFLOAT16]\n"
+    "\n"
+    "Data-parallel replica 0's rank files hold every parameter (ZeRO stage 1 shards only\n"
+    "the optimizer state), so any data-parallel degree and ZeRO stage export alike.";
+
+absl::Status Export() {
+  if (absl::GetFlag(FLAGS_config).empty()) {
+    return absl::InvalidArgumentError("--config is required (try --help)");
+  }
+  if (absl::GetFlag(FLAGS_out).empty()) {
+    return absl::InvalidArgumentError("--out is required (try --help)");
+  }
+  VP_ASSIGN_OR_RETURN(const v1::JobConfig config, LoadJobConfigFile(absl::GetFlag(FLAGS_config)));
+  VP_ASSIGN_OR_RETURN(const executor::ModelSpec spec, executor::ModelSpecFromConfig(config));
+  if (!spec.llama) {
+    return absl::InvalidArgumentError(
+        "only model.architecture LLAMA has a Hugging Face layout to export to");
+  }
+  const std::string dir = absl::GetFlag(FLAGS_checkpoint_dir).empty()
+                              ? config.training().checkpoint_dir()
+                              : absl::GetFlag(FLAGS_checkpoint_dir);
+  if (dir.empty()) {
+    return absl::InvalidArgumentError(
+        "no checkpoints: the config has no training.checkpoint_dir and --checkpoint_dir is unset");
+  }
+  v1::DType dtype = config.model().dtype();
+  if (const std::string d = absl::GetFlag(FLAGS_dtype); !d.empty()) {
+    if (!v1::DType_Parse(d, &dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat("--dtype ", d, ": not a dtype"));
+    }
+  }
+  if (dtype == v1::DTYPE_UNSPECIFIED) dtype = v1::FLOAT32;
+  const uint32_t pp = config.parallelism().pipeline();
+  const uint32_t stages = pp * std::max<uint32_t>(1, config.parallelism().virtual_chunks());
+  VP_ASSIGN_OR_RETURN(const std::vector<executor::StageRole> roles,
+                      executor::PipelineStageRoles(spec, stages));
+  // Replica 0's pipeline ranks are global ranks 0 .. pp-1; the newest
+  // checkpoint all of them hold, unless --iteration names one.
+  std::optional<uint64_t> iteration;
+  if (absl::GetFlag(FLAGS_iteration) >= 0) {
+    iteration = static_cast<uint64_t>(absl::GetFlag(FLAGS_iteration));
+  } else {
+    std::map<uint64_t, uint32_t> holders;
+    for (uint32_t r = 0; r < pp; ++r) {
+      for (uint64_t it : executor::RankCheckpoints(dir, static_cast<int>(r)).List()) ++holders[it];
+    }
+    for (const auto& [it, count] : holders) {
+      if (count == pp) iteration = it;
+    }
+    if (!iteration.has_value()) {
+      return absl::NotFoundError(absl::StrCat(dir, ": no checkpoint that all ", pp,
+                                              " pipeline ranks of replica 0 hold"));
+    }
+  }
+  const std::string out = absl::GetFlag(FLAGS_out);
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat(out, ": cannot create: ", ec.message()));
+  spdlog::info("exporting the checkpoint after {} iterations in {} ({} stages) to {} as {}",
+               *iteration, dir, stages, out, v1::DType_Name(dtype));
+  // Stage by stage (stage s lives on pipeline rank s % pp), so only one
+  // stage's parameters are in memory at a time.
+  for (uint32_t s = 0; s < stages; ++s) {
+    const int rank = static_cast<int>(s % pp);
+    executor::ModelStage stage(spec, roles[s]);
+    VP_RETURN_IF_ERROR(executor::RankCheckpoints(dir, rank).LoadParameters(*iteration, {&stage}));
+    VP_RETURN_IF_ERROR(executor::ExportHuggingFaceShards(out, spec, {&stage}, dtype));
+    spdlog::info("stage {} (rank {}): {}", s, rank, roles[s].DebugString());
+  }
+  VP_RETURN_IF_ERROR(executor::ExportHuggingFaceIndex(out, spec, dtype));
+  spdlog::info("wrote {}", out);
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace varipipe
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args =
+      varipipe::InitBinary(argc, argv, "varipipe-export-hf", varipipe::kUsage);
+  if (!args.empty()) {
+    std::fprintf(stderr, "varipipe-export-hf: unexpected argument '%s' (try --help)\n",
+                 args.front().c_str());
+    return varipipe::kExitUsage;
+  }
+  const absl::Status status = varipipe::Export();
+  if (!status.ok()) {
+    std::fprintf(stderr, "varipipe-export-hf: %s\n", std::string(status.message()).c_str());
+    return absl::IsInvalidArgument(status) ? varipipe::kExitUsage : varipipe::kExitFailure;
+  }
+  return varipipe::kExitOk;
+}
