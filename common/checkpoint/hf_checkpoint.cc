@@ -37,8 +37,7 @@ struct HuggingFaceCheckpoint::State {
 
 HuggingFaceCheckpoint::HuggingFaceCheckpoint() : state_(std::make_unique<State>()) {}
 HuggingFaceCheckpoint::HuggingFaceCheckpoint(HuggingFaceCheckpoint&&) noexcept = default;
-HuggingFaceCheckpoint& HuggingFaceCheckpoint::operator=(HuggingFaceCheckpoint&&) noexcept =
-    default;
+HuggingFaceCheckpoint& HuggingFaceCheckpoint::operator=(HuggingFaceCheckpoint&&) noexcept = default;
 HuggingFaceCheckpoint::~HuggingFaceCheckpoint() = default;
 
 absl::StatusOr<HuggingFaceCheckpoint> HuggingFaceCheckpoint::Open(const std::string& dir) {
@@ -57,25 +56,23 @@ absl::StatusOr<HuggingFaceCheckpoint> HuggingFaceCheckpoint::Open(const std::str
     VP_ASSIGN_OR_RETURN(nlohmann::json json, ReadJson(index));
     const auto map = json.find("weight_map");
     if (map == json.end() || !map->is_object()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(index.string(), ": no \"weight_map\" object"));
+      return absl::InvalidArgumentError(absl::StrCat(index.string(), ": no \"weight_map\" object"));
     }
     for (const auto& [name, file] : map->items()) {
       if (!file.is_string()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            index.string(), ": weight_map entry of '", name, "' is not a file name"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(index.string(), ": weight_map entry of '", name, "' is not a file name"));
       }
       const std::string shard = file.get<std::string>();
       // Shards live beside the index: no directories, no "..".
-      if (shard.empty() || shard.find('/') != std::string::npos || shard == "." ||
-          shard == "..") {
-        return absl::InvalidArgumentError(absl::StrCat(
-            index.string(), ": weight_map entry of '", name, "' names '", shard,
-            "', not a file beside the index"));
+      if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..") {
+        return absl::InvalidArgumentError(absl::StrCat(index.string(), ": weight_map entry of '",
+                                                       name, "' names '", shard,
+                                                       "', not a file beside the index"));
       }
       if (!fs::is_regular_file(fs::path(dir) / shard, ec)) {
-        return absl::NotFoundError(absl::StrCat(index.string(), ": shard '", shard, "' of '",
-                                                name, "' is not in ", dir));
+        return absl::NotFoundError(
+            absl::StrCat(index.string(), ": shard '", shard, "' of '", name, "' is not in ", dir));
       }
       ckpt.state_->weight_map.emplace(name, shard);
     }
@@ -95,8 +92,7 @@ absl::StatusOr<HuggingFaceCheckpoint> HuggingFaceCheckpoint::Open(const std::str
 
 HuggingFaceConfigValue HuggingFaceCheckpoint::Config(std::string_view path) const {
   const nlohmann::json* node = &state_->config;
-  for (const std::string& part :
-       std::vector<std::string>(absl::StrSplit(std::string(path), '.'))) {
+  for (const std::string& part : std::vector<std::string>(absl::StrSplit(std::string(path), '.'))) {
     if (!node->is_object()) return {};
     const auto it = node->find(part);
     if (it == node->end()) return {};
@@ -129,18 +125,17 @@ std::vector<std::string> HuggingFaceCheckpoint::TensorNames() const {
   return names;  // std::map keeps them sorted
 }
 
-absl::StatusOr<HuggingFaceCheckpoint::Located> HuggingFaceCheckpoint::Find(
-    std::string_view name) {
+absl::StatusOr<HuggingFaceCheckpoint::Located> HuggingFaceCheckpoint::Find(std::string_view name) {
   const auto it = state_->weight_map.find(name);
   if (it == state_->weight_map.end()) {
-    return absl::NotFoundError(absl::StrCat(dir_, ": the checkpoint has no tensor '", std::string(name), "'"));
+    return absl::NotFoundError(
+        absl::StrCat(dir_, ": the checkpoint has no tensor '", std::string(name), "'"));
   }
   auto file = state_->files.find(it->second);
   if (file == state_->files.end()) {
     VP_ASSIGN_OR_RETURN(SafetensorsFile opened,
                         SafetensorsFile::Open((std::filesystem::path(dir_) / it->second).string()));
-    file = state_->files
-               .emplace(it->second, std::make_unique<SafetensorsFile>(std::move(opened)))
+    file = state_->files.emplace(it->second, std::make_unique<SafetensorsFile>(std::move(opened)))
                .first;
   }
   const SafetensorsTensor* tensor = file->second->Find(name);

@@ -29,8 +29,7 @@ class Reader {
       if (fallback > 0) return static_cast<uint32_t>(fallback);
       return absl::InvalidArgumentError(absl::StrCat(path_, ": ", key, " is missing"));
     }
-    if (!v->is_number_unsigned() || v->get<uint64_t>() == 0 ||
-        v->get<uint64_t>() > 0xffffffffull) {
+    if (!v->is_number_unsigned() || v->get<uint64_t>() == 0 || v->get<uint64_t>() > 0xffffffffull) {
       return absl::InvalidArgumentError(
           absl::StrCat(path_, ": ", key, " is not a positive whole number: ", v->dump()));
     }
@@ -105,7 +104,8 @@ absl::StatusOr<v1::ModelConfig> ModelConfigFromHuggingFace(const std::string& gi
   const nlohmann::json* params = r.Find("rope_parameters");
   const nlohmann::json* scaling = params != nullptr ? params : r.Find("rope_scaling");
   const std::string prefix = params != nullptr ? "rope_parameters." : "rope_scaling.";
-  if (x = params != nullptr ? r.Real("rope_theta", 10000, params, prefix) : r.Real("rope_theta", 10000);
+  if (x = params != nullptr ? r.Real("rope_theta", 10000, params, prefix)
+                            : r.Real("rope_theta", 10000);
       !x.ok()) {
     return x.status();
   }
@@ -113,7 +113,8 @@ absl::StatusOr<v1::ModelConfig> ModelConfigFromHuggingFace(const std::string& gi
   if (scaling != nullptr) {
     const nlohmann::json* kind = r.Find("rope_type", scaling);
     if (kind == nullptr) kind = r.Find("type", scaling);
-    const std::string k = kind != nullptr && kind->is_string() ? kind->get<std::string>() : "default";
+    const std::string k =
+        kind != nullptr && kind->is_string() ? kind->get<std::string>() : "default";
     if (k == "llama3") {
       v1::RopeScaling* s = m.mutable_rope_scaling();
       if (x = r.Real("factor", 0, scaling, prefix); !x.ok()) return x.status();
@@ -127,8 +128,8 @@ absl::StatusOr<v1::ModelConfig> ModelConfigFromHuggingFace(const std::string& gi
       }
       s->set_original_max_position_embeddings(static_cast<uint32_t>(*x));
     } else if (k != "default") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": ", prefix, "rope_type \"", k, "\" is not supported (default or llama3)"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", prefix, "rope_type \"", k,
+                                                     "\" is not supported (default or llama3)"));
     }
   }
   if (const nlohmann::json* tie = r.Find("tie_word_embeddings"); tie != nullptr) {

@@ -51,9 +51,9 @@ absl::Status ReadAt(int fd, const std::string& path, uint64_t offset, void* out,
 
 int SafetensorsDtypeSize(std::string_view dtype) {
   static const std::pair<std::string_view, int> kSizes[] = {
-      {"F64", 8}, {"I64", 8},  {"U64", 8},  {"F32", 4},    {"I32", 4},    {"U32", 4},
-      {"F16", 2}, {"BF16", 2}, {"I16", 2},  {"U16", 2},    {"I8", 1},     {"U8", 1},
-      {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+      {"F64", 8}, {"I64", 8}, {"U64", 8},  {"F32", 4},     {"I32", 4},
+      {"U32", 4}, {"F16", 2}, {"BF16", 2}, {"I16", 2},     {"U16", 2},
+      {"I8", 1},  {"U8", 1},  {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
   for (const auto& [name, size] : kSizes) {
     if (name == dtype) return size;
   }
@@ -116,8 +116,8 @@ absl::StatusOr<SafetensorsHeader> SafetensorsFile::ParseHeader(std::string_view 
       const uint64_t v = d.get<uint64_t>();
       if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
           (v != 0 && numel > file_size / v)) {
-        return Bad(path, absl::StrCat(where, " has shape ", shape->dump(),
-                                      ", larger than the file"));
+        return Bad(path,
+                   absl::StrCat(where, " has shape ", shape->dump(), ", larger than the file"));
       }
       numel *= v;
       t.shape.push_back(static_cast<int64_t>(v));

@@ -59,9 +59,8 @@ class SafetensorsFile {
   // Parses a header (the JSON text) of a file of `file_size` bytes whose
   // data starts at byte `data_begin`; `path` only names the file in errors.
   // The whole check Open does, without the file (the fuzz target's entry).
-  static absl::StatusOr<SafetensorsHeader> ParseHeader(std::string_view json,
-                                                       uint64_t data_begin, uint64_t file_size,
-                                                       const std::string& path);
+  static absl::StatusOr<SafetensorsHeader> ParseHeader(std::string_view json, uint64_t data_begin,
+                                                       uint64_t file_size, const std::string& path);
 
   SafetensorsFile(SafetensorsFile&&) noexcept;
   SafetensorsFile& operator=(SafetensorsFile&&) noexcept;

@@ -72,7 +72,8 @@ absl::Status WriteSafetensors(const std::string& path, std::vector<TensorToWrite
                                                      t.dtype, " has ", t.bytes,
                                                      " bytes for its shape"));
     }
-    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
+    header[t.name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
     offset += t.bytes;
   }
   std::string json = header.dump();

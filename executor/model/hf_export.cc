@@ -100,15 +100,15 @@ absl::Status ExportHuggingFaceShards(const std::string& dir, const ModelSpec& sp
     for (const auto& item : stage->named_parameters(/*recurse=*/true)) {
       VP_ASSIGN_OR_RETURN(const std::string name, HuggingFaceName(spec, item.key()));
       VP_ASSIGN_OR_RETURN(const int shard, ExportShardOf(spec, name));
-      held[shard].emplace_back(
-          name, item.value().detach().to(torch::kCPU).to(d.torch).contiguous());
+      held[shard].emplace_back(name,
+                               item.value().detach().to(torch::kCPU).to(d.torch).contiguous());
     }
   }
   for (const auto& [shard, tensors] : held) {
     if (tensors.size() != needed[shard]) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "export shard ", ExportShardName(shard, shards), " needs ", needed[shard],
-          " tensors but these stages hold ", tensors.size(), " of them"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("export shard ", ExportShardName(shard, shards), " needs ", needed[shard],
+                       " tensors but these stages hold ", tensors.size(), " of them"));
     }
     std::vector<TensorToWrite> out;
     for (const auto& [name, t] : tensors) {

@@ -36,8 +36,7 @@ absl::Status ExportHuggingFaceShards(const std::string& dir, const ModelSpec& sp
                                      const std::vector<ModelStage*>& stages, v1::DType dtype);
 
 // Writes config.json and model.safetensors.index.json (from the spec alone).
-absl::Status ExportHuggingFaceIndex(const std::string& dir, const ModelSpec& spec,
-                                    v1::DType dtype);
+absl::Status ExportHuggingFaceIndex(const std::string& dir, const ModelSpec& spec, v1::DType dtype);
 
 }  // namespace varipipe::executor
 

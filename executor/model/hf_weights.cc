@@ -63,14 +63,14 @@ class ConfigCheck {
     if (v.kind == HuggingFaceConfigValue::kNumber) {
       value = v.number;
     } else if (v.kind != HuggingFaceConfigValue::kMissing || present_required) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          Where(), field, v.kind == HuggingFaceConfigValue::kMissing ? " is missing"
-                                                                     : " is not a number: " +
-                                                                           v.text));
+      return absl::InvalidArgumentError(absl::StrCat(Where(), field,
+                                                     v.kind == HuggingFaceConfigValue::kMissing
+                                                         ? " is missing"
+                                                         : " is not a number: " + v.text));
     }
     if (std::abs(value - job) > 1e-9 * std::max(1.0, std::abs(job))) {
-      return absl::InvalidArgumentError(absl::StrCat(Where(), field, " is ", value,
-                                                     " but the job's ", job_field, " is ", job));
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(), field, " is ", value, " but the job's ", job_field, " is ", job));
     }
     return absl::OkStatus();
   }
@@ -119,10 +119,10 @@ absl::Status CheckHuggingFaceConfig(const HuggingFaceCheckpoint& ckpt, const Mod
   ConfigCheck check(ckpt);
   const HuggingFaceConfigValue type = ckpt.Config("model_type");
   if (type.kind != HuggingFaceConfigValue::kString || type.text != "llama") {
-    return absl::InvalidArgumentError(
-        absl::StrCat(check.Where(), "model_type is ",
-                     type.kind == HuggingFaceConfigValue::kMissing ? "missing" : "'" + type.text + "'",
-                     " but the job's model.architecture LLAMA loads model_type 'llama'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        check.Where(), "model_type is ",
+        type.kind == HuggingFaceConfigValue::kMissing ? "missing" : "'" + type.text + "'",
+        " but the job's model.architecture LLAMA loads model_type 'llama'"));
   }
   const auto h = static_cast<double>(spec.hidden_size);
   VP_RETURN_IF_ERROR(check.Number("hidden_size", 0, h, "model.hidden_size", true));
@@ -134,11 +134,10 @@ absl::Status CheckHuggingFaceConfig(const HuggingFaceCheckpoint& ckpt, const Mod
   VP_RETURN_IF_ERROR(check.Number("num_key_value_heads", heads,
                                   static_cast<double>(spec.num_key_value_heads),
                                   "model.num_key_value_heads"));
-  VP_RETURN_IF_ERROR(check.Number("intermediate_size", 0,
-                                  static_cast<double>(spec.ffn_hidden_size),
+  VP_RETURN_IF_ERROR(check.Number("intermediate_size", 0, static_cast<double>(spec.ffn_hidden_size),
                                   "model.ffn_hidden_size", true));
-  VP_RETURN_IF_ERROR(
-      check.Number("vocab_size", 0, static_cast<double>(spec.vocab_size), "model.vocab_size", true));
+  VP_RETURN_IF_ERROR(check.Number("vocab_size", 0, static_cast<double>(spec.vocab_size),
+                                  "model.vocab_size", true));
   VP_RETURN_IF_ERROR(check.Number("head_dim", h / heads, static_cast<double>(spec.kv_channels),
                                   "model.kv_channels"));
   VP_RETURN_IF_ERROR(check.Number("rms_norm_eps", 1e-6, spec.norm_epsilon, "model.norm_epsilon"));
@@ -150,9 +149,11 @@ absl::Status CheckHuggingFaceConfig(const HuggingFaceCheckpoint& ckpt, const Mod
   const std::string scaling = v5 ? "rope_parameters." : "rope_scaling.";
   HuggingFaceConfigValue rope_type = ckpt.Config(scaling + "rope_type");
   if (rope_type.kind == HuggingFaceConfigValue::kMissing) rope_type = ckpt.Config(scaling + "type");
-  const bool llama3 = rope_type.kind == HuggingFaceConfigValue::kString && rope_type.text == "llama3";
-  const bool plain = rope_type.kind == HuggingFaceConfigValue::kMissing ||
-                     (rope_type.kind == HuggingFaceConfigValue::kString && rope_type.text == "default");
+  const bool llama3 =
+      rope_type.kind == HuggingFaceConfigValue::kString && rope_type.text == "llama3";
+  const bool plain =
+      rope_type.kind == HuggingFaceConfigValue::kMissing ||
+      (rope_type.kind == HuggingFaceConfigValue::kString && rope_type.text == "default");
   if (!llama3 && !plain) {
     return absl::InvalidArgumentError(absl::StrCat(check.Where(), scaling, "rope_type '",
                                                    rope_type.text,
@@ -164,8 +165,8 @@ absl::Status CheckHuggingFaceConfig(const HuggingFaceCheckpoint& ckpt, const Mod
         " but the job's model.rope_scaling is ", spec.rope_factor > 0 ? "set" : "unset"));
   }
   if (llama3) {
-    VP_RETURN_IF_ERROR(check.Number(scaling + "factor", 0, spec.rope_factor,
-                                    "model.rope_scaling.factor", true));
+    VP_RETURN_IF_ERROR(
+        check.Number(scaling + "factor", 0, spec.rope_factor, "model.rope_scaling.factor", true));
     VP_RETURN_IF_ERROR(check.Number(scaling + "low_freq_factor", 1, spec.rope_low_freq_factor,
                                     "model.rope_scaling.low_freq_factor"));
     VP_RETURN_IF_ERROR(check.Number(scaling + "high_freq_factor", 4, spec.rope_high_freq_factor,
@@ -177,9 +178,10 @@ absl::Status CheckHuggingFaceConfig(const HuggingFaceCheckpoint& ckpt, const Mod
   const HuggingFaceConfigValue tie = ckpt.Config("tie_word_embeddings");
   const bool tied = tie.kind == HuggingFaceConfigValue::kBool && tie.flag;
   if (tied != spec.tie_word_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        check.Where(), "tie_word_embeddings is ", tied ? "true" : "false",
-        " but the job's model.tie_word_embeddings is ", spec.tie_word_embeddings ? "true" : "false"));
+    return absl::InvalidArgumentError(absl::StrCat(check.Where(), "tie_word_embeddings is ",
+                                                   tied ? "true" : "false",
+                                                   " but the job's model.tie_word_embeddings is ",
+                                                   spec.tie_word_embeddings ? "true" : "false"));
   }
   for (const char* bias : {"attention_bias", "mlp_bias"}) {
     const HuggingFaceConfigValue v = ckpt.Config(bias);
@@ -208,8 +210,8 @@ absl::Status LoadHuggingFaceWeights(HuggingFaceCheckpoint& ckpt, const ModelSpec
           (spec.tie_word_embeddings && name == "lm_head.weight")) {
         continue;
       }
-      return absl::InvalidArgumentError(absl::StrCat(
-          ckpt.dir(), ": unexpected tensor '", name, "': the job's model has no place for it"));
+      return absl::InvalidArgumentError(absl::StrCat(ckpt.dir(), ": unexpected tensor '", name,
+                                                     "': the job's model has no place for it"));
     }
   }
   // Check every tensor of every stage before copying any.
@@ -229,13 +231,15 @@ absl::Status LoadHuggingFaceWeights(HuggingFaceCheckpoint& ckpt, const ModelSpec
             source.file->path(), ": tensor '", hf, "' has shape ", ShapeText(source.tensor->shape),
             " but stage ", stage->role().stage, "'s ", item.key(), " needs ", ShapeText(want)));
       }
-      VP_ASSIGN_OR_RETURN(const torch::Dtype dtype, TorchDtypeOf(*source.tensor, source.file->path()));
+      VP_ASSIGN_OR_RETURN(const torch::Dtype dtype,
+                          TorchDtypeOf(*source.tensor, source.file->path()));
       pending.push_back({item.value(), source, dtype});
     }
   }
   torch::NoGradGuard no_grad;
   for (const Pending& p : pending) {
-    torch::Tensor host = torch::empty(p.source.tensor->shape, torch::TensorOptions().dtype(p.dtype));
+    torch::Tensor host =
+        torch::empty(p.source.tensor->shape, torch::TensorOptions().dtype(p.dtype));
     VP_RETURN_IF_ERROR(p.source.file->Read(*p.source.tensor, host.data_ptr()));
     p.parameter.copy_(host);
   }

@@ -38,8 +38,7 @@ absl::StatusOr<std::vector<std::string>> HuggingFaceNames(const ModelSpec& spec)
 // difference is an InvalidArgument naming the config.json field, its value
 // and the job's ("config.json: hidden_size is 4096 but the job's
 // model.hidden_size is 2048").
-absl::Status CheckHuggingFaceConfig(const HuggingFaceCheckpoint& checkpoint,
-                                    const ModelSpec& spec);
+absl::Status CheckHuggingFaceConfig(const HuggingFaceCheckpoint& checkpoint, const ModelSpec& spec);
 
 // Copies every parameter of `stages` from the checkpoint. Errors, each
 // naming the file and tensor: a tensor missing, of another shape, or of a

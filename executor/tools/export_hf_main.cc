@@ -91,8 +91,8 @@ absl::Status Export() {
       if (count == pp) iteration = it;
     }
     if (!iteration.has_value()) {
-      return absl::NotFoundError(absl::StrCat(dir, ": no checkpoint that all ", pp,
-                                              " pipeline ranks of replica 0 hold"));
+      return absl::NotFoundError(
+          absl::StrCat(dir, ": no checkpoint that all ", pp, " pipeline ranks of replica 0 hold"));
     }
   }
   const std::string out = absl::GetFlag(FLAGS_out);

@@ -126,7 +126,8 @@ void BM_LoadHuggingFace(benchmark::State& state) {
   state.counters["bytes_per_second"] = load_rate;
   state.counters["raw_read_bytes_per_second"] = raw_rate;
   state.counters["vs_raw_read"] = load_rate / raw_rate;
-  state.counters["rank_bytes"] = static_cast<double>(loaded) / static_cast<double>(state.iterations());
+  state.counters["rank_bytes"] =
+      static_cast<double>(loaded) / static_cast<double>(state.iterations());
 }
 
 BENCHMARK(BM_LoadHuggingFace)

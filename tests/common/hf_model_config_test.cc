@@ -84,10 +84,9 @@ TEST(ModelConfigFromHuggingFace, WhatLlamaCannotExpressIsNamed) {
                       "rope_scaling": {"type": "yarn", "factor": 4}})")),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("rope_scaling.rope_type \"yarn\" is not supported")));
-  EXPECT_THAT(ModelConfigFromHuggingFace(WriteConfig(
-                  R"({"model_type": "llama", "hidden_size": 32})")),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("num_hidden_layers is missing")));
+  EXPECT_THAT(
+      ModelConfigFromHuggingFace(WriteConfig(R"({"model_type": "llama", "hidden_size": 32})")),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_hidden_layers is missing")));
   EXPECT_THAT(ModelConfigFromHuggingFace("/nonexistent/config.json"),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("cannot open")));
 }

@@ -5,8 +5,6 @@
 // message it gives.
 #include "executor/model/hf_weights.h"
 
-#include "executor/model/hf_export.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -25,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint/hf_checkpoint.h"
 #include "common/checkpoint/safetensors_file.h"
+#include "executor/model/hf_export.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/command.h"
 #include "tests/testing/status_matchers.h"
@@ -155,10 +154,10 @@ TEST_P(HuggingFaceGolden, LossAndGradientNormsMatchTransformers) {
   absl::StatusOr<std::vector<std::string>> names = HuggingFaceNames(spec);
   ASSERT_THAT(names, IsOk());
   EXPECT_EQ(compared, static_cast<int>(names->size()));
-  std::printf("%s at pp=%d: loss %.7f (transformers %.7f), worst relative gradient-norm "
-              "difference %.3g (%s) over %d parameters\n",
-              c.model.c_str(), c.pipeline, got_loss, want_loss, worst, worst_name.c_str(),
-              compared);
+  std::printf(
+      "%s at pp=%d: loss %.7f (transformers %.7f), worst relative gradient-norm "
+      "difference %.3g (%s) over %d parameters\n",
+      c.model.c_str(), c.pipeline, got_loss, want_loss, worst, worst_name.c_str(), compared);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, HuggingFaceGolden,
@@ -166,8 +165,8 @@ INSTANTIATE_TEST_SUITE_P(Tiny, HuggingFaceGolden,
                                            GoldenCase{"llama-tiny", false, 2},
                                            GoldenCase{"llama-tiny-tied", true, 1}),
                          [](const auto& info) {
-                           std::string name = info.param.model + "_pp" +
-                                              std::to_string(info.param.pipeline);
+                           std::string name =
+                               info.param.model + "_pp" + std::to_string(info.param.pipeline);
                            for (char& ch : name) {
                              if (ch == '-') ch = '_';
                            }
@@ -240,7 +239,8 @@ void EraseTensor(std::vector<RawTensor>& tensors, const std::string& name) {
 }
 
 TEST(HuggingFaceWeights, AMissingTensorIsNamed) {
-  const fs::path dir = EditedCopy([](auto& t) { EraseTensor(t, "model.layers.1.mlp.up_proj.weight"); });
+  const fs::path dir =
+      EditedCopy([](auto& t) { EraseTensor(t, "model.layers.1.mlp.up_proj.weight"); });
   EXPECT_THAT(LoadInto(dir, TinyLlama(false)),
               StatusIs(absl::StatusCode::kNotFound,
                        HasSubstr("no tensor 'model.layers.1.mlp.up_proj.weight'")));
@@ -261,10 +261,11 @@ TEST(HuggingFaceWeights, AMisshapenTensorIsNamedWithBothShapes) {
       if (t.name == "model.layers.0.self_attn.k_proj.weight") t.shape = {32, 16};
     }
   });
-  EXPECT_THAT(LoadInto(dir, TinyLlama(false)),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("tensor 'model.layers.0.self_attn.k_proj.weight' has shape "
-                                 "[32, 16] but stage 0's encoder_layer_0.k_weight needs [16, 32]")));
+  EXPECT_THAT(
+      LoadInto(dir, TinyLlama(false)),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("tensor 'model.layers.0.self_attn.k_proj.weight' has shape "
+                         "[32, 16] but stage 0's encoder_layer_0.k_weight needs [16, 32]")));
 }
 
 TEST(HuggingFaceWeights, AWronglyTypedTensorIsNamed) {
@@ -285,7 +286,8 @@ TEST(HuggingFaceWeights, BFloat16WeightsLoadAsTheirFloat32Values) {
   const fs::path dir = EditedCopy([](auto& tensors) {
     for (RawTensor& t : tensors) {
       std::string half(t.bytes.size() / 2, '\0');
-      for (size_t i = 0; i < t.bytes.size() / 4; ++i) std::memcpy(&half[2 * i], &t.bytes[4 * i + 2], 2);
+      for (size_t i = 0; i < t.bytes.size() / 4; ++i)
+        std::memcpy(&half[2 * i], &t.bytes[4 * i + 2], 2);
       t.bytes = half;
       t.dtype = "BF16";
     }
@@ -313,8 +315,7 @@ TEST(HuggingFaceWeights, ATruncatedFileIsReported) {
   const fs::path dir = EditedCopy([](auto&) {});
   fs::resize_file(dir / "model.safetensors", fs::file_size(dir / "model.safetensors") - 100);
   EXPECT_THAT(LoadInto(dir, TinyLlama(false)),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("outside the file's")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("outside the file's")));
 }
 
 TEST(HuggingFaceWeights, AHeaderLongerThanTheFileIsReported) {
@@ -334,10 +335,10 @@ TEST(HuggingFaceWeights, AnIndexNamingAMissingShardIsReported) {
   fs::copy_file(Golden("llama-tiny") / "config.json", dir / "config.json");
   std::ofstream(dir / "model.safetensors.index.json")
       << R"({"metadata": {}, "weight_map": {"model.norm.weight": "model-00002-of-00002.safetensors"}})";
-  EXPECT_THAT(HuggingFaceCheckpoint::Open(dir.string()).status(),
-              StatusIs(absl::StatusCode::kNotFound,
-                       HasSubstr("shard 'model-00002-of-00002.safetensors' of "
-                                 "'model.norm.weight' is not in")));
+  EXPECT_THAT(
+      HuggingFaceCheckpoint::Open(dir.string()).status(),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("shard 'model-00002-of-00002.safetensors' of "
+                                                      "'model.norm.weight' is not in")));
 }
 
 TEST(HuggingFaceWeights, AConfigDifferenceNamesTheFieldAndBothValues) {
@@ -386,8 +387,7 @@ TEST(HuggingFaceWeights, EachStageReadsOnlyItsOwnTensors) {
   Stages stages = BuildStages(spec, 2);
   ASSERT_THAT(LoadHuggingFaceWeights(*ckpt, spec, {stages.pointers[1]}), IsOk());
   EXPECT_EQ(ckpt->bytes_read(), second_bytes);
-  EXPECT_THAT(ckpt->opened_files(),
-              ::testing::ElementsAre("model-00002-of-00002.safetensors"));
+  EXPECT_THAT(ckpt->opened_files(), ::testing::ElementsAre("model-00002-of-00002.safetensors"));
 
   // The same weights as from the single file.
   Stages reference = BuildStages(spec, 2);
@@ -440,7 +440,9 @@ TEST(IndependentCheckpoints, LoadAtEveryPipelineDepthWithTheSameGradients) {
   const std::string shape =
       " --layers 4 --hidden 32 --heads 4 --kv-heads 2 --ffn 64 --vocab 96 --seed 3";
   for (const auto& [name, flags] : std::vector<std::pair<std::string, std::string>>{
-           {"f32", ""}, {"f32-sharded", " --shards 3"}, {"bf16-sharded", " --dtype BF16 --shards 2"}}) {
+           {"f32", ""},
+           {"f32-sharded", " --shards 3"},
+           {"bf16-sharded", " --dtype BF16 --shards 2"}}) {
     const varipipe::testing::CommandResult made = varipipe::testing::RunCommand(
         absl::StrCat("python3 '", script, "' --out '", (dir / name).string(), "'", shape, flags));
     ASSERT_EQ(made.exit_code, 0) << made.output;
@@ -564,7 +566,8 @@ TEST(HuggingFaceExport, BFloat16AndTiedModels) {
   ASSERT_THAT(LoadHuggingFaceWeights(*golden, spec, stages.pointers), IsOk());
   {
     torch::NoGradGuard no_grad;
-    for (auto& p : stages.owned[0]->parameters()) p.copy_(p.to(torch::kBFloat16).to(torch::kFloat32));
+    for (auto& p : stages.owned[0]->parameters())
+      p.copy_(p.to(torch::kBFloat16).to(torch::kFloat32));
   }
   const fs::path dir = ExportAt(spec, stages, "bf16", v1::BFLOAT16);
   absl::StatusOr<HuggingFaceCheckpoint> exported = HuggingFaceCheckpoint::Open(dir.string());

@@ -22,8 +22,8 @@ void WriteShard() {
   for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
   file += header;
   file += std::string(8, '\0');
-  varipipe::fuzz::Scratch::Write("shard.safetensors",
-                                 reinterpret_cast<const uint8_t*>(file.data()), file.size());
+  varipipe::fuzz::Scratch::Write("shard.safetensors", reinterpret_cast<const uint8_t*>(file.data()),
+                                 file.size());
   const std::string config = R"({"model_type":"llama"})";
   varipipe::fuzz::Scratch::Write("config.json", reinterpret_cast<const uint8_t*>(config.data()),
                                  config.size());

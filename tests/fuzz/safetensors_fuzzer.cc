@@ -19,8 +19,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<char> buffer;
   for (const SafetensorsTensor& t : file->tensors()) {
     if (t.end > size || t.begin > t.end) std::abort();
-    if (t.bytes() != static_cast<uint64_t>(t.numel()) *
-                         static_cast<uint64_t>(SafetensorsDtypeSize(t.dtype))) {
+    if (t.bytes() !=
+        static_cast<uint64_t>(t.numel()) * static_cast<uint64_t>(SafetensorsDtypeSize(t.dtype))) {
       std::abort();
     }
     if (file->Find(t.name) != &t) std::abort();

@@ -30,7 +30,8 @@ void WriteAddress(const char* label, uintptr_t address) {
   int n = 0;
   text[n++] = '0';
   text[n++] = 'x';
-  for (int shift = 60; shift >= 0; shift -= 4) text[n++] = "0123456789abcdef"[(address >> shift) & 15];
+  for (int shift = 60; shift >= 0; shift -= 4)
+    text[n++] = "0123456789abcdef"[(address >> shift) & 15];
   text[n] = 0;
   WriteString(label);
   WriteString(text);
@@ -39,7 +40,8 @@ void WriteAddress(const char* label, uintptr_t address) {
       info.dli_fname != nullptr) {
     const uintptr_t offset = address - reinterpret_cast<uintptr_t>(info.dli_fbase);
     n = 0;
-    for (int shift = 60; shift >= 0; shift -= 4) text[n++] = "0123456789abcdef"[(offset >> shift) & 15];
+    for (int shift = 60; shift >= 0; shift -= 4)
+      text[n++] = "0123456789abcdef"[(offset >> shift) & 15];
     text[n] = 0;
     WriteString(" (");
     WriteString(info.dli_fname);
