@@ -43,6 +43,7 @@
 #include "tests/testing/executor_ranks.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/reference_model.h"
+#include "tests/testing/saved_parameters.h"
 #include "tests/testing/split_backward.h"
 #include "tests/testing/status_matchers.h"
 
@@ -161,10 +162,8 @@ TEST_P(ProcessEquivalence, FourProcessesMatchTheReferenceAfterThreeSgdSteps) {
   }
   int compared = 0;
   for (int r = 0; r < 4; ++r) {
-    torch::serialize::InputArchive archive;
-    archive.load_from((dir / absl::StrFormat("params.rank_%05d.pt", r)).string());
-    testing::NamedTensors trained;
-    for (const std::string& key : archive.keys()) archive.read(key, trained[key]);
+    const testing::NamedTensors trained =
+        testing::LoadParameters(dir / absl::StrFormat("params.rank_%05d.pt", r));
     const testing::TensorDifference d =
         testing::MaxRelativeDifference(trained, reference.parameters());
     testing::NamedTensors update;
@@ -291,10 +290,8 @@ TEST(ExecutorTraining, HuggingFaceWeightsLoadAndTrainLikeTheReference) {
   }
   int compared = 0;
   for (int r = 0; r < 4; ++r) {
-    torch::serialize::InputArchive archive;
-    archive.load_from((dir / absl::StrFormat("params.rank_%05d.pt", r)).string());
-    testing::NamedTensors trained;
-    for (const std::string& key : archive.keys()) archive.read(key, trained[key]);
+    const testing::NamedTensors trained =
+        testing::LoadParameters(dir / absl::StrFormat("params.rank_%05d.pt", r));
     const testing::TensorDifference d =
         testing::MaxRelativeDifference(trained, reference.parameters());
     std::printf("rank %d: %d tensors, parameters within %.3g (%s)\n", r, d.compared, d.worst,
@@ -311,11 +308,8 @@ TEST(ExecutorTraining, HuggingFaceWeightsLoadAndTrainLikeTheReference) {
   ASSERT_THAT(executor::CheckHuggingFaceConfig(*exported, *spec), IsOk());
   int exported_tensors = 0;
   for (int r = 0; r < 2; ++r) {
-    torch::serialize::InputArchive archive;
-    archive.load_from((dir / absl::StrFormat("params.rank_%05d.pt", r)).string());
-    for (const std::string& key : archive.keys()) {
-      torch::Tensor trained;
-      archive.read(key, trained);
+    for (const auto& [key, trained] :
+         testing::LoadParameters(dir / absl::StrFormat("params.rank_%05d.pt", r))) {
       absl::StatusOr<std::string> hf_name = executor::HuggingFaceName(*spec, key);
       ASSERT_THAT(hf_name, IsOk());
       absl::StatusOr<HuggingFaceCheckpoint::Located> t = exported->Find(*hf_name);
