@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 
@@ -29,7 +28,6 @@ absl::StatusOr<nlohmann::json> ReadJson(const std::filesystem::path& path) {
 }  // namespace
 
 struct HuggingFaceCheckpoint::State {
-  nlohmann::json config;
   // Tensor name -> shard file name (sharded), and the opened shards.
   std::map<std::string, std::string, std::less<>> weight_map;
   std::map<std::string, std::unique_ptr<SafetensorsFile>, std::less<>> files;
@@ -48,7 +46,9 @@ absl::StatusOr<HuggingFaceCheckpoint> HuggingFaceCheckpoint::Open(const std::str
   if (!fs::is_directory(dir, ec)) {
     return absl::NotFoundError(absl::StrCat(dir, ": not a directory"));
   }
-  VP_ASSIGN_OR_RETURN(ckpt.state_->config, ReadJson(fs::path(dir) / "config.json"));
+  if (!fs::is_regular_file(fs::path(dir) / "config.json", ec)) {
+    return absl::NotFoundError(absl::StrCat(dir, ": no config.json"));
+  }
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   const fs::path single = fs::path(dir) / "model.safetensors";
   if (fs::exists(index, ec)) {
@@ -88,35 +88,6 @@ absl::StatusOr<HuggingFaceCheckpoint> HuggingFaceCheckpoint::Open(const std::str
         absl::StrCat(dir, ": neither model.safetensors nor model.safetensors.index.json"));
   }
   return ckpt;
-}
-
-HuggingFaceConfigValue HuggingFaceCheckpoint::Config(std::string_view path) const {
-  const nlohmann::json* node = &state_->config;
-  for (const std::string& part : std::vector<std::string>(absl::StrSplit(std::string(path), '.'))) {
-    if (!node->is_object()) return {};
-    const auto it = node->find(part);
-    if (it == node->end()) return {};
-    node = &*it;
-  }
-  HuggingFaceConfigValue v;
-  if (node->is_number()) {
-    v.kind = HuggingFaceConfigValue::kNumber;
-    v.number = node->get<double>();
-    v.text = node->dump();
-  } else if (node->is_string()) {
-    v.kind = HuggingFaceConfigValue::kString;
-    v.text = node->get<std::string>();
-  } else if (node->is_boolean()) {
-    v.kind = HuggingFaceConfigValue::kBool;
-    v.flag = node->get<bool>();
-    v.text = v.flag ? "true" : "false";
-  } else if (node->is_null()) {
-    v.kind = HuggingFaceConfigValue::kMissing;
-  } else {
-    v.kind = HuggingFaceConfigValue::kOther;
-    v.text = node->dump();
-  }
-  return v;
 }
 
 std::vector<std::string> HuggingFaceCheckpoint::TensorNames() const {

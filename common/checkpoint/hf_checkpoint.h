@@ -1,8 +1,9 @@
 // A Hugging Face checkpoint directory: `config.json` and either one
 // `model.safetensors` or shards named by `model.safetensors.index.json`
-// (its "weight_map": tensor name -> shard file). Opening reads the config,
-// the index and (lazily, on the first lookup in each) the shards' headers;
-// tensors are read by byte range (safetensors_file.h).
+// (its "weight_map": tensor name -> shard file). Opening checks that
+// config.json is there (hf_model_config.h reads it) and reads the index and
+// (lazily, on the first lookup in each) the shards' headers; tensors are
+// read by byte range (safetensors_file.h).
 //
 // Errors name the directory and file: no config.json, no weights file, an
 // index that is not JSON or names a shard that is missing, a tensor the
@@ -12,7 +13,6 @@
 
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,14 +21,6 @@
 #include "common/checkpoint/safetensors_file.h"
 
 namespace varipipe {
-
-// One field of config.json as the model checks need it.
-struct HuggingFaceConfigValue {
-  enum Kind { kMissing, kNumber, kString, kBool, kOther } kind = kMissing;
-  double number = 0;
-  std::string text;  // kString: the value; otherwise its JSON text
-  bool flag = false;
-};
 
 class HuggingFaceCheckpoint {
  public:
@@ -40,9 +32,6 @@ class HuggingFaceCheckpoint {
 
   const std::string& dir() const { return dir_; }
   bool sharded() const { return sharded_; }
-
-  // A field of config.json by path ("hidden_size", "rope_parameters.rope_theta").
-  HuggingFaceConfigValue Config(std::string_view path) const;
 
   // Every tensor name in the checkpoint (the index's keys when sharded,
   // else the file's header), sorted.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <set>
 #include <utility>
 
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/checkpoint/hf_model_config.h"
 #include "common/status.h"
 
 namespace varipipe::executor {
@@ -50,37 +52,6 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-// The config check's comparisons: each names the config.json field, its
-// value and the job's.
-class ConfigCheck {
- public:
-  explicit ConfigCheck(const HuggingFaceCheckpoint& ckpt) : ckpt_(ckpt) {}
-
-  absl::Status Number(const std::string& field, double fallback, double job,
-                      const std::string& job_field, bool present_required = false) {
-    const HuggingFaceConfigValue v = ckpt_.Config(field);
-    double value = fallback;
-    if (v.kind == HuggingFaceConfigValue::kNumber) {
-      value = v.number;
-    } else if (v.kind != HuggingFaceConfigValue::kMissing || present_required) {
-      return absl::InvalidArgumentError(absl::StrCat(Where(), field,
-                                                     v.kind == HuggingFaceConfigValue::kMissing
-                                                         ? " is missing"
-                                                         : " is not a number: " + v.text));
-    }
-    if (std::abs(value - job) > 1e-9 * std::max(1.0, std::abs(job))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(Where(), field, " is ", value, " but the job's ", job_field, " is ", job));
-    }
-    return absl::OkStatus();
-  }
-
-  std::string Where() const { return absl::StrCat(ckpt_.dir(), "/config.json: "); }
-
- private:
-  const HuggingFaceCheckpoint& ckpt_;
-};
-
 }  // namespace
 
 absl::StatusOr<std::string> HuggingFaceName(const ModelSpec& spec, std::string_view name_view) {
@@ -116,84 +87,57 @@ absl::StatusOr<std::vector<std::string>> HuggingFaceNames(const ModelSpec& spec)
 
 absl::Status CheckHuggingFaceConfig(const HuggingFaceCheckpoint& ckpt, const ModelSpec& spec) {
   VP_RETURN_IF_ERROR(NeedsLlama(spec));
-  ConfigCheck check(ckpt);
-  const HuggingFaceConfigValue type = ckpt.Config("model_type");
-  if (type.kind != HuggingFaceConfigValue::kString || type.text != "llama") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        check.Where(), "model_type is ",
-        type.kind == HuggingFaceConfigValue::kMissing ? "missing" : "'" + type.text + "'",
-        " but the job's model.architecture LLAMA loads model_type 'llama'"));
-  }
-  const auto h = static_cast<double>(spec.hidden_size);
-  VP_RETURN_IF_ERROR(check.Number("hidden_size", 0, h, "model.hidden_size", true));
-  VP_RETURN_IF_ERROR(check.Number("num_hidden_layers", 0, static_cast<double>(spec.num_layers),
-                                  "model.num_layers", true));
-  const auto heads = static_cast<double>(spec.num_attention_heads);
-  VP_RETURN_IF_ERROR(
-      check.Number("num_attention_heads", 0, heads, "model.num_attention_heads", true));
-  VP_RETURN_IF_ERROR(check.Number("num_key_value_heads", heads,
-                                  static_cast<double>(spec.num_key_value_heads),
-                                  "model.num_key_value_heads"));
-  VP_RETURN_IF_ERROR(check.Number("intermediate_size", 0, static_cast<double>(spec.ffn_hidden_size),
-                                  "model.ffn_hidden_size", true));
-  VP_RETURN_IF_ERROR(check.Number("vocab_size", 0, static_cast<double>(spec.vocab_size),
-                                  "model.vocab_size", true));
-  VP_RETURN_IF_ERROR(check.Number("head_dim", h / heads, static_cast<double>(spec.kv_channels),
-                                  "model.kv_channels"));
-  VP_RETURN_IF_ERROR(check.Number("rms_norm_eps", 1e-6, spec.norm_epsilon, "model.norm_epsilon"));
-  // transformers 5 keeps rope_theta and the scaling in rope_parameters;
-  // earlier versions at the top level and in rope_scaling.
-  const bool v5 = ckpt.Config("rope_parameters").kind == HuggingFaceConfigValue::kOther;
-  const std::string rope = v5 ? "rope_parameters." : "";
-  VP_RETURN_IF_ERROR(check.Number(rope + "rope_theta", 10000, spec.rope_theta, "model.rope_theta"));
-  const std::string scaling = v5 ? "rope_parameters." : "rope_scaling.";
-  HuggingFaceConfigValue rope_type = ckpt.Config(scaling + "rope_type");
-  if (rope_type.kind == HuggingFaceConfigValue::kMissing) rope_type = ckpt.Config(scaling + "type");
-  const bool llama3 =
-      rope_type.kind == HuggingFaceConfigValue::kString && rope_type.text == "llama3";
-  const bool plain =
-      rope_type.kind == HuggingFaceConfigValue::kMissing ||
-      (rope_type.kind == HuggingFaceConfigValue::kString && rope_type.text == "default");
-  if (!llama3 && !plain) {
-    return absl::InvalidArgumentError(absl::StrCat(check.Where(), scaling, "rope_type '",
-                                                   rope_type.text,
-                                                   "' is not supported (default or llama3 only)"));
-  }
-  if (llama3 != (spec.rope_factor > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        check.Where(), scaling, "rope_type is ", llama3 ? "'llama3'" : "default",
-        " but the job's model.rope_scaling is ", spec.rope_factor > 0 ? "set" : "unset"));
-  }
-  if (llama3) {
-    VP_RETURN_IF_ERROR(
-        check.Number(scaling + "factor", 0, spec.rope_factor, "model.rope_scaling.factor", true));
-    VP_RETURN_IF_ERROR(check.Number(scaling + "low_freq_factor", 1, spec.rope_low_freq_factor,
-                                    "model.rope_scaling.low_freq_factor"));
-    VP_RETURN_IF_ERROR(check.Number(scaling + "high_freq_factor", 4, spec.rope_high_freq_factor,
-                                    "model.rope_scaling.high_freq_factor"));
-    VP_RETURN_IF_ERROR(check.Number(scaling + "original_max_position_embeddings", 8192,
-                                    spec.rope_original_max_positions,
-                                    "model.rope_scaling.original_max_position_embeddings"));
-  }
-  const HuggingFaceConfigValue tie = ckpt.Config("tie_word_embeddings");
-  const bool tied = tie.kind == HuggingFaceConfigValue::kBool && tie.flag;
-  if (tied != spec.tie_word_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat(check.Where(), "tie_word_embeddings is ",
-                                                   tied ? "true" : "false",
-                                                   " but the job's model.tie_word_embeddings is ",
-                                                   spec.tie_word_embeddings ? "true" : "false"));
-  }
-  for (const char* bias : {"attention_bias", "mlp_bias"}) {
-    const HuggingFaceConfigValue v = ckpt.Config(bias);
-    if (v.kind == HuggingFaceConfigValue::kBool && v.flag) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(check.Where(), bias, " is true; LLAMA layers have no biases"));
-    }
-  }
-  const HuggingFaceConfigValue act = ckpt.Config("hidden_act");
-  if (act.kind == HuggingFaceConfigValue::kString && act.text != "silu") {
-    return absl::InvalidArgumentError(absl::StrCat(check.Where(), "hidden_act is '", act.text,
-                                                   "'; LLAMA layers use silu (SwiGLU)"));
+  // config.json read as `varipipe-plan --model_from_hf` reads it (both
+  // layouts of transformers, its defaults, what LLAMA cannot express).
+  const std::string path = (std::filesystem::path(ckpt.dir()) / "config.json").string();
+  VP_ASSIGN_OR_RETURN(const v1::ModelConfig m, ModelConfigFromHuggingFace(path));
+  const v1::RopeScaling& r = m.rope_scaling();
+  struct Field {
+    const char* hf;   // config.json's name
+    const char* job;  // the job's
+    double theirs;
+    double ours;
+  };
+  const Field fields[] = {
+      {"hidden_size", "model.hidden_size", static_cast<double>(m.hidden_size()),
+       static_cast<double>(spec.hidden_size)},
+      {"num_hidden_layers", "model.num_layers", static_cast<double>(m.num_layers()),
+       static_cast<double>(spec.num_layers)},
+      {"num_attention_heads", "model.num_attention_heads",
+       static_cast<double>(m.num_attention_heads()), static_cast<double>(spec.num_attention_heads)},
+      {"num_key_value_heads", "model.num_key_value_heads",
+       static_cast<double>(m.num_key_value_heads()), static_cast<double>(spec.num_key_value_heads)},
+      {"intermediate_size", "model.ffn_hidden_size", static_cast<double>(m.ffn_hidden_size()),
+       static_cast<double>(spec.ffn_hidden_size)},
+      {"vocab_size", "model.vocab_size", static_cast<double>(m.vocab_size()),
+       static_cast<double>(spec.vocab_size)},
+      {"head_dim", "model.kv_channels", static_cast<double>(m.kv_channels()),
+       static_cast<double>(spec.kv_channels)},
+      {"rms_norm_eps", "model.norm_epsilon", m.norm_epsilon(), spec.norm_epsilon},
+      {"rope_theta", "model.rope_theta", m.rope_theta(), spec.rope_theta},
+      {"rope_scaling.factor", "model.rope_scaling.factor", r.factor(), spec.rope_factor},
+      {"rope_scaling.low_freq_factor", "model.rope_scaling.low_freq_factor",
+       m.has_rope_scaling() ? r.low_freq_factor() : spec.rope_low_freq_factor,
+       spec.rope_low_freq_factor},
+      {"rope_scaling.high_freq_factor", "model.rope_scaling.high_freq_factor",
+       m.has_rope_scaling() ? r.high_freq_factor() : spec.rope_high_freq_factor,
+       spec.rope_high_freq_factor},
+      {"rope_scaling.original_max_position_embeddings",
+       "model.rope_scaling.original_max_position_embeddings",
+       m.has_rope_scaling() ? static_cast<double>(r.original_max_position_embeddings())
+                            : spec.rope_original_max_positions,
+       spec.rope_original_max_positions},
+      {"tie_word_embeddings", "model.tie_word_embeddings", m.tie_word_embeddings() ? 1.0 : 0.0,
+       spec.tie_word_embeddings ? 1.0 : 0.0},
+  };
+  for (const Field& f : fields) {
+    if (std::abs(f.theirs - f.ours) <= 1e-9 * std::max(1.0, std::abs(f.ours))) continue;
+    const bool flag = std::string_view(f.hf) == "tie_word_embeddings";
+    const auto text = [flag](double v) {
+      return flag ? std::string(v != 0 ? "true" : "false") : absl::StrCat(v);
+    };
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", f.hf, " is ", text(f.theirs),
+                                                   " but the job's ", f.job, " is ", text(f.ours)));
   }
   return absl::OkStatus();
 }

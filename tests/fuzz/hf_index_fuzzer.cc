@@ -43,6 +43,5 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     absl::StatusOr<HuggingFaceCheckpoint::Located> found = ckpt->Find(name);
     if (found.ok() && found->tensor->name != name) std::abort();
   }
-  (void)ckpt->Config("rope_parameters.rope_theta");
   return 0;
 }
