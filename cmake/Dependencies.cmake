@@ -5,6 +5,7 @@
 set(_vp_missing_hint "run deploy/install-deps.sh to install the Debian packages Varipipe needs")
 
 find_package(Threads REQUIRED)
+find_package(PkgConfig REQUIRED)
 find_package(absl CONFIG REQUIRED)
 find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
@@ -20,6 +21,12 @@ find_package(spdlog CONFIG REQUIRED)
 find_package(nlohmann_json CONFIG QUIET)
 if(NOT TARGET nlohmann_json::nlohmann_json)
   message(FATAL_ERROR "nlohmann_json not found (nlohmann-json3-dev): ${_vp_missing_hint}")
+endif()
+# libsentencepiece-dev: text tokenization in varipipe-convert-jsonl, inside
+# the module libvaripipe_sentencepiece.so only (common/tokenizer).
+pkg_check_modules(SENTENCEPIECE IMPORTED_TARGET sentencepiece)
+if(NOT SENTENCEPIECE_FOUND)
+  message(FATAL_ERROR "sentencepiece not found (libsentencepiece-dev): ${_vp_missing_hint}")
 endif()
 # cpp-httplib (libcpp-httplib-dev: a header plus a shared library) for the
 # --metrics_listen endpoints.
@@ -114,7 +121,8 @@ set(_deps
   "gRPC ${gRPC_VERSION}"
   "hiredis ${hiredis_VERSION}${HIREDIS_VERSION}"
   "spdlog ${spdlog_VERSION}"
-  "nlohmann_json ${nlohmann_json_VERSION}")
+  "nlohmann_json ${nlohmann_json_VERSION}"
+  "sentencepiece ${SENTENCEPIECE_VERSION}")
 if(VARIPIPE_BUILD_TESTS)
   list(APPEND _deps "GTest ${GTest_VERSION}" "benchmark ${benchmark_VERSION}")
 endif()

@@ -24,6 +24,9 @@ PACKAGES=(
   libabsl-dev libspdlog-dev libfmt-dev
   # Hugging Face checkpoints: safetensors headers and config.json.
   nlohmann-json3-dev
+  # Text datasets: SentencePiece tokenizers (the tests train tiny models
+  # with spm_train).
+  libsentencepiece-dev sentencepiece
   # Metrics endpoints (--metrics_listen).
   libcpp-httplib-dev
   # Tests and benchmarks; promtool checks the metrics endpoints.

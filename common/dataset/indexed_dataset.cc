@@ -195,59 +195,78 @@ void IndexedFile::Read(uint64_t sequence, std::vector<int64_t>* out) const {
   }
 }
 
-absl::Status WriteIndexedFile(const std::string& prefix,
-                              const std::vector<std::vector<int64_t>>& sequences,
-                              int64_t vocab_size) {
-  bool fits16 = vocab_size > 0 && vocab_size < 65500;
-  for (const auto& s : sequences) {
-    for (int64_t t : s) {
-      if (t < 0 || t > std::numeric_limits<int32_t>::max()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(prefix, ": token id ", t, " does not fit the indexed format"));
-      }
-      if (t > 65535) fits16 = false;
+absl::StatusOr<std::unique_ptr<IndexedFileWriter>> IndexedFileWriter::Create(
+    const std::string& prefix, bool uint16_tokens) {
+  std::unique_ptr<IndexedFileWriter> w(new IndexedFileWriter());
+  w->prefix_ = prefix;
+  w->uint16_ = uint16_tokens;
+  w->bin_.open(prefix + ".bin.tmp", std::ios::binary | std::ios::trunc);
+  if (!w->bin_) return ErrnoToStatus(errno, absl::StrCat("open ", prefix, ".bin.tmp"));
+  return w;
+}
+
+IndexedFileWriter::~IndexedFileWriter() {
+  if (committed_) return;
+  // Never committed: leave nothing half-written behind.
+  bin_.close();
+  std::error_code ignored;
+  std::filesystem::remove(prefix_ + ".bin.tmp", ignored);
+  std::filesystem::remove(prefix_ + ".idx.tmp", ignored);
+}
+
+absl::Status IndexedFileWriter::Append(std::span<const int64_t> tokens) {
+  if (committed_)
+    return absl::FailedPreconditionError(absl::StrCat(prefix_, ": already committed"));
+  if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix_, ": a sequence of ", tokens.size(), " tokens is too long"));
+  }
+  const int64_t limit = uint16_ ? 65535 : std::numeric_limits<int32_t>::max();
+  buffer_.clear();
+  for (int64_t t : tokens) {
+    if (t < 0 || t > limit) {
+      return absl::InvalidArgumentError(absl::StrCat(prefix_, ": token id ", t,
+                                                     " does not fit the indexed format's ",
+                                                     uint16_ ? "uint16" : "int32", " tokens"));
+    }
+    if (uint16_) {
+      const uint16_t v = static_cast<uint16_t>(t);
+      buffer_.append(reinterpret_cast<const char*>(&v), 2);
+    } else {
+      const int32_t v = static_cast<int32_t>(t);
+      buffer_.append(reinterpret_cast<const char*>(&v), 4);
     }
   }
-  const uint8_t code = fits16 ? 8 : 4;
-  const int element = fits16 ? 2 : 4;
-  const std::string bin_tmp = prefix + ".bin.tmp";
-  const std::string idx_tmp = prefix + ".idx.tmp";
-  std::vector<int32_t> sizes;
-  std::vector<int64_t> pointers;
-  {
-    std::ofstream bin(bin_tmp, std::ios::binary | std::ios::trunc);
-    if (!bin) return ErrnoToStatus(errno, absl::StrCat("open ", bin_tmp));
-    int64_t offset = 0;
-    for (const auto& s : sequences) {
-      sizes.push_back(static_cast<int32_t>(s.size()));
-      pointers.push_back(offset);
-      for (int64_t t : s) {
-        if (fits16) {
-          const uint16_t v = static_cast<uint16_t>(t);
-          bin.write(reinterpret_cast<const char*>(&v), 2);
-        } else {
-          const int32_t v = static_cast<int32_t>(t);
-          bin.write(reinterpret_cast<const char*>(&v), 4);
-        }
-      }
-      offset += static_cast<int64_t>(s.size()) * element;
-    }
-    bin.close();
-    if (!bin) return ErrnoToStatus(errno, absl::StrCat("write ", bin_tmp));
-  }
+  bin_.write(buffer_.data(), static_cast<std::streamsize>(buffer_.size()));
+  if (!bin_) return ErrnoToStatus(errno, absl::StrCat("write ", prefix_, ".bin.tmp"));
+  sizes_.push_back(static_cast<int32_t>(tokens.size()));
+  pointers_.push_back(offset_);
+  offset_ += static_cast<int64_t>(buffer_.size());
+  tokens_ += tokens.size();
+  return absl::OkStatus();
+}
+
+absl::Status IndexedFileWriter::Commit() {
+  if (committed_)
+    return absl::FailedPreconditionError(absl::StrCat(prefix_, ": already committed"));
+  const std::string bin_tmp = prefix_ + ".bin.tmp";
+  const std::string idx_tmp = prefix_ + ".idx.tmp";
+  bin_.close();
+  if (!bin_) return ErrnoToStatus(errno, absl::StrCat("write ", bin_tmp));
   {
     std::ofstream idx(idx_tmp, std::ios::binary | std::ios::trunc);
     if (!idx) return ErrnoToStatus(errno, absl::StrCat("open ", idx_tmp));
     const uint64_t version = 1;
-    const uint64_t count = sequences.size();
+    const uint8_t code = uint16_ ? 8 : 4;
+    const uint64_t count = sizes_.size();
     const uint64_t documents = count + 1;  // one document per sequence
     idx.write(kMagic, 9);
     idx.write(reinterpret_cast<const char*>(&version), 8);
     idx.write(reinterpret_cast<const char*>(&code), 1);
     idx.write(reinterpret_cast<const char*>(&count), 8);
     idx.write(reinterpret_cast<const char*>(&documents), 8);
-    idx.write(reinterpret_cast<const char*>(sizes.data()), 4 * sizes.size());
-    idx.write(reinterpret_cast<const char*>(pointers.data()), 8 * pointers.size());
+    idx.write(reinterpret_cast<const char*>(sizes_.data()), 4 * sizes_.size());
+    idx.write(reinterpret_cast<const char*>(pointers_.data()), 8 * pointers_.size());
     for (uint64_t d = 0; d <= count; ++d) {
       const int64_t v = static_cast<int64_t>(d);
       idx.write(reinterpret_cast<const char*>(&v), 8);
@@ -256,13 +275,29 @@ absl::Status WriteIndexedFile(const std::string& prefix,
     if (!idx) return ErrnoToStatus(errno, absl::StrCat("write ", idx_tmp));
   }
   std::error_code error;
-  std::filesystem::rename(bin_tmp, prefix + ".bin", error);
-  if (!error) std::filesystem::rename(idx_tmp, prefix + ".idx", error);
+  std::filesystem::rename(bin_tmp, prefix_ + ".bin", error);
+  if (!error) std::filesystem::rename(idx_tmp, prefix_ + ".idx", error);
   if (error) {
     return absl::UnavailableError(
-        absl::StrCat("rename into ", prefix, ".{bin,idx}: ", error.message()));
+        absl::StrCat("rename into ", prefix_, ".{bin,idx}: ", error.message()));
   }
+  committed_ = true;
   return absl::OkStatus();
+}
+
+absl::Status WriteIndexedFile(const std::string& prefix,
+                              const std::vector<std::vector<int64_t>>& sequences,
+                              int64_t vocab_size) {
+  bool fits16 = vocab_size > 0 && vocab_size < 65500;
+  for (const auto& s : sequences) {
+    for (int64_t t : s) {
+      if (t > 65535) fits16 = false;
+    }
+  }
+  VP_ASSIGN_OR_RETURN(std::unique_ptr<IndexedFileWriter> writer,
+                      IndexedFileWriter::Create(prefix, fits16));
+  for (const auto& s : sequences) VP_RETURN_IF_ERROR(writer->Append(s));
+  return writer->Commit();
 }
 
 absl::StatusOr<std::unique_ptr<IndexedSampleDataset>> IndexedSampleDataset::Open(

@@ -6,6 +6,7 @@
 #define VARIPIPE_COMMON_DATASET_INDEXED_DATASET_H_
 
 #include <cstdint>
+#include <fstream>
 #include <memory>
 #include <span>
 #include <string>
@@ -48,6 +49,41 @@ class IndexedFile {
   std::vector<int64_t> document_index_;
   const uint8_t* data_ = nullptr;  // mapped .bin
   size_t data_size_ = 0;
+};
+
+// Writes a .idx/.bin pair sequence by sequence (memory: 12 bytes per
+// sequence, not the tokens): PREFIX.{bin,idx}.tmp while it runs, renamed
+// into place by Commit; a writer destroyed without Commit removes its
+// temporary files, so a failed conversion leaves nothing half-written.
+class IndexedFileWriter {
+ public:
+  // uint16_tokens: 2-byte tokens (ids below 65536; Megatron's choice for
+  // vocabularies below 65500), else int32.
+  static absl::StatusOr<std::unique_ptr<IndexedFileWriter>> Create(const std::string& prefix,
+                                                                   bool uint16_tokens);
+  ~IndexedFileWriter();
+  IndexedFileWriter(const IndexedFileWriter&) = delete;
+  IndexedFileWriter& operator=(const IndexedFileWriter&) = delete;
+
+  // Errors name the prefix and the id that does not fit.
+  absl::Status Append(std::span<const int64_t> tokens);
+  absl::Status Commit();
+
+  uint64_t sequences() const { return sizes_.size(); }
+  uint64_t tokens() const { return tokens_; }
+
+ private:
+  IndexedFileWriter() = default;
+
+  std::string prefix_;
+  bool uint16_ = false;
+  bool committed_ = false;
+  std::ofstream bin_;
+  std::string buffer_;
+  std::vector<int32_t> sizes_;
+  std::vector<int64_t> pointers_;
+  int64_t offset_ = 0;
+  uint64_t tokens_ = 0;
 };
 
 // Writes a .idx/.bin pair atomically (temporary files, then rename). Token

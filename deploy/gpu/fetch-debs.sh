@@ -42,6 +42,8 @@ PACKAGES=(
   libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1
   # Hugging Face checkpoints (safetensors headers, config.json): headers only.
   nlohmann-json3-dev
+  # Text datasets: SentencePiece (varipipe-convert-jsonl --tokenizer).
+  libsentencepiece-dev libsentencepiece0 sentencepiece
   # Tests and benchmarks.
   libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian
   # Gloo (gloo group), for a LibTorch without Gloo headers.
