@@ -32,8 +32,10 @@
 #include "common/config/job_config.h"
 #include "common/dataset/sample_dataset.h"
 #include "common/redis/redis_client.h"
+#include "executor/model/hf_export.h"
 #include "executor/model/hf_weights.h"
 #include "executor/model/model_spec.h"
+#include "executor/model/model_stage.h"
 #include "executor/runtime/plan_files.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
@@ -214,10 +216,12 @@ INSTANTIATE_TEST_SUITE_P(
 
 // training.init_from: four processes (pp = 2, dp = 2) start from the tiny
 // Hugging Face Llama checkpoint of tests/data/hf (saved by transformers), each
-// rank logging what it read, and three SGD steps leave the parameters of the
-// reference model started from the same weights (1e-5 relative); the
-// --export_hf directory the ranks write holds exactly the trained parameters,
-// and varipipe-export-hf writes the same files from the run's checkpoint.
+// rank logging what it read, and three SGD steps (ZeRO stage 1) leave the
+// parameters of the reference model started from the same weights (1e-5
+// relative); the --export_hf directory the ranks write holds exactly the
+// trained parameters, and both varipipe-export-hf (from the run's
+// checkpoint) and an export of the same parameters at pp = 1 write the same
+// files byte for byte.
 TEST(ExecutorTraining, HuggingFaceWeightsLoadAndTrainLikeTheReference) {
   absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
   ASSERT_THAT(redis, IsOk());
@@ -240,7 +244,7 @@ TEST(ExecutorTraining, HuggingFaceWeightsLoadAndTrainLikeTheReference) {
       "training": {"iterations": )",
       kSgdIterations, R"(, "optimizer": "SGD", "learning_rate": 0.05,
                    "min_learning_rate": 0.05, "gradient_clip_norm": 0,
-                   "checkpoint_dir": "checkpoints", "checkpoint_interval": )",
+                   "zero_stage": 1, "checkpoint_dir": "checkpoints", "checkpoint_interval": )",
       kSgdIterations, R"(, "init_from": ")", checkpoint.string(), R"("}})");
   const CommandResult plan = RunCommand(
       absl::StrCat("cd '", dir.string(), "' && ", Bin("varipipe-plan"),
@@ -253,6 +257,7 @@ TEST(ExecutorTraining, HuggingFaceWeightsLoadAndTrainLikeTheReference) {
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output,
               ::testing::HasSubstr("loaded this rank's weights from Hugging Face checkpoint"));
+  EXPECT_THAT(run.output, ::testing::HasSubstr("data-parallel ranks (training.zero_stage 1"));
 
   absl::StatusOr<v1::JobConfig> config = LoadJobConfigFile((dir / "job.json").string());
   ASSERT_THAT(config, IsOk());
@@ -321,15 +326,43 @@ TEST(ExecutorTraining, HuggingFaceWeightsLoadAndTrainLikeTheReference) {
     }
   }
   EXPECT_EQ(exported_tensors, static_cast<int>(exported->TensorNames().size()));
+  // The same parameters in one pipeline stage, exported in this process:
+  // the export of pp = 2, dp = 2 under ZeRO stage 1 byte for byte.
+  {
+    absl::StatusOr<std::vector<executor::StageRole>> roles = executor::PipelineStageRoles(*spec, 1);
+    ASSERT_THAT(roles, IsOk());
+    executor::ModelStage whole(*spec, roles->front());
+    std::map<std::string, torch::Tensor> trained;
+    for (int r = 0; r < 2; ++r) {
+      trained.merge(testing::LoadParameters(dir / absl::StrFormat("params.rank_%05d.pt", r)));
+    }
+    torch::NoGradGuard no_grad;
+    int copied = 0;
+    for (auto& item : whole.named_parameters()) {
+      ASSERT_TRUE(trained.count(item.key())) << item.key();
+      item.value().copy_(trained.at(item.key()));
+      ++copied;
+    }
+    EXPECT_EQ(copied, static_cast<int>(trained.size()));
+    std::filesystem::create_directories(dir / "export-pp1");
+    ASSERT_THAT(executor::ExportHuggingFaceShards((dir / "export-pp1").string(), *spec, {&whole},
+                                                  v1::FLOAT32),
+                IsOk());
+    ASSERT_THAT(executor::ExportHuggingFaceIndex((dir / "export-pp1").string(), *spec, v1::FLOAT32),
+                IsOk());
+  }
   // varipipe-export-hf, one process, from the checkpoint after the last
   // iteration: the same files byte for byte.
-  const CommandResult offline = RunCommand(absl::StrCat(
-      "cd '", dir.string(), "' && ", Bin("varipipe-export-hf"), " --config job.json --out offline"));
+  const CommandResult offline =
+      RunCommand(absl::StrCat("cd '", dir.string(), "' && ", Bin("varipipe-export-hf"),
+                              " --config job.json --out offline"));
   ASSERT_EQ(offline.exit_code, 0) << offline.output;
   int files = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir / "export")) {
-    EXPECT_EQ(ReadFile(entry.path()), ReadFile(dir / "offline" / entry.path().filename()))
-        << entry.path().filename();
+    for (const char* other : {"offline", "export-pp1"}) {
+      EXPECT_EQ(ReadFile(entry.path()), ReadFile(dir / other / entry.path().filename()))
+          << other << "/" << entry.path().filename().string();
+    }
     ++files;
   }
   EXPECT_EQ(files, 4);  // config.json, the index and one shard per layer
