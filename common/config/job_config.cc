@@ -224,7 +224,8 @@ void ValidateArchitecture(const JobConfig& config, ErrorList& errors) {
     return;
   }
   if (m.kind() != v1::GPT) {
-    errors.Add("model.architecture", "LLAMA is a decoder-only architecture: model.kind must be GPT");
+    errors.Add("model.architecture",
+               "LLAMA is a decoder-only architecture: model.kind must be GPT");
   }
   const uint32_t heads = m.num_attention_heads();
   const uint32_t kv_heads = m.num_key_value_heads();
@@ -254,11 +255,13 @@ void ValidateArchitecture(const JobConfig& config, ErrorList& errors) {
     CheckRange(errors, "model.rope_scaling.original_max_position_embeddings",
                r.original_max_position_embeddings(), bounds::kMaxSequenceLength);
   }
-  if (m.tie_word_embeddings() &&
-      (config.parallelism().pipeline() != 1 || config.parallelism().virtual_chunks() != 1)) {
+  // Across pipeline stages the last stage holds a replica of the embedding
+  // (gradients summed with the first stage's); interleaved chunks would put
+  // several replicas on one rank, which is not built.
+  if (m.tie_word_embeddings() && config.parallelism().virtual_chunks() > 1) {
     errors.Add("model.tie_word_embeddings",
-               "needs the embedding and the LM head on one stage: parallelism.pipeline 1 (got ",
-               config.parallelism().pipeline(), ")");
+               "does not work with interleaved stages: parallelism.virtual_chunks must be 1 (got ",
+               config.parallelism().virtual_chunks(), ")");
   }
 }
 

@@ -98,6 +98,7 @@ absl::Status ExportHuggingFaceShards(const std::string& dir, const ModelSpec& sp
   std::map<int, std::vector<std::pair<std::string, torch::Tensor>>> held;
   for (ModelStage* stage : stages) {
     for (const auto& item : stage->named_parameters(/*recurse=*/true)) {
+      if (stage->IsReplica(item.key())) continue;  // the first stage exports it
       VP_ASSIGN_OR_RETURN(const std::string name, HuggingFaceName(spec, item.key()));
       VP_ASSIGN_OR_RETURN(const int shard, ExportShardOf(spec, name));
       held[shard].emplace_back(name,

@@ -81,7 +81,8 @@ ModelStage::ModelStage(const ModelSpec& spec, const StageRole& role) : spec_(spe
   // GPT / T5 encoder embedding (index 0) and T5 decoder embedding (index 1,
   // untied from the encoder's).
   // LLAMA has no position table (rotary positions in every layer), and a
-  // tied head reuses word_embedding (on the one stage: pipeline 1).
+  // tied head reuses word_embedding: the same tensor on one stage, a
+  // replica on the last stage otherwise (tied_embedding()).
   if (role.embeds_input || (spec.tie_word_embeddings && role.has_head)) {
     Initializer init(spec.seed, ModelComponent::kEmbedding, 0);
     word_embedding_ =
@@ -116,10 +117,10 @@ ModelStage::ModelStage(const ModelSpec& spec, const StageRole& role) : spec_(spe
   if (role.has_head && spec.llama) {
     Initializer init(spec.seed, ModelComponent::kHead, 0);
     final_ln_weight_ = register_parameter("final_norm_weight", Initializer::Ones({h}));
-    head_weight_ = spec.tie_word_embeddings
-                       ? word_embedding_
-                       : register_parameter("head_weight",
-                                            init.Normal({spec.vocab_size, h}, kInitStddev));
+    head_weight_ =
+        spec.tie_word_embeddings
+            ? word_embedding_
+            : register_parameter("head_weight", init.Normal({spec.vocab_size, h}, kInitStddev));
   } else if (role.has_head) {
     Initializer init(spec.seed, ModelComponent::kHead, 0);
     final_ln_weight_ = register_parameter("final_ln_weight", Initializer::Ones({h}));
@@ -127,6 +128,21 @@ ModelStage::ModelStage(const ModelSpec& spec, const StageRole& role) : spec_(spe
     head_weight_ =
         register_parameter("head_weight", init.Normal({spec.vocab_size, h}, kInitStddev));
   }
+}
+
+torch::Tensor ModelStage::tied_embedding() const {
+  if (!spec_.tie_word_embeddings || role_.embeds_input == role_.has_head) return {};
+  return word_embedding_;
+}
+
+bool ModelStage::IsReplica(const std::string& name) const {
+  return spec_.tie_word_embeddings && role_.has_head && !role_.embeds_input &&
+         name == "word_embedding";
+}
+
+std::vector<int> TiedEmbeddingRanks(const ModelSpec& spec, int64_t pipeline, int replica_base) {
+  if (!spec.tie_word_embeddings || pipeline <= 1) return {};
+  return {replica_base, replica_base + static_cast<int>(pipeline) - 1};
 }
 
 void ModelStage::SetSelectiveRecompute(bool on) {
@@ -164,10 +180,10 @@ StageActivations ModelStage::Forward(const StageActivations& in, const StageBatc
                                       causal);
     // LLAMA: each token's rotary angles, restarting per sample in packed rows.
     const torch::Tensor rotary =
-        spec_.llama ? RotaryTable(spec_, packed ? batch.input_positions
-                                                : SequentialPositions(hidden.size(1),
-                                                                      hidden.device()))
-                    : torch::Tensor();
+        spec_.llama
+            ? RotaryTable(spec_, packed ? batch.input_positions
+                                        : SequentialPositions(hidden.size(1), hidden.device()))
+            : torch::Tensor();
     for (int64_t i = 0; i < role_.encoder_layers.size(); ++i) {
       hidden = layers_[next_layer++]->Forward(hidden, mask, {}, {}, rotary);
     }
@@ -197,11 +213,10 @@ StageActivations ModelStage::Forward(const StageActivations& in, const StageBatc
   }
   out.hidden = hidden;
   if (role_.has_head) {
-    const torch::Tensor normed =
-        spec_.llama
-            ? RmsNorm(hidden, final_ln_weight_, spec_.norm_epsilon)
-            : torch::layer_norm(hidden, {spec_.hidden_size}, final_ln_weight_, final_ln_bias_,
-                                1e-5);
+    const torch::Tensor normed = spec_.llama
+                                     ? RmsNorm(hidden, final_ln_weight_, spec_.norm_epsilon)
+                                     : torch::layer_norm(hidden, {spec_.hidden_size},
+                                                         final_ln_weight_, final_ln_bias_, 1e-5);
     const torch::Tensor logits = DeferredLinear(normed, head_weight_);
     const torch::Tensor token_loss = torch::nn::functional::cross_entropy(
         logits.reshape({-1, spec_.vocab_size}).to(torch::kFloat32), batch.labels.reshape({-1}),

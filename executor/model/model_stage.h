@@ -1,17 +1,17 @@
 // One pipeline stage of a GPT (MEGATRON or LLAMA, docs/models.md) or T5
 // model: a range of layers, with the embedding on the stage that starts a
-// stack and the final norm, LM head and loss on the last stage. T5 puts its encoder stages first and its
-// decoder stages after (the planner's cost model assumes the same); the
-// encoder output travels with the decoder activations through every decoder
-// stage, and its gradient flows back the same way.
+// stack and the final norm, LM head and loss on the last stage. T5 puts its encoder stages first
+// and its decoder stages after (the planner's cost model assumes the same); the encoder output
+// travels with the decoder activations through every decoder stage, and its gradient flows back the
+// same way.
 #ifndef VARIPIPE_EXECUTOR_MODEL_MODEL_STAGE_H_
 #define VARIPIPE_EXECUTOR_MODEL_MODEL_STAGE_H_
+
+#include <torch/torch.h>
 
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <torch/torch.h>
 
 #include "absl/status/statusor.h"
 #include "executor/model/model_spec.h"
@@ -38,6 +38,12 @@ struct StageRole {
 // stage holds both. InvalidArgument when a stage would hold no layer.
 absl::StatusOr<std::vector<StageRole>> PipelineStageRoles(const ModelSpec& spec,
                                                           int64_t num_stages);
+
+// The global ranks that hold a tied embedding of the pipeline replica whose
+// first rank is `replica_base` (ranks replica_base .. + pipeline - 1): its
+// first and last stage, when the model ties its head and pipeline > 1;
+// empty otherwise. Every rank computes the same groups.
+std::vector<int> TiedEmbeddingRanks(const ModelSpec& spec, int64_t pipeline, int replica_base);
 
 // A micro-batch's data as the stages see it. Token tensors are int64 and
 // padded at the end; lengths give the real lengths (>= 1).
@@ -84,6 +90,18 @@ class ModelStage : public torch::nn::Module {
   // backward instead of stored.
   void SetSelectiveRecompute(bool on);
 
+  // A tied LLAMA head on another stage than the embedding
+  // (tie_word_embeddings, pipeline > 1): the first stage's word_embedding
+  // and the last stage's replica of it, initialised (or loaded) alike, whose
+  // gradients are summed over the two stages every iteration so they never
+  // drift (Megatron-LM's rule; PlanInterpreter does it). Undefined on every
+  // other stage, and when one stage holds both.
+  torch::Tensor tied_embedding() const;
+  // Whether parameter `name` (a named_parameters() key) is such a replica:
+  // the gradient norm counts it once (on the first stage) and the first
+  // stage exports it.
+  bool IsReplica(const std::string& name) const;
+
   // Full recomputation (the plan's recompute "full") for the following
   // forward passes: every layer keeps only its inputs and is re-run, one
   // layer at a time, in backward (TransformerLayer::set_recompute_full).
@@ -100,7 +118,7 @@ class ModelStage : public torch::nn::Module {
   // embeds_input (or a tied head); LLAMA has no position table.
   torch::Tensor word_embedding_, position_embedding_;
   torch::Tensor decoder_word_embedding_, decoder_position_embedding_;  // embeds_decoder
-  torch::Tensor encoder_ln_weight_, encoder_ln_bias_;  // ends_encoder
+  torch::Tensor encoder_ln_weight_, encoder_ln_bias_;                  // ends_encoder
   // has_head; LLAMA: RMSNorm (no bias), and head_weight_ is word_embedding_
   // when tied.
   torch::Tensor final_ln_weight_, final_ln_bias_, head_weight_;

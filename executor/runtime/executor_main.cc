@@ -35,9 +35,9 @@
 #include "common/status.h"
 #include "executor/comm/transport_factory.h"
 #include "executor/data/micro_batch_loader.h"
-#include "executor/model/model_spec.h"
 #include "executor/model/hf_export.h"
 #include "executor/model/hf_weights.h"
+#include "executor/model/model_spec.h"
 #include "executor/model/model_stage.h"
 #include "executor/runtime/checkpoint.h"
 #include "executor/runtime/counting_allocator.h"
@@ -304,10 +304,11 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
     VP_RETURN_IF_ERROR(executor::CheckHuggingFaceConfig(checkpoint, spec));
     VP_RETURN_IF_ERROR(executor::LoadHuggingFaceWeights(checkpoint, spec, stage_list));
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    spdlog::info("loaded this rank's weights from Hugging Face checkpoint {}: {} bytes from {} "
-                 "file(s) in {:.2f} s ({:.0f} MB/s)",
-                 init_from, checkpoint.bytes_read(), checkpoint.opened_files().size(), seconds,
-                 static_cast<double>(checkpoint.bytes_read()) / 1e6 / std::max(seconds, 1e-6));
+    spdlog::info(
+        "loaded this rank's weights from Hugging Face checkpoint {}: {} bytes from {} "
+        "file(s) in {:.2f} s ({:.0f} MB/s)",
+        init_from, checkpoint.bytes_read(), checkpoint.opened_files().size(), seconds,
+        static_cast<double>(checkpoint.bytes_read()) / 1e6 / std::max(seconds, 1e-6));
   }
   // The optimizer: under training.zero_stage 1 over this rank's shard of
   // its data-parallel group (optimizer_sharding.h).
@@ -353,6 +354,11 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
   options.wait_timeout = absl::Seconds(config.training().watchdog_timeout_s());
   options.device = torch_device;
   options.pipeline_group = pipeline_group;
+  for (const auto& [id, stage] : by_id) {
+    if (stage->tied_embedding().defined()) {
+      options.tied_embedding_group = executor::TiedEmbeddingRanks(spec, pp, replica_base);
+    }
+  }
   options.host_transport = host;
   options.progress = board.progress();
   options.sharding = rank_optimizer.sharding.get();

@@ -32,6 +32,13 @@ absl::StatusOr<std::unique_ptr<OptimizerSharding>> OptimizerSharding::Create(
   for (const auto& [id, stage] : stages) {
     Stage& st = s->stages_[id];
     st.parameters = stage->parameters();
+    {
+      int64_t at = 0;
+      for (const auto& item : stage->named_parameters()) {
+        if (stage->IsReplica(item.key())) st.replicas.emplace_back(at, at + item.value().numel());
+        at += item.value().numel();
+      }
+    }
     int64_t numel = 0;
     for (const torch::Tensor& p : st.parameters) {
       if (p.scalar_type() != torch::kFloat32 || p.device() != device) {
@@ -126,6 +133,21 @@ absl::Status OptimizerSharding::AllGatherParameters(Transport& transport) {
   return absl::OkStatus();
 }
 
+std::vector<NormExclusion> OptimizerSharding::ShardNormExclusions() const {
+  std::vector<NormExclusion> out;
+  size_t k = 0;
+  for (const auto& [id, st] : stages_) {
+    const int64_t shard_begin = index_ * st.shard_size;
+    for (const auto& [begin, end] : st.replicas) {
+      const int64_t b = std::max(begin, shard_begin) - shard_begin;
+      const int64_t e = std::min(end, shard_begin + st.shard_size) - shard_begin;
+      if (e > b) out.push_back({k, b, e});
+    }
+    ++k;
+  }
+  return out;
+}
+
 absl::StatusOr<RankOptimizer> MakeRankOptimizer(const std::map<uint32_t, ModelStage*>& stages,
                                                 const v1::TrainingConfig& training,
                                                 const std::vector<int>& data_parallel_group,
@@ -136,17 +158,25 @@ absl::StatusOr<RankOptimizer> MakeRankOptimizer(const std::map<uint32_t, ModelSt
                                                                 data_parallel_index, device));
     out.optimizer = std::make_unique<TrainingOptimizer>(out.sharding->shard_parameters(), training,
                                                         out.sharding->shard());
+    out.optimizer->set_norm_exclusions(out.sharding->ShardNormExclusions());
     return out;
   }
   std::vector<torch::Tensor> parameters;
+  std::vector<NormExclusion> exclusions;
   for (const auto& [id, stage] : stages) {
-    for (const torch::Tensor& p : stage->parameters()) parameters.push_back(p);
+    for (const auto& item : stage->named_parameters()) {
+      if (stage->IsReplica(item.key())) {
+        exclusions.push_back({parameters.size(), 0, item.value().numel()});
+      }
+      parameters.push_back(item.value());
+    }
   }
   out.optimizer = std::make_unique<TrainingOptimizer>(
       std::move(parameters), training,
       OptimizerShard{.zero_stage = training.zero_stage(),
                      .data_parallel = static_cast<uint32_t>(data_parallel_group.size()),
                      .index = static_cast<uint32_t>(data_parallel_index)});
+  out.optimizer->set_norm_exclusions(std::move(exclusions));
   return out;
 }
 

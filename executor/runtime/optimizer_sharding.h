@@ -58,6 +58,9 @@ class OptimizerSharding {
   // What the optimizer updates: this rank's shard of each stage's buffer, in
   // stage order (views into the buffers).
   std::vector<torch::Tensor> shard_parameters() const;
+  // The parts of shard_parameters() that are replicas (ModelStage::IsReplica),
+  // for TrainingOptimizer::set_norm_exclusions.
+  std::vector<NormExclusion> ShardNormExclusions() const;
   const std::vector<int>& group() const { return group_; }
   uint32_t data_parallel() const { return static_cast<uint32_t>(group_.size()); }
   uint32_t index() const { return static_cast<uint32_t>(index_); }
@@ -78,8 +81,10 @@ class OptimizerSharding {
  private:
   struct Stage {
     std::vector<torch::Tensor> parameters;  // views into `flat`
-    torch::Tensor flat;                     // [dp * shard_size] fp32
-    torch::Tensor shard;                    // flat[index * shard_size, +shard_size)
+    // Offsets in `flat` of replica parameters: [begin, end).
+    std::vector<std::pair<int64_t, int64_t>> replicas;
+    torch::Tensor flat;   // [dp * shard_size] fp32
+    torch::Tensor shard;  // flat[index * shard_size, +shard_size)
     int64_t shard_size = 0;
     bool reduced = false;  // the shard holds this iteration's gradient
   };

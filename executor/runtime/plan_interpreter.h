@@ -62,6 +62,11 @@ struct InterpreterOptions {
   // Global ranks of this rank's pipeline replica, ascending (the global
   // gradient norm for clipping sums over them).
   std::vector<int> pipeline_group;
+  // Global ranks of the first and last stage of this rank's pipeline replica
+  // when this rank holds a tied embedding (TiedEmbeddingRanks); empty
+  // otherwise. Before the iteration's first gradient all-reduce (or its
+  // optimizer step) the tied embedding's gradient is summed over them.
+  std::vector<int> tied_embedding_group;
   // Transport for small host-side reductions (the gradient norm over the
   // pipeline): a Gloo transport next to NCCL on GPUs. Null: the main one.
   Transport* host_transport = nullptr;

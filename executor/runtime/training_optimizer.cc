@@ -44,7 +44,12 @@ double TrainingOptimizer::LocalSquaredGradNorm() const {
   for (const torch::Tensor& p : parameters_) {
     if (p.grad().defined()) sum += p.grad().to(torch::kFloat64).pow(2).sum().item<double>();
   }
-  return sum;
+  for (const NormExclusion& e : norm_exclusions_) {
+    const torch::Tensor& g = parameters_.at(e.parameter).grad();
+    if (!g.defined() || e.end <= e.begin) continue;
+    sum -= g.reshape(-1).slice(0, e.begin, e.end).to(torch::kFloat64).pow(2).sum().item<double>();
+  }
+  return std::max(sum, 0.0);
 }
 
 double TrainingOptimizer::Step(uint64_t iteration, double global_grad_norm) {

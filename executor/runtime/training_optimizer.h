@@ -33,6 +33,15 @@ struct OptimizerShard {
   bool sharded() const { return zero_stage >= 1 && data_parallel > 1; }
 };
 
+// Elements [begin, end) of parameter `parameter` (flattened) that the
+// gradient norm leaves out: a replica whose gradient another stage's copy
+// already counts (ModelStage::IsReplica).
+struct NormExclusion {
+  size_t parameter = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
 class TrainingOptimizer {
  public:
   // `training` with defaults applied (ApplyJobConfigDefaults). `parameters`
@@ -45,6 +54,9 @@ class TrainingOptimizer {
   // caller sums it over the pipeline (and, sharded, the data-parallel
   // group) to get the global squared norm.
   double LocalSquaredGradNorm() const;
+  void set_norm_exclusions(std::vector<NormExclusion> exclusions) {
+    norm_exclusions_ = std::move(exclusions);
+  }
 
   // Scales gradients by min(1, clip / global_norm), applies the update rule
   // with the iteration's learning rate and zeroes the gradients. Returns the
@@ -70,6 +82,7 @@ class TrainingOptimizer {
 
  private:
   std::vector<torch::Tensor> parameters_;
+  std::vector<NormExclusion> norm_exclusions_;
   v1::TrainingConfig training_;
   OptimizerShard shard_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;

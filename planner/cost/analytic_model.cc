@@ -315,12 +315,11 @@ double ComponentParameters(const ModelDims& d, Component component, uint32_t tp,
         return V * h / t;
       case Component::kPostprocess:
         // The final RMSNorm and the untied head [V, h] on the last stage.
-        // A tied head is word_embedding itself, which tie_word_embeddings
-        // allows only on one stage (pipeline 1; job_config.cc): the one
-        // tensor (and its gradient and optimizer state) is counted with
-        // the embedding, not twice. Should tied heads ever span stages, the
-        // last stage would hold a copy (as Megatron-LM does) and count V*h/t
-        // here again.
+        // A tied head is word_embedding itself: on one stage the one tensor
+        // (and its gradient and optimizer state) is counted with the
+        // embedding, not twice; across stages the last stage's replica is
+        // added by the memory model (StageLayout::tied_embedding_replica),
+        // so model totals still count the embedding once.
         return (d.tied_embeddings ? 0.0 : V * h / t) + h;
     }
     return 0;

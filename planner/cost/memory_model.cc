@@ -36,6 +36,7 @@ absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipe
   layout.encoder_layers = dims.encoder_layers;
   layout.decoder_layers = dims.encoder_decoder() ? dims.decoder_layers : 0;
   const auto ceil_div = [](uint32_t a, uint32_t b) { return (a + b - 1) / b; };
+  layout.tied_embedding_replica = dims.tied_embeddings && pipeline * virtual_chunks > 1;
   if (!dims.encoder_decoder()) {
     if (dims.encoder_layers < pipeline * virtual_chunks) {
       return absl::InvalidArgumentError(absl::StrCat(dims.encoder_layers, " layers cannot fill ",
@@ -80,7 +81,7 @@ double MaxParametersPerDevice(const CostModel& model, const StageLayout& layout)
   if (!layout.encoder_decoder) {
     const double layers = layout.encoder_layers_per_device * enc;
     if (layout.devices == 1) return layers + emb + post;
-    return layers + std::max(emb, post);
+    return layers + std::max(emb, post + (layout.tied_embedding_replica ? emb : 0));
   }
   const double encoder_device = layout.encoder_layers_per_device * enc + emb;
   const uint32_t decoder_devices = layout.devices - layout.encoder_devices;
@@ -130,7 +131,7 @@ std::vector<double> ParametersPerDevice(const CostModel& model, const StageLayou
     }
     params[encoder_devices] += emb;
   }
-  params[c - 1] += post;
+  params[c - 1] += post + (layout.tied_embedding_replica ? emb : 0);
   return params;
 }
 

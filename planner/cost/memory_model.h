@@ -49,6 +49,11 @@ struct StageLayout {
   uint32_t encoder_layers_per_device = 0;
   uint32_t decoder_layers_per_device = 0;
   bool encoder_decoder = false;
+  // LLAMA with tie_word_embeddings on more than one device: the last device
+  // holds a replica of the embedding for its LM head (Megatron-LM's rule;
+  // its gradient is summed with the first device's every iteration), which
+  // counts as model state there.
+  bool tied_embedding_replica = false;
   // T5 with one device: encoder and decoder share it.
   bool shared_device() const { return encoder_decoder && devices == 1; }
 };

@@ -95,6 +95,14 @@ TEST(JobConfig, LlamaGetsDocumentedDefaults) {
   EXPECT_EQ(m.rope_scaling().original_max_position_embeddings(), 8192u);
 }
 
+// A tied LLAMA head across pipeline stages: the last stage holds a replica.
+TEST(JobConfig, TiedEmbeddingsSpanPipelineStages) {
+  EXPECT_THAT(
+      ParseAndValidate(Replace(R"("kind": "GPT")", R"("kind": "GPT", "architecture": "LLAMA", )"
+                                                   R"("tie_word_embeddings": true)")),
+      IsOk());
+}
+
 TEST(JobConfig, MegatronResolvedConfigIsUnchanged) {
   absl::StatusOr<v1::JobConfig> config = ParseAndValidate(kValidGpt);
   ASSERT_THAT(config, IsOk());
@@ -224,9 +232,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"KvHeadsDoNotDivide", R"("kind": "GPT")",
                 R"("kind": "GPT", "architecture": "LLAMA", "num_key_value_heads": 3)",
                 "model.num_key_value_heads: must divide model.num_attention_heads (4; got 3)"},
-        BadCase{"GroupedQueryOnMegatron", R"("kind": "GPT")",
-                R"("kind": "GPT", "num_key_value_heads": 2)",
-                "model.num_key_value_heads: grouped-query attention needs model.architecture LLAMA"},
+        BadCase{
+            "GroupedQueryOnMegatron", R"("kind": "GPT")",
+            R"("kind": "GPT", "num_key_value_heads": 2)",
+            "model.num_key_value_heads: grouped-query attention needs model.architecture LLAMA"},
         BadCase{"RopeThetaOnMegatron", R"("kind": "GPT")", R"("kind": "GPT", "rope_theta": 5e5)",
                 "model.rope_theta: is only used by LLAMA models"},
         BadCase{"OddLlamaHeadWidth", R"("kind": "GPT")",
@@ -239,9 +248,12 @@ INSTANTIATE_TEST_SUITE_P(
                 R"("kind": "GPT", "architecture": "LLAMA", "rope_scaling": {"factor": 8,
                    "low_freq_factor": 4, "high_freq_factor": 2})",
                 "model.rope_scaling.high_freq_factor: must exceed low_freq_factor"},
-        BadCase{"TiedEmbeddingsOverStages", R"("kind": "GPT")",
-                R"("kind": "GPT", "architecture": "LLAMA", "tie_word_embeddings": true)",
-                "model.tie_word_embeddings: needs the embedding and the LM head on one stage"},
+        BadCase{"TiedEmbeddingsOverInterleavedStages",
+                R"("vocab_size": 1000},
+  "parallelism": {"pipeline": 2, "data": 2})",
+                R"("vocab_size": 1000, "architecture": "LLAMA", "tie_word_embeddings": true},
+  "parallelism": {"pipeline": 2, "data": 2, "virtual_chunks": 2})",
+                "model.tie_word_embeddings: does not work with interleaved stages"},
         BadCase{"InitFromOnMegatron", R"("iterations": 10)",
                 R"("iterations": 10, "init_from": "checkpoints/llama")",
                 "training.init_from: loads Hugging Face checkpoints into model.architecture LLAMA "

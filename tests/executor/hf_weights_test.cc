@@ -583,6 +583,38 @@ TEST(HuggingFaceExport, BFloat16AndTiedModels) {
   }
 }
 
+// A tied head across stages: both the first stage and the last stage's
+// replica load model.embed_tokens.weight, and only the first exports it, so
+// the export at pp = 2 equals the one at pp = 1 byte for byte.
+TEST(HuggingFaceExport, TiedEmbeddingReplicasLoadAndExportOnce) {
+  const ModelSpec spec = TinyLlama(true);
+  absl::StatusOr<HuggingFaceCheckpoint> golden =
+      HuggingFaceCheckpoint::Open(Golden("llama-tiny-tied"));
+  ASSERT_THAT(golden, IsOk());
+  Stages one = BuildStages(spec, 1);
+  ASSERT_THAT(LoadHuggingFaceWeights(*golden, spec, one.pointers), IsOk());
+  Stages two = BuildStages(spec, 2);
+  ASSERT_THAT(LoadHuggingFaceWeights(*golden, spec, two.pointers), IsOk());
+  ASSERT_TRUE(two.owned[0]->tied_embedding().defined());
+  ASSERT_TRUE(two.owned[1]->tied_embedding().defined());
+  EXPECT_FALSE(one.owned[0]->tied_embedding().defined());  // one tensor, nothing to sum
+  EXPECT_TRUE(torch::equal(two.owned[0]->tied_embedding(), two.owned[1]->tied_embedding()));
+  EXPECT_TRUE(two.owned[1]->IsReplica("word_embedding"));
+  EXPECT_FALSE(two.owned[0]->IsReplica("word_embedding"));
+  const fs::path from_one = ExportAt(spec, one, "tied-pp1", v1::FLOAT32);
+  const fs::path from_two = ExportAt(spec, two, "tied-pp2", v1::FLOAT32);
+  int files = 0;
+  for (const auto& entry : fs::directory_iterator(from_one)) {
+    EXPECT_EQ(FileBytes(entry.path()), FileBytes(from_two / entry.path().filename()))
+        << entry.path().filename();
+    ++files;
+  }
+  EXPECT_EQ(files, 4);
+  EXPECT_EQ(TiedEmbeddingRanks(spec, 4, 8), (std::vector<int>{8, 11}));
+  EXPECT_TRUE(TiedEmbeddingRanks(spec, 1, 0).empty());
+  EXPECT_TRUE(TiedEmbeddingRanks(TinyLlama(false), 4, 0).empty());
+}
+
 TEST(HuggingFaceWeights, MegatronModelsAreRefused) {
   ModelSpec spec = TinyLlama(false);
   spec.llama = false;

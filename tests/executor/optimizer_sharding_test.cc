@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -56,6 +57,7 @@ struct Cell {
   std::string name;
   bool t5 = false;
   bool llama = false;  // LLAMA layers (docs/models.md)
+  bool tied = false;   // LLAMA: tie_word_embeddings
   uint32_t pp = 1;
   uint32_t dp = 2;
   uint32_t chunks = 1;  // > 1: interleaved 1F1B, several stages per rank
@@ -66,6 +68,7 @@ absl::StatusOr<v1::JobConfig> CellConfig(const Cell& c, uint32_t zero_stage, int
   TinyJob job;
   job.t5 = c.t5;
   job.llama = c.llama;
+  job.tie_word_embeddings = c.tied;
   job.pipeline = c.pp;
   job.data = c.dp;
   job.chunks = c.chunks;
@@ -169,6 +172,15 @@ TEST_P(Zero1Equivalence, ThreeStepsMatchStageZero) {
     const size_t replica0 = r % c.pp;
     EXPECT_EQ(MaxRelativeDifference(b[r].parameters, b[replica0].parameters).worst, 0.0)
         << "rank " << r << " differs from rank " << replica0;
+    // So do the two stages' copies of a tied embedding, under both stages.
+    if (c.tied && r % c.pp == c.pp - 1) {
+      const size_t first = r - (c.pp - 1);
+      for (const std::vector<RankRun>* run : {&a, &b}) {
+        EXPECT_TRUE(torch::equal((*run)[r].parameters.at("word_embedding"),
+                                 (*run)[first].parameters.at("word_embedding")))
+            << "rank " << r << "'s tied embedding drifted from rank " << first << "'s";
+      }
+    }
     // The optimizer state: AdamW's moments of 1/dp of the parameters (each
     // stage's shard padded by fewer than dp elements); SGD has none.
     const int64_t whole = a[r].optimizer_state_bytes.back();
@@ -203,7 +215,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Cell{.name = "Gpt_pp1dp3", .dp = 3},
                       Cell{.name = "GptInterleaved2_pp2dp2", .pp = 2, .chunks = 2},
                       Cell{.name = "GptSgd_pp2dp2", .pp = 2, .optimizer = v1::SGD},
-                      Cell{.name = "Llama_pp2dp2", .llama = true, .pp = 2}),
+                      Cell{.name = "Llama_pp2dp2", .llama = true, .pp = 2},
+                      Cell{.name = "LlamaTied_pp2dp2", .llama = true, .tied = true, .pp = 2}),
     [](const auto& info) { return info.param.name; });
 
 // A data-parallel degree of 1 leaves nothing to shard: stage 1 is stage 0.
@@ -341,13 +354,17 @@ TEST(Zero1Checkpoint, RefusesAnotherDataParallelDegree) {
 // exactly that. Under stage 1 the measured optimizer state falls by
 // (1 - 1/dp) of stage 0's, as the prediction does.
 TEST(Zero1MemoryModel, MeasuredModelStateMatchesThePrediction) {
-  for (const auto& [t5, llama] : {std::pair{false, false}, {true, false}, {false, true}}) {
+  // The tied LLAMA head counts the last stage's replica of the embedding
+  // (StageLayout::tied_embedding_replica).
+  for (const auto& [t5, llama, tied] :
+       {std::tuple{false, false, false}, std::tuple{true, false, false},
+        std::tuple{false, true, false}, std::tuple{false, true, true}}) {
     std::map<uint32_t, std::vector<RankRun>> runs;
     std::vector<double> planned;
     absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
     ASSERT_THAT(redis, IsOk());
     for (uint32_t zero_stage : {0u, 1u}) {
-      const Cell c{.name = "pp2dp2", .t5 = t5, .llama = llama, .pp = 2};
+      const Cell c{.name = "pp2dp2", .t5 = t5, .llama = llama, .tied = tied, .pp = 2};
       absl::StatusOr<v1::JobConfig> config = CellConfig(c, zero_stage, 1);
       ASSERT_THAT(config, IsOk());
       absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(*config);
@@ -392,10 +409,14 @@ TEST(Zero1MemoryModel, MeasuredModelStateMatchesThePrediction) {
             "predicted for the executor's %.0f parameters %.0f + %.0f = %.0f bytes; for the "
             "planner's own count (%.0f parameters, without %.0f encoder-LayerNorm ones) %.0f + "
             "%.0f = %.0f bytes\n",
-            t5 ? "T5" : llama ? "LLAMA" : "GPT", zero_stage, r, static_cast<long long>(run.parameter_bytes),
-            optimizer, static_cast<double>(run.parameter_bytes) + optimizer, count,
-            predicted.parameters, predicted.optimizer, predicted.parameters + predicted.optimizer,
-            planned[r % 2], unmodelled, planner_own.parameters, planner_own.optimizer,
+            t5      ? "T5"
+            : tied  ? "LLAMA tied"
+            : llama ? "LLAMA"
+                    : "GPT",
+            zero_stage, r, static_cast<long long>(run.parameter_bytes), optimizer,
+            static_cast<double>(run.parameter_bytes) + optimizer, count, predicted.parameters,
+            predicted.optimizer, predicted.parameters + predicted.optimizer, planned[r % 2],
+            unmodelled, planner_own.parameters, planner_own.optimizer,
             planner_own.parameters + planner_own.optimizer);
       }
     }

@@ -83,14 +83,20 @@ void RunRank(const v1::JobConfig& config,
   interpreter_options.sharding = rank_optimizer->sharding.get();
   interpreter_options.device = options.device;
   for (int k = 0; k < pp; ++k) interpreter_options.pipeline_group.push_back(rank / pp * pp + k);
+  for (const auto& stage : stages) {
+    if (stage->tied_embedding().defined()) {
+      interpreter_options.tied_embedding_group =
+          executor::TiedEmbeddingRanks(spec, pp, rank / pp * pp);
+    }
+  }
   if (options.capture_gradients) {
     interpreter_options.before_optimizer_step = [&](const executor::IterationStats&) {
       std::map<std::string, torch::Tensor>& grads = out.gradients.emplace_back();
       for (const auto& stage : stages) {
         for (const auto& item : stage->named_parameters()) {
           const torch::Tensor& g = item.value().grad();
-          grads[item.key()] = g.defined() ? g.detach().cpu().clone()
-                                          : torch::zeros_like(item.value().cpu());
+          grads[item.key()] =
+              g.defined() ? g.detach().cpu().clone() : torch::zeros_like(item.value().cpu());
         }
       }
     };

@@ -20,7 +20,7 @@ struct TinyJob {
   // A LLAMA GPT (docs/models.md): 2 key/value heads for 4 query heads,
   // Llama 3.1 rotary scaling whose three frequency bands all occur.
   bool llama = false;
-  bool tie_word_embeddings = false;  // LLAMA, pipeline 1
+  bool tie_word_embeddings = false;  // LLAMA
   v1::ScheduleKind schedule = v1::ONE_F_ONE_B;
   v1::RecomputeMode recompute = v1::RECOMPUTE_NONE;
   v1::PartitionMethod method = v1::DYNAMIC_PROGRAMMING;
