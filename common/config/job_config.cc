@@ -189,13 +189,60 @@ void ValidateModel(const JobConfig& config, ErrorList& errors) {
   }
 }
 
-// Architecture-specific fields (docs/models.md): each belongs to LLAMA, and
-// grouped-query attention, rotary pairs and a tied head have constraints.
+// T5V11's fields (docs/models.md): an encoder-decoder with multi-head
+// attention, an untied head, buckets that leave an exact range in both
+// directions (max_exact = buckets / 4 in the encoder, buckets / 2 in the
+// decoder) and a maximum distance beyond it (the log-spaced buckets divide by
+// log(max_distance / max_exact)).
+void ValidateT5V11(const JobConfig& config, ErrorList& errors) {
+  const v1::ModelConfig& m = config.model();
+  if (m.kind() != v1::T5) {
+    errors.Add("model.architecture", "T5V11 is an encoder-decoder architecture: model.kind must be T5");
+  }
+  if (m.num_key_value_heads() != 0 && m.num_key_value_heads() != m.num_attention_heads()) {
+    errors.Add("model.num_key_value_heads", "grouped-query attention needs model.architecture LLAMA");
+  }
+  if (m.has_rope_theta()) errors.Add("model.rope_theta", "is only used by LLAMA models");
+  if (m.has_rope_scaling()) errors.Add("model.rope_scaling", "is only used by LLAMA models");
+  if (m.tie_word_embeddings()) {
+    errors.Add("model.tie_word_embeddings",
+               "T5V11 has an untied LM head (the original T5's tied, rescaled head is not built)");
+  }
+  const uint32_t buckets = m.relative_attention_num_buckets();
+  if (buckets != 0 && (buckets < 4 || buckets > 1024 || buckets % 2 != 0)) {
+    errors.Add("model.relative_attention_num_buckets", "must be even, from 4 to 1024 (got ",
+               buckets, ")");
+  }
+  const uint32_t distance = m.relative_attention_max_distance();
+  const uint32_t effective_buckets = buckets == 0 ? 32 : buckets;
+  if (distance != 0 &&
+      (distance <= effective_buckets / 2 || distance > bounds::kMaxSequenceLength)) {
+    errors.Add("model.relative_attention_max_distance", "must exceed half the buckets (",
+               effective_buckets / 2, ") and be at most ", bounds::kMaxSequenceLength, " (got ",
+               distance, ")");
+  }
+  if (!config.training().init_from().empty()) {
+    errors.Add("training.init_from",
+               "loads Hugging Face checkpoints into model.architecture LLAMA only for now");
+  }
+  // A shared parameter (the embedding, a stack's bias table) has one replica
+  // per stage that uses it; interleaved chunks would put several on one rank.
+  if (config.parallelism().virtual_chunks() > 1) {
+    errors.Add("parallelism.virtual_chunks",
+               "T5V11 shares parameters across stages, which does not work with interleaved "
+               "stages: must be 1 (got ",
+               config.parallelism().virtual_chunks(), ")");
+  }
+}
+
+// Architecture-specific fields (docs/models.md): each belongs to LLAMA or
+// T5V11, and grouped-query attention, rotary pairs and a tied head have
+// constraints.
 void ValidateArchitecture(const JobConfig& config, ErrorList& errors) {
   const v1::ModelConfig& m = config.model();
   if (m.architecture() != v1::ARCHITECTURE_UNSPECIFIED && m.architecture() != v1::MEGATRON &&
-      m.architecture() != v1::LLAMA) {
-    errors.Add("model.architecture", "must be MEGATRON or LLAMA (got ",
+      m.architecture() != v1::LLAMA && m.architecture() != v1::T5V11) {
+    errors.Add("model.architecture", "must be MEGATRON, LLAMA or T5V11 (got ",
                v1::Architecture_IsValid(m.architecture())
                    ? v1::Architecture_Name(m.architecture())
                    : absl::StrCat(static_cast<int>(m.architecture())),
@@ -206,6 +253,19 @@ void ValidateArchitecture(const JobConfig& config, ErrorList& errors) {
     CheckPositive(errors, "model.norm_epsilon", m.norm_epsilon(), 1.0);
   }
   const bool llama = m.architecture() == v1::LLAMA;
+  const bool t5v11 = m.architecture() == v1::T5V11;
+  if (!t5v11) {
+    if (m.relative_attention_num_buckets() != 0) {
+      errors.Add("model.relative_attention_num_buckets", "is only used by T5V11 models");
+    }
+    if (m.relative_attention_max_distance() != 0) {
+      errors.Add("model.relative_attention_max_distance", "is only used by T5V11 models");
+    }
+  }
+  if (t5v11) {
+    ValidateT5V11(config, errors);
+    return;
+  }
   if (!llama) {
     if (m.num_key_value_heads() != 0 && m.num_key_value_heads() != m.num_attention_heads()) {
       errors.Add("model.num_key_value_heads",
@@ -565,6 +625,12 @@ void ApplyJobConfigDefaults(JobConfig& config) {
       if (r.high_freq_factor() == 0) r.set_high_freq_factor(4);
       if (r.original_max_position_embeddings() == 0) r.set_original_max_position_embeddings(8192);
     }
+  }
+  if (m.architecture() == v1::T5V11) {
+    if (!m.has_norm_epsilon()) m.set_norm_epsilon(1e-6);
+    if (m.num_key_value_heads() == 0) m.set_num_key_value_heads(m.num_attention_heads());
+    if (m.relative_attention_num_buckets() == 0) m.set_relative_attention_num_buckets(32);
+    if (m.relative_attention_max_distance() == 0) m.set_relative_attention_max_distance(128);
   }
   if (m.dtype() == v1::DTYPE_UNSPECIFIED) m.set_dtype(v1::BFLOAT16);
   if (m.attention_kernel() == v1::ATTENTION_KERNEL_UNSPECIFIED) {
