@@ -66,23 +66,27 @@ torch::Tensor Merge(const torch::Tensor& x) {
   return x.transpose(1, 2).reshape({x.size(0), x.size(2), x.size(1) * x.size(3)});
 }
 
+// The causal mask [1, 1, s, s] an undefined mask stands for.
+torch::Tensor CausalMask(int64_t s, torch::Device device) {
+  const torch::Tensor positions =
+      torch::arange(s, torch::TensorOptions().dtype(torch::kInt64).device(device));
+  return (positions.unsqueeze(1) >= positions.unsqueeze(0)).unsqueeze(0).unsqueeze(0);
+}
+
 }  // namespace
 
 torch::Tensor MaskedAttention(const torch::Tensor& q, const torch::Tensor& k,
-                              const torch::Tensor& v, const torch::Tensor& mask, int64_t heads) {
+                              const torch::Tensor& v, const torch::Tensor& mask, int64_t heads,
+                              const torch::Tensor& bias, bool scaled) {
   const int64_t sq = q.size(1);
   const int64_t d = q.size(2) / heads;
   const torch::Tensor qh = Heads(q, heads);
   const torch::Tensor kh = Heads(k, heads);
   const torch::Tensor vh = Heads(v, heads);
-  torch::Tensor scores =
-      torch::matmul(qh, kh.transpose(-2, -1)) / std::sqrt(static_cast<double>(d));
-  torch::Tensor allowed = mask;
-  if (!allowed.defined()) {
-    const torch::Tensor positions =
-        torch::arange(sq, torch::TensorOptions().dtype(torch::kInt64).device(q.device()));
-    allowed = (positions.unsqueeze(1) >= positions.unsqueeze(0)).unsqueeze(0).unsqueeze(0);
-  }
+  torch::Tensor scores = torch::matmul(qh, kh.transpose(-2, -1));
+  if (scaled) scores = scores / std::sqrt(static_cast<double>(d));
+  if (bias.defined()) scores = scores + bias;
+  const torch::Tensor allowed = mask.defined() ? mask : CausalMask(sq, q.device());
   // Every query row keeps at least one key (lengths >= 1), so no row is all
   // -inf and softmax stays finite.
   scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
@@ -93,11 +97,23 @@ torch::Tensor MaskedAttention(const torch::Tensor& q, const torch::Tensor& k,
 bool FusedAttentionAvailable() { return TORCH_VERSION_MAJOR >= 2; }
 
 torch::Tensor FusedAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                             const torch::Tensor& mask, int64_t heads) {
+                             const torch::Tensor& mask, int64_t heads, const torch::Tensor& bias,
+                             bool scaled) {
 #if TORCH_VERSION_MAJOR >= 2
-  const torch::Tensor qh = Heads(q, heads);
+  torch::Tensor qh = Heads(q, heads);
   const torch::Tensor kh = Heads(k, heads);
   const torch::Tensor vh = Heads(v, heads);
+  // Unscaled scores (T5V11): the kernel divides by sqrt(d), so q is
+  // multiplied by it first.
+  if (!scaled) qh = qh * std::sqrt(static_cast<double>(qh.size(-1)));
+  if (bias.defined()) {
+    // The bias with -inf where attention is not allowed, in the kernel's dtype.
+    const torch::Tensor allowed = mask.defined() ? mask : CausalMask(q.size(1), q.device());
+    const torch::Tensor float_mask =
+        bias.to(qh.scalar_type())
+            .masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+    return Merge(at::scaled_dot_product_attention(qh, kh, vh, float_mask));
+  }
   // Default scale 1 / sqrt(d); a boolean mask is true where attention is
   // allowed, as ours.
   const torch::Tensor out =
@@ -106,7 +122,7 @@ torch::Tensor FusedAttention(const torch::Tensor& q, const torch::Tensor& k, con
                                                         /*dropout_p=*/0.0, /*is_causal=*/true);
   return Merge(out);
 #else
-  (void)q, (void)k, (void)v, (void)mask, (void)heads;
+  (void)q, (void)k, (void)v, (void)mask, (void)heads, (void)bias, (void)scaled;
   TORCH_CHECK(false, "model.attention_kernel FUSED needs LibTorch 2.0 or newer (built with ",
               TORCH_VERSION, ")");
   return {};

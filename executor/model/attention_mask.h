@@ -48,9 +48,12 @@ torch::Tensor SelfAttentionMaskFor(v1::AttentionKernel kernel, const torch::Tens
 // by autograd). An undefined `mask` means causal (sq == sk): with padding at
 // the end of each sample this is SelfAttentionMask(lengths, s, causal) for
 // every real query; padding queries also see the padding keys before them,
-// which changes only padding outputs (they reach no loss).
+// which changes only padding outputs (they reach no loss). T5V11: `bias`
+// [B, heads, sq, sk] (B 1 or b; relative_position_bias.h) is added to the
+// scores, and `scaled` false leaves out the 1/sqrt(d).
 torch::Tensor MaskedAttention(const torch::Tensor& q, const torch::Tensor& k,
-                              const torch::Tensor& v, const torch::Tensor& mask, int64_t heads);
+                              const torch::Tensor& v, const torch::Tensor& mask, int64_t heads,
+                              const torch::Tensor& bias = torch::Tensor(), bool scaled = true);
 
 // Whether this build's LibTorch has the fused kernel
 // (torch::scaled_dot_product_attention, LibTorch 2.0 or newer).
@@ -61,8 +64,11 @@ bool FusedAttentionAvailable();
 // on GPUs; an undefined mask runs it with is_causal). Same values as
 // MaskedAttention up to rounding. REQUIRES: FusedAttentionAvailable()
 // (throws c10::Error otherwise).
+// With a `bias` the kernel gets it (masked with -inf) as a float mask, which
+// it keeps for backward: [B, heads, sq, sk] per layer.
 torch::Tensor FusedAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                             const torch::Tensor& mask, int64_t heads);
+                             const torch::Tensor& mask, int64_t heads,
+                             const torch::Tensor& bias = torch::Tensor(), bool scaled = true);
 
 }  // namespace varipipe::executor
 

@@ -18,6 +18,7 @@ enum class ModelComponent : uint32_t {
   kEncoderLayer = 2,  // GPT layers and T5 encoder layers
   kDecoderLayer = 3,  // T5 decoder layers
   kHead = 4,
+  kPositionBias = 5,  // T5V11's relative bias tables: 0 encoder, 1 decoder
 };
 
 class Initializer {

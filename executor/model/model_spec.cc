@@ -42,6 +42,12 @@ absl::StatusOr<ModelSpec> ModelSpecFromConfig(const v1::JobConfig& config) {
     }
     spec.tie_word_embeddings = model.tie_word_embeddings();
   }
+  spec.t5v11 = model.architecture() == v1::T5V11;
+  if (spec.t5v11) {
+    spec.norm_epsilon = model.norm_epsilon();
+    spec.relative_buckets = model.relative_attention_num_buckets();
+    spec.relative_max_distance = model.relative_attention_max_distance();
+  }
   const auto require = [](int64_t value, const char* field) -> absl::Status {
     if (value > 0) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(field, " must be positive"));
@@ -65,6 +71,18 @@ absl::StatusOr<ModelSpec> ModelSpecFromConfig(const v1::JobConfig& config) {
       return absl::InvalidArgumentError(
           "model.num_key_value_heads must divide model.num_attention_heads and "
           "model.kv_channels must be even");
+    }
+  }
+  if (spec.t5v11) {
+    if (!spec.encoder_decoder) {
+      return absl::InvalidArgumentError("model.architecture T5V11 needs model.kind T5");
+    }
+    if (spec.relative_buckets < 4 || spec.relative_buckets % 2 != 0 ||
+        spec.relative_max_distance <= spec.relative_buckets / 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.relative_attention_num_buckets (", spec.relative_buckets,
+                       ") must be even and at least 4, and model.relative_attention_max_distance (",
+                       spec.relative_max_distance, ") above half of it"));
     }
   }
   if (spec.attention_kernel == v1::FUSED && !FusedAttentionAvailable()) {

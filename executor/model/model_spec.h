@@ -28,7 +28,7 @@ struct ModelSpec {
   bool llama = false;
   // LLAMA: grouped-query attention's key/value heads (divides the heads).
   int64_t num_key_value_heads = 0;
-  double norm_epsilon = 1e-5;  // LLAMA's RMSNorm
+  double norm_epsilon = 1e-5;  // LLAMA's and T5V11's RMSNorm
   double rope_theta = 10000;
   // Llama 3.1 frequency scaling; factor 0: none.
   double rope_factor = 0;
@@ -36,6 +36,10 @@ struct ModelSpec {
   double rope_high_freq_factor = 4;
   double rope_original_max_positions = 8192;
   bool tie_word_embeddings = false;  // LLAMA: the head uses word_embedding
+  // T5V11 layers (docs/models.md) instead of MEGATRON ones (encoder_decoder).
+  bool t5v11 = false;
+  int64_t relative_buckets = 0;       // T5V11: relative position bias buckets
+  int64_t relative_max_distance = 0;  // T5V11: distances sharing the last bucket
 };
 
 // Applies the config's documented defaults; InvalidArgument naming the field

@@ -8,6 +8,7 @@
 #include "executor/model/attention_mask.h"
 #include "executor/model/deferred_linear.h"
 #include "executor/model/initializer.h"
+#include "executor/model/relative_position_bias.h"
 #include "executor/model/rotary.h"
 
 namespace varipipe::executor {
@@ -80,19 +81,34 @@ ModelStage::ModelStage(const ModelSpec& spec, const StageRole& role) : spec_(spe
   const int64_t h = spec.hidden_size;
   // GPT / T5 encoder embedding (index 0) and T5 decoder embedding (index 1,
   // untied from the encoder's).
-  // LLAMA has no position table (rotary positions in every layer), and a
-  // tied head reuses word_embedding: the same tensor on one stage, a
-  // replica on the last stage otherwise (tied_embedding()).
-  if (role.embeds_input || (spec.tie_word_embeddings && role.has_head)) {
+  // LLAMA and T5V11 have no position table (rotary positions or a relative
+  // bias in every layer). A tied LLAMA head reuses word_embedding, as T5V11's
+  // decoder does: the same tensor on one stage, a replica on another
+  // (SharedParameters).
+  if (role.embeds_input || (spec.tie_word_embeddings && role.has_head) ||
+      (spec.t5v11 && role.embeds_decoder)) {
     Initializer init(spec.seed, ModelComponent::kEmbedding, 0);
     word_embedding_ =
         register_parameter("word_embedding", init.Normal({spec.vocab_size, h}, kInitStddev));
-    if (!spec.llama) {
+    if (!spec.llama && !spec.t5v11) {
       position_embedding_ = register_parameter(
           "position_embedding", init.Normal({spec.max_sequence_length, h}, kInitStddev));
     }
   }
-  if (role.embeds_decoder) {
+  // T5V11: one relative bias table per stack, on every stage with its layers.
+  if (spec.t5v11 && role.encoder_layers.size() > 0) {
+    Initializer init(spec.seed, ModelComponent::kPositionBias, 0);
+    encoder_relative_bias_ = register_parameter(
+        "encoder_relative_bias",
+        init.Normal({spec.relative_buckets, spec.num_attention_heads}, kInitStddev));
+  }
+  if (spec.t5v11 && role.decoder_layers.size() > 0) {
+    Initializer init(spec.seed, ModelComponent::kPositionBias, 1);
+    decoder_relative_bias_ = register_parameter(
+        "decoder_relative_bias",
+        init.Normal({spec.relative_buckets, spec.num_attention_heads}, kInitStddev));
+  }
+  if (role.embeds_decoder && !spec.t5v11) {
     Initializer init(spec.seed, ModelComponent::kEmbedding, 1);
     decoder_word_embedding_ = register_parameter("decoder_word_embedding",
                                                  init.Normal({spec.vocab_size, h}, kInitStddev));
@@ -105,7 +121,9 @@ ModelStage::ModelStage(const ModelSpec& spec, const StageRole& role) : spec_(spe
         absl::StrCat("encoder_layer_", i),
         std::make_shared<TransformerLayer>(spec, ModelComponent::kEncoderLayer, i, total_layers)));
   }
-  if (role.ends_encoder) {
+  if (role.ends_encoder && spec.t5v11) {
+    encoder_ln_weight_ = register_parameter("encoder_norm_weight", Initializer::Ones({h}));
+  } else if (role.ends_encoder) {
     encoder_ln_weight_ = register_parameter("encoder_ln_weight", Initializer::Ones({h}));
     encoder_ln_bias_ = register_parameter("encoder_ln_bias", Initializer::Zeros({h}));
   }
@@ -114,7 +132,7 @@ ModelStage::ModelStage(const ModelSpec& spec, const StageRole& role) : spec_(spe
         absl::StrCat("decoder_layer_", i),
         std::make_shared<TransformerLayer>(spec, ModelComponent::kDecoderLayer, i, total_layers)));
   }
-  if (role.has_head && spec.llama) {
+  if (role.has_head && (spec.llama || spec.t5v11)) {
     Initializer init(spec.seed, ModelComponent::kHead, 0);
     final_ln_weight_ = register_parameter("final_norm_weight", Initializer::Ones({h}));
     head_weight_ =
@@ -130,19 +148,51 @@ ModelStage::ModelStage(const ModelSpec& spec, const StageRole& role) : spec_(spe
   }
 }
 
-torch::Tensor ModelStage::tied_embedding() const {
-  if (!spec_.tie_word_embeddings || role_.embeds_input == role_.has_head) return {};
-  return word_embedding_;
-}
-
 bool ModelStage::IsReplica(const std::string& name) const {
-  return spec_.tie_word_embeddings && role_.has_head && !role_.embeds_input &&
-         name == "word_embedding";
+  // The owner is the first holder: the stage embedding the input, the first
+  // stage of a stack.
+  if (name == "word_embedding") {
+    return (spec_.tie_word_embeddings || spec_.t5v11) && !role_.embeds_input;
+  }
+  if (name == "encoder_relative_bias") return spec_.t5v11 && role_.encoder_layers.begin > 0;
+  if (name == "decoder_relative_bias") return spec_.t5v11 && role_.decoder_layers.begin > 0;
+  return false;
 }
 
-std::vector<int> TiedEmbeddingRanks(const ModelSpec& spec, int64_t pipeline, int replica_base) {
-  if (!spec.tie_word_embeddings || pipeline <= 1) return {};
-  return {replica_base, replica_base + static_cast<int>(pipeline) - 1};
+std::vector<SharedParameter> SharedParameters(const ModelSpec& spec,
+                                              const std::vector<StageRole>& roles) {
+  std::vector<SharedParameter> out;
+  const auto add = [&](const char* name, auto holds) {
+    SharedParameter shared{.name = name, .stages = {}};
+    for (const StageRole& role : roles) {
+      if (holds(role)) shared.stages.push_back(role.stage);
+    }
+    if (shared.stages.size() > 1) out.push_back(std::move(shared));
+  };
+  if (spec.tie_word_embeddings) {
+    add("word_embedding", [](const StageRole& r) { return r.embeds_input || r.has_head; });
+  }
+  if (spec.t5v11) {
+    add("word_embedding", [](const StageRole& r) { return r.embeds_input || r.embeds_decoder; });
+    add("encoder_relative_bias", [](const StageRole& r) { return r.encoder_layers.size() > 0; });
+    add("decoder_relative_bias", [](const StageRole& r) { return r.decoder_layers.size() > 0; });
+  }
+  return out;
+}
+
+std::vector<SharedParameterGroup> SharedParameterGroups(const ModelSpec& spec,
+                                                        const std::vector<StageRole>& roles,
+                                                        int64_t stage, int replica_base) {
+  std::vector<SharedParameterGroup> out;
+  for (const SharedParameter& shared : SharedParameters(spec, roles)) {
+    if (std::find(shared.stages.begin(), shared.stages.end(), stage) == shared.stages.end()) {
+      continue;
+    }
+    SharedParameterGroup group{.name = shared.name, .ranks = {}};
+    for (int64_t s : shared.stages) group.ranks.push_back(replica_base + static_cast<int>(s));
+    out.push_back(std::move(group));
+  }
+  return out;
 }
 
 void ModelStage::SetSelectiveRecompute(bool on) {
@@ -162,6 +212,26 @@ torch::Tensor ModelStage::Embed(const torch::Tensor& tokens, const torch::Tensor
   return words + position.slice(0, 0, tokens.size(1)).unsqueeze(0);
 }
 
+torch::Tensor ModelStage::LayerPositions(const torch::Tensor& positions,
+                                         const torch::Tensor& hidden,
+                                         const torch::Tensor& bias_table,
+                                         bool bidirectional) const {
+  if (!spec_.llama && !spec_.t5v11) return {};
+  // Packed rows restart positions per sample; an unpacked row counts 0..s-1.
+  const torch::Tensor at =
+      positions.defined() ? positions : SequentialPositions(hidden.size(1), hidden.device());
+  if (spec_.llama) return RotaryTable(spec_, at);
+  return RelativePositionBias(bias_table,
+                              RelativePositionBuckets(at, at, bidirectional, spec_.relative_buckets,
+                                                      spec_.relative_max_distance));
+}
+
+torch::Tensor ModelStage::FinalNorm(const torch::Tensor& x, const torch::Tensor& weight,
+                                    const torch::Tensor& bias) const {
+  if (spec_.llama || spec_.t5v11) return RmsNorm(x, weight, spec_.norm_epsilon);
+  return torch::layer_norm(x, {spec_.hidden_size}, weight, bias, 1e-5);
+}
+
 StageActivations ModelStage::Forward(const StageActivations& in, const StageBatch& batch) {
   StageActivations out;
   torch::Tensor hidden = in.hidden;
@@ -178,26 +248,24 @@ StageActivations ModelStage::Forward(const StageActivations& in, const StageBatc
         packed ? SegmentSelfAttentionMask(batch.input_segments, causal)
                : SelfAttentionMaskFor(spec_.attention_kernel, batch.input_lengths, hidden.size(1),
                                       causal);
-    // LLAMA: each token's rotary angles, restarting per sample in packed rows.
-    const torch::Tensor rotary =
-        spec_.llama
-            ? RotaryTable(spec_, packed ? batch.input_positions
-                                        : SequentialPositions(hidden.size(1), hidden.device()))
-            : torch::Tensor();
+    // LLAMA: each token's rotary angles; T5V11: the encoder's bidirectional
+    // position bias, once for all layers; both restart per sample in packed
+    // rows.
+    const torch::Tensor position =
+        LayerPositions(batch.input_positions, hidden, encoder_relative_bias_,
+                       /*bidirectional=*/true);
     for (int64_t i = 0; i < role_.encoder_layers.size(); ++i) {
-      hidden = layers_[next_layer++]->Forward(hidden, mask, {}, {}, rotary);
+      hidden = layers_[next_layer++]->Forward(hidden, mask, {}, {}, position);
     }
   }
-  if (role_.ends_encoder) {
-    hidden =
-        torch::layer_norm(hidden, {spec_.hidden_size}, encoder_ln_weight_, encoder_ln_bias_, 1e-5);
-  }
+  if (role_.ends_encoder) hidden = FinalNorm(hidden, encoder_ln_weight_, encoder_ln_bias_);
   // Decoder part (T5).
   if (spec_.encoder_decoder && (role_.embeds_decoder || role_.decoder_layers.size() > 0)) {
     if (role_.embeds_decoder) {
       memory = hidden;  // the encoder output
-      hidden = Embed(batch.decoder_tokens, decoder_word_embedding_, decoder_position_embedding_,
-                     batch.target_positions);
+      // T5V11 shares the encoder's embedding.
+      hidden = Embed(batch.decoder_tokens, spec_.t5v11 ? word_embedding_ : decoder_word_embedding_,
+                     decoder_position_embedding_, batch.target_positions);
     }
     const torch::Tensor self_mask =
         packed ? SegmentSelfAttentionMask(batch.target_segments, /*causal=*/true)
@@ -206,18 +274,19 @@ StageActivations ModelStage::Forward(const StageActivations& in, const StageBatc
     const torch::Tensor cross_mask =
         packed ? SegmentCrossAttentionMask(batch.target_segments, batch.input_segments)
                : CrossAttentionMask(batch.input_lengths, hidden.size(1), memory.size(1));
+    // T5V11: the decoder's causal position bias.
+    const torch::Tensor position =
+        LayerPositions(batch.target_positions, hidden, decoder_relative_bias_,
+                       /*bidirectional=*/false);
     for (int64_t i = 0; i < role_.decoder_layers.size(); ++i) {
-      hidden = layers_[next_layer++]->Forward(hidden, self_mask, memory, cross_mask);
+      hidden = layers_[next_layer++]->Forward(hidden, self_mask, memory, cross_mask, position);
     }
     out.memory = memory;
   }
   out.hidden = hidden;
   if (role_.has_head) {
-    const torch::Tensor normed = spec_.llama
-                                     ? RmsNorm(hidden, final_ln_weight_, spec_.norm_epsilon)
-                                     : torch::layer_norm(hidden, {spec_.hidden_size},
-                                                         final_ln_weight_, final_ln_bias_, 1e-5);
-    const torch::Tensor logits = DeferredLinear(normed, head_weight_);
+    const torch::Tensor logits =
+        DeferredLinear(FinalNorm(hidden, final_ln_weight_, final_ln_bias_), head_weight_);
     const torch::Tensor token_loss = torch::nn::functional::cross_entropy(
         logits.reshape({-1, spec_.vocab_size}).to(torch::kFloat32), batch.labels.reshape({-1}),
         torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kSum));

@@ -1,5 +1,5 @@
 // One pipeline stage of a GPT (MEGATRON or LLAMA, docs/models.md) or T5
-// model: a range of layers, with the embedding on the stage that starts a
+// (MEGATRON or T5V11) model: a range of layers, with the embedding on the stage that starts a
 // stack and the final norm, LM head and loss on the last stage. T5 puts its encoder stages first
 // and its decoder stages after (the planner's cost model assumes the same); the encoder output
 // travels with the decoder activations through every decoder stage, and its gradient flows back the
@@ -39,11 +39,32 @@ struct StageRole {
 absl::StatusOr<std::vector<StageRole>> PipelineStageRoles(const ModelSpec& spec,
                                                           int64_t num_stages);
 
-// The global ranks that hold a tied embedding of the pipeline replica whose
-// first rank is `replica_base` (ranks replica_base .. + pipeline - 1): its
-// first and last stage, when the model ties its head and pipeline > 1;
-// empty otherwise. Every rank computes the same groups.
-std::vector<int> TiedEmbeddingRanks(const ModelSpec& spec, int64_t pipeline, int replica_base);
+// A parameter several stages hold (docs/models.md, "Shared parameters"): a
+// LLAMA embedding tied to the head across stages, T5V11's shared embedding
+// and its relative bias tables. Each holder has a replica under `name`; the
+// first holder owns it (counts it in the gradient norm, exports it).
+struct SharedParameter {
+  std::string name;
+  std::vector<int64_t> stages;  // ascending, at least two
+};
+
+// The parameters of a model split into `roles` (PipelineStageRoles) that more
+// than one stage holds, in the order every rank sums their gradients.
+std::vector<SharedParameter> SharedParameters(const ModelSpec& spec,
+                                              const std::vector<StageRole>& roles);
+
+// The gradient sums one rank takes part in: for each shared parameter its
+// stage `stage` holds (in SharedParameters' order), the global ranks of the
+// holders in the pipeline replica whose first rank is `replica_base` (ranks
+// replica_base + stage; one stage per rank). Every rank computes the same
+// groups.
+struct SharedParameterGroup {
+  std::string name;
+  std::vector<int> ranks;
+};
+std::vector<SharedParameterGroup> SharedParameterGroups(const ModelSpec& spec,
+                                                        const std::vector<StageRole>& roles,
+                                                        int64_t stage, int replica_base);
 
 // A micro-batch's data as the stages see it. Token tensors are int64 and
 // padded at the end; lengths give the real lengths (>= 1).
@@ -90,16 +111,9 @@ class ModelStage : public torch::nn::Module {
   // backward instead of stored.
   void SetSelectiveRecompute(bool on);
 
-  // A tied LLAMA head on another stage than the embedding
-  // (tie_word_embeddings, pipeline > 1): the first stage's word_embedding
-  // and the last stage's replica of it, initialised (or loaded) alike, whose
-  // gradients are summed over the two stages every iteration so they never
-  // drift (Megatron-LM's rule; PlanInterpreter does it). Undefined on every
-  // other stage, and when one stage holds both.
-  torch::Tensor tied_embedding() const;
-  // Whether parameter `name` (a named_parameters() key) is such a replica:
-  // the gradient norm counts it once (on the first stage) and the first
-  // stage exports it.
+  // Whether parameter `name` (a named_parameters() key) is a replica of a
+  // shared parameter that an earlier stage owns (SharedParameters): the
+  // gradient norm counts it once (on the owner) and the owner exports it.
   bool IsReplica(const std::string& name) const;
 
   // Full recomputation (the plan's recompute "full") for the following
@@ -112,11 +126,23 @@ class ModelStage : public torch::nn::Module {
   // else 0..s-1 in every row.
   torch::Tensor Embed(const torch::Tensor& tokens, const torch::Tensor& word,
                       const torch::Tensor& position, const torch::Tensor& positions) const;
+  // The per-layer position input of a stack whose layers take `hidden`
+  // [b, s, h] (`positions` [b, s] for packed rows, else 0..s-1): LLAMA's
+  // rotary table, T5V11's relative position bias from `bias_table`
+  // (bidirectional in the encoder); undefined for MEGATRON.
+  torch::Tensor LayerPositions(const torch::Tensor& positions, const torch::Tensor& hidden,
+                               const torch::Tensor& bias_table, bool bidirectional) const;
+  // The final normalisation of the encoder or of the model.
+  torch::Tensor FinalNorm(const torch::Tensor& x, const torch::Tensor& weight,
+                          const torch::Tensor& bias) const;
 
   ModelSpec spec_;
   StageRole role_;
-  // embeds_input (or a tied head); LLAMA has no position table.
+  // embeds_input (or a tied head; T5V11: or embeds_decoder); LLAMA and
+  // T5V11 have no position table.
   torch::Tensor word_embedding_, position_embedding_;
+  // T5V11: each stack's relative bias table, on every stage with its layers.
+  torch::Tensor encoder_relative_bias_, decoder_relative_bias_;
   torch::Tensor decoder_word_embedding_, decoder_position_embedding_;  // embeds_decoder
   torch::Tensor encoder_ln_weight_, encoder_ln_bias_;                  // ends_encoder
   // has_head; LLAMA: RMSNorm (no bias), and head_weight_ is word_embedding_

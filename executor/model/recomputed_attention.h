@@ -13,10 +13,12 @@
 
 namespace varipipe::executor {
 
-// MaskedAttention (attention_mask.h) whose core is recomputed in backward.
+// MaskedAttention (attention_mask.h) whose core is recomputed in backward;
+// a `bias` (T5V11) is kept as an input and gets its gradient.
 torch::Tensor RecomputedMaskedAttention(const torch::Tensor& q, const torch::Tensor& k,
                                         const torch::Tensor& v, const torch::Tensor& mask,
-                                        int64_t heads);
+                                        int64_t heads, const torch::Tensor& bias = torch::Tensor(),
+                                        bool scaled = true);
 
 }  // namespace varipipe::executor
 

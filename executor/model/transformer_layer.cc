@@ -18,6 +18,7 @@ TransformerLayer::TransformerLayer(const ModelSpec& spec, ModelComponent compone
     : hidden_(spec.hidden_size),
       heads_(spec.num_attention_heads),
       llama_(spec.llama),
+      t5v11_(spec.t5v11),
       kv_heads_(spec.llama ? spec.num_key_value_heads : spec.num_attention_heads),
       norm_epsilon_(spec.norm_epsilon),
       cross_attention_(component == ModelComponent::kDecoderLayer),
@@ -26,6 +27,8 @@ TransformerLayer::TransformerLayer(const ModelSpec& spec, ModelComponent compone
   const double output_stddev = kInitStddev / std::sqrt(2.0 * static_cast<double>(total_layers));
   if (llama_) {
     RegisterLlama(spec, init, output_stddev);
+  } else if (t5v11_) {
+    RegisterT5V11(spec, init, output_stddev);
   } else {
     RegisterMegatron(spec, init, output_stddev);
   }
@@ -43,6 +46,31 @@ void TransformerLayer::RegisterLlama(const ModelSpec& spec, Initializer& init,
   k_weight_ = register_parameter("k_weight", init.Normal({kv_inner, h}, kInitStddev));
   v_weight_ = register_parameter("v_weight", init.Normal({kv_inner, h}, kInitStddev));
   o_weight_ = register_parameter("o_weight", init.Normal({h, inner}, output_stddev));
+  mlp_norm_weight_ = register_parameter("mlp_norm_weight", Initializer::Ones({h}));
+  gate_weight_ = register_parameter("gate_weight", init.Normal({ffn, h}, kInitStddev));
+  up_weight_ = register_parameter("up_weight", init.Normal({ffn, h}, kInitStddev));
+  down_weight_ = register_parameter("down_weight", init.Normal({h, ffn}, output_stddev));
+}
+
+// Registration order is the draw order (docs/models.md): q, k, v, o, then
+// (decoder) xq, xk, xv, xo, then gate, up, down; norms draw nothing.
+void TransformerLayer::RegisterT5V11(const ModelSpec& spec, Initializer& init,
+                                     double output_stddev) {
+  const int64_t h = spec.hidden_size;
+  const int64_t inner = spec.num_attention_heads * spec.kv_channels;
+  const int64_t ffn = spec.ffn_hidden_size;
+  attn_norm_weight_ = register_parameter("attn_norm_weight", Initializer::Ones({h}));
+  q_weight_ = register_parameter("q_weight", init.Normal({inner, h}, kInitStddev));
+  k_weight_ = register_parameter("k_weight", init.Normal({inner, h}, kInitStddev));
+  v_weight_ = register_parameter("v_weight", init.Normal({inner, h}, kInitStddev));
+  o_weight_ = register_parameter("o_weight", init.Normal({h, inner}, output_stddev));
+  if (cross_attention_) {
+    cross_norm_weight_ = register_parameter("cross_norm_weight", Initializer::Ones({h}));
+    xq_weight_ = register_parameter("xq_weight", init.Normal({inner, h}, kInitStddev));
+    xk_weight_ = register_parameter("xk_weight", init.Normal({inner, h}, kInitStddev));
+    xv_weight_ = register_parameter("xv_weight", init.Normal({inner, h}, kInitStddev));
+    xo_weight_ = register_parameter("xo_weight", init.Normal({h, inner}, output_stddev));
+  }
   mlp_norm_weight_ = register_parameter("mlp_norm_weight", Initializer::Ones({h}));
   gate_weight_ = register_parameter("gate_weight", init.Normal({ffn, h}, kInitStddev));
   up_weight_ = register_parameter("up_weight", init.Normal({ffn, h}, kInitStddev));
@@ -101,8 +129,10 @@ using torch::autograd::tensor_list;
 // gradients directly (as PyTorch's reentrant checkpoint does) and gives the
 // inputs' gradients. The masks travel in saved_data (LibTorch's Functions
 // take no undefined tensor as an input); `memory` is an input only for
-// decoder layers (CheckpointedDecoderLayer). The self mask is passed by
-// pointer because it may be undefined (causal, SelfAttentionMaskFor).
+// decoder layers (CheckpointedDecoderLayer), and a T5V11 position bias is an
+// input (it has a gradient), a LLAMA rotary table saved data. The self mask
+// is passed by pointer because it may be undefined (causal,
+// SelfAttentionMaskFor).
 void SaveForRecompute(AutogradContext* ctx, TransformerLayer* layer, const torch::Tensor& self_mask,
                       const torch::Tensor& cross_mask, const torch::Tensor& rotary) {
   ctx->saved_data["layer"] = reinterpret_cast<int64_t>(layer);
@@ -117,10 +147,11 @@ void SaveForRecompute(AutogradContext* ctx, TransformerLayer* layer, const torch
   ctx->saved_data["weight_grad_store"] = reinterpret_cast<int64_t>(CurrentWeightGradStore());
 }
 
-// Re-runs the layer on `x` (and `memory`), leaves requiring gradients, and
-// back-propagates `grad` through it.
+// Re-runs the layer on `x` (and `memory`) with `position` (a detached bias
+// that requires its gradient) or the saved rotary table, leaves requiring
+// gradients, and back-propagates `grad` through it.
 void Recompute(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& memory,
-               const torch::Tensor& grad) {
+               const torch::Tensor& position, const torch::Tensor& grad) {
   auto* layer = reinterpret_cast<TransformerLayer*>(ctx->saved_data["layer"].toInt());
   const torch::Tensor self_mask = ctx->saved_data["has_self_mask"].toBool()
                                       ? ctx->saved_data["self_mask"].toTensor()
@@ -137,7 +168,7 @@ void Recompute(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor
     const RecomputePrecisionScope precision(ctx);
     const WeightGradScope store(
         reinterpret_cast<WeightGradStore*>(ctx->saved_data["weight_grad_store"].toInt()));
-    out = layer->Compute(x, self_mask, memory, cross_mask, rotary);
+    out = layer->Compute(x, self_mask, memory, cross_mask, position.defined() ? position : rotary);
   }
   torch::autograd::backward({out}, {grad});
 }
@@ -154,7 +185,7 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     const torch::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
-    Recompute(ctx, x, torch::Tensor(), grad_outputs[0]);
+    Recompute(ctx, x, torch::Tensor(), torch::Tensor(), grad_outputs[0]);
     return {x.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -172,8 +203,50 @@ class CheckpointedDecoderLayer : public torch::autograd::Function<CheckpointedDe
     const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
     const torch::Tensor x = saved[0].detach().requires_grad_(true);
     const torch::Tensor memory = saved[1].detach().requires_grad_(true);
-    Recompute(ctx, x, memory, grad_outputs[0]);
+    Recompute(ctx, x, memory, torch::Tensor(), grad_outputs[0]);
     return {x.grad(), memory.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// T5V11 encoder layers: the position bias is an input with a gradient.
+class CheckpointedBiasedLayer : public torch::autograd::Function<CheckpointedBiasedLayer> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& bias, TransformerLayer* layer,
+                               const torch::Tensor* self_mask) {
+    ctx->save_for_backward({x, bias});
+    SaveForRecompute(ctx, layer, *self_mask, torch::Tensor(), torch::Tensor());
+    return layer->Compute(x, *self_mask, torch::Tensor(), torch::Tensor(), bias);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
+    const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
+    const torch::Tensor x = saved[0].detach().requires_grad_(true);
+    const torch::Tensor bias = saved[1].detach().requires_grad_(true);
+    Recompute(ctx, x, torch::Tensor(), bias, grad_outputs[0]);
+    return {x.grad(), bias.grad(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// T5V11 decoder layers: the encoder output and the position bias are inputs.
+class CheckpointedBiasedDecoderLayer
+    : public torch::autograd::Function<CheckpointedBiasedDecoderLayer> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& memory, const torch::Tensor& bias,
+                               TransformerLayer* layer, const torch::Tensor* self_mask,
+                               const torch::Tensor& cross_mask) {
+    ctx->save_for_backward({x, memory, bias});
+    SaveForRecompute(ctx, layer, *self_mask, cross_mask, torch::Tensor());
+    return layer->Compute(x, *self_mask, memory, cross_mask, bias);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
+    const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
+    const torch::Tensor x = saved[0].detach().requires_grad_(true);
+    const torch::Tensor memory = saved[1].detach().requires_grad_(true);
+    const torch::Tensor bias = saved[2].detach().requires_grad_(true);
+    Recompute(ctx, x, memory, bias, grad_outputs[0]);
+    return {x.grad(),        memory.grad(),   bias.grad(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -182,23 +255,31 @@ class CheckpointedDecoderLayer : public torch::autograd::Function<CheckpointedDe
 torch::Tensor TransformerLayer::Forward(const torch::Tensor& x, const torch::Tensor& self_mask,
                                         const torch::Tensor& memory,
                                         const torch::Tensor& cross_mask,
-                                        const torch::Tensor& rotary) {
+                                        const torch::Tensor& position) {
   if (recompute_full_ && torch::GradMode::is_enabled()) {
+    if (t5v11_ && memory.defined()) {
+      return CheckpointedBiasedDecoderLayer::apply(x, memory, position, this, &self_mask,
+                                                   cross_mask);
+    }
+    if (t5v11_) return CheckpointedBiasedLayer::apply(x, position, this, &self_mask);
     if (memory.defined()) {
       return CheckpointedDecoderLayer::apply(x, memory, this, &self_mask, cross_mask);
     }
-    return CheckpointedLayer::apply(x, this, &self_mask, &rotary);
+    return CheckpointedLayer::apply(x, this, &self_mask, &position);
   }
-  return Compute(x, self_mask, memory, cross_mask, rotary);
+  return Compute(x, self_mask, memory, cross_mask, position);
 }
 
 torch::Tensor TransformerLayer::Attention(const torch::Tensor& q, const torch::Tensor& k,
-                                          const torch::Tensor& v, const torch::Tensor& mask) const {
+                                          const torch::Tensor& v, const torch::Tensor& mask,
+                                          const torch::Tensor& bias) const {
+  // T5V11 scores are not divided by sqrt(d).
+  const bool scaled = !t5v11_;
   // The fused kernel keeps no score tensors: selective recomputation has
   // nothing to drop.
-  if (fused_attention_) return FusedAttention(q, k, v, mask, heads_);
-  if (recompute_attention_) return RecomputedMaskedAttention(q, k, v, mask, heads_);
-  return MaskedAttention(q, k, v, mask, heads_);
+  if (fused_attention_) return FusedAttention(q, k, v, mask, heads_, bias, scaled);
+  if (recompute_attention_) return RecomputedMaskedAttention(q, k, v, mask, heads_, bias, scaled);
+  return MaskedAttention(q, k, v, mask, heads_, bias, scaled);
 }
 
 namespace {
@@ -236,11 +317,39 @@ torch::Tensor TransformerLayer::ComputeLlama(const torch::Tensor& x, const torch
   return y + DeferredLinear(gated, down_weight_);
 }
 
+// T5V11 (docs/models.md, "The T5V11 layers").
+torch::Tensor TransformerLayer::ComputeT5V11(const torch::Tensor& x, const torch::Tensor& self_mask,
+                                             const torch::Tensor& memory,
+                                             const torch::Tensor& cross_mask,
+                                             const torch::Tensor& bias) {
+  TORCH_CHECK(bias.defined(), "a T5V11 layer needs its stack's position bias");
+  const torch::Tensor n = RmsNorm(x, attn_norm_weight_, norm_epsilon_);
+  torch::Tensor y =
+      x + DeferredLinear(Attention(DeferredLinear(n, q_weight_), DeferredLinear(n, k_weight_),
+                                   DeferredLinear(n, v_weight_), self_mask, bias),
+                         o_weight_);
+  if (cross_attention_) {
+    // Queries from the decoder, keys and values from the encoder output; no
+    // position bias.
+    const torch::Tensor c = RmsNorm(y, cross_norm_weight_, norm_epsilon_);
+    y = y +
+        DeferredLinear(Attention(DeferredLinear(c, xq_weight_), DeferredLinear(memory, xk_weight_),
+                                 DeferredLinear(memory, xv_weight_), cross_mask),
+                       xo_weight_);
+  }
+  // Gated GELU (Shazeer 2020), GELU in its tanh form as T5 v1.1's gelu_new.
+  const torch::Tensor m = RmsNorm(y, mlp_norm_weight_, norm_epsilon_);
+  const torch::Tensor gated =
+      torch::gelu(DeferredLinear(m, gate_weight_), "tanh") * DeferredLinear(m, up_weight_);
+  return y + DeferredLinear(gated, down_weight_);
+}
+
 torch::Tensor TransformerLayer::Compute(const torch::Tensor& x, const torch::Tensor& self_mask,
                                         const torch::Tensor& memory,
                                         const torch::Tensor& cross_mask,
-                                        const torch::Tensor& rotary) {
-  if (llama_) return ComputeLlama(x, self_mask, rotary);
+                                        const torch::Tensor& position) {
+  if (llama_) return ComputeLlama(x, self_mask, position);
+  if (t5v11_) return ComputeT5V11(x, self_mask, memory, cross_mask, position);
   // Self-attention branch.
   const torch::Tensor qkv =
       DeferredLinear(LayerNorm(x, ln1_weight_, ln1_bias_), qkv_weight_, qkv_bias_);

@@ -1,10 +1,12 @@
 // One pre-norm transformer layer: self-attention and MLP residual branches,
 // plus a cross-attention branch for T5 decoder layers. MEGATRON layers use
 // LayerNorm, biases and a GELU MLP; LLAMA layers (docs/models.md) RMSNorm,
-// rotary positions, grouped-query attention and a SwiGLU MLP, no biases. Parameters
+// rotary positions, grouped-query attention and a SwiGLU MLP, no biases;
+// T5V11 layers RMSNorm, a relative position bias on unscaled scores and a
+// gated-GELU MLP, no biases. Parameters
 // come from the layer's own Initializer (model component and global layer
 // index), so a layer is identical on whichever stage holds it. Its linear
-// layers (qkv, proj, xq, xkv, xproj, fc1, fc2) are DeferredLinear: a split
+// layers are DeferredLinear: a split
 // backward records their weight gradients' operands in the current
 // WeightGradStore (deferred_linear.h).
 #ifndef VARIPIPE_EXECUTOR_MODEL_TRANSFORMER_LAYER_H_
@@ -27,11 +29,13 @@ class TransformerLayer : public torch::nn::Module {
 
   // x [b, s, hidden]; self_mask [b, 1, s, s] or undefined for causal
   // (attention_mask.h, SelfAttentionMaskFor); for decoder layers `memory`
-  // [b, s_enc, hidden] and cross_mask [b, 1, s, s_enc]. LLAMA layers need
-  // `rotary`, the positions' RotaryTable (rotary.h).
+  // [b, s_enc, hidden] and cross_mask [b, 1, s, s_enc]. `position`: LLAMA
+  // layers need the positions' RotaryTable (rotary.h), T5V11 layers their
+  // stack's RelativePositionBias [B, heads, s, s] (relative_position_bias.h;
+  // its gradient flows back to the stage's table); MEGATRON layers none.
   torch::Tensor Forward(const torch::Tensor& x, const torch::Tensor& self_mask,
                         const torch::Tensor& memory = {}, const torch::Tensor& cross_mask = {},
-                        const torch::Tensor& rotary = {});
+                        const torch::Tensor& position = {});
 
   // Selective recomputation: the attention cores (self and cross) keep no
   // intermediates for backward and are recomputed there
@@ -51,22 +55,28 @@ class TransformerLayer : public torch::nn::Module {
   // setting (Forward and the full recomputation call it).
   torch::Tensor Compute(const torch::Tensor& x, const torch::Tensor& self_mask,
                         const torch::Tensor& memory, const torch::Tensor& cross_mask,
-                        const torch::Tensor& rotary);
+                        const torch::Tensor& position);
 
  private:
   void RegisterMegatron(const ModelSpec& spec, Initializer& init, double output_stddev);
   void RegisterLlama(const ModelSpec& spec, Initializer& init, double output_stddev);
+  void RegisterT5V11(const ModelSpec& spec, Initializer& init, double output_stddev);
   torch::Tensor ComputeLlama(const torch::Tensor& x, const torch::Tensor& self_mask,
                              const torch::Tensor& rotary);
+  torch::Tensor ComputeT5V11(const torch::Tensor& x, const torch::Tensor& self_mask,
+                             const torch::Tensor& memory, const torch::Tensor& cross_mask,
+                             const torch::Tensor& bias);
   torch::Tensor LayerNorm(const torch::Tensor& x, const torch::Tensor& weight,
                           const torch::Tensor& bias) const;
-  // The attention core the settings choose (fused, recomputed or explicit).
+  // The attention core the settings choose (fused, recomputed or explicit);
+  // T5V11 adds `bias` to the scores and does not scale them.
   torch::Tensor Attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                          const torch::Tensor& mask) const;
+                          const torch::Tensor& mask, const torch::Tensor& bias = {}) const;
 
   int64_t hidden_;
   int64_t heads_;
   bool llama_;
+  bool t5v11_;
   int64_t kv_heads_;
   double norm_epsilon_;
   bool cross_attention_;
@@ -77,9 +87,11 @@ class TransformerLayer : public torch::nn::Module {
   torch::Tensor lnx_weight_, lnx_bias_, xq_weight_, xq_bias_, xkv_weight_, xkv_bias_, xproj_weight_,
       xproj_bias_;
   torch::Tensor ln2_weight_, ln2_bias_, fc1_weight_, fc1_bias_, fc2_weight_, fc2_bias_;
-  // LLAMA.
+  // LLAMA and T5V11 (T5V11 decoders also cross_norm_weight_, xq_weight_ and
+  // the x*_weight_ below).
   torch::Tensor attn_norm_weight_, q_weight_, k_weight_, v_weight_, o_weight_, mlp_norm_weight_,
       gate_weight_, up_weight_, down_weight_;
+  torch::Tensor cross_norm_weight_, xk_weight_, xv_weight_, xo_weight_;
 };
 
 // RMSNorm (Zhang and Sennrich 2019): x / sqrt(mean(x^2) + epsilon) * weight,

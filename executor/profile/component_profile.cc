@@ -1,6 +1,5 @@
 #include "executor/profile/component_profile.h"
 
-
 #include <algorithm>
 #include <chrono>
 #include <functional>
@@ -15,6 +14,7 @@
 #include "executor/model/attention_mask.h"
 #include "executor/model/cuda_autocast.h"
 #include "executor/model/initializer.h"
+#include "executor/model/relative_position_bias.h"
 #include "executor/model/rotary.h"
 #include "executor/model/transformer_layer.h"
 #include "executor/runtime/counting_allocator.h"
@@ -120,12 +120,21 @@ void EnsureParameters(const ModelSpec& spec, v1::CostComponent component, torch:
                                          : ModelComponent::kEncoderLayer,
           0, spec.num_layers + spec.num_decoder_layers);
       cache.layer->to(device);
+      // T5V11: the stack's relative bias table (a stage holds one for all
+      // its layers of that stack).
+      if (spec.t5v11) {
+        Initializer init(spec.seed, ModelComponent::kPositionBias,
+                         component == v1::DECODER_LAYER ? 1 : 0);
+        cache.parameters = {
+            init.Normal({spec.relative_buckets, spec.num_attention_heads}, kInitStddev).to(device)};
+      }
       break;
     case v1::EMBEDDING: {
       Initializer init(spec.seed, ModelComponent::kEmbedding, 0);
       cache.parameters = {init.Normal({spec.vocab_size, h}, kInitStddev).to(device)};
-      // MEGATRON's learned positions (LLAMA rotates in its layers).
-      if (!spec.llama) {
+      // MEGATRON's learned positions (LLAMA rotates in its layers, T5V11
+      // adds a relative bias there).
+      if (!spec.llama && !spec.t5v11) {
         cache.parameters.push_back(
             init.Normal({spec.max_sequence_length, h}, kInitStddev).to(device));
       }
@@ -133,9 +142,11 @@ void EnsureParameters(const ModelSpec& spec, v1::CostComponent component, torch:
     }
     default: {  // POSTPROCESS: final LayerNorm and LM head
       Initializer init(spec.seed, ModelComponent::kHead, 0);
-      // LLAMA's RMSNorm has no bias (an empty tensor keeps the positions).
+      // LLAMA's and T5V11's RMSNorm has no bias (an empty tensor keeps the
+      // positions).
+      const bool rms = spec.llama || spec.t5v11;
       cache.parameters = {Initializer::Ones({h}).to(device),
-                          spec.llama ? torch::Tensor() : Initializer::Zeros({h}).to(device),
+                          rms ? torch::Tensor() : Initializer::Zeros({h}).to(device),
                           init.Normal({spec.vocab_size, h}, kInitStddev).to(device)};
       break;
     }
@@ -173,9 +184,30 @@ Runnable Build(const ModelSpec& spec, const ProfilePoint& p, torch::Device devic
       r.layer->set_recompute_attention(p.recompute == v1::RECOMPUTE_SELECTIVE);
       r.layer->set_recompute_full(p.recompute == v1::RECOMPUTE_FULL);
       for (const torch::Tensor& t : r.layer->parameters()) r.parameters.push_back(t);
+      // T5V11: the stack's position bias is built before the forward, as a
+      // stage builds it once for all its layers of that stack (the memory
+      // model charges it per stage, PositionBiasBytes), and enters the layer
+      // as a leaf that receives its gradient.
+      torch::Tensor bias;
+      if (spec.t5v11) {
+        torch::NoGradGuard no_grad;
+        const torch::Tensor positions = SequentialPositions(s, device);
+        bias = RelativePositionBias(
+                   cache.parameters[0],
+                   RelativePositionBuckets(positions, positions,
+                                           /*bidirectional=*/!decoder, spec.relative_buckets,
+                                           spec.relative_max_distance))
+                   .contiguous()
+                   .requires_grad_(true);
+      }
+      const auto position = [spec, bias, s](torch::Device at) {
+        if (spec.llama) return RotaryTable(spec, SequentialPositions(s, at));
+        return bias;  // undefined for MEGATRON
+      };
       torch::Tensor x = Activation(p, s, h, device);
       r.inputs.push_back(x);
       r.kept_input_bytes = x.nbytes();
+      if (bias.defined()) r.inputs.push_back(bias);  // its gradient is reset per pass
       // GPT layers and T5 decoder layers are causal; T5 encoder layers not.
       const bool causal = decoder || !spec.encoder_decoder;
       // The masks are built inside the forward, as a stage builds them for
@@ -183,28 +215,29 @@ Runnable Build(const ModelSpec& spec, const ProfilePoint& p, torch::Device devic
       // a stage keeps one per micro-batch: a small overestimate).
       torch::Tensor full_lengths = lengths(s);
       if (!decoder) {
-        r.forward = [layer = r.layer, x, full_lengths, s, causal, spec] {
-          const torch::Tensor rotary =
-              spec.llama ? RotaryTable(spec, SequentialPositions(s, x.device())) : torch::Tensor();
-          return layer->Forward(x, SelfAttentionMaskFor(spec.attention_kernel, full_lengths, s, causal),
-                                {}, {}, rotary);
+        r.forward = [layer = r.layer, x, full_lengths, s, causal, spec, position] {
+          return layer->Forward(
+              x, SelfAttentionMaskFor(spec.attention_kernel, full_lengths, s, causal), {}, {},
+              position(x.device()));
         };
         break;
       }
       torch::Tensor memory = Activation(p, p.encoder_len, h, device);
-      r.inputs.push_back(memory);
+      r.inputs.insert(r.inputs.begin() + 1, memory);
       torch::Tensor encoder_lengths = lengths(p.encoder_len);
       const int64_t e = p.encoder_len;
       r.forward = [layer = r.layer, x, memory, full_lengths, encoder_lengths, s, e,
-                   kernel = spec.attention_kernel] {
+                   kernel = spec.attention_kernel, position] {
         return layer->Forward(x, SelfAttentionMaskFor(kernel, full_lengths, s, /*causal=*/true),
-                              memory, CrossAttentionMask(encoder_lengths, s, e));
+                              memory, CrossAttentionMask(encoder_lengths, s, e),
+                              position(x.device()));
       };
       break;
     }
     case v1::EMBEDDING: {
       const torch::Tensor word = cache.parameters[0];
-      const torch::Tensor position = spec.llama ? torch::Tensor() : cache.parameters[1];
+      const torch::Tensor position =
+          spec.llama || spec.t5v11 ? torch::Tensor() : cache.parameters[1];
       r.parameters = cache.parameters;
       torch::Tensor tokens = torch::randint(spec.vocab_size, {b, s}, torch::kInt64).to(device);
       r.kept_input_bytes = tokens.nbytes();  // the backward keeps the token ids
@@ -226,11 +259,11 @@ Runnable Build(const ModelSpec& spec, const ProfilePoint& p, torch::Device devic
       torch::Tensor labels = torch::randint(spec.vocab_size, {b * s}, torch::kInt64).to(device);
       r.kept_input_bytes = x.nbytes() + labels.nbytes();
       const int64_t vocab = spec.vocab_size;
-      const bool llama = spec.llama;
+      const bool rms = spec.llama || spec.t5v11;
       const double epsilon = spec.norm_epsilon;
-      r.forward = [x, weight, bias, head, labels, h, vocab, llama, epsilon] {
-        const torch::Tensor normed = llama ? RmsNorm(x, weight, epsilon)
-                                           : torch::layer_norm(x, {h}, weight, bias, 1e-5);
+      r.forward = [x, weight, bias, head, labels, h, vocab, rms, epsilon] {
+        const torch::Tensor normed =
+            rms ? RmsNorm(x, weight, epsilon) : torch::layer_norm(x, {h}, weight, bias, 1e-5);
         const torch::Tensor logits = torch::linear(normed, head);
         return torch::nn::functional::cross_entropy(
             logits.reshape({-1, vocab}).to(torch::kFloat32), labels,
@@ -383,10 +416,12 @@ double ComponentParameters(const ModelSpec& spec, v1::CostComponent component) {
       for (const torch::Tensor& t : layer.parameters()) n += static_cast<double>(t.numel());
       return n;
     }
-    case v1::EMBEDDING:  // LLAMA: no position table
-      return (vocab + (spec.llama ? 0.0 : static_cast<double>(spec.max_sequence_length))) * h;
-    default:  // LM head and the final LayerNorm (LLAMA: RMSNorm, no bias)
-      return vocab * h + (spec.llama ? 1 : 2) * h;
+    case v1::EMBEDDING:  // LLAMA, T5V11: no position table
+      return (vocab +
+              (spec.llama || spec.t5v11 ? 0.0 : static_cast<double>(spec.max_sequence_length))) *
+             h;
+    default:  // LM head and the final LayerNorm (LLAMA, T5V11: RMSNorm, no bias)
+      return vocab * h + (spec.llama || spec.t5v11 ? 1 : 2) * h;
   }
 }
 

@@ -78,7 +78,9 @@ absl::StatusOr<PointCosts> MeasurePoint(const ModelSpec& spec, const ProfilePoin
                                         ComponentCache* cache = nullptr);
 
 // Parameters of one instance of `component` (one layer, the embedding, the
-// LM head with its final LayerNorm), counted from the executor's modules.
+// LM head with its final LayerNorm), counted from the executor's modules. A
+// T5V11 layer's count leaves out its stack's relative bias table, which a
+// stage holds once for all its layers of that stack.
 double ComponentParameters(const ModelSpec& spec, v1::CostComponent component);
 
 }  // namespace varipipe::executor

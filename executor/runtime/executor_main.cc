@@ -354,9 +354,12 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
   options.wait_timeout = absl::Seconds(config.training().watchdog_timeout_s());
   options.device = torch_device;
   options.pipeline_group = pipeline_group;
+  // One stage per rank when parameters are shared (the config refuses
+  // interleaved stages then).
   for (const auto& [id, stage] : by_id) {
-    if (stage->tied_embedding().defined()) {
-      options.tied_embedding_group = executor::TiedEmbeddingRanks(spec, pp, replica_base);
+    for (executor::SharedParameterGroup& group :
+         executor::SharedParameterGroups(spec, roles, id, replica_base)) {
+      options.shared_parameter_groups.push_back(std::move(group));
     }
   }
   options.host_transport = host;

@@ -515,25 +515,32 @@ class IterationRun {
     return absl::OkStatus();
   }
 
-  // Sums the tied embedding's gradient over its stages (first and last of
-  // the pipeline replica), once per iteration, after this rank's last
-  // backward and before the data-parallel reduction (which may shard it):
-  // both replicas then hold the full gradient, get the same update and stay
-  // equal bit for bit.
-  absl::Status SumTiedEmbeddingGradients() {
-    const std::vector<int>& group = it_.options_.tied_embedding_group;
-    if (tied_summed_ || group.size() <= 1) return absl::OkStatus();
-    tied_summed_ = true;
+  // Sums each shared parameter's gradient over the stages holding it
+  // (docs/models.md, "Shared parameters"), once per iteration, after this
+  // rank's last backward and before the data-parallel reduction (which may
+  // shard it): every replica then holds the full gradient, gets the same
+  // update and stays equal bit for bit. Groups go in one order on every rank.
+  absl::Status SumSharedGradients() {
+    if (shared_summed_ || it_.options_.shared_parameter_groups.empty()) return absl::OkStatus();
+    shared_summed_ = true;
     const Clock::time_point start = Clock::now();
-    for (auto& [id, stage] : it_.stages_) {
-      torch::Tensor p = stage->tied_embedding();
-      if (!p.defined()) continue;
+    for (const SharedParameterGroup& group : it_.options_.shared_parameter_groups) {
+      torch::Tensor p;
+      for (auto& [id, stage] : it_.stages_) {
+        const torch::OrderedDict<std::string, torch::Tensor> named = stage->named_parameters();
+        if (const torch::Tensor* found = named.find(group.name); found != nullptr) p = *found;
+      }
+      if (!p.defined()) {
+        return absl::InternalError(
+            absl::StrCat("shared parameter ", group.name, " is on no stage of this rank"));
+      }
       if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
       torch::Tensor flat = p.grad().reshape(-1).to(torch::kFloat32).contiguous();
       if (it_.options_.device.is_cuda()) torch::cuda::synchronize(it_.options_.device.index());
       VP_RETURN_IF_ERROR(it_.transport_->AllReduceMean(
-          std::span<float>(flat.data_ptr<float>(), static_cast<size_t>(flat.numel())), group));
-      flat.mul_(static_cast<float>(group.size()));
+          std::span<float>(flat.data_ptr<float>(), static_cast<size_t>(flat.numel())),
+          group.ranks));
+      flat.mul_(static_cast<float>(group.ranks.size()));
       torch::NoGradGuard no_grad;
       p.mutable_grad().copy_(flat.view_as(p));
     }
@@ -544,7 +551,7 @@ class IterationRun {
   }
 
   absl::Status AllReduce(const v1::AllReduceGradients& reduce) {
-    VP_RETURN_IF_ERROR(SumTiedEmbeddingGradients());
+    VP_RETURN_IF_ERROR(SumSharedGradients());
     std::vector<int> group(reduce.group_ranks().begin(), reduce.group_ranks().end());
     if (group.size() <= 1) return absl::OkStatus();
     VP_RETURN_IF_ERROR(MaybeInjectFault(FaultPoint::kBeforeAllReduce));
@@ -594,7 +601,7 @@ class IterationRun {
 
   absl::Status OptimizerStep() {
     if (it_.optimizer_ == nullptr) return absl::FailedPreconditionError("no optimizer configured");
-    VP_RETURN_IF_ERROR(SumTiedEmbeddingGradients());
+    VP_RETURN_IF_ERROR(SumSharedGradients());
     // Global gradient norm: squared norms summed over the pipeline replica.
     // The optimizer's time is its local work: the norm, then the step (the
     // norm's all-reduce waits for the replica's slowest stage).
@@ -642,7 +649,7 @@ class IterationRun {
   std::set<std::pair<uint32_t, uint32_t>> deferred_;
   std::map<std::pair<uint32_t, uint32_t>, std::unique_ptr<WeightGradStore>> weight_grads_;
   int64_t weight_grad_bytes_ = 0;
-  bool tied_summed_ = false;  // SumTiedEmbeddingGradients ran this iteration
+  bool shared_summed_ = false;  // SumSharedGradients ran this iteration
   std::map<std::pair<uint32_t, uint32_t>, size_t> time_index_;  // into micro_batch_times
   std::map<std::string, Pending> pending_;
   IterationStats stats_;

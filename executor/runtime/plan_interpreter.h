@@ -62,11 +62,12 @@ struct InterpreterOptions {
   // Global ranks of this rank's pipeline replica, ascending (the global
   // gradient norm for clipping sums over them).
   std::vector<int> pipeline_group;
-  // Global ranks of the first and last stage of this rank's pipeline replica
-  // when this rank holds a tied embedding (TiedEmbeddingRanks); empty
-  // otherwise. Before the iteration's first gradient all-reduce (or its
-  // optimizer step) the tied embedding's gradient is summed over them.
-  std::vector<int> tied_embedding_group;
+  // The shared parameters this rank holds with other ranks of its pipeline
+  // replica (SharedParameterGroups: a tied embedding, T5V11's shared
+  // embedding and relative bias tables), in the order every rank sums them.
+  // Before the iteration's first gradient all-reduce (or its optimizer step)
+  // each one's gradient is summed over its group.
+  std::vector<SharedParameterGroup> shared_parameter_groups;
   // Transport for small host-side reductions (the gradient norm over the
   // pipeline): a Gloo transport next to NCCL on GPUs. Null: the main one.
   Transport* host_transport = nullptr;

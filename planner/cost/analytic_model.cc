@@ -101,6 +101,42 @@ double LlamaMlpStored(const ModelDims& d, double b, double s, double t) {
   return 2 * B * s * b * d.hidden + 4 * B * s * b * d.ffn / t;
 }
 
+// T5V11 (docs/models.md, "The T5V11 layers"): the self-attention block and
+// the MLP keep LLAMA's terms with K = A (multi-head attention): RMSNorm
+// input, q/k/v projection input (one tensor feeds the three), Q, K, V and
+// the output projection input; the softmax output on the explicit path (the
+// position bias is added to the scores, which keeps nothing: the bias itself
+// is the stage's, kept once per stack: StageLayout::PositionBiasBytes), the
+// logsumexp on the fused one; the gated-GELU MLP's four ffn-wide tensors
+// (gate output = GELU input, GELU output, up output, product = down input),
+// as SwiGLU's. No dropout. A decoder layer adds its cross-attention block,
+// queries over s and keys/values over the encoder's e positions, no
+// position bias:
+//   RMSNorm input B*s*b*h, xq projection input B*s*b*h, the encoder output
+//   (xk/xv projection input, charged to every decoder layer as MEGATRON's
+//   is) B*e*b*h, Q B*s*b*A/t, K and V 2B*e*b*A/t, xo projection input
+//   B*s*b*A/t; score path (explicit kernel, no selective recomputation):
+//   the softmax output B*a*s*e*b/t; fused kernel: the logsumexp 4*a*s*b/t.
+double T5V11CrossAttentionStored(const ModelDims& d, Recompute recompute, double b, double s,
+                                 double e, double t) {
+  const double B = d.dtype_bytes;
+  const double h = d.hidden;
+  const double A = static_cast<double>(d.attention_width());
+  const double a = d.heads;
+  double bytes = B * s * b * h            // RMSNorm input
+                 + B * s * b * h          // xq projection input
+                 + B * e * b * h          // encoder output, xk/xv projection input
+                 + B * s * b * A / t      // Q
+                 + 2 * B * e * b * A / t  // K, V
+                 + B * s * b * A / t;     // xo projection input
+  if (d.attention_kernel == AttentionKernel::kFused) {
+    bytes += kStatBytes * a * s * b / t;  // logsumexp per query row
+  } else if (recompute != Recompute::kSelective) {
+    bytes += B * a * s * e * b / t;  // softmax output
+  }
+  return bytes;
+}
+
 // Elementwise traffic of a layer's forward pass: every stored activation is
 // written once and read once (LayerNorm, softmax, GeLU, dropout, residuals).
 double ElementwiseBytes(double stored_without_recompute) { return 2 * stored_without_recompute; }
@@ -207,8 +243,10 @@ CostValues EmbeddingCost(const ModelDims& d, const Hardware& hw, double t, doubl
   const double out = B * b * s * d.hidden;  // embedding output (vocab-parallel: full width)
   const double overhead_ms = hw.layer_overhead_us * 1e-3;
   (void)t;
-  if (d.llama()) {
-    // No position table and no dropout: the forward gathers the rows and
+  if (!d.position_table()) {
+    // LLAMA and T5V11 (each stack's first stage looks its tokens up in the
+    // one word_embedding): no position table and no dropout: the forward
+    // gathers the rows and
     // writes them, the backward reads the gradient and scatter-adds it into
     // the table (read and write); only the token ids are kept.
     const double forward_ms = MemoryMs(hw, 2 * out) + overhead_ms;
@@ -228,8 +266,9 @@ CostValues PostprocessCost(const ModelDims& d, const Hardware& hw, double t, dou
   const double logits = 4.0 * b * s * d.vocab / t;  // fp32 logits for the loss
   const double flops = 2 * b * s * d.hidden * static_cast<double>(d.vocab) / t;
   const double overhead_ms = hw.layer_overhead_us * 1e-3;
-  // Final LayerNorm (LLAMA: RMSNorm), LM head GEMM, softmax cross-entropy
-  // over the logits; the same for both architectures, tied head or not.
+  // Final LayerNorm (LLAMA, T5V11: RMSNorm), LM head GEMM, softmax
+  // cross-entropy over the logits; the same for every architecture, tied
+  // head or not (T5: over the target tokens).
   const double forward_ms = MatrixMs(hw, d, flops, b * s) + MemoryMs(hw, 3 * logits) + overhead_ms;
   const double backward_ms =
       MatrixMs(hw, d, 2 * flops, b * s) + MemoryMs(hw, 3 * logits) + overhead_ms;
@@ -260,9 +299,13 @@ double EncoderLayerForwardFlops(const ModelDims& d, double b, double s, uint32_t
     return (4 * b * s * h * A + 4 * b * s * h * K + 6 * b * s * h * d.ffn) / t +
            AttentionCoreFlops(d, b, s, s, t);
   }
-  // QKV projections 6bshA, output projection 2bsAh, MLP 4bshf, all /t;
-  // attention core 4 b s^2 A / t.
-  return (8 * b * s * h * A + 4 * b * s * h * d.ffn) / t + AttentionCoreFlops(d, b, s, s, t);
+  // QKV projections 6bshA, output projection 2bsAh, MLP 4bshf (T5V11's
+  // gated GELU: gate, up and down, 6bshf), all /t; attention core 4 b s^2
+  // A / t. T5V11's position bias add, RMSNorm, GELU and the product are
+  // elementwise.
+  const double mlp_matrices = d.gated_mlp() ? 3 : 2;
+  return (8 * b * s * h * A + 2 * mlp_matrices * b * s * h * d.ffn) / t +
+         AttentionCoreFlops(d, b, s, s, t);
 }
 
 double DecoderLayerForwardFlops(const ModelDims& d, double b, double s, double encoder_s,
@@ -278,10 +321,23 @@ double DecoderLayerForwardFlops(const ModelDims& d, double b, double s, double e
   return self + cross;
 }
 
+// T5V11 with the fused kernel: the kernel keeps the masked copy of the
+// position bias it gets as its float mask, [b, a, s, s] in the compute
+// dtype, for its backward (the explicit kernel adds the bias to the scores,
+// which keeps nothing).
+double T5V11FusedBiasStored(const ModelDims& d, double b, double s, double t) {
+  if (!d.t5v11() || d.attention_kernel != AttentionKernel::kFused) return 0;
+  return d.dtype_bytes * d.heads * s * s * b / t;
+}
+
 double EncoderLayerStoredBytes(const ModelDims& d, Recompute recompute, double b, double s,
                                uint32_t tp) {
   if (recompute == Recompute::kFull) return d.dtype_bytes * s * b * d.hidden;  // layer input
-  if (d.llama()) return LlamaAttentionStored(d, recompute, b, s, tp) + LlamaMlpStored(d, b, s, tp);
+  // T5V11's encoder layer keeps what a multi-head LLAMA layer keeps (K = A).
+  if (!d.megatron()) {
+    return LlamaAttentionStored(d, recompute, b, s, tp) + LlamaMlpStored(d, b, s, tp) +
+           T5V11FusedBiasStored(d, b, s, tp);
+  }
   return AttentionStored(d, recompute, b, s, s, false, tp) + MlpStored(d, b, s, tp);
 }
 
@@ -289,6 +345,11 @@ double DecoderLayerStoredBytes(const ModelDims& d, Recompute recompute, double b
                                double encoder_s, uint32_t tp) {
   if (recompute == Recompute::kFull) {
     return d.dtype_bytes * b * (s + encoder_s) * d.hidden;  // decoder input, encoder output
+  }
+  if (d.t5v11()) {
+    return LlamaAttentionStored(d, recompute, b, s, tp) +
+           T5V11CrossAttentionStored(d, recompute, b, s, encoder_s, tp) +
+           LlamaMlpStored(d, b, s, tp) + T5V11FusedBiasStored(d, b, s, tp);
   }
   return AttentionStored(d, recompute, b, s, s, false, tp) +
          AttentionStored(d, recompute, b, s, encoder_s, true, tp) + MlpStored(d, b, s, tp);
@@ -321,6 +382,30 @@ double ComponentParameters(const ModelDims& d, Component component, uint32_t tp,
         // added by the memory model (StageLayout::tied_embedding_replica),
         // so model totals still count the embedding once.
         return (d.tied_embeddings ? 0.0 : V * h / t) + h;
+    }
+    return 0;
+  }
+  if (d.t5v11()) {
+    const double V = d.vocab;
+    // Self-attention q, k, v [A, h], o [h, A]; gate and up [f, h], down
+    // [h, f]; no biases.
+    const double self_and_mlp = (4 * h * A + 3 * h * f) / t;
+    switch (component) {
+      case Component::kEncoderLayer:
+        return self_and_mlp + 2 * h;  // two RMSNorm weights
+      case Component::kDecoderLayer:
+        // Cross-attention xq, xk, xv [A, h], xo [h, A]; three RMSNorms.
+        return self_and_mlp + 4 * h * A / t + 3 * h;
+      case Component::kEmbedding:
+        // word_embedding, no position table. One tensor for both stacks:
+        // the first decoder stage's replica (another stage at pipeline > 1)
+        // is the memory model's (StageLayout::shared_word_embedding).
+        return V * h / t;
+      case Component::kPostprocess:
+        // The untied head [V, h] and the final RMSNorm. The relative bias
+        // tables and the encoder's final RMSNorm belong to stages, not to
+        // a component (StageLayout).
+        return V * h / t + h;
     }
     return 0;
   }
@@ -375,6 +460,14 @@ absl::StatusOr<CostModel> BuildAnalyticCostModel(const ModelDims& dims, const Ha
   if (dims.llama() && dims.encoder_decoder()) {
     return absl::InvalidArgumentError("analytic cost model: LLAMA models are decoder-only");
   }
+  if (dims.t5v11() && !dims.encoder_decoder()) {
+    return absl::InvalidArgumentError(
+        "analytic cost model: T5V11 models are encoder-decoder (kind T5)");
+  }
+  if (dims.t5v11() && dims.relative_attention_buckets == 0) {
+    return absl::InvalidArgumentError(
+        "analytic cost model: T5V11 needs relative position bias buckets");
+  }
   if (options.tensor_parallel_degrees.empty()) {
     return absl::InvalidArgumentError("analytic cost model: no tensor-parallel degree requested");
   }
@@ -384,9 +477,10 @@ absl::StatusOr<CostModel> BuildAnalyticCostModel(const ModelDims& dims, const Ha
     return absl::InvalidArgumentError("analytic cost model: grid too large");
   }
   CostModel model;
-  model.set_description(absl::StrCat("analytic model on ", hw.name, ", ",
-                                     AttentionKernelName(dims.attention_kernel), " attention",
-                                     dims.llama() ? ", LLAMA layers" : ""));
+  model.set_description(absl::StrCat(
+      "analytic model on ", hw.name, ", ", AttentionKernelName(dims.attention_kernel), " attention",
+      dims.megatron() ? "" : ", ", dims.megatron() ? "" : ArchitectureName(dims.architecture),
+      dims.megatron() ? "" : " layers"));
   std::vector<Component> components = {Component::kEncoderLayer, Component::kEmbedding,
                                        Component::kPostprocess};
   if (dims.encoder_decoder()) components.push_back(Component::kDecoderLayer);

@@ -8,9 +8,11 @@
 // Backward = 2 x forward; recomputation adds forward work to the backward.
 // Activation memory follows Korthikanti et al., "Reducing Activation
 // Recomputation in Large Transformer Models" (2022), section 4, generalised to
-// attention width heads*kv_channels != hidden and ffn != 4*hidden, and to the
+// attention width heads*kv_channels != hidden and ffn != 4*hidden, to the
 // LLAMA architecture (grouped-query K/V width, SwiGLU's three matrices, no
-// biases, dropout or position table; docs/cost-model.md, "LLAMA").
+// biases, dropout or position table; docs/cost-model.md, "LLAMA") and to
+// T5V11 (gated-GELU MLP, no biases, dropout or position table, a relative
+// position bias kept once per stage and stack; docs/cost-model.md, "T5V11").
 #ifndef VARIPIPE_PLANNER_COST_ANALYTIC_MODEL_H_
 #define VARIPIPE_PLANNER_COST_ANALYTIC_MODEL_H_
 
@@ -52,9 +54,11 @@ double DecoderLayerStoredBytes(const ModelDims& dims, Recompute recompute, doubl
 // Parameters of one instance of a component at tensor-parallel degree tp,
 // as the executor's model holds them (executor/model/): the embedding has
 // `positions` learned position rows besides the vocabulary's (MEGATRON; LLAMA
-// has no position table and ignores `positions`). The LM head (postprocess)
-// is counted on the last stage; a tied LLAMA head is the embedding's tensor
-// and adds only its final norm.
+// and T5V11 have no position table and ignore `positions`). The LM head
+// (postprocess) is counted on the last stage; a tied LLAMA head is the
+// embedding's tensor and adds only its final norm. T5V11's relative bias
+// tables and final encoder norm belong to stages, not components
+// (StageLayout, memory_model.h).
 double ComponentParameters(const ModelDims& dims, Component component, uint32_t tp,
                            uint32_t positions);
 

@@ -65,8 +65,9 @@ absl::StatusOr<CostModel> CostModelFromProto(const v1::CostModelFile& file,
       profiled.set_kv_channels(profiled.hidden_size() / profiled.num_attention_heads());
     }
     // The job config's defaults (common/config/job_config.cc): LLAMA's MLP
-    // is two thirds of 4h rounded up to a multiple of 256; key/value heads
-    // default to the heads (ModelDimsFromConfig).
+    // is two thirds of 4h rounded up to a multiple of 256 (every other
+    // architecture's 4h); key/value heads default to the heads and T5V11's
+    // buckets to 32 (ModelDimsFromConfig).
     const bool llama = profiled.architecture() == v1::LLAMA;
     if (profiled.ffn_hidden_size() == 0) {
       profiled.set_ffn_hidden_size(llama ? (8 * profiled.hidden_size() / 3 + 255) / 256 * 256
@@ -211,6 +212,10 @@ v1::CostModelFile CostModelToProto(const CostModel& model) {
       m->set_architecture(v1::LLAMA);
       m->set_num_key_value_heads(d.key_value_heads());
       m->set_tie_word_embeddings(d.tied_embeddings);
+    }
+    if (d.t5v11()) {
+      m->set_architecture(v1::T5V11);
+      m->set_relative_attention_num_buckets(d.relative_attention_buckets);
     }
     if (model.attention_kernel_known()) {
       m->set_attention_kernel(AttentionKernelToProto(d.attention_kernel));

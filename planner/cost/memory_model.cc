@@ -37,6 +37,15 @@ absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipe
   layout.decoder_layers = dims.encoder_decoder() ? dims.decoder_layers : 0;
   const auto ceil_div = [](uint32_t a, uint32_t b) { return (a + b - 1) / b; };
   layout.tied_embedding_replica = dims.tied_embeddings && pipeline * virtual_chunks > 1;
+  if (dims.t5v11()) {
+    layout.shared_word_embedding = true;
+    layout.encoder_device_parameters = static_cast<double>(dims.relative_bias_parameters());
+    layout.decoder_device_parameters = static_cast<double>(dims.relative_bias_parameters());
+    layout.last_encoder_device_parameters = dims.hidden;
+    layout.position_bias_split_bytes = 4.0 * dims.heads;  // fp32, from the fp32 table
+    layout.position_bias_replicated_bytes = 8;            // int64 bucket ids
+    layout.position_bias_fused = dims.attention_kernel == AttentionKernel::kFused;
+  }
   if (!dims.encoder_decoder()) {
     if (dims.encoder_layers < pipeline * virtual_chunks) {
       return absl::InvalidArgumentError(absl::StrCat(dims.encoder_layers, " layers cannot fill ",
@@ -69,23 +78,40 @@ absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipe
   return layout;
 }
 
+double ModelParameters(const CostModel& model, const StageLayout& layout) {
+  const double emb = model.Parameters(Component::kEmbedding);
+  // MEGATRON T5 has an embedding per stack; T5V11 shares one.
+  const double embeddings = layout.encoder_decoder && !layout.shared_word_embedding ? 2 : 1;
+  return layout.encoder_layers * model.Parameters(Component::kEncoderLayer) +
+         layout.decoder_layers * model.Parameters(Component::kDecoderLayer) + embeddings * emb +
+         model.Parameters(Component::kPostprocess) + layout.encoder_device_parameters +
+         (layout.encoder_decoder ? layout.decoder_device_parameters : 0.0) +
+         layout.last_encoder_device_parameters;
+}
+
 double MaxParametersPerDevice(const CostModel& model, const StageLayout& layout) {
   const double enc = model.Parameters(Component::kEncoderLayer);
   const double dec = model.Parameters(Component::kDecoderLayer);
   const double emb = model.Parameters(Component::kEmbedding);
   const double post = model.Parameters(Component::kPostprocess);
+  const double encoder_extra = layout.encoder_device_parameters;
+  const double decoder_extra = layout.encoder_decoder ? layout.decoder_device_parameters : 0.0;
+  const double last_encoder = layout.last_encoder_device_parameters;
   if (layout.shared_device()) {
     return layout.encoder_layers_per_device * enc + layout.decoder_layers_per_device * dec +
-           2 * emb + post;
+           (layout.shared_word_embedding ? 1 : 2) * emb + post + encoder_extra + decoder_extra +
+           last_encoder;
   }
   if (!layout.encoder_decoder) {
-    const double layers = layout.encoder_layers_per_device * enc;
-    if (layout.devices == 1) return layers + emb + post;
-    return layers + std::max(emb, post + (layout.tied_embedding_replica ? emb : 0));
+    const double layers = layout.encoder_layers_per_device * enc + encoder_extra;
+    if (layout.devices == 1) return layers + emb + post + last_encoder;
+    return layers + std::max(emb, post + last_encoder + (layout.tied_embedding_replica ? emb : 0));
   }
-  const double encoder_device = layout.encoder_layers_per_device * enc + emb;
+  const double encoder_device =
+      layout.encoder_layers_per_device * enc + encoder_extra +
+      (layout.encoder_devices == 1 ? emb + last_encoder : std::max(emb, last_encoder));
   const uint32_t decoder_devices = layout.devices - layout.encoder_devices;
-  const double decoder_device = layout.decoder_layers_per_device * dec +
+  const double decoder_device = layout.decoder_layers_per_device * dec + decoder_extra +
                                 (decoder_devices == 1 ? emb + post : std::max(emb, post));
   return std::max(encoder_device, decoder_device);
 }
@@ -115,20 +141,25 @@ std::vector<double> ParametersPerDevice(const CostModel& model, const StageLayou
   const uint32_t c = layout.devices;
   std::vector<double> params(c, 0);
   if (c == 1) {
-    params[0] = layout.encoder_layers * enc + layout.decoder_layers * dec + post +
-                (layout.encoder_decoder ? 2 : 1) * emb;
+    // Everything once: no replicas on one device.
+    params[0] = ModelParameters(model, layout);
     return params;
   }
   const uint32_t encoder_devices = layout.encoder_decoder ? layout.encoder_devices : c;
   for (uint32_t d = 0; d < encoder_devices; ++d) {
-    params[d] = LayersOnStage(layout.encoder_layers, encoder_devices, d) * enc;
+    params[d] = LayersOnStage(layout.encoder_layers, encoder_devices, d) * enc +
+                layout.encoder_device_parameters;
   }
   params[0] += emb;
+  params[encoder_devices - 1] += layout.last_encoder_device_parameters;
   if (layout.encoder_decoder) {
     for (uint32_t d = encoder_devices; d < c; ++d) {
       params[d] =
-          LayersOnStage(layout.decoder_layers, c - encoder_devices, d - encoder_devices) * dec;
+          LayersOnStage(layout.decoder_layers, c - encoder_devices, d - encoder_devices) * dec +
+          layout.decoder_device_parameters;
     }
+    // MEGATRON: the decoder's own embedding; T5V11: the replica of the
+    // shared word_embedding.
     params[encoder_devices] += emb;
   }
   params[c - 1] += post + (layout.tied_embedding_replica ? emb : 0);

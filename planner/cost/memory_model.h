@@ -12,6 +12,7 @@
 #ifndef VARIPIPE_PLANNER_COST_MEMORY_MODEL_H_
 #define VARIPIPE_PLANNER_COST_MEMORY_MODEL_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -54,8 +55,55 @@ struct StageLayout {
   // its gradient is summed with the first device's every iteration), which
   // counts as model state there.
   bool tied_embedding_replica = false;
+  // T5V11 (docs/models.md, "Shared parameters"): encoder and decoder look
+  // their tokens up in one word_embedding. The first decoder device holds a
+  // replica of the first device's (a parameter count equal to MEGATRON T5's
+  // separate decoder embedding), and a device holding both stacks holds the
+  // one tensor once (MEGATRON T5: two embeddings).
+  bool shared_word_embedding = false;
+  // Parameters each device holding layers of a stack holds once, whatever
+  // its layer count: T5V11's relative position bias table of that stack
+  // ([buckets, heads]; a replica on every such device, the first one's
+  // counted in model totals). 0 for the other architectures.
+  double encoder_device_parameters = 0;
+  double decoder_device_parameters = 0;
+  // Parameters of the last device holding encoder layers: T5V11's final
+  // encoder RMSNorm (h). (MEGATRON T5's final encoder LayerNorm is not
+  // counted: docs/cost-model.md, "Model-state memory".)
+  double last_encoder_device_parameters = 0;
+  // Activations a device keeps once per micro-batch for each stack it holds,
+  // whatever its layer count (docs/cost-model.md, "T5V11"): T5V11's int64
+  // bucket ids [1, s, s] (its bias table's gradient reads them) and, where
+  // the layers keep their input bias for backward, the fp32 relative
+  // position bias [1, heads, s, s] every layer of the stack adds to its
+  // scores: under full recomputation (each layer's checkpoint) and under
+  // selective recomputation of the explicit kernel (each recomputed core);
+  // the explicit kernel without recomputation keeps only the softmax, and
+  // the fused kernel keeps a masked copy per layer (the layer's own stored
+  // bytes). Bytes per query-key position pair of the stack's sequence:
+  // position_bias_split_bytes (the bias; its heads are split over
+  // tensor-parallel ranks) and position_bias_replicated_bytes (the ids). 0
+  // for the other architectures. From the job's model, whatever the cost
+  // model: the profiler builds the bias outside the layers it measures.
+  double position_bias_split_bytes = 0;
+  double position_bias_replicated_bytes = 0;
+  bool position_bias_fused = false;  // the fused attention kernel
+  // The gradient of one stack's position bias, fp32 [1, heads, s, s]: the
+  // stage's backward sums every layer's share into it, so it is alive
+  // beside each layer's own backward transient (a peak term, not stored).
+  double PositionBiasGradientBytes(double s, uint32_t tensor_parallel) const {
+    return position_bias_split_bytes / std::max<uint32_t>(1, tensor_parallel) * s * s;
+  }
   // T5 with one device: encoder and decoder share it.
   bool shared_device() const { return encoder_decoder && devices == 1; }
+  // The position bias bytes of one stack of sequence length s.
+  double PositionBiasBytes(double s, uint32_t tensor_parallel, Recompute recompute) const {
+    const bool bias_kept = recompute == Recompute::kFull ||
+                           (recompute == Recompute::kSelective && !position_bias_fused);
+    return ((bias_kept ? position_bias_split_bytes : 0.0) / std::max<uint32_t>(1, tensor_parallel) +
+            position_bias_replicated_bytes) *
+           s * s;
+  }
 };
 
 // Layers of stage `index` when `layers` are spread over `stages` stages as
@@ -65,6 +113,11 @@ uint32_t LayersOnStage(uint32_t layers, uint32_t stages, uint32_t index);
 
 absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipeline,
                                             uint32_t virtual_chunks);
+
+// Parameters of the whole model, every shared parameter counted once (its
+// replicas on other devices are not parameters of their own): what a
+// model's published size counts.
+double ModelParameters(const CostModel& model, const StageLayout& layout);
 
 // Parameters on the device that holds the most (the memory bottleneck).
 double MaxParametersPerDevice(const CostModel& model, const StageLayout& layout);
@@ -79,7 +132,8 @@ absl::StatusOr<double> AvailableActivationBytes(const CostModel& model, const St
 // Parameters held by each pipeline device (index 0..devices-1), layers split
 // as the stages are (planner/cost/micro_batch_cost.h, EvaluateStages: the
 // first devices of a stack take the remainder); embeddings on the first
-// device of each stack, the LM head on the last device.
+// device of each stack, the LM head on the last device, and the per-device
+// parameters of StageLayout (replicas included).
 std::vector<double> ParametersPerDevice(const CostModel& model, const StageLayout& layout);
 
 // Each device's own room for activations: limit - its own model state.

@@ -17,6 +17,12 @@ class DeviceSum {
     stored_ += count * v.stored_bytes;
     transient_ = std::max(transient_, v.peak_bytes - v.stored_bytes);
   }
+  // What the device keeps besides its components, and a gradient alive
+  // beside their transients (a stack's position bias).
+  void AddBias(const MicroBatchCostModel::StackBias& bias) {
+    stored_ += bias.stored;
+    bias_gradient_ += bias.gradient;
+  }
   // `scale`: reference bytes per byte of this device (its room's share);
   // `depth`: micro-batches the class holds at once; `slot`: its class.
   void MergeInto(MicroBatchCost* out, double scale, double depth, int slot) const {
@@ -26,13 +32,14 @@ class DeviceSum {
       out->forward_ms = forward_ms_;
       out->backward_ms = backward_ms_;
     }
+    const double transient = transient_ + bias_gradient_;
     out->stored_bytes = std::max(out->stored_bytes, scale * stored_);
-    out->peak_bytes = std::max(out->peak_bytes, scale * (stored_ + transient_));
-    out->transient_bytes = std::max(out->transient_bytes, scale * transient_);
+    out->peak_bytes = std::max(out->peak_bytes, scale * (stored_ + transient));
+    out->transient_bytes = std::max(out->transient_bytes, scale * transient);
     out->depth_stored_bytes = std::max(out->depth_stored_bytes, depth * scale * stored_);
     out->class_stored_bytes[slot] = std::max(out->class_stored_bytes[slot], scale * stored_);
     out->class_transient_bytes[slot] =
-        std::max(out->class_transient_bytes[slot], scale * transient_);
+        std::max(out->class_transient_bytes[slot], scale * transient);
     out->class_time_ms[slot] = std::max(out->class_time_ms[slot], time);
   }
 
@@ -41,6 +48,7 @@ class DeviceSum {
   double backward_ms_ = 0;
   double stored_ = 0;
   double transient_ = 0;
+  double bias_gradient_ = 0;
 };
 
 }  // namespace
@@ -54,6 +62,7 @@ absl::StatusOr<MicroBatchCostModel> MicroBatchCostModel::Create(const CostModel&
   m.total_encoder_layers_ = layout.encoder_layers;
   m.total_decoder_layers_ = layout.decoder_layers;
   m.recompute_ = recompute;
+  m.tensor_parallel_ = std::max<uint32_t>(1, tensor_parallel);
   if (!layout.shared_device() && layout.devices > 1) {
     m.depth_ = {
         static_cast<double>(layout.devices),
@@ -106,7 +115,8 @@ void MicroBatchCostModel::SetDeviceRoom(const std::vector<double>& room, double 
 bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& decoder,
                                   const CostValues& encoder_embedding,
                                   const CostValues& decoder_embedding,
-                                  const CostValues& postprocess, MicroBatchCost* out) const {
+                                  const CostValues& postprocess, const StackBias& encoder_bias,
+                                  const StackBias& decoder_bias, MicroBatchCost* out) const {
   const StageLayout& l = layout_;
   *out = MicroBatchCost();
   if (!l.encoder_decoder) {
@@ -115,16 +125,19 @@ bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& d
       only.Add(encoder, l.encoder_layers_per_device);
       only.Add(encoder_embedding, 1);
       only.Add(postprocess, 1);
+      only.AddBias(encoder_bias);
       only.MergeInto(out, first_scale_, 1, kFirstDevice);
       return true;
     }
     DeviceSum first;
     first.Add(encoder, l.encoder_layers_per_device);
     first.Add(encoder_embedding, 1);
+    first.AddBias(encoder_bias);
     first.MergeInto(out, first_scale_, depth_[kFirstDevice], kFirstDevice);
     DeviceSum last;
     last.Add(encoder, l.encoder_layers_per_device);
     last.Add(postprocess, 1);
+    last.AddBias(encoder_bias);
     last.MergeInto(out, last_scale_, depth_[kLastDevice], kLastDevice);
     return true;
   }
@@ -135,24 +148,29 @@ bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& d
     only.Add(decoder, l.decoder_layers_per_device);
     only.Add(decoder_embedding, 1);
     only.Add(postprocess, 1);
+    only.AddBias(encoder_bias);
+    only.AddBias(decoder_bias);
     only.MergeInto(out, first_scale_, 1, kFirstDevice);
     return true;
   }
   DeviceSum first_encoder;
   first_encoder.Add(encoder, l.encoder_layers_per_device);
   first_encoder.Add(encoder_embedding, 1);
+  first_encoder.AddBias(encoder_bias);
   first_encoder.MergeInto(out, first_scale_, depth_[kFirstDevice], kFirstDevice);
   const bool one_decoder_device = l.devices - l.encoder_devices == 1;
   DeviceSum first_decoder;
   first_decoder.Add(decoder, l.decoder_layers_per_device);
   first_decoder.Add(decoder_embedding, 1);
   if (one_decoder_device) first_decoder.Add(postprocess, 1);
+  first_decoder.AddBias(decoder_bias);
   first_decoder.MergeInto(out, first_decoder_scale_, depth_[kFirstDecoderDevice],
                           kFirstDecoderDevice);
   if (!one_decoder_device) {
     DeviceSum last;
     last.Add(decoder, l.decoder_layers_per_device);
     last.Add(postprocess, 1);
+    last.AddBias(decoder_bias);
     last.MergeInto(out, last_scale_, depth_[kLastDevice], kLastDevice);
   }
   return true;
@@ -164,8 +182,15 @@ bool MicroBatchCostModel::Evaluate(uint32_t b, uint32_t input_len, uint32_t targ
   return PrepareRow(input_len, target_len, &row) && Evaluate(row, b, out);
 }
 
+MicroBatchCostModel::StackBias MicroBatchCostModel::BiasOf(uint32_t s) const {
+  return {.stored = layout_.PositionBiasBytes(s, tensor_parallel_, recompute_),
+          .gradient = layout_.PositionBiasGradientBytes(s, tensor_parallel_)};
+}
+
 bool MicroBatchCostModel::PrepareRow(uint32_t input_len, uint32_t target_len, Row* row) const {
   row->model_ = this;
+  row->encoder_bias_ = BiasOf(input_len);
+  row->decoder_bias_ = layout_.encoder_decoder ? BiasOf(target_len) : StackBias();
   if (!encoder_->Row(input_len, 0, &row->encoder_)) return false;
   if (embedding_ != nullptr && !embedding_->Row(input_len, 0, &row->encoder_embedding_)) {
     return false;
@@ -201,7 +226,8 @@ bool MicroBatchCostModel::Evaluate(const Row& row, uint32_t b, MicroBatchCost* o
         return false;
       }
     }
-    return Combine(encoder, decoder, encoder_embedding, decoder_embedding, postprocess, out);
+    return Combine(encoder, decoder, encoder_embedding, decoder_embedding, postprocess,
+                   row.encoder_bias_, row.decoder_bias_, out);
   }
   if (!row.encoder_.Lookup(b, &encoder) || !row.postprocess_.Lookup(b, &postprocess)) {
     return false;
@@ -215,7 +241,8 @@ bool MicroBatchCostModel::Evaluate(const Row& row, uint32_t b, MicroBatchCost* o
       return false;
     }
   }
-  return Combine(encoder, decoder, encoder_embedding, decoder_embedding, postprocess, out);
+  return Combine(encoder, decoder, encoder_embedding, decoder_embedding, postprocess,
+                 row.encoder_bias_, row.decoder_bias_, out);
 }
 
 bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_t target_len,
@@ -240,6 +267,10 @@ bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_
   out->assign(stages, StageCost());
   const double encoder_act = static_cast<double>(b) * input_len * hidden * dtype_bytes;
   const double decoder_act = static_cast<double>(b) * target_len * hidden * dtype_bytes;
+  // Kept once per stage and stack, its gradient beside the layers'
+  // transients (StackBias).
+  const StackBias encoder_bias = BiasOf(input_len);
+  const StackBias decoder_bias = t5 ? BiasOf(target_len) : StackBias();
   const auto add = [](StageCost& st, const CostValues& v, double count, double& transient) {
     st.forward_ms += count * v.forward_ms;
     st.backward_ms += count * v.backward_ms;
@@ -251,15 +282,20 @@ bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_
   for (uint32_t st = 0; st < stages; ++st) {
     StageCost& c = (*out)[st];
     double transient = 0;
+    double bias_gradient = 0;
     const bool decoder_stage = t5 && (layout_.devices == 1 ? false : st >= encoder_stages);
     if (!decoder_stage) {
       const uint32_t index = st;
       add(c, encoder, LayersOnStage(total_encoder_layers_, encoder_stages, index), transient);
       if (index == 0) add(c, encoder_embedding, 1, transient);
+      c.stored_bytes += encoder_bias.stored;
+      bias_gradient += encoder_bias.gradient;
       if (t5 && layout_.devices == 1) {
         add(c, decoder, total_decoder_layers_, transient);
         add(c, decoder_embedding, 1, transient);
         add(c, postprocess, 1, transient);
+        c.stored_bytes += decoder_bias.stored;
+        bias_gradient += decoder_bias.gradient;
       } else if (!t5 && st + 1 == stages) {
         add(c, postprocess, 1, transient);
       }
@@ -271,12 +307,14 @@ bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_
       add(c, decoder, LayersOnStage(total_decoder_layers_, decoder_stages, index), transient);
       if (index == 0) add(c, decoder_embedding, 1, transient);
       if (st + 1 == stages) add(c, postprocess, 1, transient);
+      c.stored_bytes += decoder_bias.stored;
+      bias_gradient += decoder_bias.gradient;
       // Decoder stages pass on their activations and the encoder output.
       c.activation_bytes = decoder_act + encoder_act;
       c.gradient_bytes = index == 0 ? encoder_act : decoder_act + encoder_act;
     }
     if (st + 1 == stages) c.activation_bytes = 0;
-    c.peak_bytes = c.stored_bytes + transient;
+    c.peak_bytes = c.stored_bytes + transient + bias_gradient;
   }
   return true;
 }

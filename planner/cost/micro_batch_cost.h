@@ -5,8 +5,10 @@
 // A device's cost is the sum over the components it holds (layers times
 // their count, plus embedding and LM head where they sit); its peak memory is
 // the sum of everything stored plus the largest transient of one component
-// (peak - stored). The micro-batch's time is the largest device time: for T5
-// with encoder and decoder on different devices, the slower side.
+// (peak - stored). A stage also keeps, once per stack it holds, the
+// layout's PositionBiasBytes (T5V11's position bias; zero otherwise).
+// The micro-batch's time is the largest device time: for T5 with encoder and
+// decoder on different devices, the slower side.
 //
 // Thread safety: immutable; const methods may run concurrently. Rows are
 // caller-owned scratch objects.
@@ -75,6 +77,14 @@ class MicroBatchCostModel {
   // ignored for decoder-only models. False when outside the cost model.
   bool Evaluate(uint32_t b, uint32_t input_len, uint32_t target_len, MicroBatchCost* out) const;
 
+  // What one stack's position bias (T5V11) adds to a stage holding its
+  // layers: stored bytes (StageLayout::PositionBiasBytes) and its gradient,
+  // a transient beside the layers' (PositionBiasGradientBytes).
+  struct StackBias {
+    double stored = 0;
+    double gradient = 0;
+  };
+
   // Scratch for many evaluations at fixed lengths (the DP's inner loop).
   class Row {
    private:
@@ -85,6 +95,10 @@ class MicroBatchCostModel {
     ProfileGrid::BatchRow encoder_embedding_;
     ProfileGrid::BatchRow decoder_embedding_;
     ProfileGrid::BatchRow postprocess_;
+    // The position bias of the row's encoder (GPT: sequence) and decoder
+    // lengths.
+    StackBias encoder_bias_;
+    StackBias decoder_bias_;
   };
   bool PrepareRow(uint32_t input_len, uint32_t target_len, Row* row) const;
   // Same result as Evaluate(b, input_len, target_len) for the row's lengths.
@@ -124,12 +138,16 @@ class MicroBatchCostModel {
   MicroBatchCostModel() = default;
   bool Combine(const CostValues& encoder, const CostValues& decoder,
                const CostValues& encoder_embedding, const CostValues& decoder_embedding,
-               const CostValues& postprocess, MicroBatchCost* out) const;
+               const CostValues& postprocess, const StackBias& encoder_bias,
+               const StackBias& decoder_bias, MicroBatchCost* out) const;
+  // The position bias of a stack of sequence length s.
+  StackBias BiasOf(uint32_t s) const;
 
   StageLayout layout_;
   uint32_t total_encoder_layers_ = 0;
   uint32_t total_decoder_layers_ = 0;
   Recompute recompute_ = Recompute::kNone;
+  uint32_t tensor_parallel_ = 1;
   const ProfileGrid* encoder_ = nullptr;
   const ProfileGrid* decoder_ = nullptr;    // T5 only
   const ProfileGrid* embedding_ = nullptr;  // optional

@@ -19,7 +19,15 @@ const char* AttentionKernelName(AttentionKernel kernel) {
 }
 
 const char* ArchitectureName(Architecture architecture) {
-  return architecture == Architecture::kLlama ? "LLAMA" : "MEGATRON";
+  switch (architecture) {
+    case Architecture::kLlama:
+      return "LLAMA";
+    case Architecture::kT5V11:
+      return "T5V11";
+    case Architecture::kMegatron:
+      break;
+  }
+  return "MEGATRON";
 }
 
 AttentionKernel AttentionKernelFromProto(v1::AttentionKernel kernel) {
@@ -42,13 +50,29 @@ ModelDims ModelDimsFromConfig(const v1::ModelConfig& model) {
   dims.vocab = model.vocab_size();
   dims.dtype_bytes = model.dtype() == v1::FLOAT32 ? 4 : 2;
   dims.attention_kernel = AttentionKernelFromProto(model.attention_kernel());
-  // Unspecified is MEGATRON (config.proto); the LLAMA-only fields are
-  // validated away for MEGATRON models (common/config/job_config.cc).
-  dims.architecture =
-      model.architecture() == v1::LLAMA ? Architecture::kLlama : Architecture::kMegatron;
+  // Unspecified is MEGATRON (config.proto); the LLAMA-only and T5V11-only
+  // fields are validated away for the other architectures
+  // (common/config/job_config.cc).
+  switch (model.architecture()) {
+    case v1::LLAMA:
+      dims.architecture = Architecture::kLlama;
+      break;
+    case v1::T5V11:
+      dims.architecture = Architecture::kT5V11;
+      break;
+    default:
+      dims.architecture = Architecture::kMegatron;
+      break;
+  }
   dims.kv_heads =
       dims.llama() && model.num_key_value_heads() != 0 ? model.num_key_value_heads() : dims.heads;
   dims.tied_embeddings = dims.llama() && model.tie_word_embeddings();
+  // The job config's default is 32 (ApplyJobConfigDefaults); a cost-model
+  // file's model section may leave it out.
+  if (dims.t5v11()) {
+    dims.relative_attention_buckets =
+        model.relative_attention_num_buckets() != 0 ? model.relative_attention_num_buckets() : 32;
+  }
   return dims;
 }
 

@@ -15,10 +15,13 @@ enum class ModelKind { kGpt, kT5 };
 
 // The layers a model is built from (config.proto Architecture,
 // docs/models.md): Megatron's (LayerNorm with bias, learned positions, GeLU
-// MLP, biases everywhere) or Llama's (RMSNorm, rotary positions, SwiGLU MLP,
-// grouped-query attention, no biases; decoder-only).
-enum class Architecture { kMegatron = 0, kLlama = 1 };
-const char* ArchitectureName(Architecture architecture);  // "MEGATRON", "LLAMA"
+// MLP, biases everywhere), Llama's (RMSNorm, rotary positions, SwiGLU MLP,
+// grouped-query attention, no biases; decoder-only) or T5 v1.1's (RMSNorm,
+// relative position bias tables, gated-GELU MLP, unscaled multi-head
+// attention, no biases, one word embedding shared by both stacks, an untied
+// head; encoder-decoder only).
+enum class Architecture { kMegatron = 0, kLlama = 1, kT5V11 = 2 };
+const char* ArchitectureName(Architecture architecture);  // "MEGATRON", "LLAMA", "T5V11"
 
 // Recomputation of activations during the backward pass (Korthikanti et al.).
 enum class Recompute { kNone = 0, kSelective = 1, kFull = 2 };
@@ -53,26 +56,38 @@ struct ModelDims {
   uint32_t kv_heads = 0;
   // LLAMA: the LM head multiplies by the token embedding (one tensor).
   bool tied_embeddings = false;
+  // T5V11: buckets of the relative position bias (each stack's table is
+  // [buckets, heads]); 0 for the other architectures.
+  uint32_t relative_attention_buckets = 0;
 
   bool encoder_decoder() const { return kind == ModelKind::kT5; }
+  bool megatron() const { return architecture == Architecture::kMegatron; }
   bool llama() const { return architecture == Architecture::kLlama; }
+  bool t5v11() const { return architecture == Architecture::kT5V11; }
   // heads * kv_channels: the width of the attention projections (Q and the
   // output projection; K and V too without grouped-query attention).
   uint64_t attention_width() const { return uint64_t{heads} * kv_channels; }
   uint32_t key_value_heads() const { return kv_heads == 0 ? heads : kv_heads; }
   // key_value_heads * kv_channels: the width of the K and V projections.
   uint64_t kv_width() const { return uint64_t{key_value_heads()} * kv_channels; }
-  // What the architecture builds (docs/models.md). Gated MLP: SwiGLU's gate,
-  // up and down matrices instead of fc1 and fc2.
-  bool gated_mlp() const { return llama(); }
+  // What the architecture builds (docs/models.md). Gated MLP: three
+  // matrices (gate, up, down: SwiGLU for LLAMA, gated GELU for T5V11)
+  // instead of fc1 and fc2.
+  bool gated_mlp() const { return !megatron(); }
   // Biases on the linear layers, and LayerNorm's bias (RMSNorm has none).
-  bool biases() const { return !llama(); }
+  bool biases() const { return megatron(); }
   // A learned absolute position table next to the token embedding (LLAMA
-  // rotates Q and K instead and holds no position parameters).
-  bool position_table() const { return !llama(); }
+  // rotates Q and K instead, T5V11 adds a relative position bias to the
+  // scores: neither has a position table).
+  bool position_table() const { return megatron(); }
   // Dropout after the embedding and on the residual branches (MEGATRON's
-  // memory formulas keep its one-byte masks; LLAMA has none).
-  bool dropout() const { return !llama(); }
+  // memory formulas keep its one-byte masks; LLAMA and T5V11 have none).
+  bool dropout() const { return megatron(); }
+  // T5V11: parameters of one stack's relative position bias table,
+  // [buckets, heads]; 0 for the other architectures.
+  uint64_t relative_bias_parameters() const {
+    return t5v11() ? uint64_t{relative_attention_buckets} * heads : 0;
+  }
 };
 
 // Dimensions of a validated config (defaults applied).

@@ -24,9 +24,13 @@ double BackwardSplitRule::WeightGemmShare(const StageLayers& stage) const {
     const double attention = stage.encoder_layers * in * 4 * in * i;
     return weight + attention > 0 ? weight / (weight + attention) : 0.0;
   }
-  // Per sample, summed over the stage's layers.
-  const double weight = stage.encoder_layers * in * (8 * h * i + 4 * h * f) +
-                        stage.decoder_layers * (tgt * (12 * h * i + 4 * h * f) + in * 4 * h * i) +
+  // Per sample, summed over the stage's layers. T5V11's gated GELU has three
+  // MLP matrices (gate, up, down: 6hf per token; MEGATRON's fc1 and fc2:
+  // 4hf); its relative bias table's gradient, like the norm weights', is
+  // small and computed with B.
+  const double mlp = dims_.gated_mlp() ? 6 * h * f : 4 * h * f;
+  const double weight = stage.encoder_layers * in * (8 * h * i + mlp) +
+                        stage.decoder_layers * (tgt * (12 * h * i + mlp) + in * 4 * h * i) +
                         (stage.head ? HeadTokens(stage) * 2 * h * dims_.vocab : 0.0);
   const double attention =
       stage.encoder_layers * in * 4 * in * i + stage.decoder_layers * tgt * 4 * (tgt + in) * i;
@@ -48,9 +52,14 @@ double BackwardSplitRule::KeptBytes(const StageLayers& stage) const {
     if (stage.head) values += HeadTokens(stage) * (h + dims_.vocab);
     return values * stage.samples * dims_.dtype_bytes;
   }
-  double values = stage.encoder_layers * in * (4 * h + 4 * i + 2 * f);
+  // T5V11 (separate q, k and v reading one normed input, as one QKV GEMM
+  // does): its MLP keeps the gate/up input h (shared) and output gradients
+  // 2f, and the down projection's input f and output gradient h: 2h + 3f
+  // against MEGATRON's 2h + 2f.
+  const double mlp = dims_.gated_mlp() ? 3 * f : 2 * f;
+  double values = stage.encoder_layers * in * (4 * h + 4 * i + mlp);
   if (stage.decoder_layers > 0) {
-    values += stage.decoder_layers * (tgt * (6 * h + 6 * i + 2 * f) + in * 2 * i) + in * h;
+    values += stage.decoder_layers * (tgt * (6 * h + 6 * i + mlp) + in * 2 * i) + in * h;
   }
   if (stage.head) values += HeadTokens(stage) * (h + dims_.vocab);
   return values * stage.samples * dims_.dtype_bytes;

@@ -33,7 +33,11 @@
 // (Q 2hi, K and V 4hk, output projection 2ih, gate, up and down 6hf) and
 // keeps 4h + 2i + 2k + 3f values per token (q/k/v input h, shared by the
 // three, and output gradients i + 2k; output projection i + h; gate/up input
-// h, shared, and output gradients 2f; down projection f + h). Under full
+// h, shared, and output gradients 2f; down projection f + h). A T5V11 layer
+// is a MEGATRON one with the gated MLP's third matrix: 8hi + 6hf weight
+// FLOPs and 4h + 4i + 3f kept values per token (decoder layers add what
+// MEGATRON's do); its relative bias table's gradient, small like the norm
+// weights', is B's. Under full
 // recomputation B rebuilds the layer, so the same bytes are kept; they may
 // exceed what the forward stored, and the zero-bubble fill then splits a
 // backward only where they fit (weight_fill.h).

@@ -309,7 +309,9 @@ void PrintHeader(const Job& job) {
       "job %s: %s%s, %u layers, hidden %u; pp=%u dp=%u; %s; %llu tokens per global "
       "batch, max length %u\n",
       config.job_id().c_str(), v1::ModelKind_Name(model.kind()).c_str(),
-      model.architecture() == v1::LLAMA ? " (LLAMA)" : "",
+      model.architecture() == v1::LLAMA   ? " (LLAMA)"
+      : model.architecture() == v1::T5V11 ? " (T5V11)"
+                                          : "",
       model.num_layers() + model.num_decoder_layers(), model.hidden_size(),
       config.parallelism().pipeline(), config.parallelism().data(), data.c_str(),
       static_cast<unsigned long long>(config.data().tokens_per_global_batch()),

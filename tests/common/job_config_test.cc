@@ -95,6 +95,19 @@ TEST(JobConfig, LlamaGetsDocumentedDefaults) {
   EXPECT_EQ(m.rope_scaling().original_max_position_embeddings(), 8192u);
 }
 
+TEST(JobConfig, T5V11GetsDocumentedDefaults) {
+  absl::StatusOr<v1::JobConfig> config =
+      ParseAndValidate(Replace(R"("kind": "GPT")", R"("kind": "T5", "architecture": "T5V11")"));
+  ASSERT_THAT(config, IsOk());
+  const v1::ModelConfig& m = config->model();
+  EXPECT_DOUBLE_EQ(m.norm_epsilon(), 1e-6);
+  EXPECT_EQ(m.num_key_value_heads(), m.num_attention_heads());
+  EXPECT_EQ(m.relative_attention_num_buckets(), 32u);
+  EXPECT_EQ(m.relative_attention_max_distance(), 128u);
+  EXPECT_FALSE(m.has_rope_theta());
+  EXPECT_FALSE(m.tie_word_embeddings());
+}
+
 // A tied LLAMA head across pipeline stages: the last stage holds a replica.
 TEST(JobConfig, TiedEmbeddingsSpanPipelineStages) {
   EXPECT_THAT(
@@ -261,6 +274,34 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"NegativeNormEpsilon", R"("kind": "GPT")",
                 R"("kind": "GPT", "architecture": "LLAMA", "norm_epsilon": -1)",
                 "model.norm_epsilon: must be positive"},
+        BadCase{"T5V11Gpt", R"("kind": "GPT")", R"("kind": "GPT", "architecture": "T5V11")",
+                "model.architecture: T5V11 is an encoder-decoder architecture: model.kind must "
+                "be T5"},
+        BadCase{"T5V11Tied", R"("kind": "GPT")",
+                R"("kind": "T5", "architecture": "T5V11", "tie_word_embeddings": true)",
+                "model.tie_word_embeddings: T5V11 has an untied LM head"},
+        BadCase{"T5V11GroupedQuery", R"("kind": "GPT")",
+                R"("kind": "T5", "architecture": "T5V11", "num_key_value_heads": 2)",
+                "model.num_key_value_heads: grouped-query attention needs model.architecture "
+                "LLAMA"},
+        BadCase{"OddRelativeBuckets", R"("kind": "GPT")",
+                R"("kind": "T5", "architecture": "T5V11", "relative_attention_num_buckets": 7)",
+                "model.relative_attention_num_buckets: must be even, from 4 to 1024 (got 7)"},
+        BadCase{"RelativeDistanceInsideTheExactBuckets", R"("kind": "GPT")",
+                R"("kind": "T5", "architecture": "T5V11", "relative_attention_max_distance": 16)",
+                "model.relative_attention_max_distance: must exceed half the buckets (16) and be "
+                "at most 16777216 (got 16)"},
+        BadCase{"RelativeBucketsOnLlama", R"("kind": "GPT")",
+                R"("kind": "GPT", "architecture": "LLAMA", "relative_attention_num_buckets": 32)",
+                "model.relative_attention_num_buckets: is only used by T5V11 models"},
+        BadCase{"T5V11OverInterleavedStages",
+                R"("kind": "GPT", "num_layers": 4, "hidden_size": 256,
+            "num_attention_heads": 4, "vocab_size": 1000},
+  "parallelism": {"pipeline": 2, "data": 2})",
+                R"("kind": "T5", "architecture": "T5V11", "num_layers": 4, "hidden_size": 256,
+            "num_attention_heads": 4, "vocab_size": 1000},
+  "parallelism": {"pipeline": 2, "data": 2, "virtual_chunks": 2})",
+                "parallelism.virtual_chunks: T5V11 shares parameters across stages"},
         BadCase{"TensorParallel", R"("data": 2)", R"("data": 2, "tensor": 2)",
                 "parallelism.tensor: only 1 is supported (got 2)"},
         BadCase{"TooManyStages", R"("pipeline": 2)", R"("pipeline": 8)",

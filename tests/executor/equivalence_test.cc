@@ -25,7 +25,9 @@
 // LLAMA cells (docs/models.md; grouped-query attention, Llama 3.1 rotary
 // scaling) cover every schedule family, each recompute mode, the four
 // shapes, split backwards, packed rows and a tied head, against the
-// reference's own LLAMA path.
+// reference's own LLAMA path; T5V11 cells (relative position bias, shared
+// embedding and bias tables replicated across stages) the same against its
+// T5V11 path.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -37,6 +39,8 @@
 #include "common/config/job_config.h"
 #include "common/dataset/minibatch_sampler.h"
 #include "common/dataset/sample_dataset.h"
+#include "executor/model/model_spec.h"
+#include "executor/model/model_stage.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/redis_server.h"
@@ -59,6 +63,7 @@ struct Cell {
   bool t5 = false;
   bool llama = false;
   bool tied = false;  // LLAMA: tie_word_embeddings
+  bool t5v11 = false;  // with t5: architecture T5V11
   v1::ScheduleKind schedule = v1::ONE_F_ONE_B;
   v1::RecomputeMode recompute = v1::RECOMPUTE_NONE;
   uint32_t pp = 1;
@@ -102,7 +107,8 @@ std::string RecomputeName(v1::RecomputeMode mode) {
 }
 
 std::string CellName(const Cell& c) {
-  return absl::StrCat(c.t5      ? "T5"
+  return absl::StrCat(c.t5v11   ? "T5v11"
+                      : c.t5    ? "T5"
                       : c.llama ? "Llama"
                                 : "Gpt",
                       c.tied ? "Tied" : "", c.method == v1::PACKING ? "Packed" : "", "_",
@@ -201,7 +207,52 @@ std::vector<Cell> Matrix() {
   Cell& tied_packed = llama(v1::ADAPTIVE, v1::RECOMPUTE_SELECTIVE, 2, 2);
   tied_packed.tied = true;
   tied_packed.method = v1::PACKING;
+  // T5V11 (docs/models.md): every schedule family, each recompute mode, the
+  // four shapes, split backwards and packed rows (relative positions restart
+  // per sample). At pp = 4 the encoder and the decoder take two stages each,
+  // so the shared embedding and both bias tables are replicated.
+  const auto t5v11 = [&cells](v1::ScheduleKind schedule, v1::RecomputeMode recompute, uint32_t pp,
+                              uint32_t dp) -> Cell& {
+    Cell c;
+    c.t5 = true;
+    c.t5v11 = true;
+    c.schedule = schedule;
+    c.recompute = recompute;
+    c.pp = pp;
+    c.dp = dp;
+    return cells.emplace_back(c);
+  };
+  t5v11(v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 1, 1);
+  t5v11(v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 2, 1);
+  t5v11(v1::ONE_F_ONE_B, v1::RECOMPUTE_SELECTIVE, 2, 2);
+  t5v11(v1::ONE_F_ONE_B, v1::RECOMPUTE_FULL, 4, 1);
+  t5v11(v1::GPIPE, v1::RECOMPUTE_FULL, 2, 1);
+  t5v11(v1::KFKB, v1::RECOMPUTE_SELECTIVE, 4, 1);
+  t5v11(v1::ADAPTIVE, v1::RECOMPUTE_NONE, 2, 2);
+  t5v11(v1::ZERO_BUBBLE_H1, v1::RECOMPUTE_NONE, 2, 1);
+  t5v11(v1::ZERO_BUBBLE_H1, v1::RECOMPUTE_FULL, 4, 1);
+  t5v11(v1::ADAPTIVE_ZERO_BUBBLE, v1::RECOMPUTE_SELECTIVE, 4, 1);
+  t5v11(v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 1, 1).method = v1::PACKING;
+  t5v11(v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 2, 2).method = v1::PACKING;
+  t5v11(v1::ADAPTIVE, v1::RECOMPUTE_SELECTIVE, 4, 1).method = v1::PACKING;
   return cells;
+}
+
+// Replicas of shared parameters in one pipeline (docs/models.md, "Shared
+// parameters"): the copies beyond each one's owner.
+int SharedReplicas(const v1::JobConfig& config) {
+  const absl::StatusOr<executor::ModelSpec> spec = executor::ModelSpecFromConfig(config);
+  EXPECT_THAT(spec, IsOk());
+  if (!spec.ok()) return 0;
+  const absl::StatusOr<std::vector<executor::StageRole>> roles = executor::PipelineStageRoles(
+      *spec, config.parallelism().pipeline() * config.parallelism().virtual_chunks());
+  EXPECT_THAT(roles, IsOk());
+  if (!roles.ok()) return 0;
+  int replicas = 0;
+  for (const executor::SharedParameter& shared : executor::SharedParameters(*spec, *roles)) {
+    replicas += static_cast<int>(shared.stages.size()) - 1;
+  }
+  return replicas;
 }
 
 // Runs `plans` ([iteration][rank]) of `config` on threaded ranks (a fresh
@@ -316,12 +367,10 @@ std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& c
       }
       compared += d.compared;
     }
-    // Each replica holds the whole model once, and a tied embedding across
-    // stages twice (the last stage's replica compares with the same
-    // reference gradient).
-    const int replicas =
-        config.model().tie_word_embeddings() && config.parallelism().pipeline() > 1 ? 1 : 0;
-    EXPECT_EQ(compared, static_cast<int>(dp * (pass.gradients.size() + replicas)))
+    // Each replica holds the whole model once, and a shared parameter once
+    // per stage holding it (a replica compares with the same reference
+    // gradient: the interpreter summed its copies' gradients).
+    EXPECT_EQ(compared, static_cast<int>(dp * (pass.gradients.size() + SharedReplicas(config))))
         << "iteration " << it;
     const double loss_error = std::abs(loss - pass.loss) / pass.loss;
     EXPECT_LE(loss_error, kTolerance)
@@ -401,6 +450,7 @@ absl::StatusOr<v1::JobConfig> CellConfig(const Cell& c) {
   job.t5 = c.t5;
   job.llama = c.llama;
   job.tie_word_embeddings = c.tied;
+  job.t5v11 = c.t5v11;
   job.schedule = c.schedule;
   job.recompute = c.recompute;
   job.method = c.method;
@@ -459,18 +509,20 @@ TEST_P(CudaEquivalence, ThreeSgdStepsMatchTheReference) {
 
 std::vector<Cell> CudaCells() {
   std::vector<Cell> cells;
-  for (int model = 0; model < 3; ++model) {
+  for (int model = 0; model < 4; ++model) {
     for (v1::RecomputeMode recompute :
          {v1::RECOMPUTE_NONE, v1::RECOMPUTE_SELECTIVE, v1::RECOMPUTE_FULL}) {
       Cell c;
-      c.t5 = model == 1;
+      c.t5 = model == 1 || model == 3;
       c.llama = model == 2;
+      c.t5v11 = model == 3;
       c.recompute = recompute;
       cells.push_back(c);
     }
     Cell packed;
-    packed.t5 = model == 1;
+    packed.t5 = model == 1 || model == 3;
     packed.llama = model == 2;
+    packed.t5v11 = model == 3;
     packed.method = v1::PACKING;
     cells.push_back(packed);
   }

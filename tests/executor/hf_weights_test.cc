@@ -595,10 +595,10 @@ TEST(HuggingFaceExport, TiedEmbeddingReplicasLoadAndExportOnce) {
   ASSERT_THAT(LoadHuggingFaceWeights(*golden, spec, one.pointers), IsOk());
   Stages two = BuildStages(spec, 2);
   ASSERT_THAT(LoadHuggingFaceWeights(*golden, spec, two.pointers), IsOk());
-  ASSERT_TRUE(two.owned[0]->tied_embedding().defined());
-  ASSERT_TRUE(two.owned[1]->tied_embedding().defined());
-  EXPECT_FALSE(one.owned[0]->tied_embedding().defined());  // one tensor, nothing to sum
-  EXPECT_TRUE(torch::equal(two.owned[0]->tied_embedding(), two.owned[1]->tied_embedding()));
+  const auto embedding = [](const ModelStage& stage) {
+    return stage.named_parameters()["word_embedding"];
+  };
+  EXPECT_TRUE(torch::equal(embedding(*two.owned[0]), embedding(*two.owned[1])));
   EXPECT_TRUE(two.owned[1]->IsReplica("word_embedding"));
   EXPECT_FALSE(two.owned[0]->IsReplica("word_embedding"));
   const fs::path from_one = ExportAt(spec, one, "tied-pp1", v1::FLOAT32);
@@ -610,9 +610,17 @@ TEST(HuggingFaceExport, TiedEmbeddingReplicasLoadAndExportOnce) {
     ++files;
   }
   EXPECT_EQ(files, 4);
-  EXPECT_EQ(TiedEmbeddingRanks(spec, 4, 8), (std::vector<int>{8, 11}));
-  EXPECT_TRUE(TiedEmbeddingRanks(spec, 1, 0).empty());
-  EXPECT_TRUE(TiedEmbeddingRanks(TinyLlama(false), 4, 0).empty());
+  // The gradient-sum groups: first and last rank of each pipeline replica.
+  const std::vector<StageRole> four = *PipelineStageRoles(spec, 4);
+  for (int64_t stage : {0, 3}) {
+    const std::vector<SharedParameterGroup> groups = SharedParameterGroups(spec, four, stage, 8);
+    ASSERT_EQ(groups.size(), 1u);
+    EXPECT_EQ(groups[0].name, "word_embedding");
+    EXPECT_EQ(groups[0].ranks, (std::vector<int>{8, 11}));
+  }
+  EXPECT_TRUE(SharedParameterGroups(spec, four, 1, 8).empty());
+  EXPECT_TRUE(SharedParameters(spec, *PipelineStageRoles(spec, 1)).empty());  // one tensor
+  EXPECT_TRUE(SharedParameters(TinyLlama(false), four).empty());
 }
 
 TEST(HuggingFaceWeights, MegatronModelsAreRefused) {

@@ -43,6 +43,7 @@ struct MemoryCase {
   std::string name;
   bool t5 = false;
   bool llama = false;  // LLAMA layers (docs/models.md)
+  bool t5v11 = false;  // with t5: T5V11 layers
 };
 
 class MeasuredMemory : public ::testing::TestWithParam<MemoryCase> {};
@@ -52,6 +53,7 @@ TEST_P(MeasuredMemory, ProfiledPredictionMatchesTheMeasuredPeak) {
   TinyJob job;
   job.t5 = c.t5;
   job.llama = c.llama;
+  job.t5v11 = c.t5v11;
   job.pipeline = 2;
   job.schedule = c.schedule;
   job.recompute = c.recompute;
@@ -119,26 +121,33 @@ TEST_P(MeasuredMemory, ProfiledPredictionMatchesTheMeasuredPeak) {
 
 INSTANTIATE_TEST_SUITE_P(
     Modes, MeasuredMemory,
-    ::testing::Values(MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ONE_F_ONE_B, "Selective1F1B"},
-                      MemoryCase{v1::RECOMPUTE_NONE, v1::ONE_F_ONE_B, "None1F1B"},
-                      MemoryCase{v1::RECOMPUTE_FULL, v1::ONE_F_ONE_B, "Full1F1B"},
-                      MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ADAPTIVE, "SelectiveAdaptive"},
-                      MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ONE_F_ONE_B, "T5Selective1F1B", true},
-                      MemoryCase{v1::RECOMPUTE_NONE, v1::ONE_F_ONE_B, "T5None1F1B", true},
-                      // Split backwards: B keeps each linear layer's input and
-                      // output gradient until W (backward_split.h).
-                      MemoryCase{v1::RECOMPUTE_NONE, v1::ZERO_BUBBLE_H1, "NoneZeroBubbleH1"},
-                      MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ADAPTIVE_ZERO_BUBBLE,
-                                 "SelectiveAdaptiveZeroBubble"},
-                      MemoryCase{v1::RECOMPUTE_FULL, v1::ZERO_BUBBLE_H1, "FullZeroBubbleH1"},
-                      MemoryCase{v1::RECOMPUTE_NONE, v1::ZERO_BUBBLE_H1, "T5NoneZeroBubbleH1",
-                                 true},
-                      MemoryCase{v1::RECOMPUTE_NONE, v1::ONE_F_ONE_B, "LlamaNone1F1B", false, true},
-                      MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ONE_F_ONE_B, "LlamaSelective1F1B",
-                                 false, true},
-                      MemoryCase{v1::RECOMPUTE_FULL, v1::ONE_F_ONE_B, "LlamaFull1F1B", false, true},
-                      MemoryCase{v1::RECOMPUTE_NONE, v1::ZERO_BUBBLE_H1, "LlamaNoneZeroBubbleH1",
-                                 false, true}),
+    ::testing::Values(
+        MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ONE_F_ONE_B, "Selective1F1B"},
+        MemoryCase{v1::RECOMPUTE_NONE, v1::ONE_F_ONE_B, "None1F1B"},
+        MemoryCase{v1::RECOMPUTE_FULL, v1::ONE_F_ONE_B, "Full1F1B"},
+        MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ADAPTIVE, "SelectiveAdaptive"},
+        MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ONE_F_ONE_B, "T5Selective1F1B", true},
+        MemoryCase{v1::RECOMPUTE_NONE, v1::ONE_F_ONE_B, "T5None1F1B", true},
+        // Split backwards: B keeps each linear layer's input and
+        // output gradient until W (backward_split.h).
+        MemoryCase{v1::RECOMPUTE_NONE, v1::ZERO_BUBBLE_H1, "NoneZeroBubbleH1"},
+        MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ADAPTIVE_ZERO_BUBBLE,
+                   "SelectiveAdaptiveZeroBubble"},
+        MemoryCase{v1::RECOMPUTE_FULL, v1::ZERO_BUBBLE_H1, "FullZeroBubbleH1"},
+        MemoryCase{v1::RECOMPUTE_NONE, v1::ZERO_BUBBLE_H1, "T5NoneZeroBubbleH1", true},
+        MemoryCase{v1::RECOMPUTE_NONE, v1::ONE_F_ONE_B, "LlamaNone1F1B", false, true},
+        MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ONE_F_ONE_B, "LlamaSelective1F1B", false, true},
+        MemoryCase{v1::RECOMPUTE_FULL, v1::ONE_F_ONE_B, "LlamaFull1F1B", false, true},
+        MemoryCase{v1::RECOMPUTE_NONE, v1::ZERO_BUBBLE_H1, "LlamaNoneZeroBubbleH1", false, true},
+        // T5V11: the stage's position bias (bucket ids, and the
+        // bias itself where the layers keep it) comes from the
+        // layout, not the profile.
+        MemoryCase{v1::RECOMPUTE_NONE, v1::ONE_F_ONE_B, "T5v11None1F1B", true, false, true},
+        MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ONE_F_ONE_B, "T5v11Selective1F1B", true, false,
+                   true},
+        MemoryCase{v1::RECOMPUTE_FULL, v1::ONE_F_ONE_B, "T5v11Full1F1B", true, false, true},
+        MemoryCase{v1::RECOMPUTE_NONE, v1::ZERO_BUBBLE_H1, "T5v11NoneZeroBubbleH1", true, false,
+                   true}),
     [](const auto& info) { return info.param.name; });
 
 TEST(ProfileCli, HelpNamesTheFlags) {

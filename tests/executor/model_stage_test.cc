@@ -62,6 +62,17 @@ ModelSpec SmallT5() {
   return spec;
 }
 
+// T5V11 (docs/models.md): 8 relative position buckets up to distance 12, so
+// samples of up to 20 positions meet exact, log-spaced and clipped buckets.
+ModelSpec SmallT5V11() {
+  ModelSpec spec = SmallT5();
+  spec.t5v11 = true;
+  spec.norm_epsilon = 1e-6;
+  spec.relative_buckets = 8;
+  spec.relative_max_distance = 12;
+  return spec;
+}
+
 TEST(StageLayersTest, SplitsEvenlyAndCoversEveryLayer) {
   for (int64_t layers = 1; layers <= 40; ++layers) {
     for (int64_t stages = 1; stages <= layers; ++stages) {
@@ -118,13 +129,40 @@ TEST(PipelineStageRolesTest, RejectsStagesWithoutLayers) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cannot fill")));
 }
 
-// Every parameter of every stage, keyed by its stage-independent name.
+// Every parameter of every stage, keyed by its stage-independent name: a
+// shared parameter's owner (ModelStage::IsReplica), whose replicas must hold
+// the same values.
 std::map<std::string, torch::Tensor> Parameters(
     const std::vector<std::shared_ptr<ModelStage>>& stages) {
   std::map<std::string, torch::Tensor> out;
   for (const auto& stage : stages) {
     for (const auto& item : stage->named_parameters()) {
+      if (stage->IsReplica(item.key())) continue;
       EXPECT_TRUE(out.emplace(item.key(), item.value()).second) << "duplicate " << item.key();
+    }
+  }
+  for (const auto& stage : stages) {
+    for (const auto& item : stage->named_parameters()) {
+      if (!stage->IsReplica(item.key())) continue;
+      EXPECT_TRUE(out.count(item.key())) << "replica of an unowned " << item.key();
+      if (out.count(item.key())) EXPECT_TRUE(torch::equal(item.value(), out.at(item.key())));
+    }
+  }
+  return out;
+}
+
+// Every parameter's gradient, a shared parameter's summed over its copies
+// (what PlanInterpreter's SumSharedGradients gives each copy).
+std::map<std::string, torch::Tensor> Gradients(
+    const std::vector<std::shared_ptr<ModelStage>>& stages) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& stage : stages) {
+    for (const auto& item : stage->named_parameters()) {
+      const torch::Tensor g = item.value().grad();
+      EXPECT_TRUE(g.defined()) << item.key();
+      if (!g.defined()) continue;
+      const auto [at, inserted] = out.emplace(item.key(), g.clone());
+      if (!inserted) at->second += g;
     }
   }
   return out;
@@ -140,7 +178,7 @@ std::vector<std::shared_ptr<ModelStage>> BuildStages(const ModelSpec& spec, int6
 }
 
 TEST(ModelStageTest, InitialisationDoesNotDependOnPartitioning) {
-  for (const ModelSpec& spec : {SmallGpt(), SmallT5(), SmallLlama()}) {
+  for (const ModelSpec& spec : {SmallGpt(), SmallT5(), SmallLlama(), SmallT5V11()}) {
     const auto whole = Parameters(BuildStages(spec, 1));
     const auto split = Parameters(BuildStages(spec, 3));
     ASSERT_EQ(whole.size(), split.size());
@@ -152,7 +190,8 @@ TEST(ModelStageTest, InitialisationDoesNotDependOnPartitioning) {
     ModelSpec other = spec;
     other.seed = spec.seed + 1;
     const auto reseeded = Parameters(BuildStages(other, 1));
-    const std::string weight = spec.llama ? "encoder_layer_0.q_weight" : "encoder_layer_0.qkv_weight";
+    const std::string weight =
+        spec.llama || spec.t5v11 ? "encoder_layer_0.q_weight" : "encoder_layer_0.qkv_weight";
     EXPECT_FALSE(torch::equal(whole.at(weight), reseeded.at(weight)));
   }
 }
@@ -250,10 +289,19 @@ double RelativeDifference(const torch::Tensor& a, const torch::Tensor& b) {
   return (a - b).abs().max().item<double>() / std::max(b.abs().max().item<double>(), 1e-30);
 }
 
-enum class Architecture { kGpt, kT5, kLlama };
+enum class Architecture { kGpt, kT5, kLlama, kT5V11 };
 
 ModelSpec SmallModel(Architecture a) {
-  return a == Architecture::kT5 ? SmallT5() : a == Architecture::kLlama ? SmallLlama() : SmallGpt();
+  switch (a) {
+    case Architecture::kT5:
+      return SmallT5();
+    case Architecture::kLlama:
+      return SmallLlama();
+    case Architecture::kT5V11:
+      return SmallT5V11();
+    default:
+      return SmallGpt();
+  }
 }
 
 class EquivalenceTest : public ::testing::TestWithParam<Architecture> {};
@@ -283,24 +331,92 @@ TEST_P(EquivalenceTest, MicroBatchedPipelineMatchesOnePass) {
   // The loss is a mean over tokens of a near-uniform prediction.
   EXPECT_NEAR(reference_loss, std::log(static_cast<double>(spec.vocab_size)), 0.5);
 
-  const auto expected = Parameters(whole);
-  const auto actual = Parameters(stages);
+  // Shared parameters' copies summed, as the interpreter sums them.
+  const auto expected = Gradients(whole);
+  const auto actual = Gradients(stages);
   ASSERT_EQ(expected.size(), actual.size());
-  for (const auto& [name, parameter] : expected) {
-    ASSERT_TRUE(parameter.grad().defined()) << name;
-    ASSERT_TRUE(actual.at(name).grad().defined()) << name;
-    EXPECT_LE(RelativeDifference(actual.at(name).grad(), parameter.grad()), 1e-5) << name;
+  for (const auto& [name, gradient] : expected) {
+    ASSERT_TRUE(actual.count(name)) << name;
+    EXPECT_LE(RelativeDifference(actual.at(name), gradient), 1e-5) << name;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(GptT5AndLlama, EquivalenceTest,
+INSTANTIATE_TEST_SUITE_P(GptT5LlamaAndT5V11, EquivalenceTest,
                          ::testing::Values(Architecture::kGpt, Architecture::kT5,
-                                           Architecture::kLlama),
+                                           Architecture::kLlama, Architecture::kT5V11),
                          [](const auto& info) {
                            return info.param == Architecture::kT5      ? "T5"
                                   : info.param == Architecture::kLlama ? "Llama"
+                                  : info.param == Architecture::kT5V11 ? "T5V11"
                                                                        : "Gpt";
                          });
+
+TEST(ModelStageTest, T5V11HasTheDocumentedParametersAndSharesThemAcrossStages) {
+  ModelSpec spec = SmallT5V11();
+  spec.num_layers = 4;
+  spec.num_decoder_layers = 4;
+  const int64_t h = spec.hidden_size;
+  const std::vector<std::shared_ptr<ModelStage>> stages = BuildStages(spec, 4);
+  ASSERT_EQ(stages.size(), 4u);
+  std::map<std::string, std::vector<int64_t>> expected_layer = {
+      {"attn_norm_weight", {h}}, {"q_weight", {32, h}},  {"k_weight", {32, h}},
+      {"v_weight", {32, h}},     {"o_weight", {h, 32}},  {"mlp_norm_weight", {h}},
+      {"gate_weight", {64, h}},  {"up_weight", {64, h}}, {"down_weight", {h, 64}}};
+  std::map<std::string, std::vector<int64_t>> expected_decoder = expected_layer;
+  expected_decoder.insert({{"cross_norm_weight", {h}},
+                           {"xq_weight", {32, h}},
+                           {"xk_weight", {32, h}},
+                           {"xv_weight", {32, h}},
+                           {"xo_weight", {h, 32}}});
+  // Stage by stage: encoder stages 0 and 1, decoder stages 2 and 3.
+  const std::vector<std::map<std::string, std::vector<int64_t>>> stage_extras = {
+      {{"word_embedding", {50, h}}, {"encoder_relative_bias", {8, 4}}},
+      {{"encoder_relative_bias", {8, 4}}, {"encoder_norm_weight", {h}}},
+      {{"word_embedding", {50, h}}, {"decoder_relative_bias", {8, 4}}},
+      {{"decoder_relative_bias", {8, 4}}, {"final_norm_weight", {h}}, {"head_weight", {50, h}}}};
+  for (size_t s = 0; s < stages.size(); ++s) {
+    std::map<std::string, std::vector<int64_t>> expected = stage_extras[s];
+    const bool decoder = s >= 2;
+    const int64_t first = decoder ? 2 * (s - 2) : 2 * s;
+    for (int64_t i = first; i < first + 2; ++i) {
+      for (const auto& [name, shape] : decoder ? expected_decoder : expected_layer) {
+        expected[(decoder ? "decoder_layer_" : "encoder_layer_") + std::to_string(i) + "." + name] =
+            shape;
+      }
+    }
+    std::map<std::string, std::vector<int64_t>> actual;
+    for (const auto& item : stages[s]->named_parameters()) {
+      actual[item.key()] = item.value().sizes().vec();
+    }
+    EXPECT_EQ(actual, expected) << "stage " << s;
+  }
+  // The first holder owns a shared parameter; the others hold replicas.
+  EXPECT_FALSE(stages[0]->IsReplica("word_embedding"));
+  EXPECT_FALSE(stages[0]->IsReplica("encoder_relative_bias"));
+  EXPECT_TRUE(stages[1]->IsReplica("encoder_relative_bias"));
+  EXPECT_TRUE(stages[2]->IsReplica("word_embedding"));
+  EXPECT_FALSE(stages[2]->IsReplica("decoder_relative_bias"));
+  EXPECT_TRUE(stages[3]->IsReplica("decoder_relative_bias"));
+  EXPECT_FALSE(stages[3]->IsReplica("head_weight"));
+  // The gradient sums, in one order on every rank (replica 1: ranks 4-7).
+  const std::vector<StageRole> roles = *PipelineStageRoles(spec, 4);
+  const std::vector<SharedParameter> shared = SharedParameters(spec, roles);
+  ASSERT_EQ(shared.size(), 3u);
+  EXPECT_EQ(shared[0].name, "word_embedding");
+  EXPECT_EQ(shared[0].stages, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(shared[1].name, "encoder_relative_bias");
+  EXPECT_EQ(shared[1].stages, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(shared[2].name, "decoder_relative_bias");
+  EXPECT_EQ(shared[2].stages, (std::vector<int64_t>{2, 3}));
+  const std::vector<SharedParameterGroup> groups = SharedParameterGroups(spec, roles, 2, 4);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].name, "word_embedding");
+  EXPECT_EQ(groups[0].ranks, (std::vector<int>{4, 6}));
+  EXPECT_EQ(groups[1].name, "decoder_relative_bias");
+  EXPECT_EQ(groups[1].ranks, (std::vector<int>{6, 7}));
+  // One stage holds one copy of everything: nothing to sum.
+  EXPECT_TRUE(SharedParameters(spec, *PipelineStageRoles(spec, 1)).empty());
+}
 
 TEST(ModelStageTest, LlamaHasTheDocumentedParameters) {
   ModelSpec spec = SmallLlama();

@@ -58,6 +58,7 @@ struct Cell {
   bool t5 = false;
   bool llama = false;  // LLAMA layers (docs/models.md)
   bool tied = false;   // LLAMA: tie_word_embeddings
+  bool t5v11 = false;  // with t5: T5V11 layers, shared embedding across stages
   uint32_t pp = 1;
   uint32_t dp = 2;
   uint32_t chunks = 1;  // > 1: interleaved 1F1B, several stages per rank
@@ -69,6 +70,7 @@ absl::StatusOr<v1::JobConfig> CellConfig(const Cell& c, uint32_t zero_stage, int
   job.t5 = c.t5;
   job.llama = c.llama;
   job.tie_word_embeddings = c.tied;
+  job.t5v11 = c.t5v11;
   job.pipeline = c.pp;
   job.data = c.dp;
   job.chunks = c.chunks;
@@ -172,13 +174,18 @@ TEST_P(Zero1Equivalence, ThreeStepsMatchStageZero) {
     const size_t replica0 = r % c.pp;
     EXPECT_EQ(MaxRelativeDifference(b[r].parameters, b[replica0].parameters).worst, 0.0)
         << "rank " << r << " differs from rank " << replica0;
-    // So do the two stages' copies of a tied embedding, under both stages.
-    if (c.tied && r % c.pp == c.pp - 1) {
-      const size_t first = r - (c.pp - 1);
+    // So do the stages' copies of a shared parameter (a tied embedding,
+    // T5V11's shared embedding and bias tables), under both stages: each
+    // equals the copy of the first rank of its pipeline replica holding it.
+    for (const char* shared :
+         {"word_embedding", "encoder_relative_bias", "decoder_relative_bias"}) {
       for (const std::vector<RankRun>* run : {&a, &b}) {
-        EXPECT_TRUE(torch::equal((*run)[r].parameters.at("word_embedding"),
-                                 (*run)[first].parameters.at("word_embedding")))
-            << "rank " << r << "'s tied embedding drifted from rank " << first << "'s";
+        if (!(*run)[r].parameters.contains(shared)) continue;
+        size_t owner = r - r % c.pp;
+        while (!(*run)[owner].parameters.contains(shared)) ++owner;
+        EXPECT_TRUE(
+            torch::equal((*run)[r].parameters.at(shared), (*run)[owner].parameters.at(shared)))
+            << "rank " << r << "'s " << shared << " drifted from rank " << owner << "'s";
       }
     }
     // The optimizer state: AdamW's moments of 1/dp of the parameters (each
@@ -216,7 +223,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Cell{.name = "GptInterleaved2_pp2dp2", .pp = 2, .chunks = 2},
                       Cell{.name = "GptSgd_pp2dp2", .pp = 2, .optimizer = v1::SGD},
                       Cell{.name = "Llama_pp2dp2", .llama = true, .pp = 2},
-                      Cell{.name = "LlamaTied_pp2dp2", .llama = true, .tied = true, .pp = 2}),
+                      Cell{.name = "LlamaTied_pp2dp2", .llama = true, .tied = true, .pp = 2},
+                      Cell{.name = "T5v11_pp2dp2", .t5 = true, .t5v11 = true, .pp = 2}),
     [](const auto& info) { return info.param.name; });
 
 // A data-parallel degree of 1 leaves nothing to shard: stage 1 is stage 0.
@@ -349,22 +357,25 @@ TEST(Zero1Checkpoint, RefusesAnotherDataParallelDegree) {
 // dp = 2, stages 0 and 1; LLAMA too): the planner counts 4 bytes of parameters, 4 of
 // gradients and 8 of AdamW moments per parameter whatever model.dtype, the
 // executor's layout (fp32 master weights, autocast on GPUs). The planner's
-// parameter count omits only T5's final encoder LayerNorm (2h parameters on
-// the last encoder device): the executor's count is the planner's plus
-// exactly that. Under stage 1 the measured optimizer state falls by
-// (1 - 1/dp) of stage 0's, as the prediction does.
+// parameter count omits only MEGATRON T5's final encoder LayerNorm (2h
+// parameters on the last encoder device): the executor's count is the
+// planner's plus exactly that (T5V11: exactly the planner's). Under stage 1 the measured optimizer
+// state falls by (1 - 1/dp) of stage 0's, as the prediction does.
 TEST(Zero1MemoryModel, MeasuredModelStateMatchesThePrediction) {
   // The tied LLAMA head counts the last stage's replica of the embedding
-  // (StageLayout::tied_embedding_replica).
-  for (const auto& [t5, llama, tied] :
-       {std::tuple{false, false, false}, std::tuple{true, false, false},
-        std::tuple{false, true, false}, std::tuple{false, true, true}}) {
+  // (StageLayout::tied_embedding_replica); T5V11 the decoder stage's replica
+  // of the shared embedding and each stage's bias table.
+  for (const auto& [t5, llama, tied, t5v11] :
+       {std::tuple{false, false, false, false}, std::tuple{true, false, false, false},
+        std::tuple{false, true, false, false}, std::tuple{false, true, true, false},
+        std::tuple{true, false, false, true}}) {
     std::map<uint32_t, std::vector<RankRun>> runs;
     std::vector<double> planned;
     absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
     ASSERT_THAT(redis, IsOk());
     for (uint32_t zero_stage : {0u, 1u}) {
-      const Cell c{.name = "pp2dp2", .t5 = t5, .llama = llama, .tied = tied, .pp = 2};
+      const Cell c{
+          .name = "pp2dp2", .t5 = t5, .llama = llama, .tied = tied, .t5v11 = t5v11, .pp = 2};
       absl::StatusOr<v1::JobConfig> config = CellConfig(c, zero_stage, 1);
       ASSERT_THAT(config, IsOk());
       absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(*config);
@@ -409,7 +420,8 @@ TEST(Zero1MemoryModel, MeasuredModelStateMatchesThePrediction) {
             "predicted for the executor's %.0f parameters %.0f + %.0f = %.0f bytes; for the "
             "planner's own count (%.0f parameters, without %.0f encoder-LayerNorm ones) %.0f + "
             "%.0f = %.0f bytes\n",
-            t5      ? "T5"
+            t5v11   ? "T5V11"
+            : t5    ? "T5"
             : tied  ? "LLAMA tied"
             : llama ? "LLAMA"
                     : "GPT",

@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "planner/cost/hardware.h"
 #include "planner/cost/memory_model.h"
+#include "planner/cost/micro_batch_cost.h"
 #include "tests/testing/paper_models.h"
 #include "tests/testing/status_matchers.h"
 
@@ -415,6 +416,406 @@ TEST(AnalyticModelLlama, GridReproducesTheFormulaAndRefusesBadDims) {
   t5.kind = ModelKind::kT5;
   t5.decoder_layers = 2;
   EXPECT_FALSE(BuildAnalyticCostModel(t5, *hw, {}).ok());
+}
+
+// ---------------------------------------------------------------------------
+// T5V11 (docs/models.md "The T5V11 layers", docs/cost-model.md "T5V11")
+
+// FLAN-T5-XL: d_model 2,048, 32 heads of 64, gated-GELU d_ff 5,120, 24
+// encoder and 24 decoder layers, vocabulary 32,128, 32 buckets.
+v1::ModelConfig FlanT5XlConfig() {
+  v1::ModelConfig m;
+  m.set_kind(v1::T5);
+  m.set_architecture(v1::T5V11);
+  m.set_num_layers(24);
+  m.set_num_decoder_layers(24);
+  m.set_hidden_size(2048);
+  m.set_num_attention_heads(32);
+  m.set_num_key_value_heads(32);
+  m.set_kv_channels(64);
+  m.set_ffn_hidden_size(5120);
+  m.set_vocab_size(32128);
+  m.set_relative_attention_num_buckets(32);
+  m.set_relative_attention_max_distance(128);
+  m.set_dtype(v1::BFLOAT16);
+  return m;
+}
+
+// A small T5V11 model with widths off every shortcut: A = 6 * 80 != h,
+// f != 4h.
+ModelDims SmallT5V11(AttentionKernel kernel = AttentionKernel::kExplicit) {
+  return {.kind = ModelKind::kT5,
+          .encoder_layers = 3,
+          .decoder_layers = 2,
+          .hidden = 256,
+          .heads = 6,
+          .kv_channels = 80,
+          .ffn = 700,
+          .vocab = 1000,
+          .dtype_bytes = 2,
+          .attention_kernel = kernel,
+          .architecture = Architecture::kT5V11,
+          .relative_attention_buckets = 16};
+}
+
+absl::StatusOr<CostModel> AnalyticModelOf(const ModelDims& d, uint32_t max_seq_len = 2048) {
+  absl::StatusOr<Hardware> hw = HardwarePreset("a100-80gb");
+  if (!hw.ok()) return hw.status();
+  return BuildAnalyticCostModel(d, *hw, {.max_micro_batch_size = 16, .max_seq_len = max_seq_len});
+}
+
+TEST(AnalyticModelT5V11, DimsFromConfig) {
+  v1::ModelConfig config = FlanT5XlConfig();
+  const ModelDims d = ModelDimsFromConfig(config);
+  EXPECT_TRUE(d.t5v11());
+  EXPECT_FALSE(d.llama() || d.megatron());
+  EXPECT_TRUE(d.encoder_decoder());
+  EXPECT_EQ(d.decoder_layers, 24u);
+  EXPECT_TRUE(d.gated_mlp());
+  EXPECT_FALSE(d.biases());
+  EXPECT_FALSE(d.position_table());
+  EXPECT_FALSE(d.dropout());
+  EXPECT_FALSE(d.tied_embeddings);
+  EXPECT_EQ(d.key_value_heads(), 32u);
+  EXPECT_EQ(d.relative_attention_buckets, 32u);
+  EXPECT_EQ(d.relative_bias_parameters(), 32u * 32u);
+  EXPECT_STREQ(ArchitectureName(d.architecture), "T5V11");
+  // A file's model section without buckets takes the default.
+  config.clear_relative_attention_num_buckets();
+  EXPECT_EQ(ModelDimsFromConfig(config).relative_attention_buckets, 32u);
+  // MEGATRON and LLAMA hold no bias tables.
+  EXPECT_EQ(Gpt67bDims().relative_bias_parameters(), 0u);
+  EXPECT_EQ(T5Small().relative_bias_parameters(), 0u);
+}
+
+// Per layer: encoder q, k, v, o 4hA, gate, up, down 3hf, two RMSNorms 2h;
+// decoder also xq, xk, xv, xo 4hA and a third RMSNorm. Embedding V h (no
+// position rows, whatever the longest sequence), head V h + final RMSNorm h.
+TEST(AnalyticModelT5V11, ComponentParametersMatchTheLayers) {
+  const ModelDims d = ModelDimsFromConfig(FlanT5XlConfig());
+  const double h = 2048, A = 2048, f = 5120, V = 32128;
+  EXPECT_EQ(ComponentParameters(d, Component::kEncoderLayer, 1, 2048),
+            4 * h * A + 3 * h * f + 2 * h);
+  EXPECT_EQ(ComponentParameters(d, Component::kEncoderLayer, 1, 2048), 48'238'592.0);
+  EXPECT_EQ(ComponentParameters(d, Component::kDecoderLayer, 1, 2048),
+            8 * h * A + 3 * h * f + 3 * h);
+  EXPECT_EQ(ComponentParameters(d, Component::kDecoderLayer, 1, 2048), 65'017'856.0);
+  EXPECT_EQ(ComponentParameters(d, Component::kEmbedding, 1, 2048), V * h);
+  EXPECT_EQ(ComponentParameters(d, Component::kEmbedding, 1, 1), V * h);
+  EXPECT_EQ(ComponentParameters(d, Component::kPostprocess, 1, 2048), V * h + h);
+  // Tensor parallelism splits the matrices, not the norms.
+  EXPECT_EQ(ComponentParameters(d, Component::kEncoderLayer, 2, 0),
+            (4 * h * A + 3 * h * f) / 2 + 2 * h);
+}
+
+// Hugging Face's num_parameters() of google/flan-t5-xl: the shared
+// embedding once, the untied lm_head, both relative bias tables (32 x 32),
+// the encoder's and the decoder's final RMSNorms.
+TEST(AnalyticModelT5V11, ParametersOfFlanT5XlAreExact) {
+  const ModelDims d = ModelDimsFromConfig(FlanT5XlConfig());
+  absl::StatusOr<CostModel> model = AnalyticModelOf(d);
+  ASSERT_THAT(model, IsOk());
+  EXPECT_THAT(model->description(), HasSubstr("T5V11 layers"));
+  for (const uint32_t pp : {1u, 2u, 4u, 8u}) {
+    SCOPED_TRACE(pp);
+    absl::StatusOr<StageLayout> layout = MakeStageLayout(d, pp, 1);
+    ASSERT_THAT(layout, IsOk());
+    EXPECT_EQ(ModelParameters(*model, *layout), 2'849'757'184.0);
+  }
+  absl::StatusOr<StageLayout> one = MakeStageLayout(d, 1, 1);
+  ASSERT_THAT(one, IsOk());
+  EXPECT_TRUE(one->shared_word_embedding);
+  EXPECT_EQ(one->encoder_device_parameters, 1024.0);
+  EXPECT_EQ(one->decoder_device_parameters, 1024.0);
+  EXPECT_EQ(one->last_encoder_device_parameters, 2048.0);
+  // One device holds every parameter once: one embedding (MEGATRON T5
+  // would count two), one table per stack.
+  const std::vector<double> single = ParametersPerDevice(*model, *one);
+  ASSERT_EQ(single.size(), 1u);
+  EXPECT_EQ(single[0], 2'849'757'184.0);
+  EXPECT_EQ(MaxParametersPerDevice(*model, *one), 2'849'757'184.0);
+}
+
+// pp = 4: two encoder and two decoder devices of 12 layers each. Device 0
+// holds word_embedding and the encoder's table, device 1 the table's
+// replica and the encoder's final RMSNorm, device 2 the embedding's replica
+// and the decoder's table, device 3 the table's replica, the final RMSNorm
+// and the head. The devices add up to the model plus the three replicas.
+TEST(AnalyticModelT5V11, StageParametersCountTheReplicas) {
+  const ModelDims d = ModelDimsFromConfig(FlanT5XlConfig());
+  absl::StatusOr<CostModel> model = AnalyticModelOf(d);
+  ASSERT_THAT(model, IsOk());
+  absl::StatusOr<StageLayout> layout = MakeStageLayout(d, 4, 1);
+  ASSERT_THAT(layout, IsOk());
+  ASSERT_EQ(layout->encoder_devices, 2u);
+  const double enc = 48'238'592, dec = 65'017'856, emb = 32128.0 * 2048, table = 32 * 32, h = 2048;
+  const std::vector<double> params = ParametersPerDevice(*model, *layout);
+  ASSERT_EQ(params.size(), 4u);
+  EXPECT_EQ(params[0], 12 * enc + emb + table);
+  EXPECT_EQ(params[1], 12 * enc + table + h);
+  EXPECT_EQ(params[2], 12 * dec + emb + table);
+  EXPECT_EQ(params[3], 12 * dec + table + emb + h);
+  EXPECT_EQ(params[0], 644'662'272.0);
+  EXPECT_EQ(params[1], 578'866'176.0);
+  EXPECT_EQ(params[2], 846'013'440.0);
+  EXPECT_EQ(params[3], 846'015'488.0);
+  double sum = 0;
+  for (double p : params) sum += p;
+  EXPECT_EQ(sum, 2'849'757'184.0 + emb + 2 * table);
+  EXPECT_EQ(MaxParametersPerDevice(*model, *layout), params[3]);
+  // The room for activations is each device's own.
+  absl::StatusOr<std::vector<double>> room =
+      AvailableActivationBytesPerDevice(*model, *layout, ZeroStage::k0, 1, 80.0 * (1 << 30));
+  ASSERT_THAT(room, IsOk());
+  EXPECT_DOUBLE_EQ((*room)[1] - (*room)[0], 16 * (params[0] - params[1]));
+}
+
+// The preset loads, validates and counts the published size; its devices
+// add up to it plus the replicas; varipipe-plan's path (CostModelForJob)
+// builds an analytic T5V11 model for it.
+TEST(AnalyticModelT5V11, PresetCountsThePublishedParameters) {
+  absl::StatusOr<v1::JobConfig> config =
+      LoadJobConfigFile(absl::StrCat(VARIPIPE_SOURCE_DIR, "/deploy/configs/flan-t5-xl.json"));
+  ASSERT_THAT(config, IsOk());
+  const ModelDims d = ModelDimsFromConfig(config->model());
+  EXPECT_TRUE(d.t5v11());
+  EXPECT_EQ(d.encoder_layers, 24u);
+  EXPECT_EQ(d.decoder_layers, 24u);
+  EXPECT_EQ(d.attention_width(), 2048u);
+  absl::StatusOr<Hardware> hw = HardwarePreset(config->cluster().hardware());
+  ASSERT_THAT(hw, IsOk());
+  absl::StatusOr<CostModel> model = BuildAnalyticCostModel(
+      d, *hw, {.max_micro_batch_size = 16, .max_seq_len = config->data().max_sequence_length()});
+  ASSERT_THAT(model, IsOk());
+  EXPECT_THAT(model->CheckUsable(ModelKind::kT5, 1), IsOk());
+  absl::StatusOr<StageLayout> layout =
+      MakeStageLayout(d, config->parallelism().pipeline(), config->parallelism().virtual_chunks());
+  ASSERT_THAT(layout, IsOk());
+  EXPECT_EQ(ModelParameters(*model, *layout), 2'849'757'184.0);
+  double sum = 0;
+  for (double p : ParametersPerDevice(*model, *layout)) sum += p;
+  EXPECT_EQ(sum, 2'849'757'184.0 + 32128.0 * 2048 + 2 * 32 * 32);
+}
+
+// MEGATRON T5 on one device keeps its two embeddings (each stack's own,
+// with position rows) and no bias tables: unchanged.
+TEST(AnalyticModelT5V11, MegatronT5CountsAreUnchanged) {
+  const ModelDims d = T5Small();
+  absl::StatusOr<CostModel> model = AnalyticModelOf(d, 512);
+  ASSERT_THAT(model, IsOk());
+  absl::StatusOr<StageLayout> layout = MakeStageLayout(d, 1, 1);
+  ASSERT_THAT(layout, IsOk());
+  EXPECT_FALSE(layout->shared_word_embedding);
+  EXPECT_EQ(layout->encoder_device_parameters + layout->decoder_device_parameters +
+                layout->last_encoder_device_parameters,
+            0.0);
+  const double expected = 4 * model->Parameters(Component::kEncoderLayer) +
+                          4 * model->Parameters(Component::kDecoderLayer) +
+                          2 * model->Parameters(Component::kEmbedding) +
+                          model->Parameters(Component::kPostprocess);
+  EXPECT_EQ(ParametersPerDevice(*model, *layout)[0], expected);
+  EXPECT_EQ(ModelParameters(*model, *layout), expected);
+  EXPECT_EQ(layout->PositionBiasBytes(512, 1, Recompute::kFull), 0.0);
+}
+
+// Forward FLOPs: 2 * tokens * the layer's matrix parameters plus the
+// attention cores. Encoder: q, k, v, o 8bshA, gate, up and down 6bshf, core
+// 4bs^2A. Decoder: that over the target tokens, plus xq and xo 4bshA over
+// the target tokens, xk and xv 4behA over the encoder tokens, core 4bseA.
+// All / t. The MLP's third matrix is the only difference from MEGATRON.
+TEST(AnalyticModelT5V11, LayerFlopsMatchTheHandFormula) {
+  const ModelDims d = SmallT5V11();
+  const double b = 3, s = 96, e = 160, h = 256, A = 480, f = 700;
+  for (const uint32_t t : {1u, 2u}) {
+    SCOPED_TRACE(t);
+    const double encoder = (8 * b * s * h * A + 6 * b * s * h * f) / t + 4 * b * s * s * A / t;
+    EXPECT_DOUBLE_EQ(EncoderLayerForwardFlops(d, b, s, t), encoder);
+    EXPECT_DOUBLE_EQ(DecoderLayerForwardFlops(d, b, s, e, t),
+                     encoder + (4 * b * s * h * A + 4 * b * e * h * A + 4 * b * s * e * A) / t);
+  }
+  const double layer_matrices = ComponentParameters(d, Component::kEncoderLayer, 1, 0) - 2 * h;
+  EXPECT_DOUBLE_EQ(EncoderLayerForwardFlops(d, b, s, 1),
+                   2 * b * s * layer_matrices + 4 * b * s * s * A);
+  ModelDims megatron = d;
+  megatron.architecture = Architecture::kMegatron;
+  EXPECT_DOUBLE_EQ(
+      EncoderLayerForwardFlops(d, b, s, 1) - EncoderLayerForwardFlops(megatron, b, s, 1),
+      2 * b * s * h * f);
+  EXPECT_DOUBLE_EQ(
+      DecoderLayerForwardFlops(d, b, s, e, 1) - DecoderLayerForwardFlops(megatron, b, s, e, 1),
+      2 * b * s * h * f);
+}
+
+// Stored bytes (B = 2) per layer. Encoder: RMSNorm inputs and projection
+// inputs 4B sbh, Q, K, V and the output-projection input 4B sbA/t, the
+// gated MLP's four f-wide tensors 4B sbf/t, the softmax output B a s^2 b/t
+// (explicit, no selective recomputation; the position bias is the stage's,
+// not the layer's); no dropout masks. Decoder: plus RMSNorm and xq inputs
+// 2B sbh, the encoder output B ebh, Q and the xo input 2B sbA/t, K and V
+// 2B ebA/t, the cross softmax output B a s e b/t. Fused: the logsumexp
+// 4 a s b/t per attention block instead of the scores, and the masked bias
+// B a s^2 b/t. Full: the inputs.
+TEST(AnalyticModelT5V11, LayerStoredBytesMatchTheHandFormula) {
+  const double b = 3, s = 96, e = 160, h = 256, A = 480, f = 700, a = 6, B = 2;
+  for (const double t : {1.0, 2.0}) {
+    SCOPED_TRACE(t);
+    const uint32_t tp = static_cast<uint32_t>(t);
+    const double encoder_linear = s * b * (4 * B * h + 4 * B * A / t + 4 * B * f / t);
+    const double cross_linear =
+        2 * B * s * b * h + B * e * b * h + 2 * B * s * b * A / t + 2 * B * e * b * A / t;
+    const double self_scores = B * a * s * s * b / t;
+    const double cross_scores = B * a * s * e * b / t;
+    const double lse = 4 * a * s * b / t;
+    const ModelDims ex = SmallT5V11(AttentionKernel::kExplicit);
+    EXPECT_DOUBLE_EQ(EncoderLayerStoredBytes(ex, Recompute::kNone, b, s, tp),
+                     encoder_linear + self_scores);
+    EXPECT_DOUBLE_EQ(EncoderLayerStoredBytes(ex, Recompute::kSelective, b, s, tp), encoder_linear);
+    EXPECT_DOUBLE_EQ(EncoderLayerStoredBytes(ex, Recompute::kFull, b, s, tp), B * s * b * h);
+    EXPECT_DOUBLE_EQ(DecoderLayerStoredBytes(ex, Recompute::kNone, b, s, e, tp),
+                     encoder_linear + self_scores + cross_linear + cross_scores);
+    EXPECT_DOUBLE_EQ(DecoderLayerStoredBytes(ex, Recompute::kSelective, b, s, e, tp),
+                     encoder_linear + cross_linear);
+    EXPECT_DOUBLE_EQ(DecoderLayerStoredBytes(ex, Recompute::kFull, b, s, e, tp),
+                     B * b * (s + e) * h);
+    // Fused: the kernel also keeps its masked copy of the self-attention
+    // position bias, [b, a, s, s] in the compute dtype.
+    const ModelDims fu = SmallT5V11(AttentionKernel::kFused);
+    const double masked_bias = B * a * s * s * b / t;
+    for (const Recompute mode : {Recompute::kNone, Recompute::kSelective}) {
+      EXPECT_DOUBLE_EQ(EncoderLayerStoredBytes(fu, mode, b, s, tp),
+                       encoder_linear + lse + masked_bias);
+      EXPECT_DOUBLE_EQ(DecoderLayerStoredBytes(fu, mode, b, s, e, tp),
+                       encoder_linear + cross_linear + 2 * lse + masked_bias);
+    }
+    EXPECT_DOUBLE_EQ(EncoderLayerStoredBytes(fu, Recompute::kFull, b, s, tp), B * s * b * h);
+  }
+  // The grid holds the formula; peak adds the larger of the score gradient
+  // and the gate and up gradients (2B sbf).
+  absl::StatusOr<Hardware> hw = HardwarePreset("a100-80gb");
+  ASSERT_THAT(hw, IsOk());
+  const ModelDims fu = SmallT5V11(AttentionKernel::kFused);
+  const CostValues v =
+      AnalyticComponentCost(fu, *hw, Component::kDecoderLayer, Recompute::kNone, 1, b, s, e);
+  EXPECT_DOUBLE_EQ(v.stored_bytes, DecoderLayerStoredBytes(fu, Recompute::kNone, b, s, e, 1));
+  EXPECT_DOUBLE_EQ(v.peak_bytes - v.stored_bytes, 2 * B * s * b * f);
+  // The embedding keeps the token ids only (no dropout mask, no positions).
+  EXPECT_DOUBLE_EQ(
+      AnalyticComponentCost(fu, *hw, Component::kEmbedding, Recompute::kNone, 1, b, s, 0)
+          .stored_bytes,
+      8 * b * s);
+  // Against MEGATRON at the same widths: the dropout masks and the score
+  // path's mask and dropout output are gone, the gated MLP keeps 2 more
+  // f-wide tensors.
+  ModelDims megatron = SmallT5V11(AttentionKernel::kExplicit);
+  megatron.architecture = Architecture::kMegatron;
+  EXPECT_DOUBLE_EQ(EncoderLayerStoredBytes(megatron, Recompute::kNone, b, s, 1) -
+                       EncoderLayerStoredBytes(SmallT5V11(), Recompute::kNone, b, s, 1),
+                   2 * s * b * h - 2 * B * s * b * f + (B + 1) * a * s * s * b);
+}
+
+// The position bias: kept once per micro-batch by every stage holding a
+// stack's layers, whatever its layer count: (4 a / t + 8) bytes per
+// query-key pair where the layers keep the fp32 [1, a, s, s] bias (full
+// recomputation; selective with the explicit kernel), 8 otherwise (its int64
+// bucket ids), s = the stack's sequence (encoder input, decoder target). It
+// comes from the job's model (the layout), whatever the cost model: a
+// measured profile's layers do not hold it either.
+TEST(AnalyticModelT5V11, StagesKeepTheirStacksPositionBiasOnce) {
+  const ModelDims d = SmallT5V11();
+  absl::StatusOr<CostModel> model = AnalyticModelOf(d, 512);
+  ASSERT_THAT(model, IsOk());
+  const uint32_t b = 4, s = 256, tgt = 64;
+  const double encoder_bias = (4.0 * 6 + 8) * s * s;
+  const double decoder_bias = (4.0 * 6 + 8) * tgt * tgt;
+  for (const uint32_t pp : {1u, 2u, 4u}) {
+    SCOPED_TRACE(pp);
+    absl::StatusOr<StageLayout> layout = MakeStageLayout(d, pp, 1);
+    ASSERT_THAT(layout, IsOk());
+    EXPECT_EQ(layout->position_bias_split_bytes, 4.0 * 6);
+    EXPECT_EQ(layout->position_bias_replicated_bytes, 8.0);
+    EXPECT_DOUBLE_EQ(layout->PositionBiasBytes(s, 1, Recompute::kSelective), encoder_bias);
+    EXPECT_DOUBLE_EQ(layout->PositionBiasBytes(s, 1, Recompute::kFull), encoder_bias);
+    EXPECT_DOUBLE_EQ(layout->PositionBiasBytes(s, 2, Recompute::kSelective),
+                     (4.0 * 6 / 2 + 8) * s * s);
+    // Without recomputation only the bucket ids stay.
+    EXPECT_DOUBLE_EQ(layout->PositionBiasBytes(s, 1, Recompute::kNone), 8.0 * s * s);
+    // The fused kernel's layers keep their own masked copies, not this one.
+    StageLayout fused = *layout;
+    fused.position_bias_fused = true;
+    EXPECT_DOUBLE_EQ(fused.PositionBiasBytes(s, 1, Recompute::kSelective), 8.0 * s * s);
+    EXPECT_DOUBLE_EQ(fused.PositionBiasBytes(s, 1, Recompute::kFull), encoder_bias);
+    StageLayout without = *layout;
+    without.position_bias_split_bytes = 0;
+    without.position_bias_replicated_bytes = 0;
+    absl::StatusOr<MicroBatchCostModel> with_bias =
+        MicroBatchCostModel::Create(*model, *layout, Recompute::kSelective, 1);
+    absl::StatusOr<MicroBatchCostModel> no_bias =
+        MicroBatchCostModel::Create(*model, without, Recompute::kSelective, 1);
+    ASSERT_THAT(with_bias, IsOk());
+    ASSERT_THAT(no_bias, IsOk());
+    MicroBatchCost with_cost, no_cost;
+    ASSERT_TRUE(with_bias->Evaluate(b, s, tgt, &with_cost));
+    ASSERT_TRUE(no_bias->Evaluate(b, s, tgt, &no_cost));
+    EXPECT_EQ(with_cost.time_ms, no_cost.time_ms);
+    std::vector<StageCost> with_stages, no_stages;
+    ASSERT_TRUE(with_bias->EvaluateStages(b, s, tgt, 1, d.hidden, d.dtype_bytes, &with_stages));
+    ASSERT_TRUE(no_bias->EvaluateStages(b, s, tgt, 1, d.hidden, d.dtype_bytes, &no_stages));
+    ASSERT_EQ(with_stages.size(), pp);
+    for (uint32_t st = 0; st < pp; ++st) {
+      SCOPED_TRACE(st);
+      const bool encoder_stage = pp == 1 || st < layout->encoder_devices;
+      const bool decoder_stage = pp == 1 || st >= layout->encoder_devices;
+      EXPECT_DOUBLE_EQ(with_stages[st].stored_bytes - no_stages[st].stored_bytes,
+                       (encoder_stage ? encoder_bias : 0) + (decoder_stage ? decoder_bias : 0));
+      // The peak adds the bias's fp32 gradient, alive through the stage's
+      // backward beside each layer's transient.
+      EXPECT_DOUBLE_EQ(with_stages[st].peak_bytes - no_stages[st].peak_bytes,
+                       with_stages[st].stored_bytes - no_stages[st].stored_bytes +
+                           (encoder_stage ? 4.0 * 6 * s * s : 0) +
+                           (decoder_stage ? 4.0 * 6 * tgt * tgt : 0));
+    }
+    if (pp == 1) {
+      EXPECT_DOUBLE_EQ(with_cost.transient_bytes - no_cost.transient_bytes,
+                       4.0 * 6 * (s * s + tgt * tgt));
+    }
+    if (pp == 1) {
+      EXPECT_DOUBLE_EQ(
+          with_cost.class_stored_bytes[kFirstDevice] - no_cost.class_stored_bytes[kFirstDevice],
+          encoder_bias + decoder_bias);
+    } else {
+      EXPECT_DOUBLE_EQ(
+          with_cost.class_stored_bytes[kFirstDevice] - no_cost.class_stored_bytes[kFirstDevice],
+          encoder_bias);
+      EXPECT_DOUBLE_EQ(with_cost.class_stored_bytes[kFirstDecoderDevice] -
+                           no_cost.class_stored_bytes[kFirstDecoderDevice],
+                       decoder_bias);
+    }
+  }
+}
+
+TEST(AnalyticModelT5V11, GridReproducesTheFormulaAndRefusesBadDims) {
+  absl::StatusOr<Hardware> hw = HardwarePreset("a100-80gb");
+  ASSERT_THAT(hw, IsOk());
+  const ModelDims d = SmallT5V11();
+  absl::StatusOr<CostModel> model = AnalyticModelOf(d, 512);
+  ASSERT_THAT(model, IsOk());
+  for (const Recompute mode : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    const ProfileGrid* grid = model->Grid(Component::kDecoderLayer, mode, 1);
+    ASSERT_NE(grid, nullptr);
+    CostValues v;
+    ASSERT_TRUE(grid->Lookup(4, 64, 256, &v));
+    EXPECT_EQ(v, AnalyticComponentCost(d, *hw, Component::kDecoderLayer, mode, 1, 4, 64, 256));
+  }
+  EXPECT_EQ(model->Parameters(Component::kDecoderLayer),
+            ComponentParameters(d, Component::kDecoderLayer, 1, 512));
+  ModelDims gpt = d;
+  gpt.kind = ModelKind::kGpt;
+  gpt.decoder_layers = 0;
+  EXPECT_THAT(BuildAnalyticCostModel(gpt, *hw, {}).status().message(),
+              HasSubstr("T5V11 models are encoder-decoder"));
+  ModelDims no_buckets = d;
+  no_buckets.relative_attention_buckets = 0;
+  EXPECT_FALSE(BuildAnalyticCostModel(no_buckets, *hw, {}).ok());
 }
 
 }  // namespace

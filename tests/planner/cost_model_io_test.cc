@@ -379,6 +379,77 @@ TEST_F(CostModelIoTest, ArchitectureAndKeyValueHeadsAreChecked) {
   EXPECT_THAT(analytic->description(), HasSubstr("LLAMA"));
 }
 
+// A T5V11 profile says so (and its buckets); a MEGATRON T5 profile of the
+// same widths is refused for a T5V11 job and the other way round.
+TEST_F(CostModelIoTest, T5V11ArchitectureIsChecked) {
+  absl::StatusOr<Hardware> hw = HardwarePreset("h100-80gb");
+  ASSERT_THAT(hw, IsOk());
+  const ModelDims megatron{.kind = ModelKind::kT5,
+                           .encoder_layers = 2,
+                           .decoder_layers = 2,
+                           .hidden = 256,
+                           .heads = 8,
+                           .kv_channels = 32,
+                           .ffn = 640,
+                           .vocab = 1000,
+                           .dtype_bytes = 2};
+  ModelDims t5v11 = megatron;
+  t5v11.architecture = Architecture::kT5V11;
+  t5v11.relative_attention_buckets = 16;
+  absl::StatusOr<CostModel> megatron_model =
+      BuildAnalyticCostModel(megatron, *hw, {.max_micro_batch_size = 4, .max_seq_len = 64});
+  absl::StatusOr<CostModel> t5v11_model =
+      BuildAnalyticCostModel(t5v11, *hw, {.max_micro_batch_size = 4, .max_seq_len = 64});
+  ASSERT_THAT(megatron_model, IsOk());
+  ASSERT_THAT(t5v11_model, IsOk());
+  const v1::ModelConfig written = CostModelToProto(*t5v11_model).model();
+  EXPECT_EQ(written.architecture(), v1::T5V11);
+  EXPECT_EQ(written.kind(), v1::T5);
+  EXPECT_EQ(written.relative_attention_num_buckets(), 16u);
+  EXPECT_EQ(written.num_key_value_heads(), 0u);  // LLAMA's fields stay unset
+  EXPECT_FALSE(written.tie_word_embeddings());
+
+  const std::string megatron_path = (dir_ / "megatron-t5.json").string();
+  const std::string t5v11_path = (dir_ / "t5v11.json").string();
+  ASSERT_THAT(SaveCostModelJson(*megatron_model, megatron_path), IsOk());
+  ASSERT_THAT(SaveCostModelJson(*t5v11_model, t5v11_path), IsOk());
+  absl::StatusOr<CostModel> megatron_loaded = LoadCostModel(megatron_path);
+  absl::StatusOr<CostModel> t5v11_loaded = LoadCostModel(t5v11_path);
+  ASSERT_THAT(megatron_loaded, IsOk());
+  ASSERT_THAT(t5v11_loaded, IsOk());
+  ASSERT_TRUE(t5v11_loaded->profiled_dims().has_value());
+  EXPECT_TRUE(t5v11_loaded->profiled_dims()->t5v11());
+  EXPECT_EQ(t5v11_loaded->profiled_dims()->relative_attention_buckets, 16u);
+  EXPECT_THAT(t5v11_loaded->CheckMatches(t5v11), IsOk());
+  EXPECT_THAT(megatron_loaded->CheckMatches(t5v11),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("the cost model was measured for a MEGATRON model but the job's "
+                                 "model.architecture is T5V11")));
+  EXPECT_THAT(t5v11_loaded->CheckMatches(megatron),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("measured for a T5V11 model but the job's model.architecture is "
+                                 "MEGATRON")));
+  for (Component c : {Component::kEncoderLayer, Component::kDecoderLayer, Component::kEmbedding,
+                      Component::kPostprocess}) {
+    EXPECT_EQ(t5v11_loaded->Parameters(c), t5v11_model->Parameters(c)) << ComponentName(c);
+  }
+
+  // The FLAN-T5-XL preset given the MEGATRON T5 profile: refused naming the
+  // file and both architectures; planned with the analytic model without.
+  absl::StatusOr<v1::JobConfig> job =
+      LoadJobConfigFile(absl::StrCat(VARIPIPE_SOURCE_DIR, "/deploy/configs/flan-t5-xl.json"));
+  ASSERT_THAT(job, IsOk());
+  job->mutable_planner()->set_cost_model_path(megatron_path);
+  EXPECT_THAT(CostModelForJob(*job),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(megatron_path), HasSubstr("MEGATRON model"),
+                             HasSubstr("model.architecture is T5V11"))));
+  job->mutable_planner()->clear_cost_model_path();
+  absl::StatusOr<CostModel> analytic = CostModelForJob(*job);
+  ASSERT_THAT(analytic, IsOk());
+  EXPECT_THAT(analytic->description(), HasSubstr("T5V11 layers"));
+}
+
 // Transfer and optimizer costs measured by varipipe-profile survive a round
 // trip in the file's units, and bad values are refused naming the field.
 TEST_F(CostModelIoTest, CommunicationAndOptimizerCosts) {

@@ -124,6 +124,49 @@ TEST(Planner, PlansValidateAcrossShapesAndAreDeterministic) {
   EXPECT_EQ(validated, 80);
 }
 
+// The FLAN-T5-XL preset (T5V11, pp = 4, dp = 2) plans FLAN-like
+// mini-batches with the analytic model, zero-bubble schedules included (the
+// T5V11 backward split), and every plan validates; each rank's predicted
+// peak stays within its own room, which is its device's limit less its own
+// model state (the embedding's and the bias tables' replicas included).
+TEST(Planner, FlanT5XlPresetPlansAndValidates) {
+  absl::StatusOr<v1::JobConfig> config =
+      LoadJobConfigFile(absl::StrCat(VARIPIPE_SOURCE_DIR, "/deploy/configs/flan-t5-xl.json"));
+  ASSERT_THAT(config, IsOk());
+  config->mutable_planner()->add_schedules(v1::ADAPTIVE_ZERO_BUBBLE);
+  config->mutable_planner()->set_threads(1);
+  absl::StatusOr<Planner> planner = Planner::Create(*config);
+  ASSERT_THAT(planner, IsOk());
+  EXPECT_THAT(planner->cost_model().description(), HasSubstr("T5V11 layers"));
+  const SyntheticMixture mixture = SyntheticMixture::Flan(
+      varipipe::testing::TestSeed("Planner.FlanT5XlPresetPlansAndValidates"));
+  uint64_t cursor = 0;
+  for (int iteration = 0; iteration < 2; ++iteration) {
+    SCOPED_TRACE(iteration);
+    MiniBatch mb;
+    mb.iteration = iteration;
+    uint64_t tokens = 0;
+    while (true) {
+      SampleLengths s = mixture.Sample(cursor);
+      s.input = std::min(s.input, 2048u);
+      s.target = std::min(s.target, 512u);
+      if (tokens + s.input + s.target > 65536) break;
+      tokens += s.input + s.target;
+      mb.sample_ids.push_back(cursor);
+      mb.lengths.push_back(s);
+      ++cursor;
+    }
+    absl::StatusOr<PlanningResult> result = planner->Plan(mb);
+    ASSERT_THAT(result, IsOk());
+    ASSERT_EQ(result->plans.size(), 8u);
+    EXPECT_THAT(ValidatePlans(result->plans), IsOk());
+    ASSERT_EQ(result->report.peak_bytes.size(), result->report.memory_limit_per_rank.size());
+    for (size_t r = 0; r < result->report.peak_bytes.size(); ++r) {
+      EXPECT_LE(result->report.peak_bytes[r], result->report.memory_limit_per_rank[r]) << r;
+    }
+  }
+}
+
 // Zero-bubble plans split every backward: each deferred backward has one
 // weight_grad after it and before the all-reduce; the validator refuses a
 // plan that drops one, runs one early or adds one.

@@ -173,6 +173,73 @@ TEST(ZeroBubbleSplit, FollowsTheLinearLayersOfALlamaLayer) {
       2 * (A - K) * 512 * 2);
 }
 
+// A T5V11 layer's linear layers (docs/models.md, "The T5V11 layers"): q, k
+// and v [h -> A] reading one normed input, o [A -> h]; gate and up [h -> f]
+// reading another, down [f -> h]; decoder layers add xq [h -> A] and xo
+// [A -> h] over the target tokens and xk, xv [h -> A] over the encoder
+// tokens, whose input (the encoder output) the stage keeps once. No biases;
+// the relative bias table's gradient is B's, as the norms'. Widths off
+// every shortcut (A != h, f != 4h, f != 2.5h).
+TEST(ZeroBubbleSplit, FollowsTheLinearLayersOfAT5V11Layer) {
+  const ModelDims t5v11{.kind = ModelKind::kT5,
+                        .encoder_layers = 6,
+                        .decoder_layers = 6,
+                        .hidden = 512,
+                        .heads = 12,
+                        .kv_channels = 96,
+                        .ffn = 1400,
+                        .vocab = 32128,
+                        .dtype_bytes = 2,
+                        .architecture = Architecture::kT5V11,
+                        .relative_attention_buckets = 32};
+  const double h = 512, A = 12 * 96, f = 1400;
+  const BackwardSplitRule rule(t5v11);
+  for (const bool decoder : {false, true}) {
+    SCOPED_TRACE(decoder ? "decoder stage" : "encoder stage");
+    const StageLayers stage{.samples = 3,
+                            .input_len = 700,
+                            .target_len = 90,
+                            .encoder_layers = decoder ? 0u : 2u,
+                            .decoder_layers = decoder ? 2u : 0u,
+                            .head = decoder};
+    const double own = decoder ? stage.target_len : stage.input_len;
+    const double enc = stage.input_len;
+    std::vector<Linear> linears = {{h, A}, {h, A}, {h, A}, {A, h}, {h, f}, {h, f}, {f, h}};
+    if (decoder) {
+      linears.push_back({h, A});        // xq
+      linears.push_back({h, A, true});  // xk
+      linears.push_back({h, A, true});  // xv
+      linears.push_back({A, h});        // xo
+    }
+    double weight = 0, kept = 0;
+    for (const Linear& l : linears) {
+      const double tokens = l.over_encoder_tokens ? enc : own;
+      weight += 2 * l.in * l.out * tokens;
+      // xk and xv keep their output gradients; their input is the stage's.
+      kept += l.over_encoder_tokens ? l.out * tokens : (l.in + l.out) * tokens;
+    }
+    kept -= 3 * h * own;  // one input for q, k and v (counted three times), one for gate and up
+    weight *= 2;          // two layers
+    kept *= 2;
+    if (decoder) {
+      kept += h * enc;  // the encoder output, once
+      weight += 2.0 * h * t5v11.vocab * own;
+      kept += (h + t5v11.vocab) * own;
+    }
+    const double attention = 2 * own * 4 * A * (decoder ? stage.target_len + enc : enc);
+    EXPECT_NEAR(rule.WeightGemmShare(stage), weight / (weight + attention), 1e-12);
+    EXPECT_NEAR(rule.KeptBytes(stage), kept * stage.samples * 2, 1e-9 * kept);
+  }
+  // The MLP's third matrix: against a MEGATRON layer of the same widths, W
+  // gains 2hf FLOPs and B keeps f more values per token.
+  ModelDims megatron = t5v11;
+  megatron.architecture = Architecture::kMegatron;
+  const StageLayers layer{.samples = 1, .input_len = 512, .encoder_layers = 1};
+  EXPECT_GT(rule.WeightGemmShare(layer), BackwardSplitRule(megatron).WeightGemmShare(layer));
+  EXPECT_DOUBLE_EQ(rule.KeptBytes(layer) - BackwardSplitRule(megatron).KeptBytes(layer),
+                   f * 512 * 2);
+}
+
 // One device, one stage: F0 F1 B0 W0 B1 W1 with hand-computed times and
 // memory (stored 100, transient 50, W keeps 40).
 TEST(ZeroBubbleSimulator, TimesAndFreesSplitBackwards) {

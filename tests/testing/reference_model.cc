@@ -19,6 +19,9 @@ constexpr uint64_t kEmbeddingComponent = 1;
 constexpr uint64_t kEncoderLayerComponent = 2;
 constexpr uint64_t kDecoderLayerComponent = 3;
 constexpr uint64_t kHeadComponent = 4;
+// T5V11's relative bias tables (docs/models.md): index 0 the encoder's, 1 the
+// decoder's.
+constexpr uint64_t kPositionBiasComponent = 5;
 constexpr double kStddev = 0.02;
 
 uint64_t SplitMix(uint64_t x) {
@@ -63,6 +66,13 @@ torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, doubl
   return x / (x.pow(2).mean(-1, /*keepdim=*/true) + epsilon).sqrt() * weight;
 }
 
+// GELU in the tanh form (T5V11's gated MLP):
+// 0.5 u (1 + tanh(sqrt(2 / pi) (u + 0.044715 u^3))).
+torch::Tensor GeluTanh(const torch::Tensor& x) {
+  return 0.5 * x *
+         (1.0 + torch::tanh(std::sqrt(2.0 / std::numbers::pi) * (x + 0.044715 * x.pow(3))));
+}
+
 // SiLU: x * sigmoid(x).
 torch::Tensor Silu(const torch::Tensor& x) { return x * torch::sigmoid(x); }
 
@@ -99,6 +109,73 @@ torch::Tensor Attention(const torch::Tensor& q, const torch::Tensor& k, const to
     contexts.push_back(weights.matmul(vh));
   }
   return torch::cat(contexts, 1);
+}
+
+// T5V11's attention (docs/models.md): one head at a time, softmax of the
+// scores q_h k_h^T (not divided by sqrt(d)) plus bias[h] when `bias`
+// [heads, n_q, n_k] is defined, times v_h; with `causal` query i sees keys
+// 0..i. q [n_q, heads * d], k and v [n_k, heads * d].
+torch::Tensor UnscaledAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& v, int64_t heads, const torch::Tensor& bias,
+                                bool causal) {
+  const int64_t d = q.size(1) / heads;
+  TORCH_CHECK(q.size(1) == heads * d && k.size(1) == q.size(1) && v.size(1) == q.size(1),
+              "attention: ", heads, " heads of ", d);
+  TORCH_CHECK(!bias.defined() ||
+                  (bias.size(0) == heads && bias.size(1) == q.size(0) && bias.size(2) == k.size(0)),
+              "attention: the position bias does not fit the scores");
+  std::vector<torch::Tensor> contexts;
+  for (int64_t h = 0; h < heads; ++h) {
+    const torch::Tensor qh = q.narrow(1, h * d, d);
+    const torch::Tensor kh = k.narrow(1, h * d, d);
+    const torch::Tensor vh = v.narrow(1, h * d, d);
+    torch::Tensor scores = qh.matmul(kh.t());
+    if (bias.defined()) scores = scores + bias[h];
+    if (causal) {
+      const torch::Tensor future =
+          torch::ones({q.size(0), k.size(0)}, torch::kBool).triu(/*diagonal=*/1);
+      scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+    }
+    const torch::Tensor shifted = scores - std::get<0>(scores.max(-1, /*keepdim=*/true)).detach();
+    const torch::Tensor weights = shifted.exp() / shifted.exp().sum(-1, /*keepdim=*/true);
+    contexts.push_back(weights.matmul(vh));
+  }
+  return torch::cat(contexts, 1);
+}
+
+// T5's relative position bucket (docs/models.md, "Position bias") of
+// r = key position - query position, with `buckets` N and `max_distance` M.
+// Bidirectional (encoder): N' = N / 2, base = N' if r > 0 else 0, u = |r|.
+// Causal (decoder): N' = N, base = 0, u = max(-r, 0). With E = N' / 2 the
+// bucket is base + u for u < E, else
+// base + min(N' - 1, E + trunc(log(u / E) / log(M / E) * (N' - E))), that
+// branch in float32 as Hugging Face's _relative_position_bucket computes it:
+// u / E in float32, torch's float32 log, divided by log(M / E) (computed in
+// double, rounded to float32), times N' - E in float32, truncated toward
+// zero. The float32 steps are torch CPU tensor ops so that the log rounds
+// as torch's does.
+int64_t RelativePositionBucket(int64_t r, bool bidirectional, int64_t buckets,
+                               int64_t max_distance) {
+  int64_t half = buckets;  // N'
+  int64_t base = 0;
+  int64_t u = 0;
+  if (bidirectional) {
+    half = buckets / 2;
+    base = r > 0 ? half : 0;
+    u = r < 0 ? -r : r;
+  } else {
+    u = std::max<int64_t>(-r, 0);
+  }
+  const int64_t exact = half / 2;  // E
+  if (u < exact) return base + u;
+  const auto scalar = [](float value) { return torch::full({1}, value, torch::kFloat32); };
+  const torch::Tensor ratio = scalar(static_cast<float>(u)) / scalar(static_cast<float>(exact));
+  const float log_range =
+      static_cast<float>(std::log(static_cast<double>(max_distance) / static_cast<double>(exact)));
+  const torch::Tensor scaled =
+      ratio.log() / scalar(log_range) * scalar(static_cast<float>(half - exact));
+  const int64_t large = exact + scaled.to(torch::kInt64).item<int64_t>();  // truncates
+  return base + std::min(half - 1, large);
 }
 
 // Rotary frequencies inv_freq_j = theta^(-2j/d) for j < d/2, d = kv_channels,
@@ -186,6 +263,7 @@ ReferenceModel::ReferenceModel(const v1::JobConfig& config) {
   hidden_ = m.hidden_size();
   heads_ = m.num_attention_heads();
   llama_ = m.architecture() == v1::LLAMA;
+  t5v11_ = m.architecture() == v1::T5V11;
   if (llama_) {
     TORCH_CHECK(!t5_, "the reference builds LLAMA models of kind GPT only");
     kv_heads_ = m.num_key_value_heads();
@@ -199,6 +277,25 @@ ReferenceModel::ReferenceModel(const v1::JobConfig& config) {
     tied_ = m.tie_word_embeddings();
     inv_freq_ = RotaryFrequencies(m);
     InitLlama(config);
+  } else if (t5v11_) {
+    TORCH_CHECK(t5_, "the reference builds T5V11 models of kind T5 only");
+    TORCH_CHECK(m.has_norm_epsilon() && m.relative_attention_num_buckets() > 0 &&
+                    m.relative_attention_max_distance() > 0,
+                "the reference needs a T5V11 config with defaults applied");
+    TORCH_CHECK(m.num_key_value_heads() == 0 || m.num_key_value_heads() == m.num_attention_heads(),
+                "T5V11 has multi-head attention (num_key_value_heads ", m.num_key_value_heads(),
+                " is not num_attention_heads ", heads_, ")");
+    TORCH_CHECK(!m.tie_word_embeddings(), "T5V11 has an untied LM head");
+    norm_epsilon_ = m.norm_epsilon();
+    buckets_ = m.relative_attention_num_buckets();
+    max_distance_ = m.relative_attention_max_distance();
+    // The encoder's exact range is N / 4 >= 1 bucket wide and the decoder's
+    // N / 2, below the maximum distance.
+    TORCH_CHECK(buckets_ >= 4 && buckets_ % 2 == 0 && max_distance_ > buckets_ / 2,
+                "T5V11 needs even relative_attention_num_buckets from 4 (got ", buckets_,
+                ") and relative_attention_max_distance above half of them (got ", max_distance_,
+                ")");
+    InitT5V11(config);
   } else {
     InitMegatron(config);
   }
@@ -307,6 +404,64 @@ void ReferenceModel::InitLlama(const v1::JobConfig& config) {
   }
 }
 
+// T5V11 (docs/models.md): each component draws its normal tensors in the
+// table's order; the norms start at one and draw nothing. Decoder layer i is
+// component 3, index i (its index within the decoder).
+void ReferenceModel::InitT5V11(const v1::JobConfig& config) {
+  const v1::ModelConfig& m = config.model();
+  const int64_t h = hidden_;
+  const int64_t inner = heads_ * m.kv_channels();
+  const int64_t ffn = m.ffn_hidden_size();
+  const int64_t vocab = m.vocab_size();
+  const uint64_t seed = config.data().seed();
+  const double residual_stddev =
+      kStddev / std::sqrt(2.0 * static_cast<double>(encoder_layers_ + decoder_layers_));
+  {
+    Draws draw(seed, kEmbeddingComponent, 0);
+    parameters_["word_embedding"] = draw.Normal({vocab, h}, kStddev);
+  }
+  {
+    Draws draw(seed, kPositionBiasComponent, 0);
+    parameters_["encoder_relative_bias"] = draw.Normal({buckets_, heads_}, kStddev);
+  }
+  {
+    Draws draw(seed, kPositionBiasComponent, 1);
+    parameters_["decoder_relative_bias"] = draw.Normal({buckets_, heads_}, kStddev);
+  }
+  const auto layer = [&](const std::string& prefix, uint64_t component, int64_t index) {
+    Draws draw(seed, component, static_cast<uint64_t>(index));
+    // Draw order: q, k, v, o, [xq, xk, xv, xo], gate, up, down.
+    parameters_[prefix + "attn_norm_weight"] = Ones(h);
+    parameters_[prefix + "q_weight"] = draw.Normal({inner, h}, kStddev);
+    parameters_[prefix + "k_weight"] = draw.Normal({inner, h}, kStddev);
+    parameters_[prefix + "v_weight"] = draw.Normal({inner, h}, kStddev);
+    parameters_[prefix + "o_weight"] = draw.Normal({h, inner}, residual_stddev);
+    if (component == kDecoderLayerComponent) {
+      parameters_[prefix + "cross_norm_weight"] = Ones(h);
+      parameters_[prefix + "xq_weight"] = draw.Normal({inner, h}, kStddev);
+      parameters_[prefix + "xk_weight"] = draw.Normal({inner, h}, kStddev);
+      parameters_[prefix + "xv_weight"] = draw.Normal({inner, h}, kStddev);
+      parameters_[prefix + "xo_weight"] = draw.Normal({h, inner}, residual_stddev);
+    }
+    parameters_[prefix + "mlp_norm_weight"] = Ones(h);
+    parameters_[prefix + "gate_weight"] = draw.Normal({ffn, h}, kStddev);
+    parameters_[prefix + "up_weight"] = draw.Normal({ffn, h}, kStddev);
+    parameters_[prefix + "down_weight"] = draw.Normal({h, ffn}, residual_stddev);
+  };
+  for (int64_t i = 0; i < encoder_layers_; ++i) {
+    layer(absl::StrCat("encoder_layer_", i, "."), kEncoderLayerComponent, i);
+  }
+  parameters_["encoder_norm_weight"] = Ones(h);
+  for (int64_t i = 0; i < decoder_layers_; ++i) {
+    layer(absl::StrCat("decoder_layer_", i, "."), kDecoderLayerComponent, i);
+  }
+  {
+    Draws draw(seed, kHeadComponent, 0);
+    parameters_["final_norm_weight"] = Ones(h);
+    parameters_["head_weight"] = draw.Normal({vocab, h}, kStddev);
+  }
+}
+
 torch::Tensor& ReferenceModel::P(const std::string& name) {
   const auto it = parameters_.find(name);
   TORCH_CHECK(it != parameters_.end(), "the reference model has no parameter ", name);
@@ -317,7 +472,8 @@ torch::Tensor ReferenceModel::Embed(const std::string& prefix, const std::vector
   const int64_t n = static_cast<int64_t>(tokens.size());
   const torch::Tensor ids = torch::tensor(tokens, torch::kInt64);
   const torch::Tensor words = P(prefix + "word_embedding").index_select(0, ids);
-  if (llama_) return words;  // rotary positions act inside attention
+  // LLAMA's rotary positions and T5V11's position bias act inside attention.
+  if (llama_ || t5v11_) return words;
   return words + P(prefix + "position_embedding").narrow(0, 0, n);
 }
 
@@ -361,10 +517,54 @@ torch::Tensor ReferenceModel::LlamaLayer(const std::string& prefix, const torch:
   return y + Affine(gated, P(prefix + "down_weight"));
 }
 
+// T5V11 position bias: B[j][q][k] = table[bucket(k - q)][j], one bucket per
+// relative position r = k - q (docs/models.md).
+torch::Tensor ReferenceModel::PositionBias(const std::string& name, int64_t n, bool bidirectional) {
+  std::vector<int64_t> bucket_of;  // bucket of r at index r + n - 1
+  for (int64_t r = -(n - 1); r <= n - 1; ++r) {
+    bucket_of.push_back(RelativePositionBucket(r, bidirectional, buckets_, max_distance_));
+  }
+  std::vector<int64_t> buckets;  // [n, n], query-major
+  for (int64_t q = 0; q < n; ++q) {
+    for (int64_t k = 0; k < n; ++k) buckets.push_back(bucket_of[k - q + n - 1]);
+  }
+  const torch::Tensor gathered = P(name).index_select(0, torch::tensor(buckets, torch::kInt64));
+  return gathered.view({n, n, heads_}).permute({2, 0, 1});
+}
+
+// T5V11 layer (docs/models.md), no biases: y = x + Attention(RMSNorm(x))
+// o^T with unscaled scores plus the stack's position bias (causal in the
+// decoder); decoder layers add CrossAttention(RMSNorm(y), memory) xo^T
+// (unscaled, no bias, every encoder position); then
+// y + (gelu_tanh(m gate^T) * (m up^T)) down^T with m = RMSNorm(y).
+torch::Tensor ReferenceModel::T5V11Layer(const std::string& prefix, const torch::Tensor& x,
+                                         const torch::Tensor& bias, const torch::Tensor& memory) {
+  const bool decoder = memory.defined();
+  const torch::Tensor n = RmsNorm(x, P(prefix + "attn_norm_weight"), norm_epsilon_);
+  torch::Tensor y = x + Affine(UnscaledAttention(Affine(n, P(prefix + "q_weight")),
+                                                 Affine(n, P(prefix + "k_weight")),
+                                                 Affine(n, P(prefix + "v_weight")), heads_, bias,
+                                                 /*causal=*/decoder),
+                               P(prefix + "o_weight"));
+  if (decoder) {
+    const torch::Tensor c = RmsNorm(y, P(prefix + "cross_norm_weight"), norm_epsilon_);
+    y = y + Affine(UnscaledAttention(Affine(c, P(prefix + "xq_weight")),
+                                     Affine(memory, P(prefix + "xk_weight")),
+                                     Affine(memory, P(prefix + "xv_weight")), heads_,
+                                     /*bias=*/{}, /*causal=*/false),
+                   P(prefix + "xo_weight"));
+  }
+  const torch::Tensor m = RmsNorm(y, P(prefix + "mlp_norm_weight"), norm_epsilon_);
+  const torch::Tensor gated =
+      GeluTanh(Affine(m, P(prefix + "gate_weight"))) * Affine(m, P(prefix + "up_weight"));
+  return y + Affine(gated, P(prefix + "down_weight"));
+}
+
 // MEGATRON: final LayerNorm, then head_weight. LLAMA: final RMSNorm, then
-// head_weight (word_embedding when tied).
+// head_weight (word_embedding when tied). T5V11: final RMSNorm, then
+// head_weight (untied, no rescaling).
 torch::Tensor ReferenceModel::Head(const torch::Tensor& x) {
-  if (llama_) {
+  if (llama_ || t5v11_) {
     return Affine(RmsNorm(x, P("final_norm_weight"), norm_epsilon_),
                   P(tied_ ? "word_embedding" : "head_weight"));
   }
@@ -375,7 +575,9 @@ torch::Tensor ReferenceModel::Head(const torch::Tensor& x) {
 // the loss covers the target tokens (every token after the first when there
 // is no target). T5: the encoder reads the input, the decoder reads a start
 // token (id 0) followed by the target shifted right and predicts every
-// target token.
+// target token. T5V11 embeds both in the one word_embedding, and each stack
+// adds its position bias (the encoder's over the input, the decoder's over
+// the decoder input).
 torch::Tensor ReferenceModel::SampleLoss(const std::vector<int64_t>& input,
                                          const std::vector<int64_t>& target,
                                          uint64_t* loss_tokens) {
@@ -396,15 +598,28 @@ torch::Tensor ReferenceModel::SampleLoss(const std::vector<int64_t>& input,
     return TokenLoss(predicting, labels);
   }
   torch::Tensor memory = Embed("", input);
+  const torch::Tensor encoder_bias =
+      t5v11_ ? PositionBias("encoder_relative_bias", static_cast<int64_t>(input.size()),
+                            /*bidirectional=*/true)
+             : torch::Tensor();
   for (int64_t i = 0; i < encoder_layers_; ++i) {
-    memory = Layer(absl::StrCat("encoder_layer_", i, "."), memory, /*causal=*/false, {});
+    const std::string prefix = absl::StrCat("encoder_layer_", i, ".");
+    memory = t5v11_ ? T5V11Layer(prefix, memory, encoder_bias, {})
+                    : Layer(prefix, memory, /*causal=*/false, {});
   }
-  memory = LayerNorm(memory, P("encoder_ln_weight"), P("encoder_ln_bias"));
+  memory = t5v11_ ? RmsNorm(memory, P("encoder_norm_weight"), norm_epsilon_)
+                  : LayerNorm(memory, P("encoder_ln_weight"), P("encoder_ln_bias"));
   std::vector<int64_t> decoder_input = {0};
   decoder_input.insert(decoder_input.end(), target.begin(), target.end() - 1);
-  torch::Tensor x = Embed("decoder_", decoder_input);
+  torch::Tensor x = Embed(t5v11_ ? "" : "decoder_", decoder_input);
+  const torch::Tensor decoder_bias =
+      t5v11_ ? PositionBias("decoder_relative_bias", static_cast<int64_t>(decoder_input.size()),
+                            /*bidirectional=*/false)
+             : torch::Tensor();
   for (int64_t i = 0; i < decoder_layers_; ++i) {
-    x = Layer(absl::StrCat("decoder_layer_", i, "."), x, /*causal=*/true, memory);
+    const std::string prefix = absl::StrCat("decoder_layer_", i, ".");
+    x = t5v11_ ? T5V11Layer(prefix, x, decoder_bias, memory)
+               : Layer(prefix, x, /*causal=*/true, memory);
   }
   *loss_tokens += target.size();
   return TokenLoss(Head(x), target);

@@ -84,9 +84,9 @@ void RunRank(const v1::JobConfig& config,
   interpreter_options.device = options.device;
   for (int k = 0; k < pp; ++k) interpreter_options.pipeline_group.push_back(rank / pp * pp + k);
   for (const auto& stage : stages) {
-    if (stage->tied_embedding().defined()) {
-      interpreter_options.tied_embedding_group =
-          executor::TiedEmbeddingRanks(spec, pp, rank / pp * pp);
+    for (executor::SharedParameterGroup& group :
+         executor::SharedParameterGroups(spec, roles, stage->role().stage, rank / pp * pp)) {
+      interpreter_options.shared_parameter_groups.push_back(std::move(group));
     }
   }
   if (options.capture_gradients) {

@@ -28,7 +28,11 @@ absl::StatusOr<v1::JobConfig> TinyJobConfig(const TinyJob& job) {
       job.llama ? R"(, "architecture": "LLAMA", "num_key_value_heads": 2, "rope_theta": 10000,
       "rope_scaling": {"factor": 8, "original_max_position_embeddings": 64})"
                 : "",
-      job.tie_word_embeddings ? R"(, "tie_word_embeddings": true)" : "", R"(},
+      job.tie_word_embeddings ? R"(, "tie_word_embeddings": true)" : "",
+      job.t5v11 ? R"(, "architecture": "T5V11", "relative_attention_num_buckets": 32,
+      "relative_attention_max_distance": 64)"
+                : "",
+      R"(},
       "parallelism": {"pipeline": )",
       job.pipeline, R"(, "data": )", job.data, R"(, "virtual_chunks": )", job.chunks, R"(},
       "cluster": {"device_memory_limit_mib": )",

@@ -1,5 +1,5 @@
 // The small jobs the executor's equivalence tests run: a GPT (MEGATRON or
-// LLAMA) or T5 of a few
+// LLAMA) or T5 (MEGATRON or T5V11) of a few
 // layers (hidden 32, fp32) on synthetic data, and the planner's plans for
 // one of its iterations.
 #ifndef VARIPIPE_TESTS_TESTING_TINY_JOB_H_
@@ -21,6 +21,10 @@ struct TinyJob {
   // Llama 3.1 rotary scaling whose three frequency bands all occur.
   bool llama = false;
   bool tie_word_embeddings = false;  // LLAMA
+  // A T5V11 T5 (docs/models.md; needs `t5`): 32 relative position buckets up
+  // to distance 64, so exact, log-spaced and (in the encoder) clipped buckets
+  // all occur.
+  bool t5v11 = false;
   v1::ScheduleKind schedule = v1::ONE_F_ONE_B;
   v1::RecomputeMode recompute = v1::RECOMPUTE_NONE;
   v1::PartitionMethod method = v1::DYNAMIC_PROGRAMMING;
