@@ -55,6 +55,68 @@ class Reader {
   std::string path_;
 };
 
+// The weights' dtype (config.json's dtype or torch_dtype) as the model's
+// compute dtype.
+void SetDtype(const Reader& r, v1::ModelConfig& m) {
+  const nlohmann::json* dtype = r.Find("dtype");
+  if (dtype == nullptr) dtype = r.Find("torch_dtype");
+  if (dtype != nullptr && dtype->is_string()) {
+    const std::string d = dtype->get<std::string>();
+    m.set_dtype(d == "float32" ? v1::FLOAT32 : d == "float16" ? v1::FLOAT16 : v1::BFLOAT16);
+  }
+}
+
+// T5 v1.1 / FLAN-T5 (T5Config, model_type "t5") as a T5V11 model. T5Config's
+// defaults are the original T5's (a relu MLP, a tied and rescaled head),
+// which T5V11 does not build, so those fields must say otherwise.
+absl::StatusOr<v1::ModelConfig> T5ModelConfig(const Reader& r) {
+  const std::string& path = r.path();
+  v1::ModelConfig m;
+  m.set_kind(v1::T5);
+  m.set_architecture(v1::T5V11);
+  absl::StatusOr<uint32_t> n = r.Count("num_layers");
+  if (!n.ok()) return n.status();
+  m.set_num_layers(*n);
+  if (n = r.Count("num_decoder_layers", m.num_layers()); !n.ok()) return n.status();
+  m.set_num_decoder_layers(*n);
+  if (n = r.Count("d_model"); !n.ok()) return n.status();
+  m.set_hidden_size(*n);
+  if (n = r.Count("num_heads"); !n.ok()) return n.status();
+  m.set_num_attention_heads(*n);
+  if (n = r.Count("d_kv", m.hidden_size() / m.num_attention_heads()); !n.ok()) return n.status();
+  m.set_kv_channels(*n);
+  if (n = r.Count("d_ff"); !n.ok()) return n.status();
+  m.set_ffn_hidden_size(*n);
+  if (n = r.Count("vocab_size"); !n.ok()) return n.status();
+  m.set_vocab_size(*n);
+  if (n = r.Count("relative_attention_num_buckets", 32); !n.ok()) return n.status();
+  m.set_relative_attention_num_buckets(*n);
+  if (n = r.Count("relative_attention_max_distance", 128); !n.ok()) return n.status();
+  m.set_relative_attention_max_distance(*n);
+  absl::StatusOr<double> x = r.Real("layer_norm_epsilon", 1e-6);
+  if (!x.ok()) return x.status();
+  m.set_norm_epsilon(*x);
+  const nlohmann::json* act = r.Find("feed_forward_proj");
+  if (act == nullptr || !act->is_string() || act->get<std::string>() != "gated-gelu") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": feed_forward_proj is ",
+        act == nullptr ? "missing (T5Config's default: relu)" : act->dump(),
+        "; T5V11 (T5 v1.1, FLAN-T5) has a gated-GELU MLP (\"gated-gelu\"), the original T5's relu "
+        "MLP is not built"));
+  }
+  const nlohmann::json* tie = r.Find("tie_word_embeddings");
+  if (tie == nullptr || !tie->is_boolean() || tie->get<bool>()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": tie_word_embeddings is ",
+                     tie == nullptr ? "missing (T5Config's default: true)" : tie->dump(),
+                     "; T5V11 (T5 v1.1, FLAN-T5) has an untied LM head, the original T5's tied, "
+                     "rescaled head is "
+                     "not built"));
+  }
+  SetDtype(r, m);
+  return m;
+}
+
 }  // namespace
 
 absl::StatusOr<v1::ModelConfig> ModelConfigFromHuggingFace(const std::string& given) {
@@ -72,10 +134,14 @@ absl::StatusOr<v1::ModelConfig> ModelConfigFromHuggingFace(const std::string& gi
   }
   const Reader r(json, path);
   const nlohmann::json* type = r.Find("model_type");
+  if (type != nullptr && type->is_string() && type->get<std::string>() == "t5") {
+    return T5ModelConfig(r);
+  }
   if (type == nullptr || !type->is_string() || type->get<std::string>() != "llama") {
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": model_type is ", type == nullptr ? "missing" : type->dump(),
-        "; only Llama-family checkpoints (model_type \"llama\") map to a Varipipe model"));
+        "; only Llama-family (model_type \"llama\") and T5 v1.1 / FLAN-T5 (\"t5\") checkpoints "
+        "map to a Varipipe model"));
   }
   v1::ModelConfig m;
   m.set_kind(v1::GPT);
@@ -147,13 +213,7 @@ absl::StatusOr<v1::ModelConfig> ModelConfigFromHuggingFace(const std::string& gi
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": hidden_act is ", act->dump(), "; LLAMA layers use silu (SwiGLU)"));
   }
-  // The weights' dtype, as the model's compute dtype.
-  const nlohmann::json* dtype = r.Find("dtype");
-  if (dtype == nullptr) dtype = r.Find("torch_dtype");
-  if (dtype != nullptr && dtype->is_string()) {
-    const std::string d = dtype->get<std::string>();
-    m.set_dtype(d == "float32" ? v1::FLOAT32 : d == "float16" ? v1::FLOAT16 : v1::BFLOAT16);
-  }
+  SetDtype(r, m);
   return m;
 }
 

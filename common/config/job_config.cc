@@ -221,10 +221,6 @@ void ValidateT5V11(const JobConfig& config, ErrorList& errors) {
                effective_buckets / 2, ") and be at most ", bounds::kMaxSequenceLength, " (got ",
                distance, ")");
   }
-  if (!config.training().init_from().empty()) {
-    errors.Add("training.init_from",
-               "loads Hugging Face checkpoints into model.architecture LLAMA only for now");
-  }
   // A shared parameter (the embedding, a stack's bias table) has one replica
   // per stage that uses it; interleaved chunks would put several on one rank.
   if (config.parallelism().virtual_chunks() > 1) {
@@ -278,8 +274,8 @@ void ValidateArchitecture(const JobConfig& config, ErrorList& errors) {
     }
     if (!config.training().init_from().empty()) {
       errors.Add("training.init_from",
-                 "loads Hugging Face checkpoints into model.architecture LLAMA only (this "
-                 "model is MEGATRON)");
+                 "loads Hugging Face checkpoints into model.architecture LLAMA or T5V11 only "
+                 "(this model is MEGATRON)");
     }
     return;
   }

@@ -46,6 +46,25 @@ absl::StatusOr<std::vector<int64_t>> ShapeOf(const ModelSpec& spec, const std::s
   const int64_t q = spec.num_attention_heads * spec.kv_channels;
   const int64_t kv = spec.num_key_value_heads * spec.kv_channels;
   const int64_t f = spec.ffn_hidden_size;
+  if (spec.t5v11) {
+    if (name == "shared.weight" || name == "lm_head.weight") {
+      return std::vector<int64_t>{spec.vocab_size, h};
+    }
+    if (absl::EndsWith(name, "relative_attention_bias.weight")) {
+      return std::vector<int64_t>{spec.relative_buckets, spec.num_attention_heads};
+    }
+    if (absl::EndsWith(name, "layer_norm.weight")) return std::vector<int64_t>{h};
+    if (absl::EndsWith(name, ".q.weight") || absl::EndsWith(name, ".k.weight") ||
+        absl::EndsWith(name, ".v.weight")) {
+      return std::vector<int64_t>{q, h};
+    }
+    if (absl::EndsWith(name, ".o.weight")) return std::vector<int64_t>{h, q};
+    if (absl::EndsWith(name, ".wi_0.weight") || absl::EndsWith(name, ".wi_1.weight")) {
+      return std::vector<int64_t>{f, h};
+    }
+    if (absl::EndsWith(name, ".wo.weight")) return std::vector<int64_t>{h, f};
+    return absl::InvalidArgumentError(absl::StrCat("no shape for '", name, "'"));
+  }
   if (name == "model.embed_tokens.weight" || name == "lm_head.weight") {
     return std::vector<int64_t>{spec.vocab_size, h};
   }
@@ -64,9 +83,66 @@ absl::StatusOr<std::vector<int64_t>> ShapeOf(const ModelSpec& spec, const std::s
   return absl::InvalidArgumentError(absl::StrCat("no shape for '", name, "'"));
 }
 
+// T5V11: one shard per layer of both stacks, encoder layers first; the
+// shared embedding with encoder layer 0, the encoder's final norm with its
+// last layer, the decoder's final norm and the head with the last decoder
+// layer; each stack's bias table is in its block 0.
+absl::StatusOr<int> T5ShardOf(const ModelSpec& spec, const std::string& hf_name) {
+  const int encoder = static_cast<int>(spec.num_layers);
+  const int decoder = static_cast<int>(spec.num_decoder_layers);
+  if (hf_name == "shared.weight") return 0;
+  if (hf_name == "encoder.final_layer_norm.weight") return encoder - 1;
+  if (hf_name == "decoder.final_layer_norm.weight" || hf_name == "lm_head.weight") {
+    return encoder + decoder - 1;
+  }
+  const std::vector<std::string> parts = absl::StrSplit(hf_name, '.');
+  int layer = 0;
+  if (parts.size() > 3 && parts[1] == "block" && absl::SimpleAtoi(parts[2], &layer) && layer >= 0) {
+    if (parts[0] == "encoder" && layer < encoder) return layer;
+    if (parts[0] == "decoder" && layer < decoder) return encoder + layer;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("'", hf_name, "' belongs to no export shard"));
+}
+
+int ShardCount(const ModelSpec& spec) {
+  return static_cast<int>(spec.num_layers + (spec.t5v11 ? spec.num_decoder_layers : 0));
+}
+
+// config.json of a T5 v1.1 / FLAN-T5 model (T5ForConditionalGeneration).
+// Varipipe trains without dropout; the start, padding and end tokens are
+// T5's (0, 0, 1).
+nlohmann::json T5Config(const ModelSpec& spec, const ExportDtype& d) {
+  return {
+      {"architectures", {"T5ForConditionalGeneration"}},
+      {"model_type", "t5"},
+      {"d_model", spec.hidden_size},
+      {"d_kv", spec.kv_channels},
+      {"d_ff", spec.ffn_hidden_size},
+      {"num_layers", spec.num_layers},
+      {"num_decoder_layers", spec.num_decoder_layers},
+      {"num_heads", spec.num_attention_heads},
+      {"vocab_size", spec.vocab_size},
+      {"relative_attention_num_buckets", spec.relative_buckets},
+      {"relative_attention_max_distance", spec.relative_max_distance},
+      {"layer_norm_epsilon", spec.norm_epsilon},
+      {"feed_forward_proj", "gated-gelu"},
+      {"dense_act_fn", "gelu_new"},
+      {"is_gated_act", true},
+      {"tie_word_embeddings", false},
+      {"is_encoder_decoder", true},
+      {"decoder_start_token_id", 0},
+      {"pad_token_id", 0},
+      {"eos_token_id", 1},
+      {"dropout_rate", 0.0},
+      {"initializer_factor", 1.0},
+      {"torch_dtype", d.config},
+  };
+}
+
 }  // namespace
 
 absl::StatusOr<int> ExportShardOf(const ModelSpec& spec, const std::string& hf_name) {
+  if (spec.t5v11) return T5ShardOf(spec, hf_name);
   if (hf_name == "model.embed_tokens.weight") return 0;
   if (hf_name == "model.norm.weight" || hf_name == "lm_head.weight") {
     return static_cast<int>(spec.num_layers) - 1;
@@ -88,7 +164,7 @@ absl::Status ExportHuggingFaceShards(const std::string& dir, const ModelSpec& sp
                                      const std::vector<ModelStage*>& stages, v1::DType dtype) {
   VP_ASSIGN_OR_RETURN(const ExportDtype d, DtypeFor(dtype));
   VP_ASSIGN_OR_RETURN(const std::vector<std::string> all, HuggingFaceNames(spec));
-  const int shards = static_cast<int>(spec.num_layers);
+  const int shards = ShardCount(spec);
   // Per shard: the names it needs and the tensors these stages hold.
   std::map<int, size_t> needed;
   for (const std::string& name : all) {
@@ -126,7 +202,7 @@ absl::Status ExportHuggingFaceIndex(const std::string& dir, const ModelSpec& spe
                                     v1::DType dtype) {
   VP_ASSIGN_OR_RETURN(const ExportDtype d, DtypeFor(dtype));
   VP_ASSIGN_OR_RETURN(const std::vector<std::string> all, HuggingFaceNames(spec));
-  const int shards = static_cast<int>(spec.num_layers);
+  const int shards = ShardCount(spec);
   nlohmann::json map = nlohmann::json::object();
   uint64_t total = 0;
   for (const std::string& name : all) {
@@ -138,6 +214,13 @@ absl::Status ExportHuggingFaceIndex(const std::string& dir, const ModelSpec& spe
     map[name] = ExportShardName(shard, shards);
   }
   const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", map}};
+  const std::filesystem::path base(dir);
+  if (spec.t5v11) {
+    VP_RETURN_IF_ERROR(
+        WriteFileAtomically((base / "config.json").string(), T5Config(spec, d).dump(2) + "\n"));
+    return WriteFileAtomically((base / "model.safetensors.index.json").string(),
+                               index.dump(2) + "\n");
+  }
   nlohmann::json config = {
       {"architectures", {"LlamaForCausalLM"}},
       {"model_type", "llama"},
@@ -168,7 +251,6 @@ absl::Status ExportHuggingFaceIndex(const std::string& dir, const ModelSpec& spe
   } else {
     config["rope_scaling"] = nullptr;
   }
-  const std::filesystem::path base(dir);
   VP_RETURN_IF_ERROR(WriteFileAtomically((base / "config.json").string(), config.dump(2) + "\n"));
   return WriteFileAtomically((base / "model.safetensors.index.json").string(),
                              index.dump(2) + "\n");

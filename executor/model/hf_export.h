@@ -1,8 +1,10 @@
-// LLAMA stages out as a Hugging Face checkpoint directory that
-// `transformers` loads (LlamaForCausalLM): config.json,
-// model.safetensors.index.json and one shard per transformer layer
-// (model-<k>-of-<n>.safetensors, the embedding with the first layer, the
-// final norm and head with the last), names as in docs/models.md.
+// LLAMA and T5V11 stages out as a Hugging Face checkpoint directory that
+// `transformers` loads (LlamaForCausalLM, T5ForConditionalGeneration):
+// config.json, model.safetensors.index.json and one shard per transformer
+// layer (model-<k>-of-<n>.safetensors, the embedding with the first layer,
+// the final norm and head with the last; T5V11: encoder layers first, the
+// encoder's final norm with its last layer), names as in docs/models.md.
+// A shared parameter's replicas are not exported: its owner's copy is.
 //
 // The shards depend on the model alone, never on the pipeline split, and
 // every shard's tensors live on exactly one stage, so ranks export their
@@ -25,8 +27,8 @@
 
 namespace varipipe::executor {
 
-// The export's shard (0-based) of a Hugging Face tensor name, and the
-// number of shards (the layer count).
+// The export's shard (0-based) of a Hugging Face tensor name; there is one
+// shard per layer (T5V11: of both stacks).
 absl::StatusOr<int> ExportShardOf(const ModelSpec& spec, const std::string& hf_name);
 std::string ExportShardName(int shard, int shards);
 

@@ -33,11 +33,83 @@ constexpr std::pair<const char*, const char*> kLlamaLayer[] = {
     {"down_weight", "mlp.down_proj.weight"},
 };
 
+// T5V11 layer parameters and their Hugging Face suffixes under
+// "encoder.block.<i>." or "decoder.block.<i>." (docs/models.md, "Weight
+// layout"); the cross-attention block is decoder-only and moves the MLP
+// from layer.1 to layer.2.
+constexpr std::pair<const char*, const char*> kT5SelfAttention[] = {
+    {"attn_norm_weight", "layer.0.layer_norm.weight"},
+    {"q_weight", "layer.0.SelfAttention.q.weight"},
+    {"k_weight", "layer.0.SelfAttention.k.weight"},
+    {"v_weight", "layer.0.SelfAttention.v.weight"},
+    {"o_weight", "layer.0.SelfAttention.o.weight"},
+};
+constexpr std::pair<const char*, const char*> kT5CrossAttention[] = {
+    {"cross_norm_weight", "layer.1.layer_norm.weight"},
+    {"xq_weight", "layer.1.EncDecAttention.q.weight"},
+    {"xk_weight", "layer.1.EncDecAttention.k.weight"},
+    {"xv_weight", "layer.1.EncDecAttention.v.weight"},
+    {"xo_weight", "layer.1.EncDecAttention.o.weight"},
+};
+constexpr std::pair<const char*, const char*> kT5Mlp[] = {
+    {"mlp_norm_weight", "layer_norm.weight"},
+    {"gate_weight", "DenseReluDense.wi_0.weight"},
+    {"up_weight", "DenseReluDense.wi_1.weight"},
+    {"down_weight", "DenseReluDense.wo.weight"},
+};
+// T5V11 parameters outside the layers.
+constexpr std::pair<const char*, const char*> kT5Model[] = {
+    {"word_embedding", "shared.weight"},
+    {"encoder_relative_bias",
+     "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"},
+    {"decoder_relative_bias",
+     "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"},
+    {"encoder_norm_weight", "encoder.final_layer_norm.weight"},
+    {"final_norm_weight", "decoder.final_layer_norm.weight"},
+    {"head_weight", "lm_head.weight"},
+};
+
 absl::Status NeedsLlama(const ModelSpec& spec) {
   if (spec.llama && !spec.encoder_decoder) return absl::OkStatus();
+  if (spec.t5v11 && spec.encoder_decoder) return absl::OkStatus();
   return absl::InvalidArgumentError(
-      "Hugging Face checkpoints load into model.architecture LLAMA (kind GPT) only; MEGATRON "
-      "GPT and T5 have no Hugging Face layout");
+      "Hugging Face checkpoints load into model.architecture LLAMA (kind GPT) or T5V11 (kind T5) "
+      "only; MEGATRON GPT and T5 have no Hugging Face layout");
+}
+
+// The Hugging Face names of T5V11 layer `index` of a stack ("encoder" or
+// "decoder"), by our parameter name.
+std::vector<std::pair<std::string, std::string>> T5LayerNames(const std::string& stack,
+                                                              int64_t index) {
+  const bool decoder = stack == "decoder";
+  const std::string block = absl::StrCat(stack, ".block.", index, ".");
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [ours, theirs] : kT5SelfAttention) out.emplace_back(ours, block + theirs);
+  if (decoder) {
+    for (const auto& [ours, theirs] : kT5CrossAttention) out.emplace_back(ours, block + theirs);
+  }
+  const std::string mlp = block + (decoder ? "layer.2." : "layer.1.");
+  for (const auto& [ours, theirs] : kT5Mlp) out.emplace_back(ours, mlp + theirs);
+  return out;
+}
+
+absl::StatusOr<std::string> T5Name(const std::string& name) {
+  for (const auto& [ours, theirs] : kT5Model) {
+    if (name == ours) return std::string(theirs);
+  }
+  const std::vector<std::string> parts = absl::StrSplit(name, '.');
+  int64_t layer = 0;
+  for (const char* stack : {"encoder", "decoder"}) {
+    const std::string prefix = absl::StrCat(stack, "_layer_");
+    if (parts.size() == 2 && absl::StartsWith(parts[0], prefix) &&
+        absl::SimpleAtoi(parts[0].substr(prefix.size()), &layer)) {
+      for (const auto& [ours, theirs] : T5LayerNames(stack, layer)) {
+        if (parts[1] == ours) return theirs;
+      }
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("parameter '", name, "' has no Hugging Face name (docs/models.md)"));
 }
 
 absl::StatusOr<torch::Dtype> TorchDtypeOf(const SafetensorsTensor& t, const std::string& path) {
@@ -57,6 +129,7 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 absl::StatusOr<std::string> HuggingFaceName(const ModelSpec& spec, std::string_view name_view) {
   VP_RETURN_IF_ERROR(NeedsLlama(spec));
   const std::string name(name_view);
+  if (spec.t5v11) return T5Name(name);
   if (name == "word_embedding") return std::string("model.embed_tokens.weight");
   if (name == "final_norm_weight") return std::string("model.norm.weight");
   if (name == "head_weight") return std::string("lm_head.weight");
@@ -74,6 +147,18 @@ absl::StatusOr<std::string> HuggingFaceName(const ModelSpec& spec, std::string_v
 
 absl::StatusOr<std::vector<std::string>> HuggingFaceNames(const ModelSpec& spec) {
   VP_RETURN_IF_ERROR(NeedsLlama(spec));
+  if (spec.t5v11) {
+    std::vector<std::string> names;
+    for (const auto& [ours, theirs] : kT5Model) names.push_back(theirs);
+    for (int64_t i = 0; i < spec.num_layers; ++i) {
+      for (const auto& [ours, theirs] : T5LayerNames("encoder", i)) names.push_back(theirs);
+    }
+    for (int64_t i = 0; i < spec.num_decoder_layers; ++i) {
+      for (const auto& [ours, theirs] : T5LayerNames("decoder", i)) names.push_back(theirs);
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  }
   std::vector<std::string> names = {"model.embed_tokens.weight", "model.norm.weight"};
   if (!spec.tie_word_embeddings) names.push_back("lm_head.weight");
   for (int64_t i = 0; i < spec.num_layers; ++i) {
@@ -85,20 +170,68 @@ absl::StatusOr<std::vector<std::string>> HuggingFaceNames(const ModelSpec& spec)
   return names;
 }
 
+namespace {
+
+// A config.json number against the job's.
+struct ConfigField {
+  const char* hf;   // config.json's name
+  const char* job;  // the job's
+  double theirs;
+  double ours;
+};
+
+absl::Status FirstDifference(const std::string& path, const std::vector<ConfigField>& fields) {
+  for (const ConfigField& f : fields) {
+    if (std::abs(f.theirs - f.ours) <= 1e-9 * std::max(1.0, std::abs(f.ours))) continue;
+    const bool flag = std::string_view(f.hf) == "tie_word_embeddings";
+    const auto text = [flag](double v) {
+      return flag ? std::string(v != 0 ? "true" : "false") : absl::StrCat(v);
+    };
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", f.hf, " is ", text(f.theirs),
+                                                   " but the job's ", f.job, " is ", text(f.ours)));
+  }
+  return absl::OkStatus();
+}
+
+// T5Config's fields (ModelConfigFromHuggingFace refused what T5V11 cannot
+// express) against the job's T5V11 model.
+absl::Status CheckT5Config(const std::string& path, const v1::ModelConfig& m,
+                           const ModelSpec& spec) {
+  const auto real = [](auto v) { return static_cast<double>(v); };
+  return FirstDifference(
+      path,
+      {{"d_model", "model.hidden_size", real(m.hidden_size()), real(spec.hidden_size)},
+       {"num_layers", "model.num_layers", real(m.num_layers()), real(spec.num_layers)},
+       {"num_decoder_layers", "model.num_decoder_layers", real(m.num_decoder_layers()),
+        real(spec.num_decoder_layers)},
+       {"num_heads", "model.num_attention_heads", real(m.num_attention_heads()),
+        real(spec.num_attention_heads)},
+       {"d_kv", "model.kv_channels", real(m.kv_channels()), real(spec.kv_channels)},
+       {"d_ff", "model.ffn_hidden_size", real(m.ffn_hidden_size()), real(spec.ffn_hidden_size)},
+       {"vocab_size", "model.vocab_size", real(m.vocab_size()), real(spec.vocab_size)},
+       {"layer_norm_epsilon", "model.norm_epsilon", m.norm_epsilon(), spec.norm_epsilon},
+       {"relative_attention_num_buckets", "model.relative_attention_num_buckets",
+        real(m.relative_attention_num_buckets()), real(spec.relative_buckets)},
+       {"relative_attention_max_distance", "model.relative_attention_max_distance",
+        real(m.relative_attention_max_distance()), real(spec.relative_max_distance)}});
+}
+
+}  // namespace
+
 absl::Status CheckHuggingFaceConfig(const HuggingFaceCheckpoint& ckpt, const ModelSpec& spec) {
   VP_RETURN_IF_ERROR(NeedsLlama(spec));
   // config.json read as `varipipe-plan --model_from_hf` reads it (both
   // layouts of transformers, its defaults, what LLAMA cannot express).
   const std::string path = (std::filesystem::path(ckpt.dir()) / "config.json").string();
   VP_ASSIGN_OR_RETURN(const v1::ModelConfig m, ModelConfigFromHuggingFace(path));
+  if (spec.t5v11 != (m.architecture() == v1::T5V11)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": model_type is ", m.architecture() == v1::T5V11 ? "t5" : "llama",
+                     " but the job's model.architecture is ", spec.t5v11 ? "T5V11" : "LLAMA"));
+  }
+  if (spec.t5v11) return CheckT5Config(path, m, spec);
   const v1::RopeScaling& r = m.rope_scaling();
-  struct Field {
-    const char* hf;   // config.json's name
-    const char* job;  // the job's
-    double theirs;
-    double ours;
-  };
-  const Field fields[] = {
+  const std::vector<ConfigField> fields = {
       {"hidden_size", "model.hidden_size", static_cast<double>(m.hidden_size()),
        static_cast<double>(spec.hidden_size)},
       {"num_hidden_layers", "model.num_layers", static_cast<double>(m.num_layers()),
@@ -130,16 +263,7 @@ absl::Status CheckHuggingFaceConfig(const HuggingFaceCheckpoint& ckpt, const Mod
       {"tie_word_embeddings", "model.tie_word_embeddings", m.tie_word_embeddings() ? 1.0 : 0.0,
        spec.tie_word_embeddings ? 1.0 : 0.0},
   };
-  for (const Field& f : fields) {
-    if (std::abs(f.theirs - f.ours) <= 1e-9 * std::max(1.0, std::abs(f.ours))) continue;
-    const bool flag = std::string_view(f.hf) == "tie_word_embeddings";
-    const auto text = [flag](double v) {
-      return flag ? std::string(v != 0 ? "true" : "false") : absl::StrCat(v);
-    };
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", f.hf, " is ", text(f.theirs),
-                                                   " but the job's ", f.job, " is ", text(f.ours)));
-  }
-  return absl::OkStatus();
+  return FirstDifference(path, fields);
 }
 
 absl::Status LoadHuggingFaceWeights(HuggingFaceCheckpoint& ckpt, const ModelSpec& spec,
@@ -150,8 +274,12 @@ absl::Status LoadHuggingFaceWeights(HuggingFaceCheckpoint& ckpt, const ModelSpec
     VP_ASSIGN_OR_RETURN(const std::vector<std::string> expected, HuggingFaceNames(spec));
     const std::set<std::string> known(expected.begin(), expected.end());
     for (const std::string& name : ckpt.TensorNames()) {
+      // T5: the stacks' aliases of the shared embedding, which some
+      // checkpoints store beside shared.weight.
       if (known.count(name) > 0 || absl::EndsWith(name, ".rotary_emb.inv_freq") ||
-          (spec.tie_word_embeddings && name == "lm_head.weight")) {
+          (spec.tie_word_embeddings && name == "lm_head.weight") ||
+          (spec.t5v11 &&
+           (name == "encoder.embed_tokens.weight" || name == "decoder.embed_tokens.weight"))) {
         continue;
       }
       return absl::InvalidArgumentError(absl::StrCat(ckpt.dir(), ": unexpected tensor '", name,

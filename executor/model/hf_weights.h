@@ -8,8 +8,9 @@
 //   VP_RETURN_IF_ERROR(CheckHuggingFaceConfig(ckpt, spec));
 //   VP_RETURN_IF_ERROR(LoadHuggingFaceWeights(ckpt, spec, stages));
 //
-// Architectures: LLAMA (LlamaForCausalLM). MEGATRON GPT and T5 have no
-// Hugging Face counterpart here and are refused.
+// Architectures: LLAMA (LlamaForCausalLM) and T5V11 (T5ForConditionalGeneration
+// of T5 v1.1 / FLAN-T5). MEGATRON GPT and T5 have no Hugging Face
+// counterpart here and are refused.
 #ifndef VARIPIPE_EXECUTOR_MODEL_HF_WEIGHTS_H_
 #define VARIPIPE_EXECUTOR_MODEL_HF_WEIGHTS_H_
 
@@ -34,7 +35,8 @@ absl::StatusOr<std::string> HuggingFaceName(const ModelSpec& spec, std::string_v
 absl::StatusOr<std::vector<std::string>> HuggingFaceNames(const ModelSpec& spec);
 
 // config.json against the job's model: architecture (model_type), sizes,
-// norm epsilon, rotary base and scaling, tied embeddings. The first
+// norm epsilon, rotary base and scaling, tied embeddings (T5V11: sizes,
+// epsilon, relative position buckets and distance). The first
 // difference is an InvalidArgument naming the config.json field, its value
 // and the job's ("config.json: hidden_size is 4096 but the job's
 // model.hidden_size is 2048").

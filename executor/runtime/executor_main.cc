@@ -91,7 +91,7 @@ ABSL_FLAG(std::string, export_hf, "",
           "After the last iteration, write the model as a Hugging Face checkpoint into this "
           "directory (config.json, model.safetensors.index.json, one safetensors shard per "
           "layer, in model.dtype): every pipeline rank of data-parallel replica 0 writes its own "
-          "stages' shards. LLAMA models only.");
+          "stages' shards. LLAMA and T5V11 models only.");
 ABSL_FLAG(std::string, save_parameters, "",
           "After the last iteration, every rank writes its stages' parameters to "
           "PREFIX.rank_NNNNN.pt (a LibTorch archive keyed by parameter name), for comparisons "
@@ -291,9 +291,9 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
     stage_list.push_back(stage.get());
     stages.push_back(std::move(stage));
   }
-  if (!absl::GetFlag(FLAGS_export_hf).empty() && (!spec.llama || spec.encoder_decoder)) {
+  if (!absl::GetFlag(FLAGS_export_hf).empty() && !spec.llama && !spec.t5v11) {
     return absl::InvalidArgumentError(
-        "--export_hf: only model.architecture LLAMA has a Hugging Face layout");
+        "--export_hf: only model.architecture LLAMA and T5V11 have a Hugging Face layout");
   }
   // Hugging Face weights (training.init_from) over the initializer's: this
   // rank's stages only, before the optimizer copies anything. A Varipipe

@@ -38,7 +38,8 @@ namespace {
 constexpr char kUsage[] =
     "Exports a Varipipe training checkpoint as a Hugging Face checkpoint directory\n"
     "(config.json, model.safetensors.index.json, one safetensors shard per layer), which\n"
-    "transformers' LlamaForCausalLM.from_pretrained reads. LLAMA models only.\n"
+    "transformers' LlamaForCausalLM or T5ForConditionalGeneration .from_pretrained reads.\n"
+    "LLAMA and T5V11 (T5 v1.1 / FLAN-T5) models only.\n"
     "\n"
     "Usage: varipipe-export-hf --config job.json --out DIR [--checkpoint_dir DIR]\n"
     "                          [--iteration N] [--dtype BFLOAT16]\n"
@@ -55,9 +56,9 @@ absl::Status Export() {
   }
   VP_ASSIGN_OR_RETURN(const v1::JobConfig config, LoadJobConfigFile(absl::GetFlag(FLAGS_config)));
   VP_ASSIGN_OR_RETURN(const executor::ModelSpec spec, executor::ModelSpecFromConfig(config));
-  if (!spec.llama) {
+  if (!spec.llama && !spec.t5v11) {
     return absl::InvalidArgumentError(
-        "only model.architecture LLAMA has a Hugging Face layout to export to");
+        "only model.architecture LLAMA and T5V11 have a Hugging Face layout to export to");
   }
   const std::string dir = absl::GetFlag(FLAGS_checkpoint_dir).empty()
                               ? config.training().checkpoint_dir()

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <string>
 
+#include "common/config/job_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -68,10 +69,41 @@ TEST(ModelConfigFromHuggingFace, Llama31InTheOlderLayout) {
   EXPECT_EQ(m->dtype(), v1::BFLOAT16);
 }
 
+// google/flan-t5-xl's config.json: the model section of the FLAN-T5-XL
+// preset.
+TEST(ModelConfigFromHuggingFace, FlanT5XlIsTheT5V11Preset) {
+  absl::StatusOr<v1::ModelConfig> m = ModelConfigFromHuggingFace(WriteConfig(R"({
+      "architectures": ["T5ForConditionalGeneration"], "d_ff": 5120, "d_kv": 64,
+      "d_model": 2048, "decoder_start_token_id": 0, "dense_act_fn": "gelu_new",
+      "dropout_rate": 0.1, "eos_token_id": 1, "feed_forward_proj": "gated-gelu",
+      "initializer_factor": 1.0, "is_encoder_decoder": true, "is_gated_act": true,
+      "layer_norm_epsilon": 1e-06, "model_type": "t5", "num_decoder_layers": 24,
+      "num_heads": 32, "num_layers": 24, "output_past": true, "pad_token_id": 0,
+      "relative_attention_max_distance": 128, "relative_attention_num_buckets": 32,
+      "tie_word_embeddings": false, "torch_dtype": "float32", "use_cache": true,
+      "vocab_size": 32128})"));
+  ASSERT_THAT(m, IsOk());
+  absl::StatusOr<v1::JobConfig> preset =
+      LoadJobConfigFile(std::string(VARIPIPE_SOURCE_DIR) + "/deploy/configs/flan-t5-xl.json");
+  ASSERT_THAT(preset, IsOk());
+  v1::ModelConfig want = preset->model();
+  want.set_dtype(v1::FLOAT32);  // the checkpoint's weights
+  want.clear_attention_kernel();
+  v1::ModelConfig got = *m;
+  got.clear_attention_kernel();
+  v1::JobConfig a, b;
+  *a.mutable_model() = want;
+  *b.mutable_model() = got;
+  ApplyJobConfigDefaults(a);
+  ApplyJobConfigDefaults(b);
+  EXPECT_EQ(a.model().DebugString(), b.model().DebugString());
+}
+
 TEST(ModelConfigFromHuggingFace, WhatLlamaCannotExpressIsNamed) {
-  EXPECT_THAT(ModelConfigFromHuggingFace(WriteConfig(R"({"model_type": "t5"})")),
+  EXPECT_THAT(ModelConfigFromHuggingFace(WriteConfig(R"({"model_type": "gpt2"})")),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("model_type is \"t5\"; only Llama-family checkpoints")));
+                       HasSubstr("model_type is \"gpt2\"; only Llama-family (model_type "
+                                 "\"llama\") and T5 v1.1 / FLAN-T5 (\"t5\") checkpoints")));
   EXPECT_THAT(ModelConfigFromHuggingFace(WriteConfig(
                   R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32,
                       "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 96,

@@ -270,7 +270,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"InitFromOnMegatron", R"("iterations": 10)",
                 R"("iterations": 10, "init_from": "checkpoints/llama")",
                 "training.init_from: loads Hugging Face checkpoints into model.architecture LLAMA "
-                "only"},
+                "or T5V11 only"},
         BadCase{"NegativeNormEpsilon", R"("kind": "GPT")",
                 R"("kind": "GPT", "architecture": "LLAMA", "norm_epsilon": -1)",
                 "model.norm_epsilon: must be positive"},

@@ -12,6 +12,7 @@
 #include "common/config/job_config.h"
 #include "executor/model/attention_mask.h"
 #include "executor/model/model_spec.h"
+#include "executor/model/recomputed_attention.h"
 #include "executor/model/transformer_layer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -161,6 +162,44 @@ TEST(AttentionKernelFused, RefusedWithoutTheKernelOtherwiseMatchesExplicit) {
     const auto reference_grads = torch::autograd::grad({reference.sum()}, {q, k, v});
     for (size_t i = 0; i < 3; ++i) {
       EXPECT_LE(MaxDifference(fused_grads[i], reference_grads[i]), 1e-4) << i;
+    }
+  }
+}
+
+// T5V11's attention: unscaled scores plus a position bias [1, heads, s, s]
+// whose gradient reaches the bias table. The recomputed core (selective
+// recomputation) and, where the build has it, the fused kernel give the
+// explicit kernel's values and gradients, the bias's included.
+TEST(AttentionKernelBias, RecomputedAndFusedMatchExplicitWithUnscaledBiasedScores) {
+  std::mt19937 rng(::varipipe::testing::TestSeed("AttentionKernelBias"));
+  torch::manual_seed(rng());
+  const int64_t b = 2, s = 9, width = kHeads * 8;
+  const torch::Tensor lengths = torch::tensor({9, 5}, torch::kInt64);
+  for (const bool causal : {true, false}) {
+    SCOPED_TRACE(causal ? "causal" : "padding mask");
+    const torch::Tensor q = torch::randn({b, s, width}).requires_grad_(true);
+    const torch::Tensor k = torch::randn({b, s, width}).requires_grad_(true);
+    const torch::Tensor v = torch::randn({b, s, width}).requires_grad_(true);
+    const torch::Tensor bias = torch::randn({1, kHeads, s, s}).requires_grad_(true);
+    const torch::Tensor mask = causal ? torch::Tensor() : SelfAttentionMask(lengths, s, false);
+    const torch::Tensor reference = MaskedAttention(q, k, v, mask, kHeads, bias, /*scaled=*/false);
+    // Unscaled differs from scaled: the flag is honoured.
+    EXPECT_GT(MaxDifference(reference, MaskedAttention(q, k, v, mask, kHeads, bias)), 1e-3);
+    const auto reference_grads = torch::autograd::grad({reference.sum()}, {q, k, v, bias});
+    std::vector<std::pair<std::string, torch::Tensor>> kernels = {
+        {"recomputed", RecomputedMaskedAttention(q, k, v, mask, kHeads, bias, false)}};
+    if (FusedAttentionAvailable()) {
+      kernels.emplace_back("fused", FusedAttention(q, k, v, mask, kHeads, bias, false));
+    }
+    for (const auto& [name, out] : kernels) {
+      SCOPED_TRACE(name);
+      // With a bias the fused kernel gets the same mask (causal spelled
+      // out), so every row compares.
+      EXPECT_LE(MaxDifference(out, reference), 1e-5);
+      const auto grads = torch::autograd::grad({out.sum()}, {q, k, v, bias});
+      for (size_t i = 0; i < 4; ++i) {
+        EXPECT_LE(MaxDifference(grads[i], reference_grads[i]), 1e-4) << "gradient " << i;
+      }
     }
   }
 }

@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint/hf_checkpoint.h"
+#include "common/checkpoint/hf_model_config.h"
 #include "common/checkpoint/safetensors_file.h"
 #include "executor/model/hf_export.h"
 #include "nlohmann/json.hpp"
@@ -610,17 +611,232 @@ TEST(HuggingFaceExport, TiedEmbeddingReplicasLoadAndExportOnce) {
     ++files;
   }
   EXPECT_EQ(files, 4);
-  // The gradient-sum groups: first and last rank of each pipeline replica.
-  const std::vector<StageRole> four = *PipelineStageRoles(spec, 4);
+  // The gradient-sum groups of a 4-layer model at pp = 4: first and last
+  // rank of each pipeline replica.
+  ModelSpec deep = spec;
+  deep.num_layers = 4;
+  absl::StatusOr<std::vector<StageRole>> four = PipelineStageRoles(deep, 4);
+  ASSERT_THAT(four, IsOk());
   for (int64_t stage : {0, 3}) {
-    const std::vector<SharedParameterGroup> groups = SharedParameterGroups(spec, four, stage, 8);
+    const std::vector<SharedParameterGroup> groups = SharedParameterGroups(deep, *four, stage, 8);
     ASSERT_EQ(groups.size(), 1u);
     EXPECT_EQ(groups[0].name, "word_embedding");
     EXPECT_EQ(groups[0].ranks, (std::vector<int>{8, 11}));
   }
-  EXPECT_TRUE(SharedParameterGroups(spec, four, 1, 8).empty());
-  EXPECT_TRUE(SharedParameters(spec, *PipelineStageRoles(spec, 1)).empty());  // one tensor
-  EXPECT_TRUE(SharedParameters(TinyLlama(false), four).empty());
+  EXPECT_TRUE(SharedParameterGroups(deep, *four, 1, 8).empty());
+  EXPECT_TRUE(SharedParameters(deep, *PipelineStageRoles(deep, 1)).empty());  // one tensor
+  deep.tie_word_embeddings = false;
+  EXPECT_TRUE(SharedParameters(deep, *four).empty());
+}
+
+// A T5V11 model of both stacks (2 encoder and 3 decoder layers).
+ModelSpec TinyT5V11() {
+  ModelSpec spec = TinyLlama(false);
+  spec.llama = false;
+  spec.num_key_value_heads = 0;
+  spec.encoder_decoder = true;
+  spec.num_decoder_layers = 3;
+  spec.t5v11 = true;
+  spec.norm_epsilon = 1e-6;
+  spec.relative_buckets = 8;
+  spec.relative_max_distance = 20;
+  return spec;
+}
+
+// FLAN-T5 out and in: weights exported at pp = 1 (moved off the
+// initializer's, so a load that did nothing would show) load at pp = 4,
+// where the encoder and the decoder take two stages each and the shared
+// embedding and both bias tables have replicas; every copy gets the owner's
+// values, and the pp = 4 export equals the pp = 1 export byte for byte.
+TEST(HuggingFaceT5, ExportsLoadBackAtAnyPipelineDepth) {
+  const ModelSpec spec = TinyT5V11();
+  Stages one = BuildStages(spec, 1);
+  {
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(3);
+    for (const auto& item : one.owned[0]->named_parameters()) {
+      item.value().add_(0.1 * torch::randn_like(item.value()));
+    }
+  }
+  const fs::path from_one = ExportAt(spec, one, "t5-pp1", v1::FLOAT32);
+  absl::StatusOr<HuggingFaceCheckpoint> exported = HuggingFaceCheckpoint::Open(from_one.string());
+  ASSERT_THAT(exported, IsOk());
+  ASSERT_THAT(CheckHuggingFaceConfig(*exported, spec), IsOk());
+  // 6 outside the layers, 9 per encoder and 14 per decoder layer.
+  EXPECT_EQ(exported->TensorNames().size(), 6u + 2 * 9 + 3 * 14);
+  EXPECT_EQ(exported->Find("lm_head.weight")->file->path(),
+            (from_one / "model-00005-of-00005.safetensors").string());
+  EXPECT_EQ(exported->Find("decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight")
+                ->file->path(),
+            (from_one / "model-00003-of-00005.safetensors").string());
+
+  Stages four = BuildStages(spec, 4);
+  ASSERT_THAT(LoadHuggingFaceWeights(*exported, spec, four.pointers), IsOk());
+  const auto want = one.owned[0]->named_parameters();
+  int replicas = 0;
+  for (const auto& stage : four.owned) {
+    for (const auto& item : stage->named_parameters()) {
+      EXPECT_TRUE(torch::equal(item.value(), want[item.key()])) << item.key();
+      replicas += stage->IsReplica(item.key()) ? 1 : 0;
+    }
+  }
+  EXPECT_EQ(replicas, 3);  // the embedding and both tables
+  const fs::path from_four = ExportAt(spec, four, "t5-pp4", v1::FLOAT32);
+  int files = 0;
+  for (const auto& entry : fs::directory_iterator(from_one)) {
+    EXPECT_EQ(FileBytes(entry.path()), FileBytes(from_four / entry.path().filename()))
+        << entry.path().filename();
+    ++files;
+  }
+  EXPECT_EQ(files, 7);  // config.json, the index, one shard per layer
+
+  // The config.json written maps back to the job's model.
+  absl::StatusOr<v1::ModelConfig> model = ModelConfigFromHuggingFace(from_one.string());
+  ASSERT_THAT(model, IsOk());
+  EXPECT_EQ(model->kind(), v1::T5);
+  EXPECT_EQ(model->architecture(), v1::T5V11);
+  EXPECT_EQ(model->num_decoder_layers(), 3u);
+  EXPECT_EQ(model->relative_attention_num_buckets(), 8u);
+  EXPECT_EQ(model->relative_attention_max_distance(), 20u);
+  EXPECT_DOUBLE_EQ(model->norm_epsilon(), 1e-6);
+  ModelSpec other = spec;
+  other.num_decoder_layers = 4;
+  EXPECT_THAT(CheckHuggingFaceConfig(*exported, other),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("config.json: num_decoder_layers is 3 but the job's "
+                                 "model.num_decoder_layers is 4")));
+  other = spec;
+  other.relative_buckets = 32;
+  EXPECT_THAT(CheckHuggingFaceConfig(*exported, other),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("relative_attention_num_buckets is 8 but the job's "
+                                 "model.relative_attention_num_buckets is 32")));
+  EXPECT_THAT(CheckHuggingFaceConfig(*exported, TinyLlama(false)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model_type is t5 but the job's model.architecture is LLAMA")));
+}
+
+// tests/data/hf/flan-t5-tiny against transformers' own loss and gradient
+// norms. transformers 5.17 saved that model with its head tied to the
+// embedding and not rescaled (tie_word_embeddings true, scale_decoder_outputs
+// false, no lm_head.weight), which computes what an untied head holding the
+// embedding's values computes: the test gives the checkpoint that
+// lm_head.weight and an untied config. The tied parameter's gradient is then
+// the sum of word_embedding's and head_weight's, compared with shared.weight's.
+class HuggingFaceT5Golden : public ::testing::TestWithParam<int> {};
+
+TEST_P(HuggingFaceT5Golden, LossAndGradientNormsMatchTransformers) {
+  const int pipeline = GetParam();
+  ModelSpec spec = TinyT5V11();
+  spec.num_decoder_layers = 2;
+  spec.relative_buckets = 32;
+  spec.relative_max_distance = 128;
+  const fs::path dir =
+      varipipe::testing::PerTestDirectory("hf-flan-t5-" + std::to_string(pipeline));
+  {
+    std::ifstream in(Golden("flan-t5-tiny") / "config.json");
+    nlohmann::json config = nlohmann::json::parse(in);
+    ASSERT_TRUE(config["tie_word_embeddings"].get<bool>());
+    ASSERT_FALSE(config["scale_decoder_outputs"].get<bool>());
+    config["tie_word_embeddings"] = false;
+    std::ofstream(dir / "config.json") << config.dump(2);
+    std::vector<RawTensor> tensors = ReadAll(Golden("flan-t5-tiny") / "model.safetensors");
+    for (const RawTensor& t : tensors) {
+      if (t.name == "shared.weight") {
+        RawTensor head = t;
+        head.name = "lm_head.weight";
+        tensors.push_back(head);
+        break;
+      }
+    }
+    WriteSafetensors(dir / "model.safetensors", tensors);
+  }
+  absl::StatusOr<HuggingFaceCheckpoint> ckpt = HuggingFaceCheckpoint::Open(dir.string());
+  ASSERT_THAT(ckpt, IsOk());
+  ASSERT_THAT(CheckHuggingFaceConfig(*ckpt, spec), IsOk());
+  Stages stages = BuildStages(spec, pipeline);
+  ASSERT_THAT(LoadHuggingFaceWeights(*ckpt, spec, stages.pointers), IsOk());
+
+  absl::StatusOr<SafetensorsFile> golden =
+      SafetensorsFile::Open((Golden("flan-t5-tiny") / "golden.safetensors").string());
+  ASSERT_THAT(golden, IsOk());
+  StageBatch batch;
+  batch.input_tokens = ReadGolden(*golden, "input_ids");
+  batch.decoder_tokens = ReadGolden(*golden, "decoder_input_ids");
+  batch.labels = ReadGolden(*golden, "labels");
+  const int64_t rows = batch.input_tokens.size(0);
+  batch.input_lengths = torch::full({rows}, batch.input_tokens.size(1), torch::kInt64);
+  batch.target_lengths = torch::full({rows}, batch.labels.size(1), torch::kInt64);
+  batch.loss_scale = 1.0 / static_cast<double>(batch.labels.numel());
+  StageActivations acts;
+  for (ModelStage* stage : stages.pointers) acts = stage->Forward(acts, batch);
+  const double want_loss = ReadGolden(*golden, "loss").item<double>();
+  const double got_loss = acts.loss.item<double>();
+  EXPECT_NEAR(got_loss, want_loss, 1e-5 * want_loss) << "loss";
+  acts.loss.backward();
+
+  // Gradients by Hugging Face name, every copy of a shared parameter summed
+  // (what the interpreter's gradient sum gives each copy).
+  std::map<std::string, torch::Tensor> grads;
+  for (ModelStage* stage : stages.pointers) {
+    for (const auto& item : stage->named_parameters(/*recurse=*/true)) {
+      const std::string key = item.key() == "head_weight" ? "word_embedding" : item.key();
+      absl::StatusOr<std::string> hf = HuggingFaceName(spec, key);
+      ASSERT_THAT(hf, IsOk());
+      ASSERT_TRUE(item.value().grad().defined()) << item.key();
+      auto [at, inserted] = grads.emplace(*hf, item.value().grad().clone());
+      if (!inserted) at->second += item.value().grad();
+    }
+  }
+  double worst = 0;
+  std::string worst_name;
+  for (const auto& [hf, grad] : grads) {
+    const double want = ReadGolden(*golden, "grad_norm/" + hf).item<double>();
+    const double got = grad.norm().item<double>();
+    const double rel = std::abs(got - want) / std::max(want, 1e-12);
+    if (rel > worst) {
+      worst = rel;
+      worst_name = hf;
+    }
+    EXPECT_NEAR(got, want, 1e-5 * want) << hf;
+  }
+  EXPECT_EQ(grads.size(), 51u);  // every parameter transformers has
+  std::printf(
+      "flan-t5-tiny at pp=%d: loss %.7f (transformers %.7f), worst relative gradient-norm "
+      "difference %.3g (%s) over %zu parameters\n",
+      pipeline, got_loss, want_loss, worst, worst_name.c_str(), grads.size());
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, HuggingFaceT5Golden, ::testing::Values(1, 2, 4),
+                         [](const auto& info) { return "pp" + std::to_string(info.param); });
+
+// The original T5's relu MLP and tied, rescaled head (T5Config's defaults)
+// are not T5V11, and say which field.
+TEST(HuggingFaceT5, OriginalT5ConfigsAreRefusedNamingTheField) {
+  const fs::path dir = varipipe::testing::PerTestDirectory("hf-t5-config");
+  const auto config = [&](const std::string& extra) {
+    std::ofstream(dir / "config.json")
+        << R"({"model_type": "t5", "d_model": 32, "num_layers": 2, "num_heads": 4, "d_ff": 64,
+              "vocab_size": 96)"
+        << extra << "}";
+    return ModelConfigFromHuggingFace(dir.string());
+  };
+  EXPECT_THAT(config(R"(, "tie_word_embeddings": false)"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("feed_forward_proj is missing (T5Config's default: relu)")));
+  EXPECT_THAT(
+      config(R"(, "feed_forward_proj": "relu", "tie_word_embeddings": false)"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("feed_forward_proj is \"relu\"")));
+  EXPECT_THAT(config(R"(, "feed_forward_proj": "gated-gelu")"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("tie_word_embeddings is missing (T5Config's default: true)")));
+  absl::StatusOr<v1::ModelConfig> ok =
+      config(R"(, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": false)");
+  ASSERT_THAT(ok, IsOk());
+  EXPECT_EQ(ok->num_decoder_layers(), 2u);  // T5Config: num_layers
+  EXPECT_EQ(ok->kv_channels(), 8u);         // d_model / num_heads
+  EXPECT_EQ(ok->relative_attention_num_buckets(), 32u);
+  EXPECT_EQ(ok->relative_attention_max_distance(), 128u);
 }
 
 TEST(HuggingFaceWeights, MegatronModelsAreRefused) {
