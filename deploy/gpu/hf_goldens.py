@@ -20,12 +20,15 @@ of docs/gpu.md has them; run-on-gpu.sh's check hf-goldens runs this).
 
 With --check-export DIR it instead loads a Varipipe export (a Hugging Face
 directory written by varipipe-executor --export_hf, e.g. tests/data/hf/
-varipipe-export) with LlamaForCausalLM.from_pretrained, reports missing,
+varipipe-export or varipipe-t5-export) with LlamaForCausalLM or, for
+model_type "t5", T5ForConditionalGeneration .from_pretrained, reports missing,
 unexpected and mismatched keys, and compares its loss on --golden's token ids
-with the golden loss (the export holds the golden model's weights).
+(and T5's labels) with the golden loss (the export holds the golden model's
+weights).
 
 Usage: hf_goldens.py --out DIR [--seed N]
        hf_goldens.py --check-export DIR --golden tests/data/hf/llama-tiny
+       hf_goldens.py --check-export DIR --golden tests/data/hf/flan-t5-tiny
 """
 
 import argparse
@@ -63,21 +66,32 @@ def flan_t5(transformers):
         num_heads=4, relative_attention_num_buckets=32, relative_attention_max_distance=128,
         dropout_rate=0.0, layer_norm_epsilon=1e-6, feed_forward_proj="gated-gelu",
         tie_word_embeddings=False, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
-    return transformers.T5ForConditionalGeneration(cfg)
+    model = transformers.T5ForConditionalGeneration(cfg)
+    # transformers 5.17 kept the head tied to the embedding although the
+    # config asked otherwise (its saved config said tie_word_embeddings true):
+    # untie it, as FLAN-T5 is, with the embedding's values.
+    import torch
+    if model.lm_head.weight.data_ptr() == model.shared.weight.data_ptr():
+        model.lm_head.weight = torch.nn.Parameter(model.shared.weight.detach().clone())
+    model.config.tie_word_embeddings = False
+    return model
 
 
 def check_export(args):
     import safetensors.torch
     import torch
     import transformers
+    with open(os.path.join(args.check_export, "config.json")) as f:
+        t5 = json.load(f).get("model_type") == "t5"
+    cls = transformers.T5ForConditionalGeneration if t5 else transformers.LlamaForCausalLM
     try:  # transformers 5 names it dtype, earlier versions torch_dtype
-        model, info = transformers.LlamaForCausalLM.from_pretrained(
+        model, info = cls.from_pretrained(
             args.check_export, output_loading_info=True, dtype=torch.float32)
     except TypeError:
-        model, info = transformers.LlamaForCausalLM.from_pretrained(
+        model, info = cls.from_pretrained(
             args.check_export, output_loading_info=True, torch_dtype=torch.float32)
     problems = {k: sorted(v) for k, v in info.items() if v}
-    print(f"NOTE from_pretrained({args.check_export}): "
+    print(f"NOTE {cls.__name__}.from_pretrained({args.check_export}): "
           + ("no missing, unexpected or mismatched keys" if not problems else str(problems)))
     if not args.golden:
         return 1 if problems else 0

@@ -79,7 +79,7 @@ CHECKS=(
   "two-ranks-one-gpu-gloo|gpu|two ranks sharing the GPU over Gloo with device tensors (pending: the executor has no such option)"
   "nccl-allreduce-one-rank|gpu|ncclAllReduce on a one-rank communicator (pending: the NCCL transport skips groups of one)"
   "hf-goldens|gpu|tiny random Llama (untied, tied) and FLAN-T5 models from transformers, saved with their token ids, logits, loss and gradient norms as golden files for the CPU tests (deploy/gpu/hf_goldens.py)"
-  "hf-export-loads|gpu|a Varipipe export (tests/data/hf/varipipe-export) loaded with transformers' LlamaForCausalLM.from_pretrained: missing, unexpected and mismatched keys, and its loss against the golden one"
+  "hf-export-loads|gpu|Varipipe exports (tests/data/hf/varipipe-export, varipipe-t5-export) loaded with transformers' LlamaForCausalLM and T5ForConditionalGeneration .from_pretrained: missing, unexpected and mismatched keys, and their losses against the golden ones"
   "layer-timings|gpu|per-micro-batch forward/backward times of GPT-1.3B-like and GPT-6.7B-like layer stacks (executor timings, CUDA_LAUNCH_BLOCKING=1)"
   "equivalence-cpu|cpu|the equivalence tests (equivalence_test, plan_interpreter_test, executor_training_test) on the CUDA build with the GPU hidden"
   "ctest-cpu|cpu|the rest of the CTest suite on the CUDA build with the GPU hidden"
@@ -1137,6 +1137,9 @@ check_hf_export_loads() {
   CUDA_VISIBLE_DEVICES='' timeout "$(left)" "$python" "$root/deploy/gpu/hf_goldens.py" \
     --check-export "$root/tests/data/hf/varipipe-export" --golden "$root/tests/data/hf/llama-tiny" \
     > "$1/check.txt" 2>&1 || rc=$?
+  CUDA_VISIBLE_DEVICES='' timeout "$(left)" "$python" "$root/deploy/gpu/hf_goldens.py" \
+    --check-export "$root/tests/data/hf/varipipe-t5-export" \
+    --golden "$root/tests/data/hf/flan-t5-tiny" >> "$1/check.txt" 2>&1 || rc=$?
   cat "$1/check.txt"
   note "$(sed -n 's/^NOTE //p' "$1/check.txt" | tr '\n' ';' | cut -c 1-400)"
   [[ $rc -eq 0 ]] || note "exit $rc: $(sed -n 's/^NOTE //p' "$1/check.txt" | tr '\n' ';' | cut -c 1-300) $(tail -n 1 "$1/check.txt" | cut -c 1-200)"

@@ -720,9 +720,13 @@ TEST(HuggingFaceT5, ExportsLoadBackAtAnyPipelineDepth) {
 // norms. transformers 5.17 saved that model with its head tied to the
 // embedding and not rescaled (tie_word_embeddings true, scale_decoder_outputs
 // false, no lm_head.weight), which computes what an untied head holding the
-// embedding's values computes: the test gives the checkpoint that
-// lm_head.weight and an untied config. The tied parameter's gradient is then
-// the sum of word_embedding's and head_weight's, compared with shared.weight's.
+// embedding's values computes: the test gives such a checkpoint that
+// lm_head.weight and an untied config, and compares the tied parameter's
+// gradient with the sum of word_embedding's and head_weight's. (An untied
+// golden, as FLAN-T5 is, compares as it is.) VARIPIPE_KEEP_T5_EXPORT=DIR
+// keeps the pp = 2 export of these weights (tests/data/hf/varipipe-t5-export
+// is one, which deploy/gpu/hf_goldens.py --check-export loads with
+// transformers).
 class HuggingFaceT5Golden : public ::testing::TestWithParam<int> {};
 
 TEST_P(HuggingFaceT5Golden, LossAndGradientNormsMatchTransformers) {
@@ -733,22 +737,25 @@ TEST_P(HuggingFaceT5Golden, LossAndGradientNormsMatchTransformers) {
   spec.relative_max_distance = 128;
   const fs::path dir =
       varipipe::testing::PerTestDirectory("hf-flan-t5-" + std::to_string(pipeline));
+  bool tied = false;  // the golden's head is its embedding
   {
     std::ifstream in(Golden("flan-t5-tiny") / "config.json");
     nlohmann::json config = nlohmann::json::parse(in);
-    ASSERT_TRUE(config["tie_word_embeddings"].get<bool>());
-    ASSERT_FALSE(config["scale_decoder_outputs"].get<bool>());
-    config["tie_word_embeddings"] = false;
-    std::ofstream(dir / "config.json") << config.dump(2);
     std::vector<RawTensor> tensors = ReadAll(Golden("flan-t5-tiny") / "model.safetensors");
-    for (const RawTensor& t : tensors) {
-      if (t.name == "shared.weight") {
-        RawTensor head = t;
-        head.name = "lm_head.weight";
-        tensors.push_back(head);
-        break;
+    if (config.value("tie_word_embeddings", true)) {
+      ASSERT_FALSE(config.value("scale_decoder_outputs", true));
+      config["tie_word_embeddings"] = false;
+      for (const RawTensor& t : tensors) {
+        if (t.name == "shared.weight") {
+          RawTensor head = t;
+          head.name = "lm_head.weight";
+          tensors.push_back(head);
+          break;
+        }
       }
+      tied = true;
     }
+    std::ofstream(dir / "config.json") << config.dump(2);
     WriteSafetensors(dir / "model.safetensors", tensors);
   }
   absl::StatusOr<HuggingFaceCheckpoint> ckpt = HuggingFaceCheckpoint::Open(dir.string());
@@ -780,7 +787,7 @@ TEST_P(HuggingFaceT5Golden, LossAndGradientNormsMatchTransformers) {
   std::map<std::string, torch::Tensor> grads;
   for (ModelStage* stage : stages.pointers) {
     for (const auto& item : stage->named_parameters(/*recurse=*/true)) {
-      const std::string key = item.key() == "head_weight" ? "word_embedding" : item.key();
+      const std::string key = tied && item.key() == "head_weight" ? "word_embedding" : item.key();
       absl::StatusOr<std::string> hf = HuggingFaceName(spec, key);
       ASSERT_THAT(hf, IsOk());
       ASSERT_TRUE(item.value().grad().defined()) << item.key();
@@ -800,7 +807,16 @@ TEST_P(HuggingFaceT5Golden, LossAndGradientNormsMatchTransformers) {
     }
     EXPECT_NEAR(got, want, 1e-5 * want) << hf;
   }
-  EXPECT_EQ(grads.size(), 51u);  // every parameter transformers has
+  EXPECT_EQ(grads.size(), tied ? 51u : 52u);  // every parameter transformers has
+  if (const char* keep = std::getenv("VARIPIPE_KEEP_T5_EXPORT");
+      pipeline == 2 && keep != nullptr && *keep != '\0') {
+    const fs::path exported = ExportAt(spec, stages, "flan-t5-pp2", v1::FLOAT32);
+    fs::create_directories(keep);
+    for (const auto& entry : fs::directory_iterator(exported)) {
+      fs::copy_file(entry.path(), fs::path(keep) / entry.path().filename(),
+                    fs::copy_options::overwrite_existing);
+    }
+  }
   std::printf(
       "flan-t5-tiny at pp=%d: loss %.7f (transformers %.7f), worst relative gradient-norm "
       "difference %.3g (%s) over %zu parameters\n",
