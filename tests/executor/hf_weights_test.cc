@@ -61,6 +61,20 @@ ModelSpec TinyLlama(bool tied) {
   return spec;
 }
 
+// A T5V11 model of both stacks (2 encoder and 3 decoder layers).
+ModelSpec TinyT5V11() {
+  ModelSpec spec = TinyLlama(false);
+  spec.llama = false;
+  spec.num_key_value_heads = 0;
+  spec.encoder_decoder = true;
+  spec.num_decoder_layers = 3;
+  spec.t5v11 = true;
+  spec.norm_epsilon = 1e-6;
+  spec.relative_buckets = 8;
+  spec.relative_max_distance = 20;
+  return spec;
+}
+
 // A golden file's tensor as a CPU tensor.
 torch::Tensor ReadGolden(const SafetensorsFile& file, const std::string& name) {
   const SafetensorsTensor* t = file.Find(name);
@@ -488,6 +502,85 @@ TEST(IndependentCheckpoints, LoadAtEveryPipelineDepthWithTheSameGradients) {
   }
 }
 
+// FLAN-T5 checkpoints from deploy/make-hf-t5.py (its own safetensors writer,
+// the standard library only): one file, three shards with the stacks'
+// embedding aliases, and BF16 shards, at pp = 1, 2 and 4 (the last with the
+// shared embedding and both bias tables replicated): the same parameters,
+// and the loss and gradients (every copy of a shared parameter summed) of
+// pp = 1 within 1e-5.
+TEST(IndependentCheckpoints, FlanT5LoadsAtEveryPipelineDepthWithTheSameGradients) {
+  const fs::path dir = varipipe::testing::PerTestDirectory("hf-independent-t5");
+  const std::string script = (fs::path(VARIPIPE_SOURCE_DIR) / "deploy" / "make-hf-t5.py").string();
+  const std::string shape =
+      " --hidden 32 --heads 4 --ffn 64 --vocab 96 --buckets 8 "
+      "--max-distance 20 --decoder-layers 3 --seed 3";
+  for (const auto& [name, flags] : std::vector<std::pair<std::string, std::string>>{
+           {"f32", ""},
+           {"f32-sharded", " --shards 3 --embed-aliases"},
+           {"bf16-sharded", " --dtype BF16 --shards 2"}}) {
+    const varipipe::testing::CommandResult made = varipipe::testing::RunCommand(
+        absl::StrCat("python3 '", script, "' --out '", (dir / name).string(), "'", shape, flags));
+    ASSERT_EQ(made.exit_code, 0) << made.output;
+  }
+  const ModelSpec spec = TinyT5V11();
+  const uint64_t seed = 5;
+  std::printf("token ids drawn with torch::manual_seed(%lu)\n", seed);
+  torch::manual_seed(seed);
+  StageBatch batch;
+  batch.input_tokens = torch::randint(2, 96, {3, 10}, torch::kInt64);
+  batch.labels = torch::randint(2, 96, {3, 6}, torch::kInt64);
+  batch.decoder_tokens = torch::zeros_like(batch.labels);
+  batch.decoder_tokens.slice(1, 1).copy_(batch.labels.slice(1, 0, -1));
+  batch.input_lengths = torch::full({3}, 10, torch::kInt64);
+  batch.target_lengths = torch::full({3}, 6, torch::kInt64);
+  batch.loss_scale = 1.0 / 18;
+  const auto run = [&](const std::string& name, int pipeline) {
+    Pass pass;
+    absl::StatusOr<HuggingFaceCheckpoint> ckpt = HuggingFaceCheckpoint::Open((dir / name).string());
+    EXPECT_THAT(ckpt, IsOk());
+    if (!ckpt.ok()) return pass;
+    EXPECT_THAT(CheckHuggingFaceConfig(*ckpt, spec), IsOk());
+    Stages stages = BuildStages(spec, pipeline);
+    EXPECT_THAT(LoadHuggingFaceWeights(*ckpt, spec, stages.pointers), IsOk());
+    StageActivations acts;
+    for (ModelStage* stage : stages.pointers) acts = stage->Forward(acts, batch);
+    acts.loss.backward();
+    pass.loss = acts.loss.item<double>();
+    for (ModelStage* stage : stages.pointers) {
+      for (const auto& item : stage->named_parameters()) {
+        const std::string hf = *HuggingFaceName(spec, item.key());
+        const auto [at, inserted] = pass.gradients.emplace(hf, item.value().grad().clone());
+        if (!inserted) at->second += item.value().grad();
+        if (inserted) pass.parameters[hf] = item.value().detach().clone();
+        EXPECT_TRUE(torch::equal(item.value(), pass.parameters[hf])) << hf << " replica";
+      }
+    }
+    return pass;
+  };
+  const Pass f32 = run("f32", 1);
+  ASSERT_EQ(f32.parameters.size(), 6u + 2 * 9 + 3 * 14);
+  for (const std::string name : {"f32-sharded", "bf16-sharded"}) {
+    for (int pipeline : {1, 2, 4}) {
+      SCOPED_TRACE(absl::StrCat(name, " at pp=", pipeline));
+      const Pass p = run(name, pipeline);
+      ASSERT_EQ(p.parameters.size(), f32.parameters.size());
+      const bool bf16 = name == "bf16-sharded";
+      for (const auto& [hf, value] : p.parameters) {
+        const torch::Tensor want =
+            bf16 ? f32.parameters.at(hf).to(torch::kBFloat16).to(torch::kFloat32)
+                 : f32.parameters.at(hf);
+        EXPECT_TRUE(torch::equal(value, want)) << hf;
+      }
+      if (bf16) continue;
+      EXPECT_NEAR(p.loss, f32.loss, 1e-6 * f32.loss);
+      for (const auto& [hf, grad] : p.gradients) {
+        const double scale = f32.gradients.at(hf).abs().max().item<double>();
+        EXPECT_LE((grad - f32.gradients.at(hf)).abs().max().item<double>(), 1e-5 * scale) << hf;
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Export.
 
@@ -627,20 +720,6 @@ TEST(HuggingFaceExport, TiedEmbeddingReplicasLoadAndExportOnce) {
   EXPECT_TRUE(SharedParameters(deep, *PipelineStageRoles(deep, 1)).empty());  // one tensor
   deep.tie_word_embeddings = false;
   EXPECT_TRUE(SharedParameters(deep, *four).empty());
-}
-
-// A T5V11 model of both stacks (2 encoder and 3 decoder layers).
-ModelSpec TinyT5V11() {
-  ModelSpec spec = TinyLlama(false);
-  spec.llama = false;
-  spec.num_key_value_heads = 0;
-  spec.encoder_decoder = true;
-  spec.num_decoder_layers = 3;
-  spec.t5v11 = true;
-  spec.norm_epsilon = 1e-6;
-  spec.relative_buckets = 8;
-  spec.relative_max_distance = 20;
-  return spec;
 }
 
 // FLAN-T5 out and in: weights exported at pp = 1 (moved off the
