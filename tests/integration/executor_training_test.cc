@@ -18,6 +18,7 @@
 #include <functional>
 #include <optional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -222,21 +223,39 @@ INSTANTIATE_TEST_SUITE_P(
 // trained parameters, and both varipipe-export-hf (from the run's
 // checkpoint) and an export of the same parameters at pp = 1 write the same
 // files byte for byte.
-TEST(ExecutorTraining, HuggingFaceWeightsLoadAndTrainLikeTheReference) {
+// A Hugging Face model the four-process run starts from: the tiny Llama
+// golden, or a FLAN-T5 that deploy/make-hf-t5.py writes (T5V11 at pp = 2:
+// the decoder stage holds a replica of the shared embedding).
+struct HuggingFaceRun {
+  std::string name;
+  std::string model;  // the job's model section
+  std::string data;   // extra data fields
+  bool t5 = false;
+};
+
+class ExecutorTrainingHf : public ::testing::TestWithParam<HuggingFaceRun> {};
+
+TEST_P(ExecutorTrainingHf, HuggingFaceWeightsLoadAndTrainLikeTheReference) {
+  const HuggingFaceRun& c = GetParam();
   absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
   ASSERT_THAT(redis, IsOk());
-  const std::filesystem::path dir = FreshDirectory("init-from-hf");
-  const std::filesystem::path checkpoint =
+  const std::filesystem::path dir = FreshDirectory("init-from-hf-" + c.name);
+  std::filesystem::path checkpoint =
       std::filesystem::path(VARIPIPE_SOURCE_DIR) / "tests" / "data" / "hf" / "llama-tiny";
+  if (c.t5) {
+    checkpoint = dir / "flan-t5";
+    const CommandResult made = RunCommand(absl::StrCat(
+        "python3 '", VARIPIPE_SOURCE_DIR, "/deploy/make-hf-t5.py' --out '", checkpoint.string(),
+        "' --layers 1 --decoder-layers 1 --hidden 32 --heads 4 --ffn 64 --vocab 96 --seed 4 "
+        "--shards 2"));
+    ASSERT_EQ(made.exit_code, 0) << made.output;
+  }
   std::ofstream(dir / "job.json") << absl::StrCat(
-      R"({"job_id": "init-from-hf",
-      "model": {"kind": "GPT", "architecture": "LLAMA", "num_layers": 2, "hidden_size": 32,
-                "num_attention_heads": 4, "num_key_value_heads": 2, "ffn_hidden_size": 64,
-                "vocab_size": 96, "norm_epsilon": 1e-5, "rope_theta": 10000,
-                "dtype": "FLOAT32"},
+      R"({"job_id": "init-from-hf", "model": )", c.model, R"(,
       "parallelism": {"pipeline": 2, "data": 2},
       "cluster": {"device_memory_limit_mib": 8, "devices_per_node": 8},
-      "data": {"format": "SYNTHETIC", "tokens_per_global_batch": 1200,
+      "data": {"format": "SYNTHETIC", "tokens_per_global_batch": 1200, )",
+      c.data, R"(
                "max_sequence_length": 96, "seed": 11, "synthetic_num_samples": 5000},
       "planner": {"tmax_interval_ms": 0.01},
       "store": {"password_env": "VARIPIPE_TEST_REDIS_PASSWORD", "redis_address": "127.0.0.1:)",
@@ -304,14 +323,16 @@ TEST(ExecutorTraining, HuggingFaceWeightsLoadAndTrainLikeTheReference) {
     EXPECT_LE(d.worst, 1e-5) << "rank " << r << ": " << d.worst_name;
     compared += d.compared;
   }
-  EXPECT_EQ(compared, 2 * static_cast<int>(reference.parameters().size()));
+  // Each pipeline holds the model once, T5V11's shared embedding twice.
+  EXPECT_EQ(compared, 2 * static_cast<int>(reference.parameters().size() + (c.t5 ? 1 : 0)));
   // The export the two pipeline ranks of replica 0 wrote in parallel holds
   // exactly the trained parameters.
   absl::StatusOr<HuggingFaceCheckpoint> exported =
       HuggingFaceCheckpoint::Open((dir / "export").string());
   ASSERT_THAT(exported, IsOk());
   ASSERT_THAT(executor::CheckHuggingFaceConfig(*exported, *spec), IsOk());
-  int exported_tensors = 0;
+  // A replica holds its owner's values (the export is the owner's).
+  std::set<std::string> exported_tensors;
   for (int r = 0; r < 2; ++r) {
     for (const auto& [key, trained] :
          testing::LoadParameters(dir / absl::StrFormat("params.rank_%05d.pt", r))) {
@@ -322,10 +343,10 @@ TEST(ExecutorTraining, HuggingFaceWeightsLoadAndTrainLikeTheReference) {
       torch::Tensor value = torch::empty(t->tensor->shape);
       ASSERT_THAT(t->file->Read(*t->tensor, value.data_ptr()), IsOk());
       EXPECT_TRUE(torch::equal(value, trained)) << *hf_name;
-      ++exported_tensors;
+      exported_tensors.insert(*hf_name);
     }
   }
-  EXPECT_EQ(exported_tensors, static_cast<int>(exported->TensorNames().size()));
+  EXPECT_EQ(exported_tensors.size(), exported->TensorNames().size());
   // The same parameters in one pipeline stage, exported in this process:
   // the export of pp = 2, dp = 2 under ZeRO stage 1 byte for byte.
   {
@@ -368,6 +389,24 @@ TEST(ExecutorTraining, HuggingFaceWeightsLoadAndTrainLikeTheReference) {
   EXPECT_EQ(files, 4);  // config.json, the index and one shard per layer
   std::filesystem::remove_all(dir);
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, ExecutorTrainingHf,
+    ::testing::Values(
+        HuggingFaceRun{.name = "Llama",
+                       .model = R"({"kind": "GPT", "architecture": "LLAMA", "num_layers": 2,
+                           "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+                           "ffn_hidden_size": 64, "vocab_size": 96, "norm_epsilon": 1e-5,
+                           "rope_theta": 10000, "dtype": "FLOAT32"})",
+                       .data = "",
+                       .t5 = false},
+        HuggingFaceRun{.name = "FlanT5",
+                       .model = R"({"kind": "T5", "architecture": "T5V11", "num_layers": 1,
+                           "num_decoder_layers": 1, "hidden_size": 32, "num_attention_heads": 4,
+                           "ffn_hidden_size": 64, "vocab_size": 96, "dtype": "FLOAT32"})",
+                       .data = R"("max_target_length": 48,)",
+                       .t5 = true}),
+    [](const auto& info) { return info.param.name; });
 
 TEST(ExecutorTraining, FourPipelineRanksTrainTenIterations) {
   absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
