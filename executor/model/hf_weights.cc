@@ -69,7 +69,7 @@ constexpr std::pair<const char*, const char*> kT5Model[] = {
     {"head_weight", "lm_head.weight"},
 };
 
-absl::Status NeedsLlama(const ModelSpec& spec) {
+absl::Status NeedsHuggingFaceLayout(const ModelSpec& spec) {
   if (spec.llama && !spec.encoder_decoder) return absl::OkStatus();
   if (spec.t5v11 && spec.encoder_decoder) return absl::OkStatus();
   return absl::InvalidArgumentError(
@@ -127,7 +127,7 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 }  // namespace
 
 absl::StatusOr<std::string> HuggingFaceName(const ModelSpec& spec, std::string_view name_view) {
-  VP_RETURN_IF_ERROR(NeedsLlama(spec));
+  VP_RETURN_IF_ERROR(NeedsHuggingFaceLayout(spec));
   const std::string name(name_view);
   if (spec.t5v11) return T5Name(name);
   if (name == "word_embedding") return std::string("model.embed_tokens.weight");
@@ -146,7 +146,7 @@ absl::StatusOr<std::string> HuggingFaceName(const ModelSpec& spec, std::string_v
 }
 
 absl::StatusOr<std::vector<std::string>> HuggingFaceNames(const ModelSpec& spec) {
-  VP_RETURN_IF_ERROR(NeedsLlama(spec));
+  VP_RETURN_IF_ERROR(NeedsHuggingFaceLayout(spec));
   if (spec.t5v11) {
     std::vector<std::string> names;
     for (const auto& [ours, theirs] : kT5Model) names.push_back(theirs);
@@ -219,7 +219,7 @@ absl::Status CheckT5Config(const std::string& path, const v1::ModelConfig& m,
 }  // namespace
 
 absl::Status CheckHuggingFaceConfig(const HuggingFaceCheckpoint& ckpt, const ModelSpec& spec) {
-  VP_RETURN_IF_ERROR(NeedsLlama(spec));
+  VP_RETURN_IF_ERROR(NeedsHuggingFaceLayout(spec));
   // config.json read as `varipipe-plan --model_from_hf` reads it (both
   // layouts of transformers, its defaults, what LLAMA cannot express).
   const std::string path = (std::filesystem::path(ckpt.dir()) / "config.json").string();
@@ -269,7 +269,7 @@ absl::Status CheckHuggingFaceConfig(const HuggingFaceCheckpoint& ckpt, const Mod
 absl::Status LoadHuggingFaceWeights(HuggingFaceCheckpoint& ckpt, const ModelSpec& spec,
                                     const std::vector<ModelStage*>& stages,
                                     bool reject_unexpected) {
-  VP_RETURN_IF_ERROR(NeedsLlama(spec));
+  VP_RETURN_IF_ERROR(NeedsHuggingFaceLayout(spec));
   if (reject_unexpected) {
     VP_ASSIGN_OR_RETURN(const std::vector<std::string> expected, HuggingFaceNames(spec));
     const std::set<std::string> known(expected.begin(), expected.end());
