@@ -16,8 +16,10 @@ namespace varipipe::executor {
 // Buckets of every (query, key) pair: int64 [B, sq, sk] for query positions
 // [B, sq] and key positions [B, sk] (int64, positions inside each sample;
 // B may be 1). The large-distance branch runs in fp32 as Hugging Face's
-// _relative_position_bucket, so a checkpoint sees the buckets it was trained
-// with.
+// _relative_position_bucket computes it on a CPU, and on the CPU whatever
+// the positions' device (a table of the distances up to max_distance, then
+// moved), so a checkpoint sees the buckets it was trained with on every
+// device.
 torch::Tensor RelativePositionBuckets(const torch::Tensor& query_positions,
                                       const torch::Tensor& key_positions, bool bidirectional,
                                       int64_t num_buckets, int64_t max_distance);
