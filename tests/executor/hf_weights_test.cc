@@ -426,8 +426,12 @@ struct Pass {
   std::map<std::string, torch::Tensor> parameters;  // by Hugging Face name
 };
 
+// Loads `dir` into `pipeline` stages, runs `loss` once and records the
+// parameters and gradients by Hugging Face name: every copy of a shared
+// parameter must hold the owner's values, and their gradients are summed
+// (what the interpreter's gradient sum gives each copy).
 Pass LoadAndRun(const fs::path& dir, const ModelSpec& spec, int pipeline,
-                const torch::Tensor& input_ids) {
+                const std::function<torch::Tensor(const Stages&)>& loss) {
   Pass pass;
   absl::StatusOr<HuggingFaceCheckpoint> ckpt = HuggingFaceCheckpoint::Open(dir.string());
   EXPECT_THAT(ckpt, IsOk());
@@ -435,17 +439,38 @@ Pass LoadAndRun(const fs::path& dir, const ModelSpec& spec, int pipeline,
   EXPECT_THAT(CheckHuggingFaceConfig(*ckpt, spec), IsOk());
   Stages stages = BuildStages(spec, pipeline);
   EXPECT_THAT(LoadHuggingFaceWeights(*ckpt, spec, stages.pointers), IsOk());
-  torch::Tensor loss = Loss(stages, input_ids);
-  loss.backward();
-  pass.loss = loss.item<double>();
+  torch::Tensor value = loss(stages);
+  value.backward();
+  pass.loss = value.item<double>();
   for (ModelStage* stage : stages.pointers) {
     for (const auto& item : stage->named_parameters()) {
       const std::string hf = *HuggingFaceName(spec, item.key());
-      pass.gradients[hf] = item.value().grad().clone();
-      pass.parameters[hf] = item.value().detach().clone();
+      const auto [at, inserted] = pass.gradients.emplace(hf, item.value().grad().clone());
+      if (!inserted) at->second += item.value().grad();
+      if (inserted) pass.parameters[hf] = item.value().detach().clone();
+      EXPECT_TRUE(torch::equal(item.value(), pass.parameters[hf])) << hf << " replica";
     }
   }
   return pass;
+}
+
+// `p` against the F32 single file's pass: the same parameters (a BF16 file
+// holds the F32 values rounded to nearest even) and, for F32, the loss
+// within 1e-6 and every gradient within 1e-5 of its largest entry.
+void ExpectLikeF32(const Pass& p, const Pass& f32, bool bf16) {
+  ASSERT_EQ(p.parameters.size(), f32.parameters.size());
+  for (const auto& [hf, value] : p.parameters) {
+    const torch::Tensor want = bf16
+                                   ? f32.parameters.at(hf).to(torch::kBFloat16).to(torch::kFloat32)
+                                   : f32.parameters.at(hf);
+    EXPECT_TRUE(torch::equal(value, want)) << hf;
+  }
+  if (bf16) return;
+  EXPECT_NEAR(p.loss, f32.loss, 1e-6 * f32.loss);
+  for (const auto& [hf, grad] : p.gradients) {
+    const double scale = f32.gradients.at(hf).abs().max().item<double>();
+    EXPECT_LE((grad - f32.gradients.at(hf)).abs().max().item<double>(), 1e-5 * scale) << hf;
+  }
 }
 
 TEST(IndependentCheckpoints, LoadAtEveryPipelineDepthWithTheSameGradients) {
@@ -469,32 +494,18 @@ TEST(IndependentCheckpoints, LoadAtEveryPipelineDepthWithTheSameGradients) {
   torch::manual_seed(seed);
   const torch::Tensor input_ids =
       torch::randint(0, 96, {3, 10}, torch::TensorOptions().dtype(torch::kInt64));
-  const Pass f32 = LoadAndRun(dir / "f32", spec, 1, input_ids);
+  const auto loss = [&input_ids](const Stages& stages) { return Loss(stages, input_ids); };
+  const Pass f32 = LoadAndRun(dir / "f32", spec, 1, loss);
   ASSERT_EQ(f32.parameters.size(), 39u);
   for (const std::string name : {"f32-sharded", "bf16-sharded"}) {
     for (int pipeline : {1, 2, 4}) {
       SCOPED_TRACE(absl::StrCat(name, " at pp=", pipeline));
-      const Pass p = LoadAndRun(dir / name, spec, pipeline, input_ids);
-      ASSERT_EQ(p.parameters.size(), f32.parameters.size());
-      const bool bf16 = name == "bf16-sharded";
-      for (const auto& [hf, value] : p.parameters) {
-        // The BF16 file holds the F32 values rounded to nearest even.
-        const torch::Tensor want =
-            bf16 ? f32.parameters.at(hf).to(torch::kBFloat16).to(torch::kFloat32)
-                 : f32.parameters.at(hf);
-        EXPECT_TRUE(torch::equal(value, want)) << hf;
-      }
-      if (bf16) continue;
-      EXPECT_NEAR(p.loss, f32.loss, 1e-6 * f32.loss);
-      for (const auto& [hf, grad] : p.gradients) {
-        const double scale = f32.gradients.at(hf).abs().max().item<double>();
-        EXPECT_LE((grad - f32.gradients.at(hf)).abs().max().item<double>(), 1e-5 * scale) << hf;
-      }
+      ExpectLikeF32(LoadAndRun(dir / name, spec, pipeline, loss), f32, name == "bf16-sharded");
     }
   }
   // BF16 weights at pp = 4 against pp = 1.
-  const Pass bf16_one = LoadAndRun(dir / "bf16-sharded", spec, 1, input_ids);
-  const Pass bf16_four = LoadAndRun(dir / "bf16-sharded", spec, 4, input_ids);
+  const Pass bf16_one = LoadAndRun(dir / "bf16-sharded", spec, 1, loss);
+  const Pass bf16_four = LoadAndRun(dir / "bf16-sharded", spec, 4, loss);
   EXPECT_NEAR(bf16_four.loss, bf16_one.loss, 1e-6 * bf16_one.loss);
   for (const auto& [hf, grad] : bf16_four.gradients) {
     const double scale = bf16_one.gradients.at(hf).abs().max().item<double>();
@@ -534,49 +545,17 @@ TEST(IndependentCheckpoints, FlanT5LoadsAtEveryPipelineDepthWithTheSameGradients
   batch.input_lengths = torch::full({3}, 10, torch::kInt64);
   batch.target_lengths = torch::full({3}, 6, torch::kInt64);
   batch.loss_scale = 1.0 / 18;
-  const auto run = [&](const std::string& name, int pipeline) {
-    Pass pass;
-    absl::StatusOr<HuggingFaceCheckpoint> ckpt = HuggingFaceCheckpoint::Open((dir / name).string());
-    EXPECT_THAT(ckpt, IsOk());
-    if (!ckpt.ok()) return pass;
-    EXPECT_THAT(CheckHuggingFaceConfig(*ckpt, spec), IsOk());
-    Stages stages = BuildStages(spec, pipeline);
-    EXPECT_THAT(LoadHuggingFaceWeights(*ckpt, spec, stages.pointers), IsOk());
+  const auto loss = [&batch](const Stages& stages) {
     StageActivations acts;
     for (ModelStage* stage : stages.pointers) acts = stage->Forward(acts, batch);
-    acts.loss.backward();
-    pass.loss = acts.loss.item<double>();
-    for (ModelStage* stage : stages.pointers) {
-      for (const auto& item : stage->named_parameters()) {
-        const std::string hf = *HuggingFaceName(spec, item.key());
-        const auto [at, inserted] = pass.gradients.emplace(hf, item.value().grad().clone());
-        if (!inserted) at->second += item.value().grad();
-        if (inserted) pass.parameters[hf] = item.value().detach().clone();
-        EXPECT_TRUE(torch::equal(item.value(), pass.parameters[hf])) << hf << " replica";
-      }
-    }
-    return pass;
+    return acts.loss;
   };
-  const Pass f32 = run("f32", 1);
+  const Pass f32 = LoadAndRun(dir / "f32", spec, 1, loss);
   ASSERT_EQ(f32.parameters.size(), 6u + 2 * 9 + 3 * 14);
   for (const std::string name : {"f32-sharded", "bf16-sharded"}) {
     for (int pipeline : {1, 2, 4}) {
       SCOPED_TRACE(absl::StrCat(name, " at pp=", pipeline));
-      const Pass p = run(name, pipeline);
-      ASSERT_EQ(p.parameters.size(), f32.parameters.size());
-      const bool bf16 = name == "bf16-sharded";
-      for (const auto& [hf, value] : p.parameters) {
-        const torch::Tensor want =
-            bf16 ? f32.parameters.at(hf).to(torch::kBFloat16).to(torch::kFloat32)
-                 : f32.parameters.at(hf);
-        EXPECT_TRUE(torch::equal(value, want)) << hf;
-      }
-      if (bf16) continue;
-      EXPECT_NEAR(p.loss, f32.loss, 1e-6 * f32.loss);
-      for (const auto& [hf, grad] : p.gradients) {
-        const double scale = f32.gradients.at(hf).abs().max().item<double>();
-        EXPECT_LE((grad - f32.gradients.at(hf)).abs().max().item<double>(), 1e-5 * scale) << hf;
-      }
+      ExpectLikeF32(LoadAndRun(dir / name, spec, pipeline, loss), f32, name == "bf16-sharded");
     }
   }
 }
