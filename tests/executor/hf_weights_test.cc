@@ -460,9 +460,8 @@ Pass LoadAndRun(const fs::path& dir, const ModelSpec& spec, int pipeline,
 void ExpectLikeF32(const Pass& p, const Pass& f32, bool bf16) {
   ASSERT_EQ(p.parameters.size(), f32.parameters.size());
   for (const auto& [hf, value] : p.parameters) {
-    const torch::Tensor want = bf16
-                                   ? f32.parameters.at(hf).to(torch::kBFloat16).to(torch::kFloat32)
-                                   : f32.parameters.at(hf);
+    const torch::Tensor want = bf16 ? f32.parameters.at(hf).to(torch::kBFloat16).to(torch::kFloat32)
+                                    : f32.parameters.at(hf);
     EXPECT_TRUE(torch::equal(value, want)) << hf;
   }
   if (bf16) return;
