@@ -100,18 +100,42 @@ def write_safetensors(path, tensors, dtype):
             f.write(blob)
 
 
-def main():
-    a = parse_args()
-    os.makedirs(a.out, exist_ok=True)
-    rng = random.Random(a.seed)
-    width = {"F32": 4, "BF16": 2}[a.dtype]
+def draw_tensors(shapes_by_name, dtype, seed, is_norm):
+    """{name: (shape, bytes)}: normal(0, 0.02) in sorted-name order, norms one."""
+    rng = random.Random(seed)
     tensors = {}
-    for name, shape in sorted(shapes(a).items()):
+    for name, shape in sorted(shapes_by_name.items()):
         n = 1
         for s in shape:
             n *= s
-        values = [1.0] * n if name.endswith("norm.weight") else [rng.gauss(0, 0.02) for _ in range(n)]
-        tensors[name] = (shape, encode(values, a.dtype))
+        values = [1.0] * n if is_norm(name) else [rng.gauss(0, 0.02) for _ in range(n)]
+        tensors[name] = (shape, encode(values, dtype))
+    return tensors
+
+
+def write_checkpoint(out, tensors, dtype, shards):
+    """model.safetensors, or `shards` files of contiguous sorted names and an index."""
+    if shards == 1:
+        write_safetensors(os.path.join(out, "model.safetensors"), tensors, dtype)
+        return
+    names = sorted(tensors)
+    weight_map, total = {}, 0
+    for k in range(shards):
+        part = names[k * len(names) // shards:(k + 1) * len(names) // shards]
+        file = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        write_safetensors(os.path.join(out, file), {n: tensors[n] for n in part}, dtype)
+        for n in part:
+            weight_map[n] = file
+            total += len(tensors[n][1])
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+
+
+def main():
+    a = parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    width = {"F32": 4, "BF16": 2}[a.dtype]
+    tensors = draw_tensors(shapes(a), a.dtype, a.seed, lambda name: name.endswith("norm.weight"))
     config = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "hidden_size": a.hidden, "intermediate_size": a.ffn, "num_hidden_layers": a.layers,
@@ -124,21 +148,7 @@ def main():
     }
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    if a.shards == 1:
-        write_safetensors(os.path.join(a.out, "model.safetensors"), tensors, a.dtype)
-    else:
-        # Contiguous groups of the sorted names, one group per shard.
-        names = sorted(tensors)
-        weight_map, total = {}, 0
-        for k in range(a.shards):
-            part = names[k * len(names) // a.shards:(k + 1) * len(names) // a.shards]
-            file = f"model-{k + 1:05d}-of-{a.shards:05d}.safetensors"
-            write_safetensors(os.path.join(a.out, file), {n: tensors[n] for n in part}, a.dtype)
-            for n in part:
-                weight_map[n] = file
-                total += len(tensors[n][1])
-        with open(os.path.join(a.out, "model.safetensors.index.json"), "w") as f:
-            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    write_checkpoint(a.out, tensors, a.dtype, a.shards)
     params = sum(len(b) // width for _, b in tensors.values())
     print(f"make-hf-llama.py: {a.out}: {a.layers} layers, hidden {a.hidden}, {params} parameters, "
           f"{a.dtype}, {'one file' if a.shards == 1 else f'{a.shards} shards'}")

@@ -22,7 +22,6 @@ import argparse
 import importlib.util
 import json
 import os
-import random
 import sys
 
 _spec = importlib.util.spec_from_file_location(
@@ -91,16 +90,9 @@ def shapes(a):
 def main():
     a = parse_args()
     os.makedirs(a.out, exist_ok=True)
-    rng = random.Random(a.seed)
     width = {"F32": 4, "BF16": 2}[a.dtype]
-    tensors = {}
-    for name, shape in sorted(shapes(a).items()):
-        n = 1
-        for s in shape:
-            n *= s
-        values = ([1.0] * n if name.endswith("layer_norm.weight")
-                  else [rng.gauss(0, 0.02) for _ in range(n)])
-        tensors[name] = (shape, _llama.encode(values, a.dtype))
+    tensors = _llama.draw_tensors(shapes(a), a.dtype, a.seed,
+                                  lambda name: name.endswith("layer_norm.weight"))
     if a.embed_aliases:
         for alias in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
             tensors[alias] = tensors["shared.weight"]
@@ -117,21 +109,7 @@ def main():
     }
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    if a.shards == 1:
-        _llama.write_safetensors(os.path.join(a.out, "model.safetensors"), tensors, a.dtype)
-    else:
-        names = sorted(tensors)
-        weight_map, total = {}, 0
-        for k in range(a.shards):
-            part = names[k * len(names) // a.shards:(k + 1) * len(names) // a.shards]
-            file = f"model-{k + 1:05d}-of-{a.shards:05d}.safetensors"
-            _llama.write_safetensors(os.path.join(a.out, file), {n: tensors[n] for n in part},
-                                     a.dtype)
-            for n in part:
-                weight_map[n] = file
-                total += len(tensors[n][1])
-        with open(os.path.join(a.out, "model.safetensors.index.json"), "w") as f:
-            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    _llama.write_checkpoint(a.out, tensors, a.dtype, a.shards)
     params = sum(len(b) // width for n, (_, b) in tensors.items() if "embed_tokens" not in n)
     print(f"make-hf-t5.py: {a.out}: {a.layers} + {a.decoder_layers} layers, hidden {a.hidden}, "
           f"{params} parameters, {a.dtype}, "
