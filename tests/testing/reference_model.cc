@@ -85,51 +85,27 @@ torch::Tensor Affine(const torch::Tensor& x, const torch::Tensor& weight,
 // Softmax attention of q [n_q, heads * d] over k, v [n_k, kv_heads * d],
 // one head at a time: query head h uses key/value head h / (heads /
 // kv_heads) (kv_heads == heads: multi-head attention); with `causal` query i
-// sees keys 0..i.
+// sees keys 0..i. The scores q_h k_h^T are divided by sqrt(d) unless
+// `scaled` is false (T5V11), and bias[h] is added when `bias` [heads, n_q,
+// n_k] is defined (T5V11's position bias).
 torch::Tensor Attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                        int64_t heads, int64_t kv_heads, bool causal) {
+                        int64_t heads, int64_t kv_heads, bool causal,
+                        const torch::Tensor& bias = torch::Tensor(), bool scaled = true) {
   const int64_t d = q.size(1) / heads;
   const int64_t group = heads / kv_heads;
   TORCH_CHECK(group * kv_heads == heads && k.size(1) == kv_heads * d && v.size(1) == k.size(1),
               "attention: ", heads, " query heads over ", kv_heads, " key/value heads of ", d);
+  TORCH_CHECK(!bias.defined() ||
+                  (bias.size(0) == heads && bias.size(1) == q.size(0) && bias.size(2) == k.size(0)),
+              "attention: the position bias does not fit the scores");
   std::vector<torch::Tensor> contexts;
   for (int64_t h = 0; h < heads; ++h) {
     const int64_t kv = h / group;
     const torch::Tensor qh = q.narrow(1, h * d, d);
     const torch::Tensor kh = k.narrow(1, kv * d, d);
     const torch::Tensor vh = v.narrow(1, kv * d, d);
-    torch::Tensor scores = qh.matmul(kh.t()) / std::sqrt(static_cast<double>(d));
-    if (causal) {
-      const torch::Tensor future =
-          torch::ones({q.size(0), k.size(0)}, torch::kBool).triu(/*diagonal=*/1);
-      scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
-    }
-    const torch::Tensor shifted = scores - std::get<0>(scores.max(-1, /*keepdim=*/true)).detach();
-    const torch::Tensor weights = shifted.exp() / shifted.exp().sum(-1, /*keepdim=*/true);
-    contexts.push_back(weights.matmul(vh));
-  }
-  return torch::cat(contexts, 1);
-}
-
-// T5V11's attention (docs/models.md): one head at a time, softmax of the
-// scores q_h k_h^T (not divided by sqrt(d)) plus bias[h] when `bias`
-// [heads, n_q, n_k] is defined, times v_h; with `causal` query i sees keys
-// 0..i. q [n_q, heads * d], k and v [n_k, heads * d].
-torch::Tensor UnscaledAttention(const torch::Tensor& q, const torch::Tensor& k,
-                                const torch::Tensor& v, int64_t heads, const torch::Tensor& bias,
-                                bool causal) {
-  const int64_t d = q.size(1) / heads;
-  TORCH_CHECK(q.size(1) == heads * d && k.size(1) == q.size(1) && v.size(1) == q.size(1),
-              "attention: ", heads, " heads of ", d);
-  TORCH_CHECK(!bias.defined() ||
-                  (bias.size(0) == heads && bias.size(1) == q.size(0) && bias.size(2) == k.size(0)),
-              "attention: the position bias does not fit the scores");
-  std::vector<torch::Tensor> contexts;
-  for (int64_t h = 0; h < heads; ++h) {
-    const torch::Tensor qh = q.narrow(1, h * d, d);
-    const torch::Tensor kh = k.narrow(1, h * d, d);
-    const torch::Tensor vh = v.narrow(1, h * d, d);
     torch::Tensor scores = qh.matmul(kh.t());
+    if (scaled) scores = scores / std::sqrt(static_cast<double>(d));
     if (bias.defined()) scores = scores + bias[h];
     if (causal) {
       const torch::Tensor future =
@@ -541,17 +517,17 @@ torch::Tensor ReferenceModel::T5V11Layer(const std::string& prefix, const torch:
                                          const torch::Tensor& bias, const torch::Tensor& memory) {
   const bool decoder = memory.defined();
   const torch::Tensor n = RmsNorm(x, P(prefix + "attn_norm_weight"), norm_epsilon_);
-  torch::Tensor y = x + Affine(UnscaledAttention(Affine(n, P(prefix + "q_weight")),
-                                                 Affine(n, P(prefix + "k_weight")),
-                                                 Affine(n, P(prefix + "v_weight")), heads_, bias,
-                                                 /*causal=*/decoder),
-                               P(prefix + "o_weight"));
+  torch::Tensor y =
+      x + Affine(Attention(Affine(n, P(prefix + "q_weight")), Affine(n, P(prefix + "k_weight")),
+                           Affine(n, P(prefix + "v_weight")), heads_, heads_, /*causal=*/decoder,
+                           bias, /*scaled=*/false),
+                 P(prefix + "o_weight"));
   if (decoder) {
     const torch::Tensor c = RmsNorm(y, P(prefix + "cross_norm_weight"), norm_epsilon_);
-    y = y + Affine(UnscaledAttention(Affine(c, P(prefix + "xq_weight")),
-                                     Affine(memory, P(prefix + "xk_weight")),
-                                     Affine(memory, P(prefix + "xv_weight")), heads_,
-                                     /*bias=*/{}, /*causal=*/false),
+    y = y + Affine(Attention(Affine(c, P(prefix + "xq_weight")),
+                             Affine(memory, P(prefix + "xk_weight")),
+                             Affine(memory, P(prefix + "xv_weight")), heads_, heads_,
+                             /*causal=*/false, /*bias=*/{}, /*scaled=*/false),
                    P(prefix + "xo_weight"));
   }
   const torch::Tensor m = RmsNorm(y, P(prefix + "mlp_norm_weight"), norm_epsilon_);
