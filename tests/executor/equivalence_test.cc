@@ -174,16 +174,19 @@ std::vector<Cell> Matrix() {
   // LLAMA (docs/models.md): every schedule family, each recompute mode, the
   // four shapes, split backwards, packed rows (rotary positions restart per
   // sample) and a tied head.
-  const auto llama = [&cells](v1::ScheduleKind schedule, v1::RecomputeMode recompute, uint32_t pp,
-                              uint32_t dp) -> Cell& {
-    Cell c;
-    c.llama = true;
+  // A cell of the model `base` describes (LLAMA or T5V11).
+  const auto add = [&cells](Cell c, v1::ScheduleKind schedule, v1::RecomputeMode recompute,
+                            uint32_t pp, uint32_t dp) -> Cell& {
     c.schedule = schedule;
     c.recompute = recompute;
     c.pp = pp;
     c.dp = dp;
     c.chunks = schedule == v1::INTERLEAVED_1F1B ? 2 : 1;
     return cells.emplace_back(c);
+  };
+  const auto llama = [&add](v1::ScheduleKind schedule, v1::RecomputeMode recompute, uint32_t pp,
+                            uint32_t dp) -> Cell& {
+    return add(Cell{.llama = true}, schedule, recompute, pp, dp);
   };
   llama(v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 1, 1);
   llama(v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 2, 1);
@@ -211,16 +214,9 @@ std::vector<Cell> Matrix() {
   // four shapes, split backwards and packed rows (relative positions restart
   // per sample). At pp = 4 the encoder and the decoder take two stages each,
   // so the shared embedding and both bias tables are replicated.
-  const auto t5v11 = [&cells](v1::ScheduleKind schedule, v1::RecomputeMode recompute, uint32_t pp,
-                              uint32_t dp) -> Cell& {
-    Cell c;
-    c.t5 = true;
-    c.t5v11 = true;
-    c.schedule = schedule;
-    c.recompute = recompute;
-    c.pp = pp;
-    c.dp = dp;
-    return cells.emplace_back(c);
+  const auto t5v11 = [&add](v1::ScheduleKind schedule, v1::RecomputeMode recompute, uint32_t pp,
+                            uint32_t dp) -> Cell& {
+    return add(Cell{.t5 = true, .t5v11 = true}, schedule, recompute, pp, dp);
   };
   t5v11(v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 1, 1);
   t5v11(v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 2, 1);
