@@ -136,19 +136,9 @@ class Search {
                        .input_len = g.input_len,
                        .target_len = g.target_len,
                        .head = stage + 1 == stages};
-    // The stage's own layer counts, split as the stage costs split them.
-    if (dims_.encoder_decoder() && p_ == 1) {
-      layers.encoder_layers = layout_.encoder_layers;
-      layers.decoder_layers = layout_.decoder_layers;
-      return layers;
-    }
-    const uint32_t encoder_stages = dims_.encoder_decoder() ? layout_.encoder_devices : stages;
-    if (stage < encoder_stages) {
-      layers.encoder_layers = LayersOnStage(layout_.encoder_layers, encoder_stages, stage);
-    } else {
-      layers.decoder_layers =
-          LayersOnStage(layout_.decoder_layers, stages - encoder_stages, stage - encoder_stages);
-    }
+    // The stage's own layer counts, as the stage costs take them.
+    layers.encoder_layers = layout_.StageEncoderLayers(stage, stages);
+    layers.decoder_layers = layout_.StageDecoderLayers(stage, stages);
     return layers;
   }
   absl::StatusOr<DeviceOrder> StaticOrder(v1::ScheduleKind schedule,
@@ -195,7 +185,7 @@ absl::Status Search::Init() {
   p_ = c_.parallelism().pipeline();
   dp_ = c_.parallelism().data();
   dims_ = ModelDimsFromConfig(c_.model());
-  absl::StatusOr<StageLayout> layout = MakeStageLayout(dims_, p_, 1);
+  absl::StatusOr<StageLayout> layout = JobStageLayout(c_);
   if (!layout.ok()) return layout.status();
   layout_ = *layout;
   policy_ = {.encoder_decoder = dims_.encoder_decoder(),
@@ -576,6 +566,7 @@ absl::StatusOr<std::vector<v1::ExecutionPlan>> Search::Lower(const Candidate& be
   options.data_parallel = dp_;
   options.encoder_decoder = dims_.encoder_decoder();
   options.encoder_stages = dims_.encoder_decoder() ? (p_ == 1 ? 1 : layout_.encoder_devices) : p_;
+  options.layers = layout_.layers;
   options.hidden = dims_.hidden;
   options.dtype = c_.model().dtype();
   options.recompute = RecomputeName(best.recompute);
@@ -711,14 +702,18 @@ Planner::Planner(v1::JobConfig config, CostModel model, PlannerOptions options)
 Planner Planner::WithCalibration(const v1::CalibrationState& state) const {
   Planner out = *this;
   out.calibration_ = state;
-  const ModelDims dims = ModelDimsFromConfig(config_.model());
-  const absl::StatusOr<StageLayout> layout =
-      MakeStageLayout(dims, config_.parallelism().pipeline(), 1);
+  const absl::StatusOr<StageLayout> layout = JobStageLayout(config_);
   out.scales_ = layout.ok()
                     ? ScalesOf(state, *layout, std::max(1u, config_.parallelism().virtual_chunks()))
                     : CalibrationScales();
   out.model_ = profiled_->ScaledTimes(out.scales_.forward, out.scales_.backward);
   return out;
+}
+
+Planner Planner::WithStageLayout(const LayerLayout& layers) const {
+  Planner out = *this;
+  *out.config_.mutable_parallelism()->mutable_stage_layout() = LayerLayoutToConfig(layers);
+  return out.WithCalibration(calibration_);
 }
 
 absl::StatusOr<PlanningResult> Planner::Plan(const MiniBatch& mini_batch, bool with_trace,

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/config/layer_layout.h"
 #include "common/dataset/synthetic_mixture.h"
 #include "planner/cost/calibration.h"
 #include "planner/cost/cost_model.h"
@@ -139,6 +140,13 @@ class Planner {
   // (calibration.h): times scaled per layer kind, the all-reduce and the
   // optimizer step by theirs. Plans record state.version.
   Planner WithCalibration(const v1::CalibrationState& state) const;
+
+  // The same job with its stages holding `layers` (an AUTO job's choice,
+  // planner/layout/stage_layout_search.h): the config's
+  // parallelism.stage_layout becomes that layout, mode LISTED, so plans,
+  // costs and memory all read it. REQUIRES: `layers` fits the model
+  // (Plan fails naming it otherwise).
+  Planner WithStageLayout(const LayerLayout& layers) const;
 
   // On failure, *failure_report (when given) receives every candidate and
   // why it was rejected.

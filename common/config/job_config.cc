@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/config/layer_layout.h"
 #include "common/status.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -28,6 +29,8 @@ class ErrorList {
   void Add(absl::string_view field, const Args&... message) {
     errors_.push_back(absl::StrCat(field, ": ", message...));
   }
+  // A message that already starts with its field ("field: ...").
+  void AddWithField(std::string message) { errors_.push_back(std::move(message)); }
   std::vector<std::string> Take() { return std::move(errors_); }
 
  private:
@@ -321,6 +324,43 @@ void ValidateArchitecture(const JobConfig& config, ErrorList& errors) {
   }
 }
 
+// parallelism.stage_layout (docs/configuration.md, "Stage layout"): layers
+// only with EXPLICIT, and an explicit layout that covers the model.
+void ValidateStageLayout(const JobConfig& config, ErrorList& errors) {
+  const v1::ParallelismConfig& p = config.parallelism();
+  const v1::StageLayoutConfig& layout = p.stage_layout();
+  const v1::StageLayoutMode mode = EffectiveLayoutMode(layout);
+  if (mode != v1::EVEN && config.model().kind() == v1::T5 && p.virtual_chunks() > 1) {
+    errors.Add("parallelism.stage_layout",
+               "T5 runs without interleaving, so only mode EVEN is accepted with "
+               "parallelism.virtual_chunks > 1 (got ",
+               v1::StageLayoutMode_Name(mode), ")");
+    return;
+  }
+  if (mode != v1::LISTED) {
+    if (!layout.layers().empty() || layout.encoder_stages() != 0) {
+      errors.Add("parallelism.stage_layout",
+                 "layers and encoder_stages are only read with mode LISTED (mode is ",
+                 v1::StageLayoutMode_Name(mode), ")");
+    }
+    return;
+  }
+  if (layout.layers().empty()) {
+    errors.Add("parallelism.stage_layout.layers", "mode LISTED needs one entry per stage");
+    return;
+  }
+  const uint64_t stages = uint64_t{p.pipeline()} * p.virtual_chunks();
+  if (stages == 0 || p.pipeline() > bounds::kMaxPipeline || stages > bounds::kMaxLayers * 2) {
+    return;  // reported with parallelism.pipeline
+  }
+  absl::StatusOr<LayerLayout> listed_layout = ListedLayerLayout(
+      layout, LayerCountsOf(config.model()), static_cast<uint32_t>(stages),
+      "parallelism.stage_layout");
+  if (!listed_layout.ok()) {
+    errors.AddWithField(std::string(listed_layout.status().message()));
+  }
+}
+
 void ValidateParallelism(const JobConfig& config, ErrorList& errors) {
   const v1::ParallelismConfig& p = config.parallelism();
   if (p.tensor() != 1)
@@ -345,6 +385,7 @@ void ValidateParallelism(const JobConfig& config, ErrorList& errors) {
                p.virtual_chunks(), ") = ", stages, " stages exceeds the model's ", layers,
                " layers");
   }
+  ValidateStageLayout(config, errors);
   if (p.virtual_chunks() > 1) {
     const auto& schedules = config.planner().schedules();
     if (std::find(schedules.begin(), schedules.end(), v1::INTERLEAVED_1F1B) == schedules.end()) {

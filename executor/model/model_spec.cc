@@ -85,6 +85,17 @@ absl::StatusOr<ModelSpec> ModelSpecFromConfig(const v1::JobConfig& config) {
                        spec.relative_max_distance, ") above half of it"));
     }
   }
+  switch (EffectiveLayoutMode(resolved.parallelism().stage_layout())) {
+    case v1::LISTED: {
+      VP_ASSIGN_OR_RETURN(spec.layers, ConfiguredLayerLayout(resolved));
+      break;
+    }
+    case v1::AUTO:
+      spec.layout_auto = true;
+      break;
+    default:
+      break;
+  }
   if (spec.attention_kernel == v1::FUSED && !FusedAttentionAvailable()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.attention_kernel: FUSED needs torch's scaled_dot_product_attention (LibTorch 2.0 "
@@ -95,15 +106,6 @@ absl::StatusOr<ModelSpec> ModelSpecFromConfig(const v1::JobConfig& config) {
     return absl::InvalidArgumentError("model.attention_kernel must be EXPLICIT or FUSED");
   }
   return spec;
-}
-
-LayerRange StageLayers(int64_t num_layers, int64_t num_stages, int64_t stage) {
-  const int64_t base = num_layers / num_stages;
-  const int64_t extra = num_layers % num_stages;
-  LayerRange range;
-  range.begin = stage * base + std::min(stage, extra);
-  range.end = range.begin + base + (stage < extra ? 1 : 0);
-  return range;
 }
 
 }  // namespace varipipe::executor

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "common/config/layer_layout.h"
 #include "varipipe/v1/config.pb.h"
 
 namespace varipipe::executor {
@@ -40,6 +41,12 @@ struct ModelSpec {
   bool t5v11 = false;
   int64_t relative_buckets = 0;       // T5V11: relative position bias buckets
   int64_t relative_max_distance = 0;  // T5V11: distances sharing the last bucket
+  // The job's stage layout (common/config/layer_layout.h) when the config
+  // gives one (LISTED) or the planner chose one (AUTO: the executor sets
+  // the planner daemons' choice, from GetJob or its first plan, into its
+  // config first); empty: the even split over any number of stages.
+  LayerLayout layers;
+  bool layout_auto = false;  // parallelism.stage_layout.mode AUTO: `layers` set later
 };
 
 // Applies the config's documented defaults; InvalidArgument naming the field
@@ -47,17 +54,13 @@ struct ModelSpec {
 // and this build's LibTorch has no fused kernel.
 absl::StatusOr<ModelSpec> ModelSpecFromConfig(const v1::JobConfig& config);
 
-// The half-open range of layers [begin, end) pipeline stage `stage` of
-// `num_stages` holds when `num_layers` layers are split as evenly as
-// possible (the first num_layers % num_stages stages hold one more). The
-// largest stage holds ceil(num_layers / num_stages), as the planner's memory
-// model assumes.
+// The half-open range of layers [begin, end) of one stack a pipeline stage
+// holds (PipelineStageRoles, from the job's LayerLayout).
 struct LayerRange {
   int64_t begin = 0;
   int64_t end = 0;
   int64_t size() const { return end - begin; }
 };
-LayerRange StageLayers(int64_t num_layers, int64_t num_stages, int64_t stage);
 
 }  // namespace varipipe::executor
 

@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "executor/model/attention_mask.h"
 #include "executor/model/deferred_linear.h"
 #include "executor/model/initializer.h"
@@ -28,52 +29,49 @@ std::string StageRole::DebugString() const {
   return out;
 }
 
+absl::StatusOr<LayerLayout> StageLayoutOf(const ModelSpec& spec, int64_t num_stages) {
+  if (num_stages < 1) return absl::InvalidArgumentError("the pipeline needs at least one stage");
+  if (spec.layout_auto && spec.layers.stages() == 0) {
+    return absl::FailedPreconditionError(
+        "parallelism.stage_layout.mode is AUTO but no layout was set: the planner's choice is "
+        "read from the instruction store (or the first plan) before the model is built");
+  }
+  if (spec.layers.stages() == 0) {
+    const LayerCounts counts{.encoder_decoder = spec.encoder_decoder,
+                             .encoder_layers = static_cast<uint32_t>(spec.num_layers),
+                             .decoder_layers = static_cast<uint32_t>(spec.num_decoder_layers)};
+    return EvenLayerLayout(counts, static_cast<uint32_t>(num_stages));
+  }
+  if (spec.layers.stages() != num_stages) {
+    return absl::InvalidArgumentError(absl::StrCat("the stage layout ", spec.layers.ToString(),
+                                                   " has ", spec.layers.stages(),
+                                                   " stages but the pipeline has ", num_stages));
+  }
+  return spec.layers;
+}
+
 absl::StatusOr<std::vector<StageRole>> PipelineStageRoles(const ModelSpec& spec,
                                                           int64_t num_stages) {
-  if (num_stages < 1) return absl::InvalidArgumentError("the pipeline needs at least one stage");
+  VP_ASSIGN_OR_RETURN(const LayerLayout layout, StageLayoutOf(spec, num_stages));
   std::vector<StageRole> roles(num_stages);
-  for (int64_t i = 0; i < num_stages; ++i) roles[i].stage = i;
+  for (int64_t i = 0; i < num_stages; ++i) {
+    StageRole& role = roles[i];
+    role.stage = i;
+    const uint32_t s = static_cast<uint32_t>(i);
+    role.encoder_layers.begin = layout.FirstEncoderLayer(s);
+    role.encoder_layers.end = role.encoder_layers.begin + layout.encoder[s];
+    role.decoder_layers.begin = layout.FirstDecoderLayer(s);
+    role.decoder_layers.end = role.decoder_layers.begin + layout.decoder[s];
+    if (spec.encoder_decoder) {
+      // The last stage with encoder layers ends the encoder; the first with
+      // decoder layers embeds the decoder's tokens.
+      role.ends_encoder = layout.encoder[s] > 0 && (s + 1 == layout.stages() ||
+                                                    layout.encoder[s + 1] == 0);
+      role.embeds_decoder = layout.decoder[s] > 0 && (s == 0 || layout.decoder[s - 1] == 0);
+    }
+  }
   roles.front().embeds_input = true;
   roles.back().has_head = true;
-  if (!spec.encoder_decoder) {
-    if (spec.num_layers < num_stages) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(spec.num_layers, " layers cannot fill ", num_stages, " pipeline stages"));
-    }
-    for (int64_t i = 0; i < num_stages; ++i) {
-      roles[i].encoder_layers = StageLayers(spec.num_layers, num_stages, i);
-    }
-    return roles;
-  }
-  if (num_stages == 1) {
-    roles[0].encoder_layers = {0, spec.num_layers};
-    roles[0].decoder_layers = {0, spec.num_decoder_layers};
-    roles[0].ends_encoder = true;
-    roles[0].embeds_decoder = true;
-    return roles;
-  }
-  // Devices in proportion to the layer counts, at least one each (the
-  // planner's memory model splits the same way).
-  const double share = static_cast<double>(spec.num_layers) /
-                       static_cast<double>(spec.num_layers + spec.num_decoder_layers);
-  const int64_t encoder_stages = std::clamp<int64_t>(
-      static_cast<int64_t>(share * static_cast<double>(num_stages) + 0.5), 1, num_stages - 1);
-  const int64_t decoder_stages = num_stages - encoder_stages;
-  if (spec.num_layers < encoder_stages || spec.num_decoder_layers < decoder_stages) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("T5 with ", spec.num_layers, " encoder and ", spec.num_decoder_layers,
-                     " decoder layers cannot fill ", encoder_stages, " encoder and ",
-                     decoder_stages, " decoder stages"));
-  }
-  for (int64_t i = 0; i < encoder_stages; ++i) {
-    roles[i].encoder_layers = StageLayers(spec.num_layers, encoder_stages, i);
-  }
-  roles[encoder_stages - 1].ends_encoder = true;
-  roles[encoder_stages].embeds_decoder = true;
-  for (int64_t i = 0; i < decoder_stages; ++i) {
-    roles[encoder_stages + i].decoder_layers =
-        StageLayers(spec.num_decoder_layers, decoder_stages, i);
-  }
   return roles;
 }
 

@@ -32,12 +32,17 @@ struct StageRole {
   std::string DebugString() const;
 };
 
-// GPT: layers split evenly (StageLayers). T5 with pipeline > 1: devices split
-// between encoder and decoder in proportion to their layer counts (at least
-// one each), layers split evenly within each; with pipeline == 1 the single
-// stage holds both. InvalidArgument when a stage would hold no layer.
+// The layers of spec.layers (the job's stage layout) when set; otherwise the
+// even split (EvenLayerLayout: GPT layers as evenly as possible; T5 with
+// more than one stage: stages split between encoder and decoder in
+// proportion to their layer counts, at least one each; with one stage the
+// single stage holds both). InvalidArgument when a stage would hold no
+// layer or spec.layers has another number of stages; FailedPrecondition for
+// an AUTO layout not yet set.
 absl::StatusOr<std::vector<StageRole>> PipelineStageRoles(const ModelSpec& spec,
                                                           int64_t num_stages);
+// The layout PipelineStageRoles follows (same errors).
+absl::StatusOr<LayerLayout> StageLayoutOf(const ModelSpec& spec, int64_t num_stages);
 
 // A parameter several stages hold (docs/models.md, "Shared parameters"): a
 // LLAMA embedding tied to the head across stages, T5V11's shared embedding

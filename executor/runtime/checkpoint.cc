@@ -23,6 +23,14 @@ namespace varipipe::executor {
 namespace {
 
 constexpr int64_t kFormatVersion = 1;
+constexpr char kLayoutKey[] = "varipipe/stage_layout";
+
+// Each stage's encoder layers, then each stage's decoder layers (int64).
+torch::Tensor LayoutTensor(const LayerLayout& layout) {
+  std::vector<int64_t> values(layout.encoder.begin(), layout.encoder.end());
+  values.insert(values.end(), layout.decoder.begin(), layout.decoder.end());
+  return torch::tensor(values, torch::kInt64);
+}
 
 std::string StageKey(const ModelStage& stage, const std::string& name) {
   return absl::StrCat("stage", stage.role().stage, "/", name);
@@ -66,6 +74,7 @@ absl::Status RankCheckpoints::Save(uint64_t iterations_done, const std::vector<M
     archive.write("varipipe/format", torch::tensor(kFormatVersion));
     archive.write("varipipe/iterations_done", torch::tensor(static_cast<int64_t>(iterations_done)));
     archive.write("varipipe/rank", torch::tensor(static_cast<int64_t>(rank_)));
+    if (layout_.stages() > 0) archive.write(kLayoutKey, LayoutTensor(layout_));
     for (const ModelStage* stage : stages) {
       for (const auto& item : stage->named_parameters()) {
         archive.write(StageKey(*stage, item.key()), item.value().detach().to(torch::kCPU));
@@ -99,10 +108,23 @@ absl::Status RankCheckpoints::Save(uint64_t iterations_done, const std::vector<M
 
 namespace {
 
-// Opens the archive and checks its format and iteration count (throws what
-// LibTorch throws; `reading` names the entry being read).
+// The layout as the archive stores it, and back.
+LayerLayout LayoutOfTensor(const torch::Tensor& t) {
+  LayerLayout layout;
+  const torch::Tensor flat = t.to(torch::kInt64).contiguous();
+  const int64_t stages = flat.numel() / 2;
+  for (int64_t s = 0; s < stages; ++s) {
+    layout.encoder.push_back(static_cast<uint32_t>(flat[s].item<int64_t>()));
+    layout.decoder.push_back(static_cast<uint32_t>(flat[stages + s].item<int64_t>()));
+  }
+  return layout;
+}
+
+// Opens the archive and checks its format, iteration count and stage layout
+// (throws what LibTorch throws; `reading` names the entry being read).
 absl::Status OpenChecked(const std::string& path, uint64_t iterations_done,
-                         torch::serialize::InputArchive& archive, std::string& reading) {
+                         const LayerLayout& layout, torch::serialize::InputArchive& archive,
+                         std::string& reading) {
   reading = "the archive";
   archive.load_from(path);
   torch::Tensor value;
@@ -120,6 +142,18 @@ absl::Status OpenChecked(const std::string& path, uint64_t iterations_done,
     return absl::DataLossError(absl::StrCat(path, ": holds the state after ",
                                             value.item<int64_t>(), " iterations, not ",
                                             iterations_done));
+  }
+  reading = kLayoutKey;
+  torch::Tensor recorded;
+  if (layout.stages() > 0 && archive.try_read(reading, recorded)) {
+    const LayerLayout theirs = LayoutOfTensor(recorded);
+    if (!(theirs == layout)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, ": written with the stage layout ", theirs.ToString(), " but this job's is ",
+          layout.ToString(),
+          " (parallelism.stage_layout): resume with the checkpoint's layout, or carry the "
+          "weights over with --export_hf and training.init_from"));
+    }
   }
   return absl::OkStatus();
 }
@@ -151,13 +185,30 @@ absl::Status CopyParameters(const std::string& path, torch::serialize::InputArch
 
 }  // namespace
 
+absl::StatusOr<std::optional<LayerLayout>> RankCheckpoints::RecordedLayout(
+    uint64_t iterations_done) const {
+  const std::string path = PathFor(iterations_done);
+  std::string reading;
+  try {
+    torch::serialize::InputArchive archive;
+    VP_RETURN_IF_ERROR(OpenChecked(path, iterations_done, LayerLayout(), archive, reading));
+    reading = kLayoutKey;
+    torch::Tensor recorded;
+    if (!archive.try_read(reading, recorded)) return std::optional<LayerLayout>();
+    return std::optional<LayerLayout>(LayoutOfTensor(recorded));
+  } catch (const std::exception& e) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": cannot read ", reading, " of the checkpoint: ", e.what()));
+  }
+}
+
 absl::Status RankCheckpoints::LoadParameters(uint64_t iterations_done,
                                              const std::vector<ModelStage*>& stages) const {
   const std::string path = PathFor(iterations_done);
   std::string reading;
   try {
     torch::serialize::InputArchive archive;
-    VP_RETURN_IF_ERROR(OpenChecked(path, iterations_done, archive, reading));
+    VP_RETURN_IF_ERROR(OpenChecked(path, iterations_done, layout_, archive, reading));
     return CopyParameters(path, archive, stages, reading);
   } catch (const std::exception& e) {
     return absl::DataLossError(
@@ -171,7 +222,7 @@ absl::Status RankCheckpoints::Load(uint64_t iterations_done, const std::vector<M
   std::string reading = "the archive";
   try {
     torch::serialize::InputArchive archive;
-    VP_RETURN_IF_ERROR(OpenChecked(path, iterations_done, archive, reading));
+    VP_RETURN_IF_ERROR(OpenChecked(path, iterations_done, layout_, archive, reading));
     torch::Tensor value;
     // The optimizer state's sharding first: a checkpoint of another
     // data-parallel degree or ZeRO stage is refused before anything changes.

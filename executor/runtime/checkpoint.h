@@ -7,7 +7,11 @@
 // of it, with the data-parallel degree and shard index: such a checkpoint
 // resumes only with the same degree), N, the rank and the CPU generator's
 // state, in one LibTorch archive. A file is written to a temporary name,
-// synced and renamed, so a rank's file is either complete or absent.
+// synced and renamed, so a rank's file is either complete or absent. The
+// file also records the job's stage layout ("varipipe/stage_layout": each
+// stage's encoder layers, then each stage's decoder layers): a layout
+// changes which stage holds which layer, so resuming under another one is
+// refused, naming both.
 //
 // A checkpoint is complete when every rank holds its file. Ranks delete
 // their older files only after all ranks wrote the newer one (a barrier), and
@@ -30,7 +34,11 @@ namespace varipipe::executor {
 
 class RankCheckpoints {
  public:
-  RankCheckpoints(std::string dir, int rank) : dir_(std::move(dir)), rank_(rank) {}
+  // `layout`: the job's stage layout, recorded in every file this writes;
+  // a file recording another is refused on load, naming both (files of
+  // older executors record none and are not compared). Empty: none.
+  RankCheckpoints(std::string dir, int rank, LayerLayout layout = {})
+      : dir_(std::move(dir)), rank_(rank), layout_(std::move(layout)) {}
 
   std::string PathFor(uint64_t iterations_done) const;
 
@@ -52,6 +60,10 @@ class RankCheckpoints {
   absl::Status LoadParameters(uint64_t iterations_done,
                               const std::vector<ModelStage*>& stages) const;
 
+  // The stage layout this rank's file of `iterations_done` records
+  // (nullopt: a file of an older executor, which records none).
+  absl::StatusOr<std::optional<LayerLayout>> RecordedLayout(uint64_t iterations_done) const;
+
   // Deletes this rank's files of checkpoints older than `keep_from` (and
   // their directories once empty).
   void DeleteOlderThan(uint64_t keep_from) const;
@@ -59,6 +71,7 @@ class RankCheckpoints {
  private:
   std::string dir_;
   int rank_;
+  LayerLayout layout_;
 };
 
 // The newest checkpoint every rank of `world` holds, agreed over `host`

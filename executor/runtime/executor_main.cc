@@ -26,6 +26,7 @@
 #include "common/binary_main.h"
 #include "common/checkpoint/hf_checkpoint.h"
 #include "common/config/job_config.h"
+#include "common/config/layer_layout.h"
 #include "common/dataset/minibatch_sampler.h"
 #include "common/dataset/sample_dataset.h"
 #include "common/grpc/client_channel.h"
@@ -241,6 +242,39 @@ absl::StatusOr<std::string> TokenFromSharedStore(const v1::JobConfig& config) {
   return token;
 }
 
+// parallelism.stage_layout AUTO: the planners' choice becomes this
+// executor's config (mode LISTED), from GetJob or, with plan files, from the
+// first plan; every plan is then checked against it (plan_check.h).
+absl::Status ResolveAutoStageLayout(v1::JobConfig& config,
+                                    const std::optional<v1::StageLayoutConfig>& from_planner,
+                                    executor::PlanSource& source, uint64_t first_iteration) {
+  if (EffectiveLayoutMode(config.parallelism().stage_layout()) != v1::AUTO) {
+    return absl::OkStatus();
+  }
+  v1::StageLayoutConfig chosen;
+  std::string where;
+  if (from_planner.has_value() && from_planner->mode() != v1::STAGE_LAYOUT_MODE_UNSPECIFIED) {
+    chosen = *from_planner;
+    where = "the planner daemons";
+  } else {
+    VP_ASSIGN_OR_RETURN(const v1::ExecutionPlan plan, source.Get(first_iteration));
+    if (plan.stage_layers().empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "parallelism.stage_layout is AUTO but the plan of iteration ", first_iteration,
+          " from ", source.Describe(),
+          " records no stage layout: plan with a planner that chooses one"));
+    }
+    chosen.set_mode(v1::LISTED);
+    chosen.mutable_layers()->CopyFrom(plan.stage_layers());
+    chosen.set_encoder_stages(plan.encoder_stages());
+    where = absl::StrCat("the plan of iteration ", first_iteration);
+  }
+  *config.mutable_parallelism()->mutable_stage_layout() = chosen;
+  VP_ASSIGN_OR_RETURN(const LayerLayout layout, ConfiguredLayerLayout(config));
+  spdlog::info("stage layout (AUTO): {}, from {}", layout.ToString(), where);
+  return absl::OkStatus();
+}
+
 // Why the executor stops on a signal, for its log and its peers.
 std::string StopReason(const ShutdownSignal& shutdown) {
   switch (shutdown.signal_number()) {
@@ -270,8 +304,10 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
   const SamplerOptions sampler = SamplerOptionsFromConfig(config);
   executor::MicroBatchLoader loader(dataset.get(), sampler);
   VP_ASSIGN_OR_RETURN(const executor::ModelSpec spec, executor::ModelSpecFromConfig(config));
+  VP_ASSIGN_OR_RETURN(const LayerLayout layout, executor::StageLayoutOf(spec, pp * chunks));
   VP_ASSIGN_OR_RETURN(const std::vector<executor::StageRole> roles,
                       executor::PipelineStageRoles(spec, pp * chunks));
+  spdlog::info("stage layout {} ({} stages)", layout.ToString(), layout.stages());
   const torch::Device torch_device(device.name);
   std::vector<std::unique_ptr<executor::ModelStage>> stages;
   std::vector<executor::ModelStage*> stage_list;
@@ -393,7 +429,7 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
   // Checkpoints: resume from the newest one every rank holds.
   const std::string checkpoint_dir = config.training().checkpoint_dir();
   const uint64_t checkpoint_interval = config.training().checkpoint_interval();
-  const executor::RankCheckpoints checkpoints(checkpoint_dir, env.rank);
+  const executor::RankCheckpoints checkpoints(checkpoint_dir, env.rank, layout);
   if (!checkpoint_dir.empty() && absl::GetFlag(FLAGS_resume)) {
     VP_ASSIGN_OR_RETURN(
         const std::optional<uint64_t> resume,
@@ -428,7 +464,8 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
                                            {.iteration = iteration,
                                             .rank = env.rank,
                                             .dp_rank = coordinates.dp_rank,
-                                            .pp_rank = coordinates.pp_rank}));
+                                            .pp_rank = coordinates.pp_rank,
+                                            .layers = layout}));
     board.BeginIteration(plan);
     const auto start = std::chrono::steady_clock::now();
     VP_ASSIGN_OR_RETURN(const executor::IterationStats stats, interpreter.Run(*plan));
@@ -748,6 +785,7 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<varipipe::executor::PlanSource> source;
   std::string planner_store_address;
+  std::optional<varipipe::v1::StageLayoutConfig> planner_layout;  // GetJob's
   absl::StatusOr<varipipe::v1::JobConfig> config = absl::FailedPreconditionError("no config");
   if (!path.empty()) {
     config = varipipe::LoadJobConfigFile(path);
@@ -780,6 +818,7 @@ int main(int argc, char** argv) {
     }
     planner_store_address = job->store_address();
     if (path.empty()) config = job->config();
+    if (job->has_stage_layout()) planner_layout = job->stage_layout();
     source = std::move(service);
   }
   absl::StatusOr<varipipe::executor::RankCoordinates> coordinates =
@@ -817,6 +856,11 @@ int main(int argc, char** argv) {
     source = varipipe::executor::PlanFileSource(absl::GetFlag(FLAGS_plans), env->rank);
   }
   spdlog::info("plans from {}", source->Describe());
+  if (const absl::Status layout = varipipe::ResolveAutoStageLayout(
+          *config, planner_layout, *source, absl::GetFlag(FLAGS_first_iteration));
+      !layout.ok()) {
+    return varipipe::StartupError(layout, varipipe::kExitFailure);
+  }
   // The status endpoint serves from here to the end, stuck rendezvous included.
   varipipe::v1::ExecutorStatus identity;
   identity.set_job_id(config->job_id());

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "google/protobuf/repeated_field.h"
 
 namespace varipipe::executor {
@@ -101,6 +102,26 @@ class PlanChecker {
                    absl::StrCat("(dp ", plan_.dp_rank(), ", pp ", plan_.pp_rank(),
                                 ") does not match this executor: rank ", recipient_.rank, " (dp ",
                                 recipient_.dp_rank, ", pp ", recipient_.pp_rank, ")"));
+    }
+    if (recipient_.layers && plan_.stage_layers_size() > 0) {
+      const v1::StageLayoutConfig mine = LayerLayoutToConfig(*recipient_.layers);
+      if (!std::equal(plan_.stage_layers().begin(), plan_.stage_layers().end(),
+                      mine.layers().begin(), mine.layers().end()) ||
+          plan_.encoder_stages() != mine.encoder_stages()) {
+        v1::StageLayoutConfig planned;
+        planned.mutable_layers()->CopyFrom(plan_.stage_layers());
+        planned.set_encoder_stages(plan_.encoder_stages());
+        absl::StatusOr<LayerLayout> theirs = ListedLayerLayout(
+            planned, LayerCountsOf(config_.model()), static_cast<uint32_t>(stages_), "plan");
+        return Error("stage_layers",
+                     absl::StrCat("is ",
+                                  theirs.ok() ? theirs->ToString()
+                                              : absl::StrJoin(plan_.stage_layers(), "+"),
+                                  " but this executor's model was built with ",
+                                  recipient_.layers->ToString(),
+                                  " (parallelism.stage_layout); restart the executors with the "
+                                  "planner's layout"));
+      }
     }
     if (plan_.stages().empty()) return Error("stages", "is empty");
     for (int i = 0; i < plan_.stages_size(); ++i) {

@@ -3,7 +3,8 @@
 // plan is untrusted input (a file, or bytes from a planner daemon and Redis).
 //
 // What is checked (docs/plan_format.md, "What the executor checks"):
-// - identity: format version, job id, iteration, rank, dp/pp coordinates;
+// - identity: format version, job id, iteration, rank, dp/pp coordinates,
+//   the stage layout;
 // - counts: num_buffers at most the number of buffer ids the instructions
 //   name, every buffer id below it, every micro-batch and stage id in range,
 //   peers and all-reduce groups inside the world;
@@ -27,6 +28,7 @@
 #include <optional>
 
 #include "absl/status/status.h"
+#include "common/config/layer_layout.h"
 #include "varipipe/v1/config.pb.h"
 #include "varipipe/v1/plan.pb.h"
 
@@ -38,6 +40,9 @@ struct PlanRecipient {
   int rank = 0;
   int dp_rank = 0;
   int pp_rank = 0;
+  // The stage layout the executor's model was built with: a plan that
+  // records another (ExecutionPlan.stage_layers) is refused, naming both.
+  std::optional<LayerLayout> layers;
 };
 
 absl::Status CheckPlan(const v1::ExecutionPlan& plan, const v1::JobConfig& config,

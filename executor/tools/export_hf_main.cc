@@ -55,7 +55,7 @@ absl::Status Export() {
     return absl::InvalidArgumentError("--out is required (try --help)");
   }
   VP_ASSIGN_OR_RETURN(const v1::JobConfig config, LoadJobConfigFile(absl::GetFlag(FLAGS_config)));
-  VP_ASSIGN_OR_RETURN(const executor::ModelSpec spec, executor::ModelSpecFromConfig(config));
+  VP_ASSIGN_OR_RETURN(executor::ModelSpec spec, executor::ModelSpecFromConfig(config));
   if (!spec.llama && !spec.t5v11) {
     return absl::InvalidArgumentError(
         "only model.architecture LLAMA and T5V11 have a Hugging Face layout to export to");
@@ -76,8 +76,6 @@ absl::Status Export() {
   if (dtype == v1::DTYPE_UNSPECIFIED) dtype = v1::FLOAT32;
   const uint32_t pp = config.parallelism().pipeline();
   const uint32_t stages = pp * std::max<uint32_t>(1, config.parallelism().virtual_chunks());
-  VP_ASSIGN_OR_RETURN(const std::vector<executor::StageRole> roles,
-                      executor::PipelineStageRoles(spec, stages));
   // Replica 0's pipeline ranks are global ranks 0 .. pp-1; the newest
   // checkpoint all of them hold, unless --iteration names one.
   std::optional<uint64_t> iteration;
@@ -96,18 +94,34 @@ absl::Status Export() {
           absl::StrCat(dir, ": no checkpoint that all ", pp, " pipeline ranks of replica 0 hold"));
     }
   }
+  // The stage layout: the config's, checked against each file; an AUTO
+  // job's as its checkpoint records it.
+  if (spec.layout_auto) {
+    VP_ASSIGN_OR_RETURN(const std::optional<LayerLayout> recorded,
+                        executor::RankCheckpoints(dir, 0).RecordedLayout(*iteration));
+    if (!recorded.has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          dir, ": the checkpoint after ", *iteration,
+          " iterations records no stage layout, and parallelism.stage_layout is AUTO"));
+    }
+    spec.layers = *recorded;
+  }
+  VP_ASSIGN_OR_RETURN(const LayerLayout layout, executor::StageLayoutOf(spec, stages));
+  VP_ASSIGN_OR_RETURN(const std::vector<executor::StageRole> roles,
+                      executor::PipelineStageRoles(spec, stages));
   const std::string out = absl::GetFlag(FLAGS_out);
   std::error_code ec;
   std::filesystem::create_directories(out, ec);
   if (ec) return absl::UnavailableError(absl::StrCat(out, ": cannot create: ", ec.message()));
-  spdlog::info("exporting the checkpoint after {} iterations in {} ({} stages) to {} as {}",
-               *iteration, dir, stages, out, v1::DType_Name(dtype));
+  spdlog::info("exporting the checkpoint after {} iterations in {} ({} stages, layout {}) to {} as {}",
+               *iteration, dir, stages, layout.ToString(), out, v1::DType_Name(dtype));
   // Stage by stage (stage s lives on pipeline rank s % pp), so only one
   // stage's parameters are in memory at a time.
   for (uint32_t s = 0; s < stages; ++s) {
     const int rank = static_cast<int>(s % pp);
     executor::ModelStage stage(spec, roles[s]);
-    VP_RETURN_IF_ERROR(executor::RankCheckpoints(dir, rank).LoadParameters(*iteration, {&stage}));
+    VP_RETURN_IF_ERROR(
+        executor::RankCheckpoints(dir, rank, layout).LoadParameters(*iteration, {&stage}));
     VP_RETURN_IF_ERROR(executor::ExportHuggingFaceShards(out, spec, {&stage}, dtype));
     spdlog::info("stage {} (rank {}): {}", s, rank, roles[s].DebugString());
   }

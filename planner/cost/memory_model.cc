@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "planner/cost/model_dims.h"
 
 namespace varipipe::planner {
 
@@ -24,8 +25,20 @@ uint32_t LayersOnStage(uint32_t layers, uint32_t stages, uint32_t index) {
   return layers / stages + (index < layers % stages ? 1 : 0);
 }
 
+uint32_t StageLayout::StageEncoderLayers(uint32_t stage, uint32_t stages) const {
+  if (stages == layers.stages()) return layers.encoder[stage];
+  if (stages == devices) return DeviceEncoderLayers(stage);
+  return encoder_decoder ? 0 : LayersOnStage(encoder_layers, stages, stage);
+}
+
+uint32_t StageLayout::StageDecoderLayers(uint32_t stage, uint32_t stages) const {
+  if (stages == layers.stages()) return layers.decoder[stage];
+  if (stages == devices) return DeviceDecoderLayers(stage);
+  return 0;
+}
+
 absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipeline,
-                                            uint32_t virtual_chunks) {
+                                            uint32_t virtual_chunks, const LayerLayout* layers) {
   if (pipeline == 0 || virtual_chunks == 0) {
     return absl::InvalidArgumentError("pipeline degree and virtual chunks must be at least 1");
   }
@@ -35,7 +48,6 @@ absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipe
   layout.encoder_decoder = dims.encoder_decoder();
   layout.encoder_layers = dims.encoder_layers;
   layout.decoder_layers = dims.encoder_decoder() ? dims.decoder_layers : 0;
-  const auto ceil_div = [](uint32_t a, uint32_t b) { return (a + b - 1) / b; };
   layout.tied_embedding_replica = dims.tied_embeddings && pipeline * virtual_chunks > 1;
   if (dims.t5v11()) {
     layout.shared_word_embedding = true;
@@ -46,36 +58,66 @@ absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipe
     layout.position_bias_replicated_bytes = 8;            // int64 bucket ids
     layout.position_bias_fused = dims.attention_kernel == AttentionKernel::kFused;
   }
-  if (!dims.encoder_decoder()) {
-    if (dims.encoder_layers < pipeline * virtual_chunks) {
-      return absl::InvalidArgumentError(absl::StrCat(dims.encoder_layers, " layers cannot fill ",
-                                                     pipeline * virtual_chunks, " stages"));
+  const LayerCounts counts{.encoder_decoder = dims.encoder_decoder(),
+                           .encoder_layers = layout.encoder_layers,
+                           .decoder_layers = layout.decoder_layers};
+  const uint32_t stages = pipeline * virtual_chunks;
+  if (layers == nullptr) {
+    absl::StatusOr<LayerLayout> even = EvenLayerLayout(counts, stages);
+    if (!even.ok()) return even.status();
+    layout.layers = *std::move(even);
+  } else {
+    // The invariants of layer_layout.h, for a layout from a plan or a store.
+    const LayerLayout& l = *layers;
+    uint32_t encoder_sum = 0;
+    uint32_t decoder_sum = 0;
+    bool valid = l.stages() == stages && l.decoder.size() == l.encoder.size();
+    for (uint32_t s = 0; valid && s < l.stages(); ++s) {
+      encoder_sum += l.encoder[s];
+      decoder_sum += l.decoder[s];
+      valid = l.encoder[s] + l.decoder[s] > 0 &&
+              (stages == 1 || l.encoder[s] == 0 || l.decoder[s] == 0) &&
+              (s == 0 || l.encoder[s] == 0 || l.encoder[s - 1] > 0);
     }
-    layout.encoder_devices = pipeline;
-    layout.encoder_layers_per_device = ceil_div(dims.encoder_layers, pipeline);
-    return layout;
+    valid = valid && encoder_sum == counts.encoder_layers && decoder_sum == counts.decoder_layers &&
+            (counts.encoder_decoder || decoder_sum == 0) &&
+            (!counts.encoder_decoder || stages == 1 ||
+             (l.encoder_stages() >= 1 && l.encoder_stages() < stages));
+    if (!valid) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stage layout ", l.ToString(), " does not split the model's ", counts.encoder_layers,
+          counts.encoder_decoder ? absl::StrCat(" encoder and ", counts.decoder_layers, " decoder")
+                                 : "",
+          " layers over ", stages, " stages"));
+    }
+    layout.layers = l;
   }
-  if (pipeline == 1) {
-    layout.encoder_devices = 1;
-    layout.encoder_layers_per_device = dims.encoder_layers;
-    layout.decoder_layers_per_device = dims.decoder_layers;
-    return layout;
+  layout.encoder_devices = dims.encoder_decoder() ? layout.layers.encoder_stages() : pipeline;
+  if (dims.encoder_decoder() && pipeline > 1 && virtual_chunks > 1) {
+    // T5 runs without interleaving: its encoder devices are the devices
+    // whose every chunk holds encoder layers.
+    layout.encoder_devices = std::max<uint32_t>(1, layout.layers.encoder_stages() / virtual_chunks);
   }
-  // Split devices in proportion to the layer counts, at least one each.
-  const double share = static_cast<double>(dims.encoder_layers) /
-                       (static_cast<double>(dims.encoder_layers) + dims.decoder_layers);
-  layout.encoder_devices =
-      std::clamp<uint32_t>(static_cast<uint32_t>(share * pipeline + 0.5), 1, pipeline - 1);
-  const uint32_t decoder_devices = pipeline - layout.encoder_devices;
-  if (dims.encoder_layers < layout.encoder_devices || dims.decoder_layers < decoder_devices) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("T5 with ", dims.encoder_layers, " encoder and ", dims.decoder_layers,
-                     " decoder layers cannot fill ", layout.encoder_devices, " encoder and ",
-                     decoder_devices, " decoder devices"));
+  for (uint32_t d = 0; d < pipeline; ++d) {
+    layout.encoder_layers_per_device =
+        std::max(layout.encoder_layers_per_device, layout.DeviceEncoderLayers(d));
+    layout.decoder_layers_per_device =
+        std::max(layout.decoder_layers_per_device, layout.DeviceDecoderLayers(d));
   }
-  layout.encoder_layers_per_device = ceil_div(dims.encoder_layers, layout.encoder_devices);
-  layout.decoder_layers_per_device = ceil_div(dims.decoder_layers, decoder_devices);
   return layout;
+}
+
+absl::StatusOr<StageLayout> JobStageLayout(const v1::JobConfig& config) {
+  const ModelDims dims = ModelDimsFromConfig(config.model());
+  const uint32_t pipeline = std::max(1u, config.parallelism().pipeline());
+  const uint32_t chunks =
+      dims.encoder_decoder() ? 1 : std::max(1u, config.parallelism().virtual_chunks());
+  if (chunks != std::max(1u, config.parallelism().virtual_chunks())) {
+    return MakeStageLayout(dims, pipeline, 1);
+  }
+  absl::StatusOr<LayerLayout> layers = ConfiguredLayerLayout(config);
+  if (!layers.ok()) return layers.status();
+  return MakeStageLayout(dims, pipeline, chunks, &*layers);
 }
 
 double ModelParameters(const CostModel& model, const StageLayout& layout) {
@@ -90,30 +132,8 @@ double ModelParameters(const CostModel& model, const StageLayout& layout) {
 }
 
 double MaxParametersPerDevice(const CostModel& model, const StageLayout& layout) {
-  const double enc = model.Parameters(Component::kEncoderLayer);
-  const double dec = model.Parameters(Component::kDecoderLayer);
-  const double emb = model.Parameters(Component::kEmbedding);
-  const double post = model.Parameters(Component::kPostprocess);
-  const double encoder_extra = layout.encoder_device_parameters;
-  const double decoder_extra = layout.encoder_decoder ? layout.decoder_device_parameters : 0.0;
-  const double last_encoder = layout.last_encoder_device_parameters;
-  if (layout.shared_device()) {
-    return layout.encoder_layers_per_device * enc + layout.decoder_layers_per_device * dec +
-           (layout.shared_word_embedding ? 1 : 2) * emb + post + encoder_extra + decoder_extra +
-           last_encoder;
-  }
-  if (!layout.encoder_decoder) {
-    const double layers = layout.encoder_layers_per_device * enc + encoder_extra;
-    if (layout.devices == 1) return layers + emb + post + last_encoder;
-    return layers + std::max(emb, post + last_encoder + (layout.tied_embedding_replica ? emb : 0));
-  }
-  const double encoder_device =
-      layout.encoder_layers_per_device * enc + encoder_extra +
-      (layout.encoder_devices == 1 ? emb + last_encoder : std::max(emb, last_encoder));
-  const uint32_t decoder_devices = layout.devices - layout.encoder_devices;
-  const double decoder_device = layout.decoder_layers_per_device * dec + decoder_extra +
-                                (decoder_devices == 1 ? emb + post : std::max(emb, post));
-  return std::max(encoder_device, decoder_device);
+  const std::vector<double> params = ParametersPerDevice(model, layout);
+  return *std::max_element(params.begin(), params.end());
 }
 
 absl::StatusOr<double> AvailableActivationBytes(const CostModel& model, const StageLayout& layout,
@@ -147,16 +167,13 @@ std::vector<double> ParametersPerDevice(const CostModel& model, const StageLayou
   }
   const uint32_t encoder_devices = layout.encoder_decoder ? layout.encoder_devices : c;
   for (uint32_t d = 0; d < encoder_devices; ++d) {
-    params[d] = LayersOnStage(layout.encoder_layers, encoder_devices, d) * enc +
-                layout.encoder_device_parameters;
+    params[d] = layout.DeviceEncoderLayers(d) * enc + layout.encoder_device_parameters;
   }
   params[0] += emb;
   params[encoder_devices - 1] += layout.last_encoder_device_parameters;
   if (layout.encoder_decoder) {
     for (uint32_t d = encoder_devices; d < c; ++d) {
-      params[d] =
-          LayersOnStage(layout.decoder_layers, c - encoder_devices, d - encoder_devices) * dec +
-          layout.decoder_device_parameters;
+      params[d] = layout.DeviceDecoderLayers(d) * dec + layout.decoder_device_parameters;
     }
     // MEGATRON: the decoder's own embedding; T5V11: the replica of the
     // shared word_embedding.

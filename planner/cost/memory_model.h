@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/config/layer_layout.h"
 #include "planner/cost/cost_model.h"
 
 namespace varipipe::planner {
@@ -34,11 +35,12 @@ struct ModelStateBytes {
 // REQUIRES: data_parallel >= 1.
 ModelStateBytes ModelStatePerDevice(double parameter_count, ZeroStage zero, uint32_t data_parallel);
 
-// How the model's layers sit on the pipeline's devices (DynaPipe's layout):
-// decoder-only models spread layers evenly over all devices; T5 puts its
-// encoder on the first encoder_devices devices and the decoder on the rest.
-// The first device of each stack also holds that stack's embedding, the last
-// device the LM head (postprocess).
+// How the model's layers sit on the pipeline's devices: the job's
+// LayerLayout (common/config/layer_layout.h; the even split unless the
+// config gives one or the planner chose one). T5 puts its encoder on the
+// first encoder_devices devices and the decoder on the rest. The first
+// device of each stack also holds that stack's embedding, the last device
+// the LM head (postprocess).
 struct StageLayout {
   uint32_t devices = 1;          // pipeline degree c
   uint32_t virtual_chunks = 1;   // model chunks per device (interleaving)
@@ -46,9 +48,21 @@ struct StageLayout {
   // The model's layers of each kind.
   uint32_t encoder_layers = 0;
   uint32_t decoder_layers = 0;
-  // Most layers any device holds of each kind (ceiling division).
+  // Most layers any device holds of each kind.
   uint32_t encoder_layers_per_device = 0;
   uint32_t decoder_layers_per_device = 0;
+  // The layers of each of the devices * virtual_chunks model stages.
+  LayerLayout layers;
+  // Layers of each stack on model stage `stage` when the model runs as
+  // `stages` stages: the layout's own stage when stages == layers.stages(),
+  // device `stage`'s chunks together when stages == devices (a schedule
+  // without interleaving on a job with virtual chunks), the even split
+  // otherwise.
+  uint32_t StageEncoderLayers(uint32_t stage, uint32_t stages) const;
+  uint32_t StageDecoderLayers(uint32_t stage, uint32_t stages) const;
+  // Layers of each stack on pipeline device d (its chunks together).
+  uint32_t DeviceEncoderLayers(uint32_t d) const { return layers.DeviceEncoderLayers(d, devices); }
+  uint32_t DeviceDecoderLayers(uint32_t d) const { return layers.DeviceDecoderLayers(d, devices); }
   bool encoder_decoder = false;
   // LLAMA with tie_word_embeddings on more than one device: the last device
   // holds a replica of the embedding for its LM head (Megatron-LM's rule;
@@ -107,12 +121,22 @@ struct StageLayout {
 };
 
 // Layers of stage `index` when `layers` are spread over `stages` stages as
-// evenly as possible, the first stages taking the remainder (the executor's
-// stage roles; the largest stage holds the ceiling).
+// evenly as possible, the first stages taking the remainder (EvenLayerLayout).
 uint32_t LayersOnStage(uint32_t layers, uint32_t stages, uint32_t index);
 
+// The layout of `dims` over `pipeline` devices with `virtual_chunks` chunks
+// each: `layers` (pipeline * virtual_chunks stages, checked against the
+// model), or the even split when null. InvalidArgument naming the reason
+// when the layout does not fit the model.
 absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipeline,
-                                            uint32_t virtual_chunks);
+                                            uint32_t virtual_chunks,
+                                            const LayerLayout* layers = nullptr);
+
+// The job's layout (ConfiguredLayerLayout: EVEN or LISTED; a planner
+// that chose an AUTO layout holds it as LISTED) over pipeline *
+// virtual_chunks stages; T5, which runs without interleaving, over the
+// pipeline's devices.
+absl::StatusOr<StageLayout> JobStageLayout(const v1::JobConfig& config);
 
 // Parameters of the whole model, every shared parameter counted once (its
 // replicas on other devices are not parameters of their own): what a

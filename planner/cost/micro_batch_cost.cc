@@ -63,6 +63,29 @@ absl::StatusOr<MicroBatchCostModel> MicroBatchCostModel::Create(const CostModel&
   m.total_decoder_layers_ = layout.decoder_layers;
   m.recompute_ = recompute;
   m.tensor_parallel_ = std::max<uint32_t>(1, tensor_parallel);
+  // Each device class covers a range of devices and takes the most layers
+  // any of them holds (and, with SetDeviceRoom, the least room): an upper
+  // bound for every device of the class.
+  const uint32_t c = layout.devices;
+  const auto most = [&](uint32_t begin, uint32_t end, bool decoder) {
+    uint32_t n = 0;
+    for (uint32_t d = begin; d < end; ++d) {
+      n = std::max(n, decoder ? layout.DeviceDecoderLayers(d) : layout.DeviceEncoderLayers(d));
+    }
+    return n;
+  };
+  if (c == 1) {
+    m.class_devices_ = {{{0, 1}, {0, 1}, {0, 1}}};
+    m.class_layers_ = {layout.encoder_layers, layout.decoder_layers, layout.encoder_layers};
+  } else if (!layout.encoder_decoder) {
+    m.class_devices_ = {{{0, c - 1}, {c - 1, c}, {c - 1, c}}};
+    m.class_layers_ = {most(0, c - 1, false), 0, most(c - 1, c, false)};
+  } else {
+    const uint32_t e = layout.encoder_devices;
+    const uint32_t decoder_end = e + 1 == c ? c : c - 1;
+    m.class_devices_ = {{{0, e}, {e, decoder_end}, {c - 1, c}}};
+    m.class_layers_ = {most(0, e, false), most(e, decoder_end, true), most(c - 1, c, true)};
+  }
   if (!layout.shared_device() && layout.devices > 1) {
     m.depth_ = {
         static_cast<double>(layout.devices),
@@ -106,10 +129,17 @@ absl::StatusOr<MicroBatchCostModel> MicroBatchCostModel::Create(const CostModel&
 void MicroBatchCostModel::SetDeviceRoom(const std::vector<double>& room, double reference) {
   const uint32_t c = layout_.devices;
   if (room.size() != c || c == 0) return;
-  first_scale_ = reference / room[0];
-  last_scale_ = reference / room[c - 1];
+  // The least room of each class's devices.
+  const auto scale = [&](const std::pair<uint32_t, uint32_t>& devices) {
+    const double least = *std::min_element(room.begin() + devices.first,
+                                           room.begin() + std::max(devices.first + 1,
+                                                                   devices.second));
+    return reference / least;
+  };
+  first_scale_ = scale(class_devices_[kFirstDevice]);
+  last_scale_ = scale(class_devices_[kLastDevice]);
   first_decoder_scale_ =
-      layout_.encoder_decoder && c > 1 ? reference / room[layout_.encoder_devices] : last_scale_;
+      layout_.encoder_decoder && c > 1 ? scale(class_devices_[kFirstDecoderDevice]) : last_scale_;
 }
 
 bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& decoder,
@@ -122,7 +152,7 @@ bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& d
   if (!l.encoder_decoder) {
     if (l.devices == 1) {
       DeviceSum only;
-      only.Add(encoder, l.encoder_layers_per_device);
+      only.Add(encoder, l.encoder_layers);
       only.Add(encoder_embedding, 1);
       only.Add(postprocess, 1);
       only.AddBias(encoder_bias);
@@ -130,12 +160,12 @@ bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& d
       return true;
     }
     DeviceSum first;
-    first.Add(encoder, l.encoder_layers_per_device);
+    first.Add(encoder, class_layers_[kFirstDevice]);
     first.Add(encoder_embedding, 1);
     first.AddBias(encoder_bias);
     first.MergeInto(out, first_scale_, depth_[kFirstDevice], kFirstDevice);
     DeviceSum last;
-    last.Add(encoder, l.encoder_layers_per_device);
+    last.Add(encoder, class_layers_[kLastDevice]);
     last.Add(postprocess, 1);
     last.AddBias(encoder_bias);
     last.MergeInto(out, last_scale_, depth_[kLastDevice], kLastDevice);
@@ -143,9 +173,9 @@ bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& d
   }
   if (l.shared_device()) {
     DeviceSum only;
-    only.Add(encoder, l.encoder_layers_per_device);
+    only.Add(encoder, l.encoder_layers);
     only.Add(encoder_embedding, 1);
-    only.Add(decoder, l.decoder_layers_per_device);
+    only.Add(decoder, l.decoder_layers);
     only.Add(decoder_embedding, 1);
     only.Add(postprocess, 1);
     only.AddBias(encoder_bias);
@@ -154,13 +184,13 @@ bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& d
     return true;
   }
   DeviceSum first_encoder;
-  first_encoder.Add(encoder, l.encoder_layers_per_device);
+  first_encoder.Add(encoder, class_layers_[kFirstDevice]);
   first_encoder.Add(encoder_embedding, 1);
   first_encoder.AddBias(encoder_bias);
   first_encoder.MergeInto(out, first_scale_, depth_[kFirstDevice], kFirstDevice);
   const bool one_decoder_device = l.devices - l.encoder_devices == 1;
   DeviceSum first_decoder;
-  first_decoder.Add(decoder, l.decoder_layers_per_device);
+  first_decoder.Add(decoder, class_layers_[kFirstDecoderDevice]);
   first_decoder.Add(decoder_embedding, 1);
   if (one_decoder_device) first_decoder.Add(postprocess, 1);
   first_decoder.AddBias(decoder_bias);
@@ -168,7 +198,7 @@ bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& d
                           kFirstDecoderDevice);
   if (!one_decoder_device) {
     DeviceSum last;
-    last.Add(decoder, l.decoder_layers_per_device);
+    last.Add(decoder, class_layers_[kLastDevice]);
     last.Add(postprocess, 1);
     last.AddBias(decoder_bias);
     last.MergeInto(out, last_scale_, depth_[kLastDevice], kLastDevice);
@@ -286,7 +316,7 @@ bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_
     const bool decoder_stage = t5 && (layout_.devices == 1 ? false : st >= encoder_stages);
     if (!decoder_stage) {
       const uint32_t index = st;
-      add(c, encoder, LayersOnStage(total_encoder_layers_, encoder_stages, index), transient);
+      add(c, encoder, layout_.StageEncoderLayers(st, stages), transient);
       if (index == 0) add(c, encoder_embedding, 1, transient);
       c.stored_bytes += encoder_bias.stored;
       bias_gradient += encoder_bias.gradient;
@@ -303,8 +333,7 @@ bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_
       c.gradient_bytes = st == 0 ? 0 : encoder_act;
     } else {
       const uint32_t index = st - encoder_stages;
-      const uint32_t decoder_stages = stages - encoder_stages;
-      add(c, decoder, LayersOnStage(total_decoder_layers_, decoder_stages, index), transient);
+      add(c, decoder, layout_.StageDecoderLayers(st, stages), transient);
       if (index == 0) add(c, decoder_embedding, 1, transient);
       if (st + 1 == stages) add(c, postprocess, 1, transient);
       c.stored_bytes += decoder_bias.stored;

@@ -17,6 +17,7 @@
 
 #include <array>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -105,8 +106,9 @@ class MicroBatchCostModel {
   bool Evaluate(const Row& row, uint32_t b, MicroBatchCost* out) const;
 
   // Per-stage costs of `b` samples padded to (input_len, target_len) when
-  // the model is split into `stages` = devices * chunks stages (layers
-  // spread evenly, looped placement; T5: encoder stages first). Activation
+  // the model is split into `stages` = devices * chunks stages (the
+  // layout's layers, StageLayout::StageEncoderLayers; looped placement; T5:
+  // encoder stages first). Activation
   // sizes use `hidden` and `dtype_bytes`. False when outside the cost model.
   bool EvaluateStages(uint32_t b, uint32_t input_len, uint32_t target_len, uint32_t chunks,
                       uint32_t hidden, uint32_t dtype_bytes, std::vector<StageCost>* out) const;
@@ -160,6 +162,11 @@ class MicroBatchCostModel {
   double first_decoder_scale_ = 1;  // T5: first decoder device
   double last_scale_ = 1;           // last device
   std::array<double, 3> depth_{1, 1, 1};
+  // Per device class: its devices [first, second) and the most layers of
+  // its stack any of them holds (GPT: [0, c - 1) and c - 1; T5: the encoder
+  // devices, the decoder devices before the last, the last).
+  std::array<std::pair<uint32_t, uint32_t>, 3> class_devices_{};
+  std::array<uint32_t, 3> class_layers_{};
 };
 
 }  // namespace varipipe::planner

@@ -446,10 +446,24 @@ PartitionMethod PartitionMethodFromProto(v1::PartitionMethod method) {
   }
 }
 
+namespace {
+
+// The options' stage layout: o.layers (its stages a multiple of the
+// pipeline), or the even split.
+absl::StatusOr<StageLayout> LayoutOf(const MicroBatchingOptions& o) {
+  if (o.layers.stages() == 0 || o.pipeline == 0 || o.layers.stages() % o.pipeline != 0) {
+    return MakeStageLayout(o.dims, o.pipeline, o.virtual_chunks);
+  }
+  return MakeStageLayout(o.dims, o.pipeline, o.layers.stages() / o.pipeline, &o.layers);
+}
+
+}  // namespace
+
 MicroBatchingOptions MicroBatchingOptionsFromConfig(const v1::JobConfig& config,
                                                     PartitionMethod method) {
   MicroBatchingOptions o;
   o.dims = ModelDimsFromConfig(config.model());
+  if (absl::StatusOr<StageLayout> job = JobStageLayout(config); job.ok()) o.layers = job->layers;
   o.pipeline = config.parallelism().pipeline();
   o.virtual_chunks = config.parallelism().virtual_chunks();
   o.data_parallel = config.parallelism().data();
@@ -492,7 +506,7 @@ absl::StatusOr<MicroBatchingResult> PlanMicroBatches(std::span<const SampleLengt
         "micro-batching options: degrees, length multiple, memory limit, maximum lengths, "
         "recompute modes and budgets must all be set");
   }
-  absl::StatusOr<StageLayout> layout = MakeStageLayout(o.dims, o.pipeline, o.virtual_chunks);
+  absl::StatusOr<StageLayout> layout = LayoutOf(o);
   if (!layout.ok()) return layout.status();
   MicroBatchingResult result;
   result.samples.assign(samples.begin(), samples.end());
@@ -524,7 +538,7 @@ absl::Status SolvePrunedPair(const CostModel& model, const MicroBatchingOptions&
   if (index >= result->candidates.size() || !result->candidates[index].pruned) {
     return absl::InvalidArgumentError("SolvePrunedPair: not a pruned pair");
   }
-  absl::StatusOr<StageLayout> layout = MakeStageLayout(o.dims, o.pipeline, o.virtual_chunks);
+  absl::StatusOr<StageLayout> layout = LayoutOf(o);
   if (!layout.ok()) return layout.status();
   MicroBatchingCandidate& c = result->candidates[index];
   absl::StatusOr<MicroBatchCostModel> cost = CostModelFor(model, *layout, o, *result, c.recompute);

@@ -48,6 +48,9 @@ struct MicroBatchingOptions {
   ModelDims dims;
   uint32_t pipeline = 1;
   uint32_t virtual_chunks = 1;
+  // The job's stage layout (pipeline x its chunks stages); empty: the even
+  // split over pipeline x virtual_chunks.
+  LayerLayout layers;
   uint32_t data_parallel = 1;
   uint32_t tensor_parallel = 1;
   ZeroStage zero = ZeroStage::k0;

@@ -60,6 +60,11 @@ class RankPlanBuilder {
     plan_.set_predicted_makespan_ms(o_.predicted_makespan_ms);
     plan_.set_predicted_overhead_ms(o_.predicted_overhead_ms);
     plan_.set_calibration_version(o_.calibration_version);
+    if (o_.layers.stages() > 0) {
+      const v1::StageLayoutConfig layout = LayerLayoutToConfig(o_.layers);
+      plan_.mutable_stage_layers()->Add(layout.layers().begin(), layout.layers().end());
+      plan_.set_encoder_stages(layout.encoder_stages());
+    }
     const auto at = [&](const std::vector<double>& v) {
       return device_ < v.size() ? v[device_] : 0.0;
     };

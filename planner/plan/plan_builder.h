@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/config/layer_layout.h"
 #include "planner/comm/comm_planner.h"
 #include "varipipe/v1/plan.pb.h"
 
@@ -71,6 +72,9 @@ struct PlanBuildOptions {
   bool encoder_decoder = false;
   // T5: stages [0, encoder_stages) are encoder stages.
   uint32_t encoder_stages = 0;
+  // The job's resolved stage layout, recorded in every plan
+  // (ExecutionPlan.stage_layers); empty: none recorded.
+  LayerLayout layers;
   uint32_t hidden = 0;
   v1::DType dtype = v1::BFLOAT16;
   std::string recompute;         // "none", "selective", "full"

@@ -44,6 +44,7 @@ grpc::Status PlanServiceImpl::GetJob(grpc::ServerContext* context, const v1::Get
   *response->mutable_config() = daemon_->config();
   response->set_config_hash(ConfigHash(daemon_->config()));
   response->set_store_address(daemon_->store_address());
+  *response->mutable_stage_layout() = LayerLayoutToConfig(daemon_->stage_layout());
   absl::StatusOr<PlannerDaemon::StoreLease> store = daemon_->AcquireStore();
   if (store.ok()) {
     absl::StatusOr<StoreCounters> counters = (*store)->Counters();

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/auth/job_token.h"
 #include "common/config/job_config.h"
@@ -17,6 +18,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
+#include "planner/layout/stage_layout_search.h"
 #include "planner/plan/plan_builder.h"
 #include "planner/service/plan_service.h"
 #include "planner/service/planner_metrics.h"
@@ -240,6 +242,15 @@ absl::Status PlannerDaemon::Initialize() {
   SetStep("building the planner (cost models)");
   VP_RETURN_IF_ERROR(CheckCancelled());
   VP_ASSIGN_OR_RETURN(planner::Planner planner, planner::Planner::Create(config));
+  if (EffectiveLayoutMode(config.parallelism().stage_layout()) == v1::AUTO) {
+    SetStep("choosing the stage layout (parallelism.stage_layout AUTO)");
+    VP_RETURN_IF_ERROR(CheckCancelled());
+    VP_ASSIGN_OR_RETURN(stage_layout_, AutoStageLayout(planner));
+    planner = planner.WithStageLayout(stage_layout_);
+  } else {
+    VP_ASSIGN_OR_RETURN(stage_layout_, ConfiguredLayerLayout(config));
+    spdlog::info("stage layout: {}", stage_layout_.ToString());
+  }
   planner_ = std::make_unique<planner::Planner>(std::move(planner));
   // Workers.
   SetStep("starting the planning workers");
@@ -402,6 +413,47 @@ absl::StatusOr<std::vector<std::string>> PlannerDaemon::PlanIteration(uint64_t i
     envelopes.push_back(envelope.SerializeAsString());
   }
   return envelopes;
+}
+
+absl::StatusOr<LayerLayout> PlannerDaemon::AutoStageLayout(const planner::Planner& planner) {
+  const v1::ParallelismConfig& p = config_.parallelism();
+  const LayerCounts counts = LayerCountsOf(config_.model());
+  const uint32_t stages =
+      std::max(1u, p.pipeline()) * (counts.encoder_decoder ? 1 : std::max(1u, p.virtual_chunks()));
+  const auto parse = [&](const v1::StageLayoutConfig& stored) -> absl::StatusOr<LayerLayout> {
+    if (stored.mode() == v1::EVEN) return EvenLayerLayout(counts, stages);
+    return ListedLayerLayout(stored, counts, stages, "the instruction store's stage_layout");
+  };
+  VP_ASSIGN_OR_RETURN(StoreLease store, AcquireStore());
+  absl::StatusOr<v1::StageLayoutConfig> stored = store->LoadStageLayout();
+  if (stored.ok()) {
+    VP_ASSIGN_OR_RETURN(LayerLayout layout, parse(*stored));
+    spdlog::info("stage layout (AUTO): {}, as the instruction store records it", layout.ToString());
+    return layout;
+  }
+  if (!absl::IsNotFound(stored.status())) return stored.status();
+  // The job's first mini-batches stand for its length distribution.
+  std::vector<planner::MiniBatch> sample;
+  for (uint64_t i = 0;
+       i < std::min<uint64_t>(planner::kLayoutSampleMiniBatches, config_.training().iterations());
+       ++i) {
+    const SampledMiniBatch sampled = sampler_->Get(i);
+    sample.push_back({.iteration = i, .sample_ids = sampled.sample_ids, .lengths = sampled.lengths});
+  }
+  spdlog::info("choosing the stage layout (AUTO) over {} sampled mini-batches", sample.size());
+  VP_ASSIGN_OR_RETURN(const planner::LayoutChoice choice,
+                      planner::ChooseStageLayout(planner, sample));
+  for (absl::string_view line : absl::StrSplit(choice.Describe(), '\n')) {
+    spdlog::info("{}", line);
+  }
+  VP_ASSIGN_OR_RETURN(const v1::StageLayoutConfig recorded,
+                      store->RegisterStageLayout(LayerLayoutToConfig(choice.chosen)));
+  VP_ASSIGN_OR_RETURN(LayerLayout layout, parse(recorded));
+  if (!(layout == choice.chosen)) {
+    spdlog::info("stage layout (AUTO): another daemon recorded {} first; this daemon follows it",
+                 layout.ToString());
+  }
+  return layout;
 }
 
 std::shared_ptr<const planner::Planner> PlannerDaemon::CalibratedPlanner() const {

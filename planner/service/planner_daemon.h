@@ -157,11 +157,17 @@ class PlannerDaemon {
   const v1::JobConfig& config() const { return config_; }
   // The planner as configured (profiled cost model, no calibration).
   const planner::Planner& planner() const { return *planner_; }
+  // The stage layout the job's plans follow (ready once serving).
+  const LayerLayout& stage_layout() const { return stage_layout_; }
   // The planner with the calibration state last read from the store.
   std::shared_ptr<const planner::Planner> CalibratedPlanner() const;
   // Reads the job's calibration state and, when it changed, rebuilds the
   // calibrated planner (docs/cost-model.md, "Calibration").
   absl::Status RefreshCalibration(RedisInstructionStore& store);
+  // parallelism.stage_layout AUTO: the layout the store records, or this
+  // daemon's choice (ChooseStageLayout over the first sampled mini-batches)
+  // recorded for the job's other daemons and executors.
+  absl::StatusOr<LayerLayout> AutoStageLayout(const planner::Planner& planner);
   // Folds an accepted progress report into the job's calibration state
   // (when planner.online_calibration) and records rank 0's prediction error.
   absl::Status LearnFromReport(RedisInstructionStore& store,
@@ -218,6 +224,7 @@ class PlannerDaemon {
   std::unique_ptr<SampleDataset> dataset_;
   std::unique_ptr<MiniBatchSampler> sampler_;
   std::unique_ptr<planner::Planner> planner_;
+  LayerLayout stage_layout_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<PlanServiceImpl> plan_service_;
   std::unique_ptr<StatusServiceImpl> status_service_;

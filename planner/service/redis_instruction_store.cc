@@ -231,6 +231,29 @@ absl::StatusOr<std::string> RedisInstructionStore::RegisterToken(const std::stri
   return stored;
 }
 
+absl::StatusOr<v1::StageLayoutConfig> RedisInstructionStore::LoadStageLayout() {
+  VP_ASSIGN_OR_RETURN(RedisReply reply, redis_->Command({"GET", Key("stage_layout")}));
+  VP_RETURN_IF_ERROR(RedisReplyError(reply, "GET stage_layout"));
+  if (reply.is_nil()) {
+    return absl::NotFoundError(
+        absl::StrCat("job ", options_.job_id, " has no stage layout chosen yet"));
+  }
+  v1::StageLayoutConfig layout;
+  if (!layout.ParseFromString(reply.str())) {
+    return absl::DataLossError(
+        absl::StrCat(Key("stage_layout"), " is not a StageLayoutConfig"));
+  }
+  return layout;
+}
+
+absl::StatusOr<v1::StageLayoutConfig> RedisInstructionStore::RegisterStageLayout(
+    const v1::StageLayoutConfig& chosen) {
+  VP_ASSIGN_OR_RETURN(RedisReply reply, redis_->Command({"SET", Key("stage_layout"),
+                                                         Deterministic(chosen), "NX"}));
+  VP_RETURN_IF_ERROR(RedisReplyError(reply, "SET stage_layout"));
+  return LoadStageLayout();
+}
+
 absl::StatusOr<v1::JobConfig> RedisInstructionStore::LoadJob() {
   VP_ASSIGN_OR_RETURN(RedisReply reply, redis_->Command({"GET", Key("config")}));
   VP_RETURN_IF_ERROR(RedisReplyError(reply, "GET config"));

@@ -6,6 +6,8 @@
 //                             config is refused
 //   P:token                   the job's secret token for gRPC clients,
 //                             written once (docs/security.md)
+//   P:stage_layout            an AUTO job's chosen stage layout
+//                             (StageLayoutConfig), written once
 //   P:claimed                 next iteration never claimed (INCR-like, in Lua)
 //   P:unpublished             claimed but unpublished iterations (sorted set)
 //   P:lease:<i>               the daemon planning iteration i (expires, so a
@@ -93,6 +95,12 @@ class RedisInstructionStore {
   // returns the stored token. With `must_match` (a daemon given
   // --token_file), another stored token is FAILED_PRECONDITION.
   absl::StatusOr<std::string> RegisterToken(const std::string& candidate, bool must_match);
+  // The job's stage layout (parallelism.stage_layout AUTO): the stored one,
+  // or NOT_FOUND when no daemon chose one yet.
+  absl::StatusOr<v1::StageLayoutConfig> LoadStageLayout();
+  // Stores `chosen` unless the job has a layout, and returns the stored one
+  // (the first daemon's choice holds for the whole job).
+  absl::StatusOr<v1::StageLayoutConfig> RegisterStageLayout(const v1::StageLayoutConfig& chosen);
   // The stored job config; NOT_FOUND when none.
   absl::StatusOr<v1::JobConfig> LoadJob();
 

@@ -18,8 +18,10 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/binary_main.h"
 #include "common/config/job_config.h"
+#include "common/config/layer_layout.h"
 #include "common/dataset/lengths_csv.h"
 #include "common/dataset/minibatch_sampler.h"
 #include "common/dataset/sample_dataset.h"
@@ -30,6 +32,7 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "common/checkpoint/hf_model_config.h"
+#include "planner/layout/stage_layout_search.h"
 #include "planner/planner.h"
 #include "spdlog/spdlog.h"
 
@@ -45,6 +48,9 @@ ABSL_FLAG(std::string, trace, "",
 ABSL_FLAG(bool, compare, false,
           "Also plan with every partition method and schedule and print them side by side.");
 ABSL_FLAG(bool, json, false, "Print one JSON report per iteration instead of the table.");
+ABSL_FLAG(bool, auto_layout, false,
+          "Choose the stage layout as parallelism.stage_layout AUTO does (over the job's first "
+          "8 mini-batches), whatever the config says, print the candidates, and plan with it.");
 ABSL_FLAG(std::string, emit_plans, "",
           "Write every rank's ExecutionPlan (protobuf JSON) to "
           "DIR/iteration_NNNNNN/rank_NNNNN.json.");
@@ -63,7 +69,7 @@ constexpr char kUsage[] =
     "\n"
     "Usage: varipipe-plan --config job.json [--lengths lengths.csv] [--iterations N]\n"
     "                     [--first-iteration I] [--trace out.json] [--compare] [--json]\n"
-    "                     [--emit-plans DIR] [--cost-model FILE]\n"
+    "                     [--emit-plans DIR] [--cost-model FILE] [--auto_layout]\n"
     "       varipipe-plan --model_from_hf CHECKPOINT_DIR\n"
     "\n"
     "Mini-batches: the training sampler's (shuffled per epoch, as daemons and\n"
@@ -72,7 +78,11 @@ constexpr char kUsage[] =
     "data.tokens_per_global_batch tokens. Each is planned\n"
     "as the planner daemon would: the partition methods, schedules and recompute\n"
     "modes the config allows are searched, the fastest candidate that fits memory\n"
-    "is lowered to one execution plan per rank and validated.";
+    "is lowered to one execution plan per rank and validated.\n"
+    "\n"
+    "Stage layout: the config's (parallelism.stage_layout). With mode AUTO, or\n"
+    "--auto_layout, it is chosen first as the planner daemons choose it, and the\n"
+    "candidates are printed with their mean predicted iteration.";
 
 // The mini-batch of each iteration, drawn by the training sampler
 // (common/dataset/minibatch_sampler.h) over the samples' lengths, so the plans
@@ -305,15 +315,17 @@ void PrintHeader(const Job& job) {
                 config.data().synthetic_mixture() == v1::DOCUMENTS ? "documents-like" : "FLAN-like",
                 " data (seed ", config.data().seed(), ")")
           : absl::StrCat(job.samples.size(), " samples from ", absl::GetFlag(FLAGS_lengths));
+  const absl::StatusOr<LayerLayout> layout = ConfiguredLayerLayout(config);
   std::printf(
-      "job %s: %s%s, %u layers, hidden %u; pp=%u dp=%u; %s; %llu tokens per global "
-      "batch, max length %u\n",
+      "job %s: %s%s, %u layers, hidden %u; pp=%u dp=%u, stage layout %s; %s; %llu tokens per "
+      "global batch, max length %u\n",
       config.job_id().c_str(), v1::ModelKind_Name(model.kind()).c_str(),
       model.architecture() == v1::LLAMA   ? " (LLAMA)"
       : model.architecture() == v1::T5V11 ? " (T5V11)"
                                           : "",
       model.num_layers() + model.num_decoder_layers(), model.hidden_size(),
-      config.parallelism().pipeline(), config.parallelism().data(), data.c_str(),
+      config.parallelism().pipeline(), config.parallelism().data(),
+      layout.ok() ? layout->ToString().c_str() : "even", data.c_str(),
       static_cast<unsigned long long>(config.data().tokens_per_global_batch()),
       config.data().max_sequence_length());
   std::printf("%-5s %7s %-20s %-20s %-10s %4s %12s %7s %9s %8s\n", "iter", "samples", "method",
@@ -460,6 +472,21 @@ int Run() {
   const auto build_start = std::chrono::steady_clock::now();
   absl::StatusOr<planner::Planner> planner = planner::Planner::Create(job.config);
   if (!planner.ok()) return Fail(planner.status(), kExitUsage);
+  absl::StatusOr<MiniBatchSource> source = MiniBatchSource::Create(job.config, job.samples);
+  if (!source.ok()) return Fail(source.status(), kExitUsage);
+  if (absl::GetFlag(FLAGS_auto_layout) ||
+      EffectiveLayoutMode(job.config.parallelism().stage_layout()) == v1::AUTO) {
+    // As the daemons choose it: over the job's first mini-batches.
+    std::vector<planner::MiniBatch> sample;
+    for (uint64_t i = 0; i < planner::kLayoutSampleMiniBatches; ++i) sample.push_back(source->Next(i));
+    absl::StatusOr<planner::LayoutChoice> choice = planner::ChooseStageLayout(*planner, sample);
+    if (!choice.ok()) return Fail(choice.status(), kExitFailure);
+    for (absl::string_view line : absl::StrSplit(choice->Describe(), '\n')) {
+      spdlog::info("{}", line);
+    }
+    *planner = planner->WithStageLayout(choice->chosen);
+    *job.config.mutable_parallelism()->mutable_stage_layout() = LayerLayoutToConfig(choice->chosen);
+  }
   std::optional<planner::Planner> comparer;
   if (absl::GetFlag(FLAGS_compare)) comparer.emplace(MakeComparer(job.config, *planner));
   spdlog::info(
@@ -468,8 +495,6 @@ int Run() {
           .count());
   ShutdownSignal shutdown;
   if (!absl::GetFlag(FLAGS_json)) PrintHeader(job);
-  absl::StatusOr<MiniBatchSource> source = MiniBatchSource::Create(job.config, job.samples);
-  if (!source.ok()) return Fail(source.status(), kExitUsage);
   Totals totals;
   std::string trace_path = absl::GetFlag(FLAGS_trace);
   const int64_t first = absl::GetFlag(FLAGS_first_iteration);

@@ -27,7 +27,10 @@
 // shapes, split backwards, packed rows and a tied head, against the
 // reference's own LLAMA path; T5V11 cells (relative position bias, shared
 // embedding and bias tables replicated across stages) the same against its
-// T5V11 path.
+// T5V11 path. "Layout" cells run uneven stage layouts
+// (parallelism.stage_layout): GPT 3+1 and 1+3, interleaved, split-backward,
+// packed; T5 with its encoder over three stages and its decoder over one,
+// and the reverse; a tied LLAMA head and T5V11 across uneven stages.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -36,6 +39,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/config/job_config.h"
 #include "common/dataset/minibatch_sampler.h"
 #include "common/dataset/sample_dataset.h"
@@ -70,6 +74,9 @@ struct Cell {
   uint32_t dp = 1;
   uint32_t chunks = 1;
   v1::PartitionMethod method = v1::DYNAMIC_PROGRAMMING;
+  // An uneven stage layout (TinyJob::stage_layers); empty: the even split.
+  std::vector<uint32_t> layout;
+  uint32_t encoder_stages = 0;
 };
 
 std::string ScheduleName(const Cell& c) {
@@ -111,7 +118,9 @@ std::string CellName(const Cell& c) {
                       : c.t5    ? "T5"
                       : c.llama ? "Llama"
                                 : "Gpt",
-                      c.tied ? "Tied" : "", c.method == v1::PACKING ? "Packed" : "", "_",
+                      c.tied ? "Tied" : "", c.method == v1::PACKING ? "Packed" : "",
+                      c.layout.empty() ? "" : absl::StrCat("Layout", absl::StrJoin(c.layout, "")),
+                      "_",
                       ScheduleName(c), "_", RecomputeName(c.recompute), "_pp", c.pp, "dp", c.dp);
 }
 
@@ -231,6 +240,23 @@ std::vector<Cell> Matrix() {
   t5v11(v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 1, 1).method = v1::PACKING;
   t5v11(v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 2, 2).method = v1::PACKING;
   t5v11(v1::ADAPTIVE, v1::RECOMPUTE_SELECTIVE, 4, 1).method = v1::PACKING;
+  // Uneven stage layouts (parallelism.stage_layout LISTED): stages of
+  // different depth under plain, split-backward, interleaved and packed
+  // schedules; T5 with the encoder over three stages and the decoder over
+  // one; a tied LLAMA head and T5V11's shared parameters across them.
+  add(Cell{.layout = {3, 1}}, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 2, 1);
+  add(Cell{.layout = {1, 3}}, v1::ZERO_BUBBLE_H1, v1::RECOMPUTE_SELECTIVE, 2, 1);
+  add(Cell{.layout = {2, 1, 1, 2}}, v1::ADAPTIVE, v1::RECOMPUTE_FULL, 4, 1);
+  add(Cell{.layout = {3, 1, 1, 1}}, v1::INTERLEAVED_1F1B, v1::RECOMPUTE_NONE, 2, 1);
+  add(Cell{.method = v1::PACKING, .layout = {1, 3}}, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 2, 2);
+  add(Cell{.t5 = true, .layout = {2, 1, 1, 4}, .encoder_stages = 3}, v1::ONE_F_ONE_B,
+      v1::RECOMPUTE_SELECTIVE, 4, 1);
+  add(Cell{.t5 = true, .layout = {4, 1, 3}, .encoder_stages = 1}, v1::ADAPTIVE_ZERO_BUBBLE,
+      v1::RECOMPUTE_NONE, 3, 1);
+  add(Cell{.llama = true, .tied = true, .layout = {3, 1}}, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 2,
+      1);
+  add(Cell{.t5 = true, .t5v11 = true, .layout = {1, 3, 3, 1}, .encoder_stages = 2},
+      v1::ZERO_BUBBLE_H1, v1::RECOMPUTE_FULL, 4, 1);
   return cells;
 }
 
@@ -453,6 +479,8 @@ absl::StatusOr<v1::JobConfig> CellConfig(const Cell& c) {
   job.pipeline = c.pp;
   job.data = c.dp;
   job.chunks = c.chunks;
+  job.stage_layers = c.layout;
+  job.encoder_stages = c.encoder_stages;
   job.optimizer = v1::SGD;
   job.iterations = kIterations;
   return TinyJobConfig(job);

@@ -73,26 +73,6 @@ ModelSpec SmallT5V11() {
   return spec;
 }
 
-TEST(StageLayersTest, SplitsEvenlyAndCoversEveryLayer) {
-  for (int64_t layers = 1; layers <= 40; ++layers) {
-    for (int64_t stages = 1; stages <= layers; ++stages) {
-      int64_t next = 0;
-      int64_t largest = 0;
-      int64_t smallest = layers;
-      for (int64_t s = 0; s < stages; ++s) {
-        const LayerRange range = StageLayers(layers, stages, s);
-        ASSERT_EQ(range.begin, next) << layers << " layers, " << stages << " stages";
-        next = range.end;
-        largest = std::max(largest, range.size());
-        smallest = std::min(smallest, range.size());
-      }
-      EXPECT_EQ(next, layers);
-      EXPECT_EQ(largest, (layers + stages - 1) / stages);  // the planner's ceil
-      EXPECT_LE(largest - smallest, 1);
-    }
-  }
-}
-
 TEST(PipelineStageRolesTest, GptPutsEmbeddingFirstAndHeadLast) {
   absl::StatusOr<std::vector<StageRole>> roles = PipelineStageRoles(SmallGpt(), 3);
   ASSERT_THAT(roles, IsOk());
@@ -117,6 +97,33 @@ TEST(PipelineStageRolesTest, T5PutsEncoderStagesFirst) {
   EXPECT_EQ((*single)[0].DebugString(),
             "stage 0 embedding layers [0, 4) encoder-norm decoder-embedding decoder layers "
             "[0, 4) head");
+}
+
+TEST(PipelineStageRolesTest, FollowsTheJobsLayout) {
+  ModelSpec gpt = SmallGpt();
+  gpt.layers = {.encoder = {3, 1}, .decoder = {0, 0}};
+  absl::StatusOr<std::vector<StageRole>> roles = PipelineStageRoles(gpt, 2);
+  ASSERT_THAT(roles, IsOk());
+  EXPECT_EQ((*roles)[0].DebugString(), "stage 0 embedding layers [0, 3)");
+  EXPECT_EQ((*roles)[1].DebugString(), "stage 1 layers [3, 4) head");
+  EXPECT_THAT(PipelineStageRoles(gpt, 4),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("the stage layout 3+1 has 2 stages but the pipeline has 4")));
+  // An encoder over three stages, the decoder over one.
+  ModelSpec t5 = SmallT5();
+  t5.num_layers = 4;
+  t5.num_decoder_layers = 2;
+  t5.layers = {.encoder = {2, 1, 1, 0}, .decoder = {0, 0, 0, 2}};
+  roles = PipelineStageRoles(t5, 4);
+  ASSERT_THAT(roles, IsOk());
+  EXPECT_EQ((*roles)[0].DebugString(), "stage 0 embedding layers [0, 2)");
+  EXPECT_EQ((*roles)[1].DebugString(), "stage 1 layers [2, 3)");
+  EXPECT_EQ((*roles)[2].DebugString(), "stage 2 layers [3, 4) encoder-norm");
+  EXPECT_EQ((*roles)[3].DebugString(), "stage 3 decoder-embedding decoder layers [0, 2) head");
+  ModelSpec unset = SmallGpt();
+  unset.layout_auto = true;
+  EXPECT_THAT(PipelineStageRoles(unset, 2),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("AUTO")));
 }
 
 TEST(PipelineStageRolesTest, RejectsStagesWithoutLayers) {

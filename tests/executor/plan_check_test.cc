@@ -153,6 +153,26 @@ TEST(PlanCheck, EveryPlanThePlannerEmitsPasses) {
   EXPECT_TRUE(packed) << "no packed micro-batch was checked";
 }
 
+// Plans record the job's stage layout; an executor whose model was built
+// with another refuses them, naming both.
+TEST(PlanCheck, RefusesAPlanForAnotherStageLayout) {
+  v1::JobConfig config = Config({.pp = 2, .memory_mib = 16});
+  config.mutable_parallelism()->mutable_stage_layout()->add_layers(5);
+  config.mutable_parallelism()->mutable_stage_layout()->add_layers(1);
+  ASSERT_THAT(ValidateJobConfig(config, "test"), IsOk());
+  const std::vector<v1::ExecutionPlan> plans = Plans(config, 0);
+  ASSERT_EQ(plans.size(), 2u);
+  EXPECT_THAT(plans[0].stage_layers(), ::testing::ElementsAre(5, 1));
+  PlanRecipient recipient = RecipientOf(plans[1]);
+  recipient.layers = LayerLayout{.encoder = {5, 1}, .decoder = {0, 0}};
+  EXPECT_THAT(CheckPlan(plans[1], config, recipient), IsOk());
+  recipient.layers = LayerLayout{.encoder = {3, 3}, .decoder = {0, 0}};
+  EXPECT_THAT(CheckPlan(plans[1], config, recipient),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("stage_layers is 5+1 but this executor's model was built with "
+                                 "3+3")));
+}
+
 // A corruption of rank 1's plan (GPT, pp 2) and what the error must name.
 struct Corruption {
   std::string name;

@@ -1,5 +1,8 @@
 #include "planner/cost/memory_model.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/cost/analytic_model.h"
@@ -55,6 +58,51 @@ TEST(StageLayout, SplitsLayersAndT5Devices) {
   EXPECT_EQ(l->decoder_layers_per_device, 6u);
   EXPECT_THAT(MakeStageLayout(Gpt(), 64, 1),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cannot fill")));
+}
+
+// A listed layout moves layers between devices: each device's parameters
+// follow its own layers, and the busiest device bounds the room.
+TEST(StageLayout, FollowsAListedLayout) {
+  absl::StatusOr<Hardware> hw = HardwarePreset("a100-40gb");
+  ASSERT_THAT(hw, IsOk());
+  absl::StatusOr<CostModel> model =
+      BuildAnalyticCostModel(Gpt(), *hw, {.max_micro_batch_size = 4, .max_seq_len = 64});
+  ASSERT_THAT(model, IsOk());
+  const LayerLayout listed{.encoder = {7, 9, 9, 7}, .decoder = {0, 0, 0, 0}};
+  absl::StatusOr<StageLayout> layout = MakeStageLayout(Gpt(), 4, 1, &listed);
+  ASSERT_THAT(layout, IsOk());
+  EXPECT_EQ(layout->encoder_layers_per_device, 9u);
+  EXPECT_EQ(layout->StageEncoderLayers(3, 4), 7u);
+  const double layer = model->Parameters(Component::kEncoderLayer);
+  const std::vector<double> params = ParametersPerDevice(*model, *layout);
+  ASSERT_EQ(params.size(), 4u);
+  EXPECT_DOUBLE_EQ(params[0], 7 * layer + model->Parameters(Component::kEmbedding));
+  EXPECT_DOUBLE_EQ(params[1], 9 * layer);
+  EXPECT_DOUBLE_EQ(params[3], 7 * layer + model->Parameters(Component::kPostprocess));
+  EXPECT_DOUBLE_EQ(MaxParametersPerDevice(*model, *layout),
+                   std::max({params[0], params[1], params[3]}));
+  // Interleaved chunks: a device holds its chunks' layers together.
+  const LayerLayout chunks{.encoder = {5, 3, 3, 5, 4, 4, 4, 4},
+                           .decoder = std::vector<uint32_t>(8, 0)};
+  absl::StatusOr<StageLayout> interleaved = MakeStageLayout(Gpt(), 4, 2, &chunks);
+  ASSERT_THAT(interleaved, IsOk());
+  EXPECT_EQ(interleaved->DeviceEncoderLayers(0), 9u);
+  EXPECT_EQ(interleaved->StageEncoderLayers(5, 8), 4u);
+  EXPECT_EQ(interleaved->StageEncoderLayers(1, 4), 7u);  // without interleaving: device 1
+  // A layout that does not cover the model is refused, naming it.
+  const LayerLayout short_one{.encoder = {8, 8, 8, 7}, .decoder = {0, 0, 0, 0}};
+  EXPECT_THAT(MakeStageLayout(Gpt(), 4, 1, &short_one),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("stage layout 8+8+8+7")));
+  // T5: the first decoder device holds the decoder's embedding.
+  ModelDims t5 = Gpt();
+  t5.kind = ModelKind::kT5;
+  t5.encoder_layers = 4;
+  t5.decoder_layers = 2;
+  const LayerLayout t5_listed{.encoder = {2, 1, 1, 0}, .decoder = {0, 0, 0, 2}};
+  absl::StatusOr<StageLayout> t5_layout = MakeStageLayout(t5, 4, 1, &t5_listed);
+  ASSERT_THAT(t5_layout, IsOk());
+  EXPECT_EQ(t5_layout->encoder_devices, 3u);
+  EXPECT_EQ(t5_layout->decoder_layers_per_device, 2u);
 }
 
 TEST(Available, SubtractsTheBusiestDevicesModelState) {

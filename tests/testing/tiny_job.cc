@@ -1,10 +1,12 @@
 #include "tests/testing/tiny_job.h"
 
 #include <algorithm>
+#include <numeric>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/config/job_config.h"
 #include "common/dataset/minibatch_sampler.h"
 #include "common/status.h"
@@ -20,10 +22,22 @@ namespace varipipe::testing {
 // every real gradient's update as it was.
 absl::StatusOr<v1::JobConfig> TinyJobConfig(const TinyJob& job) {
   const bool sgd = job.optimizer == v1::SGD;
+  // The layers: 4 per stack, or as many as the listed layout holds.
+  uint32_t encoder_layers = std::max(4u, job.pipeline * job.chunks);
+  uint32_t decoder_layers = 4;
+  std::string layout;
+  if (!job.stage_layers.empty()) {
+    const size_t e = job.t5 ? job.encoder_stages : job.stage_layers.size();
+    encoder_layers = std::accumulate(job.stage_layers.begin(), job.stage_layers.begin() + e, 0u);
+    decoder_layers = std::accumulate(job.stage_layers.begin() + e, job.stage_layers.end(), 0u);
+    layout = absl::StrCat(R"(, "stage_layout": {"layers": [)", absl::StrJoin(job.stage_layers, ", "),
+                          "]", job.t5 ? absl::StrCat(R"(, "encoder_stages": )", e) : "", "}");
+  }
   const std::string json = absl::StrCat(
       R"({"job_id": "tiny", "model": {"kind": ")", job.t5 ? "T5" : "GPT", R"(", "num_layers": )",
-      std::max(4u, job.pipeline * job.chunks), R"(, )",
-      job.t5 ? R"("num_decoder_layers": 4, )" : "", R"("hidden_size": 32,
+      encoder_layers, R"(, )",
+      job.t5 ? absl::StrCat(R"("num_decoder_layers": )", decoder_layers, ", ") : "",
+      R"("hidden_size": 32,
       "num_attention_heads": 4, "ffn_hidden_size": 64, "vocab_size": 61, "dtype": "FLOAT32")",
       job.llama ? R"(, "architecture": "LLAMA", "num_key_value_heads": 2, "rope_theta": 10000,
       "rope_scaling": {"factor": 8, "original_max_position_embeddings": 64})"
@@ -34,7 +48,8 @@ absl::StatusOr<v1::JobConfig> TinyJobConfig(const TinyJob& job) {
                 : "",
       R"(},
       "parallelism": {"pipeline": )",
-      job.pipeline, R"(, "data": )", job.data, R"(, "virtual_chunks": )", job.chunks, R"(},
+      job.pipeline, R"(, "data": )", job.data, R"(, "virtual_chunks": )", job.chunks, layout,
+      R"(},
       "cluster": {"device_memory_limit_mib": )",
       job.memory_mib != 0                             ? job.memory_mib
       : job.t5 && job.recompute == v1::RECOMPUTE_NONE ? 8u

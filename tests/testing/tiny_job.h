@@ -31,6 +31,11 @@ struct TinyJob {
   uint32_t pipeline = 1;
   uint32_t data = 1;
   uint32_t chunks = 1;  // parallelism.virtual_chunks (interleaved 1F1B)
+  // parallelism.stage_layout LISTED (empty: EVEN): each stage's layers, T5's
+  // first `encoder_stages` of them its encoder's. The model then has as
+  // many layers as the layout lists.
+  std::vector<uint32_t> stage_layers;
+  uint32_t encoder_stages = 0;
   // AdamW (adam_epsilon 1e-6, see tiny_job.cc) or plain SGD at a constant
   // learning rate without clipping.
   v1::Optimizer optimizer = v1::ADAMW;
