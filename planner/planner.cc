@@ -690,6 +690,21 @@ int PlannerThreads(const v1::JobConfig& config) {
 absl::StatusOr<Planner> Planner::Create(const v1::JobConfig& config) {
   absl::StatusOr<CostModel> model = CostModelForJob(config);
   if (!model.ok()) return model.status();
+  // A listed layout whose stage cannot hold its own model state is the
+  // config's error, named before any planning.
+  if (EffectiveLayoutMode(config.parallelism().stage_layout()) == v1::LISTED) {
+    absl::StatusOr<StageLayout> layout = JobStageLayout(config);
+    if (!layout.ok()) return layout.status();
+    const absl::StatusOr<std::vector<double>> room = AvailableActivationBytesPerDevice(
+        *model, *layout, static_cast<ZeroStage>(std::min(config.training().zero_stage(), 3u)),
+        std::max(1u, config.parallelism().data()),
+        static_cast<double>(config.cluster().device_memory_limit_mib()) * (1 << 20));
+    if (!room.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("parallelism.stage_layout ",
+                                                     layout->layers.ToString(), ": ",
+                                                     room.status().message()));
+    }
+  }
   return Planner(config, *std::move(model), PlannerOptions{.threads = PlannerThreads(config)});
 }
 

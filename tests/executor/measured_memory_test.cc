@@ -181,8 +181,8 @@ INSTANTIATE_TEST_SUITE_P(
         // different depth hold different parameters and activations.
         MemoryCase{v1::RECOMPUTE_NONE, v1::ONE_F_ONE_B, "Layout31None1F1B", false, false, false,
                    {3, 1}},
-        MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ZERO_BUBBLE_H1, "Layout13SelectiveZeroBubbleH1",
-                   false, false, false, {1, 3}},
+        MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ADAPTIVE, "Layout13SelectiveAdaptive", false,
+                   false, false, {1, 3}},
         MemoryCase{v1::RECOMPUTE_NONE, v1::ONE_F_ONE_B, "T5Layout413None1F1B", true, false, false,
                    {4, 1, 3}, 1}),
     [](const auto& info) { return info.param.name; });

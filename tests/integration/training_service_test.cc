@@ -13,7 +13,9 @@
 //   stuck in, and the peer ends once the stopped rank's heartbeat lapsed,
 //   naming it;
 // - executors find the job's token each documented way (beside
-//   --store_file, --token_file, in the shared store).
+//   --store_file, --token_file, in the shared store);
+// - an AUTO stage layout: chosen once, recorded, followed by every daemon
+//   and executor.
 #include <signal.h>
 #include <torch/torch.h>
 
@@ -39,6 +41,7 @@
 #include "tests/testing/redis_server.h"
 #include "tests/testing/saved_parameters.h"
 #include "tests/testing/status_matchers.h"
+#include "varipipe/v1/config.pb.h"
 
 namespace varipipe {
 namespace {
@@ -196,6 +199,52 @@ TEST_F(TrainingService, TwoPlannerDaemonsAndFourExecutorsTrainTwentyIterations) 
     EXPECT_THAT(report->str(), HasSubstr("\"forwardMs\"")) << "rank " << r;
     EXPECT_THAT(report->str(), HasSubstr("\"backwardMs\"")) << "rank " << r;
   }
+}
+
+// parallelism.stage_layout AUTO (docs/configuration.md, "Stage layout"): the
+// first daemon chooses the layout and records it in the store, the second
+// reads it, the executors build their stages with it (from GetJob, with the
+// config's own file too), and every plan they run records it.
+TEST_F(TrainingService, DaemonsAgreeOnAnAutoStageLayoutAndExecutorsTrainWithIt) {
+  dir_ = FreshDirectory("auto-layout");
+  const std::string config =
+      JobConfig("auto-layout", redis_->port(), 2, 2, 6, R"(, "watchdog_timeout_s": 60)");
+  const std::string even = R"("parallelism": {"pipeline": 2, "data": 2})";
+  ASSERT_NE(config.find(even), std::string::npos);
+  std::string with_auto = config;
+  with_auto.replace(with_auto.find(even), even.size(),
+                    R"("parallelism": {"pipeline": 2, "data": 2, "stage_layout": {"mode": "AUTO"}})");
+  std::ofstream(dir_ / "job.json") << with_auto;
+  const std::string a = Daemon("planner-a");
+  ASSERT_FALSE(a.empty()) << DaemonLog(dir_, "planner-a");
+  const std::string b = Daemon("planner-b");
+  ASSERT_FALSE(b.empty()) << DaemonLog(dir_, "planner-b");
+  // The choice, in the store.
+  absl::StatusOr<std::unique_ptr<RedisClient>> client = RedisClient::Connect(
+      {.host = "127.0.0.1", .port = redis_->port(), .password = redis_->password()});
+  ASSERT_THAT(client, IsOk());
+  absl::StatusOr<RedisReply> stored =
+      (*client)->Command({"GET", "varipipe:auto-layout:stage_layout"});
+  ASSERT_THAT(stored, IsOk());
+  ASSERT_TRUE(stored->is_string());
+  v1::StageLayoutConfig layout;
+  ASSERT_TRUE(layout.ParseFromString(stored->str()));
+  EXPECT_EQ(layout.mode(), v1::LISTED);
+  ASSERT_EQ(layout.layers_size(), 2);
+  EXPECT_EQ(layout.layers(0) + layout.layers(1), 4u);
+  const std::string chosen = absl::StrCat(layout.layers(0), "+", layout.layers(1));
+  EXPECT_THAT(ReadFile(dir_ / "planner-a.log"), HasSubstr("mean predicted iteration"));
+  EXPECT_THAT(ReadFile(dir_ / "planner-b.log"),
+              HasSubstr(absl::StrCat("stage layout (AUTO): ", chosen,
+                                     ", as the instruction store records it")));
+  const CommandResult run = LaunchRanks(
+      dir_, 4, redis_->password(),
+      absl::StrCat("--planner ", a, ",", b, TokenFlag(), " --config job.json --run_id auto"));
+  ASSERT_EQ(run.exit_code, 0) << run.output << DaemonLog(dir_, "planner-a")
+                              << DaemonLog(dir_, "planner-b");
+  EXPECT_THAT(run.output,
+              HasSubstr(absl::StrCat("stage layout (AUTO): ", chosen, ", from the planner daemons")));
+  EXPECT_THAT(run.output, HasSubstr(absl::StrCat("stage layout ", chosen, " (2 stages)")));
 }
 
 // docs/security.md, "Where clients find the token": a daemon without

@@ -162,5 +162,20 @@ TEST(ChooseStageLayoutTest, NeverWorseThanEvenForGpt) {
   EXPECT_GE(choice->candidates.size(), 2u);
 }
 
+// A listed layout one of whose stages cannot hold its own model state is
+// refused when the planner is made, naming the layout and the device.
+TEST(ListedStageLayoutTest, AStageThatCannotHoldItsModelStateIsNamed) {
+  v1::JobConfig config = PaperJob(false);
+  v1::StageLayoutConfig& layout = *config.mutable_parallelism()->mutable_stage_layout();
+  layout.set_mode(v1::LISTED);
+  for (uint32_t layers : {20u, 4u, 4u, 4u}) layout.add_layers(layers);
+  EXPECT_THAT(Planner::Create(config).status().message(),
+              HasSubstr("parallelism.stage_layout 20+4+4+4: model state alone needs"));
+  EXPECT_THAT(Planner::Create(config).status().message(), HasSubstr("on pipeline device 0"));
+  layout.clear_layers();
+  for (uint32_t layers : {9u, 9u, 8u, 6u}) layout.add_layers(layers);
+  EXPECT_THAT(Planner::Create(config), IsOk());
+}
+
 }  // namespace
 }  // namespace varipipe::planner
