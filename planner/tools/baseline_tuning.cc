@@ -7,10 +7,12 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/config/job_config.h"
+#include "common/config/layer_layout.h"
 #include "common/dataset/minibatch_sampler.h"
 #include "common/dataset/sample_dataset.h"
 #include "common/dataset/synthetic_mixture.h"
 #include "planner/cost/cost_model_io.h"
+#include "planner/layout/stage_layout_search.h"
 
 namespace varipipe::tools {
 namespace {
@@ -147,6 +149,16 @@ absl::StatusOr<EvaluationJob> WithLimits(const EvaluationJob& job, uint32_t max_
   out.config.mutable_planner()->set_micro_batch_token_budget(uint64_t{4} * max_length);
   if (absl::Status s = ValidateJobConfig(out.config, "evaluation job"); !s.ok()) return s;
   if (absl::Status s = BuildCostModel(out); !s.ok()) return s;
+  // parallelism.stage_layout AUTO: the layout the daemons would choose for
+  // this cell (its first mini-batches), the same for every method.
+  if (EffectiveLayoutMode(out.config.parallelism().stage_layout()) == v1::AUTO) {
+    const planner::Planner planner(out.config, out.cost_model, {.threads = 1});
+    absl::StatusOr<planner::LayoutChoice> choice = planner::ChooseStageLayout(
+        planner, MiniBatches(out, static_cast<int>(planner::kLayoutSampleMiniBatches)));
+    if (!choice.ok()) return choice.status();
+    *out.config.mutable_parallelism()->mutable_stage_layout() =
+        LayerLayoutToConfig(choice->chosen);
+  }
   return out;
 }
 

@@ -42,7 +42,8 @@ absl::StatusOr<EvaluationJob> LoadEvaluationJob(const std::string& config_path,
                                                 const std::string& cost_model);
 
 // The job at another maximum length (T5 targets: a quarter of it) and device
-// memory limit, its cost model rebuilt for them.
+// memory limit, its cost model rebuilt for them; an AUTO stage layout chosen
+// for them (ChooseStageLayout) and fixed as LISTED.
 absl::StatusOr<EvaluationJob> WithLimits(const EvaluationJob& job, uint32_t max_length,
                                          uint64_t memory_mib);
 
