@@ -397,6 +397,14 @@ void Search::Schedule(std::span<const size_t> which) {
                                   split.objective_ms));
     } else if (dims_.encoder_decoder() && cand.chunks > 1) {
       cand.Reject("scheduling", "the interleaved schedule is not supported for T5 models");
+    } else if (!dims_.encoder_decoder() && c_.parallelism().virtual_chunks() > 1 &&
+               cand.chunks == 1) {
+      // The executors build pipeline x virtual_chunks model stages (looped
+      // placement); a plan over `pipeline` stages would leave some unrun.
+      cand.Reject("scheduling",
+                  absl::StrCat("parallelism.virtual_chunks is ", c_.parallelism().virtual_chunks(),
+                               ": the model is cut into ", p_ * c_.parallelism().virtual_chunks(),
+                               " stages, which only INTERLEAVED_1F1B runs"));
     } else if (cand.chunks > 1 && dims_.encoder_layers < p_ * cand.chunks) {
       cand.Reject("scheduling", "too few layers for the virtual chunks");
 

@@ -92,12 +92,8 @@ absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipe
     }
     layout.layers = l;
   }
+  // T5 runs without interleaving (the config refuses virtual chunks for it).
   layout.encoder_devices = dims.encoder_decoder() ? layout.layers.encoder_stages() : pipeline;
-  if (dims.encoder_decoder() && pipeline > 1 && virtual_chunks > 1) {
-    // T5 runs without interleaving: its encoder devices are the devices
-    // whose every chunk holds encoder layers.
-    layout.encoder_devices = std::max<uint32_t>(1, layout.layers.encoder_stages() / virtual_chunks);
-  }
   for (uint32_t d = 0; d < pipeline; ++d) {
     layout.encoder_layers_per_device =
         std::max(layout.encoder_layers_per_device, layout.DeviceEncoderLayers(d));
@@ -109,15 +105,10 @@ absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipe
 
 absl::StatusOr<StageLayout> JobStageLayout(const v1::JobConfig& config) {
   const ModelDims dims = ModelDimsFromConfig(config.model());
-  const uint32_t pipeline = std::max(1u, config.parallelism().pipeline());
-  const uint32_t chunks =
-      dims.encoder_decoder() ? 1 : std::max(1u, config.parallelism().virtual_chunks());
-  if (chunks != std::max(1u, config.parallelism().virtual_chunks())) {
-    return MakeStageLayout(dims, pipeline, 1);
-  }
   absl::StatusOr<LayerLayout> layers = ConfiguredLayerLayout(config);
   if (!layers.ok()) return layers.status();
-  return MakeStageLayout(dims, pipeline, chunks, &*layers);
+  return MakeStageLayout(dims, std::max(1u, config.parallelism().pipeline()),
+                         std::max(1u, config.parallelism().virtual_chunks()), &*layers);
 }
 
 double ModelParameters(const CostModel& model, const StageLayout& layout) {

@@ -134,8 +134,7 @@ absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipe
 
 // The job's layout (ConfiguredLayerLayout: EVEN or LISTED; a planner
 // that chose an AUTO layout holds it as LISTED) over pipeline *
-// virtual_chunks stages; T5, which runs without interleaving, over the
-// pipeline's devices.
+// virtual_chunks stages.
 absl::StatusOr<StageLayout> JobStageLayout(const v1::JobConfig& config);
 
 // Parameters of the whole model, every shared parameter counted once (its

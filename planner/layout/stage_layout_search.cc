@@ -223,7 +223,7 @@ absl::StatusOr<LayoutChoice> ChooseStageLayout(const Planner& planner,
   const uint32_t pipeline = std::max(1u, p.pipeline());
   const LayerCounts counts = LayerCountsOf(config.model());
   const bool t5 = counts.encoder_decoder;
-  const uint32_t stages = pipeline * (t5 ? 1 : std::max(1u, p.virtual_chunks()));
+  const uint32_t stages = pipeline * std::max(1u, p.virtual_chunks());
   absl::StatusOr<LayerLayout> even = EvenLayerLayout(counts, stages);
   if (!even.ok()) return even.status();
 

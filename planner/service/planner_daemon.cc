@@ -418,8 +418,7 @@ absl::StatusOr<std::vector<std::string>> PlannerDaemon::PlanIteration(uint64_t i
 absl::StatusOr<LayerLayout> PlannerDaemon::AutoStageLayout(const planner::Planner& planner) {
   const v1::ParallelismConfig& p = config_.parallelism();
   const LayerCounts counts = LayerCountsOf(config_.model());
-  const uint32_t stages =
-      std::max(1u, p.pipeline()) * (counts.encoder_decoder ? 1 : std::max(1u, p.virtual_chunks()));
+  const uint32_t stages = std::max(1u, p.pipeline()) * std::max(1u, p.virtual_chunks());
   const auto parse = [&](const v1::StageLayoutConfig& stored) -> absl::StatusOr<LayerLayout> {
     if (stored.mode() == v1::EVEN) return EvenLayerLayout(counts, stages);
     return ListedLayerLayout(stored, counts, stages, "the instruction store's stage_layout");

@@ -283,6 +283,61 @@ TEST(Zero1Checkpoint, ResumesWithTheSameDataParallelDegree) {
   }
 }
 
+// A checkpoint records the job's stage layout: a run under another layout
+// is refused naming both, before any parameter changes; a file without one
+// (an older executor's) is not compared.
+TEST(CheckpointLayout, RefusesAnotherStageLayout) {
+  absl::StatusOr<v1::JobConfig> config = CellConfig({.name = "Gpt_pp2", .pp = 2}, 0, 1);
+  ASSERT_THAT(config, IsOk());
+  absl::StatusOr<executor::ModelSpec> spec = executor::ModelSpecFromConfig(*config);
+  ASSERT_THAT(spec, IsOk());
+  spec->layers = LayerLayout{.encoder = {3, 1}, .decoder = {0, 0}};
+  const executor::StageRole role = (*executor::PipelineStageRoles(*spec, 2))[0];
+  const std::filesystem::path dir = PerTestDirectory("checkpoint-layout");
+  const LayerLayout three_one = spec->layers;
+  {
+    executor::ModelStage stage(*spec, role);
+    absl::StatusOr<executor::RankOptimizer> optimizer =
+        executor::MakeRankOptimizer({{0, &stage}}, config->training(), {0}, 0, torch::kCPU);
+    ASSERT_THAT(optimizer, IsOk());
+    ASSERT_THAT(executor::RankCheckpoints(dir.string(), 0, three_one)
+                    .Save(1, {&stage}, *optimizer->optimizer),
+                IsOk());
+    ASSERT_THAT(executor::RankCheckpoints(dir.string(), 0)
+                    .Save(2, {&stage}, *optimizer->optimizer),
+                IsOk());
+  }
+  absl::StatusOr<std::optional<LayerLayout>> recorded =
+      executor::RankCheckpoints(dir.string(), 0).RecordedLayout(1);
+  ASSERT_THAT(recorded, IsOk());
+  ASSERT_TRUE(recorded->has_value());
+  EXPECT_EQ(**recorded, three_one);
+  executor::ModelStage stage(*spec, role);
+  absl::StatusOr<executor::RankOptimizer> optimizer =
+      executor::MakeRankOptimizer({{0, &stage}}, config->training(), {0}, 0, torch::kCPU);
+  ASSERT_THAT(optimizer, IsOk());
+  const torch::Tensor before = stage.parameters()[0].detach().clone();
+  const LayerLayout two_two{.encoder = {2, 2}, .decoder = {0, 0}};
+  EXPECT_THAT(executor::RankCheckpoints(dir.string(), 0, two_two)
+                  .Load(1, {&stage}, *optimizer->optimizer),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("rank_00000.pt"),
+                             HasSubstr("written with the stage layout 3+1 but this job's is 2+2"))));
+  EXPECT_TRUE(torch::equal(stage.parameters()[0], before)) << "a refused load changed a parameter";
+  EXPECT_THAT(executor::RankCheckpoints(dir.string(), 0, three_one)
+                  .Load(1, {&stage}, *optimizer->optimizer),
+              IsOk());
+  // No layout recorded: nothing to compare.
+  absl::StatusOr<std::optional<LayerLayout>> none =
+      executor::RankCheckpoints(dir.string(), 0, two_two).RecordedLayout(2);
+  ASSERT_THAT(none, IsOk());
+  EXPECT_FALSE(none->has_value());
+  EXPECT_THAT(executor::RankCheckpoints(dir.string(), 0, two_two)
+                  .Load(2, {&stage}, *optimizer->optimizer),
+              IsOk());
+  std::filesystem::remove_all(dir);
+}
+
 // A stage 1 checkpoint of data-parallel degree 2 is refused, before any
 // parameter changes, by a run of degree 4 (sharded) or 1 (whole state), and
 // a stage 0 checkpoint by a stage 1 run; each error names both settings.

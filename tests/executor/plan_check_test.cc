@@ -99,7 +99,8 @@ PlanRecipient RecipientOf(const v1::ExecutionPlan& plan) {
   return {.iteration = plan.iteration(),
           .rank = plan.rank(),
           .dp_rank = plan.dp_rank(),
-          .pp_rank = plan.pp_rank()};
+          .pp_rank = plan.pp_rank(),
+          .layers = std::nullopt};
 }
 
 std::string Name(const JobShape& s) {
