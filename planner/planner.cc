@@ -708,9 +708,8 @@ absl::StatusOr<Planner> Planner::Create(const v1::JobConfig& config) {
         std::max(1u, config.parallelism().data()),
         static_cast<double>(config.cluster().device_memory_limit_mib()) * (1 << 20));
     if (!room.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("parallelism.stage_layout ",
-                                                     layout->layers.ToString(), ": ",
-                                                     room.status().message()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parallelism.stage_layout ", layout->layers.ToString(), ": ", room.status().message()));
     }
   }
   return Planner(config, *std::move(model), PlannerOptions{.threads = PlannerThreads(config)});

@@ -347,9 +347,9 @@ void ValidateStageLayout(const JobConfig& config, ErrorList& errors) {
   if (stages == 0 || p.pipeline() > bounds::kMaxPipeline || stages > bounds::kMaxLayers * 2) {
     return;  // reported with parallelism.pipeline
   }
-  absl::StatusOr<LayerLayout> listed_layout = ListedLayerLayout(
-      layout, LayerCountsOf(config.model()), static_cast<uint32_t>(stages),
-      "parallelism.stage_layout");
+  absl::StatusOr<LayerLayout> listed_layout =
+      ListedLayerLayout(layout, LayerCountsOf(config.model()), static_cast<uint32_t>(stages),
+                        "parallelism.stage_layout");
   if (!listed_layout.ok()) {
     errors.AddWithField(std::string(listed_layout.status().message()));
   }

@@ -94,10 +94,10 @@ absl::StatusOr<LayerLayout> EvenLayerLayout(const LayerCounts& counts, uint32_t 
       std::clamp<uint32_t>(static_cast<uint32_t>(share * stages + 0.5), 1, stages - 1);
   const uint32_t decoder_stages = stages - encoder_stages;
   if (counts.encoder_layers < encoder_stages || counts.decoder_layers < decoder_stages) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "T5 with ", counts.encoder_layers, " encoder and ", counts.decoder_layers,
-        " decoder layers cannot fill ", encoder_stages, " encoder and ", decoder_stages,
-        " decoder stages"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("T5 with ", counts.encoder_layers, " encoder and ", counts.decoder_layers,
+                     " decoder layers cannot fill ", encoder_stages, " encoder and ",
+                     decoder_stages, " decoder stages"));
   }
   layout.encoder = EvenSplit(counts.encoder_layers, encoder_stages);
   layout.encoder.resize(stages, 0);
@@ -108,8 +108,8 @@ absl::StatusOr<LayerLayout> EvenLayerLayout(const LayerCounts& counts, uint32_t 
 }
 
 absl::StatusOr<LayerLayout> ListedLayerLayout(const v1::StageLayoutConfig& config,
-                                                const LayerCounts& counts, uint32_t stages,
-                                                absl::string_view field) {
+                                              const LayerCounts& counts, uint32_t stages,
+                                              absl::string_view field) {
   const auto& layers = config.layers();
   if (static_cast<uint32_t>(layers.size()) != stages) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -118,9 +118,9 @@ absl::StatusOr<LayerLayout> ListedLayerLayout(const v1::StageLayoutConfig& confi
   }
   for (int i = 0; i < layers.size(); ++i) {
     if (layers[i] == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ".layers[", i, "]: stage ", i, " holds no layer; every stage ",
-                       "needs at least 1"));
+      return absl::InvalidArgumentError(absl::StrCat(field, ".layers[", i, "]: stage ", i,
+                                                     " holds no layer; every stage ",
+                                                     "needs at least 1"));
     }
   }
   LayerLayout layout;
@@ -154,16 +154,16 @@ absl::StatusOr<LayerLayout> ListedLayerLayout(const v1::StageLayoutConfig& confi
   const uint32_t encoder_sum = Sum(given, e);
   const uint32_t decoder_sum = Sum(given, stages) - encoder_sum;
   if (encoder_sum != counts.encoder_layers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".layers: the ", e, " encoder stages hold ",
-        absl::StrJoin(given.begin(), given.begin() + e, "+"), " = ", encoder_sum,
-        " layers, but model.num_layers is ", counts.encoder_layers));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".layers: the ", e, " encoder stages hold ",
+                     absl::StrJoin(given.begin(), given.begin() + e, "+"), " = ", encoder_sum,
+                     " layers, but model.num_layers is ", counts.encoder_layers));
   }
   if (decoder_sum != counts.decoder_layers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".layers: the ", stages - e, " decoder stages hold ",
-        absl::StrJoin(given.begin() + e, given.end(), "+"), " = ", decoder_sum,
-        " layers, but model.num_decoder_layers is ", counts.decoder_layers));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".layers: the ", stages - e, " decoder stages hold ",
+                     absl::StrJoin(given.begin() + e, given.end(), "+"), " = ", decoder_sum,
+                     " layers, but model.num_decoder_layers is ", counts.decoder_layers));
   }
   layout.encoder.assign(stages, 0);
   layout.decoder.assign(stages, 0);
@@ -194,8 +194,8 @@ v1::StageLayoutMode EffectiveLayoutMode(const v1::StageLayoutConfig& config) {
 
 absl::StatusOr<LayerLayout> ConfiguredLayerLayout(const v1::JobConfig& config) {
   const v1::ParallelismConfig& p = config.parallelism();
-  const uint32_t stages = std::max<uint32_t>(1, p.pipeline()) *
-                          std::max<uint32_t>(1, p.virtual_chunks());
+  const uint32_t stages =
+      std::max<uint32_t>(1, p.pipeline()) * std::max<uint32_t>(1, p.virtual_chunks());
   const LayerCounts counts = LayerCountsOf(config.model());
   switch (EffectiveLayoutMode(p.stage_layout())) {
     case v1::LISTED:

@@ -72,8 +72,8 @@ absl::StatusOr<LayerLayout> EvenLayerLayout(const LayerCounts& counts, uint32_t 
 // the stage count. Errors name `field` ("parallelism.stage_layout") and the
 // entry, e.g. "parallelism.stage_layout.layers[2]: must be at least 1".
 absl::StatusOr<LayerLayout> ListedLayerLayout(const v1::StageLayoutConfig& config,
-                                                const LayerCounts& counts, uint32_t stages,
-                                                absl::string_view field);
+                                              const LayerCounts& counts, uint32_t stages,
+                                              absl::string_view field);
 
 // The layout as a StageLayoutConfig of mode LISTED (T5 with one stage:
 // mode EVEN, the only layout one stage has).

@@ -65,8 +65,8 @@ absl::StatusOr<std::vector<StageRole>> PipelineStageRoles(const ModelSpec& spec,
     if (spec.encoder_decoder) {
       // The last stage with encoder layers ends the encoder; the first with
       // decoder layers embeds the decoder's tokens.
-      role.ends_encoder = layout.encoder[s] > 0 && (s + 1 == layout.stages() ||
-                                                    layout.encoder[s + 1] == 0);
+      role.ends_encoder =
+          layout.encoder[s] > 0 && (s + 1 == layout.stages() || layout.encoder[s + 1] == 0);
       role.embeds_decoder = layout.decoder[s] > 0 && (s == 0 || layout.decoder[s - 1] == 0);
     }
   }

@@ -260,9 +260,8 @@ absl::Status ResolveAutoStageLayout(v1::JobConfig& config,
     VP_ASSIGN_OR_RETURN(const v1::ExecutionPlan plan, source.Get(first_iteration));
     if (plan.stage_layers().empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "parallelism.stage_layout is AUTO but the plan of iteration ", first_iteration,
-          " from ", source.Describe(),
-          " records no stage layout: plan with a planner that chooses one"));
+          "parallelism.stage_layout is AUTO but the plan of iteration ", first_iteration, " from ",
+          source.Describe(), " records no stage layout: plan with a planner that chooses one"));
     }
     chosen.set_mode(v1::LISTED);
     chosen.mutable_layers()->CopyFrom(plan.stage_layers());

@@ -113,14 +113,13 @@ class PlanChecker {
         planned.set_encoder_stages(plan_.encoder_stages());
         absl::StatusOr<LayerLayout> theirs = ListedLayerLayout(
             planned, LayerCountsOf(config_.model()), static_cast<uint32_t>(stages_), "plan");
-        return Error("stage_layers",
-                     absl::StrCat("is ",
-                                  theirs.ok() ? theirs->ToString()
-                                              : absl::StrJoin(plan_.stage_layers(), "+"),
-                                  " but this executor's model was built with ",
-                                  recipient_.layers->ToString(),
-                                  " (parallelism.stage_layout); restart the executors with the "
-                                  "planner's layout"));
+        return Error(
+            "stage_layers",
+            absl::StrCat(
+                "is ", theirs.ok() ? theirs->ToString() : absl::StrJoin(plan_.stage_layers(), "+"),
+                " but this executor's model was built with ", recipient_.layers->ToString(),
+                " (parallelism.stage_layout); restart the executors with the "
+                "planner's layout"));
       }
     }
     if (plan_.stages().empty()) return Error("stages", "is empty");

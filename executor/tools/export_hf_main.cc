@@ -113,8 +113,9 @@ absl::Status Export() {
   std::error_code ec;
   std::filesystem::create_directories(out, ec);
   if (ec) return absl::UnavailableError(absl::StrCat(out, ": cannot create: ", ec.message()));
-  spdlog::info("exporting the checkpoint after {} iterations in {} ({} stages, layout {}) to {} as {}",
-               *iteration, dir, stages, layout.ToString(), out, v1::DType_Name(dtype));
+  spdlog::info(
+      "exporting the checkpoint after {} iterations in {} ({} stages, layout {}) to {} as {}",
+      *iteration, dir, stages, layout.ToString(), out, v1::DType_Name(dtype));
   // Stage by stage (stage s lives on pipeline rank s % pp), so only one
   // stage's parameters are in memory at a time.
   for (uint32_t s = 0; s < stages; ++s) {

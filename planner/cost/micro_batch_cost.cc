@@ -131,9 +131,8 @@ void MicroBatchCostModel::SetDeviceRoom(const std::vector<double>& room, double 
   if (room.size() != c || c == 0) return;
   // The least room of each class's devices.
   const auto scale = [&](const std::pair<uint32_t, uint32_t>& devices) {
-    const double least = *std::min_element(room.begin() + devices.first,
-                                           room.begin() + std::max(devices.first + 1,
-                                                                   devices.second));
+    const double least = *std::min_element(
+        room.begin() + devices.first, room.begin() + std::max(devices.first + 1, devices.second));
     return reference / least;
   };
   first_scale_ = scale(class_devices_[kFirstDevice]);

@@ -200,9 +200,9 @@ std::string LayoutChoice::Summary() const {
 std::string LayoutChoice::Describe() const {
   std::string out = Summary();
   for (const LayoutCandidate& c : candidates) {
-    absl::StrAppend(&out, "\n  ", c.layers == chosen ? "* " : "  ", c.layers.ToString(), " (",
-                    c.origin, absl::StrFormat(", busiest stage %.1f ms of sampled work)",
-                                              c.busiest_stage_work_ms));
+    absl::StrAppend(
+        &out, "\n  ", c.layers == chosen ? "* " : "  ", c.layers.ToString(), " (", c.origin,
+        absl::StrFormat(", busiest stage %.1f ms of sampled work)", c.busiest_stage_work_ms));
     if (c.feasible) {
       absl::StrAppend(&out, absl::StrFormat(": mean %.2f ms", c.mean_iteration_ms));
     } else {
@@ -243,8 +243,8 @@ absl::StatusOr<LayoutChoice> ChooseStageLayout(const Planner& planner,
         c.feasible = false;
         const std::vector<absl::string_view> lines =
             absl::StrSplit(r.status().message(), '\n', absl::SkipWhitespace());
-        c.reason = absl::StrJoin(lines.begin(), lines.begin() + std::min<size_t>(2, lines.size()),
-                                 " ");
+        c.reason =
+            absl::StrJoin(lines.begin(), lines.begin() + std::min<size_t>(2, lines.size()), " ");
         return;
       }
       total += r->report.predicted_iteration_ms;
@@ -262,11 +262,10 @@ absl::StatusOr<LayoutChoice> ChooseStageLayout(const Planner& planner,
     // No plan under the even split: weigh the components by each sampled
     // sample alone, under the first recompute mode.
     PlanReport alone;
-    alone.recompute = RecomputeName(
-        config.planner().recompute_modes().empty()
-            ? Recompute::kNone
-            : RecomputeFromProto(
-                  static_cast<v1::RecomputeMode>(config.planner().recompute_modes(0))));
+    alone.recompute = RecomputeName(config.planner().recompute_modes().empty()
+                                        ? Recompute::kNone
+                                        : RecomputeFromProto(static_cast<v1::RecomputeMode>(
+                                              config.planner().recompute_modes(0))));
     for (const MiniBatch& mb : sample) {
       for (const SampleLengths& l : mb.lengths) {
         PlanReport::MicroBatchShape shape;
@@ -286,9 +285,9 @@ absl::StatusOr<LayoutChoice> ChooseStageLayout(const Planner& planner,
     // 2. Balanced candidates, the most balanced first.
     std::vector<std::pair<double, LayerLayout>> balanced;
     if (!t5) {
-      balanced.emplace_back(0, GptLayout(StackSplit(counts.encoder_layers, stages,
-                                                    work.encoder_layer, work.encoder_embedding,
-                                                    work.postprocess)));
+      balanced.emplace_back(0,
+                            GptLayout(StackSplit(counts.encoder_layers, stages, work.encoder_layer,
+                                                 work.encoder_embedding, work.postprocess)));
     } else {
       for (uint32_t e = 1; e < stages; ++e) {
         const uint32_t d = stages - e;
@@ -316,8 +315,8 @@ absl::StatusOr<LayoutChoice> ChooseStageLayout(const Planner& planner,
       const bool seen = std::any_of(candidates.begin(), candidates.end(),
                                     [&](const LayoutCandidate& c) { return c.layers == layers; });
       if (!seen) {
-        candidates.push_back(
-            LayoutCandidate{.layers = std::move(layers), .origin = std::move(origin), .reason = ""});
+        candidates.push_back(LayoutCandidate{
+            .layers = std::move(layers), .origin = std::move(origin), .reason = ""});
       }
     }
   }
@@ -337,8 +336,7 @@ absl::StatusOr<LayoutChoice> ChooseStageLayout(const Planner& planner,
     int best = -1;
     for (size_t i = 0; i < candidates.size(); ++i) {
       const LayoutCandidate& c = candidates[i];
-      if (c.feasible &&
-          (best < 0 || c.mean_iteration_ms < candidates[best].mean_iteration_ms)) {
+      if (c.feasible && (best < 0 || c.mean_iteration_ms < candidates[best].mean_iteration_ms)) {
         best = static_cast<int>(i);
       }
     }
@@ -382,9 +380,8 @@ absl::StatusOr<LayoutChoice> ChooseStageLayout(const Planner& planner,
     for (const LayoutCandidate& c : candidates) {
       reasons.push_back(absl::StrCat(c.layers.ToString(), ": ", c.reason));
     }
-    return absl::FailedPreconditionError(
-        absl::StrCat("no stage layout plans every sampled mini-batch: ",
-                     absl::StrJoin(reasons, "; ")));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no stage layout plans every sampled mini-batch: ", absl::StrJoin(reasons, "; ")));
   }
   choice.chosen = best->layers;
   choice.chosen_mean_ms = best->mean_iteration_ms;

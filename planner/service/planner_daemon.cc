@@ -437,7 +437,8 @@ absl::StatusOr<LayerLayout> PlannerDaemon::AutoStageLayout(const planner::Planne
        i < std::min<uint64_t>(planner::kLayoutSampleMiniBatches, config_.training().iterations());
        ++i) {
     const SampledMiniBatch sampled = sampler_->Get(i);
-    sample.push_back({.iteration = i, .sample_ids = sampled.sample_ids, .lengths = sampled.lengths});
+    sample.push_back(
+        {.iteration = i, .sample_ids = sampled.sample_ids, .lengths = sampled.lengths});
   }
   spdlog::info("choosing the stage layout (AUTO) over {} sampled mini-batches", sample.size());
   VP_ASSIGN_OR_RETURN(const planner::LayoutChoice choice,

@@ -240,16 +240,15 @@ absl::StatusOr<v1::StageLayoutConfig> RedisInstructionStore::LoadStageLayout() {
   }
   v1::StageLayoutConfig layout;
   if (!layout.ParseFromString(reply.str())) {
-    return absl::DataLossError(
-        absl::StrCat(Key("stage_layout"), " is not a StageLayoutConfig"));
+    return absl::DataLossError(absl::StrCat(Key("stage_layout"), " is not a StageLayoutConfig"));
   }
   return layout;
 }
 
 absl::StatusOr<v1::StageLayoutConfig> RedisInstructionStore::RegisterStageLayout(
     const v1::StageLayoutConfig& chosen) {
-  VP_ASSIGN_OR_RETURN(RedisReply reply, redis_->Command({"SET", Key("stage_layout"),
-                                                         Deterministic(chosen), "NX"}));
+  VP_ASSIGN_OR_RETURN(RedisReply reply,
+                      redis_->Command({"SET", Key("stage_layout"), Deterministic(chosen), "NX"}));
   VP_RETURN_IF_ERROR(RedisReplyError(reply, "SET stage_layout"));
   return LoadStageLayout();
 }

@@ -156,8 +156,7 @@ absl::StatusOr<EvaluationJob> WithLimits(const EvaluationJob& job, uint32_t max_
     absl::StatusOr<planner::LayoutChoice> choice = planner::ChooseStageLayout(
         planner, MiniBatches(out, static_cast<int>(planner::kLayoutSampleMiniBatches)));
     if (!choice.ok()) return choice.status();
-    *out.config.mutable_parallelism()->mutable_stage_layout() =
-        LayerLayoutToConfig(choice->chosen);
+    *out.config.mutable_parallelism()->mutable_stage_layout() = LayerLayoutToConfig(choice->chosen);
   }
   return out;
 }

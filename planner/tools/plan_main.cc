@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/binary_main.h"
+#include "common/checkpoint/hf_model_config.h"
 #include "common/config/job_config.h"
 #include "common/config/layer_layout.h"
 #include "common/dataset/lengths_csv.h"
@@ -31,7 +32,6 @@
 #include "common/status.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
-#include "common/checkpoint/hf_model_config.h"
 #include "planner/layout/stage_layout_search.h"
 #include "planner/planner.h"
 #include "spdlog/spdlog.h"
@@ -478,7 +478,8 @@ int Run() {
       EffectiveLayoutMode(job.config.parallelism().stage_layout()) == v1::AUTO) {
     // As the daemons choose it: over the job's first mini-batches.
     std::vector<planner::MiniBatch> sample;
-    for (uint64_t i = 0; i < planner::kLayoutSampleMiniBatches; ++i) sample.push_back(source->Next(i));
+    for (uint64_t i = 0; i < planner::kLayoutSampleMiniBatches; ++i)
+      sample.push_back(source->Next(i));
     absl::StatusOr<planner::LayoutChoice> choice = planner::ChooseStageLayout(*planner, sample);
     if (!choice.ok()) return Fail(choice.status(), kExitFailure);
     for (absl::string_view line : absl::StrSplit(choice->Describe(), '\n')) {

@@ -70,8 +70,7 @@ void Compare(benchmark::State& state, bool t5, bool documents, v1::ScheduleKind 
     return;
   }
   const std::vector<MiniBatch> batches = SyntheticBatches(config, documents, kBatches);
-  const std::vector<MiniBatch> sample(batches.begin(),
-                                      batches.begin() + kLayoutSampleMiniBatches);
+  const std::vector<MiniBatch> sample(batches.begin(), batches.begin() + kLayoutSampleMiniBatches);
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<LayoutChoice> choice = ChooseStageLayout(*even, sample);
   const double choose_ms =
@@ -111,8 +110,8 @@ void Compare(benchmark::State& state, bool t5, bool documents, v1::ScheduleKind 
   state.counters["auto_floor"] = Median(a_floor);
   state.counters["auto_busiest_share"] = Median(a_share);
   state.counters["choose_ms"] = choose_ms;
-  state.SetLabel(absl::StrCat("auto: ", choice->chosen.ToString(), "; even: ",
-                              choice->even.ToString()));
+  state.SetLabel(
+      absl::StrCat("auto: ", choice->chosen.ToString(), "; even: ", choice->even.ToString()));
 }
 
 void BM_LayoutGptAdaptive(benchmark::State& s) { Compare(s, false, false, v1::ADAPTIVE); }

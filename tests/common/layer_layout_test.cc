@@ -49,10 +49,8 @@ TEST(EvenLayerLayoutTest, SplitsEvenlyAndCoversEveryLayer) {
 }
 
 TEST(EvenLayerLayoutTest, T5SplitsStagesByLayerShare) {
-  absl::StatusOr<LayerLayout> layout = EvenLayerLayout({.encoder_decoder = true,
-                                                         .encoder_layers = 24,
-                                                         .decoder_layers = 24},
-                                                        8);
+  absl::StatusOr<LayerLayout> layout =
+      EvenLayerLayout({.encoder_decoder = true, .encoder_layers = 24, .decoder_layers = 24}, 8);
   ASSERT_THAT(layout, IsOk());
   EXPECT_EQ(layout->encoder_stages(), 4u);
   EXPECT_EQ(layout->ToString(), "encoder 6+6+6+6 | decoder 6+6+6+6");
@@ -93,8 +91,9 @@ TEST(ListedLayerLayoutTest, NamesTheEntryThatIsWrong) {
                        HasSubstr("has 1 entries but the pipeline has 2 stages")));
   EXPECT_THAT(ListedLayerLayout(Listed({2, 2}, 1), kGpt, 2, "f"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("only T5")));
-  EXPECT_THAT(ListedLayerLayout(Listed({2, 1, 1, 2}, 4), kT5, 4, "f"),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("f.encoder_stages: must be 1 to 3")));
+  EXPECT_THAT(
+      ListedLayerLayout(Listed({2, 1, 1, 2}, 4), kT5, 4, "f"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("f.encoder_stages: must be 1 to 3")));
   EXPECT_THAT(ListedLayerLayout(Listed({2, 1, 1, 2}, 2), kT5, 4, "f"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("the 2 encoder stages hold 2+1 = 3 layers, but model.num_layers "

@@ -120,8 +120,8 @@ std::string CellName(const Cell& c) {
                                 : "Gpt",
                       c.tied ? "Tied" : "", c.method == v1::PACKING ? "Packed" : "",
                       c.layout.empty() ? "" : absl::StrCat("Layout", absl::StrJoin(c.layout, "")),
-                      "_",
-                      ScheduleName(c), "_", RecomputeName(c.recompute), "_pp", c.pp, "dp", c.dp);
+                      "_", ScheduleName(c), "_", RecomputeName(c.recompute), "_pp", c.pp, "dp",
+                      c.dp);
 }
 
 std::vector<Cell> Matrix() {

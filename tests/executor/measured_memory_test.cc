@@ -19,15 +19,15 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
-#include "planner/cost/memory_model.h"
-#include "planner/planner.h"
+#include "absl/strings/str_cat.h"
 #include "common/dataset/sample_dataset.h"
 #include "executor/runtime/counting_allocator.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "planner/cost/memory_model.h"
+#include "planner/planner.h"
 #include "tests/testing/command.h"
 #include "tests/testing/executor_ranks.h"
 #include "tests/testing/redis_server.h"
@@ -179,12 +179,23 @@ INSTANTIATE_TEST_SUITE_P(
                    true},
         // Uneven stage layouts (parallelism.stage_layout): stages of
         // different depth hold different parameters and activations.
-        MemoryCase{v1::RECOMPUTE_NONE, v1::ONE_F_ONE_B, "Layout31None1F1B", false, false, false,
-                   {3, 1}},
-        MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ADAPTIVE, "Layout13SelectiveAdaptive", false,
-                   false, false, {1, 3}},
-        MemoryCase{v1::RECOMPUTE_NONE, v1::ONE_F_ONE_B, "T5Layout413None1F1B", true, false, false,
-                   {4, 1, 3}, 1}),
+        MemoryCase{
+            v1::RECOMPUTE_NONE, v1::ONE_F_ONE_B, "Layout31None1F1B", false, false, false, {3, 1}},
+        MemoryCase{v1::RECOMPUTE_SELECTIVE,
+                   v1::ADAPTIVE,
+                   "Layout13SelectiveAdaptive",
+                   false,
+                   false,
+                   false,
+                   {1, 3}},
+        MemoryCase{v1::RECOMPUTE_NONE,
+                   v1::ONE_F_ONE_B,
+                   "T5Layout413None1F1B",
+                   true,
+                   false,
+                   false,
+                   {4, 1, 3},
+                   1}),
     [](const auto& info) { return info.param.name; });
 
 TEST(ProfileCli, HelpNamesTheFlags) {

@@ -303,8 +303,7 @@ TEST(CheckpointLayout, RefusesAnotherStageLayout) {
     ASSERT_THAT(executor::RankCheckpoints(dir.string(), 0, three_one)
                     .Save(1, {&stage}, *optimizer->optimizer),
                 IsOk());
-    ASSERT_THAT(executor::RankCheckpoints(dir.string(), 0)
-                    .Save(2, {&stage}, *optimizer->optimizer),
+    ASSERT_THAT(executor::RankCheckpoints(dir.string(), 0).Save(2, {&stage}, *optimizer->optimizer),
                 IsOk());
   }
   absl::StatusOr<std::optional<LayerLayout>> recorded =
@@ -318,11 +317,11 @@ TEST(CheckpointLayout, RefusesAnotherStageLayout) {
   ASSERT_THAT(optimizer, IsOk());
   const torch::Tensor before = stage.parameters()[0].detach().clone();
   const LayerLayout two_two{.encoder = {2, 2}, .decoder = {0, 0}};
-  EXPECT_THAT(executor::RankCheckpoints(dir.string(), 0, two_two)
-                  .Load(1, {&stage}, *optimizer->optimizer),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       AllOf(HasSubstr("rank_00000.pt"),
-                             HasSubstr("written with the stage layout 3+1 but this job's is 2+2"))));
+  EXPECT_THAT(
+      executor::RankCheckpoints(dir.string(), 0, two_two).Load(1, {&stage}, *optimizer->optimizer),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               AllOf(HasSubstr("rank_00000.pt"),
+                     HasSubstr("written with the stage layout 3+1 but this job's is 2+2"))));
   EXPECT_TRUE(torch::equal(stage.parameters()[0], before)) << "a refused load changed a parameter";
   EXPECT_THAT(executor::RankCheckpoints(dir.string(), 0, three_one)
                   .Load(1, {&stage}, *optimizer->optimizer),
@@ -332,9 +331,9 @@ TEST(CheckpointLayout, RefusesAnotherStageLayout) {
       executor::RankCheckpoints(dir.string(), 0, two_two).RecordedLayout(2);
   ASSERT_THAT(none, IsOk());
   EXPECT_FALSE(none->has_value());
-  EXPECT_THAT(executor::RankCheckpoints(dir.string(), 0, two_two)
-                  .Load(2, {&stage}, *optimizer->optimizer),
-              IsOk());
+  EXPECT_THAT(
+      executor::RankCheckpoints(dir.string(), 0, two_two).Load(2, {&stage}, *optimizer->optimizer),
+      IsOk());
   std::filesystem::remove_all(dir);
 }
 

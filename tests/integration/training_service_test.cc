@@ -212,8 +212,9 @@ TEST_F(TrainingService, DaemonsAgreeOnAnAutoStageLayoutAndExecutorsTrainWithIt) 
   const std::string even = R"("parallelism": {"pipeline": 2, "data": 2})";
   ASSERT_NE(config.find(even), std::string::npos);
   std::string with_auto = config;
-  with_auto.replace(with_auto.find(even), even.size(),
-                    R"("parallelism": {"pipeline": 2, "data": 2, "stage_layout": {"mode": "AUTO"}})");
+  with_auto.replace(
+      with_auto.find(even), even.size(),
+      R"("parallelism": {"pipeline": 2, "data": 2, "stage_layout": {"mode": "AUTO"}})");
   std::ofstream(dir_ / "job.json") << with_auto;
   const std::string a = Daemon("planner-a");
   ASSERT_FALSE(a.empty()) << DaemonLog(dir_, "planner-a");
@@ -242,8 +243,8 @@ TEST_F(TrainingService, DaemonsAgreeOnAnAutoStageLayoutAndExecutorsTrainWithIt) 
       absl::StrCat("--planner ", a, ",", b, TokenFlag(), " --config job.json --run_id auto"));
   ASSERT_EQ(run.exit_code, 0) << run.output << DaemonLog(dir_, "planner-a")
                               << DaemonLog(dir_, "planner-b");
-  EXPECT_THAT(run.output,
-              HasSubstr(absl::StrCat("stage layout (AUTO): ", chosen, ", from the planner daemons")));
+  EXPECT_THAT(run.output, HasSubstr(absl::StrCat("stage layout (AUTO): ", chosen,
+                                                 ", from the planner daemons")));
   EXPECT_THAT(run.output, HasSubstr(absl::StrCat("stage layout ", chosen, " (2 stages)")));
 }
 

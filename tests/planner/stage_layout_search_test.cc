@@ -55,7 +55,8 @@ TEST(BalancedSplitTest, MatchesBruteForce) {
     const uint32_t layers = stages + rng() % 10;
     const double layer_ms = 0.5 + std::uniform_real_distribution<double>(0, 2)(rng);
     std::vector<double> extra(stages);
-    for (double& e : extra) e = rng() % 3 == 0 ? std::uniform_real_distribution<double>(0, 4)(rng) : 0;
+    for (double& e : extra)
+      e = rng() % 3 == 0 ? std::uniform_real_distribution<double>(0, 4)(rng) : 0;
     const std::vector<uint32_t> split = BalancedSplit(layers, layer_ms, extra);
     ASSERT_EQ(split.size(), stages);
     uint32_t total = 0;
@@ -133,8 +134,7 @@ TEST(ChooseStageLayoutTest, RebalancesT5) {
   EXPECT_EQ(choice->candidates.front().origin, "even split");
   const double even = MeanIteration(planner->WithStageLayout(choice->even), held_out);
   const double chosen = MeanIteration(planner->WithStageLayout(choice->chosen), held_out);
-  std::printf("held-out mean: even %.1f ms, chosen %.1f ms (%.3fx)\n", even, chosen,
-              chosen / even);
+  std::printf("held-out mean: even %.1f ms, chosen %.1f ms (%.3fx)\n", even, chosen, chosen / even);
   EXPECT_LE(chosen, 0.85 * even);
   absl::StatusOr<LayoutChoice> again = ChooseStageLayout(*planner, sample);
   ASSERT_THAT(again, IsOk());

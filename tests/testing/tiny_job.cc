@@ -30,8 +30,9 @@ absl::StatusOr<v1::JobConfig> TinyJobConfig(const TinyJob& job) {
     const size_t e = job.t5 ? job.encoder_stages : job.stage_layers.size();
     encoder_layers = std::accumulate(job.stage_layers.begin(), job.stage_layers.begin() + e, 0u);
     decoder_layers = std::accumulate(job.stage_layers.begin() + e, job.stage_layers.end(), 0u);
-    layout = absl::StrCat(R"(, "stage_layout": {"layers": [)", absl::StrJoin(job.stage_layers, ", "),
-                          "]", job.t5 ? absl::StrCat(R"(, "encoder_stages": )", e) : "", "}");
+    layout =
+        absl::StrCat(R"(, "stage_layout": {"layers": [)", absl::StrJoin(job.stage_layers, ", "),
+                     "]", job.t5 ? absl::StrCat(R"(, "encoder_stages": )", e) : "", "}");
   }
   const std::string json = absl::StrCat(
       R"({"job_id": "tiny", "model": {"kind": ")", job.t5 ? "T5" : "GPT", R"(", "num_layers": )",
