@@ -117,8 +117,7 @@ std::vector<LayerLayout> EndMoves(const LayerLayout& base) {
   const auto move = [&](uint32_t from, uint32_t to) {
     LayerLayout l = base;
     std::vector<uint32_t>& stack = l.encoder[from] > 0 ? l.encoder : l.decoder;
-    const std::vector<uint32_t>& same = l.encoder[from] > 0 ? l.encoder : l.decoder;
-    if (stack[from] <= 1 || same[to] == 0) return;  // keep a layer; stay in the stack
+    if (stack[from] <= 1 || stack[to] == 0) return;  // keep a layer; stay in the stack
     --stack[from];
     ++stack[to];
     out.push_back(std::move(l));
@@ -310,13 +309,15 @@ absl::StatusOr<LayoutChoice> ChooseStageLayout(const Planner& planner,
         proposed.emplace_back(std::move(l), "balanced, one layer moved");
       }
     }
-    for (auto& [layers, origin] : proposed) {
+    for (auto& proposal : proposed) {
       if (static_cast<int>(candidates.size()) > options.max_candidates) break;
+      const LayerLayout& layers = proposal.first;
       const bool seen = std::any_of(candidates.begin(), candidates.end(),
                                     [&](const LayoutCandidate& c) { return c.layers == layers; });
       if (!seen) {
-        candidates.push_back(LayoutCandidate{
-            .layers = std::move(layers), .origin = std::move(origin), .reason = ""});
+        candidates.push_back(LayoutCandidate{.layers = std::move(proposal.first),
+                                             .origin = std::move(proposal.second),
+                                             .reason = ""});
       }
     }
   }
