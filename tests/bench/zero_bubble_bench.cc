@@ -50,22 +50,7 @@ namespace {
 constexpr int kBatches = 15;
 
 v1::JobConfig Config(bool t5, v1::ScheduleKind schedule) {
-  v1::JobConfig c;
-  c.set_job_id(t5 ? "t5-11b" : "gpt-6.7b");
-  *c.mutable_model() = t5 ? testing::T511bConfig() : testing::Gpt67bConfig();
-  c.mutable_parallelism()->set_pipeline(t5 ? 8 : 4);
-  c.mutable_parallelism()->set_data(1);
-  c.mutable_cluster()->set_device_memory_limit_mib(40960);
-  c.mutable_cluster()->set_hardware("a100-40gb");
-  c.mutable_data()->set_format(v1::SYNTHETIC);
-  c.mutable_data()->set_tokens_per_global_batch(65536);
-  c.mutable_data()->set_max_sequence_length(2048);
-  if (t5) c.mutable_data()->set_max_target_length(512);
-  c.mutable_planner()->add_schedules(schedule);
-  c.mutable_planner()->set_threads(1);
-  c.mutable_training()->set_iterations(1);
-  ApplyJobConfigDefaults(c);
-  return c;
+  return testing::PaperBenchmarkJob(t5, {schedule});
 }
 
 double Median(std::vector<double> v) {

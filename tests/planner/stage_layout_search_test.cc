@@ -78,26 +78,12 @@ TEST(BalancedSplitTest, WithoutExtrasItIsTheEvenSplit) {
   EXPECT_EQ(BalancedSplit(32, 1.0, head), (std::vector<uint32_t>{9, 9, 8, 6}));
 }
 
-// The zero-bubble benchmark's jobs (tests/bench/zero_bubble_bench.cc): the
-// A100-40GB analytic model, 40,960 MiB per device, dp = 1.
+// The zero-bubble benchmark's jobs (testing::PaperBenchmarkJob) with an
+// AUTO layout; T5 with both adaptive schedules.
 v1::JobConfig PaperJob(bool t5) {
-  v1::JobConfig c;
-  c.set_job_id(t5 ? "t5-11b" : "gpt-6.7b");
-  *c.mutable_model() = t5 ? testing::T511bConfig() : testing::Gpt67bConfig();
-  c.mutable_parallelism()->set_pipeline(t5 ? 8 : 4);
-  c.mutable_parallelism()->set_data(1);
-  c.mutable_cluster()->set_device_memory_limit_mib(40960);
-  c.mutable_cluster()->set_hardware("a100-40gb");
-  c.mutable_data()->set_format(v1::SYNTHETIC);
-  c.mutable_data()->set_tokens_per_global_batch(65536);
-  c.mutable_data()->set_max_sequence_length(2048);
-  if (t5) c.mutable_data()->set_max_target_length(512);
-  c.mutable_planner()->add_schedules(v1::ADAPTIVE);
-  if (t5) c.mutable_planner()->add_schedules(v1::ADAPTIVE_ZERO_BUBBLE);
-  c.mutable_planner()->set_threads(1);
-  c.mutable_training()->set_iterations(1);
+  v1::JobConfig c = t5 ? testing::PaperBenchmarkJob(true, {v1::ADAPTIVE, v1::ADAPTIVE_ZERO_BUBBLE})
+                       : testing::PaperBenchmarkJob(false, {v1::ADAPTIVE});
   c.mutable_parallelism()->mutable_stage_layout()->set_mode(v1::AUTO);
-  ApplyJobConfigDefaults(c);
   return c;
 }
 

@@ -4,6 +4,9 @@
 #ifndef VARIPIPE_TESTS_TESTING_PAPER_MODELS_H_
 #define VARIPIPE_TESTS_TESTING_PAPER_MODELS_H_
 
+#include <initializer_list>
+
+#include "common/config/job_config.h"
 #include "planner/cost/model_dims.h"
 #include "varipipe/v1/config.pb.h"
 
@@ -41,6 +44,30 @@ inline v1::ModelConfig T511bConfig() {
 }
 
 inline planner::ModelDims Gpt67bDims() { return planner::ModelDimsFromConfig(Gpt67bConfig()); }
+
+// The planner benchmarks' job of either model (zero_bubble_bench.cc,
+// stage_layout_bench.cc): GPT-6.7B at pp = 4 or T5-11B at pp = 8, dp = 1,
+// the A100-40GB analytic model with 40,960 MiB per device, 65,536 tokens per
+// mini-batch up to 2,048 tokens (T5 targets up to 512), one planning
+// thread, `schedules` only, defaults applied.
+inline v1::JobConfig PaperBenchmarkJob(bool t5, std::initializer_list<v1::ScheduleKind> schedules) {
+  v1::JobConfig c;
+  c.set_job_id(t5 ? "t5-11b" : "gpt-6.7b");
+  *c.mutable_model() = t5 ? T511bConfig() : Gpt67bConfig();
+  c.mutable_parallelism()->set_pipeline(t5 ? 8 : 4);
+  c.mutable_parallelism()->set_data(1);
+  c.mutable_cluster()->set_device_memory_limit_mib(40960);
+  c.mutable_cluster()->set_hardware("a100-40gb");
+  c.mutable_data()->set_format(v1::SYNTHETIC);
+  c.mutable_data()->set_tokens_per_global_batch(65536);
+  c.mutable_data()->set_max_sequence_length(2048);
+  if (t5) c.mutable_data()->set_max_target_length(512);
+  for (v1::ScheduleKind s : schedules) c.mutable_planner()->add_schedules(s);
+  c.mutable_planner()->set_threads(1);
+  c.mutable_training()->set_iterations(1);
+  ApplyJobConfigDefaults(c);
+  return c;
+}
 
 }  // namespace varipipe::testing
 
