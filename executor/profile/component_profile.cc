@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/median.h"
 #include "executor/model/attention_mask.h"
 #include "executor/model/cuda_autocast.h"
 #include "executor/model/initializer.h"
@@ -347,12 +348,6 @@ Pass RunOnce(Runnable& r, const ProfileSettings& settings, MemoryProbe& probe) {
     }
   }
   return pass;
-}
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
 }  // namespace

@@ -37,6 +37,7 @@
 
 #include "benchmark/benchmark.h"
 #include "common/config/job_config.h"
+#include "common/median.h"
 #include "planner/planner.h"
 #include "tests/bench/synthetic_batches.h"
 #include "tests/testing/paper_models.h"
@@ -263,11 +264,6 @@ BENCHMARK(BM_ScaleGptFlanTwoThreads)->Arg(64)->Unit(benchmark::kMillisecond);
 // elsewhere on the machine hits both alike. Counters: the median of each
 // and speedup = one_thread_ms / two_threads_ms. The benchmark's own time is
 // the pair's.
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 void RunThreadRatio(benchmark::State& state, const Setting& setting) {
   const v1::JobConfig config = Config(setting);
   absl::StatusOr<Planner> one = Planner::Create(config);

@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
 #include "common/config/job_config.h"
+#include "common/median.h"
 #include "planner/layout/stage_layout_search.h"
 #include "planner/planner.h"
 #include "tests/bench/synthetic_batches.h"
@@ -39,12 +40,6 @@ constexpr int kBatches = 15;
 
 v1::JobConfig Config(bool t5, v1::ScheduleKind schedule) {
   return testing::PaperBenchmarkJob(t5, {schedule});
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 void Compare(benchmark::State& state, bool t5, bool documents, v1::ScheduleKind schedule) {
