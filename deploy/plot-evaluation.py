@@ -1,23 +1,25 @@
 #!/usr/bin/env python3
 """Draws the evaluation's CSVs (deploy/evaluate.sh) as PNGs and writes the page.
 
-Usage: deploy/plot-evaluation.py --dir DIR [--page FILE] [--settings TEXT]
+Usage: deploy/plot-evaluation.py --dir DIR [--page FILE] [--settings TEXT] [--run_time TEXT]
 
 Reads DIR/{throughput,memory,planning,trace,schedules}.csv and DIR/traces/*.json,
 writes DIR/*.png (one set per cost model: the analytic one without suffix,
 measured ones with the cost model's name) and, with --page, the Markdown page
-that shows every plot with what it shows and the headline numbers.
+that shows every plot with what it shows and the headline numbers: in every
+cell, Varipipe (the planner's default search, method `varipipe`) against the
+best tuned baseline. CSVs written before `varipipe` rows existed fall back to
+the DP alone (method `dp`) as Varipipe.
 """
 import argparse
 import csv
 import json
-import math
 import os
 import re
 import statistics
 import sys
 import textwrap
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 try:
     import matplotlib
@@ -29,22 +31,29 @@ except ImportError:
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-METHODS = ["dp", "packing", "token-based", "fixed-size", "padding"]
+# Drawing order; "varipipe" is the planner's default search (every partition method, each
+# baseline's setting tuned per mini-batch, every schedule), "dp" the dynamic program alone.
+METHODS = ["varipipe", "dp", "packing", "token-based", "fixed-size", "padding"]
+# What Varipipe is compared against: the baselines, each tuned once per cell (not the DP).
+BASELINES = ["packing", "token-based", "fixed-size", "padding"]
 LABELS = {
-    "dp": "Varipipe (DP)",
+    "varipipe": "Varipipe (default search)",
+    "dp": "DP alone",
     "packing": "packing (no cross-contamination)",
     "token-based": "token-based",
     "fixed-size": "fixed-size (sorted)",
     "padding": "padding",
 }
 COLORS = {
-    "dp": "#d62728",
+    "varipipe": "#d62728",
+    "dp": "#ff7f0e",
     "packing": "#1f77b4",
     "token-based": "#2ca02c",
     "fixed-size": "#9467bd",
     "padding": "#7f7f7f",
 }
-MARKERS = {"dp": "o", "packing": "s", "token-based": "^", "fixed-size": "D", "padding": "v"}
+MARKERS = {"varipipe": "*", "dp": "o", "packing": "s", "token-based": "^", "fixed-size": "D",
+           "padding": "v"}
 MIXTURES = {"flan": "FLAN-like", "documents": "documents-like"}
 
 
@@ -76,12 +85,21 @@ def suffix(key):
 def panels(rows):
     """(model, mixture) pairs in a stable order: GPT before T5, FLAN before documents."""
     seen = sorted({(r["model"], r["mixture"]) for r in rows},
-                  key=lambda p: (not p[0].startswith("GPT"), p[1] != "flan"))
+                  key=lambda p: (not p[0].startswith("GPT"), p[1] != "flan", p))
     return seen
 
 
+def model_label(model):
+    """The page's short name of a model ('GPT 32L h4096 pp4 dp2' -> 'GPT-6.7B')."""
+    if model.startswith("GPT"):
+        return "GPT-6.7B"
+    if model.startswith("T5"):
+        return "T5-11B"
+    return model
+
+
 def chosen(rows):
-    """{(model, mixture, x, method): row} of each method's tuned setting."""
+    """{(model, mixture, max_len, memory_mib, method): row} of each method's tuned setting."""
     out = {}
     for r in rows:
         if r["chosen"] == "1":
@@ -89,36 +107,123 @@ def chosen(rows):
     return out
 
 
+def headline(rows):
+    """The method that stands for Varipipe: the default search ('varipipe'), or, on CSVs
+    written before it was evaluated, the DP alone ('dp')."""
+    return "varipipe" if any(r["method"] == "varipipe" for r in rows) else "dp"
+
+
+def drawn(rows):
+    """The methods the CSV holds, in drawing order."""
+    present = {r["method"] for r in rows}
+    return [m for m in METHODS if m in present]
+
+
+def style(m, head):
+    """Line style of method m; Varipipe (whichever method stands for it) drawn thickest."""
+    key = "varipipe" if m == head else m
+    label = (LABELS[key] if m != "dp" or head != "dp" else
+             "Varipipe (DP alone; no default-search rows)")
+    return dict(marker=MARKERS[key], color=COLORS[key], label=label,
+                markersize=11 if key == "varipipe" else 6,
+                linewidth=2.8 if key == "varipipe" else 1.8 if m == "dp" else 1.4,
+                zorder=3 if key == "varipipe" else 2)
+
+
 def cost_line(rows):
     return "; ".join(sorted({r["cost_model"] for r in rows}))
 
 
+def fmt_ratio3(r):
+    """Three decimals, four when three would print 1.000 for a side that wins or loses."""
+    text = f"{r:.3f}"
+    return (f"{r:.4f}" if text == "1.000" and r != 1 else text) + "x"
+
+
 def fmt_ratio(r):
-    """Two decimals, three when that hides which side wins."""
-    return f"{r:.3f}x" if abs(r - 1) < 0.005 else f"{r:.2f}x"
+    """Two decimals, more when that hides which side wins."""
+    return fmt_ratio3(r) if abs(r - 1) < 0.005 else f"{r:.2f}x"
+
+
+def printed(tokens_per_s):
+    """Tokens/s as the page prints them (one decimal); every ratio is computed from these."""
+    return round(float(tokens_per_s), 1)
 
 
 def fmt_tokens(v):
-    return f"{v / 1000:.1f}k" if v < 1e6 else f"{v / 1e6:.2f}M"
+    return f"{printed(v):,.1f}"
 
 
-def setting_text(r):
-    if r["method"] == "dp":
-        return "per mini-batch"
-    return f'{r["setting"]}, {r["recompute"]}'
+def baseline_name(r):
+    """'packing rows=8 (none)': the method, its tuned setting and recompute mode."""
+    return f'{r["method"]} {r["setting"]} ({r["recompute"]})'
 
 
-def plot_throughput(rows, key, out, settings):
+def cells(rows):
+    """(model, mixture, max_len, memory_mib) of every cell, panels' order, then by number."""
+    order = {p: k for k, p in enumerate(panels(rows))}
+    return sorted({(r["model"], r["mixture"], r["max_len"], r["memory_mib"]) for r in rows},
+                  key=lambda c: (order[c[:2]], int(c[2]), int(c[3])))
+
+
+def compare(best, cell, method, pool):
+    """method's tuned row in cell against the best tuned row of pool's methods that fits.
+
+    Returns {"row", "best", "ratio", "why"}: ratio (of the printed tokens/s, so that it is at
+    least 1 exactly when the printed numbers say so) when both fit, else why not in words."""
+    row = best.get(cell + (method,))
+    fit = [best[cell + (m,)] for m in pool
+           if cell + (m,) in best and best[cell + (m,)]["feasible"] == "1"]
+    top = max(fit, key=lambda r: float(r["tokens_per_s"])) if fit else None
+    fits = row is not None and row["feasible"] == "1"
+    out = {"row": row, "best": top, "ratio": None, "why": None}
+    if row is None:
+        out["why"] = f"no {method} row"
+    elif fits and top is not None and printed(top["tokens_per_s"]) > 0:
+        out["ratio"] = printed(row["tokens_per_s"]) / printed(top["tokens_per_s"])
+    elif not fits and top is None:
+        out["why"] = "nothing fits"
+    elif not fits:
+        out["why"] = ("Varipipe does not fit" if method in ("varipipe", "dp")
+                      else f"{method} does not fit")
+    else:
+        out["why"] = "no baseline fits" if len(pool) > 1 else f"{pool[0]} does not fit"
+    return out
+
+
+def comparisons(rows):
+    """{cell: {"head": Varipipe vs the best baseline, "dp": the DP alone vs it (when Varipipe
+    is the default search), "packing": Varipipe vs packing}}."""
     best = chosen(rows)
+    head = headline(rows)
+    out = {}
+    for cell in cells(rows):
+        c = {"head": compare(best, cell, head, BASELINES),
+             "packing": compare(best, cell, head, ["packing"])}
+        if head != "dp" and cell + ("dp",) in best:
+            c["dp"] = compare(best, cell, "dp", BASELINES)
+        out[cell] = c
+    return out
+
+
+def annotation(c):
+    """One cell of a plot's 'Varipipe / best baseline' box."""
+    if c["ratio"] is None:
+        return c["why"]
+    return f'{fmt_ratio3(c["ratio"])} ({c["best"]["method"]})'
+
+
+def plot_throughput(rows, key, out, settings, comp):
+    best = chosen(rows)
+    head = headline(rows)
     pairs = panels(rows)
     fig, axes = plt.subplots(2, 2, figsize=(14, 10.5), squeeze=False)
-    notes = {}
     for ax, (model, mixture) in zip(axes.flat, pairs):
         lengths = sorted({int(r["max_len"]) for r in rows
                           if r["model"] == model and r["mixture"] == mixture})
         memory = next(r["memory_mib"] for r in rows if r["model"] == model)
         ymax = 0
-        for m in METHODS:
+        for m in drawn(rows):
             xs, ys, bad = [], [], []
             for L in lengths:
                 r = best.get((model, mixture, str(L), memory, m))
@@ -130,34 +235,16 @@ def plot_throughput(rows, key, out, settings):
                 else:
                     bad.append(L)
             ymax = max([ymax] + ys)
-            ax.plot(xs, ys, marker=MARKERS[m], color=COLORS[m], label=LABELS[m],
-                    linewidth=2.2 if m == "dp" else 1.4)
+            st = style(m, head)
+            ax.plot(xs, ys, **st)
             if bad:
-                ax.plot(bad, [0] * len(bad), linestyle="none", marker="x", color=COLORS[m],
+                ax.plot(bad, [0] * len(bad), linestyle="none", marker="x", color=st["color"],
                         markersize=10, clip_on=False)
-        # DP over packing per length, and where packing wins.
-        texts = []
-        for L in lengths:
-            d = best.get((model, mixture, str(L), memory, "dp"))
-            p = best.get((model, mixture, str(L), memory, "packing"))
-            t = best.get((model, mixture, str(L), memory, "token-based"))
-            if not (d and p):
-                continue
-            if d["feasible"] == "1" and p["feasible"] == "1":
-                ratio = float(d["tokens_per_s"]) / float(p["tokens_per_s"])
-                notes[(model, mixture, L)] = ratio
-                texts.append(f"{L}: {fmt_ratio(ratio)}" + (" (packing wins)" if ratio < 1 else ""))
-            else:
-                why = ("nothing fits" if d["feasible"] != "1" and p["feasible"] != "1" else
-                       "DP does not fit" if d["feasible"] != "1" else "packing does not fit")
-                notes[(model, mixture, L)] = why
-                texts.append(f"{L}: {why}")
-            if t and d["feasible"] == "1" and t["feasible"] == "1":
-                notes[("token", model, mixture, L)] = (float(d["tokens_per_s"]) /
-                                                       float(t["tokens_per_s"]))
-        ax.text(0.02, 0.02, "DP / packing:\n" + "\n".join(texts), transform=ax.transAxes,
-                fontsize=9, va="bottom", ha="left",
-                bbox=dict(boxstyle="round", facecolor="white", alpha=0.85))
+        texts = [f"{L}: {annotation(comp[(model, mixture, str(L), memory)]['head'])}"
+                 for L in lengths if (model, mixture, str(L), memory) in comp]
+        ax.text(0.02, 0.02, "Varipipe / best baseline:\n" + "\n".join(texts),
+                transform=ax.transAxes, fontsize=9, va="bottom", ha="left",
+                bbox=dict(boxstyle="round", facecolor="white", alpha=0.85), zorder=4)
         ax.set_xscale("log", base=2)
         ax.set_xticks(lengths)
         ax.set_xticklabels([str(L) for L in lengths])
@@ -170,38 +257,45 @@ def plot_throughput(rows, key, out, settings):
     for ax in list(axes.flat)[len(pairs):]:
         ax.axis("off")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=5, fontsize=10,
+    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 6), fontsize=10,
                bbox_to_anchor=(0.5, 0.93))
     suptitle(fig, "Real tokens/s vs maximum length (x on the axis: no setting fits memory)\n"
                  f"cost model: {cost_line(rows)}; 65,536 tokens per global batch; "
                  f"{settings}", 11)
-    fig.text(0.5, 0.005, "Baselines tuned per length: rows per micro-batch (packing, fixed-size, "
-             "padding) or token budget (token-based) x recompute mode,\nthe best predicted "
-             "tokens/s that fits memory on every mini-batch; all methods use the adaptive and "
-             "1F1B schedules.", ha="center", fontsize=9)
-    fig.tight_layout(rect=(0, 0.035, 1, 0.89))
+    varipipe = ("Varipipe: the planner's default search (every partition method, each "
+                "baseline's setting tuned per mini-batch, every schedule); DP alone: the "
+                "dynamic program by itself.\n" if head == "varipipe" else
+                "Varipipe: the DP alone (these CSVs have no default-search rows).\n")
+    fig.text(0.5, 0.005, varipipe + "Baselines tuned per length: rows per micro-batch "
+             "(packing, fixed-size, padding) or token budget (token-based) x recompute mode, "
+             "the best predicted\ntokens/s that fits memory on every mini-batch; box: "
+             "Varipipe's tokens/s over the best tuned baseline's (named); all methods use the "
+             "adaptive and 1F1B schedules.", ha="center", fontsize=9)
+    fig.tight_layout(rect=(0, 0.05, 1, 0.89))
     path = os.path.join(out, f"throughput_vs_length{suffix(key)}.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return path, notes
+    return path
 
 
 def plot_padding(rows, key, out, settings):
     best = chosen(rows)
+    head = headline(rows)
     pairs = panels(rows)
     fig, axes = plt.subplots(2, len(pairs), figsize=(4.2 * len(pairs), 8), squeeze=False)
     for col, (model, mixture) in enumerate(pairs):
         lengths = sorted({int(r["max_len"]) for r in rows
                           if r["model"] == model and r["mixture"] == mixture})
         memory = next(r["memory_mib"] for r in rows if r["model"] == model)
-        for m in METHODS:
+        for m in drawn(rows):
             pts = [(L, best.get((model, mixture, str(L), memory, m))) for L in lengths]
             pts = [(L, r) for L, r in pts if r is not None and r["feasible"] == "1"]
             xs = [L for L, _ in pts]
-            axes[0][col].plot(xs, [100 * float(r["padding_efficiency"]) for _, r in pts],
-                              marker=MARKERS[m], color=COLORS[m], label=LABELS[m])
-            axes[1][col].plot(xs, [float(r["micro_batches"]) for _, r in pts],
-                              marker=MARKERS[m], color=COLORS[m], label=LABELS[m])
+            st = style(m, head)
+            st["linewidth"] = min(st["linewidth"], 2.2)
+            st["markersize"] = min(st["markersize"], 9)
+            axes[0][col].plot(xs, [100 * float(r["padding_efficiency"]) for _, r in pts], **st)
+            axes[1][col].plot(xs, [float(r["micro_batches"]) for _, r in pts], **st)
         for row in range(2):
             ax = axes[row][col]
             ax.set_xscale("log", base=2)
@@ -214,7 +308,7 @@ def plot_padding(rows, key, out, settings):
     axes[0][0].set_ylabel("padding efficiency (%)")
     axes[1][0].set_ylabel("micro-batches per mini-batch (all replicas)")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=5, fontsize=9,
+    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 6), fontsize=9,
                bbox_to_anchor=(0.5, 0.925))
     suptitle(fig, f"Padding efficiency and micro-batches of each method's tuned setting\n"
                  f"cost model: {cost_line(rows)}; {settings}", 10)
@@ -225,16 +319,17 @@ def plot_padding(rows, key, out, settings):
     return path
 
 
-def plot_memory(rows, key, out, settings):
+def plot_memory(rows, key, out, settings, comp):
     best = chosen(rows)
+    head = headline(rows)
     pairs = panels(rows)
     fig, axes = plt.subplots(2, 2, figsize=(13, 9.5), squeeze=False)
-    ratios = {}
     for ax, (model, mixture) in zip(axes.flat, pairs):
         mems = sorted({int(r["memory_mib"]) for r in rows
                        if r["model"] == model and r["mixture"] == mixture})
         L = next(r["max_len"] for r in rows if r["model"] == model)
-        for m in METHODS:
+        ymax = 0
+        for m in drawn(rows):
             xs, ys, bad = [], [], []
             for mem in mems:
                 r = best.get((model, mixture, L, str(mem), m))
@@ -245,22 +340,19 @@ def plot_memory(rows, key, out, settings):
                     ys.append(float(r["tokens_per_s"]))
                 else:
                     bad.append(mem / 1024)
-            ax.plot(xs, ys, marker=MARKERS[m], color=COLORS[m], label=LABELS[m],
-                    linewidth=2.2 if m == "dp" else 1.4)
+            ymax = max([ymax] + ys)
+            st = style(m, head)
+            ax.plot(xs, ys, **st)
             if bad:
-                ax.plot(bad, [0] * len(bad), linestyle="none", marker="x", color=COLORS[m],
+                ax.plot(bad, [0] * len(bad), linestyle="none", marker="x", color=st["color"],
                         markersize=10, clip_on=False)
-        for mem in mems:
-            d = best.get((model, mixture, L, str(mem), "dp"))
-            p = best.get((model, mixture, L, str(mem), "packing"))
-            t = best.get((model, mixture, L, str(mem), "token-based"))
-            if d and p and d["feasible"] == "1" and p["feasible"] == "1":
-                ratios[("packing", model, mixture, mem)] = (float(d["tokens_per_s"]) /
-                                                            float(p["tokens_per_s"]))
-            if d and t and d["feasible"] == "1" and t["feasible"] == "1":
-                ratios[("token", model, mixture, mem)] = (float(d["tokens_per_s"]) /
-                                                          float(t["tokens_per_s"]))
-        ax.set_ylim(bottom=0)
+        texts = [f"{mem // 1024} GiB: {annotation(comp[(model, mixture, L, str(mem))]['head'])}"
+                 for mem in mems if (model, mixture, L, str(mem)) in comp]
+        ax.text(0.98, 0.02, "Varipipe / best baseline:\n" + "\n".join(texts),
+                transform=ax.transAxes, fontsize=8, va="bottom", ha="right",
+                multialignment="left",
+                bbox=dict(boxstyle="round", facecolor="white", alpha=0.85), zorder=4)
+        ax.set_ylim(0, ymax * 1.12 if ymax > 0 else 1)
         ax.set_xticks([m / 1024 for m in mems])
         ax.set_xlabel("device memory limit (GiB)")
         ax.set_ylabel("predicted real tokens / s")
@@ -269,7 +361,7 @@ def plot_memory(rows, key, out, settings):
     for ax in list(axes.flat)[len(pairs):]:
         ax.axis("off")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=5, fontsize=10,
+    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 6), fontsize=9,
                bbox_to_anchor=(0.5, 0.925))
     suptitle(fig, "Real tokens/s vs device memory limit (x on the axis: no setting fits)\n"
                  f"cost model: {cost_line(rows)} (compute model unchanged, memory limit varied); "
@@ -278,10 +370,10 @@ def plot_memory(rows, key, out, settings):
     path = os.path.join(out, f"throughput_vs_memory{suffix(key)}.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return path, ratios
+    return path
 
 
-def plot_planning(rows, key, out, settings):
+def plot_planning(rows, key, out, settings, searcher):
     pairs = panels(rows)
     fig, axes = plt.subplots(2, 2, figsize=(13, 9.5), squeeze=False)
     stats = {}
@@ -307,9 +399,10 @@ def plot_planning(rows, key, out, settings):
             stats[(model, mixture, L)] = (statistics.median(p), max(p), statistics.median(q))
     for ax in list(axes.flat)[len(pairs):]:
         ax.axis("off")
-    suptitle(fig, "Planning time per iteration (boxes: distribution over mini-batches, one "
-                 "thread, this 2-core machine)\nagainst the predicted iteration time it "
-                 f"plans ahead of; cost model: {cost_line(rows)}; {settings}", 10)
+    suptitle(fig, f"Planning time per iteration of {searcher} (boxes: distribution over "
+                 "mini-batches, one thread, this 2-core machine)\nagainst the predicted "
+                 f"iteration time it plans ahead of; cost model: {cost_line(rows)}; {settings}",
+             10)
     fig.tight_layout(rect=(0, 0, 1, 0.91))
     path = os.path.join(out, f"planning_time{suffix(key)}.png")
     fig.savefig(path, dpi=110)
@@ -410,31 +503,95 @@ def plot_timeline(trace_path, info, out):
     return path
 
 
-def memory_text(notes):
-    pack = [v for k, v in notes.items() if k[:2] == ("memory", "packing")]
-    token = [v for k, v in notes.items() if k[:2] == ("memory", "token")]
-    if not pack:
-        return "no limit lets both the DP and packing fit."
-    text = (f"wherever both fit, the DP's throughput is {fmt_ratio(min(pack))} to "
-            f"{fmt_ratio(max(pack))} packing's")
-    if token:
-        text += (f", and {fmt_ratio(min(token))} to {fmt_ratio(max(token))} the tuned "
-                 f"token-based baseline's (which leads on T5 with more memory)")
-    return text + "."
+def count_text(comps, what):
+    """'16 of 20 cells (of the other 4: 2 below 1.00, nothing fits in 2)': how many cells have
+    a ratio of at least 1 (Varipipe's printed tokens/s at least the best baseline's), and why
+    not the rest."""
+    ratios = [c["ratio"] for c in comps if c["ratio"] is not None]
+    wins = sum(r >= 1 for r in ratios)
+    text = f"{wins} of {len(comps)} {what}"
+    rest = []
+    if len(ratios) > wins:
+        rest.append(f"{len(ratios) - wins} below 1.00")
+    missing = Counter(c["why"] for c in comps if c["ratio"] is None)
+    rest += [f"{why} in {n}" for why, n in sorted(missing.items())]
+    if rest and wins < len(comps):
+        text += f" (of the other {len(comps) - wins}: " + ", ".join(rest) + ")"
+    return text
 
 
-def write_page(page, out, figures, notes, plan_stats, sched, settings, cost_models, run_time):
-    rel = os.path.relpath(out, os.path.dirname(page))
+def ratio_range(comps):
+    ratios = [c["ratio"] for c in comps if c["ratio"] is not None]
+    if not ratios:
+        return None
+    return f"{fmt_ratio(min(ratios))} to {fmt_ratio(max(ratios))}"
+
+
+def cell_tables(comp, x_name, x_of, dp_column):
+    """Per (model, mixture): one row per cell, Varipipe against the best baseline, named."""
+    lines = []
+    by_panel = defaultdict(list)
+    for cell, c in comp.items():
+        by_panel[cell[:2]].append((cell, c))
+    for model, mixture in panels([{"model": m, "mixture": x} for m, x in by_panel]):
+        entries = sorted(by_panel[(model, mixture)], key=lambda e: (int(e[0][2]), int(e[0][3])))
+        fixed = (f"{int(entries[0][0][3]) // 1024} GiB per device" if x_name == "max length"
+                 else f"max length {entries[0][0][2]}")
+        lines += [f"**{model_label(model)}, {MIXTURES.get(mixture, mixture)}** ({model}, {fixed}):",
+                  ""]
+        head = (f"| {x_name} | Varipipe tokens/s | best baseline (setting, recompute) | "
+                "its tokens/s | Varipipe / best |")
+        rule = "|---|---|---|---|---|"
+        if dp_column:
+            head += " DP alone / best |"
+            rule += "---|"
+        lines += [head, rule]
+        for cell, c in entries:
+            h = c["head"]
+            v = h["row"]
+            v_text = (fmt_tokens(v["tokens_per_s"]) if v is not None and v["feasible"] == "1"
+                      else "does not fit" if v is not None else "-")
+            b = h["best"]
+            b_name, b_tokens = ((baseline_name(b), fmt_tokens(b["tokens_per_s"])) if b
+                                else ("none fits", "-"))
+            ratio = fmt_ratio3(h["ratio"]) if h["ratio"] is not None else h["why"]
+            row = f"| {x_of(cell)} | {v_text} | {b_name} | {b_tokens} | {ratio} |"
+            if dp_column:
+                d = c.get("dp")
+                row += (f' {fmt_ratio3(d["ratio"])} |' if d and d["ratio"] is not None else
+                        f' {d["why"]} |' if d else " - |")
+            lines.append(row)
+        lines.append("")
+    return lines
+
+
+def write_page(page, out, figures, comp_len, comp_mem, head, plan_stats, sched, settings,
+               cost_models, run_time):
+    rel = os.path.relpath(out, os.path.dirname(os.path.abspath(page)))
+    default = head == "varipipe"
+    dp_column = default and any("dp" in c for c in list(comp_len.values()) +
+                                list(comp_mem.values()))
 
     def img(path, alt):
         return f"![{alt}]({rel}/{os.path.basename(path)})"
 
-    def ratio(model_prefix, mixture, L):
-        for k, r in notes.items():
-            if len(k) == 3 and k[0].startswith(model_prefix) and k[1] == mixture and k[2] == L:
-                return fmt_ratio(r) if isinstance(r, float) else r
-        return "-"
-
+    len_heads = [c["head"] for c in comp_len.values()]
+    mem_heads = [c["head"] for c in comp_mem.values()]
+    everything = len_heads + mem_heads
+    headline_text = ("**Headline: Varipipe's predicted real tokens/s is at least the best tuned "
+                     "baseline's (ratio >= 1.00, computed from the printed tokens/s) in " +
+                     count_text(everything, "cells") + f"** ({len(len_heads)} cells of the "
+                     "maximum-length sweep" + (f" and {len(mem_heads)} of the memory sweep"
+                                               if mem_heads else "") + ", below).")
+    if default:
+        method_text = ("Varipipe is the planner's default search: per mini-batch it tries every "
+                       "partition method (the dynamic program and each baseline, the baseline's "
+                       "setting tuned on that mini-batch) with every schedule and keeps the best "
+                       "plan; \"DP alone\" is the dynamic program by itself, drawn for reference. ")
+    else:
+        method_text = ("These CSVs have no `varipipe` rows (written before the planner's default "
+                       "search was evaluated), so Varipipe below is the DP alone, choosing per "
+                       "mini-batch. ")
     lines = ["# Evaluation in simulation", "",
              "Regenerated by `deploy/evaluate.sh` (" + run_time + "): the planner and "
              "simulator of this repository (`varipipe-evaluate`, `planner/tools/`) plan mini-batches "
@@ -444,50 +601,91 @@ def write_page(page, out, figures, notes, plan_stats, sched, settings, cost_mode
              "prediction (simulated makespan), not a measurement. "
              f"Cost models: {'; '.join(cost_models)}; measured ones are used from "
              "`deploy/cost-models/` when there are any (none yet). " + settings[:1].upper() +
-             settings[1:] + ".", "",
-             "Baselines are tuned as a user would tune them: packing, fixed-size and padding try "
-             "1-64 rows per micro-batch, token-based budgets of 1-32 maximum lengths, each with "
-             "every recompute mode (none, selective, full), and keep the setting with the best "
-             "predicted real tokens/s that fits memory on every mini-batch; the DP chooses per "
-             "mini-batch. Every method uses the planner's schedules (adaptive and 1F1B), so the "
-             "throughput plots compare micro-batching alone. The CSVs beside the plots list every "
-             "setting tried and why each infeasible one does not fit.", ""]
+             settings[1:] + ("." if settings else ""), "",
+             method_text + "Baselines are tuned as a user would tune them: packing, fixed-size "
+             "and padding try 1-64 rows per micro-batch, token-based budgets of 1-32 maximum "
+             "lengths, each with every recompute mode (none, selective, full), and keep the one "
+             "setting with the best predicted real tokens/s that fits memory on every "
+             "mini-batch; each cell compares Varipipe against the best of these four tuned "
+             "baselines. Every method uses the planner's schedules (adaptive and 1F1B). The CSVs "
+             "beside the plots list every setting tried and why each infeasible one does not "
+             "fit.", "", headline_text, ""]
+
+    # Throughput vs maximum length.
     lines += ["## Throughput vs maximum length", "", img(figures["throughput"], "throughput"), ""]
-    rows = []
-    for model, label in [("GPT", "GPT-6.7B"), ("T5", "T5-11B")]:
-        for mixture in ["flan", "documents"]:
-            rows.append(f"| {label} | {MIXTURES[mixture]} | "
-                        + " | ".join(ratio(model, mixture, L) for L in
-                                     [512, 1024, 2048, 4096, 8192]) + " |")
-    wins = sorted({(k[0].split()[0], MIXTURES[k[1]], k[2]) for k, r in notes.items()
-                   if len(k) == 3 and isinstance(r, float) and r < 1})
-    token = {k[1:]: r for k, r in notes.items() if len(k) == 4}
-    token_wins = sorted((r, k) for k, r in token.items() if r < 1)
-    nothing = sorted({(k[0].split()[0], MIXTURES[k[1]], k[2]) for k, r in notes.items()
-                      if len(k) == 3 and r == "nothing fits"})
-    win_text = ("Packing wins (ratio below 1) at " +
-                ", ".join(f"{m} {x} {L}" for m, x, L in wins) + ".") if wins else \
-        "Packing wins nowhere in this grid."
-    lines += ["Predicted real tokens per second of each method's tuned setting as the maximum "
-              "length grows from 512 to 8,192 tokens: the DP's advantage over packing "
-              "(DP / packing below) grows with the length, because packed rows compute attention "
-              "over the whole maximum length while the DP pads each micro-batch only to its own "
-              "longest sample. " + win_text, "",
-              "| model | mixture | 512 | 1024 | 2048 | 4096 | 8192 |", "|---|---|---|---|---|---|---|"]
-    lines += rows + [""]
+    lengths = sorted({int(c[2]) for c in comp_len})
+    behind = [(model_label(c[0]), MIXTURES.get(c[1], c[1]), c[2], comp_len[c]["head"])
+              for c in comp_len if comp_len[c]["head"]["ratio"] is not None
+              and comp_len[c]["head"]["ratio"] < 1]
+    behind_text = ("The best baseline is ahead (ratio below 1) at " +
+                   ", ".join(f'{m} {x} {L} ({h["best"]["method"]}, {fmt_ratio3(h["ratio"])})'
+                             for m, x, L, h in behind) + "." if behind else
+                   "No tuned baseline is ahead of Varipipe anywhere in this grid.")
+    # Against packing alone: does the advantage grow with the length in every panel?
+    growth = []
+    for model, mixture in panels([{"model": c[0], "mixture": c[1]} for c in comp_len]):
+        pts = sorted((int(c[2]), v["packing"]["ratio"]) for c, v in comp_len.items()
+                     if c[:2] == (model, mixture) and v["packing"]["ratio"] is not None)
+        if len(pts) >= 2:
+            growth.append(pts)
+    packing_text = ""
+    if growth and all(p[-1][1] > p[0][1] for p in growth):
+        lo = [p[0][1] for p in growth]
+        hi = [p[-1][1] for p in growth]
+        packing_text = (" Against packing alone, Varipipe's advantage grows with the length in "
+                        f"every panel (Varipipe / packing {fmt_ratio(min(lo))} to "
+                        f"{fmt_ratio(max(lo))} at the shortest length, {fmt_ratio(min(hi))} to "
+                        f"{fmt_ratio(max(hi))} at the longest where both fit), because packed "
+                        "rows compute attention over the whole maximum length while Varipipe's "
+                        "micro-batches need not.")
+    lines += [f"Predicted real tokens per second of each method's tuned setting as the maximum "
+              f"length grows from {lengths[0]:,} to {lengths[-1]:,} tokens. Varipipe / best "
+              f"baseline (below) is Varipipe's tokens/s over the best tuned baseline's in the "
+              f"same cell, {ratio_range(len_heads) or 'nowhere both fit'} where both fit; it is "
+              f"at least 1.00 in " + count_text(len_heads, "cells") + ". " + behind_text +
+              packing_text, ""]
+    lines += ["| model | mixture | " + " | ".join(str(L) for L in lengths) + " |",
+              "|---|---|" + "---|" * len(lengths)]
+    for model, mixture in panels([{"model": c[0], "mixture": c[1]} for c in comp_len]):
+        row = []
+        for L in lengths:
+            h = next((v["head"] for c, v in comp_len.items()
+                      if c[:2] == (model, mixture) and int(c[2]) == L), None)
+            row.append("-" if h is None else
+                       fmt_ratio3(h["ratio"]) if h["ratio"] is not None else h["why"])
+        lines.append(f"| {model_label(model)} | {MIXTURES.get(mixture, mixture)} | " +
+                     " | ".join(row) + " |")
+    lines += ["", "Per cell, the best tuned baseline named (method, tuned setting, recompute "
+              "mode)" + (" and the DP alone against the same baseline" if dp_column else "") +
+              ":", ""]
+    lines += cell_tables(comp_len, "max length", lambda c: c[2], dp_column)
+    nothing = sorted({(model_label(c[0]), MIXTURES.get(c[1], c[1]), int(c[2]))
+                      for c, v in comp_len.items() if v["head"]["why"] == "nothing fits"})
     if nothing:
-        lines += ["Nothing fits at " + ", ".join(f"{m} {x} {L}" for m, x, L in nothing) +
-                  ": GPT-6.7B on pp = 4 leaves about 13 GiB of activation room on the busiest "
-                  "device of an A100-40GB, and one 8,192-token sequence alone peaks above it even "
-                  "with full recomputation (the CSV names the sample and the bytes).", ""]
-    if token:
-        lines += [f"Token-based micro-batching, tuned on the same mini-batches it is measured on, "
-                  f"is the strongest baseline: it is within {100 * (max(abs(1 - r) for r in token.values())):.0f}% "
-                  f"of the DP everywhere and ahead of it in {len(token_wins)} of {len(token)} "
-                  f"cells (by at most {100 * (1 / min(token.values()) - 1):.0f}%), because the "
-                  f"DP minimises its own objective (DynaPipe's balance of the sum and maximum "
-                  f"micro-batch times) rather than the simulated makespan; the DP needs no "
-                  f"budget chosen per length and dataset.", ""]
+        why = ("GPT-6.7B on pp = 4 leaves about 13 GiB of activation room on the busiest device "
+               "of an A100-40GB, and one 8,192-token sequence alone peaks above it even with "
+               "full recomputation (the CSV names the sample and the bytes)."
+               if all(m == "GPT-6.7B" and L == 8192 for m, _, L in nothing) else
+               "the CSV names, per setting, the sample and the bytes that do not fit.")
+        lines += ["Nothing fits at " + ", ".join(f"{m} {x} {L}" for m, x, L in nothing) + ": " +
+                  why, ""]
+    best_counts = Counter(h["best"]["method"] for h in len_heads if h["best"] is not None)
+    if best_counts:
+        text = ("Which baseline is best depends on the cell: " +
+                ", ".join(f"{m} in {n}" for m, n in best_counts.most_common()) +
+                f" of the {sum(best_counts.values())} cells where one fits; each is tuned on the "
+                "same mini-batches it is measured on, a user's best case.")
+        dps = [v["dp"] for v in comp_len.values() if "dp" in v]
+        dp_ratios = [d["ratio"] for d in dps if d["ratio"] is not None]
+        if default and dp_ratios:
+            text += (" The DP alone (without the baselines' partitions) is "
+                     f"{fmt_ratio(min(dp_ratios))} "
+                     f"to {fmt_ratio(max(dp_ratios))} the best baseline and at least it in "
+                     f"{sum(r >= 1 for r in dp_ratios)} of {len(dp_ratios)} cells where both "
+                     "fit; the default search also tries each baseline's partition, its setting "
+                     "tuned per mini-batch.")
+        lines += [text, ""]
+
     lines += ["## Padding efficiency and micro-batches", "", img(figures["padding"], "padding"), "",
               "Padding efficiency (real tokens over the tokens computed, padding and packing's "
               "unused row ends included) and the number of micro-batches of each method's tuned "
@@ -507,38 +705,63 @@ def write_page(page, out, figures, notes, plan_stats, sched, settings, cost_mode
                   f"{min(sched.values()):.2f}x); from CV 0.4 on it wins, and at CV "
                   f"{cvs[-1]:.1f} 1F1B takes {sched[cvs[-1]]:.2f}x its time on average (up to "
                   f"{max(sched.values()):.2f}x).", ""]
-    lines += ["## Planning time per iteration", "", img(figures["planning"], "planning"), ""]
+    if "planning" in figures:
+        lines += ["## Planning time per iteration", "", img(figures["planning"], "planning"), ""]
     worst = max(plan_stats.items(), key=lambda kv: kv[1][1]) if plan_stats else None
     if worst:
         (wm, wx, wl), (med, mx, pred) = worst
-        lines += [f"The DP's planning time per mini-batch (one thread) against the predicted "
-                  f"iteration time the plan is made for: the median planning time is two to three "
-                  f"orders of magnitude shorter, so daemons planning ahead keep up with training. The "
-                  f"slowest case is {wm} {MIXTURES[wx]} at {wl} tokens: median {med:.1f} ms, "
-                  f"worst {mx:.1f} ms, against a predicted iteration of {pred / 1000:.1f} s "
-                  f"(mini-batches without a plan that fits are left out, so GPT at 8,192 shows "
-                  f"only those that fit).", ""]
-    lines += ["## Throughput vs device memory", "", img(figures["memory"], "memory"), "",
-              "Real tokens/s at maximum length 2,048 as the memory limit per device changes "
-              "(the compute model stays that of the job's GPU). With less memory every method "
-              "must use smaller micro-batches or recompute more, and below 32 GiB nothing fits "
-              "GPT-6.7B; " + memory_text(notes), ""]
+        ahead = [q / p for p, _, q in plan_stats.values() if p > 0]
+        lo, hi = min(ahead), max(ahead)
+
+        def times(v):
+            return f"{v:,.0f}x" if v >= 10 else f"{v:.1f}x"
+        keeps_up = ("so daemons planning ahead keep up with training" if lo > 1 else
+                    "so where it is below 1x, one planning thread falls behind training")
+        who = ("The planner's planning time per mini-batch with its default search (every "
+               "partition method, each baseline's setting tuned per mini-batch, every schedule; "
+               "one thread)" if default else "The DP's planning time per mini-batch (one thread)")
+        lines += [f"{who} against the predicted iteration time the plan is made for: the "
+                  f"median predicted iteration is {times(lo)} to {times(hi)} the median planning "
+                  f"time, {keeps_up}. The slowest case is {wm} {MIXTURES[wx]} at {wl} tokens: "
+                  f"median {med:.1f} ms, worst {mx:.1f} ms, against a predicted iteration of "
+                  f"{pred / 1000:.1f} s (mini-batches without a plan that fits are left out, so "
+                  f"GPT at 8,192 shows only those that fit).", ""]
+    if "memory" in figures:
+        mem_len = sorted({int(c[2]) for c in comp_mem})
+        nothing_mem = defaultdict(list)
+        for c, v in comp_mem.items():
+            if v["head"]["why"] == "nothing fits":
+                nothing_mem[model_label(c[0])].append(int(c[3]) // 1024)
+        nothing_text = "".join(
+            f", and nothing fits {m} at {', '.join(str(g) for g in sorted(set(gs)))} GiB"
+            for m, gs in sorted(nothing_mem.items()))
+        lines += ["## Throughput vs device memory", "", img(figures["memory"], "memory"), "",
+                  f"Real tokens/s at maximum length {', '.join(f'{L:,}' for L in mem_len)} as "
+                  "the memory limit per device changes (the compute model stays that of the "
+                  "job's GPU). With less memory every method must use smaller micro-batches or "
+                  f"recompute more{nothing_text}. Wherever Varipipe and a baseline fit, Varipipe "
+                  f"/ best baseline is {ratio_range(mem_heads) or '-'}; it is at least 1.00 in " +
+                  count_text(mem_heads, "cells") + ".", ""]
+        lines += cell_tables(comp_mem, "memory (GiB)", lambda c: f"{int(c[3]) // 1024}",
+                             dp_column)
     lines += ["## One iteration's timeline", ""]
     for path in figures["timelines"]:
         lines += [img(path, "timeline"), ""]
-    lines += ["The simulated timeline of iteration 0 (data-parallel replica 0) as the DP plans "
-              "it: per device, forwards, backwards and the transfers on its link, idle time "
-              "white. The same trace opens in Perfetto (`docs/evaluation/traces/`).", ""]
+    lines += ["The simulated timeline of iteration 0 (data-parallel replica 0) as the planner "
+              "plans it: per device, forwards, backwards and the transfers on its link, idle "
+              "time white. The same trace opens in Perfetto (`docs/evaluation/traces/`).", ""]
     with open(page, "w") as f:
         f.write("\n".join(lines))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dir", required=True)
-    ap.add_argument("--page")
-    ap.add_argument("--settings", default="")
-    ap.add_argument("--run_time", default="a few minutes on 2 cores")
+    ap.add_argument("--dir", required=True,
+                    help="where the CSVs (and traces/) are; the PNGs are written here")
+    ap.add_argument("--page", help="write the Markdown page here")
+    ap.add_argument("--settings", default="", help="the run's settings, for titles and the page")
+    ap.add_argument("--run_time", default="a few minutes on 2 cores",
+                    help="how long the run took, for the page")
     args = ap.parse_args()
     out = args.dir
     throughput = read_csv(os.path.join(out, "throughput.csv"))
@@ -554,23 +777,28 @@ def main():
     figures_by_key = {}
     for key in keys:
         sel = lambda rows: [r for r in rows if cost_key(r["cost_model"]) == key]  # noqa: E731
+        head = headline(sel(throughput))
+        searcher = "the planner's default search" if head == "varipipe" else "the DP"
         figs = {"timelines": []}
-        figs["throughput"], notes = plot_throughput(sel(throughput), key, out, args.settings)
+        comp_len = comparisons(sel(throughput))
+        figs["throughput"] = plot_throughput(sel(throughput), key, out, args.settings, comp_len)
         figs["padding"] = plot_padding(sel(throughput), key, out, args.settings)
         plan_stats = {}
         if sel(planning):
-            figs["planning"], plan_stats = plot_planning(sel(planning), key, out, args.settings)
+            figs["planning"], plan_stats = plot_planning(sel(planning), key, out, args.settings,
+                                                         searcher)
+        comp_mem = {}
         if sel(memory):
-            figs["memory"], notes_memory = plot_memory(sel(memory), key, out, args.settings)
-            notes.update({("memory",) + k: v for k, v in notes_memory.items()})
-        figures_by_key[key] = (figs, notes, plan_stats)
+            comp_mem = comparisons(sel(memory))
+            figs["memory"] = plot_memory(sel(memory), key, out, args.settings, comp_mem)
+        figures_by_key[key] = (figs, comp_len, comp_mem, head, plan_stats)
         written += [v for k, v in figs.items() if k != "timelines"]
     sched = {}
     if schedules:
         path, sched = plot_schedules(schedules, out)
         written.append(path)
-        for figs, _, _ in figures_by_key.values():
-            figs["schedules"] = path
+        for entry in figures_by_key.values():
+            entry[0]["schedules"] = path
     trace_dir = os.path.join(out, "traces")
     for name in sorted(os.listdir(trace_dir)) if os.path.isdir(trace_dir) else []:
         if not name.endswith(".trace.json"):
@@ -592,14 +820,19 @@ def main():
     for path in written:
         print(f"plot-evaluation: wrote {path}")
     if args.page and "analytic" in figures_by_key:
-        figs, notes, plan_stats = figures_by_key["analytic"]
-        write_page(args.page, out, figs, notes, plan_stats, sched, args.settings,
-                   sorted({r["cost_model"] for r in throughput}), args.run_time)
-        print(f"plot-evaluation: wrote {args.page}")
-        for k, r in sorted(notes.items(), key=str):
-            if len(k) == 3:
-                print(f"  DP / packing {k[0]} {k[1]} {k[2]}: " +
-                      (f"{r:.2f}x" if isinstance(r, float) else r))
+        figs, comp_len, comp_mem, head, plan_stats = figures_by_key["analytic"]
+        write_page(args.page, out, figs, comp_len, comp_mem, head, plan_stats, sched,
+                   args.settings, sorted({r["cost_model"] for r in throughput}), args.run_time)
+        print(f"plot-evaluation: wrote {args.page}" +
+              ("" if head == "varipipe" else
+               " (no varipipe rows: the DP alone stands for Varipipe)"))
+        for sweep, comp in [("length", comp_len), ("memory", comp_mem)]:
+            for cell, c in comp.items():
+                h = c["head"]
+                x = cell[2] if sweep == "length" else f"{int(cell[3]) // 1024} GiB"
+                print(f"  Varipipe / best baseline {cell[0]} {cell[1]} {x}: " +
+                      (f'{fmt_ratio3(h["ratio"])} vs {baseline_name(h["best"])}'
+                       if h["ratio"] is not None else h["why"]))
 
 
 if __name__ == "__main__":

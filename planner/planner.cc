@@ -5,7 +5,10 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <span>
 #include <thread>
+#include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -15,6 +18,7 @@
 #include "planner/cost/cost_model_io.h"
 #include "planner/cost/micro_batch_cost.h"
 #include "planner/cost/update_costs.h"
+#include "planner/microbatch/baseline_settings.h"
 #include "planner/microbatch/micro_batching.h"
 #include "planner/parallel.h"
 #include "planner/plan/plan_builder.h"
@@ -68,7 +72,15 @@ struct ReplicaTimeline {
   bool starved = false;  // the replica got no micro-batch
 };
 
-// One (partition method, recompute mode, schedule) candidate.
+// Per-stage costs of every micro-batch of one (method setting, recompute
+// mode, memory budget) pair at one chunk count, backward split applied:
+// shared by the schedules over that pair (and by a baseline's budgets).
+struct PairStageCosts {
+  std::vector<std::vector<StageOpCost>> groups;  // [group][stage]
+  std::string error;                             // empty when every group was costed
+};
+
+// One (partition method and setting, recompute mode, schedule) candidate.
 struct Candidate {
   CandidateReport report;
   PartitionMethod method = PartitionMethod::kDynamicProgramming;
@@ -80,6 +92,9 @@ struct Candidate {
   std::vector<ReplicaTimeline> replicas;
   std::vector<double> peak_per_rank;
   bool starved = false;  // a replica got no micro-batch: not a memory failure
+  const PairStageCosts* stage_costs = nullptr;  // owned by the search
+  // No schedule of these micro-batches finishes sooner (MakespanLowerBound).
+  double bound_ms = 0;
 
   const MicroBatchingCandidate& split() const { return micro_batching->candidates[pair]; }
   void Reject(const char* phase, std::string why) {
@@ -89,9 +104,10 @@ struct Candidate {
   }
 };
 
-// Per-method micro-batching of one mini-batch.
+// Micro-batching of one mini-batch by one method and setting.
 struct MethodSplit {
   PartitionMethod method;
+  BaselineSetting setting;
   MicroBatchingOptions options;
   absl::StatusOr<MicroBatchingResult> result = absl::UnknownError("not run");
   double ms = 0;
@@ -114,6 +130,10 @@ class Search {
   absl::Status Init();
   void MicroBatch();
   void EnumerateCandidates();
+  // Schedules and simulates the candidates `which` in increasing order of
+  // their makespan bound, a few at a time; with options.prune_by_bound, a
+  // candidate whose bound exceeds the best fitting makespan so far is not
+  // simulated (it cannot win).
   void Schedule(std::span<const size_t> which);
   int Choose() const;
   int SolvePrunedAndChoose();
@@ -127,6 +147,9 @@ class Search {
 
  private:
   ReplicaTimeline ScheduleReplica(const Candidate& cand, uint32_t r) const;
+  // The stage costs of every candidate in `ready`, computed once per pair.
+  void CostStages(std::span<const size_t> ready);
+  double MakespanLowerBound(const Candidate& cand) const;
   // The layers stage `stage` of `stages` runs for micro-batch `g` (the
   // backward split rule, backward_split.h): encoder layers (GPT layers) over
   // the input tokens, decoder layers over the target tokens, a single T5
@@ -171,6 +194,8 @@ class Search {
   std::map<Recompute, std::unique_ptr<absl::StatusOr<MicroBatchCostModel>>> profiled_models_;
   std::vector<DeviceUpdateCost> updates_;  // per pipeline device, profiled
   std::vector<Candidate> candidates_;
+  std::map<std::tuple<const MicroBatchingResult*, int, uint32_t>, std::unique_ptr<PairStageCosts>>
+      pair_costs_;
   Clock::time_point start_ = Clock::now();
   double micro_batching_ms_ = 0;
   double scheduling_ms_ = 0;
@@ -206,19 +231,25 @@ absl::Status Search::Init() {
 // budget) pair: shared run tables and cross-pair bound.
 void Search::MicroBatch() {
   for (int method_value : c_.planner().partition_methods()) {
-    MethodSplit split;
-    split.method = PartitionMethodFromProto(static_cast<v1::PartitionMethod>(method_value));
-    split.options = MicroBatchingOptionsFromConfig(c_, split.method);
-    split.options.share_bound = options_.share_micro_batching_bound;
-    split.options.per_device_memory = options_.per_device_memory;
-    split.options.threads = options_.threads;
-    split.options.fail_without_pair = false;  // each candidate reports its own pair
-    split.options.sample_ids = mini_batch_.sample_ids;
-    const Clock::time_point t = Clock::now();
-    split.result = PlanMicroBatches(mini_batch_.lengths, model_, split.options);
-    split.ms = MsSince(t);
-    micro_batching_ms_ += split.ms;
-    splits_.push_back(std::move(split));
+    const PartitionMethod method =
+        PartitionMethodFromProto(static_cast<v1::PartitionMethod>(method_value));
+    for (const BaselineSetting& setting : BaselineSettings(c_, method)) {
+      MethodSplit split;
+      split.method = method;
+      split.setting = setting;
+      split.options = MicroBatchingOptionsFromConfig(c_, method);
+      setting.ApplyTo(split.options);
+      split.options.share_bound = options_.share_micro_batching_bound;
+      split.options.per_device_memory = options_.per_device_memory;
+      split.options.threads = options_.threads;
+      split.options.fail_without_pair = false;  // each candidate reports its own pair
+      split.options.sample_ids = mini_batch_.sample_ids;
+      const Clock::time_point t = Clock::now();
+      split.result = PlanMicroBatches(mini_batch_.lengths, model_, split.options);
+      split.ms = MsSince(t);
+      micro_batching_ms_ += split.ms;
+      splits_.push_back(std::move(split));
+    }
   }
 }
 
@@ -234,6 +265,7 @@ void Search::EnumerateCandidates() {
         cand.schedule = static_cast<v1::ScheduleKind>(schedule_value);
         cand.chunks = cand.schedule == v1::INTERLEAVED_1F1B ? c_.parallelism().virtual_chunks() : 1;
         cand.report.partition_method = PartitionMethodName(split.method);
+        cand.report.setting = split.setting.Describe();
         cand.report.schedule = ScheduleName(cand.schedule);
         cand.report.recompute = RecomputeName(mode);
         const MemoryBudget budget =
@@ -284,24 +316,16 @@ ReplicaTimeline Search::ScheduleReplica(const Candidate& cand, uint32_t r) const
     out.starved = true;
     return out;
   }
-  const MicroBatchCostModel& cost = **cost_models_.at(cand.recompute);
+  const PairStageCosts& pair = *cand.stage_costs;
+  if (!pair.error.empty()) {
+    out.error = pair.error;
+    return out;
+  }
   out.shape = {p_, cand.chunks, static_cast<uint32_t>(mine.size())};
   StageCostTable costs(out.shape.stages(), std::vector<StageOpCost>(mine.size()));
   std::vector<double> times(mine.size());
-  std::vector<StageCost> stage_costs;
   for (size_t k = 0; k < mine.size(); ++k) {
-    const MicroBatchGroup& g = split.groups[mine[k]];
-    if (!cost.EvaluateStages(static_cast<uint32_t>(g.size()), g.input_len, g.target_len,
-                             cand.chunks, dims_.hidden, dims_.dtype_bytes, &stage_costs)) {
-      out.error = "a micro-batch lies beyond the cost model";
-      return out;
-    }
-    for (uint32_t s = 0; s < out.shape.stages(); ++s) {
-      const StageCost& sc = stage_costs[s];
-      costs[s][k] = {sc.forward_ms, sc.backward_ms,      sc.stored_bytes,
-                     sc.peak_bytes, sc.activation_bytes, sc.gradient_bytes};
-      BackwardSplitRule(dims_).Split(StageLayersOf(s, out.shape.stages(), g), &costs[s][k]);
-    }
+    for (uint32_t s = 0; s < out.shape.stages(); ++s) costs[s][k] = pair.groups[mine[k]][s];
     times[k] = split.costs[mine[k]].time_ms;
   }
   // Measured point-to-point costs (varipipe-profile) replace the config's
@@ -338,6 +362,113 @@ ReplicaTimeline Search::ScheduleReplica(const Candidate& cand, uint32_t r) const
   if (!out.sim.completed)
     out.error = absl::StrCat("schedule does not complete: ", out.sim.deadlock);
   return out;
+}
+
+void Search::CostStages(std::span<const size_t> ready) {
+  std::vector<std::pair<PairStageCosts*, const Candidate*>> todo;
+  for (size_t k : ready) {
+    Candidate& cand = candidates_[k];
+    // A baseline's pairs of one recompute mode share its groups (only the
+    // limits differ), hence their stage costs; the DP's differ per pair.
+    const int pair = cand.method == PartitionMethod::kDynamicProgramming
+                         ? cand.pair
+                         : -1 - static_cast<int>(cand.recompute);
+    std::unique_ptr<PairStageCosts>& slot = pair_costs_[std::make_tuple(
+        static_cast<const MicroBatchingResult*>(cand.micro_batching), pair, cand.chunks)];
+    if (slot == nullptr) {
+      slot = std::make_unique<PairStageCosts>();
+      todo.emplace_back(slot.get(), &cand);
+    }
+    cand.stage_costs = slot.get();
+  }
+  ParallelFor(todo.size(), options_.threads, [&](size_t i) {
+    PairStageCosts& out = *todo[i].first;
+    const Candidate& cand = *todo[i].second;
+    const MicroBatchCostModel& cost = **cost_models_.at(cand.recompute);
+    const std::vector<MicroBatchGroup>& groups = cand.split().groups;
+    const uint32_t stages = p_ * cand.chunks;
+    out.groups.resize(groups.size());
+    std::vector<StageCost> stage_costs;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const MicroBatchGroup& group = groups[g];
+      if (!cost.EvaluateStages(static_cast<uint32_t>(group.size()), group.input_len,
+                               group.target_len, cand.chunks, dims_.hidden, dims_.dtype_bytes,
+                               &stage_costs)) {
+        out.error = "a micro-batch lies beyond the cost model";
+        return;
+      }
+      out.groups[g].resize(stages);
+      for (uint32_t s = 0; s < stages; ++s) {
+        const StageCost& sc = stage_costs[s];
+        StageOpCost& op = out.groups[g][s];
+        op = {sc.forward_ms, sc.backward_ms,      sc.stored_bytes,
+              sc.peak_bytes, sc.activation_bytes, sc.gradient_bytes};
+        BackwardSplitRule(dims_).Split(StageLayersOf(s, stages, group), &op);
+      }
+    }
+  });
+}
+
+// The larger of two bounds, per replica and device d:
+// - time: d starts no earlier than the cheapest micro-batch's forward
+//   through the stages before d (the first micro-batch's under a static
+//   schedule, which always starts with it), runs all of its operations one
+//   at a time,
+//   and (without split backwards, whose last operation may be a weight
+//   gradient) is followed by the cheapest micro-batch's backward through
+//   the stages before d;
+// - memory: each micro-batch holds its stored bytes on d at least from its
+//   forward on d to the end of its backward (input gradient) on d, which
+//   spans its forwards and backwards on d and every later stage. In a plan
+//   that fits, what d holds never exceeds its room, so the makespan is at
+//   least sum(stored x held time) / room. This is what makes the recompute
+//   modes that keep many bytes, whose schedules serialise under a tight
+//   room, cheap to rule out.
+// Communication only adds to both.
+double Search::MakespanLowerBound(const Candidate& cand) const {
+  const PairStageCosts& pair = *cand.stage_costs;
+  if (!pair.error.empty()) return 0;
+  const bool split_backward =
+      cand.schedule == v1::ZERO_BUBBLE_H1 || cand.schedule == v1::ADAPTIVE_ZERO_BUBBLE;
+  const bool adaptive = cand.schedule == v1::ADAPTIVE || cand.schedule == v1::ADAPTIVE_ZERO_BUBBLE;
+  const uint32_t stages = p_ * cand.chunks;
+  const std::vector<double>& room = cand.micro_batching->available_per_device;
+  double bound = 0;
+  for (const std::vector<uint32_t>& mine : cand.split().replicas.replicas) {
+    if (mine.empty()) continue;
+    std::vector<double> busy(p_, 0);
+    std::vector<double> area(p_, 0);  // bytes x ms
+    std::vector<double> fill(p_, std::numeric_limits<double>::infinity());
+    std::vector<double> drain(p_, std::numeric_limits<double>::infinity());
+    for (uint32_t g : mine) {
+      const std::vector<StageOpCost>& ops = pair.groups[g];
+      double forward_before = 0;
+      double backward_before = 0;
+      for (uint32_t s = 0; s < stages; ++s) {
+        const StageOpCost& op = ops[s];
+        if (s < p_) {
+          if (adaptive || g == mine.front()) fill[s] = std::min(fill[s], forward_before);
+          drain[s] = std::min(drain[s], backward_before);
+        }
+        forward_before += op.forward_ms;
+        backward_before += op.backward_ms;
+        busy[s % p_] += op.forward_ms + op.backward_ms;
+      }
+      double after = 0;  // forwards and input gradients of the later stages
+      for (uint32_t s = stages; s-- > 0;) {
+        const StageOpCost& op = ops[s];
+        const double input_grad_ms =
+            split_backward ? op.backward_ms - op.weight_ms : op.backward_ms;
+        after += op.forward_ms + input_grad_ms;
+        area[s % p_] += op.stored_bytes * after;
+      }
+    }
+    for (uint32_t d = 0; d < p_; ++d) {
+      bound = std::max(bound, fill[d] + busy[d] + (split_backward ? 0 : drain[d]));
+      if (d < room.size() && room[d] > 0) bound = std::max(bound, area[d] / room[d]);
+    }
+  }
+  return bound;
 }
 
 // Makespan, bubbles and each device's peak against its own room.
@@ -415,11 +546,46 @@ void Search::Schedule(std::span<const size_t> which) {
       ready.push_back(k);
     }
   }
-  ParallelFor(ready.size() * dp_, options_.threads, [&](size_t task) {
-    Candidate& cand = candidates_[ready[task / dp_]];
-    cand.replicas[task % dp_] = ScheduleReplica(cand, static_cast<uint32_t>(task % dp_));
+  CostStages(ready);
+  for (size_t k : ready) candidates_[k].bound_ms = MakespanLowerBound(candidates_[k]);
+  std::stable_sort(ready.begin(), ready.end(), [&](size_t a, size_t b) {
+    return candidates_[a].bound_ms < candidates_[b].bound_ms;
   });
-  for (size_t k : ready) Judge(candidates_[k]);
+  double best_ms = std::numeric_limits<double>::infinity();
+  for (const Candidate& cand : candidates_) {
+    if (cand.report.feasible) best_ms = std::min(best_ms, cand.report.makespan_ms);
+  }
+  // A fixed wave size keeps the reports the same for any thread count;
+  // plans never depend on it (a candidate is skipped only when its bound
+  // is strictly above a makespan that fits).
+  constexpr size_t kWave = 4;
+  for (size_t next = 0; next < ready.size();) {
+    std::vector<size_t> wave;
+    while (next < ready.size() && wave.size() < kWave) {
+      Candidate& cand = candidates_[ready[next++]];
+      // The bound sums the simulator's own times in another order: a
+      // relative margin keeps ties (which the earlier candidate wins)
+      // simulated.
+      if (options_.prune_by_bound && cand.bound_ms > best_ms * (1 + 1e-9)) {
+        cand.report.makespan_bound_ms = cand.bound_ms;
+        cand.Reject("bound", absl::StrFormat("no schedule of its micro-batches takes under %.2f "
+                                             "ms; a plan of %.2f ms fits",
+                                             cand.bound_ms, best_ms));
+        continue;
+      }
+      wave.push_back(ready[next - 1]);
+    }
+    ParallelFor(wave.size() * dp_, options_.threads, [&](size_t task) {
+      Candidate& cand = candidates_[wave[task / dp_]];
+      cand.replicas[task % dp_] = ScheduleReplica(cand, static_cast<uint32_t>(task % dp_));
+    });
+    for (size_t k : wave) {
+      Candidate& cand = candidates_[k];
+      cand.report.makespan_bound_ms = cand.bound_ms;
+      Judge(cand);
+      if (cand.report.feasible) best_ms = std::min(best_ms, cand.report.makespan_ms);
+    }
+  }
   scheduling_ms_ += MsSince(t);
 }
 
@@ -624,6 +790,7 @@ PlanReport Search::Report(const Candidate* best, bool with_trace) const {
   const MicroBatchingResult& mbr = *best->micro_batching;
   const MicroBatchingCandidate& split = best->split();
   report.partition_method = best->report.partition_method;
+  report.setting = best->report.setting;
   report.schedule = best->report.schedule;
   report.recompute = best->report.recompute;
   report.predicted_makespan_ms = best->report.makespan_ms;
@@ -666,12 +833,23 @@ PlanReport Search::Report(const Candidate* best, bool with_trace) const {
 }
 
 absl::Status Search::Failure() const {
+  // One line per (method and setting, recompute mode, reason), naming the
+  // schedules that share it (a micro-batching failure is every schedule's).
   std::vector<std::string> reasons;
+  std::map<std::string, size_t> line_of;
   bool all_starved = !candidates_.empty();
   for (const Candidate& cand : candidates_) {
-    reasons.push_back(absl::StrCat(cand.report.partition_method, "/", cand.report.schedule, "/",
-                                   cand.report.recompute, ": ", cand.report.rejected_at, ": ",
-                                   cand.report.reason));
+    const CandidateReport& c = cand.report;
+    const std::string what =
+        absl::StrCat(c.partition_method, c.setting.empty() ? "" : " ", c.setting, "/", c.recompute);
+    const std::string why = absl::StrCat(": ", c.rejected_at, ": ", c.reason);
+    auto [it, added] = line_of.emplace(absl::StrCat(what, why), reasons.size());
+    if (added) {
+      reasons.push_back(absl::StrCat(what, "/", c.schedule, why));
+    } else {
+      std::string& line = reasons[it->second];
+      line.insert(line.size() - why.size(), absl::StrCat(",", c.schedule));
+    }
     all_starved = all_starved && cand.starved;
   }
   // Too few micro-batches for the replicas is not a memory failure: say so.

@@ -5,17 +5,24 @@
 //   absl::StatusOr<PlanningResult> r = planner->Plan(mini_batch);
 //
 // Search (DynaPipe sections 4-6), one function per phase in planner.cc:
-//   1. micro-batching: per partition method, one PlanMicroBatches over every
-//      (recompute mode, memory budget) pair, sharing run tables and the
-//      cross-pair bound; each device's budget is its own room (limit minus
-//      its own model state);
-//   2. scheduling and simulation: every (method, mode, schedule) candidate
-//      whose pair has a partition is scheduled and simulated per
-//      data-parallel replica; it fits when every device's simulated peak is
-//      within that device's room;
-//   3. choice: the smallest simulated makespan that fits. Pairs the DP
-//      proved slower (by its objective) are scheduled only when nothing
-//      fits: they are then solved to their optimum and tried in turn;
+//   1. micro-batching: per partition method and setting (a baseline's
+//      setting is tuned per mini-batch over a ladder unless the config fixes
+//      it: baseline_settings.h), one PlanMicroBatches over every (recompute
+//      mode, memory budget) pair, sharing run tables and the cross-pair
+//      bound; each device's budget is its own room (limit minus its own
+//      model state);
+//   2. scheduling and simulation: every (method setting, mode, schedule)
+//      candidate whose pair has a partition gets a makespan lower bound
+//      from its stage costs (pipeline fill, busiest device, drain) and is
+//      scheduled and simulated per data-parallel replica in increasing
+//      order of that bound, until the bound exceeds the best makespan that
+//      fits; it fits when every device's simulated peak is within that
+//      device's room;
+//   3. choice: the smallest simulated makespan that fits, which is the
+//      smallest predicted iteration (the update and overhead are the same
+//      for every candidate). Pairs the DP proved slower (by its objective)
+//      are scheduled only when nothing fits: they are then solved to their
+//      optimum and tried in turn;
 //   4. lowering: communication plans and one ExecutionPlan per rank;
 //   5. validation (planner/plan/validator.h).
 // The per-replica work of phases 2, 4 and 5 runs on `threads` threads
@@ -48,15 +55,21 @@ struct MiniBatch {
 
 struct CandidateReport {
   std::string partition_method;
+  // The baseline's setting ("rows=8", "tokens=8192"; empty for the DP).
+  std::string setting;
   std::string schedule;
   std::string recompute;
   bool feasible = false;
-  // Where it was rejected ("micro-batching", "scheduling", "memory") and
+  // Where it was rejected ("micro-batching", "scheduling", "memory", or
+  // "bound": it cannot beat a plan that fits, so it was not simulated) and
   // why; empty when feasible.
   std::string rejected_at;
   std::string reason;
   double dp_objective_ms = 0;  // the micro-batching objective (a bound when pruned)
   double makespan_ms = 0;
+  // No schedule of its micro-batches is shorter (fill, busiest device,
+  // drain); candidates are simulated in increasing order of it.
+  double makespan_bound_ms = 0;
   double bubble_fraction = 0;  // mean over devices and replicas
   // The most compute (busy time) of any device: no schedule over these
   // micro-batches, recompute mode and stage split has a shorter makespan.
@@ -68,6 +81,7 @@ struct CandidateReport {
 
 struct PlanReport {
   std::string partition_method;
+  std::string setting;  // the baseline's setting, as CandidateReport::setting
   std::string schedule;
   std::string recompute;
   // The pipeline makespan plus the slowest device's all-reduce and
@@ -124,6 +138,10 @@ struct PlannerOptions {
   bool share_micro_batching_bound = true;
   // Off: every device gets the smallest device's room (the common budget).
   bool per_device_memory = true;
+  // Candidates whose makespan bound is above a makespan that fits are not
+  // simulated (rejected at "bound"). Off: every candidate is simulated
+  // (varipipe-plan --compare). The plan is the same either way.
+  bool prune_by_bound = true;
 };
 
 // planner.threads of a config: 0 means one less than the cores, at least 1.

@@ -702,10 +702,23 @@ void ApplyJobConfigDefaults(JobConfig& config) {
   }
 
   v1::PlannerConfig& pl = *config.mutable_planner();
-  if (pl.partition_methods().empty()) pl.add_partition_methods(v1::DYNAMIC_PROGRAMMING);
+  // The default search is everything that can win (planner.h): every
+  // partition method and every schedule valid for the job.
+  if (pl.partition_methods().empty()) {
+    for (v1::PartitionMethod method :
+         {v1::DYNAMIC_PROGRAMMING, v1::PACKING, v1::TOKEN_BASED, v1::FIXED_SIZE, v1::PADDING}) {
+      pl.add_partition_methods(method);
+    }
+  }
   if (pl.schedules().empty()) {
-    pl.add_schedules(v1::ADAPTIVE);
-    pl.add_schedules(v1::ONE_F_ONE_B);
+    if (config.parallelism().virtual_chunks() > 1) {
+      pl.add_schedules(v1::INTERLEAVED_1F1B);
+    } else {
+      for (v1::ScheduleKind schedule : {v1::ADAPTIVE, v1::ONE_F_ONE_B, v1::ADAPTIVE_ZERO_BUBBLE,
+                                        v1::ZERO_BUBBLE_H1, v1::KFKB, v1::GPIPE}) {
+        pl.add_schedules(schedule);
+      }
+    }
   }
   if (pl.recompute_modes().empty()) {
     pl.add_recompute_modes(v1::RECOMPUTE_NONE);
@@ -717,11 +730,7 @@ void ApplyJobConfigDefaults(JobConfig& config) {
   if (pl.plan_ahead() == 0) pl.set_plan_ahead(8);
   if (!pl.has_online_calibration()) pl.set_online_calibration(true);
   if (pl.kfkb_k() == 0) pl.set_kfkb_k(2);
-  if (pl.fixed_micro_batch_size() == 0) pl.set_fixed_micro_batch_size(8);
   if (pl.sample_order() == v1::SAMPLE_ORDER_UNSPECIFIED) pl.set_sample_order(v1::LENGTH_SORT);
-  if (pl.micro_batch_token_budget() == 0) {
-    pl.set_micro_batch_token_budget(uint64_t{4} * d.max_sequence_length());
-  }
 
   v1::StoreConfig& s = *config.mutable_store();
   if (s.password_env().empty()) s.set_password_env("VARIPIPE_REDIS_PASSWORD");

@@ -122,6 +122,16 @@ ReplicaAssignment GreedyLargestFirst(std::span<const double> times, uint32_t rep
 }
 
 ReplicaAssignment BalanceReplicas(std::span<const double> times, uint32_t replicas) {
+  if (replicas == 1) {
+    // One replica holds everything: what both heuristics give, without
+    // their work (the planner balances every candidate pair).
+    ReplicaAssignment one;
+    one.replicas.emplace_back(times.size());
+    std::iota(one.replicas[0].begin(), one.replicas[0].end(), 0u);
+    for (double t : times) one.makespan += t;
+    one.method = "karmarkar-karp";
+    return one;
+  }
   ReplicaAssignment kk = KarmarkarKarp(times, replicas);
   ReplicaAssignment greedy = GreedyLargestFirst(times, replicas);
   return greedy.makespan < kk.makespan ? greedy : kk;

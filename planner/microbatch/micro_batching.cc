@@ -5,7 +5,9 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <tuple>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -147,21 +149,43 @@ absl::Status TruncateForMemory(const MicroBatchCostModel& cost, const MicroBatch
 
 // Costs a baseline's groups under one pair; the first group over a limit
 // makes the pair infeasible.
-void EvaluateGroups(const MicroBatchCostModel& cost, const MicroBatchingOptions& o,
-                    const std::vector<MicroBatchGroup>& groups, MicroBatchingCandidate& c) {
-  c.groups = groups;
-  c.costs.clear();
+// The cost of every group of a baseline partition under one recompute
+// mode, each distinct shape evaluated once (a partition into single samples
+// repeats shapes); an error names the first group beyond the model.
+absl::Status CostGroups(const MicroBatchCostModel& cost, const std::vector<MicroBatchGroup>& groups,
+                        std::vector<MicroBatchCost>* costs) {
+  absl::flat_hash_map<std::tuple<uint64_t, uint32_t, uint32_t>, MicroBatchCost> by_shape;
+  costs->clear();
+  costs->reserve(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
-    MicroBatchCost mc;
     const MicroBatchGroup& group = groups[g];
-    if (!cost.Evaluate(static_cast<uint32_t>(group.size()), group.input_len, group.target_len,
-                       &mc)) {
-      c.status = absl::ResourceExhaustedError(absl::StrFormat(
+    auto [it, added] =
+        by_shape.try_emplace(std::make_tuple(group.size(), group.input_len, group.target_len));
+    if (added && !cost.Evaluate(static_cast<uint32_t>(group.size()), group.input_len,
+                                group.target_len, &it->second)) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
           "micro-batch %d (%d x %d%s tokens) lies beyond the cost model's grid", g, group.size(),
           group.input_len, group.target_len ? absl::StrCat("+", group.target_len) : ""));
-      return;
     }
+    costs->push_back(it->second);
+  }
+  return absl::OkStatus();
+}
+
+// A baseline partition under one (mode, budget) pair: its groups if every
+// one fits the pair's limits.
+void EvaluateGroups(const MicroBatchingOptions& o, const std::vector<MicroBatchGroup>& groups,
+                    const absl::StatusOr<std::vector<MicroBatchCost>>& costs,
+                    MicroBatchingCandidate& c) {
+  c.groups = groups;
+  if (!costs.ok()) {
+    c.status = costs.status();
+    return;
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const MicroBatchCost& mc = (*costs)[g];
     if (mc.stored_bytes > c.stored_limit_bytes || mc.peak_bytes > c.peak_limit_bytes) {
+      const MicroBatchGroup& group = groups[g];
       c.status = absl::ResourceExhaustedError(absl::StrFormat(
           "micro-batch %d (%d rows x %d%s tokens) needs %.1f MiB stored / %.1f MiB peak, limits "
           "%.1f / %.1f MiB",
@@ -170,10 +194,10 @@ void EvaluateGroups(const MicroBatchCostModel& cost, const MicroBatchingOptions&
           MiB(mc.peak_bytes), MiB(c.stored_limit_bytes), MiB(c.peak_limit_bytes)));
       return;
     }
-    c.costs.push_back(mc);
     c.max_time_ms = std::max(c.max_time_ms, mc.time_ms);
     c.sum_time_ms += mc.time_ms;
   }
+  c.costs = *costs;
   c.objective_ms = PipelineObjective(c.max_time_ms, c.sum_time_ms, o.pipeline, o.virtual_chunks,
                                      o.data_parallel);
 }
@@ -357,7 +381,11 @@ void SolveAllPairs(const CostModel& model, const StageLayout& layout, const Micr
       }
       SolvePairsDp(*cost, o, result, cutoffs, &workspace, pairs);
     } else {
-      for (MicroBatchingCandidate& c : pairs) EvaluateGroups(*cost, o, baseline, c);
+      std::vector<MicroBatchCost> costs;
+      const absl::Status costed = CostGroups(*cost, baseline, &costs);
+      absl::StatusOr<std::vector<MicroBatchCost>> shared = std::move(costs);
+      if (!costed.ok()) shared = costed;
+      for (MicroBatchingCandidate& c : pairs) EvaluateGroups(o, baseline, shared, c);
     }
     // One solve covers every budget of the mode; its time is shared.
     const double mode_ms = MsSince(mode_start);

@@ -13,6 +13,7 @@
 #include "common/dataset/synthetic_mixture.h"
 #include "planner/cost/cost_model_io.h"
 #include "planner/layout/stage_layout_search.h"
+#include "planner/microbatch/baseline_settings.h"
 
 namespace varipipe::tools {
 namespace {
@@ -32,7 +33,11 @@ v1::JobConfig ConfigFor(const v1::JobConfig& base, const Setting& s) {
   v1::JobConfig config = base;
   v1::PlannerConfig& p = *config.mutable_planner();
   p.clear_partition_methods();
-  p.add_partition_methods(s.method);
+  if (s.method == v1::PARTITION_METHOD_UNSPECIFIED) {
+    ApplyJobConfigDefaults(config);  // every method, settings tuned per mini-batch
+  } else {
+    p.add_partition_methods(s.method);
+  }
   if (s.rows > 0) p.set_fixed_micro_batch_size(s.rows);
   if (s.token_budget > 0) p.set_micro_batch_token_budget(s.token_budget);
   if (s.recompute != v1::RECOMPUTE_MODE_UNSPECIFIED) {
@@ -79,8 +84,10 @@ std::string MethodName(v1::PartitionMethod method) {
       return "fixed-size";
     case v1::PADDING:
       return "padding";
+    case v1::PARTITION_METHOD_UNSPECIFIED:
+      return "varipipe";
     default:
-      return "unspecified";
+      return "unknown";
   }
 }
 
@@ -145,8 +152,6 @@ absl::StatusOr<EvaluationJob> WithLimits(const EvaluationJob& job, uint32_t max_
     data.set_max_target_length(std::max<uint32_t>(8, max_length / 4));
   }
   out.config.mutable_cluster()->set_device_memory_limit_mib(memory_mib);
-  // The token-based default follows the length.
-  out.config.mutable_planner()->set_micro_batch_token_budget(uint64_t{4} * max_length);
   if (absl::Status s = ValidateJobConfig(out.config, "evaluation job"); !s.ok()) return s;
   if (absl::Status s = BuildCostModel(out); !s.ok()) return s;
   // parallelism.stage_layout AUTO: the layout the daemons would choose for
@@ -215,17 +220,20 @@ MethodResult TuneMethod(const EvaluationJob& job, v1::PartitionMethod method,
       case v1::DYNAMIC_PROGRAMMING:
         break;
       case v1::TOKEN_BASED:
-        for (uint64_t k : {1, 2, 4, 8, 16, 32}) {
-          settings.push_back({.method = method, .token_budget = k * length, .recompute = mode});
+        for (uint32_t k : planner::kTokenLadder) {
+          settings.push_back(
+              {.method = method, .token_budget = uint64_t{k} * length, .recompute = mode});
         }
         break;
       default:
-        for (uint32_t rows : {1, 2, 4, 8, 16, 32, 64}) {
+        for (uint32_t rows : planner::kRowLadder) {
           settings.push_back({.method = method, .rows = rows, .recompute = mode});
         }
     }
   }
-  if (method == v1::DYNAMIC_PROGRAMMING) settings.push_back({.method = method});
+  if (method == v1::DYNAMIC_PROGRAMMING || method == v1::PARTITION_METHOD_UNSPECIFIED) {
+    settings.push_back({.method = method});
+  }
   for (const Setting& s : settings) result.trials.push_back(Evaluate(job, s, batches));
   // The best that fits; when none does, the most lenient setting tried
   // (smallest micro-batches, full recomputation) carries the reason.
@@ -252,8 +260,8 @@ MethodResult TuneMethod(const EvaluationJob& job, v1::PartitionMethod method,
 std::vector<MethodResult> TuneAllMethods(const EvaluationJob& job,
                                          const std::vector<planner::MiniBatch>& batches) {
   std::vector<MethodResult> results;
-  for (v1::PartitionMethod m :
-       {v1::DYNAMIC_PROGRAMMING, v1::PACKING, v1::TOKEN_BASED, v1::FIXED_SIZE, v1::PADDING}) {
+  for (v1::PartitionMethod m : {v1::PARTITION_METHOD_UNSPECIFIED, v1::DYNAMIC_PROGRAMMING,
+                                v1::PACKING, v1::TOKEN_BASED, v1::FIXED_SIZE, v1::PADDING}) {
     results.push_back(TuneMethod(job, m, batches));
   }
   return results;

@@ -8,7 +8,10 @@
 // planner's schedules; it fits when every mini-batch has a plan within
 // memory, and the tuned setting is the one with the best predicted real
 // tokens per second (total real tokens / total predicted time) among those
-// that fit. The DP needs no tuning: it chooses per mini-batch.
+// that fit. The DP needs no tuning: it chooses per mini-batch. "varipipe"
+// is the planner's default search (every method, each baseline's setting
+// tuned per mini-batch, every schedule): what a job that lists no method
+// gets.
 #ifndef VARIPIPE_PLANNER_TOOLS_BASELINE_TUNING_H_
 #define VARIPIPE_PLANNER_TOOLS_BASELINE_TUNING_H_
 
@@ -52,7 +55,8 @@ std::vector<planner::MiniBatch> MiniBatches(const EvaluationJob& job, int n);
 
 // One setting of one partition method. rows: packing, fixed-size and
 // padding; token_budget: token-based; recompute UNSPECIFIED: the planner
-// chooses per mini-batch among all three (the DP).
+// chooses per mini-batch among all three (the DP). Method UNSPECIFIED: the
+// default search ("varipipe").
 struct Setting {
   v1::PartitionMethod method = v1::DYNAMIC_PROGRAMMING;
   uint32_t rows = 0;
@@ -79,7 +83,8 @@ TrialOutcome Evaluate(const EvaluationJob& job, const Setting& setting,
                       const std::vector<planner::MiniBatch>& batches);
 
 struct MethodResult {
-  std::string method;  // "dp", "packing", "token-based", "fixed-size", "padding"
+  // "varipipe", "dp", "packing", "token-based", "fixed-size", "padding"
+  std::string method;
   std::vector<TrialOutcome> trials;
   int chosen = 0;  // the best feasible trial; else the most lenient one (the last)
 };
@@ -89,7 +94,8 @@ struct MethodResult {
 // evaluated, and the tuned one.
 MethodResult TuneMethod(const EvaluationJob& job, v1::PartitionMethod method,
                         const std::vector<planner::MiniBatch>& batches);
-// DP, packing, token-based, fixed-size and padding.
+// The default search ("varipipe"), DP, packing, token-based, fixed-size and
+// padding.
 std::vector<MethodResult> TuneAllMethods(const EvaluationJob& job,
                                          const std::vector<planner::MiniBatch>& batches);
 
@@ -106,7 +112,8 @@ struct IterationOutcome {
 std::vector<IterationOutcome> PlanEach(const EvaluationJob& job,
                                        const std::vector<planner::MiniBatch>& batches);
 
-// Short name of a partition method: "dp", "packing", ...
+// Short name of a partition method: "dp", "packing", ...; "varipipe" for
+// UNSPECIFIED (the default search).
 std::string MethodName(v1::PartitionMethod method);
 
 }  // namespace varipipe::tools

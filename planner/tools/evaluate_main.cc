@@ -2,10 +2,12 @@
 // docs/evaluation.md). Plans mini-batches of a synthetic mixture with the
 // project's planner and simulator and prints CSV on standard output, one
 // experiment per run:
-//   throughput  every partition method at every maximum length (and memory
+//   throughput  the planner's default search ("varipipe") and every
+//               partition method alone at every maximum length (and memory
 //               limit); baselines tuned as a user would (planner/tools/
 //               baseline_tuning.h), one row per setting tried;
-//   planning    the DP's planning time and predicted time per mini-batch;
+//   planning    the config's search: planning time and predicted time per
+//               mini-batch;
 //   schedules   adaptive schedule vs 1F1B as micro-batch times spread;
 //   trace       one iteration's simulated timeline (Chrome trace file).
 #include <algorithm>
@@ -59,12 +61,15 @@ constexpr char kUsage[] =
     "       varipipe-evaluate --experiment schedules [--trials N]\n"
     "\n"
     "throughput: for each maximum length (and memory limit) plans N mini-batches of the\n"
-    "mixture with the DP and with each baseline, every baseline tuned as a user would\n"
+    "mixture with the planner's default search (method `varipipe`: every method, each\n"
+    "baseline's setting tuned per mini-batch, every schedule), with the DP alone and\n"
+    "with each baseline alone, every baseline tuned once per run as a user would\n"
     "(packing, fixed-size and padding: rows per micro-batch x recompute mode;\n"
     "token-based: token budget x recompute mode), each for the best predicted real\n"
     "tokens/s over the N mini-batches among the settings that fit memory on all of\n"
     "them. One row per setting tried; `chosen` marks each method's tuned setting.\n"
-    "planning: the DP's planning time (one thread) and predicted iteration per mini-batch.\n"
+    "planning: the config's search (by default everything): planning time (one thread)\n"
+    "and predicted iteration per mini-batch.\n"
     "schedules: synthetic pipelines (pp=4, 16 micro-batches) whose micro-batch times have\n"
     "a growing coefficient of variation: adaptive schedule vs 1F1B, same memory.\n"
     "trace: the DP's plan of iteration 0 at the first maximum length, its simulated\n"

@@ -33,6 +33,7 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "planner/layout/stage_layout_search.h"
+#include "planner/method_summary.h"
 #include "planner/planner.h"
 #include "spdlog/spdlog.h"
 
@@ -46,7 +47,10 @@ ABSL_FLAG(std::string, trace, "",
           "Write a Chrome trace (Perfetto, chrome://tracing) of the first planned iteration's "
           "predicted timeline (data-parallel replica 0) to this file.");
 ABSL_FLAG(bool, compare, false,
-          "Also plan with every partition method and schedule and print them side by side.");
+          "Also plan with every partition method (baseline settings tuned per mini-batch "
+          "unless the config fixes them) and every schedule, simulate every candidate, and "
+          "print each (method, schedule) cell's predicted throughput under the plan's own, "
+          "fastest first.");
 ABSL_FLAG(bool, json, false, "Print one JSON report per iteration instead of the table.");
 ABSL_FLAG(bool, auto_layout, false,
           "Choose the stage layout as parallelism.stage_layout AUTO does (over the job's first "
@@ -136,6 +140,30 @@ google::protobuf::Value Str(const std::string& v) {
   return value;
 }
 
+const char* MethodOutcomeName(planner::MethodSummary::Outcome outcome) {
+  switch (outcome) {
+    case planner::MethodSummary::Outcome::kChosen:
+      return "chosen";
+    case planner::MethodSummary::Outcome::kSlower:
+      return "slower";
+    case planner::MethodSummary::Outcome::kBounded:
+      return "cannot_win";
+    case planner::MethodSummary::Outcome::kNoFit:
+      return "no_fit";
+  }
+  return "unknown";
+}
+
+// Under each iteration's row: every method's best candidate and why the
+// plan beat it.
+void PrintMethods(const planner::PlanReport& r) {
+  for (const planner::MethodSummary& m : planner::SummarizeMethods(r)) {
+    const bool chosen = m.outcome == planner::MethodSummary::Outcome::kChosen;
+    std::printf("      %s %-26s %s\n", chosen ? "*" : " ",
+                planner::MethodAndSetting(m.best).c_str(), m.why.c_str());
+  }
+}
+
 std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& r,
                        const absl::Status& status = absl::OkStatus()) {
   google::protobuf::Struct root;
@@ -146,6 +174,7 @@ std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& 
   f["samples"] = Num(static_cast<double>(mb.sample_ids.size()));
   f["real_tokens"] = Num(static_cast<double>(r.real_tokens));
   f["partition_method"] = Str(r.partition_method);
+  if (!r.setting.empty()) f["setting"] = Str(r.setting);
   f["schedule"] = Str(r.schedule);
   f["recompute"] = Str(r.recompute);
   f["micro_batches"] = Num(r.micro_batches);
@@ -188,6 +217,7 @@ std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& 
     google::protobuf::Value v;
     auto& cf = *v.mutable_struct_value()->mutable_fields();
     cf["partition_method"] = Str(c.partition_method);
+    if (!c.setting.empty()) cf["setting"] = Str(c.setting);
     cf["schedule"] = Str(c.schedule);
     cf["recompute"] = Str(c.recompute);
     cf["feasible"].set_bool_value(c.feasible);
@@ -200,7 +230,22 @@ std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& 
       cf["busiest_device_ms"] = Num(c.busiest_device_ms);
       cf["peak_bytes"] = Num(c.peak_bytes);
     }
+    if (c.makespan_bound_ms > 0) cf["makespan_bound_ms"] = Num(c.makespan_bound_ms);
     *cands->add_values() = std::move(v);
+  }
+  auto* methods = f["methods"].mutable_list_value();
+  for (const planner::MethodSummary& m : planner::SummarizeMethods(r)) {
+    google::protobuf::Value v;
+    auto& mf = *v.mutable_struct_value()->mutable_fields();
+    mf["partition_method"] = Str(m.partition_method);
+    if (!m.best.setting.empty()) mf["setting"] = Str(m.best.setting);
+    mf["outcome"] = Str(MethodOutcomeName(m.outcome));
+    mf["schedule"] = Str(m.best.schedule);
+    mf["recompute"] = Str(m.best.recompute);
+    if (m.best.feasible) mf["makespan_ms"] = Num(m.best.makespan_ms);
+    if (m.outcome != planner::MethodSummary::Outcome::kNoFit) mf["slower_by"] = Num(m.slower_by);
+    mf["why"] = Str(m.why);
+    *methods->add_values() = std::move(v);
   }
   std::string json;
   google::protobuf::util::JsonPrintOptions options;
@@ -282,26 +327,20 @@ std::optional<int> LoadJob(Job& job) {
   return std::nullopt;
 }
 
-// --compare: every partition method and schedule, every pair solved and
-// scheduled, so that every (method, schedule) cell has its best recompute
-// mode.
+// --compare: the default search (every partition method, baseline settings
+// tuned unless the config fixes them, every schedule valid for the job,
+// the config's recompute modes), with every candidate simulated, so that
+// every (method, schedule) cell has its best setting and recompute mode.
+// The DP shares its bound across pairs as the planner does: with the
+// default search, the plan is the best of these candidates, so no cell
+// beats it.
 planner::Planner MakeComparer(const v1::JobConfig& config, const planner::Planner& planner) {
   v1::JobConfig all = config;
   all.mutable_planner()->clear_partition_methods();
-  for (auto m :
-       {v1::DYNAMIC_PROGRAMMING, v1::TOKEN_BASED, v1::FIXED_SIZE, v1::PACKING, v1::PADDING}) {
-    all.mutable_planner()->add_partition_methods(m);
-  }
   all.mutable_planner()->clear_schedules();
-  for (auto s : {v1::GPIPE, v1::ONE_F_ONE_B, v1::KFKB, v1::ADAPTIVE, v1::ZERO_BUBBLE_H1,
-                 v1::ADAPTIVE_ZERO_BUBBLE}) {
-    all.mutable_planner()->add_schedules(s);
-  }
-  if (config.parallelism().virtual_chunks() > 1) {
-    all.mutable_planner()->add_schedules(v1::INTERLEAVED_1F1B);
-  }
+  ApplyJobConfigDefaults(all);
   planner::PlannerOptions options = planner.options();
-  options.share_micro_batching_bound = false;
+  options.prune_by_bound = false;
   return planner::Planner(all, planner.cost_model(), options);
 }
 
@@ -328,7 +367,7 @@ void PrintHeader(const Job& job) {
       layout.ok() ? layout->ToString().c_str() : "even", data.c_str(),
       static_cast<unsigned long long>(config.data().tokens_per_global_batch()),
       config.data().max_sequence_length());
-  std::printf("%-5s %7s %-20s %-20s %-10s %4s %12s %7s %9s %8s\n", "iter", "samples", "method",
+  std::printf("%-5s %7s %-26s %-20s %-10s %4s %12s %7s %9s %8s\n", "iter", "samples", "method",
               "schedule", "recompute", "mbs", "pred_iter_ms", "bubble", "peak_GiB", "plan_ms");
 }
 
@@ -342,6 +381,9 @@ struct Totals {
   std::map<std::pair<std::string, std::string>, double> padding;
   // Cells with no candidate that fits: the first mini-batch's reason.
   std::map<std::pair<std::string, std::string>, std::string> infeasible;
+  // --compare: the plans' own sums.
+  double chosen_throughput = 0;
+  double chosen_padding = 0;
 };
 
 // Best recompute mode per (method, schedule) of one mini-batch.
@@ -393,11 +435,14 @@ std::optional<int> PlanOne(const planner::Planner& planner, const planner::Plann
   if (json) {
     std::printf("%s\n", ReportJson(mb, r).c_str());
   } else {
-    std::printf("%-5lld %7zu %-20s %-20s %-10s %4d %12.2f %6.1f%% %9.2f %8.2f\n",
-                static_cast<long long>(mb.iteration), mb.sample_ids.size(),
-                r.partition_method.c_str(), r.schedule.c_str(), r.recompute.c_str(),
-                r.micro_batches, r.predicted_iteration_ms, 100 * r.bubble_fraction,
+    const std::string method =
+        r.setting.empty() ? r.partition_method : absl::StrCat(r.partition_method, " ", r.setting);
+    std::printf("%-5lld %7zu %-26s %-20s %-10s %4d %12.2f %6.1f%% %9.2f %8.2f\n",
+                static_cast<long long>(mb.iteration), mb.sample_ids.size(), method.c_str(),
+                r.schedule.c_str(), r.recompute.c_str(), r.micro_batches, r.predicted_iteration_ms,
+                100 * r.bubble_fraction,
                 GiB(*std::max_element(r.peak_bytes.begin(), r.peak_bytes.end())), r.total_ms);
+    PrintMethods(r);
   }
   if (!trace_path.empty()) {
     std::ofstream out(trace_path);
@@ -412,7 +457,12 @@ std::optional<int> PlanOne(const planner::Planner& planner, const planner::Plann
       return Fail(s, kExitFailure);
     }
   }
-  if (comparer != nullptr) Compare(*comparer, mb, totals);
+  if (comparer != nullptr) {
+    Compare(*comparer, mb, totals);
+    totals.chosen_throughput +=
+        static_cast<double>(r.real_tokens) / (r.predicted_makespan_ms / 1e3);
+    totals.chosen_padding += r.padding_efficiency;
+  }
   totals.predicted += r.predicted_iteration_ms;
   totals.plan_ms += r.total_ms;
   ++totals.planned;
@@ -425,25 +475,31 @@ void PrintSummary(const Totals& totals) {
       "time %.2f ms\n",
       totals.planned, totals.predicted / totals.planned, totals.plan_ms / totals.planned);
   if (totals.throughput.empty() && totals.infeasible.empty()) return;
-  std::printf("\ncomparison (best recompute mode per cell, mean over %d mini-batches):\n",
-              totals.planned);
+  std::printf(
+      "\ncomparison (best setting and recompute mode per cell, mean over %d mini-batches; "
+      "fastest first):\n",
+      totals.planned);
   std::printf("  %-20s %-20s %9s %22s\n", "method", "schedule", "padding",
               "real tokens/s predicted");
-  std::set<std::pair<std::string, std::string>> cells;
-  for (const auto& [key, t] : totals.throughput) cells.insert(key);
-  for (const auto& [key, reason] : totals.infeasible) cells.insert(key);
-  for (const auto& key : cells) {
+  std::printf("  %-41s %8.1f%% %22.0f\n", "the plan (chosen per mini-batch)",
+              100 * totals.chosen_padding / totals.planned,
+              totals.chosen_throughput / totals.planned);
+  std::vector<std::pair<double, std::pair<std::string, std::string>>> feasible;
+  for (const auto& [key, t] : totals.throughput) {
     // A cell that did not fit some mini-batch is infeasible: a user cannot
-    // run it (planner.fixed_micro_batch_size and micro_batch_token_budget
-    // set its micro-batches).
-    if (const auto it = totals.infeasible.find(key); it != totals.infeasible.end()) {
-      std::printf("  %-20s %-20s %9s %22s  %s\n", key.first.c_str(), key.second.c_str(), "-",
-                  "infeasible", it->second.c_str());
-      continue;
-    }
-    const auto& t = totals.throughput.at(key);
+    // run it.
+    if (!totals.infeasible.count(key)) feasible.emplace_back(t.first / t.second, key);
+  }
+  std::sort(feasible.begin(), feasible.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  for (const auto& [throughput, key] : feasible) {
     std::printf("  %-20s %-20s %8.1f%% %22.0f\n", key.first.c_str(), key.second.c_str(),
-                100 * totals.padding.at(key) / t.second, t.first / t.second);
+                100 * totals.padding.at(key) / totals.throughput.at(key).second, throughput);
+  }
+  for (const auto& [key, reason] : totals.infeasible) {
+    std::printf("  %-20s %-20s %9s %22s  %s\n", key.first.c_str(), key.second.c_str(), "-",
+                "infeasible", reason.c_str());
   }
 }
 

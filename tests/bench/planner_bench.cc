@@ -10,6 +10,10 @@
 // 180 samples per 65,536 tokens) and documents-like (about 350, mostly
 // short, a long tail up to the maximum length).
 //
+// *DefaultSearch: the config's default search instead (every partition
+// method with its setting tuned per mini-batch, every schedule, every
+// recompute mode: planner.h), what a job that lists nothing plans with.
+//
 // Baselines in the same process:
 //   *PerPair:      every (recompute mode, budget) pair solved to its optimum
 //                  and scheduled (no shared bound);
@@ -50,6 +54,7 @@ constexpr int kMiniBatches = 8;
 struct Setting {
   bool t5 = false;
   bool adaptive = true;
+  bool default_search = false;  // all methods and schedules (the config defaults)
   bool documents = false;
   uint32_t pipeline = 0;  // 0: 8 for T5, 4 for GPT
   uint32_t data = 1;
@@ -73,8 +78,11 @@ v1::JobConfig Config(const Setting& s) {
   c.mutable_data()->set_tokens_per_global_batch(65536ull * s.data);
   c.mutable_data()->set_max_sequence_length(s.max_length);
   if (s.t5) c.mutable_data()->set_max_target_length(512);
-  if (s.adaptive) c.mutable_planner()->add_schedules(v1::ADAPTIVE);
-  c.mutable_planner()->add_schedules(v1::ONE_F_ONE_B);
+  if (!s.default_search) {
+    c.mutable_planner()->add_partition_methods(v1::DYNAMIC_PROGRAMMING);
+    if (s.adaptive) c.mutable_planner()->add_schedules(v1::ADAPTIVE);
+    c.mutable_planner()->add_schedules(v1::ONE_F_ONE_B);
+  }
   c.mutable_planner()->set_threads(s.threads);
   c.mutable_training()->set_iterations(1);
   ApplyJobConfigDefaults(c);
@@ -117,6 +125,15 @@ void Run(benchmark::State& state, const Setting& setting) {
   state.counters["scheduling_ms"] = last.scheduling_ms;
   state.counters["building_ms"] = last.plan_building_ms;
   state.counters["validation_ms"] = last.validation_ms;
+  int simulated = 0;
+  int pruned = 0;
+  for (const CandidateReport& c : last.candidates) {
+    simulated += c.makespan_ms > 0;
+    pruned += c.rejected_at == "bound";
+  }
+  state.counters["candidates"] = static_cast<double>(last.candidates.size());
+  state.counters["simulated"] = simulated;
+  state.counters["pruned"] = pruned;
 }
 
 void BM_PlanGpt(benchmark::State& s) { Run(s, {}); }
@@ -133,7 +150,15 @@ void BM_PlanGptDocuments36000(benchmark::State& s) {
 void BM_PlanGptDocuments36000PerPair(benchmark::State& s) {
   Run(s, {.documents = true, .per_pair = true, .memory_mib = 36000});
 }
+void BM_PlanGptDocumentsDefaultSearch(benchmark::State& s) {
+  Run(s, {.default_search = true, .documents = true});
+}
+void BM_PlanGptDefaultSearch(benchmark::State& s) { Run(s, {.default_search = true}); }
 void BM_PlanT5(benchmark::State& s) { Run(s, {.t5 = true}); }
+void BM_PlanT5DefaultSearch(benchmark::State& s) { Run(s, {.t5 = true, .default_search = true}); }
+void BM_PlanT5DocumentsDefaultSearch(benchmark::State& s) {
+  Run(s, {.t5 = true, .default_search = true, .documents = true});
+}
 void BM_PlanT5PerPair(benchmark::State& s) { Run(s, {.t5 = true, .per_pair = true}); }
 void BM_PlanT5OneFOneBOnly(benchmark::State& s) { Run(s, {.t5 = true, .adaptive = false}); }
 void BM_PlanT5Documents(benchmark::State& s) { Run(s, {.t5 = true, .documents = true}); }
@@ -144,7 +169,11 @@ BENCHMARK(BM_PlanGptDocuments)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanGptDocumentsPerPair)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanGptDocuments36000)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanGptDocuments36000PerPair)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanGptDefaultSearch)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanGptDocumentsDefaultSearch)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanT5)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanT5DefaultSearch)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanT5DocumentsDefaultSearch)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanT5PerPair)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanT5OneFOneBOnly)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanT5Documents)->Unit(benchmark::kMillisecond);

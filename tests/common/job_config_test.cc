@@ -65,13 +65,22 @@ TEST(JobConfig, ValidConfigGetsDocumentedDefaults) {
   EXPECT_EQ(config->cluster().devices_per_node(), 8u);
   EXPECT_EQ(config->cluster().hardware(), "a100-40gb");
   EXPECT_EQ(config->data().synthetic_num_samples(), 1000000u);
-  ASSERT_EQ(config->planner().partition_methods_size(), 1);
+  // The default search: every method (baseline settings tuned per
+  // mini-batch) and every schedule.
+  EXPECT_EQ(config->planner().partition_methods_size(), 5);
   EXPECT_EQ(config->planner().partition_methods(0), v1::DYNAMIC_PROGRAMMING);
-  EXPECT_EQ(config->planner().schedules_size(), 2);
+  EXPECT_EQ(config->planner().schedules_size(), 6);
   EXPECT_EQ(config->planner().recompute_modes_size(), 3);
   EXPECT_DOUBLE_EQ(config->planner().tmax_interval_ms(), 0.5);
   EXPECT_EQ(config->planner().length_multiple(), 8u);
-  EXPECT_EQ(config->planner().micro_batch_token_budget(), 4096u);
+  EXPECT_EQ(config->planner().micro_batch_token_budget(), 0u);
+  EXPECT_EQ(config->planner().fixed_micro_batch_size(), 0u);
+  // With virtual chunks, the one schedule that runs them.
+  absl::StatusOr<v1::JobConfig> chunked =
+      ParseAndValidate(Replace(R"("data": 2})", R"("data": 2, "virtual_chunks": 2})"));
+  ASSERT_THAT(chunked, IsOk());
+  ASSERT_EQ(chunked->planner().schedules_size(), 1);
+  EXPECT_EQ(chunked->planner().schedules(0), v1::INTERLEAVED_1F1B);
   EXPECT_EQ(config->store().key_prefix(), "varipipe");
   EXPECT_EQ(config->store().password_env(), "VARIPIPE_REDIS_PASSWORD");
   EXPECT_DOUBLE_EQ(config->training().min_learning_rate(), 1e-5);
@@ -315,7 +324,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"TooManyStages", R"("pipeline": 2)", R"("pipeline": 8)",
                 "parallelism.pipeline: pipeline (8) x virtual_chunks (1) = 8 stages exceeds the "
                 "model's 4 layers"},
-        BadCase{"ChunksWithoutInterleaved", R"("data": 2)", R"("data": 2, "virtual_chunks": 2)",
+        // Listed schedules without INTERLEAVED_1F1B (the default with
+        // chunks is INTERLEAVED_1F1B alone).
+        BadCase{"ChunksWithoutInterleaved", R"("data": 2},)",
+                R"("data": 2, "virtual_chunks": 2}, "planner": {"schedules": ["ADAPTIVE"]},)",
                 "parallelism.virtual_chunks"},
         BadCase{"LayoutMissesALayer", R"("pipeline": 2)",
                 R"("pipeline": 2, "stage_layout": {"layers": [3, 2]})",

@@ -10,6 +10,8 @@
 #include <sstream>
 #include <string>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -248,27 +250,69 @@ TEST(VaripipeExecutor, WrongWorldSizeIsExplained) {
 namespace varipipe {
 namespace {
 
-// GPT-6.7B on pp = 4 with 8 rows per packed micro-batch (the default) does
-// not fit 40 GiB at 2,048 tokens: --compare prints the cell and why instead
-// of leaving it out.
+// GPT-6.7B on pp = 4 with 8 rows per packed micro-batch (fixed by the
+// config) does not fit 40 GiB at 2,048 tokens: --compare prints the cell and
+// why instead of leaving it out.
 TEST(PlanCompare, PrintsInfeasibleCellsWithTheirReason) {
-  const std::filesystem::path csv =
-      std::filesystem::temp_directory_path() / absl::StrCat("compare-", getpid(), ".csv");
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("compare-", getpid());
+  std::filesystem::create_directories(dir);
   {
-    std::ofstream out(csv);
+    std::ofstream out(dir / "lengths.csv");
     out << "input_len,target_len\n";
     for (int i = 0; i < 600; ++i) out << 200 + (i * 7919) % 1800 << "," << 10 + i % 30 << "\n";
   }
-  const CommandResult r =
-      RunCommand(absl::StrCat(Bin("varipipe-plan"), " --config ", Config("gpt-6.7b-pp4.json"),
-                              " --lengths ", csv.string(), " --iterations 1 --compare"));
-  std::filesystem::remove(csv);
+  {
+    std::ifstream in(Config("gpt-6.7b-pp4.json"));
+    std::stringstream text;
+    text << in.rdbuf();
+    std::string config = text.str();
+    const size_t planner = config.find("\"planner\": {");
+    ASSERT_NE(planner, std::string::npos);
+    config.insert(planner + 12, " \"fixed_micro_batch_size\": 8,");
+    std::ofstream(dir / "job.json") << config;
+  }
+  const CommandResult r = RunCommand(
+      absl::StrCat(Bin("varipipe-plan"), " --config ", (dir / "job.json").string(), " --lengths ",
+                   (dir / "lengths.csv").string(), " --iterations 1 --compare"));
+  std::filesystem::remove_all(dir);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, ::testing::ContainsRegex(
                             "packing +adaptive +- +infeasible +iteration 0: full: "
                             "micro-batching: micro-batch 0 \\(8 rows x 2048 tokens\\) needs"));
   EXPECT_THAT(r.output,
               ::testing::ContainsRegex("dynamic_programming +adaptive +[0-9.]+% +[0-9]+"));
+}
+
+// With the default search, the quickstart job's plan is the best row of its
+// own comparison: no method and schedule, however tuned, is predicted
+// faster on the same mini-batches.
+TEST(PlanCompare, QuickstartPlanIsTheBestRow) {
+  const CommandResult r =
+      RunCommand(absl::StrCat(Bin("varipipe-plan"), " --config ", Config("quickstart-gpt.json"),
+                              " --iterations 3 --compare --log_level=warn"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t table = r.output.find("\ncomparison");
+  ASSERT_NE(table, std::string::npos) << r.output;
+  double plan = -1;
+  int rows = 0;
+  for (absl::string_view line : absl::StrSplit(r.output.substr(table), '\n')) {
+    const std::vector<absl::string_view> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    double tokens_per_s = 0;
+    if (words.empty() || !absl::SimpleAtod(words.back(), &tokens_per_s)) continue;
+    if (absl::StrContains(line, "the plan (chosen per mini-batch)")) {
+      plan = tokens_per_s;
+      continue;
+    }
+    ASSERT_GT(plan, 0) << "the plan's row comes first:\n" << r.output;
+    EXPECT_LE(tokens_per_s, plan) << line;
+    ++rows;
+  }
+  // Five methods x six schedules.
+  EXPECT_EQ(rows, 30) << r.output;
+  // Each iteration names every method's best candidate, the plan's marked.
+  EXPECT_THAT(r.output, ::testing::ContainsRegex("\\* [a-z_]+( [a-z]+=[0-9]+)? +fastest"));
+  EXPECT_THAT(r.output, HasSubstr("padding rows="));
 }
 
 // varipipe-evaluate: tuned baselines, one chosen row per method, and named

@@ -17,11 +17,12 @@ for csv in throughput memory planning trace schedules; do
 done
 head -1 "$out/throughput.csv" | grep -q '^model,mixture,cost_model,max_len,memory_mib,method,' ||
   fail "throughput.csv: unexpected header"
-# 2 models x 2 mixtures x 2 lengths x 5 methods tuned settings.
+# 2 models x 2 mixtures x 2 lengths x 6 methods (the default search and each
+# method alone) tuned settings.
 # Quoted fields (the cost model's description) may hold commas: drop them first.
 chosen=$(sed -E 's/"[^"]*"//g' "$out/throughput.csv" | awk -F, 'NR > 1 && $10 == 1' | wc -l)
-[[ $chosen -eq 40 ]] || fail "throughput.csv: $chosen chosen rows, expected 40"
-for m in dp packing token-based fixed-size padding; do
+[[ $chosen -eq 48 ]] || fail "throughput.csv: $chosen chosen rows, expected 48"
+for m in varipipe dp packing token-based fixed-size padding; do
   grep -q ",$m," "$out/throughput.csv" || fail "throughput.csv: no rows for $m"
 done
 pngs=0
