@@ -269,8 +269,8 @@ def plot_throughput(rows, key, out, settings, comp):
     fig.text(0.5, 0.005, varipipe + "Baselines tuned per length: rows per micro-batch "
              "(packing, fixed-size, padding) or token budget (token-based) x recompute mode, "
              "the best predicted\ntokens/s that fits memory on every mini-batch; box: "
-             "Varipipe's tokens/s over the best tuned baseline's (named); all methods use the "
-             "adaptive and 1F1B schedules.", ha="center", fontsize=9)
+             "Varipipe's tokens/s over the best tuned baseline's (named); every method chooses "
+             "among all schedules per mini-batch.", ha="center", fontsize=9)
     fig.tight_layout(rect=(0, 0.05, 1, 0.89))
     path = os.path.join(out, f"throughput_vs_length{suffix(key)}.png")
     fig.savefig(path, dpi=110)
@@ -607,7 +607,8 @@ def write_page(page, out, figures, comp_len, comp_mem, head, plan_stats, sched, 
              "lengths, each with every recompute mode (none, selective, full), and keep the one "
              "setting with the best predicted real tokens/s that fits memory on every "
              "mini-batch; each cell compares Varipipe against the best of these four tuned "
-             "baselines. Every method uses the planner's schedules (adaptive and 1F1B). The CSVs "
+             "baselines. Every method chooses among the planner's schedules (GPipe, 1F1B, kFkB, "
+             "adaptive, ZB-H1, adaptive zero-bubble) per mini-batch. The CSVs "
              "beside the plots list every setting tried and why each infeasible one does not "
              "fit.", "", headline_text, ""]
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "common/dataset/loss_tokens.h"
 #include "planner/comm/comm_planner.h"
 #include "planner/cost/cost_model_io.h"
@@ -147,6 +148,12 @@ class Search {
 
  private:
   ReplicaTimeline ScheduleReplica(const Candidate& cand, uint32_t r) const;
+  // The adaptive schedules of replica r's micro-batches under `cand`'s
+  // stage costs, built once and shared by the adaptive and adaptive
+  // zero-bubble candidates over them (order_search.h).
+  std::shared_ptr<const absl::StatusOr<AdaptiveOrders>> AdaptiveOrdersOf(
+      const Candidate& cand, uint32_t r, const PipelineShape& shape, const StageCostTable& costs,
+      std::span<const double> times) const;
   // The stage costs of every candidate in `ready`, computed once per pair.
   void CostStages(std::span<const size_t> ready);
   double MakespanLowerBound(const Candidate& cand) const;
@@ -196,6 +203,10 @@ class Search {
   std::vector<Candidate> candidates_;
   std::map<std::tuple<const MicroBatchingResult*, int, uint32_t>, std::unique_ptr<PairStageCosts>>
       pair_costs_;
+  mutable absl::Mutex orders_mu_;
+  mutable std::map<std::pair<const PairStageCosts*, uint32_t>,
+                   std::shared_ptr<const absl::StatusOr<AdaptiveOrders>>>
+      adaptive_orders_ ABSL_GUARDED_BY(orders_mu_);
   Clock::time_point start_ = Clock::now();
   double micro_batching_ms_ = 0;
   double scheduling_ms_ = 0;
@@ -341,8 +352,14 @@ ReplicaTimeline Search::ScheduleReplica(const Candidate& cand, uint32_t r) const
       .inter_node =
           MakeLink(c_.cluster().inter_node_latency_us(), c_.cluster().inter_node_bandwidth_gbps())};
   if (cand.schedule == v1::ADAPTIVE || cand.schedule == v1::ADAPTIVE_ZERO_BUBBLE) {
+    const std::shared_ptr<const absl::StatusOr<AdaptiveOrders>> orders =
+        AdaptiveOrdersOf(cand, r, out.shape, costs, times);
+    if (!orders->ok()) {
+      out.error = std::string(orders->status().message());
+      return out;
+    }
     absl::StatusOr<AdaptiveSearchResult> searched =
-        SearchAdaptiveOrder(out.shape, costs, times, cand.micro_batching->available_per_device,
+        SearchAdaptiveOrder(out.shape, costs, **orders, cand.micro_batching->available_per_device,
                             network, cand.schedule == v1::ADAPTIVE_ZERO_BUBBLE);
     if (!searched.ok()) {
       out.error = std::string(searched.status().message());
@@ -362,6 +379,22 @@ ReplicaTimeline Search::ScheduleReplica(const Candidate& cand, uint32_t r) const
   if (!out.sim.completed)
     out.error = absl::StrCat("schedule does not complete: ", out.sim.deadlock);
   return out;
+}
+
+std::shared_ptr<const absl::StatusOr<AdaptiveOrders>> Search::AdaptiveOrdersOf(
+    const Candidate& cand, uint32_t r, const PipelineShape& shape, const StageCostTable& costs,
+    std::span<const double> times) const {
+  const auto key = std::make_pair(cand.stage_costs, r);
+  {
+    absl::MutexLock lock(&orders_mu_);
+    if (const auto it = adaptive_orders_.find(key); it != adaptive_orders_.end()) return it->second;
+  }
+  // Built outside the lock; a candidate that built the same orders
+  // meanwhile wins (they are equal).
+  auto built = std::make_shared<const absl::StatusOr<AdaptiveOrders>>(
+      BuildAdaptiveOrders(shape, costs, times, cand.micro_batching->available_per_device));
+  absl::MutexLock lock(&orders_mu_);
+  return adaptive_orders_.emplace(key, std::move(built)).first->second;
 }
 
 void Search::CostStages(std::span<const size_t> ready) {

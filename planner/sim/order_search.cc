@@ -23,17 +23,18 @@ absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(
   return SearchAdaptiveOrder(shape, costs, times_ms, limits, network, zero_bubble);
 }
 
-absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(
-    const PipelineShape& shape, const StageCostTable& costs, std::span<const double> times_ms,
-    std::span<const double> memory_limit_bytes, const ClusterNetwork& network, bool zero_bubble) {
+absl::StatusOr<AdaptiveOrders> BuildAdaptiveOrders(const PipelineShape& shape,
+                                                   const StageCostTable& costs,
+                                                   std::span<const double> times_ms,
+                                                   std::span<const double> memory_limit_bytes) {
   const uint32_t m = shape.micro_batches;
   if (times_ms.size() != m) {
     return absl::InvalidArgumentError("one predicted time per micro-batch is needed");
   }
-  std::vector<std::vector<uint32_t>> orders;
+  AdaptiveOrders out;
   std::vector<uint32_t> identity(m);
   std::iota(identity.begin(), identity.end(), 0u);
-  orders.push_back(identity);
+  out.injections.push_back(identity);
   const int k = m > 20 ? 3 : 4;
   if (m > 1) {
     const std::vector<int> labels = ClusterByValue(times_ms, k);
@@ -47,15 +48,34 @@ absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(
           if (labels[mb] == cluster) order.push_back(mb);
         }
       }
-      if (order != identity) orders.push_back(std::move(order));
+      if (order != identity) out.injections.push_back(std::move(order));
     } while (std::next_permutation(cluster_order.begin(), cluster_order.end()));
   }
-  AdaptiveSearchResult best;
-  bool have = false;
-  for (const std::vector<uint32_t>& injection : orders) {
+  for (const std::vector<uint32_t>& injection : out.injections) {
     absl::StatusOr<DeviceOrder> order =
         AdaptiveSchedule(shape, costs, injection, memory_limit_bytes);
     if (!order.ok()) return order.status();
+    out.schedules.push_back(*std::move(order));
+  }
+  return out;
+}
+
+absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(
+    const PipelineShape& shape, const StageCostTable& costs, std::span<const double> times_ms,
+    std::span<const double> memory_limit_bytes, const ClusterNetwork& network, bool zero_bubble) {
+  absl::StatusOr<AdaptiveOrders> orders =
+      BuildAdaptiveOrders(shape, costs, times_ms, memory_limit_bytes);
+  if (!orders.ok()) return orders.status();
+  return SearchAdaptiveOrder(shape, costs, *orders, memory_limit_bytes, network, zero_bubble);
+}
+
+absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(
+    const PipelineShape& shape, const StageCostTable& costs, const AdaptiveOrders& orders,
+    std::span<const double> memory_limit_bytes, const ClusterNetwork& network, bool zero_bubble) {
+  AdaptiveSearchResult best;
+  bool have = false;
+  for (size_t k = 0; k < orders.injections.size(); ++k) {
+    absl::StatusOr<DeviceOrder> order = orders.schedules[k];
     if (zero_bubble) {
       order = FillWeightGradients(shape, *order, costs, network, memory_limit_bytes);
       if (!order.ok()) return order.status();
@@ -73,7 +93,7 @@ absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(
                : over < PeakOverLimit(best.simulation.peak_bytes, memory_limit_bytes)));
     if (better) {
       const int tried = best.orders_tried;
-      best = {injection, *std::move(order), std::move(sim), tried, fits};
+      best = {orders.injections[k], *std::move(order), std::move(sim), tried, fits};
       have = true;
     }
   }

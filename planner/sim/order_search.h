@@ -39,6 +39,24 @@ absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(const PipelineShape& sh
                                                          std::span<const double> memory_limit_bytes,
                                                          const ClusterNetwork& network,
                                                          bool zero_bubble = false);
+
+// The orders the search tries, each with its adaptive schedule before any
+// weight-gradient fill: they depend on the costs, times and limits only,
+// so the adaptive and adaptive zero-bubble searches over the same
+// micro-batches can share them (the planner does).
+struct AdaptiveOrders {
+  std::vector<std::vector<uint32_t>> injections;
+  std::vector<DeviceOrder> schedules;  // [k]: AdaptiveSchedule of injections[k]
+};
+absl::StatusOr<AdaptiveOrders> BuildAdaptiveOrders(const PipelineShape& shape,
+                                                   const StageCostTable& costs,
+                                                   std::span<const double> times_ms,
+                                                   std::span<const double> memory_limit_bytes);
+// SearchAdaptiveOrder over orders built by BuildAdaptiveOrders for the same
+// shape, costs, times and limits: the same result.
+absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(
+    const PipelineShape& shape, const StageCostTable& costs, const AdaptiveOrders& orders,
+    std::span<const double> memory_limit_bytes, const ClusterNetwork& network, bool zero_bubble);
 absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(
     const PipelineShape& shape, const StageCostTable& costs, std::span<const double> times_ms,
     double memory_limit_bytes, const ClusterNetwork& network, bool zero_bubble = false);
