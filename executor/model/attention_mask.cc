@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace varipipe::executor {
 
@@ -46,6 +47,106 @@ torch::Tensor SegmentCrossAttentionMask(const torch::Tensor& query_segments,
   const torch::Tensor queries = query_segments.unsqueeze(2);  // [b, t, 1]
   const torch::Tensor mask = (queries == key_segments.unsqueeze(1)).logical_or(queries < 0);
   return mask.unsqueeze(1);
+}
+
+torch::Tensor SegmentMask(const torch::Tensor& query_segments, const torch::Tensor& key_segments,
+                          bool causal) {
+  const int64_t b = query_segments.size(0);
+  const int64_t sq = query_segments.size(1);
+  const int64_t sk = key_segments.size(1);
+  const int64_t n = std::max(sq, sk);
+  torch::Tensor mask = torch::full({b, 3, n}, -1, query_segments.options().dtype(torch::kInt64));
+  mask.select(1, 0).narrow(1, 0, sq).copy_(query_segments);
+  mask.select(1, 1).narrow(1, 0, sk).copy_(key_segments);
+  mask.select(1, 2).fill_(causal ? 1 : 0);
+  return mask;
+}
+
+bool IsSegmentMask(const torch::Tensor& mask) {
+  return mask.defined() && mask.scalar_type() == torch::kInt64 && mask.dim() == 3 &&
+         mask.size(1) == 3;
+}
+
+namespace {
+
+// One sample's contiguous run of positions in a row.
+struct Run {
+  int64_t segment = -1;
+  int64_t begin = 0;
+  int64_t length = 0;
+};
+
+// The runs of one row's segment ids (-1 ends the real positions), checked
+// to be contiguous.
+std::vector<Run> RunsOf(const int64_t* ids, int64_t n) {
+  std::vector<Run> runs;
+  for (int64_t i = 0; i < n && ids[i] >= 0; ++i) {
+    if (runs.empty() || runs.back().segment != ids[i]) {
+      for (const Run& r : runs) {
+        TORCH_CHECK(r.segment != ids[i], "packed row: sample ", ids[i],
+                    " is not one contiguous run of positions");
+      }
+      runs.push_back({ids[i], i, 0});
+    }
+    ++runs.back().length;
+  }
+  return runs;
+}
+
+}  // namespace
+
+torch::Tensor PerSampleAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                 const torch::Tensor& v, const torch::Tensor& segments,
+                                 const torch::Tensor& bias, const AttentionCore& core) {
+  using torch::indexing::Slice;
+  const int64_t b = q.size(0);
+  const int64_t sq = q.size(1);
+  const int64_t sk = k.size(1);
+  const torch::Tensor ids = segments.to(torch::kCPU).contiguous();
+  const int64_t n = ids.size(2);
+  const bool causal = ids.index({0, 2, 0}).item<int64_t>() == 1;
+  std::vector<torch::Tensor> rows;
+  for (int64_t row = 0; row < b; ++row) {
+    const int64_t* row_ids = ids.data_ptr<int64_t>() + row * 3 * n;
+    const std::vector<Run> queries = RunsOf(row_ids, std::min(n, sq));
+    const std::vector<Run> keys = RunsOf(row_ids + n, std::min(n, sk));
+    std::vector<torch::Tensor> pieces;
+    int64_t covered = 0;
+    for (const Run& query : queries) {
+      TORCH_CHECK(query.begin == covered, "packed row ", row, ": sample ", query.segment,
+                  " does not follow the previous one");
+      const Run* key = nullptr;
+      for (const Run& r : keys) {
+        if (r.segment == query.segment) key = &r;
+      }
+      TORCH_CHECK(key != nullptr, "packed row ", row, ": sample ", query.segment,
+                  " has queries but no keys");
+      TORCH_CHECK(!causal || key->length == query.length, "packed row ", row, ": sample ",
+                  query.segment, " attends causally to keys of another length");
+      const Slice qs(query.begin, query.begin + query.length);
+      const Slice ks(key->begin, key->begin + key->length);
+      // Causal: an undefined mask (the cores' convention); otherwise all
+      // of the sample's keys.
+      const torch::Tensor mask =
+          causal ? torch::Tensor()
+                 : torch::ones({1, 1, query.length, key->length},
+                               torch::TensorOptions().dtype(torch::kBool).device(q.device()));
+      torch::Tensor sample_bias;
+      if (bias.defined()) {
+        const int64_t batch = bias.size(0) == 1 ? 0 : row;
+        sample_bias = bias.index({Slice(batch, batch + 1), Slice(), qs, ks});
+      }
+      pieces.push_back(core(q.index({Slice(row, row + 1), qs}), k.index({Slice(row, row + 1), ks}),
+                            v.index({Slice(row, row + 1), ks}), mask, sample_bias));
+      covered = query.begin + query.length;
+    }
+    if (covered < sq) {
+      const torch::TensorOptions options = pieces.empty() ? q.options() : pieces.back().options();
+      pieces.push_back(torch::zeros({1, sq - covered, q.size(2)}, options));
+    }
+    rows.push_back(torch::cat(pieces, 1));
+  }
+  return torch::cat(rows, 0);
 }
 
 torch::Tensor SelfAttentionMaskFor(v1::AttentionKernel kernel, const torch::Tensor& lengths,

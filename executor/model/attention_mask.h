@@ -8,6 +8,8 @@
 
 #include <torch/torch.h>
 
+#include <functional>
+
 #include "varipipe/v1/config.pb.h"
 
 namespace varipipe::executor {
@@ -34,6 +36,37 @@ torch::Tensor SegmentSelfAttentionMask(const torch::Tensor& segments, bool causa
 // [b, s]); decoder padding attends to every key.
 torch::Tensor SegmentCrossAttentionMask(const torch::Tensor& query_segments,
                                         const torch::Tensor& key_segments);
+
+// Packed rows under per-sample attention (the variable-length kernel): the
+// mask is the rows' segments themselves rather than a dense [b, 1, sq, sk]
+// mask, int64 [b, 3, n] with n = max(sq, sk): row 0 holds each query
+// position's sample (-1 for padding and beyond sq), row 1 each key
+// position's (-1 likewise), row 2 is all 1 when attention is causal. Every
+// sample occupies one contiguous run of positions; padding comes last.
+// `query_segments` [b, sq], `key_segments` [b, sk] as StageBatch's.
+torch::Tensor SegmentMask(const torch::Tensor& query_segments, const torch::Tensor& key_segments,
+                          bool causal);
+// Whether `mask` is a SegmentMask (else a dense boolean mask, or undefined).
+bool IsSegmentMask(const torch::Tensor& mask);
+
+// An attention core: q [b, sq, heads*d], k, v [b, sk, heads*d] under a
+// dense or undefined (causal) mask and an optional score bias, as
+// MaskedAttention and FusedAttention.
+using AttentionCore = std::function<torch::Tensor(const torch::Tensor& q, const torch::Tensor& k,
+                                                  const torch::Tensor& v, const torch::Tensor& mask,
+                                                  const torch::Tensor& bias)>;
+
+// Attention computed per sample of packed rows: `core` runs once per sample
+// over that sample's own queries and keys (causal or full, as `segments`
+// says), so its cost and memory are the sum over samples of their lengths
+// squared rather than the row length squared. T5V11's `bias` [B, heads, sq,
+// sk] is sliced per sample (relative positions do not change within a
+// sample). Outputs at padding queries are zero (they reach no loss). At
+// real queries the values equal `core` under the block-diagonal masks
+// (SegmentSelfAttentionMask, SegmentCrossAttentionMask) up to rounding.
+torch::Tensor PerSampleAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                 const torch::Tensor& v, const torch::Tensor& segments,
+                                 const torch::Tensor& bias, const AttentionCore& core);
 
 // The self-attention mask a layer running `kernel` needs: with FUSED and
 // `causal`, none (an undefined tensor, meaning causal; see MaskedAttention),

@@ -230,6 +230,11 @@ torch::Tensor ModelStage::FinalNorm(const torch::Tensor& x, const torch::Tensor&
   return torch::layer_norm(x, {spec_.hidden_size}, weight, bias, 1e-5);
 }
 
+torch::Tensor ModelStage::PackedSelfMask(const torch::Tensor& segments, bool causal) const {
+  if (spec_.per_sample_packed_attention) return SegmentMask(segments, segments, causal);
+  return SegmentSelfAttentionMask(segments, causal);
+}
+
 StageActivations ModelStage::Forward(const StageActivations& in, const StageBatch& batch) {
   StageActivations out;
   torch::Tensor hidden = in.hidden;
@@ -243,7 +248,7 @@ StageActivations ModelStage::Forward(const StageActivations& in, const StageBatc
   if (role_.encoder_layers.size() > 0) {
     const bool causal = !spec_.encoder_decoder;
     const torch::Tensor mask =
-        packed ? SegmentSelfAttentionMask(batch.input_segments, causal)
+        packed ? PackedSelfMask(batch.input_segments, causal)
                : SelfAttentionMaskFor(spec_.attention_kernel, batch.input_lengths, hidden.size(1),
                                       causal);
     // LLAMA: each token's rotary angles; T5V11: the encoder's bidirectional
@@ -266,11 +271,13 @@ StageActivations ModelStage::Forward(const StageActivations& in, const StageBatc
                      decoder_position_embedding_, batch.target_positions);
     }
     const torch::Tensor self_mask =
-        packed ? SegmentSelfAttentionMask(batch.target_segments, /*causal=*/true)
+        packed ? PackedSelfMask(batch.target_segments, /*causal=*/true)
                : SelfAttentionMaskFor(spec_.attention_kernel, batch.target_lengths, hidden.size(1),
                                       /*causal=*/true);
     const torch::Tensor cross_mask =
-        packed ? SegmentCrossAttentionMask(batch.target_segments, batch.input_segments)
+        packed ? (spec_.per_sample_packed_attention
+                      ? SegmentMask(batch.target_segments, batch.input_segments, /*causal=*/false)
+                      : SegmentCrossAttentionMask(batch.target_segments, batch.input_segments))
                : CrossAttentionMask(batch.input_lengths, hidden.size(1), memory.size(1));
     // T5V11: the decoder's causal position bias.
     const torch::Tensor position =

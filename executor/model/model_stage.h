@@ -127,6 +127,9 @@ class ModelStage : public torch::nn::Module {
   void SetFullRecompute(bool on);
 
  private:
+  // Packed rows' self-attention mask: segments for per-sample attention, or
+  // the dense block-diagonal one (ModelSpec::per_sample_packed_attention).
+  torch::Tensor PackedSelfMask(const torch::Tensor& segments, bool causal) const;
   // Token plus position embeddings; `positions` [b, s] for packed rows,
   // else 0..s-1 in every row.
   torch::Tensor Embed(const torch::Tensor& tokens, const torch::Tensor& word,

@@ -275,6 +275,16 @@ torch::Tensor TransformerLayer::Attention(const torch::Tensor& q, const torch::T
                                           const torch::Tensor& bias) const {
   // T5V11 scores are not divided by sqrt(d).
   const bool scaled = !t5v11_;
+  if (IsSegmentMask(mask)) {
+    // Packed rows under per-sample attention: the same core, sample by
+    // sample.
+    return PerSampleAttention(
+        q, k, v, mask, bias,
+        [this](const torch::Tensor& sq, const torch::Tensor& sk, const torch::Tensor& sv,
+               const torch::Tensor& sample_mask, const torch::Tensor& sample_bias) {
+          return Attention(sq, sk, sv, sample_mask, sample_bias);
+        });
+  }
   // The fused kernel keeps no score tensors: selective recomputation has
   // nothing to drop.
   if (fused_attention_) return FusedAttention(q, k, v, mask, heads_, bias, scaled);

@@ -5,7 +5,9 @@
 //
 // Each cell of the matrix {GPT, T5} x {GPipe, 1F1B, interleaved 1F1B (GPT),
 // kFkB, adaptive} x {none, selective, full recomputation} x (pp, dp) in
-// {(1,1), (2,1), (2,2), (4,1)}, plus packed micro-batches, runs three
+// {(1,1), (2,1), (2,2), (4,1)}, plus packed micro-batches ("PackedVarlen":
+// attention per sample, the variable-length kernel of attention_mask.h),
+// runs three
 // iterations with plain SGD (constant learning rate, no clipping, so the
 // update is the gradient times the learning rate and a wrong gradient scale
 // shows) and checks, every iteration:
@@ -118,7 +120,7 @@ std::string CellName(const Cell& c) {
                       : c.t5    ? "T5"
                       : c.llama ? "Llama"
                                 : "Gpt",
-                      c.tied ? "Tied" : "", c.method == v1::PACKING ? "Packed" : "",
+                      c.tied ? "Tied" : "", c.method == v1::PACKING ? "PackedVarlen" : "",
                       c.layout.empty() ? "" : absl::StrCat("Layout", absl::StrJoin(c.layout, "")),
                       "_", ScheduleName(c), "_", RecomputeName(c.recompute), "_pp", c.pp, "dp",
                       c.dp);

@@ -195,7 +195,7 @@ INSTANTIATE_TEST_SUITE_P(
         EquivalenceCase{false, "ADAPTIVE", "RECOMPUTE_FULL", "DYNAMIC_PROGRAMMING",
                         "Gpt_Adaptive_RecomputeFull", 0},
         EquivalenceCase{false, "ONE_F_ONE_B", "RECOMPUTE_NONE", "PACKING",
-                        "GptPacked_OneFOneB_RecomputeNone", 0},
+                        "GptPackedVarlen_OneFOneB_RecomputeNone", 0},
         EquivalenceCase{true, "ONE_F_ONE_B", "RECOMPUTE_SELECTIVE", "DYNAMIC_PROGRAMMING",
                         "T5_OneFOneB_RecomputeSelective", 0},
         EquivalenceCase{true, "ADAPTIVE", "RECOMPUTE_FULL", "DYNAMIC_PROGRAMMING",
