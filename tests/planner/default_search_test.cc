@@ -17,6 +17,7 @@
 #include "planner/microbatch/baseline_settings.h"
 #include "planner/plan/plan_builder.h"
 #include "planner/planner.h"
+#include "tests/testing/search_job.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/status_matchers.h"
 
@@ -26,59 +27,15 @@ namespace {
 using ::testing::ElementsAre;
 using ::varipipe::testing::IsOk;
 
-struct Job {
-  bool t5 = false;
-  uint32_t pp = 2;
-  uint32_t dp = 1;
-  uint32_t memory_mib = 4096;
-  uint64_t tokens = 8192;
-  const char* planner_extra = "";  // more planner fields, JSON
-};
+using Job = ::varipipe::testing::SearchJob;
+using ::varipipe::testing::PlanBytes;
 
-v1::JobConfig Config(const Job& job) {
-  const std::string json = absl::StrCat(
-      R"({"job_id": "default-search", "model": {"kind": ")", job.t5 ? "T5" : "GPT",
-      R"(", "num_layers": 8, "hidden_size": 256, "num_attention_heads": 4, "vocab_size": 32000},
-      "parallelism": {"pipeline": )",
-      job.pp, R"(, "data": )", job.dp, R"(},
-      "cluster": {"device_memory_limit_mib": )",
-      job.memory_mib, R"(, "devices_per_node": 4},
-      "data": {"format": "SYNTHETIC", "tokens_per_global_batch": )",
-      job.tokens, R"(, "max_sequence_length": 1024},
-      "planner": {"tmax_interval_ms": 0.05, "threads": 1)",
-      job.planner_extra, R"(},
-      "training": {"iterations": 1}})");
-  absl::StatusOr<v1::JobConfig> config = ParseJobConfigJson(json, "test");
-  EXPECT_THAT(config, IsOk());
-  ApplyJobConfigDefaults(*config);
-  EXPECT_THAT(ValidateJobConfig(*config, "test"), IsOk());
-  return *config;
-}
+v1::JobConfig Config(const Job& job) { return varipipe::testing::SearchJobConfig(job); }
 
 MiniBatch Draw(const SyntheticMixture& mixture, uint64_t* cursor, uint64_t tokens_budget,
                uint64_t iteration) {
-  MiniBatch mb;
-  mb.iteration = iteration;
-  uint64_t tokens = 0;
-  while (true) {
-    SampleLengths s = mixture.Sample(*cursor);
-    s.target = std::min(s.target, 256u);
-    s.input = std::min(s.input, 1024u - s.target);
-    if (tokens + s.input + s.target > tokens_budget) break;
-    tokens += s.input + s.target;
-    mb.sample_ids.push_back(*cursor);
-    mb.lengths.push_back(s);
-    ++*cursor;
-  }
-  return mb;
-}
-
-std::vector<std::string> Bytes(const PlanningResult& r) {
-  std::vector<std::string> bytes;
-  for (const v1::ExecutionPlan& plan : r.plans) {
-    bytes.push_back(SerializePlanDeterministically(plan));
-  }
-  return bytes;
+  return varipipe::testing::DrawMiniBatch(mixture, cursor, tokens_budget, iteration,
+                                          /*max_target=*/256);
 }
 
 std::string Name(const CandidateReport& c) {
@@ -119,9 +76,9 @@ TEST(DefaultSearch, BoundIsALowerBoundAndPruningNeverChangesThePlan) {
   std::mt19937 rng(seed);
   int pruned = 0;
   int simulated = 0;
-  for (const Job& job :
-       {Job{}, Job{.pp = 4, .dp = 2, .tokens = 16384}, Job{.t5 = true, .pp = 2, .memory_mib = 3072},
-        Job{.t5 = true, .pp = 4, .dp = 2, .tokens = 12288}}) {
+  for (const Job& job : {Job{.pp = 2}, Job{.pp = 4, .dp = 2, .tokens = 16384},
+                         Job{.t5 = true, .pp = 2, .memory_mib = 3072},
+                         Job{.t5 = true, .pp = 4, .dp = 2, .tokens = 12288}}) {
     absl::StatusOr<Planner> pruning = Planner::Create(Config(job));
     ASSERT_THAT(pruning, IsOk());
     Planner everything = *pruning;
@@ -135,8 +92,8 @@ TEST(DefaultSearch, BoundIsALowerBoundAndPruningNeverChangesThePlan) {
       absl::StatusOr<PlanningResult> b = everything.Plan(mb);
       ASSERT_EQ(a.ok(), b.ok()) << a.status() << " / " << b.status();
       if (!a.ok()) continue;
-      EXPECT_EQ(Bytes(*a), Bytes(*b)) << (job.t5 ? "T5" : "GPT") << " pp" << job.pp << " dp"
-                                      << job.dp << " iteration " << iteration;
+      EXPECT_EQ(PlanBytes(*a), PlanBytes(*b)) << (job.t5 ? "T5" : "GPT") << " pp" << job.pp << " dp"
+                                              << job.dp << " iteration " << iteration;
       const std::vector<CandidateReport>& ac = a->report.candidates;
       const std::vector<CandidateReport>& bc = b->report.candidates;
       ASSERT_EQ(ac.size(), bc.size());

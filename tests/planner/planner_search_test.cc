@@ -20,6 +20,7 @@
 #include "planner/plan/plan_builder.h"
 #include "planner/plan/validator.h"
 #include "planner/planner.h"
+#include "tests/testing/search_job.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/status_matchers.h"
 
@@ -30,59 +31,29 @@ using ::testing::HasSubstr;
 using ::varipipe::testing::IsOk;
 using ::varipipe::testing::StatusIs;
 
-struct Job {
-  bool t5 = false;
-  uint32_t pp = 4;
-  uint32_t dp = 1;
-  uint32_t memory_mib = 4096;
-  uint64_t tokens = 8192;
-};
+using ::varipipe::testing::DrawMiniBatch;
+using ::varipipe::testing::PlanBytes;
+using ::varipipe::testing::SearchJob;
 
-v1::JobConfig Config(const Job& job) {
-  const std::string json = absl::StrCat(
-      R"({"job_id": "search", "model": {"kind": ")", job.t5 ? "T5" : "GPT",
-      R"(", "num_layers": 8, "hidden_size": 256, "num_attention_heads": 4, "vocab_size": 32000},
-      "parallelism": {"pipeline": )",
-      job.pp, R"(, "data": )", job.dp, R"(},
-      "cluster": {"device_memory_limit_mib": )",
-      job.memory_mib, R"(, "devices_per_node": 4},
-      "data": {"format": "SYNTHETIC", "tokens_per_global_batch": )",
-      job.tokens, R"(, "max_sequence_length": 1024},
-      "planner": {"tmax_interval_ms": 0.05, "threads": 1,
-                  "partition_methods": ["DYNAMIC_PROGRAMMING"],
-                  "schedules": ["ADAPTIVE", "ONE_F_ONE_B"]},
-      "training": {"iterations": 1}})");
-  absl::StatusOr<v1::JobConfig> config = ParseJobConfigJson(json, "test");
-  EXPECT_THAT(config, IsOk());
-  ApplyJobConfigDefaults(*config);
-  EXPECT_THAT(ValidateJobConfig(*config, "test"), IsOk());
-  return *config;
+// The DP with the adaptive and 1F1B schedules: the search these tests are
+// about (default_search_test covers the default search).
+constexpr char kDpSearch[] =
+    R"(, "partition_methods": ["DYNAMIC_PROGRAMMING"], "schedules": ["ADAPTIVE", "ONE_F_ONE_B"])";
+
+using Job = SearchJob;
+
+// The job with the DP search (the test jobs set no planner fields).
+v1::JobConfig Config(Job job) {
+  job.planner_extra = kDpSearch;
+  return varipipe::testing::SearchJobConfig(job);
 }
 
 MiniBatch Draw(const SyntheticMixture& mixture, uint64_t* cursor, uint64_t tokens_budget,
                uint64_t iteration) {
-  MiniBatch mb;
-  mb.iteration = iteration;
-  uint64_t tokens = 0;
-  while (true) {
-    SampleLengths s = mixture.Sample(*cursor);
-    s.target = std::min(s.target, 512u);
-    s.input = std::min(s.input, 1024u - s.target);
-    if (tokens + s.input + s.target > tokens_budget) break;
-    tokens += s.input + s.target;
-    mb.sample_ids.push_back(*cursor);
-    mb.lengths.push_back(s);
-    ++*cursor;
-  }
-  return mb;
+  return DrawMiniBatch(mixture, cursor, tokens_budget, iteration);
 }
 
-std::vector<std::string> Bytes(const PlanningResult& r) {
-  std::vector<std::string> bytes;
-  for (const v1::ExecutionPlan& plan : r.plans)
-    bytes.push_back(SerializePlanDeterministically(plan));
-  return bytes;
-}
+std::vector<std::string> Bytes(const PlanningResult& r) { return PlanBytes(r); }
 
 // planner.threads changes where the per-replica work runs, never the plans.
 TEST(PlannerSearch, PlansAreByteIdenticalForAnyThreadCount) {
