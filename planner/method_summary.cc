@@ -102,6 +102,9 @@ std::vector<MethodSummary> SummarizeMethods(const PlanReport& report) {
   if (chosen != nullptr) {
     if (runner_up == nullptr) {
       chosen->why = "the only method whose candidates fit";
+    } else if (runner_up->outcome == Outcome::kSlower && runner_up->slower_by <= 0) {
+      chosen->why = absl::StrFormat("fastest, tied with %s (the earlier candidate wins ties)",
+                                    MethodAndSetting(runner_up->best));
     } else if (runner_up->outcome == Outcome::kSlower) {
       chosen->why = absl::StrFormat("fastest: the next method, %s, is %.1f%% slower",
                                     MethodAndSetting(runner_up->best), 100 * runner_up->slower_by);

@@ -23,7 +23,8 @@ struct MethodSummary {
     kNoFit,    // no candidate fits (memory, micro-batching, too few micro-batches)
   } outcome = Outcome::kNoFit;
   // kChosen, kSlower: the fastest candidate that fits. kBounded: the one
-  // with the smallest makespan bound. kNoFit: the last one rejected.
+  // with the smallest makespan bound. kNoFit: the last one rejected with
+  // the method's first (smallest) setting.
   CandidateReport best;
   // kSlower: its makespan over the plan's, minus one (0.05: 5% longer);
   // kBounded: its bound over the plan's makespan, minus one.
@@ -34,7 +35,8 @@ struct MethodSummary {
 
 // One summary per method that had a candidate, in the order of the
 // report's candidates (the config's method order). A failed search (no
-// plan) gives kNoFit or kBounded for every method.
+// plan) gives kNoFit for every method (nothing is pruned by the bound
+// before something fits).
 std::vector<MethodSummary> SummarizeMethods(const PlanReport& report);
 
 // "packing rows=8": the method and, for a tuned baseline, its setting.

@@ -591,7 +591,8 @@ void Search::Schedule(std::span<const size_t> which) {
   // A fixed wave size keeps the reports the same for any thread count;
   // plans never depend on it (a candidate is skipped only when its bound
   // is strictly above a makespan that fits).
-  constexpr size_t kWave = 4;
+  // Without pruning the waves do nothing but limit parallelism.
+  const size_t kWave = options_.prune_by_bound ? 4 : std::max<size_t>(1, ready.size());
   for (size_t next = 0; next < ready.size();) {
     std::vector<size_t> wave;
     while (next < ready.size() && wave.size() < kWave) {

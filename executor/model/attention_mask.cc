@@ -55,9 +55,11 @@ torch::Tensor SegmentMask(const torch::Tensor& query_segments, const torch::Tens
   const int64_t sq = query_segments.size(1);
   const int64_t sk = key_segments.size(1);
   const int64_t n = std::max(sq, sk);
-  torch::Tensor mask = torch::full({b, 3, n}, -1, query_segments.options().dtype(torch::kInt64));
-  mask.select(1, 0).narrow(1, 0, sq).copy_(query_segments);
-  mask.select(1, 1).narrow(1, 0, sk).copy_(key_segments);
+  // On the CPU, where PerSampleAttention reads it: one copy per stage
+  // forward rather than one per layer.
+  torch::Tensor mask = torch::full({b, 3, n}, -1, torch::TensorOptions().dtype(torch::kInt64));
+  mask.select(1, 0).narrow(1, 0, sq).copy_(query_segments.to(torch::kCPU));
+  mask.select(1, 1).narrow(1, 0, sk).copy_(key_segments.to(torch::kCPU));
   mask.select(1, 2).fill_(causal ? 1 : 0);
   return mask;
 }
@@ -95,54 +97,95 @@ std::vector<Run> RunsOf(const int64_t* ids, int64_t n) {
 
 }  // namespace
 
+namespace {
+
+// The lengths that split `size` positions into `runs` (which start at 0 and
+// follow each other) and the rest.
+std::vector<int64_t> SplitSizes(const std::vector<Run>& runs, int64_t size) {
+  std::vector<int64_t> sizes;
+  int64_t covered = 0;
+  for (const Run& r : runs) {
+    sizes.push_back(r.length);
+    covered += r.length;
+  }
+  if (covered < size) sizes.push_back(size - covered);
+  return sizes;
+}
+
+}  // namespace
+
 torch::Tensor PerSampleAttention(const torch::Tensor& q, const torch::Tensor& k,
                                  const torch::Tensor& v, const torch::Tensor& segments,
                                  const torch::Tensor& bias, const AttentionCore& core) {
-  using torch::indexing::Slice;
   const int64_t b = q.size(0);
   const int64_t sq = q.size(1);
   const int64_t sk = k.size(1);
+  // SegmentMask keeps the segments on the CPU: no device copy per layer.
   const torch::Tensor ids = segments.to(torch::kCPU).contiguous();
   const int64_t n = ids.size(2);
   const bool causal = ids.index({0, 2, 0}).item<int64_t>() == 1;
+  // Each tensor is split once per row and once per sample along the
+  // sequence (views whose backward concatenates), so the backward does work
+  // in the size of the tensors, not once per sample.
+  const std::vector<torch::Tensor> q_rows = q.unbind(0);
+  const std::vector<torch::Tensor> k_rows = k.unbind(0);
+  const std::vector<torch::Tensor> v_rows = v.unbind(0);
+  std::vector<torch::Tensor> bias_rows;
+  if (bias.defined()) bias_rows = bias.unbind(0);
   std::vector<torch::Tensor> rows;
   for (int64_t row = 0; row < b; ++row) {
     const int64_t* row_ids = ids.data_ptr<int64_t>() + row * 3 * n;
     const std::vector<Run> queries = RunsOf(row_ids, std::min(n, sq));
     const std::vector<Run> keys = RunsOf(row_ids + n, std::min(n, sk));
-    std::vector<torch::Tensor> pieces;
     int64_t covered = 0;
     for (const Run& query : queries) {
       TORCH_CHECK(query.begin == covered, "packed row ", row, ": sample ", query.segment,
                   " does not follow the previous one");
-      const Run* key = nullptr;
-      for (const Run& r : keys) {
-        if (r.segment == query.segment) key = &r;
-      }
-      TORCH_CHECK(key != nullptr, "packed row ", row, ": sample ", query.segment,
+      covered += query.length;
+    }
+    covered = 0;
+    for (const Run& key : keys) {
+      TORCH_CHECK(key.begin == covered, "packed row ", row, ": sample ", key.segment,
+                  " does not follow the previous one");
+      covered += key.length;
+    }
+    const std::vector<int64_t> query_sizes = SplitSizes(queries, sq);
+    const std::vector<int64_t> key_sizes = SplitSizes(keys, sk);
+    const std::vector<torch::Tensor> q_pieces = q_rows[row].split_with_sizes(query_sizes, 0);
+    const std::vector<torch::Tensor> k_pieces = k_rows[row].split_with_sizes(key_sizes, 0);
+    const std::vector<torch::Tensor> v_pieces = v_rows[row].split_with_sizes(key_sizes, 0);
+    // T5V11's bias [B, heads, sq, sk]: this row's (B == 1: the shared one),
+    // split by query then by key runs.
+    std::vector<torch::Tensor> bias_pieces;
+    if (bias.defined()) {
+      bias_pieces = bias_rows[bias_rows.size() == 1 ? 0 : row].split_with_sizes(query_sizes, 1);
+    }
+    std::vector<torch::Tensor> pieces;
+    for (size_t i = 0; i < queries.size(); ++i) {
+      const Run& query = queries[i];
+      size_t j = 0;
+      while (j < keys.size() && keys[j].segment != query.segment) ++j;
+      TORCH_CHECK(j < keys.size(), "packed row ", row, ": sample ", query.segment,
                   " has queries but no keys");
-      TORCH_CHECK(!causal || key->length == query.length, "packed row ", row, ": sample ",
+      const Run& key = keys[j];
+      TORCH_CHECK(!causal || key.length == query.length, "packed row ", row, ": sample ",
                   query.segment, " attends causally to keys of another length");
-      const Slice qs(query.begin, query.begin + query.length);
-      const Slice ks(key->begin, key->begin + key->length);
       // Causal: an undefined mask (the cores' convention); otherwise all
       // of the sample's keys.
       const torch::Tensor mask =
           causal ? torch::Tensor()
-                 : torch::ones({1, 1, query.length, key->length},
+                 : torch::ones({1, 1, query.length, key.length},
                                torch::TensorOptions().dtype(torch::kBool).device(q.device()));
       torch::Tensor sample_bias;
       if (bias.defined()) {
-        const int64_t batch = bias.size(0) == 1 ? 0 : row;
-        sample_bias = bias.index({Slice(batch, batch + 1), Slice(), qs, ks});
+        sample_bias = bias_pieces[i].split_with_sizes(key_sizes, 2)[j].unsqueeze(0);
       }
-      pieces.push_back(core(q.index({Slice(row, row + 1), qs}), k.index({Slice(row, row + 1), ks}),
-                            v.index({Slice(row, row + 1), ks}), mask, sample_bias));
-      covered = query.begin + query.length;
+      pieces.push_back(core(q_pieces[i].unsqueeze(0), k_pieces[j].unsqueeze(0),
+                            v_pieces[j].unsqueeze(0), mask, sample_bias));
     }
-    if (covered < sq) {
+    if (query_sizes.size() > queries.size()) {  // padding after the samples
       const torch::TensorOptions options = pieces.empty() ? q.options() : pieces.back().options();
-      pieces.push_back(torch::zeros({1, sq - covered, q.size(2)}, options));
+      pieces.push_back(torch::zeros({1, query_sizes.back(), q.size(2)}, options));
     }
     rows.push_back(torch::cat(pieces, 1));
   }

@@ -117,11 +117,13 @@ TEST(PerSampleAttention, MatchesTheBlockDiagonalMaskAtRealPositions) {
                  Attend(q, k, v, {}, real, false, in_segments, in_segments, causal, true),
                  causal ? "causal self-attention" : "self-attention");
     }
-    // A T5V11 bias, one per row, unscaled scores.
-    const torch::Tensor bias = torch::randn({2, kHeads, 24, 24});
-    ExpectSame(Attend(q, k, v, bias, real, true, in_segments, in_segments, false, true),
-               Attend(q, k, v, bias, real, false, in_segments, in_segments, false, true),
-               "biased self-attention");
+    // A T5V11 bias, one per row or one shared, unscaled scores.
+    for (int64_t rows : {2, 1}) {
+      const torch::Tensor bias = torch::randn({rows, kHeads, 24, 24});
+      ExpectSame(Attend(q, k, v, bias, real, true, in_segments, in_segments, false, true),
+                 Attend(q, k, v, bias, real, false, in_segments, in_segments, false, true),
+                 "biased self-attention");
+    }
     // Cross-attention: 10 decoder queries to the 24 encoder positions.
     const torch::Tensor dq = torch::randn({2, 10, kWidth});
     const torch::Tensor real_targets = (out_segments >= 0).to(torch::kFloat32);
