@@ -190,5 +190,64 @@ TEST(DefaultSearch, MethodSummaryNamesThePlanAndExplainsTheRest) {
   }
 }
 
+// Hand-made reports: each outcome, its numbers and its reason.
+TEST(DefaultSearch, MethodSummaryOutcomes) {
+  const auto candidate = [](const char* method, const char* setting, bool feasible, double makespan,
+                            double busiest, const char* rejected_at, double bound) {
+    CandidateReport c;
+    c.partition_method = method;
+    c.setting = setting;
+    c.schedule = "one_f_one_b";
+    c.recompute = "none";
+    c.feasible = feasible;
+    c.makespan_ms = makespan;
+    c.busiest_device_ms = busiest;
+    c.rejected_at = rejected_at;
+    c.reason = feasible ? "" : "why not";
+    c.makespan_bound_ms = bound;
+    return c;
+  };
+  PlanReport report;
+  report.partition_method = "packing";
+  report.setting = "rows=4";
+  report.predicted_makespan_ms = 10;
+  report.busiest_device_ms = 8;
+  report.bubble_fraction = 0.2;
+  report.candidates = {
+      candidate("dynamic_programming", "", true, 12, 7.9, "", 9),     // more bubbles
+      candidate("packing", "rows=2", true, 11, 9, "", 9),             // not the method's best
+      candidate("packing", "rows=4", true, 10, 8, "", 9),             // the plan
+      candidate("token_based", "tokens=1024", true, 13, 10, "", 9),   // more compute
+      candidate("fixed_size", "rows=1", false, 0, 0, "bound", 12.5),  // cannot win
+      candidate("fixed_size", "rows=2", false, 0, 0, "bound", 11),
+      candidate("padding", "rows=1", false, 0, 0, "memory", 9),  // the explanation
+      candidate("padding", "rows=2", false, 0, 0, "micro-batching", 0),
+  };
+  const std::vector<MethodSummary> m = SummarizeMethods(report);
+  ASSERT_EQ(m.size(), 5u);
+  EXPECT_EQ(m[0].outcome, MethodSummary::Outcome::kSlower);
+  EXPECT_NEAR(m[0].slower_by, 0.2, 1e-12);
+  EXPECT_THAT(m[0].why, ::testing::HasSubstr("more pipeline bubbles"));
+  EXPECT_EQ(m[1].outcome, MethodSummary::Outcome::kChosen);
+  EXPECT_EQ(m[1].best.setting, "rows=4");
+  // The runner-up is the closest of the others, simulated or bounded.
+  EXPECT_THAT(m[1].why, ::testing::HasSubstr(
+                            "every other method is at least 10.0% slower (fixed_size rows=2"));
+  EXPECT_EQ(m[2].outcome, MethodSummary::Outcome::kSlower);
+  EXPECT_THAT(m[2].why, ::testing::HasSubstr("more compute"));
+  EXPECT_EQ(m[3].outcome, MethodSummary::Outcome::kBounded);
+  EXPECT_EQ(m[3].best.setting, "rows=2");
+  EXPECT_NEAR(m[3].slower_by, 0.1, 1e-12);
+  EXPECT_THAT(m[3].why, ::testing::HasSubstr("cannot win"));
+  EXPECT_EQ(m[4].outcome, MethodSummary::Outcome::kNoFit);
+  EXPECT_EQ(m[4].best.setting, "rows=1");
+  EXPECT_THAT(m[4].why, ::testing::HasSubstr("nothing fits: none: memory: why not"));
+  // Without a plan, nothing is chosen and nothing is compared.
+  report.partition_method.clear();
+  for (const MethodSummary& s : SummarizeMethods(report)) {
+    EXPECT_NE(s.outcome, MethodSummary::Outcome::kChosen) << s.partition_method;
+  }
+}
+
 }  // namespace
 }  // namespace varipipe::planner
