@@ -396,12 +396,13 @@ absl::StatusOr<std::vector<std::string>> PlannerDaemon::PlanIteration(uint64_t i
   const planner::PlanReport& r = result.report;
   *planning_ms = r.total_ms;
   *summary = absl::StrFormat(
-      R"({"iteration":%d,"epoch":%d,"samples":%d,"partition_method":"%s","schedule":"%s",)"
+      R"({"iteration":%d,"epoch":%d,"samples":%d,"partition_method":"%s","setting":"%s",)"
+      R"("schedule":"%s",)"
       R"("recompute":"%s","micro_batches":%d,"predicted_iteration_ms":%.3f,)"
       R"("predicted_makespan_ms":%.3f,"calibration_version":%d,)"
       R"("bubble_fraction":%.4f,"padding_efficiency":%.4f,"planning_ms":%.3f,"planner":"%s"})",
-      iteration, sampled.epoch, sampled.sample_ids.size(), r.partition_method, r.schedule,
-      r.recompute, r.micro_batches, r.predicted_iteration_ms, r.predicted_makespan_ms,
+      iteration, sampled.epoch, sampled.sample_ids.size(), r.partition_method, r.setting,
+      r.schedule, r.recompute, r.micro_batches, r.predicted_iteration_ms, r.predicted_makespan_ms,
       r.calibration_version, r.bubble_fraction, r.padding_efficiency, r.total_ms, planner_id_);
   if (trace != nullptr) *trace = r.chrome_trace;
   std::vector<std::string> envelopes;
