@@ -590,12 +590,11 @@ void Search::Schedule(std::span<const size_t> which) {
   }
   // A fixed wave size keeps the reports the same for any thread count;
   // plans never depend on it (a candidate is skipped only when its bound
-  // is strictly above a makespan that fits).
-  // Without pruning the waves do nothing but limit parallelism.
-  const size_t kWave = options_.prune_by_bound ? 4 : std::max<size_t>(1, ready.size());
+  // is strictly above a makespan that fits). Without pruning, one wave.
+  const size_t wave_size = options_.prune_by_bound ? 4 : std::max<size_t>(1, ready.size());
   for (size_t next = 0; next < ready.size();) {
     std::vector<size_t> wave;
-    while (next < ready.size() && wave.size() < kWave) {
+    while (next < ready.size() && wave.size() < wave_size) {
       Candidate& cand = candidates_[ready[next++]];
       // The bound sums the simulator's own times in another order: a
       // relative margin keeps ties (which the earlier candidate wins)
