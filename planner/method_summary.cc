@@ -26,9 +26,13 @@ std::string WhySlower(const CandidateReport& c, const PlanReport& plan) {
 
 }  // namespace
 
+std::string MethodAndSetting(absl::string_view method, absl::string_view setting) {
+  if (setting.empty()) return std::string(method);
+  return absl::StrCat(method, " ", setting);
+}
+
 std::string MethodAndSetting(const CandidateReport& candidate) {
-  if (candidate.setting.empty()) return candidate.partition_method;
-  return absl::StrCat(candidate.partition_method, " ", candidate.setting);
+  return MethodAndSetting(candidate.partition_method, candidate.setting);
 }
 
 std::vector<MethodSummary> SummarizeMethods(const PlanReport& report) {

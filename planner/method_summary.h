@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "planner/planner.h"
 
 namespace varipipe::planner {
@@ -40,6 +41,7 @@ struct MethodSummary {
 std::vector<MethodSummary> SummarizeMethods(const PlanReport& report);
 
 // "packing rows=8": the method and, for a tuned baseline, its setting.
+std::string MethodAndSetting(absl::string_view method, absl::string_view setting);
 std::string MethodAndSetting(const CandidateReport& candidate);
 
 }  // namespace varipipe::planner

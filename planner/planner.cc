@@ -19,6 +19,7 @@
 #include "planner/cost/cost_model_io.h"
 #include "planner/cost/micro_batch_cost.h"
 #include "planner/cost/update_costs.h"
+#include "planner/method_summary.h"
 #include "planner/microbatch/baseline_settings.h"
 #include "planner/microbatch/micro_batching.h"
 #include "planner/parallel.h"
@@ -446,10 +447,9 @@ void Search::CostStages(std::span<const size_t> ready) {
 // - time: d starts no earlier than the cheapest micro-batch's forward
 //   through the stages before d (the first micro-batch's under a static
 //   schedule, which always starts with it), runs all of its operations one
-//   at a time,
-//   and (without split backwards, whose last operation may be a weight
-//   gradient) is followed by the cheapest micro-batch's backward through
-//   the stages before d;
+//   at a time, and (without split backwards, whose last operation may be a
+//   weight gradient) is followed by the cheapest micro-batch's backward
+//   through the stages before d;
 // - memory: each micro-batch holds its stored bytes on d at least from its
 //   forward on d to the end of its backward (input gradient) on d, which
 //   spans its forwards and backwards on d and every later stage. In a plan
@@ -873,8 +873,7 @@ absl::Status Search::Failure() const {
   bool all_starved = !candidates_.empty();
   for (const Candidate& cand : candidates_) {
     const CandidateReport& c = cand.report;
-    const std::string what =
-        absl::StrCat(c.partition_method, c.setting.empty() ? "" : " ", c.setting, "/", c.recompute);
+    const std::string what = absl::StrCat(MethodAndSetting(c), "/", c.recompute);
     const std::string why = absl::StrCat(": ", c.rejected_at, ": ", c.reason);
     auto [it, added] = line_of.emplace(absl::StrCat(what, why), reasons.size());
     if (added) {

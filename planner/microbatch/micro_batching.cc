@@ -152,11 +152,11 @@ absl::Status TruncateForMemory(const MicroBatchCostModel& cost, const MicroBatch
 // The cost of every group of a baseline partition under one recompute
 // mode, each distinct shape evaluated once (a partition into single samples
 // repeats shapes); an error names the first group beyond the model.
-absl::Status CostGroups(const MicroBatchCostModel& cost, const std::vector<MicroBatchGroup>& groups,
-                        std::vector<MicroBatchCost>* costs) {
+absl::StatusOr<std::vector<MicroBatchCost>> CostGroups(const MicroBatchCostModel& cost,
+                                                       const std::vector<MicroBatchGroup>& groups) {
   absl::flat_hash_map<std::tuple<uint64_t, uint32_t, uint32_t>, MicroBatchCost> by_shape;
-  costs->clear();
-  costs->reserve(groups.size());
+  std::vector<MicroBatchCost> costs;
+  costs.reserve(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
     const MicroBatchGroup& group = groups[g];
     auto [it, added] =
@@ -167,9 +167,9 @@ absl::Status CostGroups(const MicroBatchCostModel& cost, const std::vector<Micro
           "micro-batch %d (%d x %d%s tokens) lies beyond the cost model's grid", g, group.size(),
           group.input_len, group.target_len ? absl::StrCat("+", group.target_len) : ""));
     }
-    costs->push_back(it->second);
+    costs.push_back(it->second);
   }
-  return absl::OkStatus();
+  return costs;
 }
 
 // A baseline partition under one (mode, budget) pair: its groups if every
@@ -381,11 +381,8 @@ void SolveAllPairs(const CostModel& model, const StageLayout& layout, const Micr
       }
       SolvePairsDp(*cost, o, result, cutoffs, &workspace, pairs);
     } else {
-      std::vector<MicroBatchCost> costs;
-      const absl::Status costed = CostGroups(*cost, baseline, &costs);
-      absl::StatusOr<std::vector<MicroBatchCost>> shared = std::move(costs);
-      if (!costed.ok()) shared = costed;
-      for (MicroBatchingCandidate& c : pairs) EvaluateGroups(o, baseline, shared, c);
+      const absl::StatusOr<std::vector<MicroBatchCost>> costs = CostGroups(*cost, baseline);
+      for (MicroBatchingCandidate& c : pairs) EvaluateGroups(o, baseline, costs, c);
     }
     // One solve covers every budget of the mode; its time is shared.
     const double mode_ms = MsSince(mode_start);

@@ -435,8 +435,7 @@ std::optional<int> PlanOne(const planner::Planner& planner, const planner::Plann
   if (json) {
     std::printf("%s\n", ReportJson(mb, r).c_str());
   } else {
-    const std::string method =
-        r.setting.empty() ? r.partition_method : absl::StrCat(r.partition_method, " ", r.setting);
+    const std::string method = planner::MethodAndSetting(r.partition_method, r.setting);
     std::printf("%-5lld %7zu %-26s %-20s %-10s %4d %12.2f %6.1f%% %9.2f %8.2f\n",
                 static_cast<long long>(mb.iteration), mb.sample_ids.size(), method.c_str(),
                 r.schedule.c_str(), r.recompute.c_str(), r.micro_batches, r.predicted_iteration_ms,
