@@ -33,13 +33,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 # Drawing order; "varipipe" is the planner's default search (every partition method, each
 # baseline's setting tuned per mini-batch, every schedule), "dp" the dynamic program alone.
-METHODS = ["varipipe", "dp", "packing", "token-based", "fixed-size", "padding"]
+# "packing" computes attention over the whole packed row under a block-diagonal mask (as
+# DynaPipe's evaluation and Megatron-LM in 2023 did), "packing-varlen" per sample with a
+# variable-length kernel (as Megatron-Core's THD format, TRL and torchtitan do today).
+METHODS = ["varipipe", "dp", "packing", "packing-varlen", "token-based", "fixed-size", "padding"]
 # What Varipipe is compared against: the baselines, each tuned once per cell (not the DP).
-BASELINES = ["packing", "token-based", "fixed-size", "padding"]
+BASELINES = ["packing", "packing-varlen", "token-based", "fixed-size", "padding"]
 LABELS = {
     "varipipe": "Varipipe (default search)",
     "dp": "DP alone",
-    "packing": "packing (no cross-contamination)",
+    "packing": "packing, full-row attention",
+    "packing-varlen": "packing, variable-length attention",
     "token-based": "token-based",
     "fixed-size": "fixed-size (sorted)",
     "padding": "padding",
@@ -48,11 +52,13 @@ COLORS = {
     "varipipe": "#d62728",
     "dp": "#ff7f0e",
     "packing": "#1f77b4",
+    "packing-varlen": "#17becf",
     "token-based": "#2ca02c",
     "fixed-size": "#9467bd",
     "padding": "#7f7f7f",
 }
-MARKERS = {"varipipe": "*", "dp": "o", "packing": "s", "token-based": "^", "fixed-size": "D",
+MARKERS = {"varipipe": "*", "dp": "o", "packing": "s", "packing-varlen": "P", "token-based": "^",
+           "fixed-size": "D",
            "padding": "v"}
 MIXTURES = {"flan": "FLAN-like", "documents": "documents-like"}
 
@@ -193,13 +199,14 @@ def compare(best, cell, method, pool):
 
 def comparisons(rows):
     """{cell: {"head": Varipipe vs the best baseline, "dp": the DP alone vs it (when Varipipe
-    is the default search), "packing": Varipipe vs packing}}."""
+    is the default search), "packing" and "packing-varlen": Varipipe vs each packing}}."""
     best = chosen(rows)
     head = headline(rows)
     out = {}
     for cell in cells(rows):
         c = {"head": compare(best, cell, head, BASELINES),
-             "packing": compare(best, cell, head, ["packing"])}
+             "packing": compare(best, cell, head, ["packing"]),
+             "packing-varlen": compare(best, cell, head, ["packing-varlen"])}
         if head != "dp" and cell + ("dp",) in best:
             c["dp"] = compare(best, cell, "dp", BASELINES)
         out[cell] = c
@@ -654,6 +661,24 @@ def write_page(page, out, figures, comp_len, comp_mem, head, plan_stats, sched, 
                       if c[:2] == (model, mixture) and int(c[2]) == L), None)
             row.append("-" if h is None else
                        fmt_ratio3(h["ratio"]) if h["ratio"] is not None else h["why"])
+        lines.append(f"| {model_label(model)} | {MIXTURES.get(mixture, mixture)} | " +
+                     " | ".join(row) + " |")
+    # Against each way of packing, per cell.
+    lines += ["", "Varipipe / packing with full-row attention and / packing with "
+              "variable-length attention, per cell:", "",
+              "| model | mixture | " + " | ".join(str(L) for L in lengths) + " |",
+              "|---|---|" + "---|" * len(lengths)]
+    for model, mixture in panels([{"model": c[0], "mixture": c[1]} for c in comp_len]):
+        row = []
+        for L in lengths:
+            v = next((v for c, v in comp_len.items()
+                      if c[:2] == (model, mixture) and int(c[2]) == L), None)
+            if v is None:
+                row.append("-")
+                continue
+            parts = [fmt_ratio3(v[k]["ratio"]) if v[k]["ratio"] is not None else v[k]["why"]
+                     for k in ("packing", "packing-varlen")]
+            row.append(" / ".join(parts))
         lines.append(f"| {model_label(model)} | {MIXTURES.get(mixture, mixture)} | " +
                      " | ".join(row) + " |")
     lines += ["", "Per cell, the best tuned baseline named (method, tuned setting, recompute "

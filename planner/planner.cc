@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <thread>
 #include <tuple>
@@ -176,6 +177,10 @@ class Search {
                                           const PipelineShape& shape) const;
   void Judge(Candidate& cand) const;
   std::vector<double> RankLimits(const MicroBatchingResult& mbr) const;
+  // The packed rows of `group` when they compute attention per sample
+  // (model.packed_attention); nullopt otherwise.
+  std::optional<PackedSamples> PerSampleRows(const MicroBatchGroup& group,
+                                             const MicroBatchingResult& mbr) const;
   ReplicaPlan ReplicaOf(const Candidate& best, uint32_t r, absl::Status* status) const;
 
   // The predicted iteration of a candidate: its makespan plus the slowest
@@ -425,9 +430,10 @@ void Search::CostStages(std::span<const size_t> ready) {
     std::vector<StageCost> stage_costs;
     for (size_t g = 0; g < groups.size(); ++g) {
       const MicroBatchGroup& group = groups[g];
+      const std::optional<PackedSamples> packed = PerSampleRows(group, *cand.micro_batching);
       if (!cost.EvaluateStages(static_cast<uint32_t>(group.size()), group.input_len,
-                               group.target_len, cand.chunks, dims_.hidden, dims_.dtype_bytes,
-                               &stage_costs)) {
+                               group.target_len, packed ? &*packed : nullptr, cand.chunks,
+                               dims_.hidden, dims_.dtype_bytes, &stage_costs)) {
         out.error = "a micro-batch lies beyond the cost model";
         return;
       }
@@ -675,6 +681,12 @@ double Search::OverheadMs(double makespan_ms) const {
   return std::max(scales_.overhead_ms, -0.5 * (makespan_ms + UpdateMs()));
 }
 
+std::optional<PackedSamples> Search::PerSampleRows(const MicroBatchGroup& group,
+                                                   const MicroBatchingResult& mbr) const {
+  if (c_.model().packed_attention() == v1::BLOCK_DIAGONAL_MASK) return std::nullopt;
+  return PackedSamplesOf(group, mbr.samples, policy_);
+}
+
 std::vector<double> Search::RankLimits(const MicroBatchingResult& mbr) const {
   std::vector<double> limits;
   for (uint32_t r = 0; r < dp_; ++r) {
@@ -696,9 +708,11 @@ ReplicaPlan Search::ReplicaOf(const Candidate& best, uint32_t r, absl::Status* s
     PlannedMicroBatch planned;
     // What the profiled model predicts for each stage (executors report it
     // beside their measurement: calibration.h).
-    if (profiled.ok() && profiled->EvaluateStages(static_cast<uint32_t>(group.size()),
-                                                  group.input_len, group.target_len, best.chunks,
-                                                  dims_.hidden, dims_.dtype_bytes, &stage_costs)) {
+    const std::optional<PackedSamples> packed = PerSampleRows(group, mbr);
+    if (profiled.ok() &&
+        profiled->EvaluateStages(static_cast<uint32_t>(group.size()), group.input_len,
+                                 group.target_len, packed ? &*packed : nullptr, best.chunks,
+                                 dims_.hidden, dims_.dtype_bytes, &stage_costs)) {
       for (uint32_t s = 0; s < stage_costs.size(); ++s) {
         const StageCost& sc = stage_costs[s];
         StageOpCost split{.forward_ms = sc.forward_ms, .backward_ms = sc.backward_ms};
@@ -738,6 +752,7 @@ ReplicaPlan Search::ReplicaOf(const Candidate& best, uint32_t r, absl::Status* s
     planned.target_len = group.target_len;
     planned.rows = static_cast<uint32_t>(group.size());
     planned.row_starts = group.row_starts;
+    planned.packed_attention = c_.model().packed_attention();
     replica.micro_batches.push_back(std::move(planned));
   }
   const ReplicaTimeline& timeline = best.replicas[r];

@@ -190,6 +190,13 @@ void ValidateModel(const JobConfig& config, ErrorList& errors) {
                    : absl::StrCat(static_cast<int>(m.attention_kernel())),
                ")");
   }
+  if (m.packed_attention() != v1::PER_SAMPLE && m.packed_attention() != v1::BLOCK_DIAGONAL_MASK) {
+    errors.Add("model.packed_attention", "must be PER_SAMPLE or BLOCK_DIAGONAL_MASK (got ",
+               v1::PackedAttention_IsValid(m.packed_attention())
+                   ? v1::PackedAttention_Name(m.packed_attention())
+                   : absl::StrCat(static_cast<int>(m.packed_attention())),
+               ")");
+  }
 }
 
 // T5V11's fields (docs/models.md): an encoder-decoder with multi-head
@@ -677,6 +684,9 @@ void ApplyJobConfigDefaults(JobConfig& config) {
   if (m.attention_kernel() == v1::ATTENTION_KERNEL_UNSPECIFIED) {
     m.set_attention_kernel(v1::EXPLICIT);
   }
+  if (m.packed_attention() == v1::PACKED_ATTENTION_UNSPECIFIED) {
+    m.set_packed_attention(v1::PER_SAMPLE);
+  }
 
   v1::ParallelismConfig& p = *config.mutable_parallelism();
   if (p.pipeline() == 0) p.set_pipeline(1);
@@ -731,6 +741,7 @@ void ApplyJobConfigDefaults(JobConfig& config) {
   if (!pl.has_online_calibration()) pl.set_online_calibration(true);
   if (pl.kfkb_k() == 0) pl.set_kfkb_k(2);
   if (pl.sample_order() == v1::SAMPLE_ORDER_UNSPECIFIED) pl.set_sample_order(v1::LENGTH_SORT);
+  if (!pl.has_dp_packed_rows()) pl.set_dp_packed_rows(true);
 
   v1::StoreConfig& s = *config.mutable_store();
   if (s.password_env().empty()) s.set_password_env("VARIPIPE_REDIS_PASSWORD");

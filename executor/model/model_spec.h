@@ -25,11 +25,6 @@ struct ModelSpec {
   uint64_t seed = 0;                // deterministic initialisation
   // EXPLICIT or FUSED (FUSED only when FusedAttentionAvailable()).
   v1::AttentionKernel attention_kernel = v1::EXPLICIT;
-  // Packed rows: attention per sample (the variable-length kernel,
-  // PerSampleAttention: cost and memory the sum over samples) or, when
-  // false, over the whole row under the dense block-diagonal mask (the
-  // fallback: one kernel call per row, memory the row length squared).
-  bool per_sample_packed_attention = true;
   // LLAMA layers (docs/models.md) instead of MEGATRON ones.
   bool llama = false;
   // LLAMA: grouped-query attention's key/value heads (divides the heads).

@@ -230,8 +230,9 @@ torch::Tensor ModelStage::FinalNorm(const torch::Tensor& x, const torch::Tensor&
   return torch::layer_norm(x, {spec_.hidden_size}, weight, bias, 1e-5);
 }
 
-torch::Tensor ModelStage::PackedSelfMask(const torch::Tensor& segments, bool causal) const {
-  if (spec_.per_sample_packed_attention) return SegmentMask(segments, segments, causal);
+torch::Tensor ModelStage::PackedSelfMask(const torch::Tensor& segments, bool causal,
+                                         bool per_sample) {
+  if (per_sample) return SegmentMask(segments, segments, causal);
   return SegmentSelfAttentionMask(segments, causal);
 }
 
@@ -248,7 +249,7 @@ StageActivations ModelStage::Forward(const StageActivations& in, const StageBatc
   if (role_.encoder_layers.size() > 0) {
     const bool causal = !spec_.encoder_decoder;
     const torch::Tensor mask =
-        packed ? PackedSelfMask(batch.input_segments, causal)
+        packed ? PackedSelfMask(batch.input_segments, causal, batch.per_sample_attention)
                : SelfAttentionMaskFor(spec_.attention_kernel, batch.input_lengths, hidden.size(1),
                                       causal);
     // LLAMA: each token's rotary angles; T5V11: the encoder's bidirectional
@@ -271,11 +272,11 @@ StageActivations ModelStage::Forward(const StageActivations& in, const StageBatc
                      decoder_position_embedding_, batch.target_positions);
     }
     const torch::Tensor self_mask =
-        packed ? PackedSelfMask(batch.target_segments, /*causal=*/true)
+        packed ? PackedSelfMask(batch.target_segments, /*causal=*/true, batch.per_sample_attention)
                : SelfAttentionMaskFor(spec_.attention_kernel, batch.target_lengths, hidden.size(1),
                                       /*causal=*/true);
     const torch::Tensor cross_mask =
-        packed ? (spec_.per_sample_packed_attention
+        packed ? (batch.per_sample_attention
                       ? SegmentMask(batch.target_segments, batch.input_segments, /*causal=*/false)
                       : SegmentCrossAttentionMask(batch.target_segments, batch.input_segments))
                : CrossAttentionMask(batch.input_lengths, hidden.size(1), memory.size(1));

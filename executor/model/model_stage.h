@@ -86,6 +86,12 @@ struct StageBatch {
   // and position embeddings restart per sample.
   torch::Tensor input_segments, input_positions;    // [b, s]
   torch::Tensor target_segments, target_positions;  // T5: [b, t]
+  // Packed rows: attention per sample (the variable-length kernel,
+  // PerSampleAttention: cost and memory the sum over samples) or, when
+  // false, over the whole row under the dense block-diagonal mask (one
+  // kernel call per row, memory the row length squared). The plan's
+  // MicroBatch.packed_attention.
+  bool per_sample_attention = true;
   // Multiplies the summed token loss: 1 / (real target tokens of the whole
   // global mini-batch), so the micro-batch losses add up to the global mean.
   double loss_scale = 1.0;
@@ -128,8 +134,8 @@ class ModelStage : public torch::nn::Module {
 
  private:
   // Packed rows' self-attention mask: segments for per-sample attention, or
-  // the dense block-diagonal one (ModelSpec::per_sample_packed_attention).
-  torch::Tensor PackedSelfMask(const torch::Tensor& segments, bool causal) const;
+  // the dense block-diagonal one (StageBatch::per_sample_attention).
+  static torch::Tensor PackedSelfMask(const torch::Tensor& segments, bool causal, bool per_sample);
   // Token plus position embeddings; `positions` [b, s] for packed rows,
   // else 0..s-1 in every row.
   torch::Tensor Embed(const torch::Tensor& tokens, const torch::Tensor& word,

@@ -141,6 +141,8 @@ void EnsureParameters(const ModelSpec& spec, v1::CostComponent component, torch:
       }
       break;
     }
+    case v1::ATTENTION_CORE:  // no parameters
+      break;
     default: {  // POSTPROCESS: final LayerNorm and LM head
       Initializer init(spec.seed, ModelComponent::kHead, 0);
       // LLAMA's and T5V11's RMSNorm has no bias (an empty tensor keeps the
@@ -234,6 +236,26 @@ Runnable Build(const ModelSpec& spec, const ProfilePoint& p, torch::Device devic
                               position(x.device()));
       };
       break;
+    }
+    case v1::ATTENTION_CORE: {
+      // The core alone (QK^T, masking, softmax, P.V in the model's kernel)
+      // over the layer's Q, K and V, which the layer keeps whether the
+      // core runs over the row or per sample: nothing is charged for them.
+      // GPT: causal; T5: full, as the encoder's.
+      const int64_t width = spec.num_attention_heads * spec.kv_channels;
+      torch::Tensor q = Activation(p, s, width, device);
+      torch::Tensor k = Activation(p, s, width, device);
+      torch::Tensor v = Activation(p, s, width, device);
+      r.inputs = {q, k, v};
+      const bool causal = !spec.encoder_decoder;
+      const torch::Tensor mask = SelfAttentionMaskFor(spec.attention_kernel, lengths(s), s, causal);
+      const bool fused = spec.attention_kernel == v1::FUSED;
+      r.forward = [q, k, v, mask, fused, heads = spec.num_attention_heads, scaled = !spec.t5v11] {
+        return fused ? FusedAttention(q, k, v, mask, heads, {}, scaled)
+                     : MaskedAttention(q, k, v, mask, heads, {}, scaled);
+      };
+      r.grad_output = torch::randn({b, s, width}, torch::dtype(torch::kFloat32)).to(device);
+      return r;
     }
     case v1::EMBEDDING: {
       const torch::Tensor word = cache.parameters[0];
@@ -411,6 +433,8 @@ double ComponentParameters(const ModelSpec& spec, v1::CostComponent component) {
       for (const torch::Tensor& t : layer.parameters()) n += static_cast<double>(t.numel());
       return n;
     }
+    case v1::ATTENTION_CORE:
+      return 0;
     case v1::EMBEDDING:  // LLAMA, T5V11: no position table
       return (vocab +
               (spec.llama || spec.t5v11 ? 0.0 : static_cast<double>(spec.max_sequence_length))) *

@@ -123,6 +123,10 @@ std::vector<Grid> Grids(const v1::JobConfig& c, bool quick) {
   }
   grids.push_back({v1::EMBEDDING, sizes, {0}, Lengths(first, input_max)});
   grids.push_back({v1::POSTPROCESS, sizes, {0}, Lengths(first, target_max)});
+  // The attention core alone, for packed rows priced per sample
+  // (model.packed_attention PER_SAMPLE): one sample per row and whole rows.
+  grids.push_back(
+      {v1::ATTENTION_CORE, sizes, {0}, Lengths(first, std::max(input_max, target_max))});
   return grids;
 }
 
@@ -477,7 +481,12 @@ int Run(const ShutdownSignal& shutdown) {
   *file.mutable_optimizer() = *optimizer;
   int repaired = 0;
   for (const Grid& g : grids) {
-    for (v1::RecomputeMode mode : modes) {
+    // The attention core is tabulated without recomputation; the planner
+    // derives the other modes (cost_model.h).
+    const std::vector<v1::RecomputeMode> written =
+        g.component == v1::ATTENTION_CORE ? std::vector<v1::RecomputeMode>{v1::RECOMPUTE_NONE}
+                                          : modes;
+    for (v1::RecomputeMode mode : written) {
       const int measured_mode = DependsOnRecompute(g.component) ? mode : v1::RECOMPUTE_NONE;
       v1::CostGrid* out = file.add_grids();
       out->set_component(g.component);
@@ -514,6 +523,7 @@ int Run(const ShutdownSignal& shutdown) {
         out->add_peak_activation_mib(std::max(peak[k], stored[k]));
       }
     }
+    if (g.component == v1::ATTENTION_CORE) continue;  // part of a layer
     v1::ComponentParameters* p = file.add_parameters();
     p->set_component(g.component);
     p->set_parameters(executor::ComponentParameters(*spec, g.component));

@@ -182,6 +182,14 @@ class PlanChecker {
                                   mb.sample_ids_size(), " samples)"));
       }
     }
+    if (mb.packed_attention() != v1::PACKED_ATTENTION_UNSPECIFIED &&
+        (starts.empty() || (mb.packed_attention() != v1::PER_SAMPLE &&
+                            mb.packed_attention() != v1::BLOCK_DIAGONAL_MASK))) {
+      return Error(name + ".packed_attention",
+                   starts.empty() ? std::string("is set on a micro-batch without packed rows")
+                                  : absl::StrCat("is ", static_cast<int>(mb.packed_attention()),
+                                                 " (expected PER_SAMPLE or BLOCK_DIAGONAL_MASK)"));
+    }
     if (absl::Status s = CheckSamples(mb, name); !s.ok()) return s;
     const uint64_t rows = MicroBatchRows(mb);
     if (mb.real_input_tokens() > rows * mb.input_len()) {

@@ -271,6 +271,7 @@ class IterationRun {
     batch->input_positions = to_device(lengths.input_positions);
     batch->target_segments = to_device(lengths.target_segments);
     batch->target_positions = to_device(lengths.target_positions);
+    batch->per_sample_attention = mb->packed_attention() != v1::BLOCK_DIAGONAL_MASK;
     batch->loss_scale = 1.0 / static_cast<double>(plan_.global_target_tokens());
     std::vector<torch::Tensor> received;
     for (uint32_t id : in.forward().input_buffer_ids()) {

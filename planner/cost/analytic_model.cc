@@ -238,6 +238,32 @@ CostValues LayerCost(const ModelDims& d, const Hardware& hw, Recompute recompute
   return {forward_ms, backward_ms, stored, peak};
 }
 
+// The attention core of one self-attention block without recomputation
+// (Component::kAttentionCore): QK^T and P.V, 4*b*s^2*A/t FLOPs forward and
+// twice that backward (a fused kernel adds its score recomputation); the
+// explicit kernel stores the softmax output, dropout mask and dropout output
+// per score element (LLAMA, T5V11: the softmax output alone) and its largest
+// transient is the score gradient; a fused kernel stores and holds one fp32
+// logsumexp per query row and head. Its launch overhead is a quarter of a
+// layer's (four kernels of the layer's ~16), so that a packed row's samples
+// each pay one. Q, K, V and the output belong to the layer: they are the
+// same whether the core runs over the row or per sample.
+CostValues AttentionCoreCost(const ModelDims& d, const Hardware& hw, double t, double b, double s) {
+  const bool fused = d.attention_kernel == AttentionKernel::kFused;
+  const double B = d.dtype_bytes;
+  const double scores = d.heads * s * s * b / t;
+  const double per_score = d.dropout() ? 2 * B + kMaskBytes : B;
+  const double stored = fused ? kStatBytes * d.heads * s * b / t : per_score * scores;
+  const double transient = fused ? kStatBytes * d.heads * s * b / t : B * scores;
+  const double overhead_ms = hw.layer_overhead_us * 1e-3 / 4;
+  const double core = AttentionCoreFlops(d, b, s, s, t);
+  const double forward_ms =
+      MatrixMs(hw, d, core, b * s) + MemoryMs(hw, ElementwiseBytes(stored)) + overhead_ms;
+  double backward_ms = 2 * (forward_ms - overhead_ms) + overhead_ms;
+  if (fused) backward_ms += MatrixMs(hw, d, core / 2, b * s);
+  return {forward_ms, backward_ms, stored, stored + transient};
+}
+
 CostValues EmbeddingCost(const ModelDims& d, const Hardware& hw, double t, double b, double s) {
   const double B = d.dtype_bytes;
   const double out = B * b * s * d.hidden;  // embedding output (vocab-parallel: full width)
@@ -382,6 +408,8 @@ double ComponentParameters(const ModelDims& d, Component component, uint32_t tp,
         // added by the memory model (StageLayout::tied_embedding_replica),
         // so model totals still count the embedding once.
         return (d.tied_embeddings ? 0.0 : V * h / t) + h;
+      case Component::kAttentionCore:
+        return 0;  // part of a layer
     }
     return 0;
   }
@@ -406,6 +434,8 @@ double ComponentParameters(const ModelDims& d, Component component, uint32_t tp,
         // tables and the encoder's final RMSNorm belong to stages, not to
         // a component (StageLayout).
         return V * h / t + h;
+      case Component::kAttentionCore:
+        return 0;
     }
     return 0;
   }
@@ -426,6 +456,8 @@ double ComponentParameters(const ModelDims& d, Component component, uint32_t tp,
       // The LM head (a copy of the tied embedding on the last stage) and the
       // final LayerNorm.
       return static_cast<double>(d.vocab) * h / t + 2 * h;
+    case Component::kAttentionCore:
+      return 0;
   }
   return 0;
 }
@@ -443,6 +475,9 @@ CostValues AnalyticComponentCost(const ModelDims& dims, const Hardware& hw, Comp
       return EmbeddingCost(dims, hw, t, b, s);
     case Component::kPostprocess:
       return PostprocessCost(dims, hw, t, b, s);
+    case Component::kAttentionCore:
+      (void)recompute;  // tabulated without recomputation (cost_model.h)
+      return AttentionCoreCost(dims, hw, t, b, s);
   }
   return {};
 }
@@ -487,7 +522,9 @@ absl::StatusOr<CostModel> BuildAnalyticCostModel(const ModelDims& dims, const Ha
   for (uint32_t tp : options.tensor_parallel_degrees) {
     if (tp == 0) return absl::InvalidArgumentError("analytic cost model: tensor parallel 0");
     for (Recompute mode : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-      for (Component c : components) {
+      std::vector<Component> mode_components = components;
+      if (mode == Recompute::kNone) mode_components.push_back(Component::kAttentionCore);
+      for (Component c : mode_components) {
         const bool decoder = c == Component::kDecoderLayer;
         std::vector<CostValues> values;
         for (uint32_t b : b_axis) {

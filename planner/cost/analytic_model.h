@@ -63,7 +63,8 @@ double ComponentParameters(const ModelDims& dims, Component component, uint32_t 
                            uint32_t positions);
 
 // The tabulated model: grids for every component the model kind needs, all
-// three recompute modes, each requested tensor-parallel degree.
+// three recompute modes, each requested tensor-parallel degree, and the
+// attention core (RECOMPUTE_NONE) that prices packed rows per sample.
 absl::StatusOr<CostModel> BuildAnalyticCostModel(const ModelDims& dims, const Hardware& hw,
                                                  const AnalyticGridOptions& options);
 

@@ -146,6 +146,7 @@ CalibrationScales ScalesOf(const v1::CalibrationState& state, const StageLayout&
   set(Component::kEmbedding, 0);  // one grid for both T5 embeddings
   set(Component::kDecoderLayer, t5 ? 1 : 0);
   set(Component::kPostprocess, t5 ? 1 : 0);
+  set(Component::kAttentionCore, 0);  // inside the layers it prices
   out.optimizer = Clamp(Ratio(state.measured_optimizer_ms(), state.profiled_optimizer_ms()));
   if (state.overhead_weight() > 0) {
     const double overhead = state.overhead_ms() / state.overhead_weight();

@@ -70,8 +70,8 @@ bool FoldReport(const CalibrationReport& report, v1::CalibrationState* state);
 
 struct CalibrationScales {
   // Per Component (cost_model.h).
-  std::array<double, kNumComponents> forward{1, 1, 1, 1};
-  std::array<double, kNumComponents> backward{1, 1, 1, 1};
+  std::array<double, kNumComponents> forward{1, 1, 1, 1, 1};
+  std::array<double, kNumComponents> backward{1, 1, 1, 1, 1};
   double optimizer = 1;
   // Per-iteration time outside passes, transfers and update, added to the
   // predicted iteration (never to a pass: it does not change which plan

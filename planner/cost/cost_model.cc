@@ -15,6 +15,8 @@ const char* ComponentName(Component component) {
       return "embedding";
     case Component::kPostprocess:
       return "postprocess";
+    case Component::kAttentionCore:
+      return "attention core";
   }
   return "unknown";
 }

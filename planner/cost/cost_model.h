@@ -9,6 +9,10 @@
 //   kDecoderLayer   [b][encoder_s][s]       T5 only; s: decoder length
 //   kEmbedding      [b][s]                  s: the embedded sequence
 //   kPostprocess    [b][s]                  s: GPT sequence / T5 decoder length
+//   kAttentionCore  [b][s]                  optional, RECOMPUTE_NONE only:
+//                                           one self-attention core (part
+//                                           of a layer's cost, not added);
+//                                           prices packed rows per sample
 //
 // Sources: the project's JSON format and DynaPipe profile directories
 // (cost_model_io.h), or the analytic model (analytic_model.h).
@@ -55,8 +59,14 @@ struct OptimizerCosts {
   double Ms(double parameters) const { return fixed_ms + ms_per_parameter * parameters; }
 };
 
-enum class Component { kEncoderLayer = 0, kDecoderLayer = 1, kEmbedding = 2, kPostprocess = 3 };
-inline constexpr int kNumComponents = 4;
+enum class Component {
+  kEncoderLayer = 0,
+  kDecoderLayer = 1,
+  kEmbedding = 2,
+  kPostprocess = 3,
+  kAttentionCore = 4
+};
+inline constexpr int kNumComponents = 5;
 const char* ComponentName(Component component);
 
 class CostModel {

@@ -30,6 +30,8 @@ absl::StatusOr<Component> ComponentFromProto(v1::CostComponent c) {
       return Component::kEmbedding;
     case v1::POSTPROCESS:
       return Component::kPostprocess;
+    case v1::ATTENTION_CORE:
+      return Component::kAttentionCore;
     default:
       return absl::InvalidArgumentError("component must be set");
   }
@@ -45,6 +47,8 @@ v1::CostComponent ComponentToProto(Component c) {
       return v1::EMBEDDING;
     case Component::kPostprocess:
       return v1::POSTPROCESS;
+    case Component::kAttentionCore:
+      return v1::ATTENTION_CORE;
   }
   return v1::COST_COMPONENT_UNSPECIFIED;
 }

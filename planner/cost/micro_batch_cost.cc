@@ -1,6 +1,7 @@
 #include "planner/cost/micro_batch_cost.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 
@@ -106,6 +107,9 @@ absl::StatusOr<MicroBatchCostModel> MicroBatchCostModel::Create(const CostModel&
   if (layout.encoder_decoder) {
     m.decoder_ = model.Grid(Component::kDecoderLayer, recompute, tensor_parallel);
   }
+  m.attention_core_ = model.Grid(Component::kAttentionCore, Recompute::kNone, tensor_parallel);
+  m.fused_attention_ = model.profiled_dims().has_value() &&
+                       model.profiled_dims()->attention_kernel == AttentionKernel::kFused;
   m.shared_b_axis_ = true;
   for (const ProfileGrid* g : {m.decoder_, m.embedding_, m.postprocess_}) {
     if (g != nullptr && m.encoder_ != nullptr &&
@@ -211,6 +215,97 @@ bool MicroBatchCostModel::Evaluate(uint32_t b, uint32_t input_len, uint32_t targ
   return PrepareRow(input_len, target_len, &row) && Evaluate(row, b, out);
 }
 
+bool MicroBatchCostModel::CoreDifference(uint32_t rows, double full,
+                                         const std::vector<double>& lengths,
+                                         CostValues* delta) const {
+  CostValues whole;
+  if (!attention_core_->Lookup(rows, full, &whole)) return false;
+  CostValues sum;
+  for (double l : lengths) {
+    CostValues one;
+    if (!attention_core_->Lookup(1, l, &one)) return false;
+    sum.forward_ms += one.forward_ms;
+    sum.backward_ms += one.backward_ms;
+    sum.stored_bytes += one.stored_bytes;
+  }
+  delta->forward_ms += sum.forward_ms - whole.forward_ms;
+  delta->backward_ms += sum.backward_ms - whole.backward_ms;
+  // Recomputation drops what the core stores and runs its forward again.
+  const bool recomputed =
+      recompute_ == Recompute::kFull || (recompute_ == Recompute::kSelective && !fused_attention_);
+  if (recomputed) {
+    delta->backward_ms += sum.forward_ms - whole.forward_ms;
+  } else {
+    delta->stored_bytes += sum.stored_bytes - whole.stored_bytes;
+  }
+  return true;
+}
+
+bool MicroBatchCostModel::PricePerSample(const PackedSamples& packed, uint32_t input_len,
+                                         uint32_t target_len, CostValues* encoder,
+                                         CostValues* decoder) const {
+  if (attention_core_ == nullptr || packed.rows == 0) return false;
+  CostValues encoder_delta;
+  CostValues decoder_delta;
+  std::vector<double> lengths;
+  for (const PackedSamples::Lengths& s : packed.samples) lengths.push_back(s.input);
+  if (!CoreDifference(packed.rows, input_len, lengths, &encoder_delta)) return false;
+  if (layout_.encoder_decoder) {
+    lengths.clear();
+    for (const PackedSamples::Lengths& s : packed.samples) lengths.push_back(s.target);
+    if (!CoreDifference(packed.rows, target_len, lengths, &decoder_delta)) return false;
+    // Cross-attention: t_i x s_i scores, priced as a square of that area.
+    lengths.clear();
+    for (const PackedSamples::Lengths& s : packed.samples) {
+      lengths.push_back(std::sqrt(static_cast<double>(s.input) * s.target));
+    }
+    if (!CoreDifference(packed.rows, std::sqrt(static_cast<double>(input_len) * target_len),
+                        lengths, &decoder_delta)) {
+      return false;
+    }
+  }
+  const auto apply = [](const CostValues& delta, CostValues* v) {
+    // Never below zero: the layer's other work is still done.
+    v->forward_ms = std::max(0.0, v->forward_ms + delta.forward_ms);
+    v->backward_ms = std::max(0.0, v->backward_ms + delta.backward_ms);
+    const double transient = v->peak_bytes - v->stored_bytes;
+    v->stored_bytes = std::max(0.0, v->stored_bytes + delta.stored_bytes);
+    v->peak_bytes = v->stored_bytes + transient;
+  };
+  apply(encoder_delta, encoder);
+  if (layout_.encoder_decoder) apply(decoder_delta, decoder);
+  return true;
+}
+
+bool MicroBatchCostModel::Evaluate(uint32_t b, uint32_t input_len, uint32_t target_len,
+                                   const PackedSamples* packed, MicroBatchCost* out) const {
+  if (packed == nullptr || attention_core_ == nullptr) {
+    return Evaluate(b, input_len, target_len, out);
+  }
+  Row row;
+  if (!PrepareRow(input_len, target_len, &row)) return false;
+  CostValues encoder;
+  CostValues decoder;
+  CostValues encoder_embedding;
+  CostValues decoder_embedding;
+  CostValues postprocess;
+  if (!row.encoder_.Lookup(b, &encoder) || !row.postprocess_.Lookup(b, &postprocess)) {
+    return false;
+  }
+  if (embedding_ != nullptr && !row.encoder_embedding_.Lookup(b, &encoder_embedding)) {
+    return false;
+  }
+  if (layout_.encoder_decoder) {
+    if (!row.decoder_.Lookup(b, &decoder)) return false;
+    if (embedding_ != nullptr && !row.decoder_embedding_.Lookup(b, &decoder_embedding)) {
+      return false;
+    }
+  }
+  PricePerSample(*packed, input_len, target_len, &encoder, &decoder);
+  return Combine(encoder, decoder, encoder_embedding, decoder_embedding, postprocess,
+                 row.encoder_bias_, row.decoder_bias_, out);
+}
+
 MicroBatchCostModel::StackBias MicroBatchCostModel::BiasOf(uint32_t s) const {
   return {.stored = layout_.PositionBiasBytes(s, tensor_parallel_, recompute_),
           .gradient = layout_.PositionBiasGradientBytes(s, tensor_parallel_)};
@@ -275,7 +370,8 @@ bool MicroBatchCostModel::Evaluate(const Row& row, uint32_t b, MicroBatchCost* o
 }
 
 bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_t target_len,
-                                         uint32_t chunks, uint32_t hidden, uint32_t dtype_bytes,
+                                         const PackedSamples* packed, uint32_t chunks,
+                                         uint32_t hidden, uint32_t dtype_bytes,
                                          std::vector<StageCost>* out) const {
   CostValues encoder;
   CostValues decoder;
@@ -292,6 +388,7 @@ bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_
       return false;
     }
   }
+  if (packed != nullptr) PricePerSample(*packed, input_len, target_len, &encoder, &decoder);
   const uint32_t stages = layout_.devices * chunks;
   out->assign(stages, StageCost());
   const double encoder_act = static_cast<double>(b) * input_len * hidden * dtype_bytes;

@@ -10,6 +10,18 @@
 // The micro-batch's time is the largest device time: for T5 with encoder and
 // decoder on different devices, the slower side.
 //
+// Packed rows whose samples attend only over themselves (PackedAttention
+// PER_SAMPLE) are priced from the attention-core grid when the cost model
+// has one: each layer's cost is its cost at the row length, minus the core
+// over the whole rows, plus the core of every sample on its own (a T5
+// decoder layer: its causal self-attention over the targets and its cross-
+// attention, whose core over t_i x s_i queries and keys is priced as a
+// square of side sqrt(t_i * s_i)). Stored bytes change by the same
+// difference; the layer's largest transient is kept (an upper bound). With
+// recomputation the core's stored part is not kept and its forward runs
+// again in the backward. Without the grid a packed row is priced as one
+// sequence of its padded length (an upper bound).
+//
 // Thread safety: immutable; const methods may run concurrently. Rows are
 // caller-owned scratch objects.
 #ifndef VARIPIPE_PLANNER_COST_MICRO_BATCH_COST_H_
@@ -66,6 +78,18 @@ struct StageCost {
   double gradient_bytes = 0;
 };
 
+// The samples of a micro-batch's packed rows that compute attention per
+// sample: each sample's own token counts, unpadded (GPT: its sequence as
+// `input`; T5: input and target).
+struct PackedSamples {
+  uint32_t rows = 0;
+  struct Lengths {
+    uint32_t input = 0;
+    uint32_t target = 0;
+  };
+  std::vector<Lengths> samples;
+};
+
 class MicroBatchCostModel {
  public:
   // REQUIRES: `model` outlives the result. Fails when a grid the layout
@@ -77,6 +101,13 @@ class MicroBatchCostModel {
   // Cost of `b` samples padded to (input_len, target_len); target_len is
   // ignored for decoder-only models. False when outside the cost model.
   bool Evaluate(uint32_t b, uint32_t input_len, uint32_t target_len, MicroBatchCost* out) const;
+  // The same for packed rows (b == packed.rows) computing attention per
+  // sample; packed == nullptr is the call above.
+  bool Evaluate(uint32_t b, uint32_t input_len, uint32_t target_len, const PackedSamples* packed,
+                MicroBatchCost* out) const;
+  // Whether packed rows are priced per sample (the cost model has an
+  // attention-core grid); otherwise `packed` arguments change nothing.
+  bool prices_per_sample_attention() const { return attention_core_ != nullptr; }
 
   // What one stack's position bias (T5V11) adds to a stage holding its
   // layers: stored bytes (StageLayout::PositionBiasBytes) and its gradient,
@@ -111,7 +142,12 @@ class MicroBatchCostModel {
   // encoder stages first). Activation
   // sizes use `hidden` and `dtype_bytes`. False when outside the cost model.
   bool EvaluateStages(uint32_t b, uint32_t input_len, uint32_t target_len, uint32_t chunks,
-                      uint32_t hidden, uint32_t dtype_bytes, std::vector<StageCost>* out) const;
+                      uint32_t hidden, uint32_t dtype_bytes, std::vector<StageCost>* out) const {
+    return EvaluateStages(b, input_len, target_len, nullptr, chunks, hidden, dtype_bytes, out);
+  }
+  bool EvaluateStages(uint32_t b, uint32_t input_len, uint32_t target_len,
+                      const PackedSamples* packed, uint32_t chunks, uint32_t hidden,
+                      uint32_t dtype_bytes, std::vector<StageCost>* out) const;
 
   // Per-device memory (DynaPipe section 4, memory limits): `room[d]` is
   // pipeline device d's activation room (its limit minus its own model
@@ -144,6 +180,15 @@ class MicroBatchCostModel {
                const StackBias& decoder_bias, MicroBatchCost* out) const;
   // The position bias of a stack of sequence length s.
   StackBias BiasOf(uint32_t s) const;
+  // Moves one encoder layer's (GPT: layer's) and one decoder layer's costs
+  // at the padded lengths to per-sample attention over `packed`. False
+  // (nothing changed) when a core lookup is infeasible.
+  bool PricePerSample(const PackedSamples& packed, uint32_t input_len, uint32_t target_len,
+                      CostValues* encoder, CostValues* decoder) const;
+  // What replacing the core over `rows` rows of `full` tokens by the cores
+  // of `lengths` (one per sample) adds to a layer, under recompute_.
+  bool CoreDifference(uint32_t rows, double full, const std::vector<double>& lengths,
+                      CostValues* delta) const;
 
   StageLayout layout_;
   uint32_t total_encoder_layers_ = 0;
@@ -154,6 +199,10 @@ class MicroBatchCostModel {
   const ProfileGrid* decoder_ = nullptr;    // T5 only
   const ProfileGrid* embedding_ = nullptr;  // optional
   const ProfileGrid* postprocess_ = nullptr;
+  const ProfileGrid* attention_core_ = nullptr;  // optional, RECOMPUTE_NONE
+  // A fused kernel keeps no scores: selective recomputation changes nothing
+  // in its core.
+  bool fused_attention_ = false;
   // All grids share the encoder grid's b axis: one LocateBatch serves every
   // component.
   bool shared_b_axis_ = false;

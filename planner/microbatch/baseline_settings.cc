@@ -7,12 +7,14 @@ namespace varipipe::planner {
 std::string BaselineSetting::Describe() const {
   if (rows > 0) return absl::StrCat("rows=", rows);
   if (token_budget > 0) return absl::StrCat("tokens=", token_budget);
+  if (packed_row_tokens > 0) return absl::StrCat("packed<=", packed_row_tokens);
   return "";
 }
 
 void BaselineSetting::ApplyTo(MicroBatchingOptions& options) const {
   if (rows > 0) options.fixed_micro_batch_size = rows;
   if (token_budget > 0) options.micro_batch_token_budget = token_budget;
+  options.packed_row_tokens = packed_row_tokens;
 }
 
 std::vector<BaselineSetting> BaselineSettings(const v1::JobConfig& config, PartitionMethod method) {
@@ -21,6 +23,9 @@ std::vector<BaselineSetting> BaselineSettings(const v1::JobConfig& config, Parti
   switch (method) {
     case PartitionMethod::kDynamicProgramming:
       settings.push_back({});
+      if (!p.has_dp_packed_rows() || p.dp_packed_rows()) {
+        settings.push_back({.packed_row_tokens = config.data().max_sequence_length()});
+      }
       break;
     case PartitionMethod::kTokenBased:
       if (p.micro_batch_token_budget() > 0) {

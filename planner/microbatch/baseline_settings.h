@@ -5,7 +5,9 @@
 //   FIXED_SIZE, PADDING: samples per micro-batch 1, 2, 4, ..., 64
 //   PACKING:             packed rows per micro-batch 1, 2, 4, ..., 64
 //   TOKEN_BASED:         1, 2, 4, ..., 32 x data.max_sequence_length tokens
-//   DYNAMIC_PROGRAMMING: one (it chooses its own sizes)
+//   DYNAMIC_PROGRAMMING: it chooses its own sizes; over the samples, and
+//                        (planner.dp_packed_rows, the default) over rows
+//                        packed up to data.max_sequence_length tokens
 // The ladders are those varipipe-evaluate tunes its per-run baselines over
 // (planner/tools/baseline_tuning.h), so a plan is never behind a tuned
 // baseline's setting for the same mini-batch.
@@ -24,7 +26,10 @@ namespace varipipe::planner {
 struct BaselineSetting {
   uint32_t rows = 0;          // FIXED_SIZE, PADDING, PACKING
   uint64_t token_budget = 0;  // TOKEN_BASED
-  // "rows=8", "tokens=8192", or "" for the DP.
+  // DYNAMIC_PROGRAMMING over rows packed up to this many tokens (0: over
+  // the samples).
+  uint32_t packed_row_tokens = 0;
+  // "rows=8", "tokens=8192", "packed<=2048", or "" for the DP over samples.
   std::string Describe() const;
   // `options` with this setting applied.
   void ApplyTo(MicroBatchingOptions& options) const;

@@ -78,10 +78,9 @@ std::vector<MicroBatchGroup> PartitionTokenBased(std::span<const SampleLengths> 
   return groups;
 }
 
-std::vector<MicroBatchGroup> PartitionPacking(std::span<const SampleLengths> samples,
-                                              const LengthPolicy& policy, uint32_t max_input,
-                                              uint32_t max_target,
-                                              uint32_t sequences_per_micro_batch) {
+std::vector<std::vector<uint32_t>> PackRows(std::span<const SampleLengths> samples,
+                                            const LengthPolicy& policy, uint32_t max_input,
+                                            uint32_t max_target) {
   struct Bin {
     std::vector<uint32_t> samples;
     uint64_t input = 0;
@@ -101,13 +100,24 @@ std::vector<MicroBatchGroup> PartitionPacking(std::span<const SampleLengths> sam
     it->input += input;
     it->target += target;
   }
+  std::vector<std::vector<uint32_t>> rows;
+  rows.reserve(bins.size());
+  for (Bin& bin : bins) rows.push_back(std::move(bin.samples));
+  return rows;
+}
+
+std::vector<MicroBatchGroup> PartitionPacking(std::span<const SampleLengths> samples,
+                                              const LengthPolicy& policy, uint32_t max_input,
+                                              uint32_t max_target,
+                                              uint32_t sequences_per_micro_batch) {
+  const std::vector<std::vector<uint32_t>> bins = PackRows(samples, policy, max_input, max_target);
   std::vector<MicroBatchGroup> groups;
   for (size_t begin = 0; begin < bins.size(); begin += sequences_per_micro_batch) {
     const size_t end = std::min(bins.size(), begin + sequences_per_micro_batch);
     MicroBatchGroup group;
     for (size_t b = begin; b < end; ++b) {
       group.row_starts.push_back(static_cast<uint32_t>(group.samples.size()));
-      group.samples.insert(group.samples.end(), bins[b].samples.begin(), bins[b].samples.end());
+      group.samples.insert(group.samples.end(), bins[b].begin(), bins[b].end());
     }
     group.input_len = RoundUpLength(max_input, policy.multiple);
     group.target_len = policy.encoder_decoder ? RoundUpLength(max_target, policy.multiple) : 0;

@@ -48,6 +48,16 @@ std::vector<MicroBatchGroup> PartitionPacking(std::span<const SampleLengths> sam
                                               uint32_t max_target,
                                               uint32_t sequences_per_micro_batch);
 
+// First-fit decreasing of the samples (in SortedByLength order) into rows
+// of at most `max_input` sequence tokens (GPT: input + target) and, for
+// encoder-decoder models, `max_target` target tokens: the positions of each
+// row's samples, in row order. A sample over a maximum gets a row of its
+// own. The packing step of PartitionPacking and of the dynamic program's
+// packed rows (MicroBatchingOptions::packed_row_tokens).
+std::vector<std::vector<uint32_t>> PackRows(std::span<const SampleLengths> samples,
+                                            const LengthPolicy& policy, uint32_t max_input,
+                                            uint32_t max_target);
+
 // Positions 0..n-1 sorted by decreasing sequence length, then decreasing
 // target length, then position. Deterministic.
 std::vector<uint32_t> SortedByLength(std::span<const SampleLengths> samples,

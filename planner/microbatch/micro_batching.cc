@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <tuple>
 
 #include "absl/container/flat_hash_map.h"
@@ -147,27 +148,39 @@ absl::Status TruncateForMemory(const MicroBatchCostModel& cost, const MicroBatch
   return absl::OkStatus();
 }
 
-// Costs a baseline's groups under one pair; the first group over a limit
-// makes the pair infeasible.
+LengthPolicy PolicyOf(const MicroBatchingOptions& o) {
+  return {.encoder_decoder = o.dims.encoder_decoder(), .multiple = o.length_multiple};
+}
+
 // The cost of every group of a baseline partition under one recompute
 // mode, each distinct shape evaluated once (a partition into single samples
 // repeats shapes); an error names the first group beyond the model.
+// Packed rows under per-sample attention depend on their samples, not only
+// their shape: each is evaluated on its own.
 absl::StatusOr<std::vector<MicroBatchCost>> CostGroups(const MicroBatchCostModel& cost,
-                                                       const std::vector<MicroBatchGroup>& groups) {
+                                                       const std::vector<MicroBatchGroup>& groups,
+                                                       std::span<const SampleLengths> samples,
+                                                       const MicroBatchingOptions& o) {
   absl::flat_hash_map<std::tuple<uint64_t, uint32_t, uint32_t>, MicroBatchCost> by_shape;
   std::vector<MicroBatchCost> costs;
   costs.reserve(groups.size());
+  const bool per_sample = o.per_sample_packed_attention && cost.prices_per_sample_attention();
   for (size_t g = 0; g < groups.size(); ++g) {
     const MicroBatchGroup& group = groups[g];
-    auto [it, added] =
-        by_shape.try_emplace(std::make_tuple(group.size(), group.input_len, group.target_len));
+    const std::optional<PackedSamples> packed =
+        per_sample ? PackedSamplesOf(group, samples, PolicyOf(o)) : std::nullopt;
+    MicroBatchCost own;
+    auto [it, added] = packed ? std::make_pair(by_shape.end(), true)
+                              : by_shape.try_emplace(std::make_tuple(group.size(), group.input_len,
+                                                                     group.target_len));
+    MicroBatchCost* slot = packed ? &own : &it->second;
     if (added && !cost.Evaluate(static_cast<uint32_t>(group.size()), group.input_len,
-                                group.target_len, &it->second)) {
+                                group.target_len, packed ? &*packed : nullptr, slot)) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "micro-batch %d (%d x %d%s tokens) lies beyond the cost model's grid", g, group.size(),
           group.input_len, group.target_len ? absl::StrCat("+", group.target_len) : ""));
     }
-    costs.push_back(it->second);
+    costs.push_back(*slot);
   }
   return costs;
 }
@@ -233,10 +246,6 @@ bool ValidOptions(const MicroBatchingOptions& o) {
          !(o.dims.encoder_decoder() && o.max_target_len == 0);
 }
 
-LengthPolicy PolicyOf(const MicroBatchingOptions& o) {
-  return {.encoder_decoder = o.dims.encoder_decoder(), .multiple = o.length_multiple};
-}
-
 // The cost model of one recompute mode, memory in reference bytes.
 absl::StatusOr<MicroBatchCostModel> CostModelFor(const CostModel& model, const StageLayout& layout,
                                                  const MicroBatchingOptions& o,
@@ -273,8 +282,43 @@ absl::Status PrepareSamples(const CostModel& model, const StageLayout& layout,
   }
   const Clock::time_point order_start = Clock::now();
   result.order = OrderSamples(result.samples, policy, o.order);
+  if (o.method == PartitionMethod::kDynamicProgramming && o.packed_row_tokens > 0) {
+    result.packed_rows = PackRows(result.samples, policy, o.packed_row_tokens,
+                                  policy.encoder_decoder ? o.max_target_len : 0);
+    for (const std::vector<uint32_t>& row : result.packed_rows) {
+      SampleLengths total{.input = 0, .target = 0};
+      for (uint32_t position : row) {
+        const SampleLengths& s = result.samples[position];
+        total.input += SequenceLength(s, policy);
+        if (policy.encoder_decoder) total.target += s.target;
+      }
+      result.row_lengths.push_back(total);
+    }
+    result.row_order = OrderSamples(result.row_lengths, policy, o.order);
+  }
   result.ordering_ms = MsSince(order_start);
   return absl::OkStatus();
+}
+
+// A solution over packed rows (MicroBatchingResult::packed_rows) as groups
+// of samples: each group's rows in order, row_starts where a row holds more
+// than one sample (a group of single-sample rows is an unpacked one). The
+// padded lengths are the rows'.
+void ExpandPackedRows(const MicroBatchingResult& result, MicroBatchingCandidate& c) {
+  for (MicroBatchGroup& group : c.groups) {
+    MicroBatchGroup expanded;
+    bool packed = false;
+    for (uint32_t row : group.samples) {
+      const std::vector<uint32_t>& members = result.packed_rows[row];
+      expanded.row_starts.push_back(static_cast<uint32_t>(expanded.samples.size()));
+      expanded.samples.insert(expanded.samples.end(), members.begin(), members.end());
+      packed |= members.size() > 1;
+    }
+    if (!packed) expanded.row_starts.clear();
+    expanded.input_len = group.input_len;
+    expanded.target_len = group.target_len;
+    group = std::move(expanded);
+  }
 }
 
 // The (mode, budget) pairs of one mode, limits set, no solution yet.
@@ -318,9 +362,12 @@ void TakeSolution(absl::StatusOr<DpSolution>& solution, MicroBatchingCandidate& 
 void SolvePairsDp(const MicroBatchCostModel& cost, const MicroBatchingOptions& o,
                   const MicroBatchingResult& result, std::span<double* const> cutoffs,
                   DpWorkspace* workspace, std::vector<MicroBatchingCandidate>& pairs) {
-  const DpProblem problem{.samples = result.samples,
-                          .order = result.order,
-                          .sample_ids = o.sample_ids,
+  // Over packed rows the rows are the DP's samples (no sample ids: a row
+  // is not one sample).
+  const bool rows = !result.packed_rows.empty();
+  const DpProblem problem{.samples = rows ? result.row_lengths : result.samples,
+                          .order = rows ? result.row_order : result.order,
+                          .sample_ids = rows ? std::span<const uint64_t>() : o.sample_ids,
                           .policy = PolicyOf(o),
                           .cost = &cost,
                           .pipeline_stages = o.pipeline,
@@ -338,7 +385,10 @@ void SolvePairsDp(const MicroBatchCostModel& cost, const MicroBatchingOptions& o
                        .cutoff = cutoffs[k]});
   }
   std::vector<absl::StatusOr<DpSolution>> solutions = SolveMicroBatchDpBudgets(problem, budgets);
-  for (size_t k = 0; k < pairs.size(); ++k) TakeSolution(solutions[k], pairs[k]);
+  for (size_t k = 0; k < pairs.size(); ++k) {
+    TakeSolution(solutions[k], pairs[k]);
+    if (rows) ExpandPackedRows(result, pairs[k]);
+  }
 }
 
 // Balancing and padding of a solved pair.
@@ -381,7 +431,8 @@ void SolveAllPairs(const CostModel& model, const StageLayout& layout, const Micr
       }
       SolvePairsDp(*cost, o, result, cutoffs, &workspace, pairs);
     } else {
-      const absl::StatusOr<std::vector<MicroBatchCost>> costs = CostGroups(*cost, baseline);
+      const absl::StatusOr<std::vector<MicroBatchCost>> costs =
+          CostGroups(*cost, baseline, result.samples, o);
       for (MicroBatchingCandidate& c : pairs) EvaluateGroups(o, baseline, costs, c);
     }
     // One solve covers every budget of the mode; its time is shared.
@@ -519,7 +570,23 @@ MicroBatchingOptions MicroBatchingOptionsFromConfig(const v1::JobConfig& config,
   o.truncate = config.planner().truncate_long_samples();
   o.fixed_micro_batch_size = config.planner().fixed_micro_batch_size();
   o.micro_batch_token_budget = config.planner().micro_batch_token_budget();
+  o.per_sample_packed_attention = config.model().packed_attention() != v1::BLOCK_DIAGONAL_MASK;
   return o;
+}
+
+std::optional<PackedSamples> PackedSamplesOf(const MicroBatchGroup& group,
+                                             std::span<const SampleLengths> samples,
+                                             const LengthPolicy& policy) {
+  if (group.row_starts.empty()) return std::nullopt;
+  PackedSamples packed;
+  packed.rows = static_cast<uint32_t>(group.row_starts.size());
+  packed.samples.reserve(group.samples.size());
+  for (uint32_t position : group.samples) {
+    const SampleLengths& s = samples[position];
+    packed.samples.push_back(
+        {.input = SequenceLength(s, policy), .target = policy.encoder_decoder ? s.target : 0});
+  }
+  return packed;
 }
 
 absl::StatusOr<MicroBatchingResult> PlanMicroBatches(std::span<const SampleLengths> samples,

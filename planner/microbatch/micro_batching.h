@@ -22,6 +22,7 @@
 #define VARIPIPE_PLANNER_MICROBATCH_MICRO_BATCHING_H_
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -74,6 +75,15 @@ struct MicroBatchingOptions {
   bool truncate = false;
   uint32_t fixed_micro_batch_size = 8;    // FIXED_SIZE, PADDING; PACKING rows
   uint64_t micro_batch_token_budget = 0;  // TOKEN_BASED
+  // DYNAMIC_PROGRAMMING: when > 0, the samples are first packed into rows of
+  // at most this many sequence tokens (T5: input tokens, and max_target_len
+  // target tokens; PackRows), and the dynamic program groups the rows. A row
+  // of one sample is an unpacked one, so a micro-batch may hold both.
+  uint32_t packed_row_tokens = 0;
+  // PACKING: rows compute attention per sample (PackedAttention PER_SAMPLE,
+  // priced from the attention-core grid when the cost model has one), not
+  // over the whole row under a block-diagonal mask.
+  bool per_sample_packed_attention = true;
   // Each device's own room (limit - its own model state) instead of the
   // busiest device's for all. Off: the common budget (for comparisons).
   bool per_device_memory = true;
@@ -94,6 +104,13 @@ struct MicroBatchingOptions {
 MicroBatchingOptions MicroBatchingOptionsFromConfig(const v1::JobConfig& config,
                                                     PartitionMethod method);
 PartitionMethod PartitionMethodFromProto(v1::PartitionMethod method);
+
+// The samples of `group`'s packed rows as the cost model prices per-sample
+// attention (their lengths after truncation, from `samples`); nullopt for an
+// unpacked group.
+std::optional<PackedSamples> PackedSamplesOf(const MicroBatchGroup& group,
+                                             std::span<const SampleLengths> samples,
+                                             const LengthPolicy& policy);
 
 // One (recompute mode, memory budget) pair.
 struct MicroBatchingCandidate {
@@ -137,6 +154,14 @@ struct MicroBatchingResult {
   std::vector<double> available_per_device;
   // The smallest room: the reference of the candidates' memory numbers.
   double available_activation_bytes = 0;
+  // The dynamic program over packed rows (packed_row_tokens > 0): each
+  // row's samples (positions into `samples`), each row's total lengths
+  // (GPT: the whole sequence as input) and the rows' partition order. The
+  // candidates' groups still index `samples`, with row_starts where a row
+  // holds several. Empty otherwise.
+  std::vector<std::vector<uint32_t>> packed_rows;
+  std::vector<SampleLengths> row_lengths;
+  std::vector<uint32_t> row_order;
   std::vector<MicroBatchingCandidate> candidates;
   int chosen = -1;
   // Human-readable explanation of the choice and of every rejected pair.

@@ -47,6 +47,7 @@ class RankPlanBuilder {
       out->set_real_input_tokens(mb.real_input_tokens);
       out->set_real_target_tokens(mb.real_target_tokens);
       for (uint32_t r : mb.row_starts) out->add_row_starts(r);
+      if (!mb.row_starts.empty()) out->set_packed_attention(mb.packed_attention);
       for (uint32_t n : mb.input_lens) out->add_sample_input_lens(n);
       for (uint32_t n : mb.target_lens) out->add_sample_target_lens(n);
       for (uint32_t n : mb.input_offsets) out->add_sample_input_offsets(n);

@@ -42,6 +42,8 @@ struct PlannedMicroBatch {
   uint64_t real_target_tokens = 0;
   uint32_t rows = 0;                 // micro-batch size b
   std::vector<uint32_t> row_starts;  // packed rows (see MicroBatch.row_starts)
+  // Packed rows only: how they compute attention (MicroBatch.packed_attention).
+  v1::PackedAttention packed_attention = v1::PACKED_ATTENTION_UNSPECIFIED;
   // Per sample, parallel to sample_ids (MicroBatch.sample_input_lens ...):
   // the lengths after any truncation and where each sample starts in its row.
   std::vector<uint32_t> input_lens;

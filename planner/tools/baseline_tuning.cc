@@ -44,6 +44,9 @@ v1::JobConfig ConfigFor(const v1::JobConfig& base, const Setting& s) {
     p.clear_recompute_modes();
     p.add_recompute_modes(s.recompute);
   }
+  if (s.packed_attention != v1::PACKED_ATTENTION_UNSPECIFIED) {
+    config.mutable_model()->set_packed_attention(s.packed_attention);
+  }
   return config;
 }
 
@@ -72,12 +75,12 @@ std::string ShortReason(const absl::Status& status, uint64_t iteration) {
 
 }  // namespace
 
-std::string MethodName(v1::PartitionMethod method) {
+std::string MethodName(v1::PartitionMethod method, v1::PackedAttention packed_attention) {
   switch (method) {
     case v1::DYNAMIC_PROGRAMMING:
       return "dp";
     case v1::PACKING:
-      return "packing";
+      return packed_attention == v1::PER_SAMPLE ? "packing-varlen" : "packing";
     case v1::TOKEN_BASED:
       return "token-based";
     case v1::FIXED_SIZE:
@@ -210,9 +213,12 @@ TrialOutcome Evaluate(const EvaluationJob& job, const Setting& setting,
 }
 
 MethodResult TuneMethod(const EvaluationJob& job, v1::PartitionMethod method,
-                        const std::vector<planner::MiniBatch>& batches) {
+                        const std::vector<planner::MiniBatch>& batches,
+                        v1::PackedAttention packed_attention) {
   MethodResult result;
-  result.method = MethodName(method);
+  result.method = MethodName(method, packed_attention == v1::PACKED_ATTENTION_UNSPECIFIED
+                                         ? job.config.model().packed_attention()
+                                         : packed_attention);
   std::vector<Setting> settings;
   const uint32_t length = job.config.data().max_sequence_length();
   for (v1::RecomputeMode mode : {v1::RECOMPUTE_NONE, v1::RECOMPUTE_SELECTIVE, v1::RECOMPUTE_FULL}) {
@@ -227,7 +233,10 @@ MethodResult TuneMethod(const EvaluationJob& job, v1::PartitionMethod method,
         break;
       default:
         for (uint32_t rows : planner::kRowLadder) {
-          settings.push_back({.method = method, .rows = rows, .recompute = mode});
+          settings.push_back({.method = method,
+                              .rows = rows,
+                              .recompute = mode,
+                              .packed_attention = packed_attention});
         }
     }
   }
@@ -262,6 +271,11 @@ std::vector<MethodResult> TuneAllMethods(const EvaluationJob& job,
   std::vector<MethodResult> results;
   for (v1::PartitionMethod m : {v1::PARTITION_METHOD_UNSPECIFIED, v1::DYNAMIC_PROGRAMMING,
                                 v1::PACKING, v1::TOKEN_BASED, v1::FIXED_SIZE, v1::PADDING}) {
+    if (m == v1::PACKING) {
+      results.push_back(TuneMethod(job, m, batches, v1::BLOCK_DIAGONAL_MASK));
+      results.push_back(TuneMethod(job, m, batches, v1::PER_SAMPLE));
+      continue;
+    }
     results.push_back(TuneMethod(job, m, batches));
   }
   return results;

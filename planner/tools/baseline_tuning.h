@@ -11,7 +11,11 @@
 // that fit. The DP needs no tuning: it chooses per mini-batch. "varipipe"
 // is the planner's default search (every method, each baseline's setting
 // tuned per mini-batch, every schedule): what a job that lists no method
-// gets.
+// gets. Packing is tuned twice: with attention over the whole packed row
+// under a block-diagonal mask ("packing", as DynaPipe's evaluation and
+// Megatron-LM in 2023 ran it) and per sample with a variable-length kernel
+// ("packing-varlen", as Megatron-Core's THD format, TRL's padding-free
+// training and torchtitan run it today).
 #ifndef VARIPIPE_PLANNER_TOOLS_BASELINE_TUNING_H_
 #define VARIPIPE_PLANNER_TOOLS_BASELINE_TUNING_H_
 
@@ -62,6 +66,8 @@ struct Setting {
   uint32_t rows = 0;
   uint64_t token_budget = 0;
   v1::RecomputeMode recompute = v1::RECOMPUTE_MODE_UNSPECIFIED;
+  // Packed rows' attention; UNSPECIFIED: the job's (model.packed_attention).
+  v1::PackedAttention packed_attention = v1::PACKED_ATTENTION_UNSPECIFIED;
 
   std::string Describe() const;       // "rows=8", "tokens=8192" or "-"
   std::string RecomputeName() const;  // "none", "selective", "full" or "per-iteration"
@@ -83,7 +89,8 @@ TrialOutcome Evaluate(const EvaluationJob& job, const Setting& setting,
                       const std::vector<planner::MiniBatch>& batches);
 
 struct MethodResult {
-  // "varipipe", "dp", "packing", "token-based", "fixed-size", "padding"
+  // "varipipe", "dp", "packing", "packing-varlen", "token-based",
+  // "fixed-size", "padding"
   std::string method;
   std::vector<TrialOutcome> trials;
   int chosen = 0;  // the best feasible trial; else the most lenient one (the last)
@@ -92,10 +99,13 @@ struct MethodResult {
 // The settings a user would try for `method` (rows 1..64 or budgets of 1..32
 // maximum lengths, times the three recompute modes; the DP: one), each
 // evaluated, and the tuned one.
+// `packed_attention` (PACKING): how packed rows compute attention;
+// UNSPECIFIED: the job's.
 MethodResult TuneMethod(const EvaluationJob& job, v1::PartitionMethod method,
-                        const std::vector<planner::MiniBatch>& batches);
-// The default search ("varipipe"), DP, packing, token-based, fixed-size and
-// padding.
+                        const std::vector<planner::MiniBatch>& batches,
+                        v1::PackedAttention packed_attention = v1::PACKED_ATTENTION_UNSPECIFIED);
+// The default search ("varipipe"), DP, packing (full-row), packing-varlen,
+// token-based, fixed-size and padding.
 std::vector<MethodResult> TuneAllMethods(const EvaluationJob& job,
                                          const std::vector<planner::MiniBatch>& batches);
 
@@ -113,8 +123,10 @@ std::vector<IterationOutcome> PlanEach(const EvaluationJob& job,
                                        const std::vector<planner::MiniBatch>& batches);
 
 // Short name of a partition method: "dp", "packing", ...; "varipipe" for
-// UNSPECIFIED (the default search).
-std::string MethodName(v1::PartitionMethod method);
+// UNSPECIFIED (the default search); PACKING with PER_SAMPLE attention is
+// "packing-varlen", with BLOCK_DIAGONAL_MASK "packing".
+std::string MethodName(v1::PartitionMethod method,
+                       v1::PackedAttention packed_attention = v1::BLOCK_DIAGONAL_MASK);
 
 }  // namespace varipipe::tools
 

@@ -50,7 +50,8 @@ ABSL_FLAG(bool, compare, false,
           "Also plan with every partition method (baseline settings tuned per mini-batch "
           "unless the config fixes them) and every schedule, simulate every candidate, and "
           "print each (method, schedule) cell's predicted throughput under the plan's own, "
-          "fastest first.");
+          "fastest first. Packing appears twice: packing-varlen (attention per sample) and "
+          "packing-full-row (attention over the whole row under a block-diagonal mask).");
 ABSL_FLAG(bool, json, false, "Print one JSON report per iteration instead of the table.");
 ABSL_FLAG(bool, auto_layout, false,
           "Choose the stage layout as parallelism.stage_layout AUTO does (over the job's first "
@@ -333,15 +334,38 @@ std::optional<int> LoadJob(Job& job) {
 // every (method, schedule) cell has its best setting and recompute mode.
 // The DP shares its bound across pairs as the planner does: with the
 // default search, the plan is the best of these candidates, so no cell
-// beats it.
-planner::Planner MakeComparer(const v1::JobConfig& config, const planner::Planner& planner) {
+// beats it. Packing is compared both ways: with the job's packed attention
+// in the default search, and with the other kind in a packing-only search
+// ("packing-varlen": per sample; "packing-full-row": the whole row under a
+// block-diagonal mask).
+struct Comparer {
+  planner::Planner planner;
+  std::string packing;  // the name of its packing cells
+};
+
+std::string PackingName(v1::PackedAttention attention) {
+  return attention == v1::BLOCK_DIAGONAL_MASK ? "packing-full-row" : "packing-varlen";
+}
+
+std::vector<Comparer> MakeComparers(const v1::JobConfig& config, const planner::Planner& planner) {
+  planner::PlannerOptions options = planner.options();
+  options.prune_by_bound = false;
   v1::JobConfig all = config;
   all.mutable_planner()->clear_partition_methods();
   all.mutable_planner()->clear_schedules();
   ApplyJobConfigDefaults(all);
-  planner::PlannerOptions options = planner.options();
-  options.prune_by_bound = false;
-  return planner::Planner(all, planner.cost_model(), options);
+  std::vector<Comparer> out;
+  out.push_back({planner::Planner(all, planner.cost_model(), options),
+                 PackingName(all.model().packed_attention())});
+  v1::JobConfig other = all;
+  other.mutable_model()->set_packed_attention(
+      all.model().packed_attention() == v1::BLOCK_DIAGONAL_MASK ? v1::PER_SAMPLE
+                                                                : v1::BLOCK_DIAGONAL_MASK);
+  other.mutable_planner()->clear_partition_methods();
+  other.mutable_planner()->add_partition_methods(v1::PACKING);
+  out.push_back({planner::Planner(other, planner.cost_model(), options),
+                 PackingName(other.model().packed_attention())});
+  return out;
 }
 
 void PrintHeader(const Job& job) {
@@ -387,15 +411,16 @@ struct Totals {
 };
 
 // Best recompute mode per (method, schedule) of one mini-batch.
-void Compare(const planner::Planner& comparer, const planner::MiniBatch& mb, Totals& totals) {
+void Compare(const Comparer& comparer, const planner::MiniBatch& mb, Totals& totals) {
   planner::PlanReport failed;
-  absl::StatusOr<planner::PlanningResult> all = comparer.Plan(mb, false, &failed);
+  absl::StatusOr<planner::PlanningResult> all = comparer.planner.Plan(mb, false, &failed);
   const std::vector<planner::CandidateReport>& candidates =
       all.ok() ? all->report.candidates : failed.candidates;
   std::map<std::pair<std::string, std::string>, const planner::CandidateReport*> best;
   std::map<std::pair<std::string, std::string>, std::string> reasons;
   for (const planner::CandidateReport& c : candidates) {
-    const auto key = std::make_pair(c.partition_method, c.schedule);
+    const auto key = std::make_pair(
+        c.partition_method == "packing" ? comparer.packing : c.partition_method, c.schedule);
     if (!c.feasible) {
       // The most lenient recompute mode's reason (the last one tried).
       reasons[key] = absl::StrCat(c.recompute, ": ", c.rejected_at, ": ", c.reason);
@@ -409,7 +434,8 @@ void Compare(const planner::Planner& comparer, const planner::MiniBatch& mb, Tot
     }
   }
   if (!all.ok()) {
-    spdlog::warn("comparison of iteration {} failed: {}", mb.iteration, all.status().message());
+    spdlog::warn("comparison of iteration {} (the search with {}) failed: {}", mb.iteration,
+                 comparer.packing, all.status().message());
     return;
   }
   for (const auto& [key, c] : best) {
@@ -421,7 +447,7 @@ void Compare(const planner::Planner& comparer, const planner::MiniBatch& mb, Tot
 }
 
 // Plans one mini-batch and prints it (and its trace, plans, comparison).
-std::optional<int> PlanOne(const planner::Planner& planner, const planner::Planner* comparer,
+std::optional<int> PlanOne(const planner::Planner& planner, const std::vector<Comparer>& comparers,
                            const planner::MiniBatch& mb, std::string& trace_path, Totals& totals) {
   const bool json = absl::GetFlag(FLAGS_json);
   planner::PlanReport failed;
@@ -456,8 +482,8 @@ std::optional<int> PlanOne(const planner::Planner& planner, const planner::Plann
       return Fail(s, kExitFailure);
     }
   }
-  if (comparer != nullptr) {
-    Compare(*comparer, mb, totals);
+  if (!comparers.empty()) {
+    for (const Comparer& comparer : comparers) Compare(comparer, mb, totals);
     totals.chosen_throughput +=
         static_cast<double>(r.real_tokens) / (r.predicted_makespan_ms / 1e3);
     totals.chosen_padding += r.padding_efficiency;
@@ -543,8 +569,8 @@ int Run() {
     *planner = planner->WithStageLayout(choice->chosen);
     *job.config.mutable_parallelism()->mutable_stage_layout() = LayerLayoutToConfig(choice->chosen);
   }
-  std::optional<planner::Planner> comparer;
-  if (absl::GetFlag(FLAGS_compare)) comparer.emplace(MakeComparer(job.config, *planner));
+  std::vector<Comparer> comparers;
+  if (absl::GetFlag(FLAGS_compare)) comparers = MakeComparers(job.config, *planner);
   spdlog::info(
       "cost model: {} ({:.1f} ms to build)", planner->cost_model().description(),
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - build_start)
@@ -556,8 +582,7 @@ int Run() {
   const int64_t first = absl::GetFlag(FLAGS_first_iteration);
   for (int k = 0; k < absl::GetFlag(FLAGS_iterations) && !shutdown.Requested(); ++k) {
     const planner::MiniBatch mb = source->Next(static_cast<uint64_t>(first + k));
-    if (std::optional<int> code =
-            PlanOne(*planner, comparer ? &*comparer : nullptr, mb, trace_path, totals)) {
+    if (std::optional<int> code = PlanOne(*planner, comparers, mb, trace_path, totals)) {
       return *code;
     }
   }

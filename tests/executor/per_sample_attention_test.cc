@@ -158,7 +158,6 @@ int64_t PackedForwardPeak(bool per_sample) {
   spec.vocab_size = 50;
   spec.max_sequence_length = 512;
   spec.seed = 3;
-  spec.per_sample_packed_attention = per_sample;
   absl::StatusOr<std::vector<StageRole>> roles = PipelineStageRoles(spec, 1);
   EXPECT_TRUE(roles.ok()) << roles.status();
   ModelStage stage(spec, roles->front());
@@ -167,6 +166,7 @@ int64_t PackedForwardPeak(bool per_sample) {
   batch.input_tokens = torch::randint(0, 50, {1, 512}, torch::kInt64);
   batch.input_lengths = torch::tensor({int64_t{512}});
   batch.input_segments = Segments({lengths}, 512);
+  batch.per_sample_attention = per_sample;
   std::vector<int64_t> positions;
   for (int64_t length : lengths) {
     for (int64_t i = 0; i < length; ++i) positions.push_back(i);

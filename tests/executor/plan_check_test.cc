@@ -274,6 +274,14 @@ std::vector<Corruption> Corruptions() {
          mb.set_sample_input_offsets(0, mb.input_len());
        },
        {"micro_batches[0].sample_input_offsets[0]", "padded length"}},
+      {"PackedAttentionOutOfPlace",
+       [](v1::ExecutionPlan& p) {
+         // Unpacked: no kernel to choose; packed: an unknown one.
+         v1::MicroBatch& mb = *p.mutable_micro_batches(0);
+         mb.set_packed_attention(mb.row_starts().empty() ? v1::BLOCK_DIAGONAL_MASK
+                                                         : static_cast<v1::PackedAttention>(7));
+       },
+       {"micro_batches[0].packed_attention"}},
   };
 }
 

@@ -17,12 +17,13 @@ for csv in throughput memory planning trace schedules; do
 done
 head -1 "$out/throughput.csv" | grep -q '^model,mixture,cost_model,max_len,memory_mib,method,' ||
   fail "throughput.csv: unexpected header"
-# 2 models x 2 mixtures x 2 lengths x 6 methods (the default search and each
-# method alone) tuned settings.
+# 2 models x 2 mixtures x 2 lengths x 7 methods (the default search, each
+# method alone, packing with full-row and with variable-length attention)
+# tuned settings.
 # Quoted fields (the cost model's description) may hold commas: drop them first.
 chosen=$(sed -E 's/"[^"]*"//g' "$out/throughput.csv" | awk -F, 'NR > 1 && $10 == 1' | wc -l)
-[[ $chosen -eq 48 ]] || fail "throughput.csv: $chosen chosen rows, expected 48"
-for m in varipipe dp packing token-based fixed-size padding; do
+[[ $chosen -eq 56 ]] || fail "throughput.csv: $chosen chosen rows, expected 56"
+for m in varipipe dp packing packing-varlen token-based fixed-size padding; do
   grep -q ",$m," "$out/throughput.csv" || fail "throughput.csv: no rows for $m"
 done
 pngs=0

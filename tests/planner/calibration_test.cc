@@ -193,7 +193,7 @@ TEST(CalibratedPlanner, PlansAsAModelWithScaledTimes) {
     for (uint32_t s = 0; s < 2; ++s) passes.push_back({s, 3.0, 6.0, 1.0, 2.0});
     ASSERT_TRUE(FoldReport({.iteration = 1, .passes = passes}, &state));
     const Planner calibrated = base->WithCalibration(state);
-    const std::array<double, kNumComponents> three{3, 3, 3, 3};
+    const std::array<double, kNumComponents> three{3, 3, 3, 3, 3};
     const Planner scaled(config, base->cost_model().ScaledTimes(three, three), base->options());
     const MiniBatch mb = Draw(100, t5);
     absl::StatusOr<PlanningResult> a = calibrated.Plan(mb);

@@ -55,7 +55,16 @@ TEST(DefaultSearch, ConfigDefaultsSearchEverything) {
   // Tuned settings: the ladders; a configured setting: only it.
   EXPECT_EQ(BaselineSettings(config, PartitionMethod::kPacking).size(), std::size(kRowLadder));
   EXPECT_EQ(BaselineSettings(config, PartitionMethod::kTokenBased).back().token_budget, 32u * 1024);
-  EXPECT_EQ(BaselineSettings(config, PartitionMethod::kDynamicProgramming).size(), 1u);
+  // The DP over the samples and over rows packed up to the maximum length.
+  const std::vector<BaselineSetting> dp =
+      BaselineSettings(config, PartitionMethod::kDynamicProgramming);
+  ASSERT_EQ(dp.size(), 2u);
+  EXPECT_EQ(dp[0].packed_row_tokens, 0u);
+  EXPECT_EQ(dp[1].packed_row_tokens, 1024u);
+  EXPECT_EQ(dp[1].Describe(), "packed<=1024");
+  EXPECT_TRUE(config.planner().dp_packed_rows());
+  const v1::JobConfig unpacked = Config({.planner_extra = R"(, "dp_packed_rows": false)"});
+  EXPECT_EQ(BaselineSettings(unpacked, PartitionMethod::kDynamicProgramming).size(), 1u);
   const v1::JobConfig fixed = Config(
       {.planner_extra = R"(, "fixed_micro_batch_size": 3, "micro_batch_token_budget": 777)"});
   ASSERT_EQ(BaselineSettings(fixed, PartitionMethod::kPadding).size(), 1u);

@@ -1,5 +1,7 @@
 #include "planner/microbatch/micro_batching.h"
 
+#include <algorithm>
+#include <random>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -7,6 +9,7 @@
 #include "planner/cost/analytic_model.h"
 #include "planner/cost/hardware.h"
 #include "planner/microbatch/dp_partition.h"
+#include "tests/testing/seed.h"
 #include "tests/testing/status_matchers.h"
 
 namespace varipipe::planner {
@@ -228,6 +231,77 @@ TEST(MicroBatching, T5UsesBothLengths) {
   EXPECT_GT(r->padding.InputEfficiency(), 0.5);
   EXPECT_GT(r->padding.TargetEfficiency(), 0.3);
   for (const MicroBatchGroup& g : r->best().groups) EXPECT_GT(g.target_len, 0u);
+}
+
+// The DP over packed rows (packed_row_tokens): over random mini-batches of
+// GPT and T5, every solved pair covers each sample exactly once, every row
+// stays within the row limits and its micro-batch's padded lengths, rows of
+// one sample are unpacked (no row_starts unless some row holds several), and
+// short samples share rows.
+TEST(MicroBatching, PackedRowsCoverEverySampleOnceWithinTheirRows) {
+  const uint32_t seed = varipipe::testing::TestSeed("PackedRowsCoverEverySampleOnce");
+  std::mt19937 rng(seed);
+  for (bool t5 : {false, true}) {
+    const ModelDims dims = t5 ? ModelDims{.kind = ModelKind::kT5,
+                                          .encoder_layers = 4,
+                                          .decoder_layers = 4,
+                                          .hidden = 512,
+                                          .heads = 8,
+                                          .kv_channels = 64,
+                                          .ffn = 2048,
+                                          .vocab = 32128,
+                                          .dtype_bytes = 2}
+                              : SmallGpt();
+    const CostModel model = Model(dims);
+    for (int trial = 0; trial < 10; ++trial) {
+      std::vector<SampleLengths> batch;
+      const int n = 20 + static_cast<int>(rng() % 60);
+      for (int i = 0; i < n; ++i) {
+        // Mostly short samples, a few long ones.
+        const uint32_t input = rng() % 4 == 0 ? 200 + rng() % 1700 : 8 + rng() % 200;
+        const uint32_t target = t5 ? 1 + rng() % 200 : 1 + rng() % 40;
+        batch.push_back({std::min<uint32_t>(input, 2048 - (t5 ? 0 : target)), target});
+      }
+      MicroBatchingOptions o = Options(dims, 16);
+      o.packed_row_tokens = 2048;
+      absl::StatusOr<MicroBatchingResult> r = PlanMicroBatches(batch, model, o);
+      ASSERT_THAT(r, IsOk()) << "seed " << seed << " trial " << trial;
+      EXPECT_LT(r->packed_rows.size(), batch.size());  // short samples share rows
+      const LengthPolicy policy{.encoder_decoder = t5, .multiple = o.length_multiple};
+      for (const MicroBatchingCandidate& c : r->candidates) {
+        if (!c.solved()) continue;
+        std::vector<int> seen(batch.size(), 0);
+        for (const MicroBatchGroup& g : c.groups) {
+          std::vector<uint32_t> starts = g.row_starts;
+          if (starts.empty()) {
+            for (uint32_t i = 0; i < g.samples.size(); ++i) starts.push_back(i);
+          }
+          bool several = false;
+          for (size_t row = 0; row < starts.size(); ++row) {
+            const size_t end = row + 1 < starts.size() ? starts[row + 1] : g.samples.size();
+            uint64_t input = 0, target = 0;
+            for (size_t k = starts[row]; k < end; ++k) {
+              const SampleLengths& s = r->samples[g.samples[k]];
+              input += SequenceLength(s, policy);
+              target += t5 ? s.target : 0;
+              ++seen[g.samples[k]];
+            }
+            several |= end - starts[row] > 1;
+            EXPECT_LE(input, g.input_len);
+            EXPECT_LE(input, 2048u);
+            if (t5) {
+              EXPECT_LE(target, g.target_len);
+              EXPECT_LE(target, 512u);
+            }
+          }
+          EXPECT_EQ(!g.row_starts.empty(), several) << "seed " << seed;
+        }
+        for (size_t i = 0; i < seen.size(); ++i) {
+          ASSERT_EQ(seen[i], 1) << "sample " << i << ", seed " << seed << " trial " << trial;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -1,0 +1,231 @@
+// Packed rows priced per sample (model.packed_attention PER_SAMPLE,
+// micro_batch_cost.h): a layer's cost at the row length, minus the attention
+// core over the whole rows, plus each sample's own core. Checked against the
+// analytic model's own components at grid points, under every recompute
+// mode, for GPT and T5; and end to end, the planner's packing plans record
+// the kernel they were priced with and are predicted no slower per sample
+// than under the block-diagonal mask.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "common/config/job_config.h"
+#include "common/dataset/synthetic_mixture.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "planner/cost/analytic_model.h"
+#include "planner/cost/hardware.h"
+#include "planner/cost/memory_model.h"
+#include "planner/cost/micro_batch_cost.h"
+#include "planner/planner.h"
+#include "tests/testing/paper_models.h"
+#include "tests/testing/status_matchers.h"
+
+namespace varipipe::planner {
+namespace {
+
+using ::varipipe::testing::IsOk;
+
+Hardware A100() {
+  absl::StatusOr<Hardware> hw = HardwarePreset("a100-80gb");
+  EXPECT_THAT(hw, IsOk());
+  return *hw;
+}
+
+struct Fixture {
+  ModelDims dims;
+  CostModel model;
+  StageLayout layout;
+};
+
+Fixture Make(ModelDims dims) {
+  absl::StatusOr<CostModel> model =
+      BuildAnalyticCostModel(dims, A100(), {.max_micro_batch_size = 16, .max_seq_len = 2048});
+  EXPECT_THAT(model, IsOk());
+  absl::StatusOr<StageLayout> layout = MakeStageLayout(dims, 1, 1);
+  EXPECT_THAT(layout, IsOk());
+  return {dims, *std::move(model), *std::move(layout)};
+}
+
+CostValues Core(const ModelDims& d, double b, double s) {
+  return AnalyticComponentCost(d, A100(), Component::kAttentionCore, Recompute::kNone, 1, b, s, 0);
+}
+
+// Expected change of one layer from the whole rows' core to the samples'.
+struct Delta {
+  double forward = 0, backward = 0, stored = 0;
+};
+void AddCore(const ModelDims& d, Recompute mode, uint32_t rows, double full,
+             const std::vector<double>& lengths, Delta* delta) {
+  CostValues sum;
+  for (double l : lengths) {
+    const CostValues one = Core(d, 1, l);
+    sum.forward_ms += one.forward_ms;
+    sum.backward_ms += one.backward_ms;
+    sum.stored_bytes += one.stored_bytes;
+  }
+  const CostValues whole = Core(d, rows, full);
+  const double forward = sum.forward_ms - whole.forward_ms;
+  delta->forward += forward;
+  delta->backward += sum.backward_ms - whole.backward_ms;
+  if (mode == Recompute::kNone) {
+    delta->stored += sum.stored_bytes - whole.stored_bytes;
+  } else {
+    delta->backward += forward;  // the core's forward runs again; nothing kept
+  }
+}
+
+TEST(PackedAttentionCost, GptLayersMovePerSampleByTheCoreDifference) {
+  const Fixture f = Make(varipipe::testing::Gpt67bDims());
+  // Two rows of 2,048 tokens: 1024 + 512 + 256 + 256 and 2048 (grid points,
+  // so the grid reproduces the formulas).
+  const PackedSamples packed{.rows = 2,
+                             .samples = {{1024, 0}, {512, 0}, {256, 0}, {256, 0}, {2048, 0}}};
+  for (Recompute mode : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    SCOPED_TRACE(RecomputeName(mode));
+    absl::StatusOr<MicroBatchCostModel> cost =
+        MicroBatchCostModel::Create(f.model, f.layout, mode, 1);
+    ASSERT_THAT(cost, IsOk());
+    ASSERT_TRUE(cost->prices_per_sample_attention());
+    MicroBatchCost row, per_sample;
+    ASSERT_TRUE(cost->Evaluate(2, 2048, 0, &row));
+    ASSERT_TRUE(cost->Evaluate(2, 2048, 0, &packed, &per_sample));
+    Delta d;
+    AddCore(f.dims, mode, 2, 2048, {1024, 512, 256, 256, 2048}, &d);
+    const double layers = f.dims.encoder_layers;
+    EXPECT_NEAR(per_sample.forward_ms, row.forward_ms + layers * d.forward, 1e-9 * row.time_ms);
+    EXPECT_NEAR(per_sample.backward_ms, row.backward_ms + layers * d.backward, 1e-9 * row.time_ms);
+    EXPECT_NEAR(per_sample.stored_bytes, row.stored_bytes + layers * d.stored,
+                1e-9 * row.stored_bytes);
+    // The largest transient is kept (an upper bound).
+    EXPECT_NEAR(per_sample.peak_bytes - per_sample.stored_bytes, row.peak_bytes - row.stored_bytes,
+                1e-6 * row.peak_bytes);
+    // Attention over 1,024^2 + 512^2 + 2 x 256^2 + 2,048^2 scores instead of
+    // 2 x 2,048^2: cheaper, and (explicit kernel, no recomputation) smaller.
+    EXPECT_LT(per_sample.time_ms, row.time_ms);
+    if (mode == Recompute::kNone) {
+      EXPECT_LT(per_sample.stored_bytes, row.stored_bytes);
+    } else {
+      EXPECT_DOUBLE_EQ(per_sample.stored_bytes, row.stored_bytes);
+    }
+  }
+}
+
+TEST(PackedAttentionCost, OneSampleFillingEachRowCostsWhatTheRowDoes) {
+  const Fixture f = Make(varipipe::testing::Gpt67bDims());
+  absl::StatusOr<MicroBatchCostModel> cost =
+      MicroBatchCostModel::Create(f.model, f.layout, Recompute::kNone, 1);
+  ASSERT_THAT(cost, IsOk());
+  // b = 1: the row's core and the sample's are the same grid point.
+  const PackedSamples packed{.rows = 1, .samples = {{1024, 0}}};
+  MicroBatchCost row, per_sample;
+  ASSERT_TRUE(cost->Evaluate(1, 1024, 0, &row));
+  ASSERT_TRUE(cost->Evaluate(1, 1024, 0, &packed, &per_sample));
+  EXPECT_DOUBLE_EQ(per_sample.time_ms, row.time_ms);
+  EXPECT_DOUBLE_EQ(per_sample.stored_bytes, row.stored_bytes);
+  EXPECT_DOUBLE_EQ(per_sample.peak_bytes, row.peak_bytes);
+}
+
+TEST(PackedAttentionCost, T5DecoderLayersPriceSelfAndCrossAttentionPerSample) {
+  Fixture f = Make({.kind = ModelKind::kT5,
+                    .encoder_layers = 4,
+                    .decoder_layers = 4,
+                    .hidden = 512,
+                    .heads = 8,
+                    .kv_channels = 64,
+                    .ffn = 2048,
+                    .vocab = 32128,
+                    .dtype_bytes = 2});
+  // One row: inputs 256 + 256 = 512, targets 64 + 64 = 128; cross-attention
+  // over 256 x 64 per sample is priced as a 128 x 128 square.
+  const PackedSamples packed{.rows = 1, .samples = {{256, 64}, {256, 64}}};
+  absl::StatusOr<MicroBatchCostModel> cost =
+      MicroBatchCostModel::Create(f.model, f.layout, Recompute::kNone, 1);
+  ASSERT_THAT(cost, IsOk());
+  MicroBatchCost row, per_sample;
+  ASSERT_TRUE(cost->Evaluate(1, 512, 128, &row));
+  ASSERT_TRUE(cost->Evaluate(1, 512, 128, &packed, &per_sample));
+  Delta encoder, decoder;
+  AddCore(f.dims, Recompute::kNone, 1, 512, {256, 256}, &encoder);
+  AddCore(f.dims, Recompute::kNone, 1, 128, {64, 64}, &decoder);
+  AddCore(f.dims, Recompute::kNone, 1, std::sqrt(512.0 * 128), {128, 128}, &decoder);
+  // One device holds both stacks.
+  const double want = row.time_ms + 4 * (encoder.forward + encoder.backward) +
+                      4 * (decoder.forward + decoder.backward);
+  EXPECT_NEAR(per_sample.time_ms, want, 1e-9 * row.time_ms);
+  EXPECT_NEAR(per_sample.stored_bytes, row.stored_bytes + 4 * (encoder.stored + decoder.stored),
+              1e-9 * row.stored_bytes);
+  // Fewer scores kept. (Time need not drop: at these short lengths each
+  // sample's kernel launches can outweigh the smaller products.)
+  EXPECT_LT(per_sample.stored_bytes, row.stored_bytes);
+}
+
+TEST(PackedAttentionCost, WithoutACoreGridPackedRowsCostTheirPaddedLength) {
+  Fixture f = Make(varipipe::testing::Gpt67bDims());
+  CostModel without;
+  for (const auto& [key, grid] : f.model.grids()) {
+    if (key.component == Component::kAttentionCore) continue;
+    ASSERT_THAT(without.SetGrid(key.component, key.recompute, key.tensor_parallel, grid), IsOk());
+  }
+  absl::StatusOr<MicroBatchCostModel> cost =
+      MicroBatchCostModel::Create(without, f.layout, Recompute::kNone, 1);
+  ASSERT_THAT(cost, IsOk());
+  EXPECT_FALSE(cost->prices_per_sample_attention());
+  const PackedSamples packed{.rows = 1, .samples = {{512, 0}, {512, 0}}};
+  MicroBatchCost row, per_sample;
+  ASSERT_TRUE(cost->Evaluate(1, 1024, 0, &row));
+  ASSERT_TRUE(cost->Evaluate(1, 1024, 0, &packed, &per_sample));
+  EXPECT_DOUBLE_EQ(per_sample.time_ms, row.time_ms);
+  EXPECT_DOUBLE_EQ(per_sample.stored_bytes, row.stored_bytes);
+}
+
+// End to end: the paper models' packing-only jobs planned both ways on
+// documents-like samples (up to 2,048 tokens). The plans' packed
+// micro-batches record the kernel they were priced with, and per-sample
+// attention is predicted faster.
+TEST(PackedAttentionCost, PackingPlansRecordTheirKernelAndPerSampleIsFaster) {
+  for (bool t5 : {false, true}) {
+    SCOPED_TRACE(t5 ? "T5" : "GPT");
+    const SyntheticMixture mixture = SyntheticMixture::Documents(11);
+    MiniBatch mb;
+    uint64_t tokens = 0;
+    for (uint64_t i = 0;; ++i) {
+      SampleLengths s = mixture.Sample(i);
+      s.target = std::min(s.target, t5 ? 512u : 2048u);
+      s.input = std::min(s.input, t5 ? 2048u : 2048u - s.target);
+      if (tokens + s.input + s.target > 65536) break;
+      tokens += s.input + s.target;
+      mb.sample_ids.push_back(i);
+      mb.lengths.push_back(s);
+    }
+    double predicted[2] = {0, 0};
+    for (int k = 0; k < 2; ++k) {
+      v1::JobConfig config =
+          varipipe::testing::PaperBenchmarkJob(t5, {v1::ONE_F_ONE_B, v1::ADAPTIVE});
+      config.mutable_planner()->clear_partition_methods();
+      config.mutable_planner()->add_partition_methods(v1::PACKING);
+      const v1::PackedAttention kernel = k == 0 ? v1::PER_SAMPLE : v1::BLOCK_DIAGONAL_MASK;
+      config.mutable_model()->set_packed_attention(kernel);
+      absl::StatusOr<Planner> planner = Planner::Create(config);
+      ASSERT_THAT(planner, IsOk());
+      absl::StatusOr<PlanningResult> r = planner->Plan(mb);
+      ASSERT_THAT(r, IsOk());
+      int packed = 0;
+      for (const v1::ExecutionPlan& plan : r->plans) {
+        for (const v1::MicroBatch& m : plan.micro_batches()) {
+          ASSERT_FALSE(m.row_starts().empty());
+          EXPECT_EQ(m.packed_attention(), kernel);
+          ++packed;
+        }
+      }
+      EXPECT_GT(packed, 0);
+      predicted[k] = r->report.predicted_makespan_ms;
+    }
+    std::printf("%s packing: predicted makespan %.1f ms per sample, %.1f ms under the mask\n",
+                t5 ? "T5-11B" : "GPT-6.7B", predicted[0], predicted[1]);
+    EXPECT_LT(predicted[0], predicted[1]);
+  }
+}
+
+}  // namespace
+}  // namespace varipipe::planner
