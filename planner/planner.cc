@@ -458,9 +458,11 @@ void Search::CostStages(std::span<const size_t> ready) {
 //   through the stages before d;
 // - memory: each micro-batch holds its stored bytes on d at least from its
 //   forward on d to the end of its backward (input gradient) on d, which
-//   spans its forwards and backwards on d and every later stage. In a plan
-//   that fits, what d holds never exceeds its room, so the makespan is at
-//   least sum(stored x held time) / room. This is what makes the recompute
+//   spans its forwards and backwards on d and every later stage, and
+//   while one of its operations runs on d that operation's transient (peak
+//   - stored) as well. In a plan that fits, what d holds never exceeds its
+//   room, so the makespan is at least (sum(stored x held time) +
+//   sum(transient x duration)) / room. This is what makes the recompute
 //   modes that keep many bytes, whose schedules serialise under a tight
 //   room, cheap to rule out.
 // Communication only adds to both.
@@ -499,7 +501,11 @@ double Search::MakespanLowerBound(const Candidate& cand) const {
         const double input_grad_ms =
             split_backward ? op.backward_ms - op.weight_ms : op.backward_ms;
         after += op.forward_ms + input_grad_ms;
-        area[s % p_] += op.stored_bytes * after;
+        // Its stored bytes from its forward to the end of its input
+        // gradient; beside them, while its forward and input gradient run,
+        // their transient (the simulator's peak - stored).
+        area[s % p_] += op.stored_bytes * after +
+                        (op.peak_bytes - op.stored_bytes) * (op.forward_ms + input_grad_ms);
       }
     }
     for (uint32_t d = 0; d < p_; ++d) {
@@ -683,8 +689,7 @@ double Search::OverheadMs(double makespan_ms) const {
 
 std::optional<PackedSamples> Search::PerSampleRows(const MicroBatchGroup& group,
                                                    const MicroBatchingResult& mbr) const {
-  if (c_.model().packed_attention() == v1::BLOCK_DIAGONAL_MASK) return std::nullopt;
-  return PackedSamplesOf(group, mbr.samples, policy_);
+  return PackedSamplesOf(group, mbr.samples, policy_, PackedAttentionPricingOf(c_));
 }
 
 std::vector<double> Search::RankLimits(const MicroBatchingResult& mbr) const {
@@ -706,9 +711,22 @@ ReplicaPlan Search::ReplicaOf(const Candidate& best, uint32_t r, absl::Status* s
   for (uint32_t g : split.replicas.replicas[r]) {
     const MicroBatchGroup& group = split.groups[g];
     PlannedMicroBatch planned;
+    // Packed rows: the kernel the candidate was priced with (CostStages):
+    // per sample, or, under FASTEST_PER_MICRO_BATCH, whichever was faster.
+    std::optional<PackedSamples> packed = PerSampleRows(group, mbr);
+    if (packed.has_value() && packed->only_if_faster) {
+      const absl::StatusOr<MicroBatchCostModel>& priced = *cost_models_.at(best.recompute);
+      if (priced.ok() && priced->PerSampleIsFaster(*packed, group.input_len, group.target_len)) {
+        packed->only_if_faster = false;
+      } else {
+        packed.reset();
+      }
+    }
+    if (!group.row_starts.empty()) {
+      planned.packed_attention = packed.has_value() ? v1::PER_SAMPLE : v1::BLOCK_DIAGONAL_MASK;
+    }
     // What the profiled model predicts for each stage (executors report it
     // beside their measurement: calibration.h).
-    const std::optional<PackedSamples> packed = PerSampleRows(group, mbr);
     if (profiled.ok() &&
         profiled->EvaluateStages(static_cast<uint32_t>(group.size()), group.input_len,
                                  group.target_len, packed ? &*packed : nullptr, best.chunks,
@@ -752,7 +770,6 @@ ReplicaPlan Search::ReplicaOf(const Candidate& best, uint32_t r, absl::Status* s
     planned.target_len = group.target_len;
     planned.rows = static_cast<uint32_t>(group.size());
     planned.row_starts = group.row_starts;
-    planned.packed_attention = c_.model().packed_attention();
     replica.micro_batches.push_back(std::move(planned));
   }
   const ReplicaTimeline& timeline = best.replicas[r];

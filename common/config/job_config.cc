@@ -190,8 +190,10 @@ void ValidateModel(const JobConfig& config, ErrorList& errors) {
                    : absl::StrCat(static_cast<int>(m.attention_kernel())),
                ")");
   }
-  if (m.packed_attention() != v1::PER_SAMPLE && m.packed_attention() != v1::BLOCK_DIAGONAL_MASK) {
-    errors.Add("model.packed_attention", "must be PER_SAMPLE or BLOCK_DIAGONAL_MASK (got ",
+  if (m.packed_attention() != v1::PER_SAMPLE && m.packed_attention() != v1::BLOCK_DIAGONAL_MASK &&
+      m.packed_attention() != v1::FASTEST_PER_MICRO_BATCH) {
+    errors.Add("model.packed_attention",
+               "must be FASTEST_PER_MICRO_BATCH, PER_SAMPLE or BLOCK_DIAGONAL_MASK (got ",
                v1::PackedAttention_IsValid(m.packed_attention())
                    ? v1::PackedAttention_Name(m.packed_attention())
                    : absl::StrCat(static_cast<int>(m.packed_attention())),
@@ -685,7 +687,7 @@ void ApplyJobConfigDefaults(JobConfig& config) {
     m.set_attention_kernel(v1::EXPLICIT);
   }
   if (m.packed_attention() == v1::PACKED_ATTENTION_UNSPECIFIED) {
-    m.set_packed_attention(v1::PER_SAMPLE);
+    m.set_packed_attention(v1::FASTEST_PER_MICRO_BATCH);
   }
 
   v1::ParallelismConfig& p = *config.mutable_parallelism();

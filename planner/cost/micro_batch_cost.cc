@@ -241,29 +241,56 @@ bool MicroBatchCostModel::CoreDifference(uint32_t rows, double full,
   return true;
 }
 
-bool MicroBatchCostModel::PricePerSample(const PackedSamples& packed, uint32_t input_len,
-                                         uint32_t target_len, CostValues* encoder,
-                                         CostValues* decoder) const {
+bool MicroBatchCostModel::PerSampleDeltas(const PackedSamples& packed, uint32_t input_len,
+                                          uint32_t target_len, CostValues* encoder_delta,
+                                          CostValues* decoder_delta) const {
   if (attention_core_ == nullptr || packed.rows == 0) return false;
-  CostValues encoder_delta;
-  CostValues decoder_delta;
   std::vector<double> lengths;
   for (const PackedSamples::Lengths& s : packed.samples) lengths.push_back(s.input);
-  if (!CoreDifference(packed.rows, input_len, lengths, &encoder_delta)) return false;
+  if (!CoreDifference(packed.rows, input_len, lengths, encoder_delta)) return false;
   if (layout_.encoder_decoder) {
     lengths.clear();
     for (const PackedSamples::Lengths& s : packed.samples) lengths.push_back(s.target);
-    if (!CoreDifference(packed.rows, target_len, lengths, &decoder_delta)) return false;
+    if (!CoreDifference(packed.rows, target_len, lengths, decoder_delta)) return false;
     // Cross-attention: t_i x s_i scores, priced as a square of that area.
     lengths.clear();
     for (const PackedSamples::Lengths& s : packed.samples) {
       lengths.push_back(std::sqrt(static_cast<double>(s.input) * s.target));
     }
     if (!CoreDifference(packed.rows, std::sqrt(static_cast<double>(input_len) * target_len),
-                        lengths, &decoder_delta)) {
+                        lengths, decoder_delta)) {
       return false;
     }
   }
+  return true;
+}
+
+bool MicroBatchCostModel::Faster(const CostValues& encoder_delta,
+                                 const CostValues& decoder_delta) const {
+  // The whole model's change: every layer of each stack.
+  const double change =
+      total_encoder_layers_ * (encoder_delta.forward_ms + encoder_delta.backward_ms) +
+      total_decoder_layers_ * (decoder_delta.forward_ms + decoder_delta.backward_ms);
+  return change <= 0;
+}
+
+bool MicroBatchCostModel::PerSampleIsFaster(const PackedSamples& packed, uint32_t input_len,
+                                            uint32_t target_len) const {
+  CostValues encoder_delta;
+  CostValues decoder_delta;
+  return PerSampleDeltas(packed, input_len, target_len, &encoder_delta, &decoder_delta) &&
+         Faster(encoder_delta, decoder_delta);
+}
+
+bool MicroBatchCostModel::PricePerSample(const PackedSamples& packed, uint32_t input_len,
+                                         uint32_t target_len, CostValues* encoder,
+                                         CostValues* decoder) const {
+  CostValues encoder_delta;
+  CostValues decoder_delta;
+  if (!PerSampleDeltas(packed, input_len, target_len, &encoder_delta, &decoder_delta)) {
+    return false;
+  }
+  if (packed.only_if_faster && !Faster(encoder_delta, decoder_delta)) return false;
   const auto apply = [](const CostValues& delta, CostValues* v) {
     // Never below zero: the layer's other work is still done.
     v->forward_ms = std::max(0.0, v->forward_ms + delta.forward_ms);

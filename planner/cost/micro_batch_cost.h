@@ -88,7 +88,14 @@ struct PackedSamples {
     uint32_t target = 0;
   };
   std::vector<Lengths> samples;
+  // Priced per sample only where that is faster for the whole model
+  // (PerSampleIsFaster); otherwise as one sequence of the padded length,
+  // the block-diagonal mask's cost (PackedAttention FASTEST_PER_MICRO_BATCH).
+  bool only_if_faster = false;
 };
+
+// How a job's packed rows are priced (config.proto PackedAttention).
+enum class PackedAttentionPricing { kBlockDiagonalMask, kPerSample, kFastest };
 
 class MicroBatchCostModel {
  public:
@@ -108,6 +115,11 @@ class MicroBatchCostModel {
   // Whether packed rows are priced per sample (the cost model has an
   // attention-core grid); otherwise `packed` arguments change nothing.
   bool prices_per_sample_attention() const { return attention_core_ != nullptr; }
+  // Whether per-sample attention over `packed` (rows padded to input_len,
+  // target_len) takes no longer, summed over every layer of the model, than
+  // attention over the whole rows. False without an attention-core grid.
+  bool PerSampleIsFaster(const PackedSamples& packed, uint32_t input_len,
+                         uint32_t target_len) const;
 
   // What one stack's position bias (T5V11) adds to a stage holding its
   // layers: stored bytes (StageLayout::PositionBiasBytes) and its gradient,
@@ -180,9 +192,17 @@ class MicroBatchCostModel {
                const StackBias& decoder_bias, MicroBatchCost* out) const;
   // The position bias of a stack of sequence length s.
   StackBias BiasOf(uint32_t s) const;
-  // Moves one encoder layer's (GPT: layer's) and one decoder layer's costs
-  // at the padded lengths to per-sample attention over `packed`. False
-  // (nothing changed) when a core lookup is infeasible.
+  // The change per-sample attention over `packed` makes to one encoder
+  // layer (GPT: layer) and one decoder layer at the padded lengths. False
+  // when there is no attention-core grid or a core lookup is infeasible.
+  bool PerSampleDeltas(const PackedSamples& packed, uint32_t input_len, uint32_t target_len,
+                       CostValues* encoder_delta, CostValues* decoder_delta) const;
+  // Whether the deltas shorten the whole model (every layer of each stack);
+  // ties count as faster.
+  bool Faster(const CostValues& encoder_delta, const CostValues& decoder_delta) const;
+  // Applies PerSampleDeltas to `encoder` and `decoder`. False (nothing
+  // changed) when they are unavailable, or with packed.only_if_faster when
+  // per sample is slower.
   bool PricePerSample(const PackedSamples& packed, uint32_t input_len, uint32_t target_len,
                       CostValues* encoder, CostValues* decoder) const;
   // What replacing the core over `rows` rows of `full` tokens by the cores

@@ -164,11 +164,13 @@ absl::StatusOr<std::vector<MicroBatchCost>> CostGroups(const MicroBatchCostModel
   absl::flat_hash_map<std::tuple<uint64_t, uint32_t, uint32_t>, MicroBatchCost> by_shape;
   std::vector<MicroBatchCost> costs;
   costs.reserve(groups.size());
-  const bool per_sample = o.per_sample_packed_attention && cost.prices_per_sample_attention();
+  const bool per_sample = o.packed_attention != PackedAttentionPricing::kBlockDiagonalMask &&
+                          cost.prices_per_sample_attention();
   for (size_t g = 0; g < groups.size(); ++g) {
     const MicroBatchGroup& group = groups[g];
     const std::optional<PackedSamples> packed =
-        per_sample ? PackedSamplesOf(group, samples, PolicyOf(o)) : std::nullopt;
+        per_sample ? PackedSamplesOf(group, samples, PolicyOf(o), o.packed_attention)
+                   : std::nullopt;
     MicroBatchCost own;
     auto [it, added] = packed ? std::make_pair(by_shape.end(), true)
                               : by_shape.try_emplace(std::make_tuple(group.size(), group.input_len,
@@ -570,16 +572,31 @@ MicroBatchingOptions MicroBatchingOptionsFromConfig(const v1::JobConfig& config,
   o.truncate = config.planner().truncate_long_samples();
   o.fixed_micro_batch_size = config.planner().fixed_micro_batch_size();
   o.micro_batch_token_budget = config.planner().micro_batch_token_budget();
-  o.per_sample_packed_attention = config.model().packed_attention() != v1::BLOCK_DIAGONAL_MASK;
+  o.packed_attention = PackedAttentionPricingOf(config);
   return o;
+}
+
+PackedAttentionPricing PackedAttentionPricingOf(const v1::JobConfig& config) {
+  switch (config.model().packed_attention()) {
+    case v1::BLOCK_DIAGONAL_MASK:
+      return PackedAttentionPricing::kBlockDiagonalMask;
+    case v1::PER_SAMPLE:
+      return PackedAttentionPricing::kPerSample;
+    default:
+      return PackedAttentionPricing::kFastest;
+  }
 }
 
 std::optional<PackedSamples> PackedSamplesOf(const MicroBatchGroup& group,
                                              std::span<const SampleLengths> samples,
-                                             const LengthPolicy& policy) {
-  if (group.row_starts.empty()) return std::nullopt;
+                                             const LengthPolicy& policy,
+                                             PackedAttentionPricing pricing) {
+  if (group.row_starts.empty() || pricing == PackedAttentionPricing::kBlockDiagonalMask) {
+    return std::nullopt;
+  }
   PackedSamples packed;
   packed.rows = static_cast<uint32_t>(group.row_starts.size());
+  packed.only_if_faster = pricing == PackedAttentionPricing::kFastest;
   packed.samples.reserve(group.samples.size());
   for (uint32_t position : group.samples) {
     const SampleLengths& s = samples[position];

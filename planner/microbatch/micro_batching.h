@@ -80,10 +80,11 @@ struct MicroBatchingOptions {
   // target tokens; PackRows), and the dynamic program groups the rows. A row
   // of one sample is an unpacked one, so a micro-batch may hold both.
   uint32_t packed_row_tokens = 0;
-  // PACKING: rows compute attention per sample (PackedAttention PER_SAMPLE,
-  // priced from the attention-core grid when the cost model has one), not
-  // over the whole row under a block-diagonal mask.
-  bool per_sample_packed_attention = true;
+  // How packed rows are priced (model.packed_attention): per sample (from
+  // the attention-core grid when the cost model has one), over the whole
+  // row under a block-diagonal mask, or the faster of the two per
+  // micro-batch.
+  PackedAttentionPricing packed_attention = PackedAttentionPricing::kFastest;
   // Each device's own room (limit - its own model state) instead of the
   // busiest device's for all. Off: the common budget (for comparisons).
   bool per_device_memory = true;
@@ -105,12 +106,16 @@ MicroBatchingOptions MicroBatchingOptionsFromConfig(const v1::JobConfig& config,
                                                     PartitionMethod method);
 PartitionMethod PartitionMethodFromProto(v1::PartitionMethod method);
 
+// The job's pricing of packed rows.
+PackedAttentionPricing PackedAttentionPricingOf(const v1::JobConfig& config);
+
 // The samples of `group`'s packed rows as the cost model prices per-sample
-// attention (their lengths after truncation, from `samples`); nullopt for an
-// unpacked group.
+// attention (their lengths after truncation, from `samples`; only_if_faster
+// under kFastest); nullopt for an unpacked group or under the mask.
 std::optional<PackedSamples> PackedSamplesOf(const MicroBatchGroup& group,
                                              std::span<const SampleLengths> samples,
-                                             const LengthPolicy& policy);
+                                             const LengthPolicy& policy,
+                                             PackedAttentionPricing pricing);
 
 // One (recompute mode, memory budget) pair.
 struct MicroBatchingCandidate {

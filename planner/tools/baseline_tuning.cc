@@ -80,7 +80,9 @@ std::string MethodName(v1::PartitionMethod method, v1::PackedAttention packed_at
     case v1::DYNAMIC_PROGRAMMING:
       return "dp";
     case v1::PACKING:
-      return packed_attention == v1::PER_SAMPLE ? "packing-varlen" : "packing";
+      return packed_attention == v1::PER_SAMPLE                ? "packing-varlen"
+             : packed_attention == v1::FASTEST_PER_MICRO_BATCH ? "packing-fastest"
+                                                               : "packing";
     case v1::TOKEN_BASED:
       return "token-based";
     case v1::FIXED_SIZE:

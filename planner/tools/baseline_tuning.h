@@ -124,7 +124,8 @@ std::vector<IterationOutcome> PlanEach(const EvaluationJob& job,
 
 // Short name of a partition method: "dp", "packing", ...; "varipipe" for
 // UNSPECIFIED (the default search); PACKING with PER_SAMPLE attention is
-// "packing-varlen", with BLOCK_DIAGONAL_MASK "packing".
+// "packing-varlen", with BLOCK_DIAGONAL_MASK "packing", with
+// FASTEST_PER_MICRO_BATCH "packing-fastest".
 std::string MethodName(v1::PartitionMethod method,
                        v1::PackedAttention packed_attention = v1::BLOCK_DIAGONAL_MASK);
 

@@ -50,8 +50,9 @@ ABSL_FLAG(bool, compare, false,
           "Also plan with every partition method (baseline settings tuned per mini-batch "
           "unless the config fixes them) and every schedule, simulate every candidate, and "
           "print each (method, schedule) cell's predicted throughput under the plan's own, "
-          "fastest first. Packing appears twice: packing-varlen (attention per sample) and "
-          "packing-full-row (attention over the whole row under a block-diagonal mask).");
+          "fastest first. Packing also appears with each attention kernel alone: "
+          "packing-varlen (per sample) and packing-full-row (over the whole row under a "
+          "block-diagonal mask).");
 ABSL_FLAG(bool, json, false, "Print one JSON report per iteration instead of the table.");
 ABSL_FLAG(bool, auto_layout, false,
           "Choose the stage layout as parallelism.stage_layout AUTO does (over the job's first "
@@ -334,17 +335,25 @@ std::optional<int> LoadJob(Job& job) {
 // every (method, schedule) cell has its best setting and recompute mode.
 // The DP shares its bound across pairs as the planner does: with the
 // default search, the plan is the best of these candidates, so no cell
-// beats it. Packing is compared both ways: with the job's packed attention
-// in the default search, and with the other kind in a packing-only search
-// ("packing-varlen": per sample; "packing-full-row": the whole row under a
-// block-diagonal mask).
+// beats it. Packing is also compared with each kernel alone, in
+// packing-only searches: "packing-varlen" (per sample) and
+// "packing-full-row" (the whole row under a block-diagonal mask); the
+// default search's own packing cells are named after the job's
+// model.packed_attention ("packing" when it chooses per micro-batch).
 struct Comparer {
   planner::Planner planner;
   std::string packing;  // the name of its packing cells
 };
 
 std::string PackingName(v1::PackedAttention attention) {
-  return attention == v1::BLOCK_DIAGONAL_MASK ? "packing-full-row" : "packing-varlen";
+  switch (attention) {
+    case v1::BLOCK_DIAGONAL_MASK:
+      return "packing-full-row";
+    case v1::PER_SAMPLE:
+      return "packing-varlen";
+    default:
+      return "packing";
+  }
 }
 
 std::vector<Comparer> MakeComparers(const v1::JobConfig& config, const planner::Planner& planner) {
@@ -357,14 +366,14 @@ std::vector<Comparer> MakeComparers(const v1::JobConfig& config, const planner::
   std::vector<Comparer> out;
   out.push_back({planner::Planner(all, planner.cost_model(), options),
                  PackingName(all.model().packed_attention())});
-  v1::JobConfig other = all;
-  other.mutable_model()->set_packed_attention(
-      all.model().packed_attention() == v1::BLOCK_DIAGONAL_MASK ? v1::PER_SAMPLE
-                                                                : v1::BLOCK_DIAGONAL_MASK);
-  other.mutable_planner()->clear_partition_methods();
-  other.mutable_planner()->add_partition_methods(v1::PACKING);
-  out.push_back({planner::Planner(other, planner.cost_model(), options),
-                 PackingName(other.model().packed_attention())});
+  for (v1::PackedAttention kernel : {v1::PER_SAMPLE, v1::BLOCK_DIAGONAL_MASK}) {
+    if (kernel == all.model().packed_attention()) continue;
+    v1::JobConfig packing = all;
+    packing.mutable_model()->set_packed_attention(kernel);
+    packing.mutable_planner()->clear_partition_methods();
+    packing.mutable_planner()->add_partition_methods(v1::PACKING);
+    out.push_back({planner::Planner(packing, planner.cost_model(), options), PackingName(kernel)});
+  }
   return out;
 }
 

@@ -64,6 +64,10 @@ struct Setting {
   bool per_device_memory = true;
   uint32_t memory_mib = 40960;
   const char* hardware = "a100-40gb";
+  // The default search without the DP over packed rows and with packed
+  // rows priced over the whole row (the search before both).
+  bool dp_packed_rows = true;
+  v1::PackedAttention packed_attention = v1::PACKED_ATTENTION_UNSPECIFIED;
 };
 
 v1::JobConfig Config(const Setting& s) {
@@ -84,6 +88,8 @@ v1::JobConfig Config(const Setting& s) {
     c.mutable_planner()->add_schedules(v1::ONE_F_ONE_B);
   }
   c.mutable_planner()->set_threads(s.threads);
+  c.mutable_planner()->set_dp_packed_rows(s.dp_packed_rows);
+  c.mutable_model()->set_packed_attention(s.packed_attention);
   c.mutable_training()->set_iterations(1);
   ApplyJobConfigDefaults(c);
   return c;
@@ -154,6 +160,20 @@ void BM_PlanGptDocumentsDefaultSearch(benchmark::State& s) {
   Run(s, {.default_search = true, .documents = true});
 }
 void BM_PlanGptDefaultSearch(benchmark::State& s) { Run(s, {.default_search = true}); }
+// The default search without the DP over packed rows, packed rows priced
+// over the whole row: the baseline of the two in the same process.
+constexpr Setting kWithoutPackedRows = {
+    .default_search = true, .dp_packed_rows = false, .packed_attention = v1::BLOCK_DIAGONAL_MASK};
+void BM_PlanGptDocumentsDefaultSearchWithoutPackedRows(benchmark::State& s) {
+  Setting setting = kWithoutPackedRows;
+  setting.documents = true;
+  Run(s, setting);
+}
+void BM_PlanT5DefaultSearchWithoutPackedRows(benchmark::State& s) {
+  Setting setting = kWithoutPackedRows;
+  setting.t5 = true;
+  Run(s, setting);
+}
 void BM_PlanT5(benchmark::State& s) { Run(s, {.t5 = true}); }
 void BM_PlanT5DefaultSearch(benchmark::State& s) { Run(s, {.t5 = true, .default_search = true}); }
 void BM_PlanT5DocumentsDefaultSearch(benchmark::State& s) {
@@ -171,8 +191,10 @@ BENCHMARK(BM_PlanGptDocuments36000)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanGptDocuments36000PerPair)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanGptDefaultSearch)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanGptDocumentsDefaultSearch)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanGptDocumentsDefaultSearchWithoutPackedRows)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanT5)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanT5DefaultSearch)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanT5DefaultSearchWithoutPackedRows)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanT5DocumentsDefaultSearch)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanT5PerPair)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanT5OneFOneBOnly)->Unit(benchmark::kMillisecond);

@@ -60,7 +60,7 @@ TEST(JobConfig, ValidConfigGetsDocumentedDefaults) {
   EXPECT_EQ(config->model().ffn_hidden_size(), 1024u);
   EXPECT_EQ(config->model().dtype(), v1::BFLOAT16);
   EXPECT_EQ(config->model().attention_kernel(), v1::EXPLICIT);
-  EXPECT_EQ(config->model().packed_attention(), v1::PER_SAMPLE);
+  EXPECT_EQ(config->model().packed_attention(), v1::FASTEST_PER_MICRO_BATCH);
   EXPECT_EQ(config->parallelism().tensor(), 1u);
   EXPECT_EQ(config->parallelism().virtual_chunks(), 1u);
   EXPECT_EQ(config->cluster().devices_per_node(), 8u);
@@ -251,7 +251,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "model.attention_kernel: must be EXPLICIT or FUSED (got 7)"},
         BadCase{"UnknownPackedAttention", R"("kind": "GPT")",
                 R"("kind": "GPT", "packed_attention": 9)",
-                "model.packed_attention: must be PER_SAMPLE or BLOCK_DIAGONAL_MASK (got 9)"},
+                "model.packed_attention: must be FASTEST_PER_MICRO_BATCH, PER_SAMPLE or "
+                "BLOCK_DIAGONAL_MASK (got 9)"},
         BadCase{"ZeroVocab", R"("vocab_size": 1000)", R"("vocab_size": 0)", "model.vocab_size"},
         BadCase{"LlamaT5", R"("kind": "GPT")", R"("kind": "T5", "architecture": "LLAMA")",
                 "model.architecture: LLAMA is a decoder-only architecture"},

@@ -7,6 +7,7 @@
 // than under the block-diagonal mask.
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <vector>
 
 #include "common/config/job_config.h"
@@ -19,6 +20,7 @@
 #include "planner/cost/micro_batch_cost.h"
 #include "planner/planner.h"
 #include "tests/testing/paper_models.h"
+#include "tests/testing/search_job.h"
 #include "tests/testing/status_matchers.h"
 
 namespace varipipe::planner {
@@ -224,6 +226,84 @@ TEST(PackedAttentionCost, PackingPlansRecordTheirKernelAndPerSampleIsFaster) {
     std::printf("%s packing: predicted makespan %.1f ms per sample, %.1f ms under the mask\n",
                 t5 ? "T5-11B" : "GPT-6.7B", predicted[0], predicted[1]);
     EXPECT_LT(predicted[0], predicted[1]);
+  }
+}
+
+// FASTEST_PER_MICRO_BATCH (the default): every packed micro-batch records
+// the kernel it was priced with, never FASTEST itself, as PerSampleIsFaster
+// decides. On the small search job's short FLAN-like samples the launches
+// per sample outweigh what they save, so the mask is chosen; on the paper
+// GPT's documents-like samples per sample is. Where every micro-batch
+// chose the same kernel, the plan is that kernel's plan.
+TEST(PackedAttentionCost, FastestRecordsTheKernelEachMicroBatchWasPricedWith) {
+  struct Case {
+    const char* name;
+    v1::JobConfig config;
+    MiniBatch mb;
+  };
+  std::vector<Case> cases;
+  {
+    v1::JobConfig config = varipipe::testing::SearchJobConfig(
+        {.pp = 2, .tokens = 16384, .planner_extra = R"(, "partition_methods": ["PACKING"])"});
+    const SyntheticMixture mixture = SyntheticMixture::Flan(5);
+    uint64_t cursor = 0;
+    cases.push_back({"small GPT, FLAN-like", config,
+                     varipipe::testing::DrawMiniBatch(mixture, &cursor, 16384, 0, 256)});
+  }
+  {
+    v1::JobConfig config = varipipe::testing::PaperBenchmarkJob(false, {v1::ONE_F_ONE_B});
+    config.mutable_planner()->clear_partition_methods();
+    config.mutable_planner()->add_partition_methods(v1::PACKING);
+    const SyntheticMixture mixture = SyntheticMixture::Documents(5);
+    MiniBatch mb;
+    uint64_t tokens = 0;
+    for (uint64_t i = 0;; ++i) {
+      SampleLengths s = mixture.Sample(i);
+      s.target = std::min(s.target, 2048u);
+      s.input = std::min(s.input, 2048u - s.target);
+      if (tokens + s.input + s.target > 65536) break;
+      tokens += s.input + s.target;
+      mb.sample_ids.push_back(i);
+      mb.lengths.push_back(s);
+    }
+    cases.push_back({"GPT-6.7B, documents-like", config, mb});
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::map<v1::PackedAttention, double> makespan;
+    std::map<v1::PackedAttention, int> recorded;
+    for (v1::PackedAttention kernel :
+         {v1::FASTEST_PER_MICRO_BATCH, v1::PER_SAMPLE, v1::BLOCK_DIAGONAL_MASK}) {
+      v1::JobConfig config = c.config;
+      config.mutable_model()->set_packed_attention(kernel);
+      absl::StatusOr<Planner> planner = Planner::Create(config);
+      ASSERT_THAT(planner, IsOk());
+      absl::StatusOr<PlanningResult> r = planner->Plan(c.mb);
+      ASSERT_THAT(r, IsOk());
+      makespan[kernel] = r->report.predicted_makespan_ms;
+      if (kernel != v1::FASTEST_PER_MICRO_BATCH) continue;
+      for (const v1::ExecutionPlan& plan : r->plans) {
+        for (const v1::MicroBatch& m : plan.micro_batches()) {
+          ASSERT_TRUE(m.packed_attention() == v1::PER_SAMPLE ||
+                      m.packed_attention() == v1::BLOCK_DIAGONAL_MASK);
+          ++recorded[m.packed_attention()];
+        }
+      }
+    }
+    std::printf(
+        "%s: %d micro-batches per sample, %d under the mask; makespan %.2f ms (per sample "
+        "%.2f, mask %.2f)\n",
+        c.name, recorded[v1::PER_SAMPLE], recorded[v1::BLOCK_DIAGONAL_MASK],
+        makespan[v1::FASTEST_PER_MICRO_BATCH], makespan[v1::PER_SAMPLE],
+        makespan[v1::BLOCK_DIAGONAL_MASK]);
+    if (recorded[v1::BLOCK_DIAGONAL_MASK] == 0) {
+      EXPECT_DOUBLE_EQ(makespan[v1::FASTEST_PER_MICRO_BATCH], makespan[v1::PER_SAMPLE]);
+    }
+    if (recorded[v1::PER_SAMPLE] == 0) {
+      EXPECT_DOUBLE_EQ(makespan[v1::FASTEST_PER_MICRO_BATCH], makespan[v1::BLOCK_DIAGONAL_MASK]);
+    }
+    EXPECT_LE(makespan[v1::FASTEST_PER_MICRO_BATCH],
+              std::max(makespan[v1::PER_SAMPLE], makespan[v1::BLOCK_DIAGONAL_MASK]));
   }
 }
 
