@@ -215,6 +215,10 @@ TEST_P(ZeroBubbleEquivalence, OneSgdStepMatchesTheReference) {
   job.iterations = 1;
   absl::StatusOr<v1::JobConfig> config = ::varipipe::testing::TinyJobConfig(job);
   ASSERT_THAT(config, IsOk());
+  // The DP over the samples alone: its micro-batches give every rank split
+  // backwards to check (over packed rows the adaptive zero-bubble schedule
+  // of this tiny T5 job splits none on rank 0).
+  config->mutable_planner()->set_dp_packed_rows(false);
   absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(*config);
   ASSERT_THAT(dataset, IsOk());
   const std::vector<v1::ExecutionPlan> plans = Plans(*config, 0, **dataset);

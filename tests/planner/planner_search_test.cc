@@ -348,7 +348,9 @@ TEST(PlannerSearch, FailedPlanReportsEveryCandidate) {
   PlanReport report;
   absl::StatusOr<PlanningResult> r = planner->Plan(Draw(mixture, &cursor, 8192, 0), false, &report);
   ASSERT_THAT(r, StatusIs(absl::StatusCode::kResourceExhausted));
-  ASSERT_EQ(report.candidates.size(), 6u);  // 3 recompute modes x 2 schedules
+  // 2 DP settings (over the samples and over packed rows) x 3 recompute
+  // modes x 2 schedules.
+  ASSERT_EQ(report.candidates.size(), 12u);
   for (const CandidateReport& c : report.candidates) {
     EXPECT_FALSE(c.feasible);
     EXPECT_FALSE(c.rejected_at.empty()) << c.schedule << "/" << c.recompute;
