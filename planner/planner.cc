@@ -276,29 +276,41 @@ void Search::EnumerateCandidates() {
     for (int mode_value : c_.planner().recompute_modes()) {
       const Recompute mode = RecomputeFromProto(static_cast<v1::RecomputeMode>(mode_value));
       for (int schedule_value : c_.planner().schedules()) {
-        Candidate cand;
-        cand.method = split.method;
-        cand.recompute = mode;
-        cand.schedule = static_cast<v1::ScheduleKind>(schedule_value);
-        cand.chunks = cand.schedule == v1::INTERLEAVED_1F1B ? c_.parallelism().virtual_chunks() : 1;
-        cand.report.partition_method = PartitionMethodName(split.method);
-        cand.report.setting = split.setting.Describe();
-        cand.report.schedule = ScheduleName(cand.schedule);
-        cand.report.recompute = RecomputeName(mode);
-        const MemoryBudget budget =
-            cand.schedule == v1::ADAPTIVE || cand.schedule == v1::ADAPTIVE_ZERO_BUBBLE
-                ? MemoryBudget::kWholeDevice
-                : MemoryBudget::kPipelineDepth;
-        if (!split.result.ok()) {
-          cand.Reject("micro-batching", std::string(split.result.status().message()));
-        } else {
-          cand.micro_batching = &*split.result;
-          const std::vector<MicroBatchingCandidate>& pairs = split.result->candidates;
-          for (size_t k = 0; k < pairs.size(); ++k) {
-            if (pairs[k].recompute == mode && pairs[k].budget == budget) cand.pair = k;
+        const v1::ScheduleKind schedule = static_cast<v1::ScheduleKind>(schedule_value);
+        const bool adaptive = schedule == v1::ADAPTIVE || schedule == v1::ADAPTIVE_ZERO_BUBBLE;
+        // Adaptive schedules hold as many micro-batches as fit: the
+        // whole-device partition. Static ones take the pipeline-depth
+        // partition (each micro-batch within room / depth), and also the
+        // whole-device one, whose larger micro-batches may still fit beside
+        // smaller ones: the simulated peak of each device decides (Judge).
+        for (MemoryBudget budget : adaptive ? std::vector{MemoryBudget::kWholeDevice}
+                                            : std::vector{MemoryBudget::kPipelineDepth,
+                                                          MemoryBudget::kWholeDevice}) {
+          Candidate cand;
+          cand.method = split.method;
+          cand.recompute = mode;
+          cand.schedule = schedule;
+          cand.chunks = schedule == v1::INTERLEAVED_1F1B ? c_.parallelism().virtual_chunks() : 1;
+          cand.report.partition_method = PartitionMethodName(split.method);
+          cand.report.setting = split.setting.Describe();
+          cand.report.schedule = ScheduleName(schedule);
+          cand.report.recompute = RecomputeName(mode);
+          cand.report.budget =
+              budget == MemoryBudget::kPipelineDepth ? "pipeline-depth" : "whole-device";
+          if (!split.result.ok()) {
+            if (budget == MemoryBudget::kWholeDevice && !adaptive) continue;
+            cand.Reject("micro-batching", std::string(split.result.status().message()));
+          } else {
+            cand.micro_batching = &*split.result;
+            const std::vector<MicroBatchingCandidate>& pairs = split.result->candidates;
+            for (size_t k = 0; k < pairs.size(); ++k) {
+              if (pairs[k].recompute == mode && pairs[k].budget == budget) cand.pair = k;
+            }
+            // The extra partition of a static schedule only where it exists.
+            if (cand.pair < 0 && budget == MemoryBudget::kWholeDevice && !adaptive) continue;
           }
+          candidates_.push_back(std::move(cand));
         }
-        candidates_.push_back(std::move(cand));
       }
     }
   }

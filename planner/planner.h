@@ -59,6 +59,10 @@ struct CandidateReport {
   std::string setting;
   std::string schedule;
   std::string recompute;
+  // The micro-batching's memory budget ("pipeline-depth": each micro-batch
+  // within room / depth; "whole-device"): static schedules are tried on
+  // both partitions, adaptive ones on the whole-device one.
+  std::string budget;
   bool feasible = false;
   // Where it was rejected ("micro-batching", "scheduling", "memory", or
   // "bound": it cannot beat a plan that fits, so it was not simulated) and

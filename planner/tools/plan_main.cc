@@ -222,6 +222,7 @@ std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& 
     if (!c.setting.empty()) cf["setting"] = Str(c.setting);
     cf["schedule"] = Str(c.schedule);
     cf["recompute"] = Str(c.recompute);
+    cf["budget"] = Str(c.budget);
     cf["feasible"].set_bool_value(c.feasible);
     if (!c.rejected_at.empty()) cf["rejected_at"] = Str(c.rejected_at);
     if (!c.reason.empty()) cf["reason"] = Str(c.reason);
