@@ -6,8 +6,8 @@
 // Each cell of the matrix {GPT, T5} x {GPipe, 1F1B, interleaved 1F1B (GPT),
 // kFkB, adaptive} x {none, selective, full recomputation} x (pp, dp) in
 // {(1,1), (2,1), (2,2), (4,1)}, plus packed micro-batches ("PackedVarlen":
-// attention per sample, the variable-length kernel of attention_mask.h),
-// runs three
+// attention per sample, the variable-length kernel of attention_mask.h;
+// "PackedMask": the dense block-diagonal mask), runs three
 // iterations with plain SGD (constant learning rate, no clipping, so the
 // update is the gradient times the learning rate and a wrong gradient scale
 // shows) and checks, every iteration:
@@ -79,6 +79,8 @@ struct Cell {
   // An uneven stage layout (TinyJob::stage_layers); empty: the even split.
   std::vector<uint32_t> layout;
   uint32_t encoder_stages = 0;
+  // PACKING cells: the packed rows' attention kernel.
+  v1::PackedAttention packed_attention = v1::PER_SAMPLE;
 };
 
 std::string ScheduleName(const Cell& c) {
@@ -120,7 +122,10 @@ std::string CellName(const Cell& c) {
                       : c.t5    ? "T5"
                       : c.llama ? "Llama"
                                 : "Gpt",
-                      c.tied ? "Tied" : "", c.method == v1::PACKING ? "PackedVarlen" : "",
+                      c.tied ? "Tied" : "",
+                      c.method != v1::PACKING                         ? ""
+                      : c.packed_attention == v1::BLOCK_DIAGONAL_MASK ? "PackedMask"
+                                                                      : "PackedVarlen",
                       c.layout.empty() ? "" : absl::StrCat("Layout", absl::StrJoin(c.layout, "")),
                       "_", ScheduleName(c), "_", RecomputeName(c.recompute), "_pp", c.pp, "dp",
                       c.dp);
@@ -181,6 +186,15 @@ std::vector<Cell> Matrix() {
       packed.dp = dp;
       cells.push_back(packed);
     }
+  }
+  // The dense block-diagonal mask, the kernel a plan may choose instead.
+  for (bool t5 : {false, true}) {
+    Cell mask;
+    mask.t5 = t5;
+    mask.method = v1::PACKING;
+    mask.packed_attention = v1::BLOCK_DIAGONAL_MASK;
+    mask.pp = 2;
+    cells.push_back(mask);
   }
   // LLAMA (docs/models.md): every schedule family, each recompute mode, the
   // four shapes, split backwards, packed rows (rotary positions restart per
@@ -374,6 +388,16 @@ std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& c
       for (const v1::MicroBatch& mb : plans[it][r].micro_batches()) {
         const int rows = mb.row_starts_size() > 0 ? mb.row_starts_size() : mb.sample_ids_size();
         padded += static_cast<uint64_t>(rows) * (mb.input_len() + mb.target_len());
+        // A packed micro-batch runs the kernel the job fixes, or one the
+        // planner chose for it.
+        if (mb.row_starts_size() > 0) {
+          const v1::PackedAttention job_kernel = config.model().packed_attention();
+          if (job_kernel != v1::FASTEST_PER_MICRO_BATCH) {
+            EXPECT_EQ(mb.packed_attention(), job_kernel);
+          }
+          EXPECT_TRUE(mb.packed_attention() == v1::PER_SAMPLE ||
+                      mb.packed_attention() == v1::BLOCK_DIAGONAL_MASK);
+        }
       }
       EXPECT_EQ(stats.padded_tokens, padded) << "rank " << r << " iteration " << it;
       EXPECT_LE(stats.real_tokens, stats.padded_tokens) << "rank " << r << " iteration " << it;
@@ -478,6 +502,8 @@ absl::StatusOr<v1::JobConfig> CellConfig(const Cell& c) {
   job.schedule = c.schedule;
   job.recompute = c.recompute;
   job.method = c.method;
+  // Packed cells run the kernel they are named after.
+  if (c.method == v1::PACKING) job.packed_attention = c.packed_attention;
   job.pipeline = c.pp;
   job.data = c.dp;
   job.chunks = c.chunks;

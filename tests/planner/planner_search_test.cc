@@ -20,6 +20,7 @@
 #include "planner/plan/plan_builder.h"
 #include "planner/plan/validator.h"
 #include "planner/planner.h"
+#include "tests/testing/paper_models.h"
 #include "tests/testing/search_job.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/status_matchers.h"
@@ -388,6 +389,69 @@ TEST(DocumentsMixture, ShortSamplesWithALongTail) {
   std::sort(lengths.begin(), lengths.end());
   EXPECT_LT(lengths[lengths.size() / 2], 120u);            // most are short
   EXPECT_GT(lengths[lengths.size() * 995 / 1000], 2048u);  // the tail reaches the maximum
+}
+
+// The 1F1B question (GPT-6.7B, pp = 8, 8,192 tokens, 36,000 MiB per device,
+// the explicit attention kernel): a mini-batch with one 8,149-token sample
+// among short ones. With selective recomputation that sample's micro-batch
+// alone keeps 5.8 GiB on device 0 (more than room / 8) and peaks at 99% of
+// its activation room in its backward, which recomputes the 32 x 8,192^2
+// attention scores of a layer (the executor's measured peak includes them:
+// measured_memory_test's Selective1F1B case). 1F1B holds the other
+// in-flight micro-batches beside it, so no 1F1B plan with selective
+// recomputation fits: the pipeline-depth partition refuses the sample (each
+// micro-batch within room / 8) and the whole-device partition's 1F1B
+// schedule simulates over the room. A planner that counts peaks only in
+// forward passes would accept such plans.
+TEST(PlannerSearch, OneFOneBWithSelectiveRecomputationCannotHoldALongSample) {
+  v1::JobConfig config =
+      varipipe::testing::PaperBenchmarkJob(false, {v1::ONE_F_ONE_B, v1::ADAPTIVE});
+  config.mutable_parallelism()->set_pipeline(8);
+  config.mutable_cluster()->set_device_memory_limit_mib(36000);
+  config.mutable_data()->set_max_sequence_length(8192);
+  config.mutable_planner()->clear_partition_methods();
+  config.mutable_planner()->add_partition_methods(v1::DYNAMIC_PROGRAMMING);
+  config.mutable_planner()->set_dp_packed_rows(false);
+  ASSERT_THAT(ValidateJobConfig(config, "test"), IsOk());
+  MiniBatch mb;
+  mb.sample_ids.push_back(0);
+  mb.lengths.push_back({8149, 43});
+  for (uint64_t i = 1; i <= 200; ++i) {
+    mb.sample_ids.push_back(i);
+    mb.lengths.push_back({static_cast<uint32_t>(150 + 37 * i % 200), 20});
+  }
+  absl::StatusOr<Planner> planner = Planner::Create(config);
+  ASSERT_THAT(planner, IsOk());
+  absl::StatusOr<PlanningResult> r = planner->Plan(mb);
+  ASSERT_THAT(r, IsOk());
+  int refused = 0;
+  for (const CandidateReport& c : r->report.candidates) {
+    if (c.schedule != "one_f_one_b" || c.recompute != "selective") continue;
+    SCOPED_TRACE(c.budget);
+    EXPECT_FALSE(c.feasible) << c.reason;
+    EXPECT_THAT(c.rejected_at, c.budget == "pipeline-depth" ? "micro-batching" : "memory");
+    refused += !c.feasible;
+  }
+  EXPECT_EQ(refused, 2);  // both partitions
+  // The long sample alone, on the busiest device.
+  absl::StatusOr<StageLayout> layout = JobStageLayout(config);
+  ASSERT_THAT(layout, IsOk());
+  absl::StatusOr<MicroBatchCostModel> cost =
+      MicroBatchCostModel::Create(planner->cost_model(), *layout, Recompute::kSelective, 1);
+  ASSERT_THAT(cost, IsOk());
+  absl::StatusOr<std::vector<double>> rooms = AvailableActivationBytesPerDevice(
+      planner->cost_model(), *layout, ZeroStage::k0, 1, 36000.0 * (1 << 20));
+  ASSERT_THAT(rooms, IsOk());
+  cost->SetDeviceRoom(*rooms, (*rooms)[0]);
+  MicroBatchCost alone;
+  ASSERT_TRUE(cost->Evaluate(1, 8192, 0, &alone));
+  std::printf(
+      "one 8,192-token micro-batch, selective recomputation: stored %.0f MiB, peak %.0f MiB of a "
+      "%.0f MiB room on device 0; the plan: %s/%s, %.0f ms\n",
+      alone.stored_bytes / (1 << 20), alone.peak_bytes / (1 << 20), (*rooms)[0] / (1 << 20),
+      r->report.schedule.c_str(), r->report.recompute.c_str(), r->report.predicted_makespan_ms);
+  EXPECT_GT(alone.stored_bytes, (*rooms)[0] / 8);
+  EXPECT_GT(alone.peak_bytes, 0.9 * (*rooms)[0]);
 }
 
 }  // namespace

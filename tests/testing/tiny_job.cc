@@ -77,6 +77,7 @@ absl::StatusOr<v1::JobConfig> TinyJobConfig(const TinyJob& job) {
   planner.add_recompute_modes(job.recompute);
   planner.clear_partition_methods();
   planner.add_partition_methods(job.method);
+  config.mutable_model()->set_packed_attention(job.packed_attention);
   ApplyJobConfigDefaults(config);
   VP_RETURN_IF_ERROR(ValidateJobConfig(config, "tiny job"));
   return config;

@@ -28,6 +28,9 @@ struct TinyJob {
   v1::ScheduleKind schedule = v1::ONE_F_ONE_B;
   v1::RecomputeMode recompute = v1::RECOMPUTE_NONE;
   v1::PartitionMethod method = v1::DYNAMIC_PROGRAMMING;
+  // model.packed_attention; UNSPECIFIED: the default (the faster kernel per
+  // packed micro-batch).
+  v1::PackedAttention packed_attention = v1::PACKED_ATTENTION_UNSPECIFIED;
   uint32_t pipeline = 1;
   uint32_t data = 1;
   uint32_t chunks = 1;  // parallelism.virtual_chunks (interleaved 1F1B)
