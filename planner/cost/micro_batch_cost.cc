@@ -310,26 +310,10 @@ bool MicroBatchCostModel::Evaluate(uint32_t b, uint32_t input_len, uint32_t targ
     return Evaluate(b, input_len, target_len, out);
   }
   Row row;
-  if (!PrepareRow(input_len, target_len, &row)) return false;
-  CostValues encoder;
-  CostValues decoder;
-  CostValues encoder_embedding;
-  CostValues decoder_embedding;
-  CostValues postprocess;
-  if (!row.encoder_.Lookup(b, &encoder) || !row.postprocess_.Lookup(b, &postprocess)) {
-    return false;
-  }
-  if (embedding_ != nullptr && !row.encoder_embedding_.Lookup(b, &encoder_embedding)) {
-    return false;
-  }
-  if (layout_.encoder_decoder) {
-    if (!row.decoder_.Lookup(b, &decoder)) return false;
-    if (embedding_ != nullptr && !row.decoder_embedding_.Lookup(b, &decoder_embedding)) {
-      return false;
-    }
-  }
-  PricePerSample(*packed, input_len, target_len, &encoder, &decoder);
-  return Combine(encoder, decoder, encoder_embedding, decoder_embedding, postprocess,
+  Components c;
+  if (!PrepareRow(input_len, target_len, &row) || !LookupComponents(row, b, &c)) return false;
+  PricePerSample(*packed, input_len, target_len, &c.encoder, &c.decoder);
+  return Combine(c.encoder, c.decoder, c.encoder_embedding, c.decoder_embedding, c.postprocess,
                  row.encoder_bias_, row.decoder_bias_, out);
 }
 
@@ -356,43 +340,43 @@ bool MicroBatchCostModel::PrepareRow(uint32_t input_len, uint32_t target_len, Ro
   return postprocess_->Row(input_len, 0, &row->postprocess_);
 }
 
-bool MicroBatchCostModel::Evaluate(const Row& row, uint32_t b, MicroBatchCost* out) const {
-  CostValues encoder;
-  CostValues decoder;
-  CostValues encoder_embedding;
-  CostValues decoder_embedding;
-  CostValues postprocess;
+bool MicroBatchCostModel::LookupComponents(const Row& row, uint32_t b, Components* c) const {
   if (shared_b_axis_) {
     ProfileGrid::BatchPosition p;
-    if (!encoder_->LocateBatch(b, &p) || !row.encoder_.Lookup(p, &encoder) ||
-        !row.postprocess_.Lookup(p, &postprocess)) {
+    if (!encoder_->LocateBatch(b, &p) || !row.encoder_.Lookup(p, &c->encoder) ||
+        !row.postprocess_.Lookup(p, &c->postprocess)) {
       return false;
     }
-    if (embedding_ != nullptr && !row.encoder_embedding_.Lookup(p, &encoder_embedding)) {
+    if (embedding_ != nullptr && !row.encoder_embedding_.Lookup(p, &c->encoder_embedding)) {
       return false;
     }
     if (layout_.encoder_decoder) {
-      if (!row.decoder_.Lookup(p, &decoder)) return false;
-      if (embedding_ != nullptr && !row.decoder_embedding_.Lookup(p, &decoder_embedding)) {
+      if (!row.decoder_.Lookup(p, &c->decoder)) return false;
+      if (embedding_ != nullptr && !row.decoder_embedding_.Lookup(p, &c->decoder_embedding)) {
         return false;
       }
     }
-    return Combine(encoder, decoder, encoder_embedding, decoder_embedding, postprocess,
-                   row.encoder_bias_, row.decoder_bias_, out);
+    return true;
   }
-  if (!row.encoder_.Lookup(b, &encoder) || !row.postprocess_.Lookup(b, &postprocess)) {
+  if (!row.encoder_.Lookup(b, &c->encoder) || !row.postprocess_.Lookup(b, &c->postprocess)) {
     return false;
   }
-  if (embedding_ != nullptr && !row.encoder_embedding_.Lookup(b, &encoder_embedding)) {
+  if (embedding_ != nullptr && !row.encoder_embedding_.Lookup(b, &c->encoder_embedding)) {
     return false;
   }
   if (layout_.encoder_decoder) {
-    if (!row.decoder_.Lookup(b, &decoder)) return false;
-    if (embedding_ != nullptr && !row.decoder_embedding_.Lookup(b, &decoder_embedding)) {
+    if (!row.decoder_.Lookup(b, &c->decoder)) return false;
+    if (embedding_ != nullptr && !row.decoder_embedding_.Lookup(b, &c->decoder_embedding)) {
       return false;
     }
   }
-  return Combine(encoder, decoder, encoder_embedding, decoder_embedding, postprocess,
+  return true;
+}
+
+bool MicroBatchCostModel::Evaluate(const Row& row, uint32_t b, MicroBatchCost* out) const {
+  Components c;
+  return LookupComponents(row, b, &c) &&
+         Combine(c.encoder, c.decoder, c.encoder_embedding, c.decoder_embedding, c.postprocess,
                  row.encoder_bias_, row.decoder_bias_, out);
 }
 

@@ -192,6 +192,15 @@ class MicroBatchCostModel {
                const StackBias& decoder_bias, MicroBatchCost* out) const;
   // The position bias of a stack of sequence length s.
   StackBias BiasOf(uint32_t s) const;
+  // Each component's costs at `row`'s lengths for `b` rows.
+  struct Components {
+    CostValues encoder;
+    CostValues decoder;
+    CostValues encoder_embedding;
+    CostValues decoder_embedding;
+    CostValues postprocess;
+  };
+  bool LookupComponents(const Row& row, uint32_t b, Components* c) const;
   // The change per-sample attention over `packed` makes to one encoder
   // layer (GPT: layer) and one decoder layer at the padded lengths. False
   // when there is no attention-core grid or a core lookup is infeasible.

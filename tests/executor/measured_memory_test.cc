@@ -26,7 +26,9 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "planner/cost/cost_model_io.h"
 #include "planner/cost/memory_model.h"
+#include "planner/cost/micro_batch_cost.h"
 #include "planner/planner.h"
 #include "tests/testing/command.h"
 #include "tests/testing/executor_ranks.h"
@@ -237,6 +239,61 @@ TEST(ProfileCli, AKilledRunContinuesWhereItStopped) {
   EXPECT_TRUE(std::filesystem::exists(dir / "cost.json"));
   EXPECT_FALSE(std::filesystem::exists(dir / "cost.json.partial"));
   std::printf("%s\n", resumed.output.c_str());
+  std::filesystem::remove_all(dir);
+}
+
+// varipipe-profile measures the attention core on its own (ATTENTION_CORE,
+// without recomputation): under the explicit kernel its stored scores grow
+// with the square of the length, it is part of a layer's cost and memory,
+// and the planner then prices packed rows per sample.
+TEST(ProfileCli, MeasuresTheAttentionCoreOnItsOwn) {
+  TinyJob job;
+  absl::StatusOr<v1::JobConfig> config = TinyJobConfig(job);
+  ASSERT_THAT(config, IsOk());
+  ASSERT_EQ(config->model().attention_kernel(), v1::EXPLICIT);
+  const std::filesystem::path dir = FreshDirectory("profile-attention-core");
+  std::string json;
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(*config, &json).ok());
+  std::ofstream(dir / "job.json") << json;
+  const CommandResult profile =
+      RunCommand(absl::StrCat(Bin("varipipe-profile"), " --config ", (dir / "job.json").string(),
+                              " --out ", (dir / "cost.json").string(), " --quick 2>&1"));
+  ASSERT_EQ(profile.exit_code, 0) << profile.output;
+  absl::StatusOr<planner::CostModel> model = planner::LoadCostModel((dir / "cost.json").string());
+  ASSERT_THAT(model, IsOk());
+  const planner::ProfileGrid* core =
+      model->Grid(planner::Component::kAttentionCore, planner::Recompute::kNone, 1);
+  ASSERT_NE(core, nullptr);
+  EXPECT_EQ(model->Grid(planner::Component::kAttentionCore, planner::Recompute::kFull, 1), nullptr);
+  const planner::ProfileGrid* layer =
+      model->Grid(planner::Component::kEncoderLayer, planner::Recompute::kNone, 1);
+  ASSERT_NE(layer, nullptr);
+  const std::vector<uint32_t>& lengths = core->seq_lens();
+  ASSERT_GE(lengths.size(), 2u);
+  // The two shortest lengths (powers of two; the last one is the maximum).
+  const uint32_t half = lengths[0];
+  const uint32_t s = lengths[1];
+  ASSERT_EQ(s, 2 * half);
+  planner::CostValues long_core, short_core, long_layer;
+  ASSERT_TRUE(core->Lookup(1, s, &long_core));
+  ASSERT_TRUE(core->Lookup(1, half, &short_core));
+  ASSERT_TRUE(layer->Lookup(1, s, &long_layer));
+  std::printf(
+      "attention core at b=1: stored %.1f KiB at %u tokens, %.1f KiB at %u; the layer stores %.1f "
+      "KiB at %u\n",
+      long_core.stored_bytes / 1024, s, short_core.stored_bytes / 1024, half,
+      long_layer.stored_bytes / 1024, s);
+  // Scores and probabilities: four times the bytes at twice the length.
+  EXPECT_GT(long_core.stored_bytes, 3 * short_core.stored_bytes);
+  EXPECT_LT(long_core.stored_bytes, 5 * short_core.stored_bytes);
+  EXPECT_LT(long_core.stored_bytes, long_layer.stored_bytes);
+  config->mutable_planner()->set_cost_model_path((dir / "cost.json").string());
+  absl::StatusOr<planner::StageLayout> layout = planner::JobStageLayout(*config);
+  ASSERT_THAT(layout, IsOk());
+  absl::StatusOr<planner::MicroBatchCostModel> cost =
+      planner::MicroBatchCostModel::Create(*model, *layout, planner::Recompute::kNone, 1);
+  ASSERT_THAT(cost, IsOk());
+  EXPECT_TRUE(cost->prices_per_sample_attention());
   std::filesystem::remove_all(dir);
 }
 

@@ -19,17 +19,7 @@ using ::testing::HasSubstr;
 using ::varipipe::testing::Gpt67bDims;
 using ::varipipe::testing::IsOk;
 
-ModelDims T5Small() {
-  return {.kind = ModelKind::kT5,
-          .encoder_layers = 4,
-          .decoder_layers = 4,
-          .hidden = 512,
-          .heads = 8,
-          .kv_channels = 64,
-          .ffn = 2048,
-          .vocab = 32128,
-          .dtype_bytes = 2};
-}
+ModelDims T5Small() { return varipipe::testing::SmallT5Dims(); }
 
 // With A = h and f = 4h the FLOPs are Megatron's 24 b s h^2 + 4 b s^2 h.
 TEST(AnalyticModel, FlopsMatchMegatronsFormula) {

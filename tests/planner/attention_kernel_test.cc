@@ -13,6 +13,7 @@
 #include "planner/cost/analytic_model.h"
 #include "planner/cost/hardware.h"
 #include "planner/planner.h"
+#include "tests/testing/paper_models.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/status_matchers.h"
 
@@ -35,18 +36,7 @@ ModelDims Gpt67b(AttentionKernel kernel) {
           .attention_kernel = kernel};
 }
 
-ModelDims T5Small(AttentionKernel kernel) {
-  return {.kind = ModelKind::kT5,
-          .encoder_layers = 4,
-          .decoder_layers = 4,
-          .hidden = 512,
-          .heads = 8,
-          .kv_channels = 64,
-          .ffn = 2048,
-          .vocab = 32128,
-          .dtype_bytes = 2,
-          .attention_kernel = kernel};
-}
+ModelDims T5Small(AttentionKernel kernel) { return varipipe::testing::SmallT5Dims(kernel); }
 
 Hardware A100() {
   absl::StatusOr<Hardware> hw = HardwarePreset("a100-40gb");

@@ -9,6 +9,7 @@
 #include "planner/cost/analytic_model.h"
 #include "planner/cost/hardware.h"
 #include "planner/microbatch/dp_partition.h"
+#include "tests/testing/paper_models.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/status_matchers.h"
 
@@ -209,15 +210,7 @@ TEST(MicroBatching, BaselinesAreCostedWithTheSameObjective) {
 }
 
 TEST(MicroBatching, T5UsesBothLengths) {
-  const ModelDims dims{.kind = ModelKind::kT5,
-                       .encoder_layers = 4,
-                       .decoder_layers = 4,
-                       .hidden = 512,
-                       .heads = 8,
-                       .kv_channels = 64,
-                       .ffn = 2048,
-                       .vocab = 32128,
-                       .dtype_bytes = 2};
+  const ModelDims dims = varipipe::testing::SmallT5Dims();
   const CostModel model = Model(dims);
   MicroBatchingOptions o = Options(dims, 16);
   o.order = SampleOrder::kTwoDTour;
@@ -242,16 +235,7 @@ TEST(MicroBatching, PackedRowsCoverEverySampleOnceWithinTheirRows) {
   const uint32_t seed = varipipe::testing::TestSeed("PackedRowsCoverEverySampleOnce");
   std::mt19937 rng(seed);
   for (bool t5 : {false, true}) {
-    const ModelDims dims = t5 ? ModelDims{.kind = ModelKind::kT5,
-                                          .encoder_layers = 4,
-                                          .decoder_layers = 4,
-                                          .hidden = 512,
-                                          .heads = 8,
-                                          .kv_channels = 64,
-                                          .ffn = 2048,
-                                          .vocab = 32128,
-                                          .dtype_bytes = 2}
-                              : SmallGpt();
+    const ModelDims dims = t5 ? varipipe::testing::SmallT5Dims() : SmallGpt();
     const CostModel model = Model(dims);
     for (int trial = 0; trial < 10; ++trial) {
       std::vector<SampleLengths> batch;

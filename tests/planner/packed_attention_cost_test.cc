@@ -129,15 +129,7 @@ TEST(PackedAttentionCost, OneSampleFillingEachRowCostsWhatTheRowDoes) {
 }
 
 TEST(PackedAttentionCost, T5DecoderLayersPriceSelfAndCrossAttentionPerSample) {
-  Fixture f = Make({.kind = ModelKind::kT5,
-                    .encoder_layers = 4,
-                    .decoder_layers = 4,
-                    .hidden = 512,
-                    .heads = 8,
-                    .kv_channels = 64,
-                    .ffn = 2048,
-                    .vocab = 32128,
-                    .dtype_bytes = 2});
+  Fixture f = Make(varipipe::testing::SmallT5Dims());
   // One row: inputs 256 + 256 = 512, targets 64 + 64 = 128; cross-attention
   // over 256 x 64 per sample is priced as a 128 x 128 square.
   const PackedSamples packed{.rows = 1, .samples = {{256, 64}, {256, 64}}};

@@ -1,6 +1,7 @@
 // The two models of DynaPipe's evaluation (GPT-6.7B and T5-11B), shared by
 // the planner benchmarks (as configs) and the cost-model tests (as
-// dimensions), so every number they report is about the same models.
+// dimensions), so every number they report is about the same models; and a
+// T5-small-like model for the cost-model tests that need a small T5.
 #ifndef VARIPIPE_TESTS_TESTING_PAPER_MODELS_H_
 #define VARIPIPE_TESTS_TESTING_PAPER_MODELS_H_
 
@@ -44,6 +45,22 @@ inline v1::ModelConfig T511bConfig() {
 }
 
 inline planner::ModelDims Gpt67bDims() { return planner::ModelDimsFromConfig(Gpt67bConfig()); }
+
+// A T5-small-like model: 4 + 4 layers, h = 512, 8 heads of 64, MLP 2,048,
+// vocabulary 32,128; 16-bit.
+inline planner::ModelDims SmallT5Dims(
+    planner::AttentionKernel kernel = planner::AttentionKernel::kExplicit) {
+  return {.kind = planner::ModelKind::kT5,
+          .encoder_layers = 4,
+          .decoder_layers = 4,
+          .hidden = 512,
+          .heads = 8,
+          .kv_channels = 64,
+          .ffn = 2048,
+          .vocab = 32128,
+          .dtype_bytes = 2,
+          .attention_kernel = kernel};
+}
 
 // The planner benchmarks' job of either model (zero_bubble_bench.cc,
 // stage_layout_bench.cc): GPT-6.7B at pp = 4 or T5-11B at pp = 8, dp = 1,
