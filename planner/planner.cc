@@ -271,6 +271,26 @@ void Search::MicroBatch() {
 }
 
 // Every (method, mode, schedule): the pair it needs, or why it has none.
+namespace {
+
+// Whether a baseline's whole-device pair of `mode` repeats its
+// pipeline-depth pair: a baseline's groups do not depend on the budget, so
+// they are the same whenever the pipeline-depth pair fits. (The DP's
+// partitions differ per budget; whether they do is not known for a pair
+// the shared bound pruned, so the DP always gets both.)
+bool SameBaselinePartition(PartitionMethod method, const std::vector<MicroBatchingCandidate>& pairs,
+                           Recompute mode) {
+  if (method == PartitionMethod::kDynamicProgramming) return false;
+  for (const MicroBatchingCandidate& depth : pairs) {
+    if (depth.recompute == mode && depth.budget == MemoryBudget::kPipelineDepth) {
+      return depth.status.ok();
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
 void Search::EnumerateCandidates() {
   for (MethodSplit& split : splits_) {
     for (int mode_value : c_.planner().recompute_modes()) {
@@ -281,8 +301,9 @@ void Search::EnumerateCandidates() {
         // Adaptive schedules hold as many micro-batches as fit: the
         // whole-device partition. Static ones take the pipeline-depth
         // partition (each micro-batch within room / depth), and also the
-        // whole-device one, whose larger micro-batches may still fit beside
-        // smaller ones: the simulated peak of each device decides (Judge).
+        // whole-device one where it differs, whose larger micro-batches may
+        // still fit beside smaller ones: the simulated peak of each device
+        // decides (Judge).
         for (MemoryBudget budget : adaptive ? std::vector{MemoryBudget::kWholeDevice}
                                             : std::vector{MemoryBudget::kPipelineDepth,
                                                           MemoryBudget::kWholeDevice}) {
@@ -306,8 +327,12 @@ void Search::EnumerateCandidates() {
             for (size_t k = 0; k < pairs.size(); ++k) {
               if (pairs[k].recompute == mode && pairs[k].budget == budget) cand.pair = k;
             }
-            // The extra partition of a static schedule only where it exists.
-            if (cand.pair < 0 && budget == MemoryBudget::kWholeDevice && !adaptive) continue;
+            // The extra partition of a static schedule only where it exists
+            // and may differ from the pipeline-depth one.
+            if (budget == MemoryBudget::kWholeDevice && !adaptive &&
+                (cand.pair < 0 || SameBaselinePartition(split.method, pairs, mode))) {
+              continue;
+            }
           }
           candidates_.push_back(std::move(cand));
         }
