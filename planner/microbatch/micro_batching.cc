@@ -172,12 +172,16 @@ absl::StatusOr<std::vector<MicroBatchCost>> CostGroups(const MicroBatchCostModel
         per_sample ? PackedSamplesOf(group, samples, PolicyOf(o), o.packed_attention)
                    : std::nullopt;
     MicroBatchCost own;
-    auto [it, added] = packed ? std::make_pair(by_shape.end(), true)
-                              : by_shape.try_emplace(std::make_tuple(group.size(), group.input_len,
-                                                                     group.target_len));
-    MicroBatchCost* slot = packed ? &own : &it->second;
-    if (added && !cost.Evaluate(static_cast<uint32_t>(group.size()), group.input_len,
-                                group.target_len, packed ? &*packed : nullptr, slot)) {
+    MicroBatchCost* slot = &own;
+    bool evaluate = true;
+    if (!packed) {
+      auto [it, added] =
+          by_shape.try_emplace(std::make_tuple(group.size(), group.input_len, group.target_len));
+      slot = &it->second;
+      evaluate = added;
+    }
+    if (evaluate && !cost.Evaluate(static_cast<uint32_t>(group.size()), group.input_len,
+                                   group.target_len, packed ? &*packed : nullptr, slot)) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "micro-batch %d (%d x %d%s tokens) lies beyond the cost model's grid", g, group.size(),
           group.input_len, group.target_len ? absl::StrCat("+", group.target_len) : ""));
