@@ -920,8 +920,20 @@ gloo_crash_facts() {  # BINARY GTEST_FILTER LOG_DIR
     echo; head -n 200 "$dir/gloo-bindings.all"; } > "$dir/gloo-bindings.txt" 2>&1 || true
   rm -f "$dir/gloo-bindings.all"
   rm -f "$dir"/bindings.*
+  # Gloo symbols each copy defines, and those the binary itself asks for: a
+  # symbol both define binds to the first in load order, one only PyTorch's
+  # Gloo defines always binds there.
+  local lib
+  for lib in $(ldd "$bin_path" | awk '/libgloo|libtorch_cpu|libtorch_cuda/ {print $3}'); do
+    nm -D --defined-only "$lib" 2> /dev/null | awk '$3 ~ /^_ZN4gloo|^_ZTVN4gloo|^_ZTIN4gloo/ {print $3}' |
+      sort -u > "$dir/defined-by-$(basename "$lib").txt"
+  done
+  nm -D --undefined-only "$bin_path" 2> /dev/null | awk '{print $2}' | grep gloo | sort -u |
+    c++filt > "$dir/undefined-in-binary.txt" || true
   if command -v gdb > /dev/null; then
-    timeout 90 gdb -batch -ex run -ex 'thread apply all bt 25' \
+    timeout 90 gdb -batch -ex 'handle SIGPIPE nostop noprint' -ex run -ex 'info registers rip rsp' \
+      -ex 'x/4gx $sp' -ex 'info symbol *(void**)$sp' -ex 'x/8i *(void**)$sp - 24' \
+      -ex 'bt 40' -ex 'thread apply all bt 25' -ex 'info sharedlibrary' \
       --args "$bin_path" "$filter" > "$dir/gdb.txt" 2>&1 || true
   else
     echo "no gdb on this machine" > "$dir/gdb.txt"
