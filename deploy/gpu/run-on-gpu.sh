@@ -76,7 +76,7 @@ CHECKS=(
   "predict|gpu|predicted against measured iteration time of a hidden-4096 GPT job: the analytic model, the profiled cost model, and the profiled model with online calibration (varipipe-ctl status: prediction error p50, p90)"
   "gloo-transport|gpu|Gloo transport unit test on the CUDA build (CPU tensors): shows a clash between two Gloo copies"
   "two-ranks-one-gpu-nccl|gpu|two pipeline ranks on cuda:0 with NCCL: a clear refusal (NCCL rejects two ranks on one GPU) or success, never a hang"
-  "two-ranks-one-gpu-gloo|gpu|two ranks sharing the GPU over Gloo with device tensors (pending: the executor has no such option)"
+  "two-ranks-one-gpu-gloo|gpu|two pipeline ranks on cuda:0 over Gloo (--transport gloo: device buffers staged through host memory): both train every iteration"
   "nccl-allreduce-one-rank|gpu|ncclAllReduce on a one-rank communicator (pending: the NCCL transport skips groups of one)"
   "hf-goldens|gpu|tiny random Llama (untied, tied) and FLAN-T5 models from transformers, saved with their token ids, logits, loss and gradient norms as golden files for the CPU tests (deploy/gpu/hf_goldens.py)"
   "hf-export-loads|gpu|Varipipe exports (tests/data/hf/varipipe-export, varipipe-t5-export) loaded with transformers' LlamaForCausalLM and T5ForConditionalGeneration .from_pretrained: missing, unexpected and mismatched keys, and their losses against the golden ones"
@@ -611,7 +611,8 @@ def configs(template, data, jobs, hardware):
             "data": {"format": "synthetic", "tokens_per_global_batch": tokens,
                      "max_sequence_length": max_len, "seed": 1234,
                      "synthetic_num_samples": 100000, "synthetic_mixture": mixture},
-            "planner": {"partition_methods": methods, "plan_ahead": 16},
+            # No methods: the planner's default search (every method).
+            "planner": dict({"plan_ahead": 16}, **({"partition_methods": methods} if methods else {})),
             "training": {"iterations": iterations, "learning_rate": 1e-4, "warmup_iterations": 1,
                          "watchdog_timeout_s": 300},
         }
@@ -628,8 +629,9 @@ def configs(template, data, jobs, hardware):
     for mixture in ["FLAN_LIKE", "DOCUMENTS"]:
         for m in SPEED_METHODS:
             name = f"speed-{mixture.lower().replace('_', '-')}-{m}"
-            out[name] = gpt("gpu-" + name.replace("_", "-"), 8, 2048, 16, [m], max_len=8192,
-                            mixture=mixture, iterations=5)
+            out[name] = gpt("gpu-" + name.replace("_", "-"), 8, 2048, 16,
+                            None if m == "default" else [m], max_len=8192,
+                            mixture=mixture, iterations=8)
     # The profiler's job: a hidden-4,096 (GPT-6.7B) layer up to 8,192 tokens,
     # without recomputation (the MFU of one stage's layer).
     h4096 = gpt("gpu-profile-h4096", 2, 4096, 32, ["dynamic_programming"], max_len=8192,
@@ -642,7 +644,9 @@ def configs(template, data, jobs, hardware):
         json.dump(c, open(os.path.join(d, "job.json"), "w"), indent=1)
 
 
-SPEED_METHODS = ["dynamic_programming", "packing", "token_based", "fixed_size", "padding"]
+# "default": no partition_methods, the planner's default search; the others
+# narrow the search to one method (its parameter still tuned per mini-batch).
+SPEED_METHODS = ["default", "packing", "token_based", "dynamic_programming"]
 
 
 def mfu(cost_model, peak_tflops, lengths):
@@ -728,6 +732,18 @@ def plans(run_dir):
     return shapes
 
 
+def plan_headers(run_dir):
+    """Per iteration: (method, schedule, recompute, micro-batches, predicted ms)."""
+    heads = {}
+    for path in glob.glob(run_dir + "/plan-*.txt"):
+        it = int(re.search(r"plan-(\d+)\.txt", path).group(1))
+        m = re.search(r"(\d+) micro-batches, schedule (\S+), (\S+), recompute (\S+), "
+                      r"predicted ([0-9.]+) ms", open(path).read())
+        if m:
+            heads[it] = (m.group(3), m.group(2), m.group(4), int(m.group(1)), float(m.group(5)))
+    return heads
+
+
 def timings(run_dir, name, peak_tflops):
     """Per-micro-batch times (from the progress reports) joined with the plans."""
     job = json.load(open(run_dir + "/job.json"))
@@ -760,13 +776,26 @@ def timings(run_dir, name, peak_tflops):
     mfu = ""
     if peak_tflops > 0:
         mfu = f"{100 * tokens * flops_per_token(model, seq) / (peak_tflops * 1e12):.1f}%"
+    # What the planner chose for the measured iterations, and its prediction.
+    heads = plan_headers(run_dir)
+    chosen = {}
+    predicted = []
+    for r in steady:
+        h = heads.get(int(r["iteration"]))
+        if h:
+            key = f"{h[0]}/{h[1]}/{h[2]}"
+            chosen[key] = chosen.get(key, 0) + 1
+            predicted.append(h[4])
+    plans_text = ",".join(f"{k}x{n}" for k, n in sorted(chosen.items())) or "n/a"
+    predicted_ms = f"{sum(predicted) / len(predicted):.1f}" if predicted else ""
     with open(run_dir + "/speed.tsv", "w") as s:
         s.write("run\ttokens_per_s\tstep_ms\tcompute_ms\tinterpreter_ms\tinstructions\t"
-                "padding_efficiency\tmean_padded_len\tmfu\n")
+                "padding_efficiency\tmean_padded_len\tmfu\tpredicted_ms\tplans\n")
         s.write(f"{name}\t{tokens:.0f}\t{step:.1f}\t"
                 f"{sum(r['compute_ms'] for r in steady) / len(steady):.1f}\t{overhead:.3f}\t"
                 f"{instructions:.0f}\t"
-                f"{sum(r['padding_efficiency'] for r in steady) / len(steady):.3f}\t{seq:.0f}\t{mfu}\n")
+                f"{sum(r['padding_efficiency'] for r in steady) / len(steady):.3f}\t{seq:.0f}\t{mfu}\t"
+                f"{predicted_ms}\t{plans_text}\n")
     print(f"NOTE {name}: {tokens:.0f} tokens/s, step {step:.0f} ms, MFU {mfu or 'n/a'}, "
           f"interpreter {overhead:.2f} ms for {instructions:.0f} instructions, "
           f"{sum(len(r.get('timings', [])) for r in reports.values())} micro-batch timings")
@@ -982,9 +1011,13 @@ check_gpu_bf16_train() {
   return "$rc"
 }
 
-check_two_ranks_one_gpu_nccl() {
+# two_ranks_on_cuda0 DIR [EXECUTOR FLAGS]: the pp=2 job with both ranks on
+# cuda:0 (LOCAL_RANK=0 for each); the executors' logs in DIR/run; returns
+# the first failing rank's status (124: a hang).
+two_ranks_on_cuda0() {
   ensure_dataset
   local dir=$1/run planner_pid pids=() r rc=0 limit
+  shift
   limit=$(( $(left) < 150 ? $(left) : 150 ))
   mkdir -p "$dir"
   cp "$work/jobs/mt-pp2/job.json" "$dir/job.json"
@@ -998,11 +1031,19 @@ check_two_ranks_one_gpu_nccl() {
   for r in 0 1; do
     (cd "$dir" && RANK=$r WORLD_SIZE=2 LOCAL_RANK=0 timeout "$limit" "$bin/varipipe-executor" \
        --planner "127.0.0.1:$(cat "$dir/planner.port")" --store_file "$dir/store" --status_port -1 \
-       --run_id two-ranks > "$dir/rank$r.log" 2>&1) &
+       --run_id two-ranks "$@" > "$dir/rank$r.log" 2>&1) &
     pids+=($!)
   done
   for r in 0 1; do wait "${pids[$r]}" || rc=$?; done
+  kill "$planner_pid" 2> /dev/null || true
   tail -n 20 "$dir/rank0.log" "$dir/rank1.log"
+  return "$rc"
+}
+
+check_two_ranks_one_gpu_nccl() {
+  local dir=$1/run rc=0 limit
+  limit=$(( $(left) < 150 ? $(left) : 150 ))
+  two_ranks_on_cuda0 "$1" || rc=$?
   if [[ $rc -eq 124 ]]; then note "hung for $limit s (no clear error)"; return 1; fi
   if [[ $rc -eq 0 ]]; then note "both ranks trained on one GPU over NCCL (NCCL accepted two ranks on one device)"; return 0; fi
   local line
@@ -1010,6 +1051,19 @@ check_two_ranks_one_gpu_nccl() {
   if [[ -n "$line" ]]; then note "refused clearly, as expected: $line"; return 0; fi
   note "failed without naming NCCL: $(grep -h -m 1 -iE 'error' "$dir/rank0.log" | cut -c 1-200)"
   return 1
+}
+
+# Both ranks on cuda:0 over Gloo, device buffers staged through the host
+# (--transport gloo): every iteration must train on both.
+check_two_ranks_one_gpu_gloo() {
+  local dir=$1/run rc=0
+  two_ranks_on_cuda0 "$1" --transport gloo || rc=$?
+  if [[ $rc -ne 0 ]]; then
+    note "rank failed ($rc): $(grep -h -m 1 -iE 'error|fail' "$dir/rank0.log" "$dir/rank1.log" | head -n 1 | cut -c 1-200)"
+    return 1
+  fi
+  note "both ranks trained on cuda:0 over $(grep -h -m 1 -o 'transport: .*' "$dir/rank0.log" | cut -c 12-80); $(grep -h -c -iE 'iteration [0-9]+.*loss' "$dir/rank0.log") iteration lines on rank 0; last: $(grep -h -iE 'iteration [0-9]+.*loss' "$dir/rank0.log" | tail -n 1 | cut -c 1-160)"
+  return 0
 }
 
 check_pending() {  # DIR REASON
@@ -1037,11 +1091,11 @@ check_layer_timings() {
 
 check_speed() {
   local mixture method run rc=0 failed=() runs=() i=0
-  local methods=(dynamic_programming packing token_based fixed_size padding)
+  local methods=(default packing token_based dynamic_programming)
   for mixture in flan-like documents; do
     for method in "${methods[@]}"; do runs+=("speed-$mixture-$method"); done
   done
-  printf 'run\ttokens_per_s\tstep_ms\tcompute_ms\tinterpreter_ms\tinstructions\tpadding_efficiency\tmean_padded_len\tmfu\n' > "$logs/speed.tsv"
+  printf 'run\ttokens_per_s\tstep_ms\tcompute_ms\tinterpreter_ms\tinstructions\tpadding_efficiency\tmean_padded_len\tmfu\tpredicted_ms\tplans\n' > "$logs/speed.tsv"
   for run in "${runs[@]}"; do
     i=$((i + 1))
     if [[ $(left) -lt 20 ]]; then failed+=("$run (no time left)"); rc=1; continue; fi
@@ -1121,7 +1175,7 @@ check_gpu_tests() {
   timeout "$(left)" cmake --build "$build" -j "$jobs" --target equivalence_test \
     > "$logs/build-equivalence.log" 2>&1 ||
     { note "building equivalence_test failed: $(first_error "$logs/build-equivalence.log")"; return 1; }
-  NVIDIA_TF32_OVERRIDE=0 timeout "$(left)" ctest --test-dir "$build" -R '^equivalence_test\.Cuda/' \
+  NVIDIA_TF32_OVERRIDE=0 timeout "$(left)" ctest --test-dir "$build" -R '^equivalence_test\.Cuda/' -j 4 \
     --output-on-failure --no-tests=error > "$1/ctest.log" 2>&1 || rc=$?
   cat "$1/ctest.log"
   [[ $rc -eq 0 ]] || gloo_crash_facts "$build/tests/equivalence_test" \
@@ -1227,16 +1281,15 @@ run_check() {
 # Most telling first: a call may end before the last check.
 run_check gpu-fp32-vs-cpu 100 check_gpu_fp32_vs_cpu
 run_check gpu-bf16-train 80 check_gpu_bf16_train
+run_check gloo-transport 120 check_gloo_transport
 run_check gpu-tests 200 check_gpu_tests
+run_check two-ranks-one-gpu-gloo 60 check_two_ranks_one_gpu_gloo
 run_check hf-goldens 90 check_hf_goldens
 run_check hf-export-loads 60 check_hf_export_loads
-run_check speed 170 check_speed
+run_check speed 300 check_speed
 run_check profile 240 check_profile
 run_check predict 120 check_predict
-run_check gloo-transport 120 check_gloo_transport
 run_check two-ranks-one-gpu-nccl 40 check_two_ranks_one_gpu_nccl
-run_check two-ranks-one-gpu-gloo 10 check_pending \
-  "pending: every rank on cuda:0 with the Gloo transport over device tensors needs an executor option (today a CUDA rank always uses NCCL, on cuda:LOCAL_RANK)"
 run_check nccl-allreduce-one-rank 10 check_pending \
   "pending: the NCCL transport creates no communicator for a group of one, so ncclAllReduce is not reached; NCCL send/recv between two ranks needs two GPUs"
 run_check layer-timings 300 check_layer_timings

@@ -1,6 +1,7 @@
 #include "executor/comm/transport_factory.h"
 
 #include "absl/strings/str_cat.h"
+#include "executor/comm/device_staging_transport.h"
 #include "executor/comm/gloo/gloo_transport.h"
 #ifdef VARIPIPE_HAVE_NCCL
 #include "executor/comm/nccl/nccl_transport.h"
@@ -9,7 +10,7 @@
 namespace varipipe::executor {
 
 absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOptions& o) {
-  if (o.cuda_device >= 0) {
+  if (o.cuda_device >= 0 && !o.gloo_on_gpu) {
 #ifdef VARIPIPE_HAVE_NCCL
     NcclTransport::Options n;
     n.redis = o.redis;
@@ -41,6 +42,10 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOption
   g.cancelled = o.cancelled;
   absl::StatusOr<std::unique_ptr<GlooTransport>> t = GlooTransport::Create(g);
   if (!t.ok()) return t.status();
+  if (o.cuda_device >= 0) {
+    return std::unique_ptr<Transport>(std::make_unique<DeviceStagingTransport>(
+        std::move(*t), torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(o.cuda_device))));
+  }
   return std::unique_ptr<Transport>(std::move(*t));
 }
 

@@ -1,5 +1,6 @@
 // Chooses the executor's transport: NCCL when the build has it and the rank
-// runs on a GPU, else Gloo over TCP. Callers see only transport.h.
+// runs on a GPU (or Gloo staging device buffers through the host, when asked),
+// else Gloo over TCP. Callers see only transport.h.
 #ifndef VARIPIPE_EXECUTOR_COMM_TRANSPORT_FACTORY_H_
 #define VARIPIPE_EXECUTOR_COMM_TRANSPORT_FACTORY_H_
 
@@ -21,6 +22,10 @@ struct TransportOptions {
   int size = 1;
   // CUDA device, or -1 for the CPU (Gloo).
   int cuda_device = -1;
+  // On a CUDA device: Gloo over TCP with every buffer staged through host
+  // memory (device_staging_transport.h) instead of NCCL. For ranks that share
+  // a GPU, which NCCL refuses, and for checks; slow.
+  bool gloo_on_gpu = false;
   // Pipeline neighbours and the data-parallel group (NCCL creates its
   // communicators for exactly these).
   std::vector<int> peers;

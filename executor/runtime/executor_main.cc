@@ -123,6 +123,10 @@ ABSL_FLAG(bool, log_all_ranks, true,
           "only (one readable stream under torchrun --tee).");
 ABSL_FLAG(bool, resume, true,
           "Resume from the newest checkpoint every rank holds in training.checkpoint_dir.");
+ABSL_FLAG(std::string, transport, "auto",
+          "auto: NCCL between GPU ranks, Gloo over TCP between CPU ranks; gloo: Gloo on GPUs "
+          "too, every transfer staged through host memory (slow; for ranks sharing one GPU, "
+          "which NCCL refuses, e.g. LOCAL_RANK=0 on every rank).");
 
 namespace varipipe {
 namespace {
@@ -198,6 +202,12 @@ absl::StatusOr<executor::TransportOptions> MeetingPoint(
   transport_options.rank = env.rank;
   transport_options.size = env.world_size;
   transport_options.cuda_device = device.is_cuda ? env.local_rank : -1;
+  const std::string transport = absl::GetFlag(FLAGS_transport);
+  if (transport != "auto" && transport != "gloo") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--transport: '", transport, "' is not one of auto, gloo"));
+  }
+  transport_options.gloo_on_gpu = transport == "gloo";
   for (int k = 0; k < static_cast<int>(pp); ++k) {
     const int peer = coordinates.dp_rank * static_cast<int>(pp) + k;
     if (peer != env.rank) transport_options.peers.push_back(peer);
@@ -380,6 +390,7 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
     executor::TransportOptions host_options = transport_options;
     host_options.prefix += "/host";
     host_options.cuda_device = -1;
+    host_options.gloo_on_gpu = false;
     VP_ASSIGN_OR_RETURN(created, executor::CreateTransport(host_options));
     host = transports.Add(std::move(created));
     spdlog::info("host transport: {}", host->Describe());

@@ -38,6 +38,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -297,7 +298,8 @@ int SharedReplicas(const v1::JobConfig& config) {
 // redis-server for the rendezvous), recording the gradients.
 std::vector<RankRun> RunPlans(const v1::JobConfig& config,
                               const std::vector<std::vector<v1::ExecutionPlan>>& plans,
-                              const SampleDataset& dataset, torch::Device device = torch::kCPU) {
+                              const SampleDataset& dataset, torch::Device device = torch::kCPU,
+                              bool stage_through_host = false) {
   absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
   EXPECT_THAT(redis, IsOk());
   if (!redis.ok()) return {};
@@ -308,6 +310,7 @@ std::vector<RankRun> RunPlans(const v1::JobConfig& config,
   options.prefix = "equivalence";
   options.capture_gradients = true;
   options.device = device;
+  options.stage_through_host = stage_through_host;
   return RunThreadedRanks(config, plans, dataset, options);
 }
 
@@ -318,7 +321,8 @@ std::vector<RankRun> RunPlans(const v1::JobConfig& config,
 std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& config,
                                                           const std::string& name,
                                                           std::vector<RankRun>* runs = nullptr,
-                                                          torch::Device device = torch::kCPU) {
+                                                          torch::Device device = torch::kCPU,
+                                                          bool stage_through_host = false) {
   const int iterations = static_cast<int>(config.training().iterations());
   const uint32_t dp = config.parallelism().data();
   absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(config);
@@ -354,7 +358,7 @@ std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& c
     plans.push_back(*std::move(p));
   }
 
-  const std::vector<RankRun> ranks = RunPlans(config, plans, **dataset, device);
+  const std::vector<RankRun> ranks = RunPlans(config, plans, **dataset, device, stage_through_host);
   if (runs != nullptr) *runs = ranks;
   for (size_t r = 0; r < ranks.size(); ++r) {
     EXPECT_THAT(ranks[r].status, IsOk()) << "rank " << r;
@@ -542,9 +546,11 @@ TEST_P(Equivalence, ThreeSgdStepsMatchTheReference) {
 INSTANTIATE_TEST_SUITE_P(Matrix, Equivalence, ::testing::ValuesIn(Matrix()),
                          [](const auto& info) { return CellName(info.param); });
 
-// The same comparison with the rank's model on a GPU (fp32, TF32 off): one
-// rank, since the threaded ranks' Gloo transport moves host memory only
-// (deploy/gpu/run-on-gpu.sh runs these; they skip without a GPU).
+// The same comparison with the ranks' models on a GPU (fp32, TF32 off): one
+// rank per cell, and cells whose ranks share the GPU over Gloo with their
+// device buffers staged through host memory (DeviceStagingTransport; NCCL
+// refuses two ranks on one device). deploy/gpu/run-on-gpu.sh runs these;
+// they skip without a GPU.
 class CudaEquivalence : public ::testing::TestWithParam<Cell> {};
 
 TEST_P(CudaEquivalence, ThreeSgdStepsMatchTheReference) {
@@ -578,7 +584,44 @@ std::vector<Cell> CudaCells() {
     packed.method = v1::PACKING;
     cells.push_back(packed);
   }
+  // Several ranks on the one GPU: pipeline transfers, the data-parallel
+  // all-reduce, split backwards and packed rows.
+  const auto several = [&](bool t5, bool llama, v1::ScheduleKind schedule, uint32_t pp,
+                           uint32_t dp) -> Cell& {
+    Cell c;
+    c.t5 = t5;
+    c.llama = llama;
+    c.schedule = schedule;
+    c.pp = pp;
+    c.dp = dp;
+    cells.push_back(c);
+    return cells.back();
+  };
+  several(false, false, v1::ONE_F_ONE_B, 2, 1);
+  several(false, false, v1::ONE_F_ONE_B, 2, 2);
+  several(true, false, v1::ONE_F_ONE_B, 2, 1);
+  several(false, true, v1::ZERO_BUBBLE_H1, 2, 1);
+  several(false, false, v1::ONE_F_ONE_B, 2, 1).method = v1::PACKING;
   return cells;
+}
+
+// The path the GPU cells with several ranks take (DeviceStagingTransport
+// between the interpreter and Gloo, host reductions on Gloo itself), on the
+// CPU: pipeline transfers, the data-parallel all-reduce, split backwards.
+TEST(StagedEquivalence, RanksBehindTheStagingTransportMatchTheReference) {
+  for (const auto& [schedule, pp, dp] :
+       {std::tuple{v1::ONE_F_ONE_B, 2u, 2u}, std::tuple{v1::ZERO_BUBBLE_H1, 2u, 1u}}) {
+    Cell c;
+    c.schedule = schedule;
+    c.pp = pp;
+    c.dp = dp;
+    absl::StatusOr<v1::JobConfig> config = CellConfig(c);
+    ASSERT_THAT(config, IsOk());
+    const std::vector<std::vector<v1::ExecutionPlan>> plans =
+        RunAndCompare(*config, "Staged" + CellName(c), nullptr, torch::kCPU,
+                      /*stage_through_host=*/true);
+    EXPECT_EQ(plans.size(), size_t{kIterations}) << CellName(c);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaEquivalence, ::testing::ValuesIn(CudaCells()),

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/dataset/minibatch_sampler.h"
+#include "executor/comm/device_staging_transport.h"
 #include "executor/comm/gloo/gloo_transport.h"
 #include "executor/data/micro_batch_loader.h"
 #include "executor/model/model_spec.h"
@@ -37,11 +38,19 @@ void RunRank(const v1::JobConfig& config,
   o.rank = rank;
   o.size = size;
   o.connect_timeout = absl::Seconds(30);
-  absl::StatusOr<std::unique_ptr<executor::GlooTransport>> transport =
+  absl::StatusOr<std::unique_ptr<executor::GlooTransport>> gloo =
       executor::GlooTransport::Create(o);
-  if (!transport.ok()) {
-    out.status = transport.status();
+  if (!gloo.ok()) {
+    out.status = gloo.status();
     return;
+  }
+  // Ranks on a GPU (several share it; NCCL refuses that) move their device
+  // buffers through host memory; host-side reductions use Gloo directly.
+  executor::Transport* host_transport = gloo->get();
+  std::unique_ptr<executor::Transport> transport = *std::move(gloo);
+  if (options.device.is_cuda() || options.stage_through_host) {
+    transport =
+        std::make_unique<executor::DeviceStagingTransport>(std::move(transport), options.device);
   }
   const int pp = static_cast<int>(config.parallelism().pipeline());
   const executor::ModelSpec spec = *executor::ModelSpecFromConfig(config);
@@ -82,6 +91,7 @@ void RunRank(const v1::JobConfig& config,
   if (!options.memory.empty()) interpreter_options.memory = options.memory[rank];
   interpreter_options.sharding = rank_optimizer->sharding.get();
   interpreter_options.device = options.device;
+  interpreter_options.host_transport = host_transport;
   for (int k = 0; k < pp; ++k) interpreter_options.pipeline_group.push_back(rank / pp * pp + k);
   for (const auto& stage : stages) {
     for (executor::SharedParameterGroup& group :
@@ -101,7 +111,7 @@ void RunRank(const v1::JobConfig& config,
       }
     };
   }
-  executor::PlanInterpreter interpreter(by_id, transport->get(), &loader, &optimizer,
+  executor::PlanInterpreter interpreter(by_id, transport.get(), &loader, &optimizer,
                                         interpreter_options);
   if (options.before_run) options.before_run(rank, progress);
   for (const std::vector<v1::ExecutionPlan>& plans : iterations) {

@@ -53,6 +53,10 @@ struct ThreadedRanksOptions {
   // GPU needs one rank (pipeline 1, data 1): the ranks' Gloo transport moves
   // host memory only. Captured gradients and parameters come back on the CPU.
   torch::Device device = torch::kCPU;
+  // The ranks' transfers and collectives go through DeviceStagingTransport
+  // (always on a GPU, where the ranks share it; on the CPU when set, to run
+  // the same path without one).
+  bool stage_through_host = false;
 };
 
 struct RankRun {
