@@ -646,7 +646,7 @@ def configs(template, data, jobs, hardware):
 
 # "default": no partition_methods, the planner's default search; the others
 # narrow the search to one method (its parameter still tuned per mini-batch).
-SPEED_METHODS = ["default", "packing", "token_based", "dynamic_programming"]
+SPEED_METHODS = ["default", "packing", "token_based"]
 
 
 def mfu(cost_model, peak_tflops, lengths):
@@ -1091,7 +1091,7 @@ check_layer_timings() {
 
 check_speed() {
   local mixture method run rc=0 failed=() runs=() i=0
-  local methods=(default packing token_based dynamic_programming)
+  local methods=(default packing token_based)
   for mixture in flan-like documents; do
     for method in "${methods[@]}"; do runs+=("speed-$mixture-$method"); done
   done
