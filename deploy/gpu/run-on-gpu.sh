@@ -134,6 +134,7 @@ out=$(cd "$out" && pwd)
 mkdir -p "$build"
 build=$(cd "$build" && pwd)
 prefix="$build/prefix"
+debugger="$build/debugger"
 work="$build/work"
 logs="$out/logs"
 mkdir -p "$work"
@@ -367,6 +368,7 @@ fi
 # 2. Unpack the carried packages into the prefix.
 # ---------------------------------------------------------------------------
 # Left out when LibTorch brings its own Gloo.
+debugger_group='^(gdb|libbabeltrace1|libdebuginfod1|libipt2|libmpfr6|libsource-highlight4v5|libxxhash0|libboost-regex1\.74\.0|libicu72|libelf1|libdw1|libglib2\.0-0|libpython3\.11|libpython3\.11-minimal)$'
 gloo_group='^(libgloo-dev|libgloo0|libibverbs-dev|libibverbs1|libnl-3-dev|libnl-3-200|libnl-route-3-dev|libnl-route-3-200)$'
 arch_lib="usr/lib/x86_64-linux-gnu"
 
@@ -405,18 +407,30 @@ repair_links() {
 }
 
 unpack() {
-  local pkg version file bytes n=0 skipped=()
-  rm -rf "$prefix"
-  mkdir -p "$prefix"
+  local pkg version file bytes n=0 skipped=() into
+  rm -rf "$prefix" "$debugger"
+  mkdir -p "$prefix" "$debugger"
   while read -r pkg version file bytes; do
     [[ "$pkg" == \#* || -z "$pkg" ]] && continue
     if [[ "$gloo_mode" == torch && "$pkg" =~ $gloo_group ]]; then skipped+=("$pkg"); continue; fi
     [[ -f "$debs/$file" ]] || { echo "missing $debs/$file ($pkg $version): run deploy/gpu/fetch-debs.sh again"; return 1; }
     [[ "$(stat -c %s "$debs/$file")" == "$bytes" ]] || { echo "$debs/$file: size differs from MANIFEST"; return 1; }
-    dpkg-deb -x "$debs/$file" "$prefix" || { echo "dpkg-deb -x $file failed"; return 1; }
+    # The debugger's libraries (an older libelf, glib, ...) stay out of the
+    # prefix, whose libraries every process of the run sees.
+    into=$prefix
+    [[ "$pkg" =~ $debugger_group ]] && into=$debugger
+    dpkg-deb -x "$debs/$file" "$into" || { echo "dpkg-deb -x $file failed"; return 1; }
     n=$((n + 1))
   done < "$debs/MANIFEST"
-  echo "unpacked $n packages into $prefix; left out (LibTorch has Gloo): ${skipped[*]:-none}"
+  echo "unpacked $n packages into $prefix and $debugger; left out (LibTorch has Gloo): ${skipped[*]:-none}"
+  # gdb on PATH (the prefix's bin leads it) through a wrapper that gives it,
+  # and it alone, its libraries and Python.
+  if [[ -x "$debugger/usr/bin/gdb" ]]; then
+    mkdir -p "$prefix/usr/bin"
+    printf '#!/bin/sh\nLD_LIBRARY_PATH=%s/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONHOME=%s/usr exec %s/usr/bin/gdb -nx "$@"\n' \
+      "$debugger" "$debugger" "$debugger" > "$prefix/usr/bin/gdb"
+    chmod +x "$prefix/usr/bin/gdb"
+  fi
   # Debian's CMake files name /usr in a few places (Gloo's library path,
   # the "/usr move" checks, Hiredis' hints); pkg-config files name it as
   # their prefix.
