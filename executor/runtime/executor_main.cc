@@ -123,6 +123,11 @@ ABSL_FLAG(bool, log_all_ranks, true,
           "only (one readable stream under torchrun --tee).");
 ABSL_FLAG(bool, resume, true,
           "Resume from the newest checkpoint every rank holds in training.checkpoint_dir.");
+ABSL_FLAG(bool, device_timing, true,
+          "GPUs: finish the device's queued work around each forward, backward, weight "
+          "gradient and optimizer step, so that the per-pass times (progress reports, online "
+          "calibration, metrics) are device times, not kernel-launch times; costs the overlap of "
+          "one pass's launches with the previous pass's kernels. CPUs ignore it.");
 ABSL_FLAG(std::string, transport, "auto",
           "auto: NCCL between GPU ranks, Gloo over TCP between CPU ranks; gloo: Gloo on GPUs "
           "too, every transfer staged through host memory (slow; for ranks sharing one GPU, "
@@ -399,6 +404,7 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
   executor::InterpreterOptions options;
   options.wait_timeout = absl::Seconds(config.training().watchdog_timeout_s());
   options.device = torch_device;
+  options.device_timing = absl::GetFlag(FLAGS_device_timing);
   options.pipeline_group = pipeline_group;
   // One stage per rank when parameters are shared (the config refuses
   // interleaved stages then).

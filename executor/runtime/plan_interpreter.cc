@@ -304,13 +304,23 @@ class IterationRun {
     return absl::OkStatus();
   }
 
+  // The clock for a compute pass: with device timing on a GPU, the device's
+  // queued work is finished first, so that a pass's time holds its own
+  // kernels and not its predecessor's.
+  Clock::time_point PassClock() {
+    if (it_.options_.device_timing && it_.options_.device.is_cuda()) {
+      torch::cuda::synchronize(it_.options_.device.index());
+    }
+    return Clock::now();
+  }
+
   // Runs the stage (under CUDA autocast when configured) and times it.
   StageActivations RunStage(ModelStage* stage, const Saved& saved, double* seconds) {
-    const Clock::time_point start = Clock::now();
+    const Clock::time_point start = PassClock();
     AutocastScope autocast(it_.options_.cuda_autocast_dtype);
     const WeightGradScope weight_grads(saved.weight_grads.get());
     StageActivations out = stage->Forward(saved.in, saved.batch);
-    const double elapsed = Seconds(Clock::now() - start);
+    const double elapsed = Seconds(PassClock() - start);
     stats_.compute_seconds += elapsed;
     *seconds += elapsed;
     return out;
@@ -376,7 +386,7 @@ class IterationRun {
     if (b.weight_grad_deferred() != (saved.weight_grads != nullptr)) {
       return absl::InternalError("the forward was not prepared for this split backward");
     }
-    const Clock::time_point start = Clock::now();
+    const Clock::time_point start = PassClock();
     if (stage->role().has_head) {
       saved.out.loss.backward();
     } else {
@@ -394,7 +404,7 @@ class IterationRun {
       }
       torch::autograd::backward(outputs, grads);
     }
-    const double elapsed = Seconds(Clock::now() - start);
+    const double elapsed = Seconds(PassClock() - start);
     stats_.compute_seconds += elapsed;
     backward_seconds += elapsed;
     if (saved.weight_grads != nullptr) {
@@ -430,9 +440,9 @@ class IterationRun {
     MicroBatchTime& time = TimeOf(in.stage(), in.micro_batch());
     time.profiled_weight_ms = in.weight_grad().profiled_ms();
     weight_grad_bytes_ -= node.mapped()->stored_bytes();
-    const Clock::time_point start = Clock::now();
+    const Clock::time_point start = PassClock();
     node.mapped()->Apply();
-    const double elapsed = Seconds(Clock::now() - start);
+    const double elapsed = Seconds(PassClock() - start);
     stats_.compute_seconds += elapsed;
     time.weight_seconds += elapsed;
     return absl::OkStatus();
@@ -624,9 +634,9 @@ class IterationRun {
     }
     stats_.grad_norm = std::sqrt(static_cast<double>(squared));
     if (it_.options_.before_optimizer_step) it_.options_.before_optimizer_step(stats_);
-    const Clock::time_point start = Clock::now();
+    const Clock::time_point start = PassClock();
     stats_.learning_rate = it_.optimizer_->Step(plan_.iteration(), stats_.grad_norm);
-    const double elapsed = Seconds(Clock::now() - start);
+    const double elapsed = Seconds(PassClock() - start);
     stats_.compute_seconds += elapsed;
     stats_.optimizer_seconds += elapsed;
     if (sharding != nullptr) {  // every replica's parameters whole again

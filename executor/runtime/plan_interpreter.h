@@ -71,6 +71,13 @@ struct InterpreterOptions {
   // Transport for small host-side reductions (the gradient norm over the
   // pipeline): a Gloo transport next to NCCL on GPUs. Null: the main one.
   Transport* host_transport = nullptr;
+  // GPUs: the device finishes its queued work before each timed compute
+  // pass (forward, backward, weight gradient, optimizer step) starts and
+  // before it is read as done, so that MicroBatchTime and compute_seconds
+  // hold the pass's device time rather than its launch time. Costs the
+  // overlap of one pass's launches with the previous pass's kernels. CPUs
+  // ignore it (their times are exact).
+  bool device_timing = false;
   // Updated before every instruction when set.
   InstructionProgress* progress = nullptr;
   // CPU memory measurement (counting_allocator.h): when set, the iteration
@@ -103,7 +110,8 @@ struct InstructionMemory {
 // (weight_grad_deferred) its weight_grad apart (backward_seconds is then B
 // alone). Host-side wall time: exact on CPUs; on GPUs it covers kernel
 // launches plus whatever synchronisation the pass needs (the loss read-out
-// on the last stage).
+// on the last stage), or the device's time with InterpreterOptions::
+// device_timing.
 struct MicroBatchTime {
   uint32_t micro_batch = 0;
   uint32_t stage = 0;
