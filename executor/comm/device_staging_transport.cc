@@ -75,6 +75,23 @@ class StagedTransfer final : public Transfer {
   torch::Device device_;
 };
 
+// Runs `collective` on a host copy of `data` and copies the result back.
+absl::Status StagedCollective(const char* what, std::span<float> data, const torch::Device& device,
+                              const std::function<absl::Status(std::span<float>)>& collective) {
+  const size_t bytes = data.size_bytes();
+  torch::Tensor host;
+  VP_RETURN_IF_ERROR(Guarded(what, [&] {
+    host = ToHost(data.data(), bytes, device);
+    return absl::OkStatus();
+  }));
+  VP_RETURN_IF_ERROR(
+      collective(std::span<float>(static_cast<float*>(host.data_ptr()), data.size())));
+  return Guarded(what, [&] {
+    ToDevice(host, data.data(), bytes, device);
+    return absl::OkStatus();
+  });
+}
+
 }  // namespace
 
 DeviceStagingTransport::DeviceStagingTransport(std::unique_ptr<Transport> host,
@@ -102,27 +119,6 @@ absl::StatusOr<std::unique_ptr<Transfer>> DeviceStagingTransport::StartRecv(int 
   return std::unique_ptr<Transfer>(
       std::make_unique<StagedTransfer>(*std::move(t), std::move(host), data, device_));
 }
-
-namespace {
-
-// Runs `collective` on a host copy of `data` and copies the result back.
-absl::Status StagedCollective(const char* what, std::span<float> data, const torch::Device& device,
-                              const std::function<absl::Status(std::span<float>)>& collective) {
-  const size_t bytes = data.size_bytes();
-  torch::Tensor host;
-  VP_RETURN_IF_ERROR(Guarded(what, [&] {
-    host = ToHost(data.data(), bytes, device);
-    return absl::OkStatus();
-  }));
-  VP_RETURN_IF_ERROR(
-      collective(std::span<float>(static_cast<float*>(host.data_ptr()), data.size())));
-  return Guarded(what, [&] {
-    ToDevice(host, data.data(), bytes, device);
-    return absl::OkStatus();
-  });
-}
-
-}  // namespace
 
 absl::Status DeviceStagingTransport::AllReduceMean(std::span<float> data,
                                                    const std::vector<int>& group) {

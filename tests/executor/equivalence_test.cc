@@ -588,13 +588,7 @@ std::vector<Cell> CudaCells() {
   // all-reduce, split backwards and packed rows.
   const auto several = [&](bool t5, bool llama, v1::ScheduleKind schedule, uint32_t pp,
                            uint32_t dp) -> Cell& {
-    Cell c;
-    c.t5 = t5;
-    c.llama = llama;
-    c.schedule = schedule;
-    c.pp = pp;
-    c.dp = dp;
-    cells.push_back(c);
+    cells.push_back(Cell{.t5 = t5, .llama = llama, .schedule = schedule, .pp = pp, .dp = dp});
     return cells.back();
   };
   several(false, false, v1::ONE_F_ONE_B, 2, 1);
