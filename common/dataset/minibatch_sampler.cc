@@ -4,18 +4,9 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "common/mix64.h"
 
 namespace varipipe {
-namespace {
-
-uint64_t Mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<MiniBatchSampler>> MiniBatchSampler::Create(
     std::vector<SampleLengths> lengths, const SamplerOptions& options) {

@@ -5,16 +5,10 @@
 #include <cmath>
 #include <numbers>
 
+#include "common/mix64.h"
+
 namespace varipipe {
 namespace {
-
-// SplitMix64 finaliser: a bijective mix of 64 bits (Steele et al., 2014).
-uint64_t Mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // Uniform in (0, 1) from the top 53 bits; never 0, so log() is finite.
 double UnitOpen(uint64_t bits) {

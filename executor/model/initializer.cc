@@ -2,23 +2,15 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "common/mix64.h"
+
 namespace varipipe::executor {
-namespace {
 
-// SplitMix64 finaliser: spreads (seed, component, index) over 64 bits.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
-
+// SplitMix64 spreads (seed, component, index) over 64 bits.
 Initializer::Initializer(uint64_t seed, ModelComponent component, int64_t index)
-    : generator_(at::make_generator<at::CPUGeneratorImpl>(
-          Mix(Mix(seed) ^ (static_cast<uint64_t>(component) << 48) ^
-              static_cast<uint64_t>(index)))) {}
+    : generator_(at::make_generator<at::CPUGeneratorImpl>(Mix64(
+          Mix64(seed) ^ (static_cast<uint64_t>(component) << 48) ^ static_cast<uint64_t>(index)))) {
+}
 
 torch::Tensor Initializer::Normal(at::IntArrayRef shape, double stddev) {
   return at::normal(0.0, stddev, shape, generator_, torch::TensorOptions().dtype(torch::kFloat32));

@@ -3,8 +3,9 @@
 // to its (data-parallel, pipeline) coordinates, picks its device, meets the
 // other ranks through the job's Redis (Gloo on the CPU, NCCL ids on GPUs),
 // builds its model stages and runs one plan per iteration with the plan
-// interpreter. Plans come from files (--plans DIR, the layout
-// varipipe-plan --emit-plans writes).
+// interpreter. Plans come from the job's planner daemons over gRPC
+// (--planner, or the store's address in --store_file), or from files
+// (--plans DIR, the layout varipipe-plan --emit-plans writes).
 #include <chrono>
 #include <csignal>
 #include <cstdio>

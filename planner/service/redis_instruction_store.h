@@ -23,6 +23,8 @@
 //   P:events                  stream of published iterations (bounded), for
 //                             blocking waits without polling
 //   P:progress                hash rank -> last completed iteration
+//   P:reports                 hash rank -> JSON of its last progress report
+//                             (per-pass timings; varipipe-ctl status)
 //   P:reported:<r>            stream of rank r's reports (bounded), for
 //                             WatchPlans to wait on without polling
 //   P:published, P:acknowledged   counters

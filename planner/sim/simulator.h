@@ -36,7 +36,7 @@ namespace varipipe::planner {
 
 struct Link {
   double latency_ms = 0;
-  double bytes_per_ms = 0;  // 0: transfers are free (no communication cost)
+  double bytes_per_ms = 0;  // 0: no bandwidth cost (a transfer takes the latency alone)
   double TransferMs(double bytes) const {
     return bytes_per_ms > 0 ? latency_ms + bytes / bytes_per_ms : latency_ms;
   }
