@@ -71,7 +71,7 @@ CHECKS=(
   "gpu-fp32-vs-cpu|gpu|one rank, fp32, the quickstart's multi-task job: losses on cuda:0 (TF32 off) match the CPU run of the same plans"
   "gpu-bf16-train|gpu|the quickstart's multi-task job, one rank on cuda:0 under torchrun, bf16 autocast, 30 iterations: the loss falls"
   "gpu-tests|gpu|the equivalence cells on cuda:0 (equivalence_test Cuda/*: GPT, T5, LLAMA, each recompute mode, packed, one rank; and cells whose 2 or 4 ranks share the GPU over Gloo; fp32, TF32 off) against the reference"
-  "speed|gpu|tokens/s, MFU and interpreter overhead of the default search, packing (under the planner's kernel and under per-sample attention) and token-based, GPT-1.3B-like stack, bf16, maximum length 8,192, FLAN-like and documents mixtures"
+  "speed|gpu|tokens/s, MFU and interpreter overhead of the default search, packing (under the planner's kernel and under the mask) and token-based, GPT-1.3B-like stack, bf16, maximum length 8,192, FLAN-like and documents mixtures"
   "profile|gpu|varipipe-profile on a hidden-4096 layer up to 8,192 tokens: the cost model (varipipe-plan accepts it) and the layer's MFU from device times"
   "predict|gpu|predicted against measured iteration time of a hidden-4096 GPT job: the analytic model, the profiled cost model, and the profiled model with online calibration (varipipe-ctl status: prediction error p50, p90)"
   "gloo-transport|gpu|Gloo transport unit test on the CUDA build (CPU tensors): shows a clash between two Gloo (or libstdc++) copies"
@@ -671,12 +671,12 @@ def configs(template, data, jobs, hardware):
     for mixture in ["FLAN_LIKE", "DOCUMENTS"]:
         for m in SPEED_METHODS:
             name = f"speed-{mixture.lower().replace('_', '-')}-{m}"
-            method = m.removesuffix("-per-sample")
+            method = m.removesuffix("-mask")
             job = gpt("gpu-" + name.replace("_", "-"), 8, 2048, 16,
                       None if method == "default" else [method], max_len=8192,
                       mixture=mixture, iterations=10)
-            if m.endswith("-per-sample"):
-                job["model"]["packed_attention"] = "PER_SAMPLE"
+            if m.endswith("-mask"):
+                job["model"]["packed_attention"] = "BLOCK_DIAGONAL_MASK"
             out[name] = job
     # The profiler's job: a hidden-4,096 (GPT-6.7B) layer up to 8,192 tokens,
     # without recomputation (the MFU of one stage's layer).
@@ -690,13 +690,13 @@ def configs(template, data, jobs, hardware):
         json.dump(c, open(os.path.join(d, "job.json"), "w"), indent=1)
 
 
-# "default": no partition_methods, the planner's default search (its packed
-# rows under the mask on these jobs since the Hopper presets carry the
-# measured per-layer floor); the others narrow the search to one method (its
-# parameter still tuned per mini-batch); "packing-per-sample" packs with
-# per-sample attention (which ran 6 to 23 s an iteration on the H200 on
-# 2026-11-27, warming up, while token-based ran 1.6 s).
-SPEED_METHODS = ["default", "packing", "packing-per-sample", "token_based"]
+# "default": no partition_methods, the planner's default search; the others
+# narrow the search to one method (its parameter still tuned per mini-batch);
+# "packing-mask" packs under the block-diagonal mask instead of the planner's
+# choice (per-sample attention on these jobs, which ran 6 to 23 s an
+# iteration on the H200 on 2026-11-27, warming up, while token-based ran
+# 1.6 s).
+SPEED_METHODS = ["default", "packing", "packing-mask", "token_based"]
 
 
 def mfu(cost_model, peak_tflops, lengths):
@@ -1147,7 +1147,7 @@ check_layer_timings() {
 
 check_speed() {
   local mixture method run rc=0 failed=() runs=() i=0
-  local methods=(default packing packing-per-sample token_based)
+  local methods=(default packing packing-mask token_based)
   for mixture in flan-like documents; do
     for method in "${methods[@]}"; do runs+=("speed-$mixture-$method"); done
   done

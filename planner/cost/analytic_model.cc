@@ -192,10 +192,10 @@ CostValues LayerCost(const ModelDims& d, const Hardware& hw, Recompute recompute
   const double stored = decoder ? DecoderLayerStoredBytes(d, recompute, b, s, encoder_s, t)
                                 : EncoderLayerStoredBytes(d, recompute, b, s, t);
   const double tokens = b * s;
-  const double overhead_ms = hw.ForwardOverheadMs();
+  const double overhead_ms = hw.layer_overhead_us * 1e-3;
   const double forward_ms = LayerMatrixMs(d, hw, t, b, s, encoder_s, decoder) +
                             MemoryMs(hw, ElementwiseBytes(stored_none)) + overhead_ms;
-  double backward_ms = 2 * (forward_ms - overhead_ms) + hw.BackwardOverheadMs();
+  double backward_ms = 2 * (forward_ms - overhead_ms) + overhead_ms;
   if (fused) {
     backward_ms += MatrixMs(hw, d, FusedRecomputeFlops(d, b, s, encoder_s, decoder, t), tokens);
   }
@@ -255,11 +255,11 @@ CostValues AttentionCoreCost(const ModelDims& d, const Hardware& hw, double t, d
   const double per_score = d.dropout() ? 2 * B + kMaskBytes : B;
   const double stored = fused ? kStatBytes * d.heads * s * b / t : per_score * scores;
   const double transient = fused ? kStatBytes * d.heads * s * b / t : B * scores;
-  const double overhead_ms = hw.ForwardOverheadMs() / 4;
+  const double overhead_ms = hw.layer_overhead_us * 1e-3 / 4;
   const double core = AttentionCoreFlops(d, b, s, s, t);
   const double forward_ms =
       MatrixMs(hw, d, core, b * s) + MemoryMs(hw, ElementwiseBytes(stored)) + overhead_ms;
-  double backward_ms = 2 * (forward_ms - overhead_ms) + hw.BackwardOverheadMs() / 4;
+  double backward_ms = 2 * (forward_ms - overhead_ms) + overhead_ms;
   if (fused) backward_ms += MatrixMs(hw, d, core / 2, b * s);
   return {forward_ms, backward_ms, stored, stored + transient};
 }
@@ -267,8 +267,7 @@ CostValues AttentionCoreCost(const ModelDims& d, const Hardware& hw, double t, d
 CostValues EmbeddingCost(const ModelDims& d, const Hardware& hw, double t, double b, double s) {
   const double B = d.dtype_bytes;
   const double out = B * b * s * d.hidden;  // embedding output (vocab-parallel: full width)
-  const double overhead_ms = hw.ForwardOverheadMs();
-  const double backward_overhead_ms = hw.BackwardOverheadMs();
+  const double overhead_ms = hw.layer_overhead_us * 1e-3;
   (void)t;
   if (!d.position_table()) {
     // LLAMA and T5V11 (each stack's first stage looks its tokens up in the
@@ -277,14 +276,14 @@ CostValues EmbeddingCost(const ModelDims& d, const Hardware& hw, double t, doubl
     // writes them, the backward reads the gradient and scatter-adds it into
     // the table (read and write); only the token ids are kept.
     const double forward_ms = MemoryMs(hw, 2 * out) + overhead_ms;
-    const double backward_ms = MemoryMs(hw, 3 * out) + backward_overhead_ms;
+    const double backward_ms = MemoryMs(hw, 3 * out) + overhead_ms;
     const double stored = 8.0 * b * s;  // ids
     return {forward_ms, backward_ms, stored, stored + out};
   }
   // Forward: gather rows and write them (plus dropout); backward: scatter-add
   // the gradient into the table.
   const double forward_ms = MemoryMs(hw, 3 * out) + overhead_ms;
-  const double backward_ms = MemoryMs(hw, 4 * out) + backward_overhead_ms;
+  const double backward_ms = MemoryMs(hw, 4 * out) + overhead_ms;
   const double stored = 8.0 * b * s + kMaskBytes * b * s * d.hidden;  // ids, dropout mask
   return {forward_ms, backward_ms, stored, stored + out};
 }
@@ -292,14 +291,13 @@ CostValues EmbeddingCost(const ModelDims& d, const Hardware& hw, double t, doubl
 CostValues PostprocessCost(const ModelDims& d, const Hardware& hw, double t, double b, double s) {
   const double logits = 4.0 * b * s * d.vocab / t;  // fp32 logits for the loss
   const double flops = 2 * b * s * d.hidden * static_cast<double>(d.vocab) / t;
-  const double overhead_ms = hw.ForwardOverheadMs();
-  const double backward_overhead_ms = hw.BackwardOverheadMs();
+  const double overhead_ms = hw.layer_overhead_us * 1e-3;
   // Final LayerNorm (LLAMA, T5V11: RMSNorm), LM head GEMM, softmax
   // cross-entropy over the logits; the same for every architecture, tied
   // head or not (T5: over the target tokens).
   const double forward_ms = MatrixMs(hw, d, flops, b * s) + MemoryMs(hw, 3 * logits) + overhead_ms;
   const double backward_ms =
-      MatrixMs(hw, d, 2 * flops, b * s) + MemoryMs(hw, 3 * logits) + backward_overhead_ms;
+      MatrixMs(hw, d, 2 * flops, b * s) + MemoryMs(hw, 3 * logits) + overhead_ms;
   const double stored = logits + 2.0 * d.dtype_bytes * b * s * d.hidden;  // logits, LN/head input
   return {forward_ms, backward_ms, stored, stored + logits};
 }

@@ -10,17 +10,12 @@ namespace {
 // Vendor datasheet peaks (dense, no sparsity); efficiency parameters chosen
 // so that large GEMMs reach the fraction of peak commonly measured in
 // Megatron-style training (about 55-60% on A100, 45-50% on Hopper).
-// Per-layer overheads: Hopper's are the executor's measured floor on an H200
-// (varipipe-profile, bf16 autocast, fused attention: a hidden-4096 layer at
-// 16 tokens took 0.63 ms forward and 1.94 ms backward, launch-bound;
-// deploy/cost-models/nvidia-h200-gpt-h4096-bf16.json, docs/gpu.md); the
-// A100's are unmeasured.
 const std::vector<Hardware>& Presets() {
   static const auto* const kPresets = new std::vector<Hardware>{
-      {"a100-40gb", 312, 19.5, 1555, 40, 0.60, 512, 30, 0},
-      {"a100-80gb", 312, 19.5, 2039, 80, 0.60, 512, 30, 0},
-      {"h100-80gb", 989, 67, 3350, 80, 0.50, 1024, 630, 1940},
-      {"h200", 989, 67, 4800, 141, 0.52, 1024, 630, 1940},
+      {"a100-40gb", 312, 19.5, 1555, 40, 0.60, 512, 30},
+      {"a100-80gb", 312, 19.5, 2039, 80, 0.60, 512, 30},
+      {"h100-80gb", 989, 67, 3350, 80, 0.50, 1024, 25},
+      {"h200", 989, 67, 4800, 141, 0.52, 1024, 25},
   };
   return *kPresets;
 }

@@ -25,18 +25,8 @@ struct Hardware {
   // (small micro-batches cannot fill the device).
   double max_efficiency = 0;
   double half_efficiency_tokens = 0;
-  // Fixed cost of one layer's forward pass whatever its size (launching its
-  // kernels from the host), microseconds; and of its backward pass, 0 for
-  // the same as the forward's. A backward launches about three times the
-  // forward's kernels (two matrix products per forward one, autograd's
-  // bookkeeping).
+  // Fixed cost of launching one layer's kernels for one pass, microseconds.
   double layer_overhead_us = 0;
-  double backward_layer_overhead_us = 0;
-
-  double ForwardOverheadMs() const { return layer_overhead_us * 1e-3; }
-  double BackwardOverheadMs() const {
-    return (backward_layer_overhead_us > 0 ? backward_layer_overhead_us : layer_overhead_us) * 1e-3;
-  }
 
   double Efficiency(double tokens) const {
     return max_efficiency * tokens / (tokens + half_efficiency_tokens);
