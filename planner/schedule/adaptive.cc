@@ -1,9 +1,7 @@
 #include "planner/schedule/adaptive.h"
 
 #include <algorithm>
-#include <deque>
 #include <numeric>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 
@@ -33,43 +31,57 @@ absl::StatusOr<DeviceOrder> AdaptiveSchedule(const PipelineShape& shape,
                                                    shape.micro_batches));
   }
   const uint32_t c = shape.devices;
-  std::vector<std::deque<uint32_t>> forward_ready(c);
-  std::vector<std::deque<uint32_t>> backward_ready(c);
+  const uint32_t m = shape.micro_batches;
+  // Per device, the micro-batches whose forward (backward) may run, in
+  // arrival order; each queue receives every micro-batch once, so a queue is
+  // a vector read from its head.
+  std::vector<std::vector<uint32_t>> forward_ready(c);
+  std::vector<std::vector<uint32_t>> backward_ready(c);
+  std::vector<size_t> forward_head(c, 0);
+  std::vector<size_t> backward_head(c, 0);
+  for (uint32_t j = 0; j < c; ++j) {
+    forward_ready[j].reserve(m);
+    backward_ready[j].reserve(m);
+  }
   forward_ready[0].assign(injection_order.begin(), injection_order.end());
   std::vector<double> memory(c, 0);
-  // Transients (peak - stored) of the micro-batches each device holds. Until
-  // the next admission a device only runs backwards of these, on at most
-  // what it holds now, so this is the headroom a forward must leave.
-  std::vector<std::multiset<double>> held_transients(c);
+  // Transients (peak - stored) of the micro-batches each device holds,
+  // sorted. Until the next admission a device only runs backwards of these,
+  // on at most what it holds now, so this is the headroom a forward must
+  // leave.
+  std::vector<std::vector<double>> held_transients(c);
   const auto transient = [&](uint32_t j, uint32_t mb) {
     return costs[j][mb].peak_bytes - costs[j][mb].stored_bytes;
   };
   DeviceOrder order(c);
-  size_t remaining = 2 * static_cast<size_t>(c) * shape.micro_batches;
+  for (uint32_t j = 0; j < c; ++j) order[j].reserve(2 * static_cast<size_t>(m));
+  size_t remaining = 2 * static_cast<size_t>(c) * m;
+  // What each round makes ready arrives for the next round.
+  std::vector<std::vector<uint32_t>> new_forward(c);
+  std::vector<std::vector<uint32_t>> new_backward(c);
   while (remaining > 0) {
-    std::vector<std::vector<uint32_t>> new_forward(c);
-    std::vector<std::vector<uint32_t>> new_backward(c);
     size_t progress = 0;
     for (uint32_t j = 0; j < c; ++j) {
-      if (!backward_ready[j].empty()) {
-        const uint32_t mb = backward_ready[j].front();
-        backward_ready[j].pop_front();
+      if (backward_head[j] < backward_ready[j].size()) {
+        const uint32_t mb = backward_ready[j][backward_head[j]++];
         memory[j] -= costs[j][mb].stored_bytes;
-        held_transients[j].erase(held_transients[j].find(transient(j, mb)));
+        std::vector<double>& held = held_transients[j];
+        held.erase(std::lower_bound(held.begin(), held.end(), transient(j, mb)));
         order[j].push_back({OpKind::kBackward, j, mb});
         if (j > 0) new_backward[j - 1].push_back(mb);
         ++progress;
       }
-      if (!forward_ready[j].empty()) {
-        const uint32_t mb = forward_ready[j].front();
+      if (forward_head[j] < forward_ready[j].size()) {
+        const uint32_t mb = forward_ready[j][forward_head[j]];
         const StageOpCost& cost = costs[j][mb];
-        std::multiset<double>& held = held_transients[j];
+        std::vector<double>& held = held_transients[j];
         const double reserve =
-            held.empty() ? transient(j, mb) : std::max(transient(j, mb), *held.rbegin());
+            held.empty() ? transient(j, mb) : std::max(transient(j, mb), held.back());
         if (held.empty() || memory[j] + cost.stored_bytes + reserve <= memory_limit_bytes[j]) {
-          forward_ready[j].pop_front();
+          ++forward_head[j];
           memory[j] += cost.stored_bytes;
-          held.insert(transient(j, mb));
+          const double t = transient(j, mb);
+          held.insert(std::upper_bound(held.begin(), held.end(), t), t);
           order[j].push_back({OpKind::kForward, j, mb});
           (j + 1 < c ? new_forward[j + 1] : new_backward[j]).push_back(mb);
           ++progress;
@@ -80,6 +92,8 @@ absl::StatusOr<DeviceOrder> AdaptiveSchedule(const PipelineShape& shape,
       forward_ready[j].insert(forward_ready[j].end(), new_forward[j].begin(), new_forward[j].end());
       backward_ready[j].insert(backward_ready[j].end(), new_backward[j].begin(),
                                new_backward[j].end());
+      new_forward[j].clear();
+      new_backward[j].clear();
     }
     if (progress == 0) {
       // Cannot happen (a device holding nothing accepts a forward and the

@@ -12,6 +12,7 @@ namespace varipipe::planner {
 namespace {
 
 constexpr double kUnknown = -1;
+constexpr double kNever = std::numeric_limits<double>::infinity();
 
 }  // namespace
 
@@ -93,12 +94,15 @@ class Replay {
     memory_.assign(devices, 0);
     in_flight_.assign(devices, 0);
     channel_free_.assign(static_cast<size_t>(devices) * devices, 0);
+    start_at_.assign(devices, kNever);
   }
 
   SimulationResult Run() {
     size_t remaining = 0;
     for (const auto& ops : order_) remaining += ops.size();
     r_.ops.reserve(remaining);
+    r_.transfers.reserve(remaining);
+    for (uint32_t d = 0; d < shape_.devices; ++d) Refresh(d);
     for (; remaining > 0; --remaining) {
       double start = 0;
       const int d = Earliest(&start);
@@ -106,7 +110,9 @@ class Replay {
         r_.deadlock = Deadlock();
         return std::move(r_);
       }
-      Execute(static_cast<uint32_t>(d), start);
+      const uint32_t receiver = Execute(static_cast<uint32_t>(d), start);
+      Refresh(static_cast<uint32_t>(d));
+      Refresh(receiver);
     }
     r_.completed = true;
     r_.bubble_fraction.resize(shape_.devices);
@@ -131,18 +137,26 @@ class Replay {
     return own == kUnknown || grad == kUnknown ? kUnknown : std::max(own, grad);
   }
 
+  // Recomputes when device d's next op can start (kNever: it has none or
+  // its inputs are not produced yet). It changes only when d runs an op or
+  // receives an input, so the replay refreshes just those two devices.
+  void Refresh(uint32_t d) {
+    if (next_[d] >= order_[d].size()) {
+      start_at_[d] = kNever;
+      return;
+    }
+    const double ready = Ready(d);
+    start_at_[d] = ready == kUnknown ? kNever : std::max(ready, device_free_[d]);
+  }
+
   // The device whose next op starts earliest (ties: the lowest device); -1
   // when no next op can start.
   int Earliest(double* start) const {
     int best = -1;
-    double best_start = std::numeric_limits<double>::infinity();
+    double best_start = kNever;
     for (uint32_t d = 0; d < shape_.devices; ++d) {
-      if (next_[d] >= order_[d].size()) continue;
-      const double ready = Ready(d);
-      if (ready == kUnknown) continue;
-      const double at = std::max(ready, device_free_[d]);
-      if (at < best_start) {
-        best_start = at;
+      if (start_at_[d] < best_start) {
+        best_start = start_at_[d];
         best = static_cast<int>(d);
       }
     }
@@ -183,8 +197,9 @@ class Replay {
   // Runs device d's next op from `start`: time, memory (stored from forward
   // start to backward end, or with a W: all but the W-kept bytes to B's end
   // and those to W's end; plus the running op's transient), and what it
-  // makes ready.
-  void Execute(uint32_t d, double start) {
+  // makes ready. Returns the device that receives its output (d itself when
+  // none travels).
+  uint32_t Execute(uint32_t d, double start) {
     const Op op = order_[d][next_[d]++];
     const size_t key = Key(op.stage, op.micro_batch);
     const StageOpCost& c = costs_[op.stage][op.micro_batch];
@@ -202,7 +217,7 @@ class Replay {
       r_.peak_bytes[d] = std::max(r_.peak_bytes[d], memory_[d]);
       memory_[d] -= c.weight_stored_bytes;
       --in_flight_[d];
-      return;
+      return d;
     }
     const bool forward = op.kind == OpKind::kForward;
     if (forward) {
@@ -215,12 +230,13 @@ class Replay {
     if (forward) {
       forward_end_[key] = end;
       if (op.stage + 1 < shape_.stages()) {
+        const uint32_t to = shape_.DeviceOf(op.stage + 1);
         forward_ready_[Key(op.stage + 1, op.micro_batch)] =
-            Send(op, d, shape_.DeviceOf(op.stage + 1), c.activation_bytes, end);
-      } else {
-        backward_ready_[key] = end;  // the loss
+            Send(op, d, to, c.activation_bytes, end);
+        return to;
       }
-      return;
+      backward_ready_[key] = end;  // the loss
+      return d;
     }
     backward_end_[key] = end;
     if (split) {
@@ -229,10 +245,10 @@ class Replay {
       memory_[d] -= c.stored_bytes;
       --in_flight_[d];
     }
-    if (op.stage > 0) {
-      backward_ready_[Key(op.stage - 1, op.micro_batch)] =
-          Send(op, d, shape_.DeviceOf(op.stage - 1), c.gradient_bytes, end);
-    }
+    if (op.stage == 0) return d;
+    const uint32_t to = shape_.DeviceOf(op.stage - 1);
+    backward_ready_[Key(op.stage - 1, op.micro_batch)] = Send(op, d, to, c.gradient_bytes, end);
+    return to;
   }
 
   const PipelineShape& shape_;
@@ -250,6 +266,7 @@ class Replay {
   std::vector<double> memory_;
   std::vector<uint32_t> in_flight_;
   std::vector<double> channel_free_;  // [from * devices + to]
+  std::vector<double> start_at_;      // per device, see Refresh
   SimulationResult r_;
 };
 

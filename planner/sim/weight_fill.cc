@@ -1,9 +1,7 @@
 #include "planner/sim/weight_fill.h"
 
 #include <algorithm>
-#include <deque>
 #include <limits>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 
@@ -31,8 +29,14 @@ class Filler {
     memory_.assign(devices, 0);
     held_.resize(devices);
     pending_.resize(devices);
+    pending_head_.assign(devices, 0);
     channel_free_.assign(static_cast<size_t>(devices) * devices, 0);
+    decisions_.assign(devices, Decision());
     out_.resize(devices);
+    for (uint32_t d = 0; d < devices; ++d) {
+      out_[d].reserve(order[d].size() + order[d].size() / 2);
+      pending_[d].reserve(order[d].size() / 2);
+    }
   }
 
   absl::StatusOr<DeviceOrder> Run() {
@@ -42,25 +46,22 @@ class Filler {
       bool best_weight = false;
       bool work_left = false;
       for (uint32_t d = 0; d < shape_.devices; ++d) {
-        const bool has_next = next_[d] < order_[d].size();
-        if (!has_next && pending_[d].empty()) continue;
+        if (next_[d] >= order_[d].size() && !HasPending(d)) continue;
         work_left = true;
-        double at = 0;
-        bool weight = false;
-        if (!Decide(d, &at, &weight)) continue;
-        if (at < best_at) {
-          best_at = at;
+        Decision& decision = decisions_[d];
+        if (!decision.known) decision = Decide(d);
+        if (!decision.can_run) continue;
+        if (decision.at < best_at) {
+          best_at = decision.at;
           best = static_cast<int>(d);
-          best_weight = weight;
+          best_weight = decision.weight;
         }
       }
       if (!work_left) return std::move(out_);
       if (best < 0) return absl::InternalError("zero-bubble fill: the order does not complete");
-      if (best_weight) {
-        RunWeight(static_cast<uint32_t>(best), best_at);
-      } else {
-        RunNext(static_cast<uint32_t>(best), best_at);
-      }
+      const uint32_t ran = static_cast<uint32_t>(best);
+      const uint32_t receiver = best_weight ? RunWeight(ran, best_at) : RunNext(ran, best_at);
+      Forget(ran, receiver);
     }
   }
 
@@ -86,7 +87,8 @@ class Filler {
   // When device d's next F or B is expected to have its inputs: the known
   // time, or when its producer would deliver it if the producer is the next
   // F or B of its own device and can start; infinity when it is further off.
-  double Expected(uint32_t d) const {
+  // `*reads`: the producer's device when its state was consulted.
+  double Expected(uint32_t d, int* reads) const {
     const double ready = Ready(d);
     if (ready != kUnknown) return ready;
     const Op& op = order_[d][next_[d]];
@@ -96,6 +98,7 @@ class Filler {
       return std::numeric_limits<double>::infinity();
     }
     const uint32_t pd = shape_.DeviceOf(producer.stage);
+    *reads = static_cast<int>(pd);
     if (next_[pd] >= order_[pd].size() || !(order_[pd][next_[pd]] == producer)) {
       return std::numeric_limits<double>::infinity();
     }
@@ -115,7 +118,7 @@ class Filler {
     const StageOpCost& c = costs_[op.stage][op.micro_batch];
     if (op.kind == OpKind::kForward) {
       const double reserve =
-          held_[d].empty() ? Transient(op) : std::max(Transient(op), *held_[d].rbegin());
+          held_[d].empty() ? Transient(op) : std::max(Transient(op), held_[d].back());
       return memory_[d] + c.stored_bytes + reserve <= limits_[d];
     }
     return memory_[d] + Transient(op) <= limits_[d] && KeepFits(d, op);
@@ -126,27 +129,63 @@ class Filler {
            memory_[d] + Transient(b) + c.split_backward_extra_bytes() <= limits_[d];
   }
 
-  // What device d does next and from when; false when it must wait for an
-  // input not produced yet.
-  bool Decide(uint32_t d, double* at, bool* weight) const {
+  // What a device does next and from when. It reads the device's own state,
+  // the inputs of its next op and at most one other device (`reads`, see
+  // Expected), so it stays valid until one of those runs or receives (Forget).
+  struct Decision {
+    bool known = false;
+    bool can_run = false;  // false: it waits for an input not produced yet
+    double at = 0;
+    bool weight = false;  // runs its oldest pending W
+    int reads = -1;
+  };
+  Decision Decide(uint32_t d) const {
+    Decision out{.known = true};
     if (next_[d] >= order_[d].size()) {  // the tail: pending Ws
-      *at = free_[d];
-      *weight = true;
-      return true;
+      out.can_run = true;
+      out.at = free_[d];
+      out.weight = true;
+      return out;
     }
     const double ready = Ready(d);
     // A W runs in the gap when most of it fits before the input arrives.
-    const bool gap =
-        !pending_[d].empty() && Expected(d) - free_[d] >= kGapShare * WeightMs(pending_[d].front());
-    if (!pending_[d].empty() && (gap || !Fits(d))) {
-      *at = free_[d];
-      *weight = true;
-      return true;
+    const bool gap = HasPending(d) &&
+                     Expected(d, &out.reads) - free_[d] >= kGapShare * WeightMs(OldestPending(d));
+    if (HasPending(d) && (gap || !Fits(d))) {
+      out.can_run = true;
+      out.at = free_[d];
+      out.weight = true;
+      return out;
     }
-    if (ready == kUnknown) return false;
-    *at = std::max(ready, free_[d]);
-    *weight = false;
-    return true;
+    if (ready == kUnknown) return out;
+    out.can_run = true;
+    out.at = std::max(ready, free_[d]);
+    return out;
+  }
+
+  // Device `ran` ran an op whose output went to `receiver`: the decisions
+  // that read either of them are stale.
+  void Forget(uint32_t ran, uint32_t receiver) {
+    for (uint32_t d = 0; d < shape_.devices; ++d) {
+      const int reads = decisions_[d].reads;
+      if (d == ran || d == receiver || reads == static_cast<int>(ran) ||
+          reads == static_cast<int>(receiver)) {
+        decisions_[d].known = false;
+      }
+    }
+  }
+
+  bool HasPending(uint32_t d) const { return pending_head_[d] < pending_[d].size(); }
+  const Op& OldestPending(uint32_t d) const { return pending_[d][pending_head_[d]]; }
+
+  // Sorted transients of the micro-batches device d holds.
+  void Hold(uint32_t d, double transient) {
+    std::vector<double>& held = held_[d];
+    held.insert(std::upper_bound(held.begin(), held.end(), transient), transient);
+  }
+  void Release(uint32_t d, double transient) {
+    std::vector<double>& held = held_[d];
+    held.erase(std::lower_bound(held.begin(), held.end(), transient));
   }
 
   double Send(uint32_t from, uint32_t to, double bytes, double produced_at) {
@@ -157,16 +196,18 @@ class Filler {
     return free_at;
   }
 
-  void RunWeight(uint32_t d, double start) {
-    const Op op = pending_[d].front();
-    pending_[d].pop_front();
+  // Each returns the device that receives the op's output (d when none).
+  uint32_t RunWeight(uint32_t d, double start) {
+    const Op op = OldestPending(d);
+    ++pending_head_[d];
     const StageOpCost& c = costs_[op.stage][op.micro_batch];
     free_[d] = start + c.weight_ms;
     memory_[d] -= c.weight_stored_bytes;
     out_[d].push_back(op);
+    return d;
   }
 
-  void RunNext(uint32_t d, double start) {
+  uint32_t RunNext(uint32_t d, double start) {
     const Op op = order_[d][next_[d]++];
     const size_t key = Key(op.stage, op.micro_batch);
     const StageOpCost& c = costs_[op.stage][op.micro_batch];
@@ -175,15 +216,15 @@ class Filler {
       const double end = start + c.forward_ms;
       free_[d] = end;
       memory_[d] += c.stored_bytes;
-      held_[d].insert(Transient(op));
+      Hold(d, Transient(op));
       forward_end_[key] = end;
-      if (op.stage + 1 < shape_.stages()) {
-        forward_ready_[Key(op.stage + 1, op.micro_batch)] =
-            Send(d, shape_.DeviceOf(op.stage + 1), c.activation_bytes, end);
-      } else {
+      if (op.stage + 1 == shape_.stages()) {
         backward_ready_[key] = end;
+        return d;
       }
-      return;
+      const uint32_t to = shape_.DeviceOf(op.stage + 1);
+      forward_ready_[Key(op.stage + 1, op.micro_batch)] = Send(d, to, c.activation_bytes, end);
+      return to;
     }
     // Split unless what B keeps would not fit even with no W pending: then
     // the whole backward (no W).
@@ -191,12 +232,12 @@ class Filler {
     const double end = start + (split ? c.input_grad_ms() : c.backward_ms);
     free_[d] = end;
     memory_[d] -= split ? c.stored_bytes - c.weight_stored_bytes : c.stored_bytes;
-    held_[d].erase(held_[d].find(Transient(op)));
+    Release(d, Transient(op));
     if (split) pending_[d].push_back({OpKind::kWeight, op.stage, op.micro_batch});
-    if (op.stage > 0) {
-      backward_ready_[Key(op.stage - 1, op.micro_batch)] =
-          Send(d, shape_.DeviceOf(op.stage - 1), c.gradient_bytes, end);
-    }
+    if (op.stage == 0) return d;
+    const uint32_t to = shape_.DeviceOf(op.stage - 1);
+    backward_ready_[Key(op.stage - 1, op.micro_batch)] = Send(d, to, c.gradient_bytes, end);
+    return to;
   }
 
   const PipelineShape& shape_;
@@ -210,9 +251,12 @@ class Filler {
   std::vector<size_t> next_;
   std::vector<double> free_;
   std::vector<double> memory_;
-  std::vector<std::multiset<double>> held_;  // transients of F-not-B micro-batches
-  std::vector<std::deque<Op>> pending_;      // Ws whose B ran, oldest first
+  std::vector<std::vector<double>> held_;  // sorted transients of F-not-B micro-batches
+  // Ws whose B ran, oldest first from pending_head_ on.
+  std::vector<std::vector<Op>> pending_;
+  std::vector<size_t> pending_head_;
   std::vector<double> channel_free_;
+  std::vector<Decision> decisions_;  // per device, see Decide
   DeviceOrder out_;
 };
 
