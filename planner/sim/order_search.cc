@@ -1,6 +1,7 @@
 #include "planner/sim/order_search.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -75,12 +76,27 @@ absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(
   AdaptiveSearchResult best;
   bool have = false;
   for (size_t k = 0; k < orders.injections.size(); ++k) {
-    absl::StatusOr<DeviceOrder> order = orders.schedules[k];
+    // Once an order fits, another wins only with a smaller makespan: the
+    // fill and the simulation give up on one that cannot have it.
+    const double limit_ms = have && best.fits_memory ? best.simulation.makespan_ms
+                                                     : std::numeric_limits<double>::infinity();
+    DeviceOrder filled;
     if (zero_bubble) {
-      order = FillWeightGradients(shape, *order, costs, network, memory_limit_bytes);
+      absl::StatusOr<std::optional<DeviceOrder>> order = FillWeightGradientsWithin(
+          shape, orders.schedules[k], costs, network, memory_limit_bytes, limit_ms);
       if (!order.ok()) return order.status();
+      if (!order->has_value()) {
+        ++best.orders_tried;
+        continue;
+      }
+      filled = **std::move(order);
     }
-    SimulationResult sim = Simulate(shape, *order, costs, network);
+    const DeviceOrder& order = zero_bubble ? filled : orders.schedules[k];
+    SimulationResult sim = Simulate(shape, order, costs, network, limit_ms);
+    if (sim.exceeded) {
+      ++best.orders_tried;
+      continue;
+    }
     if (!sim.completed)
       return absl::InternalError(absl::StrCat("adaptive schedule: ", sim.deadlock));
     const double over = PeakOverLimit(sim.peak_bytes, memory_limit_bytes);
@@ -93,7 +109,7 @@ absl::StatusOr<AdaptiveSearchResult> SearchAdaptiveOrder(
                : over < PeakOverLimit(best.simulation.peak_bytes, memory_limit_bytes)));
     if (better) {
       const int tried = best.orders_tried;
-      best = {orders.injections[k], *std::move(order), std::move(sim), tried, fits};
+      best = {orders.injections[k], order, std::move(sim), tried, fits};
       have = true;
     }
   }

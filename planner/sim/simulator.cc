@@ -71,8 +71,12 @@ namespace {
 class Replay {
  public:
   Replay(const PipelineShape& shape, const DeviceOrder& order, const StageCostTable& costs,
-         const ClusterNetwork& network)
-      : shape_(shape), order_(order), costs_(costs), network_(network) {
+         const ClusterNetwork& network, double makespan_limit_ms)
+      : shape_(shape),
+        order_(order),
+        costs_(costs),
+        network_(network),
+        give_up_above_ms_(makespan_limit_ms * (1 + kMakespanLimitMargin)) {
     const uint32_t devices = shape.devices;
     const size_t keys = static_cast<size_t>(shape.stages()) * shape.micro_batches;
     forward_ready_.assign(keys, kUnknown);
@@ -84,6 +88,10 @@ class Replay {
       for (const Op& op : ops) {
         if (op.kind == OpKind::kWeight) split_[Key(op.stage, op.micro_batch)] = true;
       }
+    }
+    work_left_ms_.assign(devices, 0);
+    for (uint32_t d = 0; d < devices; ++d) {
+      for (const Op& op : order[d]) work_left_ms_[d] += Duration(op);
     }
     for (uint32_t mb = 0; mb < shape.micro_batches; ++mb) forward_ready_[Key(0, mb)] = 0;
     r_.busy_ms.assign(devices, 0);
@@ -111,6 +119,12 @@ class Replay {
         return std::move(r_);
       }
       const uint32_t receiver = Execute(static_cast<uint32_t>(d), start);
+      // What d still has to run starts no earlier than its clock.
+      if (device_free_[d] + work_left_ms_[d] > give_up_above_ms_) {
+        SimulationResult exceeded;
+        exceeded.exceeded = true;
+        return exceeded;
+      }
       Refresh(static_cast<uint32_t>(d));
       Refresh(receiver);
     }
@@ -125,6 +139,14 @@ class Replay {
  private:
   size_t Key(uint32_t stage, uint32_t mb) const {
     return static_cast<size_t>(stage) * shape_.micro_batches + mb;
+  }
+
+  double Duration(const Op& op) const {
+    const StageOpCost& c = costs_[op.stage][op.micro_batch];
+    return op.kind == OpKind::kForward             ? c.forward_ms
+           : op.kind == OpKind::kWeight            ? c.weight_ms
+           : split_[Key(op.stage, op.micro_batch)] ? c.input_grad_ms()
+                                                   : c.backward_ms;
   }
 
   // When the next op of device d has its inputs; kUnknown: not yet known.
@@ -204,12 +226,10 @@ class Replay {
     const size_t key = Key(op.stage, op.micro_batch);
     const StageOpCost& c = costs_[op.stage][op.micro_batch];
     const bool split = split_[key];
-    const double ms = op.kind == OpKind::kForward  ? c.forward_ms
-                      : op.kind == OpKind::kWeight ? c.weight_ms
-                      : split                      ? c.input_grad_ms()
-                                                   : c.backward_ms;
+    const double ms = Duration(op);
     const double end = start + ms;
     device_free_[d] = end;
+    work_left_ms_[d] -= ms;
     r_.busy_ms[d] += end - start;
     r_.ops.push_back({op, d, start, end});
     r_.makespan_ms = std::max(r_.makespan_ms, end);
@@ -267,14 +287,17 @@ class Replay {
   std::vector<uint32_t> in_flight_;
   std::vector<double> channel_free_;  // [from * devices + to]
   std::vector<double> start_at_;      // per device, see Refresh
+  std::vector<double> work_left_ms_;  // per device: durations of its ops still to run
+  const double give_up_above_ms_;
   SimulationResult r_;
 };
 
 }  // namespace
 
 SimulationResult Simulate(const PipelineShape& shape, const DeviceOrder& order,
-                          const StageCostTable& costs, const ClusterNetwork& network) {
-  return Replay(shape, order, costs, network).Run();
+                          const StageCostTable& costs, const ClusterNetwork& network,
+                          double makespan_limit_ms) {
+  return Replay(shape, order, costs, network, makespan_limit_ms).Run();
 }
 
 }  // namespace varipipe::planner

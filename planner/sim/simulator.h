@@ -26,6 +26,7 @@
 #define VARIPIPE_PLANNER_SIM_SIMULATOR_H_
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -74,7 +75,10 @@ struct TimedTransfer {
 
 struct SimulationResult {
   bool completed = false;
-  std::string deadlock;  // set when !completed
+  std::string deadlock;  // set when !completed and !exceeded
+  // Stopped early: the makespan is sure to exceed the caller's limit
+  // (Simulate's makespan_limit_ms); nothing else is filled in.
+  bool exceeded = false;
   double makespan_ms = 0;
   std::vector<double> busy_ms;           // per device
   std::vector<double> bubble_fraction;   // per device: 1 - busy / makespan
@@ -93,8 +97,18 @@ struct SimulationResult {
 // once and each W at most once on the stage's device (validate with
 // CheckScheduleCoverage);
 // costs[stage][micro_batch] for every stage and micro-batch.
+// `makespan_limit_ms`: stop (`exceeded`) as soon as some device's end is
+// sure to lie above it: its clock plus the durations of its ops still to
+// run exceeds makespan_limit_ms * (1 + 1e-9) (the margin absorbs rounding,
+// so an order whose makespan is within the limit always completes).
 SimulationResult Simulate(const PipelineShape& shape, const DeviceOrder& order,
-                          const StageCostTable& costs, const ClusterNetwork& network);
+                          const StageCostTable& costs, const ClusterNetwork& network,
+                          double makespan_limit_ms = std::numeric_limits<double>::infinity());
+
+// The relative margin by which a device's certain end must exceed a
+// makespan limit before a search gives up on an order (Simulate,
+// FillWeightGradientsWithin).
+inline constexpr double kMakespanLimitMargin = 1e-9;
 
 // OK ("") when `order` runs every forward and backward of every (stage,
 // micro-batch) exactly once and any W at most once, on the stage's device;

@@ -16,8 +16,13 @@ constexpr double kGapShare = 0.5;
 class Filler {
  public:
   Filler(const PipelineShape& shape, const DeviceOrder& order, const StageCostTable& costs,
-         const ClusterNetwork& network, std::span<const double> limits)
-      : shape_(shape), order_(order), costs_(costs), network_(network), limits_(limits) {
+         const ClusterNetwork& network, std::span<const double> limits, double makespan_limit_ms)
+      : shape_(shape),
+        order_(order),
+        costs_(costs),
+        network_(network),
+        limits_(limits),
+        give_up_above_ms_(makespan_limit_ms * (1 + kMakespanLimitMargin)) {
     const size_t keys = static_cast<size_t>(shape.stages()) * shape.micro_batches;
     forward_ready_.assign(keys, kUnknown);
     backward_ready_.assign(keys, kUnknown);
@@ -33,13 +38,19 @@ class Filler {
     channel_free_.assign(static_cast<size_t>(devices) * devices, 0);
     decisions_.assign(devices, Decision());
     out_.resize(devices);
+    work_left_ms_.assign(devices, 0);
     for (uint32_t d = 0; d < devices; ++d) {
       out_[d].reserve(order[d].size() + order[d].size() / 2);
       pending_[d].reserve(order[d].size() / 2);
+      for (const Op& op : order[d]) {
+        const StageOpCost& c = costs_[op.stage][op.micro_batch];
+        work_left_ms_[d] += op.kind == OpKind::kForward ? c.forward_ms : c.backward_ms;
+      }
     }
   }
 
-  absl::StatusOr<DeviceOrder> Run() {
+  // std::nullopt: the makespan would exceed the limit.
+  absl::StatusOr<std::optional<DeviceOrder>> Run() {
     for (;;) {
       int best = -1;
       double best_at = std::numeric_limits<double>::infinity();
@@ -61,6 +72,7 @@ class Filler {
       if (best < 0) return absl::InternalError("zero-bubble fill: the order does not complete");
       const uint32_t ran = static_cast<uint32_t>(best);
       const uint32_t receiver = best_weight ? RunWeight(ran, best_at) : RunNext(ran, best_at);
+      if (free_[ran] + work_left_ms_[ran] > give_up_above_ms_) return std::nullopt;
       Forget(ran, receiver);
     }
   }
@@ -202,6 +214,7 @@ class Filler {
     ++pending_head_[d];
     const StageOpCost& c = costs_[op.stage][op.micro_batch];
     free_[d] = start + c.weight_ms;
+    work_left_ms_[d] -= c.weight_ms;
     memory_[d] -= c.weight_stored_bytes;
     out_[d].push_back(op);
     return d;
@@ -215,6 +228,7 @@ class Filler {
     if (op.kind == OpKind::kForward) {
       const double end = start + c.forward_ms;
       free_[d] = end;
+      work_left_ms_[d] -= c.forward_ms;
       memory_[d] += c.stored_bytes;
       Hold(d, Transient(op));
       forward_end_[key] = end;
@@ -229,8 +243,11 @@ class Filler {
     // Split unless what B keeps would not fit even with no W pending: then
     // the whole backward (no W).
     const bool split = KeepFits(d, op);
-    const double end = start + (split ? c.input_grad_ms() : c.backward_ms);
+    // A split B leaves its W's time in work_left_ms_ until the W runs.
+    const double ms = split ? c.input_grad_ms() : c.backward_ms;
+    const double end = start + ms;
     free_[d] = end;
+    work_left_ms_[d] -= ms;
     memory_[d] -= split ? c.stored_bytes - c.weight_stored_bytes : c.stored_bytes;
     Release(d, Transient(op));
     if (split) pending_[d].push_back({OpKind::kWeight, op.stage, op.micro_batch});
@@ -257,6 +274,10 @@ class Filler {
   std::vector<size_t> pending_head_;
   std::vector<double> channel_free_;
   std::vector<Decision> decisions_;  // per device, see Decide
+  // Per device: the durations of its F and B still to run (whole) and of
+  // its pending Ws.
+  std::vector<double> work_left_ms_;
+  const double give_up_above_ms_;
   DeviceOrder out_;
 };
 
@@ -267,6 +288,16 @@ absl::StatusOr<DeviceOrder> FillWeightGradients(const PipelineShape& shape,
                                                 const StageCostTable& costs,
                                                 const ClusterNetwork& network,
                                                 std::span<const double> memory_limit_bytes) {
+  absl::StatusOr<std::optional<DeviceOrder>> filled = FillWeightGradientsWithin(
+      shape, order, costs, network, memory_limit_bytes, std::numeric_limits<double>::infinity());
+  if (!filled.ok()) return filled.status();
+  return **std::move(filled);
+}
+
+absl::StatusOr<std::optional<DeviceOrder>> FillWeightGradientsWithin(
+    const PipelineShape& shape, const DeviceOrder& order, const StageCostTable& costs,
+    const ClusterNetwork& network, std::span<const double> memory_limit_bytes,
+    double makespan_limit_ms) {
   if (memory_limit_bytes.size() != shape.devices) {
     return absl::InvalidArgumentError("one memory limit per device is needed");
   }
@@ -281,7 +312,7 @@ absl::StatusOr<DeviceOrder> FillWeightGradients(const PipelineShape& shape,
       }
     }
   }
-  return Filler(shape, order, costs, network, memory_limit_bytes).Run();
+  return Filler(shape, order, costs, network, memory_limit_bytes, makespan_limit_ms).Run();
 }
 
 }  // namespace varipipe::planner

@@ -28,6 +28,7 @@
 #ifndef VARIPIPE_PLANNER_SIM_WEIGHT_FILL_H_
 #define VARIPIPE_PLANNER_SIM_WEIGHT_FILL_H_
 
+#include <optional>
 #include <span>
 
 #include "absl/status/statusor.h"
@@ -45,6 +46,21 @@ absl::StatusOr<DeviceOrder> FillWeightGradients(const PipelineShape& shape,
                                                 const StageCostTable& costs,
                                                 const ClusterNetwork& network,
                                                 std::span<const double> memory_limit_bytes);
+
+// The fill with a makespan limit: std::nullopt as soon as the filled
+// order's simulated makespan is sure to exceed `makespan_limit_ms` (as
+// Simulate's limit, with the same margin). The fill's own timeline is the
+// simulator's timeline of the order it returns: every device runs its ops
+// in order from the later of its input's arrival and its previous op's end,
+// and each channel carries one device's outputs in that device's order, so
+// every start time is a function of the order alone. A device's clock plus
+// the durations of its F, B and pending W still to run is therefore a lower
+// bound of the makespan. The order search (order_search.h) gives up on an
+// order that cannot beat the best one found.
+absl::StatusOr<std::optional<DeviceOrder>> FillWeightGradientsWithin(
+    const PipelineShape& shape, const DeviceOrder& order, const StageCostTable& costs,
+    const ClusterNetwork& network, std::span<const double> memory_limit_bytes,
+    double makespan_limit_ms);
 
 }  // namespace varipipe::planner
 
