@@ -192,11 +192,10 @@ absl::StatusOr<std::vector<MicroBatchCost>> CostGroups(const MicroBatchCostModel
 }
 
 // A baseline partition under one (mode, budget) pair: its groups if every
-// one fits the pair's limits.
+// one fits the pair's limits (a pair that does not fit keeps none).
 void EvaluateGroups(const MicroBatchingOptions& o, const std::vector<MicroBatchGroup>& groups,
                     const absl::StatusOr<std::vector<MicroBatchCost>>& costs,
                     MicroBatchingCandidate& c) {
-  c.groups = groups;
   if (!costs.ok()) {
     c.status = costs.status();
     return;
@@ -216,6 +215,7 @@ void EvaluateGroups(const MicroBatchingOptions& o, const std::vector<MicroBatchG
     c.max_time_ms = std::max(c.max_time_ms, mc.time_ms);
     c.sum_time_ms += mc.time_ms;
   }
+  c.groups = groups;
   c.costs = *costs;
   c.objective_ms = PipelineObjective(c.max_time_ms, c.sum_time_ms, o.pipeline, o.virtual_chunks,
                                      o.data_parallel);

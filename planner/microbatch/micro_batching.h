@@ -128,7 +128,7 @@ struct MicroBatchingCandidate {
   double peak_limit_bytes = 0;
   // Why the pair is infeasible; OK when it produced a partition.
   absl::Status status;
-  std::vector<MicroBatchGroup> groups;
+  std::vector<MicroBatchGroup> groups;  // empty unless solved()
   std::vector<MicroBatchCost> costs;  // parallel to groups
   // Predicted iteration time: (c - 1) * max t / v + sum t / |D| (ms).
   double objective_ms = 0;
