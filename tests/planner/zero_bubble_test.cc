@@ -460,6 +460,54 @@ TEST(AdaptiveZeroBubble, KeepsMemoryAndShortensTheIteration) {
   EXPECT_LT(zb_sum, 0.95 * adaptive_sum);
 }
 
+// The order search's give-up rule (simulator.h, weight_fill.h) over random
+// uneven micro-batches with transfer times: the fill's own timeline is the
+// simulator's timeline of its order, so a limit at the simulated makespan
+// gives the same order, and one just below it gives up; the simulation
+// completes at its makespan and gives up just below it.
+TEST(AdaptiveZeroBubble, GivesUpExactlyAboveTheMakespan) {
+  std::mt19937 rng(
+      varipipe::testing::TestSeed("AdaptiveZeroBubble.GivesUpExactlyAboveTheMakespan"));
+  std::uniform_real_distribution<double> f(0.2, 3.0);
+  for (int trial = 0; trial < 40; ++trial) {
+    const uint32_t c = 2 + rng() % 7;
+    const uint32_t m = c + rng() % 24;
+    std::vector<double> factor(m);
+    for (double& x : factor) x = f(rng);
+    StageCostTable costs = Uneven(c, factor);
+    for (auto& stage : costs) {
+      for (StageOpCost& op : stage) op.activation_bytes = op.gradient_bytes = 50 * op.forward_ms;
+    }
+    const std::vector<double> limits(c, 130 * 3.0 * (1 + rng() % 6));
+    const PipelineShape shape{c, 1, m};
+    const ClusterNetwork net{.intra_node = {.latency_ms = 0.01, .bytes_per_ms = 100},
+                             .inter_node = {}};
+    std::vector<uint32_t> injection(m);
+    std::iota(injection.begin(), injection.end(), 0u);
+    absl::StatusOr<DeviceOrder> adaptive = AdaptiveSchedule(shape, costs, injection, limits);
+    ASSERT_THAT(adaptive, IsOk());
+    absl::StatusOr<DeviceOrder> filled = FillWeightGradients(shape, *adaptive, costs, net, limits);
+    ASSERT_THAT(filled, IsOk());
+    const SimulationResult sim = Simulate(shape, *filled, costs, net);
+    ASSERT_TRUE(sim.completed);
+    const double makespan = sim.makespan_ms;
+    absl::StatusOr<std::optional<DeviceOrder>> within =
+        FillWeightGradientsWithin(shape, *adaptive, costs, net, limits, makespan);
+    ASSERT_THAT(within, IsOk());
+    ASSERT_TRUE(within->has_value()) << "trial " << trial;
+    EXPECT_EQ(**within, *filled) << "trial " << trial;
+    absl::StatusOr<std::optional<DeviceOrder>> below =
+        FillWeightGradientsWithin(shape, *adaptive, costs, net, limits, makespan * 0.999);
+    ASSERT_THAT(below, IsOk());
+    EXPECT_FALSE(below->has_value()) << "trial " << trial;
+    const SimulationResult at = Simulate(shape, *filled, costs, net, makespan);
+    EXPECT_TRUE(at.completed && !at.exceeded) << "trial " << trial;
+    EXPECT_EQ(at.makespan_ms, makespan);
+    EXPECT_TRUE(Simulate(shape, *filled, costs, net, makespan * 0.999).exceeded)
+        << "trial " << trial;
+  }
+}
+
 TEST(AdaptiveZeroBubble, RefusesAnOrderWithWeights) {
   const PipelineShape shape{2, 1, 2};
   const StageCostTable costs = Uneven(2, {1, 1});
