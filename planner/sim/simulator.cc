@@ -1,6 +1,7 @@
 #include "planner/sim/simulator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <utility>
@@ -89,8 +90,10 @@ class Replay {
         if (op.kind == OpKind::kWeight) split_[Key(op.stage, op.micro_batch)] = true;
       }
     }
+    // Without a limit nothing is compared: the sums are skipped (and the
+    // per-op decrements never matter).
     work_left_ms_.assign(devices, 0);
-    for (uint32_t d = 0; d < devices; ++d) {
+    for (uint32_t d = 0; d < devices && std::isfinite(give_up_above_ms_); ++d) {
       for (const Op& op : order[d]) work_left_ms_[d] += Duration(op);
     }
     for (uint32_t mb = 0; mb < shape.micro_batches; ++mb) forward_ready_[Key(0, mb)] = 0;

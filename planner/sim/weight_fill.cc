@@ -1,6 +1,7 @@
 #include "planner/sim/weight_fill.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -42,6 +43,7 @@ class Filler {
     for (uint32_t d = 0; d < devices; ++d) {
       out_[d].reserve(order[d].size() + order[d].size() / 2);
       pending_[d].reserve(order[d].size() / 2);
+      if (!std::isfinite(give_up_above_ms_)) continue;  // nothing is compared
       for (const Op& op : order[d]) {
         const StageOpCost& c = costs_[op.stage][op.micro_batch];
         work_left_ms_[d] += op.kind == OpKind::kForward ? c.forward_ms : c.backward_ms;
