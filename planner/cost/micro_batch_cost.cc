@@ -428,6 +428,9 @@ bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_
       c.stored_bytes += encoder_bias.stored;
       bias_gradient += encoder_bias.gradient;
       if (t5 && layout_.devices == 1) {
+        // The decoder layers read the encoder output, which no component
+        // is charged for: the stage keeps it per micro-batch.
+        c.stored_bytes += encoder_act;
         add(c, decoder, total_decoder_layers_, transient);
         add(c, decoder_embedding, 1, transient);
         add(c, postprocess, 1, transient);
@@ -444,6 +447,9 @@ bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_
       if (index == 0) add(c, decoder_embedding, 1, transient);
       if (st + 1 == stages) add(c, postprocess, 1, transient);
       c.stored_bytes += decoder_bias.stored;
+      // The encoder output the stage's layers read (received with its
+      // input; no component is charged for it), kept per micro-batch.
+      c.stored_bytes += encoder_act;
       bias_gradient += decoder_bias.gradient;
       // Decoder stages pass on their activations and the encoder output.
       c.activation_bytes = decoder_act + encoder_act;

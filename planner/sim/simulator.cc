@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "planner/sim/memory_ledger.h"
 
 namespace varipipe::planner {
 namespace {
@@ -77,7 +78,8 @@ class Replay {
         order_(order),
         costs_(costs),
         network_(network),
-        give_up_above_ms_(makespan_limit_ms * (1 + kMakespanLimitMargin)) {
+        give_up_above_ms_(makespan_limit_ms * (1 + kMakespanLimitMargin)),
+        ledger_(shape.devices) {
     const uint32_t devices = shape.devices;
     const size_t keys = static_cast<size_t>(shape.stages()) * shape.micro_batches;
     forward_ready_.assign(keys, kUnknown);
@@ -95,6 +97,7 @@ class Replay {
     work_left_ms_.assign(devices, 0);
     for (uint32_t d = 0; d < devices && std::isfinite(give_up_above_ms_); ++d) {
       for (const Op& op : order[d]) work_left_ms_[d] += Duration(op);
+      ledger_.Reserve(d, 4 * order[d].size());
     }
     for (uint32_t mb = 0; mb < shape.micro_batches; ++mb) forward_ready_[Key(0, mb)] = 0;
     r_.busy_ms.assign(devices, 0);
@@ -102,7 +105,6 @@ class Replay {
     r_.peak_in_flight.assign(devices, 0);
     next_.assign(devices, 0);
     device_free_.assign(devices, 0);
-    memory_.assign(devices, 0);
     in_flight_.assign(devices, 0);
     channel_free_.assign(static_cast<size_t>(devices) * devices, 0);
     start_at_.assign(devices, kNever);
@@ -132,6 +134,7 @@ class Replay {
       Refresh(receiver);
     }
     r_.completed = true;
+    r_.peak_bytes = ledger_.Peaks();
     r_.bubble_fraction.resize(shape_.devices);
     for (uint32_t d = 0; d < shape_.devices; ++d) {
       r_.bubble_fraction[d] = r_.makespan_ms > 0 ? 1 - r_.busy_ms[d] / r_.makespan_ms : 0;
@@ -237,39 +240,57 @@ class Replay {
     r_.ops.push_back({op, d, start, end});
     r_.makespan_ms = std::max(r_.makespan_ms, end);
     if (op.kind == OpKind::kWeight) {
-      r_.peak_bytes[d] = std::max(r_.peak_bytes[d], memory_[d]);
-      memory_[d] -= c.weight_stored_bytes;
+      ledger_.Own(d, end, -c.weight_stored_bytes);
       --in_flight_[d];
       return d;
     }
-    const bool forward = op.kind == OpKind::kForward;
-    if (forward) {
-      memory_[d] += c.stored_bytes;
+    // Transfer buffers (memory_ledger.h): with the previous stage on another
+    // device, a forward's input was received and a backward sends its input
+    // gradient; with the next one, a forward sends its output and a backward
+    // received its output gradient.
+    const bool previous_elsewhere = op.stage > 0 && shape_.DeviceOf(op.stage - 1) != d;
+    const bool next_elsewhere =
+        op.stage + 1 < shape_.stages() && shape_.DeviceOf(op.stage + 1) != d;
+    const double transient = c.peak_bytes - c.stored_bytes;
+    if (op.kind == OpKind::kForward) {
       r_.peak_in_flight[d] = std::max(r_.peak_in_flight[d], ++in_flight_[d]);
-    }
-    r_.peak_bytes[d] =
-        std::max(r_.peak_bytes[d], memory_[d] + c.peak_bytes - c.stored_bytes +
-                                       (split && !forward ? c.split_backward_extra_bytes() : 0.0));
-    if (forward) {
-      forward_end_[key] = end;
-      if (op.stage + 1 < shape_.stages()) {
-        const uint32_t to = shape_.DeviceOf(op.stage + 1);
-        forward_ready_[Key(op.stage + 1, op.micro_batch)] =
-            Send(op, d, to, c.activation_bytes, end);
-        return to;
+      if (previous_elsewhere) {
+        ledger_.Own(d, start, -costs_[op.stage - 1][op.micro_batch].activation_bytes);
       }
-      backward_ready_[key] = end;  // the loss
-      return d;
+      ledger_.Own(d, start, c.stored_bytes + transient);
+      ledger_.Own(d, end, -transient);
+      forward_end_[key] = end;
+      if (op.stage + 1 == shape_.stages()) {
+        backward_ready_[key] = end;  // the loss
+        return d;
+      }
+      const uint32_t to = shape_.DeviceOf(op.stage + 1);
+      if (next_elsewhere) {
+        ledger_.Own(d, end, c.activation_bytes);
+        ledger_.Received(to, d, end, c.activation_bytes);
+      }
+      forward_ready_[Key(op.stage + 1, op.micro_batch)] = Send(op, d, to, c.activation_bytes, end);
+      return to;
     }
+    if (next_elsewhere) {
+      // The sent activation is released just before; the received output
+      // gradient becomes part of the backward's peak.
+      ledger_.Own(d, start, -c.activation_bytes);
+      ledger_.Own(d, start, -costs_[op.stage + 1][op.micro_batch].gradient_bytes);
+    }
+    const double extra = split ? c.split_backward_extra_bytes() : 0.0;
+    ledger_.Own(d, start, transient + extra);
+    ledger_.Own(
+        d, end,
+        -transient - extra - (split ? c.stored_bytes - c.weight_stored_bytes : c.stored_bytes));
     backward_end_[key] = end;
-    if (split) {
-      memory_[d] -= c.stored_bytes - c.weight_stored_bytes;
-    } else {
-      memory_[d] -= c.stored_bytes;
-      --in_flight_[d];
-    }
+    if (!split) --in_flight_[d];
     if (op.stage == 0) return d;
     const uint32_t to = shape_.DeviceOf(op.stage - 1);
+    if (previous_elsewhere) {
+      ledger_.Own(d, end, c.gradient_bytes);  // sent at the end of the iteration
+      ledger_.Received(to, d, end, c.gradient_bytes);
+    }
     backward_ready_[Key(op.stage - 1, op.micro_batch)] = Send(op, d, to, c.gradient_bytes, end);
     return to;
   }
@@ -286,12 +307,12 @@ class Replay {
   std::vector<bool> split_;  // the (stage, micro-batch) has a W
   std::vector<size_t> next_;
   std::vector<double> device_free_;
-  std::vector<double> memory_;
   std::vector<uint32_t> in_flight_;
   std::vector<double> channel_free_;  // [from * devices + to]
   std::vector<double> start_at_;      // per device, see Refresh
   std::vector<double> work_left_ms_;  // per device: durations of its ops still to run
   const double give_up_above_ms_;
+  MemoryLedger ledger_;
   SimulationResult r_;
 };
 

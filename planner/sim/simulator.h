@@ -19,6 +19,10 @@
 // B runs the device holds everything stored plus that op's transient
 // (peak - stored), and a split B also what it keeps beyond its forward's
 // stored bytes (split_backward_extra_bytes, stage_costs.h); a W adds none.
+// Beside these, the transfer buffers the communication plan keeps alive
+// (an activation sent until the sender's backward of it, an input gradient
+// sent until the end of the iteration, a received tensor until its consumer
+// starts); peaks come from their sum over time (memory_ledger.h).
 //
 // An order that cannot complete (a cycle of waits) is reported as a
 // deadlock naming each stuck device's next op.

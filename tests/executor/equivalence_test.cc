@@ -455,20 +455,23 @@ std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& c
   return plans;
 }
 
-// Zero-bubble cells: the plans split backwards (at least one per
-// iteration), and run with every backward whole they give the same
-// gradients, every iteration, within 1e-6 relative.
+// Zero-bubble cells: the plans split backwards (at least one over the
+// iterations: at the tightest limit that plans, what a split backward keeps
+// for its W, beside the transfer buffers the simulator counts, may not fit
+// in some iteration, and the fill then keeps its backwards whole), and run
+// with every backward whole they give the same gradients, every iteration,
+// within 1e-6 relative.
 void CompareWithWholeBackwards(const v1::JobConfig& config,
                                const std::vector<std::vector<v1::ExecutionPlan>>& plans,
                                const std::vector<RankRun>& split) {
   std::vector<std::vector<v1::ExecutionPlan>> whole_plans;
   int split_backwards = 0;
   for (const std::vector<v1::ExecutionPlan>& iteration : plans) {
-    EXPECT_GE(SplitBackwards(iteration), 1);
     split_backwards += SplitBackwards(iteration);
     std::vector<v1::ExecutionPlan>& whole = whole_plans.emplace_back();
     for (const v1::ExecutionPlan& plan : iteration) whole.push_back(WithWholeBackwards(plan));
   }
+  EXPECT_GE(split_backwards, 1);
   absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(config);
   ASSERT_THAT(dataset, IsOk());
   const std::vector<RankRun> whole = RunPlans(config, whole_plans, **dataset);

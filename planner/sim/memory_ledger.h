@@ -1,0 +1,53 @@
+// What each device of a pipeline holds over one simulated iteration, as
+// timed changes: the stored activations and transients of its own ops, and
+// the buffers the communication plan keeps alive (comm_planner.h):
+//   - an activation it sends, from its forward's end until the backward of
+//     the same stage and micro-batch starts (the SendWait just before it);
+//   - an input gradient it sends, from its backward's end until the end of
+//     the iteration (gradient SendWaits come last);
+//   - a tensor it receives, from the producer's end (the RecvStart is
+//     emitted at that simulated time) until the consuming op starts, which
+//     then holds it as part of its own bytes (a forward's stored input, a
+//     backward's received output gradient).
+// The peak of a device is the largest sum over time; at equal times its own
+// changes come before received buffers, so an op ending at t and the next
+// starting at t never overlap.
+#ifndef VARIPIPE_PLANNER_SIM_MEMORY_LEDGER_H_
+#define VARIPIPE_PLANNER_SIM_MEMORY_LEDGER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace varipipe::planner {
+
+class MemoryLedger {
+ public:
+  explicit MemoryLedger(uint32_t devices);
+
+  // Room for `changes` of `device`'s own.
+  void Reserve(uint32_t device, size_t changes) { own_[device].reserve(changes); }
+
+  // A change on `device` by its own ops (positive: allocated). REQUIRES:
+  // nondecreasing `at_ms` per device.
+  void Own(uint32_t device, double at_ms, double bytes);
+  // A buffer `device` allocates for a transfer from `from` at `at_ms`.
+  // REQUIRES: nondecreasing `at_ms` per (device, from).
+  void Received(uint32_t device, uint32_t from, double at_ms, double bytes);
+
+  // Each device's largest total.
+  std::vector<double> Peaks() const;
+
+ private:
+  struct Change {
+    double at_ms;
+    double bytes;
+  };
+  uint32_t devices_;
+  std::vector<std::vector<Change>> own_;       // per device
+  std::vector<std::vector<Change>> received_;  // [device * devices + from]
+};
+
+}  // namespace varipipe::planner
+
+#endif  // VARIPIPE_PLANNER_SIM_MEMORY_LEDGER_H_
