@@ -53,6 +53,11 @@ absl::StatusOr<DeviceOrder> AdaptiveSchedule(const PipelineShape& shape,
   const auto transient = [&](uint32_t j, uint32_t mb) {
     return costs[j][mb].peak_bytes - costs[j][mb].stored_bytes;
   };
+  // What a forward leaves on its device until its backward: its stored
+  // activation and, but on the last device, the output it sends on.
+  const auto kept = [&](uint32_t j, uint32_t mb) {
+    return costs[j][mb].stored_bytes + (j + 1 < c ? costs[j][mb].activation_bytes : 0.0);
+  };
   DeviceOrder order(c);
   for (uint32_t j = 0; j < c; ++j) order[j].reserve(2 * static_cast<size_t>(m));
   size_t remaining = 2 * static_cast<size_t>(c) * m;
@@ -64,7 +69,8 @@ absl::StatusOr<DeviceOrder> AdaptiveSchedule(const PipelineShape& shape,
     for (uint32_t j = 0; j < c; ++j) {
       if (backward_head[j] < backward_ready[j].size()) {
         const uint32_t mb = backward_ready[j][backward_head[j]++];
-        memory[j] -= costs[j][mb].stored_bytes;
+        // The input gradient it sends stays until the end of the iteration.
+        memory[j] += (j > 0 ? costs[j][mb].gradient_bytes : 0.0) - kept(j, mb);
         std::vector<double>& held = held_transients[j];
         held.erase(std::lower_bound(held.begin(), held.end(), transient(j, mb)));
         order[j].push_back({OpKind::kBackward, j, mb});
@@ -73,13 +79,12 @@ absl::StatusOr<DeviceOrder> AdaptiveSchedule(const PipelineShape& shape,
       }
       if (forward_head[j] < forward_ready[j].size()) {
         const uint32_t mb = forward_ready[j][forward_head[j]];
-        const StageOpCost& cost = costs[j][mb];
         std::vector<double>& held = held_transients[j];
         const double reserve =
             held.empty() ? transient(j, mb) : std::max(transient(j, mb), held.back());
-        if (held.empty() || memory[j] + cost.stored_bytes + reserve <= memory_limit_bytes[j]) {
+        if (held.empty() || memory[j] + kept(j, mb) + reserve <= memory_limit_bytes[j]) {
           ++forward_head[j];
-          memory[j] += cost.stored_bytes;
+          memory[j] += kept(j, mb);
           const double t = transient(j, mb);
           held.insert(std::upper_bound(held.begin(), held.end(), t), t);
           order[j].push_back({OpKind::kForward, j, mb});

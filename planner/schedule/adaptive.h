@@ -21,7 +21,9 @@
 // its next admission the device runs only backwards of those, on no more
 // than it holds now, so no op pushes it past the limit (the quantity the
 // simulator reports as peak); a transient of a micro-batch not yet admitted
-// is reserved only when it is.
+// is reserved only when it is. What a device holds counts the buffers it
+// sends (memory_ledger.h): a forward's output sent on, until its backward,
+// and every input gradient it sent, until the end of the iteration.
 #ifndef VARIPIPE_PLANNER_SCHEDULE_ADAPTIVE_H_
 #define VARIPIPE_PLANNER_SCHEDULE_ADAPTIVE_H_
 

@@ -9,9 +9,9 @@
 //     emitted at that simulated time) until the consuming op starts, which
 //     then holds it as part of its own bytes (a forward's stored input, a
 //     backward's received output gradient).
-// The peak of a device is the largest sum over time; at equal times its own
-// changes come before received buffers, so an op ending at t and the next
-// starting at t never overlap.
+// The peak of a device is the largest sum over time. Its own changes at one
+// time net out (an op ending at t and the next starting at t never
+// overlap), and come before the buffers it receives at that time.
 #ifndef VARIPIPE_PLANNER_SIM_MEMORY_LEDGER_H_
 #define VARIPIPE_PLANNER_SIM_MEMORY_LEDGER_H_
 
@@ -30,9 +30,16 @@ class MemoryLedger {
 
   // A change on `device` by its own ops (positive: allocated). REQUIRES:
   // nondecreasing `at_ms` per device.
-  void Own(uint32_t device, double at_ms, double bytes);
-  // A buffer `device` allocates for a transfer from `from` at `at_ms`.
-  // REQUIRES: nondecreasing `at_ms` per (device, from).
+  void Own(uint32_t device, double at_ms, double bytes) {
+    std::vector<Change>& own = own_[device];
+    if (!own.empty() && own.back().at_ms == at_ms) {
+      own.back().bytes += bytes;
+    } else {
+      own.push_back({at_ms, bytes});
+    }
+  }
+  // A buffer of `bytes` >= 0 `device` allocates for a transfer from `from`
+  // at `at_ms`. REQUIRES: nondecreasing `at_ms` per (device, from).
   void Received(uint32_t device, uint32_t from, double at_ms, double bytes);
 
   // Each device's largest total.
@@ -46,6 +53,7 @@ class MemoryLedger {
   uint32_t devices_;
   std::vector<std::vector<Change>> own_;       // per device
   std::vector<std::vector<Change>> received_;  // [device * devices + from]
+  std::vector<std::vector<uint32_t>> senders_;  // per device: the `from`s it received from
 };
 
 }  // namespace varipipe::planner

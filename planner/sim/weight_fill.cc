@@ -41,6 +41,7 @@ class Filler {
     out_.resize(devices);
     work_left_ms_.assign(devices, 0);
     for (uint32_t d = 0; d < devices; ++d) {
+      ops_left_ += order[d].size();
       out_[d].reserve(order[d].size() + order[d].size() / 2);
       pending_[d].reserve(order[d].size() / 2);
       if (!std::isfinite(give_up_above_ms_)) continue;  // nothing is compared
@@ -57,23 +58,20 @@ class Filler {
       int best = -1;
       double best_at = std::numeric_limits<double>::infinity();
       bool best_weight = false;
-      bool work_left = false;
+      if (ops_left_ == 0) return std::move(out_);
       for (uint32_t d = 0; d < shape_.devices; ++d) {
-        if (next_[d] >= order_[d].size() && !HasPending(d)) continue;
-        work_left = true;
         Decision& decision = decisions_[d];
         if (!decision.known) decision = Decide(d);
-        if (!decision.can_run) continue;
         if (decision.at < best_at) {
           best_at = decision.at;
           best = static_cast<int>(d);
           best_weight = decision.weight;
         }
       }
-      if (!work_left) return std::move(out_);
       if (best < 0) return absl::InternalError("zero-bubble fill: the order does not complete");
       const uint32_t ran = static_cast<uint32_t>(best);
       const uint32_t receiver = best_weight ? RunWeight(ran, best_at) : RunNext(ran, best_at);
+      --ops_left_;
       if (free_[ran] + work_left_ms_[ran] > give_up_above_ms_) return std::nullopt;
       Forget(ran, receiver);
     }
@@ -125,6 +123,21 @@ class Filler {
            network_.Between(pd, d).TransferMs(forward ? c.activation_bytes : c.gradient_bytes);
   }
 
+  // The transfer buffers a device holds (memory_ledger.h): a forward's
+  // output sent to another device, until the backward of the same stage and
+  // micro-batch starts; an input gradient a backward sends to another
+  // device, until the end of the iteration.
+  double SentOutput(const Op& op, uint32_t d) const {
+    return op.stage + 1 < shape_.stages() && shape_.DeviceOf(op.stage + 1) != d
+               ? costs_[op.stage][op.micro_batch].activation_bytes
+               : 0.0;
+  }
+  double SentGradient(const Op& op, uint32_t d) const {
+    return op.stage > 0 && shape_.DeviceOf(op.stage - 1) != d
+               ? costs_[op.stage][op.micro_batch].gradient_bytes
+               : 0.0;
+  }
+
   // Whether device d's next F or B fits its limit with what it holds now (a
   // B split: also what it then keeps for its W).
   bool Fits(uint32_t d) const {
@@ -133,14 +146,16 @@ class Filler {
     if (op.kind == OpKind::kForward) {
       const double reserve =
           held_[d].empty() ? Transient(op) : std::max(Transient(op), held_[d].back());
-      return memory_[d] + c.stored_bytes + reserve <= limits_[d];
+      return memory_[d] + c.stored_bytes + SentOutput(op, d) + reserve <= limits_[d];
     }
-    return memory_[d] + Transient(op) <= limits_[d] && KeepFits(d, op);
+    return memory_[d] - SentOutput(op, d) + Transient(op) <= limits_[d] && KeepFits(d, op);
   }
+  // What device d holds while B runs and after it, split.
   bool KeepFits(uint32_t d, const Op& b) const {
     const StageOpCost& c = costs_[b.stage][b.micro_batch];
-    return memory_[d] - c.stored_bytes + c.weight_stored_bytes <= limits_[d] &&
-           memory_[d] + Transient(b) + c.split_backward_extra_bytes() <= limits_[d];
+    const double during = memory_[d] - SentOutput(b, d);
+    return during - c.stored_bytes + c.weight_stored_bytes + SentGradient(b, d) <= limits_[d] &&
+           during + Transient(b) + c.split_backward_extra_bytes() <= limits_[d];
   }
 
   // What a device does next and from when. It reads the device's own state,
@@ -148,15 +163,15 @@ class Filler {
   // Expected), so it stays valid until one of those runs or receives (Forget).
   struct Decision {
     bool known = false;
-    bool can_run = false;  // false: it waits for an input not produced yet
-    double at = 0;
+    // Infinity: it has nothing left or waits for an input not produced yet.
+    double at = std::numeric_limits<double>::infinity();
     bool weight = false;  // runs its oldest pending W
     int reads = -1;
   };
   Decision Decide(uint32_t d) const {
     Decision out{.known = true};
     if (next_[d] >= order_[d].size()) {  // the tail: pending Ws
-      out.can_run = true;
+      if (!HasPending(d)) return out;
       out.at = free_[d];
       out.weight = true;
       return out;
@@ -166,13 +181,11 @@ class Filler {
     const bool gap = HasPending(d) &&
                      Expected(d, &out.reads) - free_[d] >= kGapShare * WeightMs(OldestPending(d));
     if (HasPending(d) && (gap || !Fits(d))) {
-      out.can_run = true;
       out.at = free_[d];
       out.weight = true;
       return out;
     }
     if (ready == kUnknown) return out;
-    out.can_run = true;
     out.at = std::max(ready, free_[d]);
     return out;
   }
@@ -231,7 +244,7 @@ class Filler {
       const double end = start + c.forward_ms;
       free_[d] = end;
       work_left_ms_[d] -= c.forward_ms;
-      memory_[d] += c.stored_bytes;
+      memory_[d] += c.stored_bytes + SentOutput(op, d);
       Hold(d, Transient(op));
       forward_end_[key] = end;
       if (op.stage + 1 == shape_.stages()) {
@@ -250,9 +263,13 @@ class Filler {
     const double end = start + ms;
     free_[d] = end;
     work_left_ms_[d] -= ms;
-    memory_[d] -= split ? c.stored_bytes - c.weight_stored_bytes : c.stored_bytes;
+    memory_[d] += SentGradient(op, d) - SentOutput(op, d) -
+                  (split ? c.stored_bytes - c.weight_stored_bytes : c.stored_bytes);
     Release(d, Transient(op));
-    if (split) pending_[d].push_back({OpKind::kWeight, op.stage, op.micro_batch});
+    if (split) {
+      pending_[d].push_back({OpKind::kWeight, op.stage, op.micro_batch});
+      ++ops_left_;
+    }
     if (op.stage == 0) return d;
     const uint32_t to = shape_.DeviceOf(op.stage - 1);
     backward_ready_[Key(op.stage - 1, op.micro_batch)] = Send(d, to, c.gradient_bytes, end);
@@ -276,6 +293,7 @@ class Filler {
   std::vector<size_t> pending_head_;
   std::vector<double> channel_free_;
   std::vector<Decision> decisions_;  // per device, see Decide
+  size_t ops_left_ = 0;              // F and B not run yet, and pending Ws
   // Per device: the durations of its F and B still to run (whole) and of
   // its pending Ws.
   std::vector<double> work_left_ms_;

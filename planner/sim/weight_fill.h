@@ -21,6 +21,9 @@
 // forward stored). What remains pending runs after the device's last B.
 // Deferring never pushes a device above its limit when the unsplit order
 // fits (each W only frees memory, and a B splits only when its keep fits).
+// What a device holds counts the buffers it sends (memory_ledger.h): an
+// output sent on, until its backward, and each input gradient sent, until
+// the end of the iteration.
 //
 // The adaptive zero-bubble schedule is AdaptiveSchedule (DynaPipe
 // Algorithm 1) followed by this fill, inside the ordering search
