@@ -54,9 +54,9 @@ absl::StatusOr<DeviceOrder> AdaptiveSchedule(const PipelineShape& shape,
     return costs[j][mb].peak_bytes - costs[j][mb].stored_bytes;
   };
   // What a forward leaves on its device until its backward: its stored
-  // activation and, but on the last device, the output it sends on.
+  // activation and the output it sends on (stage_costs.h).
   const auto kept = [&](uint32_t j, uint32_t mb) {
-    return costs[j][mb].stored_bytes + (j + 1 < c ? costs[j][mb].activation_bytes : 0.0);
+    return costs[j][mb].stored_bytes + SentOutputBytes(shape, costs, j, mb);
   };
   DeviceOrder order(c);
   for (uint32_t j = 0; j < c; ++j) order[j].reserve(2 * static_cast<size_t>(m));
@@ -70,7 +70,7 @@ absl::StatusOr<DeviceOrder> AdaptiveSchedule(const PipelineShape& shape,
       if (backward_head[j] < backward_ready[j].size()) {
         const uint32_t mb = backward_ready[j][backward_head[j]++];
         // The input gradient it sends stays until the end of the iteration.
-        memory[j] += (j > 0 ? costs[j][mb].gradient_bytes : 0.0) - kept(j, mb);
+        memory[j] += SentGradientBytes(shape, costs, j, mb) - kept(j, mb);
         std::vector<double>& held = held_transients[j];
         held.erase(std::lower_bound(held.begin(), held.end(), transient(j, mb)));
         order[j].push_back({OpKind::kBackward, j, mb});

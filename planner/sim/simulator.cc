@@ -244,53 +244,43 @@ class Replay {
       --in_flight_[d];
       return d;
     }
-    // Transfer buffers (memory_ledger.h): with the previous stage on another
-    // device, a forward's input was received and a backward sends its input
-    // gradient; with the next one, a forward sends its output and a backward
-    // received its output gradient.
-    const bool previous_elsewhere = op.stage > 0 && shape_.DeviceOf(op.stage - 1) != d;
-    const bool next_elsewhere =
-        op.stage + 1 < shape_.stages() && shape_.DeviceOf(op.stage + 1) != d;
+    // Transfer buffers (memory_ledger.h, stage_costs.h): what this op sends
+    // stays on d; what it consumed from another device was held since its
+    // producer ended and is now the op's own.
     const double transient = c.peak_bytes - c.stored_bytes;
+    const double sent_output = SentOutputBytes(shape_, costs_, op.stage, op.micro_batch);
     if (op.kind == OpKind::kForward) {
       r_.peak_in_flight[d] = std::max(r_.peak_in_flight[d], ++in_flight_[d]);
-      if (previous_elsewhere) {
-        ledger_.Own(d, start, -costs_[op.stage - 1][op.micro_batch].activation_bytes);
-      }
-      ledger_.Own(d, start, c.stored_bytes + transient);
-      ledger_.Own(d, end, -transient);
+      const double received =
+          op.stage > 0 ? SentOutputBytes(shape_, costs_, op.stage - 1, op.micro_batch) : 0.0;
+      ledger_.Own(d, start, c.stored_bytes + transient - received);
+      ledger_.Own(d, end, sent_output - transient);
       forward_end_[key] = end;
       if (op.stage + 1 == shape_.stages()) {
         backward_ready_[key] = end;  // the loss
         return d;
       }
       const uint32_t to = shape_.DeviceOf(op.stage + 1);
-      if (next_elsewhere) {
-        ledger_.Own(d, end, c.activation_bytes);
-        ledger_.Received(to, d, end, c.activation_bytes);
-      }
+      if (sent_output > 0) ledger_.Received(to, d, end, sent_output);
       forward_ready_[Key(op.stage + 1, op.micro_batch)] = Send(op, d, to, c.activation_bytes, end);
       return to;
     }
-    if (next_elsewhere) {
-      // The sent activation is released just before; the received output
-      // gradient becomes part of the backward's peak.
-      ledger_.Own(d, start, -c.activation_bytes);
-      ledger_.Own(d, start, -costs_[op.stage + 1][op.micro_batch].gradient_bytes);
-    }
+    // The sent activation is released just before; the received output
+    // gradient becomes part of the backward's peak.
+    const double received = op.stage + 1 < shape_.stages()
+                                ? SentGradientBytes(shape_, costs_, op.stage + 1, op.micro_batch)
+                                : 0.0;
     const double extra = split ? c.split_backward_extra_bytes() : 0.0;
-    ledger_.Own(d, start, transient + extra);
-    ledger_.Own(
-        d, end,
-        -transient - extra - (split ? c.stored_bytes - c.weight_stored_bytes : c.stored_bytes));
+    const double sent_gradient = SentGradientBytes(shape_, costs_, op.stage, op.micro_batch);
+    ledger_.Own(d, start, transient + extra - sent_output - received);
+    ledger_.Own(d, end,
+                sent_gradient - transient - extra -
+                    (split ? c.stored_bytes - c.weight_stored_bytes : c.stored_bytes));
     backward_end_[key] = end;
     if (!split) --in_flight_[d];
     if (op.stage == 0) return d;
     const uint32_t to = shape_.DeviceOf(op.stage - 1);
-    if (previous_elsewhere) {
-      ledger_.Own(d, end, c.gradient_bytes);  // sent at the end of the iteration
-      ledger_.Received(to, d, end, c.gradient_bytes);
-    }
+    if (sent_gradient > 0) ledger_.Received(to, d, end, sent_gradient);
     backward_ready_[Key(op.stage - 1, op.micro_batch)] = Send(op, d, to, c.gradient_bytes, end);
     return to;
   }

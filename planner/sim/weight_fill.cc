@@ -123,19 +123,12 @@ class Filler {
            network_.Between(pd, d).TransferMs(forward ? c.activation_bytes : c.gradient_bytes);
   }
 
-  // The transfer buffers a device holds (memory_ledger.h): a forward's
-  // output sent to another device, until the backward of the same stage and
-  // micro-batch starts; an input gradient a backward sends to another
-  // device, until the end of the iteration.
-  double SentOutput(const Op& op, uint32_t d) const {
-    return op.stage + 1 < shape_.stages() && shape_.DeviceOf(op.stage + 1) != d
-               ? costs_[op.stage][op.micro_batch].activation_bytes
-               : 0.0;
+  // The transfer buffers an op leaves on its device (stage_costs.h).
+  double SentOutput(const Op& op) const {
+    return SentOutputBytes(shape_, costs_, op.stage, op.micro_batch);
   }
-  double SentGradient(const Op& op, uint32_t d) const {
-    return op.stage > 0 && shape_.DeviceOf(op.stage - 1) != d
-               ? costs_[op.stage][op.micro_batch].gradient_bytes
-               : 0.0;
+  double SentGradient(const Op& op) const {
+    return SentGradientBytes(shape_, costs_, op.stage, op.micro_batch);
   }
 
   // Whether device d's next F or B fits its limit with what it holds now (a
@@ -146,15 +139,15 @@ class Filler {
     if (op.kind == OpKind::kForward) {
       const double reserve =
           held_[d].empty() ? Transient(op) : std::max(Transient(op), held_[d].back());
-      return memory_[d] + c.stored_bytes + SentOutput(op, d) + reserve <= limits_[d];
+      return memory_[d] + c.stored_bytes + SentOutput(op) + reserve <= limits_[d];
     }
-    return memory_[d] - SentOutput(op, d) + Transient(op) <= limits_[d] && KeepFits(d, op);
+    return memory_[d] - SentOutput(op) + Transient(op) <= limits_[d] && KeepFits(d, op);
   }
   // What device d holds while B runs and after it, split.
   bool KeepFits(uint32_t d, const Op& b) const {
     const StageOpCost& c = costs_[b.stage][b.micro_batch];
-    const double during = memory_[d] - SentOutput(b, d);
-    return during - c.stored_bytes + c.weight_stored_bytes + SentGradient(b, d) <= limits_[d] &&
+    const double during = memory_[d] - SentOutput(b);
+    return during - c.stored_bytes + c.weight_stored_bytes + SentGradient(b) <= limits_[d] &&
            during + Transient(b) + c.split_backward_extra_bytes() <= limits_[d];
   }
 
@@ -244,7 +237,7 @@ class Filler {
       const double end = start + c.forward_ms;
       free_[d] = end;
       work_left_ms_[d] -= c.forward_ms;
-      memory_[d] += c.stored_bytes + SentOutput(op, d);
+      memory_[d] += c.stored_bytes + SentOutput(op);
       Hold(d, Transient(op));
       forward_end_[key] = end;
       if (op.stage + 1 == shape_.stages()) {
@@ -263,7 +256,7 @@ class Filler {
     const double end = start + ms;
     free_[d] = end;
     work_left_ms_[d] -= ms;
-    memory_[d] += SentGradient(op, d) - SentOutput(op, d) -
+    memory_[d] += SentGradient(op) - SentOutput(op) -
                   (split ? c.stored_bytes - c.weight_stored_bytes : c.stored_bytes);
     Release(d, Transient(op));
     if (split) {
