@@ -69,6 +69,7 @@ Link MakeLink(double latency_us, double gbps) { return {latency_us / 1e3, gbps *
 // One replica's schedule and simulated timeline.
 struct ReplicaTimeline {
   PipelineShape shape;
+  StageCostTable costs;  // [stage][micro-batch of the replica]
   DeviceOrder order;
   SimulationResult sim;
   std::string error;     // why it could not be scheduled; empty when it was
@@ -410,6 +411,7 @@ ReplicaTimeline Search::ScheduleReplica(const Candidate& cand, uint32_t r) const
     }
     out.order = std::move(searched->order);
     out.sim = std::move(searched->simulation);
+    out.costs = std::move(costs);
     return out;
   }
   absl::StatusOr<DeviceOrder> order = StaticOrder(cand.schedule, out.shape);
@@ -421,6 +423,7 @@ ReplicaTimeline Search::ScheduleReplica(const Candidate& cand, uint32_t r) const
   out.sim = Simulate(out.shape, out.order, costs, network);
   if (!out.sim.completed)
     out.error = absl::StrCat("schedule does not complete: ", out.sim.deadlock);
+  out.costs = std::move(costs);
   return out;
 }
 
@@ -871,7 +874,14 @@ absl::StatusOr<std::vector<v1::ExecutionPlan>> Search::Lower(const Candidate& be
 absl::Status Search::Validate(const Candidate& best, std::span<const v1::ExecutionPlan> plans) {
   const Clock::time_point t = Clock::now();
   const std::vector<double> limits = RankLimits(*best.micro_batching);
-  absl::Status s = ValidatePlans(plans, best.peak_per_rank, limits, options_.threads);
+  // Each rank's plan replayed with its replica's costs (memory_replay.h).
+  std::vector<const StageCostTable*> rank_costs(plans.size(), nullptr);
+  for (uint32_t r = 0; r < dp_; ++r) {
+    for (uint32_t d = 0; d < p_; ++d) {
+      if (r * p_ + d < rank_costs.size()) rank_costs[r * p_ + d] = &best.replicas[r].costs;
+    }
+  }
+  absl::Status s = ValidatePlans(plans, best.peak_per_rank, limits, options_.threads, rank_costs);
   validation_ms_ = MsSince(t);
   if (s.ok()) return s;
   return absl::InternalError(

@@ -8,8 +8,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "planner/parallel.h"
+#include "planner/plan/memory_replay.h"
 
 namespace varipipe::planner {
 namespace {
@@ -515,6 +517,38 @@ absl::Status ValidatePlans(std::span<const v1::ExecutionPlan> plans,
     if (!s.ok()) return s;
   }
   return CheckPeaks(peak_bytes, memory_limit_bytes);
+}
+
+absl::Status ValidatePlans(std::span<const v1::ExecutionPlan> plans,
+                           std::span<const double> peak_bytes,
+                           std::span<const double> memory_limit_bytes, int threads,
+                           std::span<const StageCostTable* const> rank_costs) {
+  if (absl::Status s = ValidatePlans(plans, peak_bytes, memory_limit_bytes, threads); !s.ok()) {
+    return s;
+  }
+  const size_t n = std::min({plans.size(), rank_costs.size(), memory_limit_bytes.size()});
+  std::vector<absl::Status> status(n);
+  ParallelFor(n, threads, [&](size_t r) {
+    if (rank_costs[r] == nullptr) return;
+    absl::StatusOr<ReplayedPeak> peak = ReplayActivationMemory(plans[r], *rank_costs[r]);
+    if (!peak.ok()) {
+      status[r] = absl::InvalidArgumentError(
+          absl::StrCat("invalid plan: rank ", r, ": ", peak.status().message()));
+      return;
+    }
+    const double limit = memory_limit_bytes[r];
+    if (peak->bytes > limit * (1 + 1e-9)) {
+      status[r] = absl::InvalidArgumentError(absl::StrFormat(
+          "invalid plan: rank %d: its live buffers and kept activations reach %.1f MiB after "
+          "instruction %d (%s), over its limit of %.1f MiB",
+          r, peak->bytes / (1 << 20), peak->instruction,
+          FormatInstruction(plans[r].instructions(peak->instruction)), limit / (1 << 20)));
+    }
+  });
+  for (const absl::Status& s : status) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace varipipe::planner

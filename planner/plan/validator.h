@@ -20,7 +20,9 @@
 //      have started it and every earlier transfer on the channel has
 //      completed; Starts never block, a Wait blocks until its transfer has
 //      completed. Every rank must reach its end.
-//   4. Memory: the predicted peak of every rank is within the limit.
+//   4. Memory: the predicted peak of every rank is within the limit; given
+//      the planner's costs, each rank's plan is also replayed on its own
+//      (memory_replay.h) and its replayed peak must be within the limit.
 #ifndef VARIPIPE_PLANNER_PLAN_VALIDATOR_H_
 #define VARIPIPE_PLANNER_PLAN_VALIDATOR_H_
 
@@ -28,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "planner/schedule/stage_costs.h"
 #include "varipipe/v1/plan.pb.h"
 
 namespace varipipe::planner {
@@ -44,6 +47,14 @@ absl::Status ValidatePlans(std::span<const v1::ExecutionPlan> plans,
 absl::Status ValidatePlans(std::span<const v1::ExecutionPlan> plans,
                            std::span<const double> peak_bytes,
                            std::span<const double> memory_limit_bytes, int threads);
+// With `rank_costs[r]` (may be shorter than `plans`, or hold nullptr: rank
+// not replayed), rank r's plan is replayed with those costs and refused,
+// naming the rank, the instruction and the bytes, when its replayed peak
+// exceeds memory_limit_bytes[r] by more than a relative 1e-9 (rounding).
+absl::Status ValidatePlans(std::span<const v1::ExecutionPlan> plans,
+                           std::span<const double> peak_bytes,
+                           std::span<const double> memory_limit_bytes, int threads,
+                           std::span<const StageCostTable* const> rank_costs);
 
 // One line per instruction, e.g. "12: recv_wait ACTIVATION from 3 [2x128x256
 // BFLOAT16] buffers 4" (for varipipe-ctl and error messages).

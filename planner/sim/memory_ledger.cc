@@ -26,23 +26,26 @@ std::vector<double> MemoryLedger::Peaks() const {
     double level = 0;
     double peak = 0;
     // Received buffers only add: before each own change, those received
-    // earlier (strictly) are summed in, and the level is a candidate.
-    const auto receive_before = [&](double at_ms) {
+    // earlier (for a start: also at the same time) are summed in, and the
+    // level is a candidate.
+    const auto receive_before = [&](double at_ms, bool inclusive) {
       for (size_t k = 0; k < senders.size(); ++k) {
         const std::vector<Change>& received =
             received_[static_cast<size_t>(d) * devices_ + senders[k]];
-        for (; next[k] < received.size() && received[next[k]].at_ms < at_ms; ++next[k]) {
+        for (; next[k] < received.size() &&
+               (received[next[k]].at_ms < at_ms || (inclusive && received[next[k]].at_ms == at_ms));
+             ++next[k]) {
           level += received[next[k]].bytes;
         }
       }
       peak = std::max(peak, level);
     };
     for (const Change& change : own_[d]) {
-      receive_before(change.at_ms);
+      receive_before(change.at_ms, change.start);
       level += change.bytes;
       peak = std::max(peak, level);
     }
-    receive_before(std::numeric_limits<double>::infinity());
+    receive_before(std::numeric_limits<double>::infinity(), true);
     peaks[d] = peak;
   }
   return peaks;

@@ -240,23 +240,24 @@ class Replay {
     r_.ops.push_back({op, d, start, end});
     r_.makespan_ms = std::max(r_.makespan_ms, end);
     if (op.kind == OpKind::kWeight) {
-      ledger_.Own(d, end, -c.weight_stored_bytes);
+      ledger_.Ends(d, end, -c.weight_stored_bytes);
       --in_flight_[d];
       return d;
     }
-    // Transfer buffers (memory_ledger.h, stage_costs.h): what this op sends
-    // stays on d; what it consumed from another device was held since its
-    // producer ended and is now the op's own.
+    // Tensors between stages (memory_ledger.h): an op's output stays on d
+    // until its consumer takes it (on another device: the sent activation
+    // until this stage's backward, the sent input gradient until the end of
+    // the iteration); what an op consumes becomes its own when it starts.
     const double transient = c.peak_bytes - c.stored_bytes;
     const double sent_output = SentOutputBytes(shape_, costs_, op.stage, op.micro_batch);
+    const bool last = op.stage + 1 == shape_.stages();
     if (op.kind == OpKind::kForward) {
       r_.peak_in_flight[d] = std::max(r_.peak_in_flight[d], ++in_flight_[d]);
-      const double received =
-          op.stage > 0 ? SentOutputBytes(shape_, costs_, op.stage - 1, op.micro_batch) : 0.0;
-      ledger_.Own(d, start, c.stored_bytes + transient - received);
-      ledger_.Own(d, end, sent_output - transient);
+      const double input = op.stage > 0 ? costs_[op.stage - 1][op.micro_batch].activation_bytes : 0;
+      ledger_.Starts(d, start, c.stored_bytes + transient - input);
+      ledger_.Ends(d, end, (last ? 0 : c.activation_bytes) - transient);
       forward_end_[key] = end;
-      if (op.stage + 1 == shape_.stages()) {
+      if (last) {
         backward_ready_[key] = end;  // the loss
         return d;
       }
@@ -265,21 +266,18 @@ class Replay {
       forward_ready_[Key(op.stage + 1, op.micro_batch)] = Send(op, d, to, c.activation_bytes, end);
       return to;
     }
-    // The sent activation is released just before; the received output
-    // gradient becomes part of the backward's peak.
-    const double received = op.stage + 1 < shape_.stages()
-                                ? SentGradientBytes(shape_, costs_, op.stage + 1, op.micro_batch)
-                                : 0.0;
+    // The sent activation is released just before.
+    const double output_grad = last ? 0 : costs_[op.stage + 1][op.micro_batch].gradient_bytes;
     const double extra = split ? c.split_backward_extra_bytes() : 0.0;
-    const double sent_gradient = SentGradientBytes(shape_, costs_, op.stage, op.micro_batch);
-    ledger_.Own(d, start, transient + extra - sent_output - received);
-    ledger_.Own(d, end,
-                sent_gradient - transient - extra -
-                    (split ? c.stored_bytes - c.weight_stored_bytes : c.stored_bytes));
+    ledger_.Starts(d, start, transient + extra - sent_output - output_grad);
+    ledger_.Ends(d, end,
+                 (op.stage > 0 ? c.gradient_bytes : 0) - transient - extra -
+                     (split ? c.stored_bytes - c.weight_stored_bytes : c.stored_bytes));
     backward_end_[key] = end;
     if (!split) --in_flight_[d];
     if (op.stage == 0) return d;
     const uint32_t to = shape_.DeviceOf(op.stage - 1);
+    const double sent_gradient = SentGradientBytes(shape_, costs_, op.stage, op.micro_batch);
     if (sent_gradient > 0) ledger_.Received(to, d, end, sent_gradient);
     backward_ready_[Key(op.stage - 1, op.micro_batch)] = Send(op, d, to, c.gradient_bytes, end);
     return to;

@@ -15,29 +15,40 @@ namespace {
 
 TEST(MemoryLedger, PeakIsTheLargestSumOverTime) {
   MemoryLedger ledger(2);
-  ledger.Own(0, 0, 100);
-  ledger.Own(0, 1, 50);
-  ledger.Own(0, 2, -120);
-  ledger.Own(0, 3, 60);
-  ledger.Own(1, 0, 10);
+  ledger.Starts(0, 0, 100);
+  ledger.Starts(0, 1, 50);
+  ledger.Ends(0, 2, -120);
+  ledger.Starts(0, 3, 60);
+  ledger.Starts(1, 0, 10);
   EXPECT_EQ(ledger.Peaks(), (std::vector<double>{150, 10}));
 }
 
-// A buffer received while the device's own level is high counts on top of
-// it; one freed at t and one allocated at t do not overlap.
-TEST(MemoryLedger, ReceivedBuffersAddWhereTheyFallInTime) {
+// At one time an op's end comes first, then what is received, then an op's
+// start (a RecvStart precedes a compute starting at the same time).
+TEST(MemoryLedger, AtOneTimeEndsThenReceivedThenStarts) {
   MemoryLedger ledger(2);
-  ledger.Own(1, 0, 100);   // an op from 0 to 2
-  ledger.Own(1, 2, -100);  // ends at 2
-  ledger.Own(1, 4, 30);    // the consumer starts: the buffer becomes its own
-  ledger.Own(1, 4, -40);
+  ledger.Starts(1, 0, 100);  // an op from 0 to 2
+  ledger.Ends(1, 2, -100);
   ledger.Received(1, 0, 1, 40);  // arrives during the op
+  ledger.Starts(1, 4, 30 - 40);  // its consumer starts: the buffer becomes its own
   EXPECT_EQ(ledger.Peaks()[1], 140);
-  MemoryLedger touching(2);
-  touching.Own(1, 0, 100);
-  touching.Own(1, 2, -100);
-  touching.Received(1, 0, 2, 40);  // allocated when the op ends
-  EXPECT_EQ(touching.Peaks()[1], 100);
+  MemoryLedger ending(2);
+  ending.Starts(1, 0, 100);
+  ending.Ends(1, 2, -100);
+  ending.Received(1, 0, 2, 40);  // arrives as the op ends
+  EXPECT_EQ(ending.Peaks()[1], 100);
+  MemoryLedger starting(2);
+  starting.Starts(1, 0, 100);
+  starting.Ends(1, 2, -100);
+  starting.Received(1, 0, 2, 40);  // arrives as the next op starts
+  starting.Starts(1, 2, 90);
+  EXPECT_EQ(starting.Peaks()[1], 130);
+  // Changes of one kind at one time net out.
+  MemoryLedger netted(1);
+  netted.Ends(0, 1, 50);
+  netted.Ends(0, 1, -80);
+  netted.Starts(0, 1, 60);
+  EXPECT_EQ(netted.Peaks()[0], 30);
 }
 
 StageCostTable Costs(const PipelineShape& shape, double activation, double gradient) {
