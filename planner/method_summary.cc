@@ -35,11 +35,14 @@ std::string MethodAndSetting(const CandidateReport& candidate) {
   return MethodAndSetting(candidate.partition_method, candidate.setting);
 }
 
-std::vector<MethodSummary> SummarizeMethods(const PlanReport& report) {
+namespace {
+
+// Each method's best candidate: its fastest that fits, else its lowest
+// bound, else (nothing fits) its smallest setting's (the first) most lenient
+// recompute mode (the last tried).
+std::vector<MethodSummary> BestPerMethod(const PlanReport& report) {
   std::vector<MethodSummary> out;
   std::map<std::string, size_t> index;
-  // A no-fit method is explained by its smallest setting's (the first)
-  // most lenient recompute mode (the last tried).
   std::map<std::string, std::string> first_setting;
   for (const CandidateReport& c : report.candidates) {
     auto [it, added] = index.emplace(c.partition_method, out.size());
@@ -67,6 +70,29 @@ std::vector<MethodSummary> SummarizeMethods(const PlanReport& report) {
       m.best = c;
     }
   }
+  return out;
+}
+
+// Why the chosen method won, against the closest other.
+std::string WhyChosen(const MethodSummary* runner_up) {
+  if (runner_up == nullptr) return "the only method whose candidates fit";
+  if (runner_up->outcome == Outcome::kSlower && runner_up->slower_by <= 0) {
+    return absl::StrFormat("fastest, tied with %s (the earlier candidate wins ties)",
+                           MethodAndSetting(runner_up->best));
+  }
+  if (runner_up->outcome == Outcome::kSlower) {
+    return absl::StrFormat("fastest: the next method, %s, is %.1f%% slower",
+                           MethodAndSetting(runner_up->best), 100 * runner_up->slower_by);
+  }
+  return absl::StrFormat(
+      "fastest: every other method is at least %.1f%% slower (%s cannot go below that)",
+      100 * runner_up->slower_by, MethodAndSetting(runner_up->best));
+}
+
+}  // namespace
+
+std::vector<MethodSummary> SummarizeMethods(const PlanReport& report) {
+  std::vector<MethodSummary> out = BestPerMethod(report);
   const bool planned = !report.partition_method.empty();
   MethodSummary* chosen = nullptr;
   for (MethodSummary& m : out) {
@@ -103,21 +129,7 @@ std::vector<MethodSummary> SummarizeMethods(const PlanReport& report) {
         break;
     }
   }
-  if (chosen != nullptr) {
-    if (runner_up == nullptr) {
-      chosen->why = "the only method whose candidates fit";
-    } else if (runner_up->outcome == Outcome::kSlower && runner_up->slower_by <= 0) {
-      chosen->why = absl::StrFormat("fastest, tied with %s (the earlier candidate wins ties)",
-                                    MethodAndSetting(runner_up->best));
-    } else if (runner_up->outcome == Outcome::kSlower) {
-      chosen->why = absl::StrFormat("fastest: the next method, %s, is %.1f%% slower",
-                                    MethodAndSetting(runner_up->best), 100 * runner_up->slower_by);
-    } else {
-      chosen->why = absl::StrFormat(
-          "fastest: every other method is at least %.1f%% slower (%s cannot go below that)",
-          100 * runner_up->slower_by, MethodAndSetting(runner_up->best));
-    }
-  }
+  if (chosen != nullptr) chosen->why = WhyChosen(runner_up);
   return out;
 }
 

@@ -139,6 +139,7 @@ class Search {
   // candidate whose bound exceeds the best fitting makespan so far is not
   // simulated (it cannot win).
   void Schedule(std::span<const size_t> which);
+  bool Schedulable(Candidate& cand);
   int Choose() const;
   int SolvePrunedAndChoose();
   absl::StatusOr<std::vector<v1::ExecutionPlan>> Lower(const Candidate& best);
@@ -590,46 +591,51 @@ void Search::Judge(Candidate& cand) const {
   cand.report.feasible = true;
 }
 
+// Whether a candidate can be scheduled at all; otherwise it is rejected,
+// saying why.
+bool Search::Schedulable(Candidate& cand) {
+  if (cand.micro_batching == nullptr) return false;  // rejected already
+  if (cand.pair < 0) {
+    cand.Reject("micro-batching", "the schedule's memory budget was not searched");
+    return false;
+  }
+  const MicroBatchingCandidate& split = cand.split();
+  cand.report.dp_objective_ms = split.objective_ms;
+  if (!split.status.ok()) {
+    cand.Reject("micro-batching", std::string(split.status.message()));
+  } else if (split.pruned) {
+    cand.Reject("micro-batching",
+                absl::StrFormat("pruned: its micro-batching objective is at least %.2f ms, no "
+                                "better than the best pair's",
+                                split.objective_ms));
+  } else if (dims_.encoder_decoder() && cand.chunks > 1) {
+    cand.Reject("scheduling", "the interleaved schedule is not supported for T5 models");
+  } else if (!dims_.encoder_decoder() && c_.parallelism().virtual_chunks() > 1 &&
+             cand.chunks == 1) {
+    // The executors build pipeline x virtual_chunks model stages (looped
+    // placement); a plan over `pipeline` stages would leave some unrun.
+    cand.Reject("scheduling",
+                absl::StrCat("parallelism.virtual_chunks is ", c_.parallelism().virtual_chunks(),
+                             ": the model is cut into ", p_ * c_.parallelism().virtual_chunks(),
+                             " stages, which only INTERLEAVED_1F1B runs"));
+  } else if (cand.chunks > 1 && dims_.encoder_layers < p_ * cand.chunks) {
+    cand.Reject("scheduling", "too few layers for the virtual chunks");
+  } else {
+    cand.report.micro_batches = static_cast<int>(split.groups.size());
+    cand.report.padding_efficiency = split.padding.Efficiency();
+    cand.replicas.assign(dp_, ReplicaTimeline());
+    return true;
+  }
+  return false;
+}
+
 // Phase 2: the candidates `which` whose pair has a partition, every
 // (candidate, replica) an independent task on the planner's threads.
 void Search::Schedule(std::span<const size_t> which) {
   const Clock::time_point t = Clock::now();
   std::vector<size_t> ready;
   for (size_t k : which) {
-    Candidate& cand = candidates_[k];
-    if (cand.micro_batching == nullptr) continue;  // rejected already
-    if (cand.pair < 0) {
-      cand.Reject("micro-batching", "the schedule's memory budget was not searched");
-      continue;
-    }
-    const MicroBatchingCandidate& split = cand.split();
-    cand.report.dp_objective_ms = split.objective_ms;
-    if (!split.status.ok()) {
-      cand.Reject("micro-batching", std::string(split.status.message()));
-    } else if (split.pruned) {
-      cand.Reject("micro-batching",
-                  absl::StrFormat("pruned: its micro-batching objective is at least %.2f ms, no "
-                                  "better than the best pair's",
-                                  split.objective_ms));
-    } else if (dims_.encoder_decoder() && cand.chunks > 1) {
-      cand.Reject("scheduling", "the interleaved schedule is not supported for T5 models");
-    } else if (!dims_.encoder_decoder() && c_.parallelism().virtual_chunks() > 1 &&
-               cand.chunks == 1) {
-      // The executors build pipeline x virtual_chunks model stages (looped
-      // placement); a plan over `pipeline` stages would leave some unrun.
-      cand.Reject("scheduling",
-                  absl::StrCat("parallelism.virtual_chunks is ", c_.parallelism().virtual_chunks(),
-                               ": the model is cut into ", p_ * c_.parallelism().virtual_chunks(),
-                               " stages, which only INTERLEAVED_1F1B runs"));
-    } else if (cand.chunks > 1 && dims_.encoder_layers < p_ * cand.chunks) {
-      cand.Reject("scheduling", "too few layers for the virtual chunks");
-
-    } else {
-      cand.report.micro_batches = static_cast<int>(split.groups.size());
-      cand.report.padding_efficiency = split.padding.Efficiency();
-      cand.replicas.assign(dp_, ReplicaTimeline());
-      ready.push_back(k);
-    }
+    if (Schedulable(candidates_[k])) ready.push_back(k);
   }
   CostStages(ready);
   for (size_t k : ready) candidates_[k].bound_ms = MakespanLowerBound(candidates_[k]);

@@ -29,14 +29,46 @@ class RankPlanBuilder {
       : o_(o), replica_(replica), dp_rank_(dp_rank), device_(device) {}
 
   absl::StatusOr<v1::ExecutionPlan> Build() {
-    const PipelineShape& shape = replica_.shape;
+    SetHeader();
+    SetMicroBatches();
+    SetPredictions();
+    if (absl::Status s = AddInstructions(); !s.ok()) return s;
+    v1::Instruction* reduce = plan_.add_instructions();
+    for (uint32_t s : plan_.stages()) reduce->mutable_all_reduce()->add_stages(s);
+    for (uint32_t r = 0; r < o_.data_parallel; ++r) {
+      reduce->mutable_all_reduce()->add_group_ranks(
+          static_cast<int32_t>(r * o_.pipeline + device_));
+    }
+    v1::Instruction* step = plan_.add_instructions();
+    for (uint32_t s : plan_.stages()) step->mutable_optimizer_step()->add_stages(s);
+    plan_.set_num_buffers(next_buffer_);
+    return std::move(plan_);
+  }
+
+ private:
+  // Who the plan is for and how it was made.
+  void SetHeader() {
     plan_.set_format_version(v1::PLAN_FORMAT_V1);
     plan_.set_job_id(o_.job_id);
     plan_.set_iteration(o_.iteration);
     plan_.set_rank(RankOf(device_));
     plan_.set_dp_rank(static_cast<int32_t>(dp_rank_));
     plan_.set_pp_rank(static_cast<int32_t>(device_));
-    for (uint32_t c = 0; c < shape.chunks; ++c) plan_.add_stages(shape.Stage(device_, c));
+    for (uint32_t c = 0; c < replica_.shape.chunks; ++c) {
+      plan_.add_stages(replica_.shape.Stage(device_, c));
+    }
+    plan_.set_recompute(o_.recompute);
+    plan_.set_global_target_tokens(o_.global_target_tokens);
+    plan_.set_schedule(o_.schedule);
+    plan_.set_partition_method(o_.partition_method);
+    if (o_.layers.stages() > 0) {
+      const v1::StageLayoutConfig layout = LayerLayoutToConfig(o_.layers);
+      plan_.mutable_stage_layers()->Add(layout.layers().begin(), layout.layers().end());
+      plan_.set_encoder_stages(layout.encoder_stages());
+    }
+  }
+
+  void SetMicroBatches() {
     for (size_t i = 0; i < replica_.micro_batches.size(); ++i) {
       const PlannedMicroBatch& mb = replica_.micro_batches[i];
       v1::MicroBatch* out = plan_.add_micro_batches();
@@ -53,19 +85,14 @@ class RankPlanBuilder {
       for (uint32_t n : mb.input_offsets) out->add_sample_input_offsets(n);
       for (uint32_t n : mb.target_offsets) out->add_sample_target_offsets(n);
     }
-    plan_.set_recompute(o_.recompute);
-    plan_.set_global_target_tokens(o_.global_target_tokens);
-    plan_.set_schedule(o_.schedule);
-    plan_.set_partition_method(o_.partition_method);
+  }
+
+  // What the planner predicted, for calibration and the executor's reports.
+  void SetPredictions() {
     plan_.set_predicted_iteration_ms(o_.predicted_iteration_ms);
     plan_.set_predicted_makespan_ms(o_.predicted_makespan_ms);
     plan_.set_predicted_overhead_ms(o_.predicted_overhead_ms);
     plan_.set_calibration_version(o_.calibration_version);
-    if (o_.layers.stages() > 0) {
-      const v1::StageLayoutConfig layout = LayerLayoutToConfig(o_.layers);
-      plan_.mutable_stage_layers()->Add(layout.layers().begin(), layout.layers().end());
-      plan_.set_encoder_stages(layout.encoder_stages());
-    }
     const auto at = [&](const std::vector<double>& v) {
       return device_ < v.size() ? v[device_] : 0.0;
     };
@@ -77,7 +104,10 @@ class RankPlanBuilder {
     if (rank < o_.predicted_activation_peak_bytes.size()) {
       plan_.set_predicted_activation_peak_bytes(o_.predicted_activation_peak_bytes[rank]);
     }
+  }
 
+  // The device's program (compute and transfers) as instructions.
+  absl::Status AddInstructions() {
     for (const ProgramEntry& e : replica_.comm.programs[device_]) {
       if (e.step == ProgramStep::kCompute && e.op.kind == OpKind::kWeight) {
         split_.insert({e.op.stage, e.op.micro_batch});
@@ -106,19 +136,9 @@ class RankPlanBuilder {
       }
       if (!status.ok()) return status;
     }
-    v1::Instruction* reduce = plan_.add_instructions();
-    for (uint32_t s : plan_.stages()) reduce->mutable_all_reduce()->add_stages(s);
-    for (uint32_t r = 0; r < o_.data_parallel; ++r) {
-      reduce->mutable_all_reduce()->add_group_ranks(
-          static_cast<int32_t>(r * o_.pipeline + device_));
-    }
-    v1::Instruction* step = plan_.add_instructions();
-    for (uint32_t s : plan_.stages()) step->mutable_optimizer_step()->add_stages(s);
-    plan_.set_num_buffers(next_buffer_);
-    return std::move(plan_);
+    return absl::OkStatus();
   }
 
- private:
   int32_t RankOf(uint32_t device) const {
     return static_cast<int32_t>(dp_rank_ * o_.pipeline + device);
   }
