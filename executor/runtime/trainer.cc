@@ -1,0 +1,473 @@
+#include "executor/runtime/trainer.h"
+
+#include <algorithm>
+#include <exception>
+#include <filesystem>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/checkpoint/hf_checkpoint.h"
+#include "common/dataset/minibatch_sampler.h"
+#include "common/status.h"
+#include "executor/model/hf_export.h"
+#include "executor/model/hf_weights.h"
+#include "executor/runtime/counting_allocator.h"
+#include "executor/runtime/executor_metrics.h"
+#include "executor/runtime/fault_injection.h"
+#include "executor/runtime/plan_check.h"
+#include "executor/runtime/training_optimizer.h"
+#include "spdlog/spdlog.h"
+
+namespace varipipe::executor {
+
+Trainer::Trainer(const TrainerOptions& options, const TrainerContext& context)
+    : options_(options),
+      c_(context),
+      pp_(context.config.parallelism().pipeline()),
+      chunks_(std::max<uint32_t>(1, context.config.parallelism().virtual_chunks())) {}
+
+absl::Status Trainer::Run() {
+  // CPUs: count tensor bytes (activation peaks per instruction), before any
+  // model state exists.
+  if (!c_.device.is_cuda) InstallCountingCpuAllocator();
+  VP_RETURN_IF_ERROR(BuildStages());
+  VP_RETURN_IF_ERROR(LoadHuggingFaceWeights());
+  VP_RETURN_IF_ERROR(MakeOptimizer());
+  VP_RETURN_IF_ERROR(Meet());
+  MakeInterpreter();
+  VP_RETURN_IF_ERROR(OpenMetrics());
+  VP_RETURN_IF_ERROR(Resume());
+  if (first_ >= last_ && c_.env.rank == 0) {
+    spdlog::info("nothing to run: iterations {} to {} are done", first_, last_);
+  }
+  for (uint64_t iteration = first_; iteration < last_; ++iteration) {
+    if (c_.shutdown.Requested()) {
+      return absl::CancelledError(absl::StrCat("between iterations, before iteration ", iteration));
+    }
+    if (c_.transports.aborted()) {
+      return absl::AbortedError(absl::StrCat("between iterations, before iteration ", iteration));
+    }
+    SetFaultIteration(iteration);
+    if (absl::Status status = RunIteration(iteration); !status.ok()) {
+      return absl::Status(status.code(),
+                          absl::StrCat("iteration ", iteration, " failed: ", status.message()));
+    }
+    if (absl::Status status = MaybeInjectFault(FaultPoint::kBetweenIterations); !status.ok()) {
+      return absl::Status(status.code(),
+                          absl::StrCat("after iteration ", iteration, ": ", status.message()));
+    }
+  }
+  VP_RETURN_IF_ERROR(SaveParameters());
+  VP_RETURN_IF_ERROR(ExportHuggingFace());
+  spdlog::info("done");
+  return absl::OkStatus();
+}
+
+// The data, the model and this rank's stages (looped placement: stage s
+// runs on pipeline rank s % pp).
+absl::Status Trainer::BuildStages() {
+  const v1::JobConfig& config = c_.config;
+  VP_ASSIGN_OR_RETURN(dataset_, OpenSampleDataset(config));
+  loader_ = std::make_unique<MicroBatchLoader>(dataset_.get(), SamplerOptionsFromConfig(config));
+  VP_ASSIGN_OR_RETURN(spec_, ModelSpecFromConfig(config));
+  VP_ASSIGN_OR_RETURN(layout_, StageLayoutOf(spec_, pp_ * chunks_));
+  VP_ASSIGN_OR_RETURN(roles_, PipelineStageRoles(spec_, pp_ * chunks_));
+  spdlog::info("stage layout {} ({} stages)", layout_.ToString(), layout_.stages());
+  const torch::Device torch_device(c_.device.name);
+  int64_t parameter_count = 0;
+  for (uint32_t s = c_.coordinates.pp_rank; s < pp_ * chunks_; s += pp_) {
+    auto stage = std::make_unique<ModelStage>(spec_, roles_[s]);
+    stage->to(torch_device);
+    for (const torch::Tensor& p : stage->parameters()) parameter_count += p.numel();
+    spdlog::info("{} ({} parameters so far)", roles_[s].DebugString(), parameter_count);
+    by_id_[s] = stage.get();
+    stage_list_.push_back(stage.get());
+    stages_.push_back(std::move(stage));
+  }
+  if (!options_.export_hf.empty() && !spec_.llama && !spec_.t5v11) {
+    return absl::InvalidArgumentError(
+        "--export_hf: only model.architecture LLAMA and T5V11 have a Hugging Face layout");
+  }
+  return absl::OkStatus();
+}
+
+// Hugging Face weights (training.init_from) over the initializer's: this
+// rank's stages only, before the optimizer copies anything. A Varipipe
+// checkpoint resumed later replaces them.
+absl::Status Trainer::LoadHuggingFaceWeights() {
+  const std::string& init_from = c_.config.training().init_from();
+  if (init_from.empty()) return absl::OkStatus();
+  const absl::Time start = absl::Now();
+  VP_ASSIGN_OR_RETURN(HuggingFaceCheckpoint checkpoint, HuggingFaceCheckpoint::Open(init_from));
+  VP_RETURN_IF_ERROR(CheckHuggingFaceConfig(checkpoint, spec_));
+  VP_RETURN_IF_ERROR(executor::LoadHuggingFaceWeights(checkpoint, spec_, stage_list_));
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  spdlog::info(
+      "loaded this rank's weights from Hugging Face checkpoint {}: {} bytes from {} "
+      "file(s) in {:.2f} s ({:.0f} MB/s)",
+      init_from, checkpoint.bytes_read(), checkpoint.opened_files().size(), seconds,
+      static_cast<double>(checkpoint.bytes_read()) / 1e6 / std::max(seconds, 1e-6));
+  return absl::OkStatus();
+}
+
+// The optimizer: under training.zero_stage 1 over this rank's shard of its
+// data-parallel group (optimizer_sharding.h).
+absl::Status Trainer::MakeOptimizer() {
+  const v1::JobConfig& config = c_.config;
+  VP_ASSIGN_OR_RETURN(
+      rank_optimizer_,
+      MakeRankOptimizer(by_id_, config.training(), c_.transport_options.data_parallel_group,
+                        c_.coordinates.dp_rank, torch::Device(c_.device.name)));
+  std::vector<torch::Tensor> parameters;
+  int64_t parameter_count = 0;
+  for (const auto& stage : stages_) {
+    for (const torch::Tensor& p : stage->parameters()) {
+      parameters.push_back(p);
+      parameter_count += p.numel();
+    }
+  }
+  parameter_bytes_ = TensorBytes(parameters);
+  const OptimizerSharding* sharding = rank_optimizer_.sharding.get();
+  spdlog::info(
+      "model state: {} parameters ({} bytes, fp32 master weights); optimizer state {}",
+      parameter_count, parameter_bytes_,
+      sharding != nullptr
+          ? absl::StrCat("sharded over the ", sharding->data_parallel(),
+                         " data-parallel ranks (training.zero_stage 1, shard ", sharding->index(),
+                         ")")
+          : absl::StrCat("whole on this rank (training.zero_stage ", config.training().zero_stage(),
+                         ", data-parallel degree ", config.parallelism().data(), ")"));
+  return absl::OkStatus();
+}
+
+// The rendezvous: the transport, and on GPUs a Gloo transport next to NCCL
+// for small host-side reductions (the gradient norm over the pipeline, the
+// iteration's metrics).
+absl::Status Trainer::Meet() {
+  const TransportOptions& transport_options = c_.transport_options;
+  spdlog::info("meeting {} ranks through Redis {}:{} (keys {})", c_.env.world_size,
+               transport_options.redis.host, transport_options.redis.port,
+               transport_options.prefix);
+  VP_RETURN_IF_ERROR(MaybeInjectFault(FaultPoint::kBeforeRendezvous));
+  VP_ASSIGN_OR_RETURN(std::unique_ptr<Transport> created, CreateTransport(transport_options));
+  transport_ = c_.transports.Add(std::move(created));
+  spdlog::info("transport: {}", transport_->Describe());
+  host_ = transport_;
+  if (c_.device.is_cuda) {
+    TransportOptions host_options = transport_options;
+    host_options.prefix += "/host";
+    host_options.cuda_device = -1;
+    host_options.gloo_on_gpu = false;
+    VP_ASSIGN_OR_RETURN(created, CreateTransport(host_options));
+    host_ = c_.transports.Add(std::move(created));
+    spdlog::info("host transport: {}", host_->Describe());
+  }
+  VP_RETURN_IF_ERROR(MaybeInjectFault(FaultPoint::kAfterRendezvous));
+  for (int r = 0; r < c_.env.world_size; ++r) world_.push_back(r);
+  return absl::OkStatus();
+}
+
+void Trainer::MakeInterpreter() {
+  const v1::JobConfig& config = c_.config;
+  InterpreterOptions options;
+  options.wait_timeout = absl::Seconds(config.training().watchdog_timeout_s());
+  options.device = torch::Device(c_.device.name);
+  options.device_timing = options_.device_timing;
+  const int replica_base = c_.coordinates.dp_rank * static_cast<int>(pp_);
+  for (uint32_t k = 0; k < pp_; ++k) {
+    options.pipeline_group.push_back(replica_base + static_cast<int>(k));
+  }
+  // One stage per rank when parameters are shared (the config refuses
+  // interleaved stages then).
+  for (const auto& [id, stage] : by_id_) {
+    for (SharedParameterGroup& group : SharedParameterGroups(spec_, roles_, id, replica_base)) {
+      options.shared_parameter_groups.push_back(std::move(group));
+    }
+  }
+  options.host_transport = host_;
+  options.progress = c_.board.progress();
+  options.sharding = rank_optimizer_.sharding.get();
+  if (!c_.device.is_cuda) options.memory = &ProcessMemoryAccount();
+  // GPUs compute in the model dtype under autocast (fp32 master weights);
+  // CPUs always compute in fp32.
+  if (c_.device.is_cuda && config.model().dtype() != v1::FLOAT32) {
+    options.cuda_autocast_dtype =
+        config.model().dtype() == v1::FLOAT16 ? torch::kHalf : torch::kBFloat16;
+    spdlog::info("mixed precision: CUDA autocast to {} with fp32 master weights",
+                 v1::DType_Name(config.model().dtype()));
+  }
+  interpreter_ = std::make_unique<PlanInterpreter>(by_id_, transport_, loader_.get(),
+                                                   rank_optimizer_.optimizer.get(), options);
+}
+
+absl::Status Trainer::OpenMetrics() {
+  if (c_.env.rank != 0 || options_.metrics_jsonl.empty()) return absl::OkStatus();
+  metrics_.open(options_.metrics_jsonl, std::ios::app);
+  if (!metrics_) {
+    return absl::UnavailableError(
+        absl::StrCat(options_.metrics_jsonl, ": cannot open for appending"));
+  }
+  return absl::OkStatus();
+}
+
+// The iterations to run; checkpoints: resume from the newest one every rank
+// holds.
+absl::Status Trainer::Resume() {
+  first_ = options_.first_iteration;
+  last_ =
+      options_.iterations > 0 ? first_ + options_.iterations : c_.config.training().iterations();
+  const std::string& checkpoint_dir = c_.config.training().checkpoint_dir();
+  checkpoints_ = std::make_unique<RankCheckpoints>(checkpoint_dir, c_.env.rank, layout_);
+  if (!checkpoint_dir.empty() && options_.resume) {
+    VP_ASSIGN_OR_RETURN(const std::optional<uint64_t> resume,
+                        AgreeOnCheckpoint(checkpoints_->List(), *host_, world_, checkpoint_dir));
+    if (resume.has_value() && *resume > first_) {
+      VP_RETURN_IF_ERROR(checkpoints_->Load(*resume, stage_list_, *rank_optimizer_.optimizer));
+      spdlog::info("resumed from checkpoint {} ({} iterations done)",
+                   checkpoints_->PathFor(*resume), *resume);
+      first_ = *resume;
+    } else if (c_.env.rank == 0) {
+      spdlog::info("no checkpoint to resume from in {}", checkpoint_dir);
+    }
+  }
+  SetFirstFaultIteration(first_);
+  return absl::OkStatus();
+}
+
+// One iteration: run the plan, reduce the metrics, report, checkpoint.
+absl::Status Trainer::RunIteration(uint64_t iteration) {
+  VP_ASSIGN_OR_RETURN(const std::shared_ptr<const v1::ExecutionPlan> plan, FetchPlan(iteration));
+  c_.board.BeginIteration(plan);
+  const auto start = std::chrono::steady_clock::now();
+  VP_ASSIGN_OR_RETURN(const IterationStats stats, interpreter_->Run(*plan));
+  VP_ASSIGN_OR_RETURN(const Totals totals, Reduce(stats, start));
+  VP_RETURN_IF_ERROR(Report(iteration, *plan, stats, totals));
+  return MaybeCheckpoint(iteration + 1);
+}
+
+// The plan of `iteration`, for this rank; nothing of it is used before it
+// passed the check.
+absl::StatusOr<std::shared_ptr<const v1::ExecutionPlan>> Trainer::FetchPlan(uint64_t iteration) {
+  const RankCoordinates& coordinates = c_.coordinates;
+  VP_ASSIGN_OR_RETURN(v1::ExecutionPlan fetched, c_.source.Get(iteration));
+  auto plan = std::make_shared<const v1::ExecutionPlan>(std::move(fetched));
+  if (plan->iteration() != iteration) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("asked ", c_.source.Describe(), " for iteration ", iteration,
+                     " and got the plan of iteration ", plan->iteration()));
+  }
+  if (plan->dp_rank() != coordinates.dp_rank || plan->pp_rank() != coordinates.pp_rank) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the plan of iteration ", iteration, " is for dp ", plan->dp_rank(), " pp ",
+                     plan->pp_rank(), " but this rank is dp ", coordinates.dp_rank, " pp ",
+                     coordinates.pp_rank, ": plans and config disagree on the parallelism"));
+  }
+  VP_RETURN_IF_ERROR(CheckPlan(*plan, c_.config,
+                               {.iteration = iteration,
+                                .rank = c_.env.rank,
+                                .dp_rank = coordinates.dp_rank,
+                                .pp_rank = coordinates.pp_rank,
+                                .layers = layout_}));
+  return plan;
+}
+
+// Iteration totals for rank 0's log line: every last-stage rank holds its
+// replica's share of the global mean loss; the first pipeline rank of each
+// replica counts the replica's tokens.
+absl::StatusOr<Trainer::Totals> Trainer::Reduce(const IterationStats& stats,
+                                                std::chrono::steady_clock::time_point start) {
+  const bool counts_tokens = c_.coordinates.pp_rank == 0;
+  std::vector<float> totals{static_cast<float>(stats.loss),
+                            counts_tokens ? static_cast<float>(stats.real_tokens) : 0.0f,
+                            counts_tokens ? static_cast<float>(stats.padded_tokens) : 0.0f};
+  VP_RETURN_IF_ERROR(host_->AllReduceMean(totals, world_));
+  const double n = static_cast<double>(c_.env.world_size);
+  return Totals{
+      .loss = totals[0] * n,
+      .real_tokens = totals[1] * n,
+      .padded_tokens = totals[2] * n,
+      .step_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+}
+
+// The status board, the planner daemon (progress and calibration), the
+// metrics and rank 0's log.
+absl::Status Trainer::Report(uint64_t iteration, const v1::ExecutionPlan& plan,
+                             const IterationStats& stats, const Totals& totals) {
+  const int64_t peak_bytes = PeakMemoryBytes(c_.device);
+  // Measured model state (AdamW's moments exist from the first step on).
+  const int64_t optimizer_state_bytes = rank_optimizer_.optimizer->StateBytes();
+  if (iteration == first_) {
+    spdlog::info(
+        "measured model state per rank: parameters {} bytes, optimizer state {} bytes "
+        "(training.zero_stage {}, data-parallel degree {})",
+        parameter_bytes_, optimizer_state_bytes, c_.config.training().zero_stage(),
+        c_.config.parallelism().data());
+  }
+  c_.board.SetModelState(static_cast<uint64_t>(parameter_bytes_),
+                         static_cast<uint64_t>(optimizer_state_bytes));
+  c_.board.EndIteration(totals.loss, totals.real_tokens / totals.step_seconds,
+                        static_cast<uint64_t>(CurrentMemoryBytes(c_.device)),
+                        static_cast<uint64_t>(peak_bytes));
+  VP_RETURN_IF_ERROR(c_.source.Done(Progress(iteration, plan, stats, totals, peak_bytes)));
+  RecordIterationMetrics({.iteration = iteration,
+                          .step_seconds = totals.step_seconds,
+                          .compute_seconds = stats.compute_seconds,
+                          .wait_seconds = stats.communication_seconds,
+                          .data_seconds = stats.data_seconds,
+                          .loss = totals.loss,
+                          .real_tokens = totals.real_tokens,
+                          .padded_tokens = totals.padded_tokens,
+                          .predicted_seconds = plan.predicted_iteration_ms() / 1e3,
+                          .peak_memory_bytes = static_cast<double>(peak_bytes),
+                          .parameter_bytes = static_cast<double>(parameter_bytes_),
+                          .optimizer_state_bytes = static_cast<double>(optimizer_state_bytes)});
+  if (c_.env.rank == 0) LogIteration(iteration, plan, stats, totals, peak_bytes);
+  return absl::OkStatus();
+}
+
+// What the planner daemons learn of the iteration: times per pass and what
+// the plan predicted, for calibration and error statistics
+// (docs/cost-model.md, "Calibration").
+v1::ReportProgressRequest Trainer::Progress(uint64_t iteration, const v1::ExecutionPlan& plan,
+                                            const IterationStats& stats, const Totals& totals,
+                                            int64_t peak_bytes) const {
+  v1::ReportProgressRequest progress;
+  progress.set_iteration(iteration);
+  progress.set_iteration_ms(totals.step_seconds * 1e3);
+  progress.set_communication_wait_ms(stats.communication_seconds * 1e3);
+  progress.set_loss(totals.loss);
+  progress.set_tokens_per_second(totals.real_tokens / totals.step_seconds);
+  progress.set_peak_memory_bytes(static_cast<uint64_t>(peak_bytes));
+  for (const MicroBatchTime& t : stats.micro_batch_times) {
+    v1::MicroBatchTiming* timing = progress.add_timings();
+    timing->set_micro_batch(t.micro_batch);
+    timing->set_stage(t.stage);
+    timing->set_forward_ms(t.forward_seconds * 1e3);
+    // A split backward reports B and W together (the cost model has one
+    // backward per stage) and W apart.
+    timing->set_backward_ms((t.backward_seconds + t.weight_seconds) * 1e3);
+    timing->set_profiled_forward_ms(t.profiled_forward_ms);
+    timing->set_profiled_backward_ms(t.profiled_backward_ms + t.profiled_weight_ms);
+    timing->set_weight_ms(t.weight_seconds * 1e3);
+    timing->set_profiled_weight_ms(t.profiled_weight_ms);
+  }
+  progress.set_predicted_iteration_ms(plan.predicted_iteration_ms());
+  progress.set_calibration_version(plan.calibration_version());
+  progress.set_predicted_overhead_ms(plan.predicted_overhead_ms());
+  progress.set_all_reduce_ms(stats.all_reduce_seconds * 1e3);
+  progress.set_optimizer_ms(stats.optimizer_seconds * 1e3);
+  progress.set_profiled_all_reduce_ms(plan.profiled_all_reduce_ms());
+  progress.set_profiled_optimizer_ms(plan.profiled_optimizer_ms());
+  return progress;
+}
+
+// Rank 0's log line and, with --metrics_jsonl, its JSON line.
+void Trainer::LogIteration(uint64_t iteration, const v1::ExecutionPlan& plan,
+                           const IterationStats& stats, const Totals& totals, int64_t peak_bytes) {
+  const double tokens_per_second = totals.real_tokens / totals.step_seconds;
+  const double peak_mib = static_cast<double>(peak_bytes) / (1024.0 * 1024.0);
+  spdlog::info(
+      "iteration {}: loss {:.4f}, {:.0f} real tokens/s, padding efficiency {:.1f}%, "
+      "step {:.1f} ms (rank 0: compute {:.1f} ms, waits {:.1f} ms, data {:.1f} ms, "
+      "interpreter {:.3f} ms for {} instructions), lr {:.3g}, grad norm {:.3f}, "
+      "peak memory {:.0f} MiB",
+      iteration, totals.loss, tokens_per_second,
+      totals.padded_tokens > 0 ? 100.0 * totals.real_tokens / totals.padded_tokens : 0.0,
+      totals.step_seconds * 1e3, stats.compute_seconds * 1e3, stats.communication_seconds * 1e3,
+      stats.data_seconds * 1e3, stats.overhead_seconds * 1e3, stats.instructions,
+      stats.learning_rate, stats.grad_norm, peak_mib);
+  if (!metrics_.is_open()) return;
+  // Rank 0's measured activation peak (CPU, counting allocator), -1 when
+  // not measured.
+  const double activation_peak_mib =
+      stats.memory_peak_bytes >= 0
+          ? static_cast<double>(stats.memory_peak_bytes - stats.memory_start_bytes) /
+                (1024.0 * 1024.0)
+          : -1.0;
+  metrics_ << absl::StrFormat(
+                  "{\"iteration\": %d, \"loss\": %.6f, \"real_tokens_per_s\": %.1f, "
+                  "\"padding_efficiency\": %.4f, \"step_ms\": %.3f, "
+                  "\"compute_ms\": %.3f, \"communication_ms\": %.3f, "
+                  "\"interpreter_overhead_ms\": %.4f, \"instructions\": %d, "
+                  "\"learning_rate\": %.6g, \"grad_norm\": %.6f, \"peak_memory_mib\": %.1f, "
+                  "\"activation_peak_mib\": %.3f, "
+                  "\"predicted_activation_peak_mib\": %.3f, \"predicted_ms\": %.3f, "
+                  "\"predicted_makespan_ms\": %.3f, \"all_reduce_ms\": %.3f, "
+                  "\"optimizer_ms\": %.3f, \"calibration_version\": %d}",
+                  iteration, totals.loss, tokens_per_second,
+                  totals.padded_tokens > 0 ? totals.real_tokens / totals.padded_tokens : 0.0,
+                  totals.step_seconds * 1e3, stats.compute_seconds * 1e3,
+                  stats.communication_seconds * 1e3, stats.overhead_seconds * 1e3,
+                  stats.instructions, stats.learning_rate, stats.grad_norm, peak_mib,
+                  activation_peak_mib, plan.predicted_activation_peak_bytes() / (1024.0 * 1024.0),
+                  plan.predicted_iteration_ms(), plan.predicted_makespan_ms(),
+                  stats.all_reduce_seconds * 1e3, stats.optimizer_seconds * 1e3,
+                  plan.calibration_version())
+           << std::endl;
+}
+
+// A checkpoint after `done` iterations when training.checkpoint_interval
+// says so. Older checkpoints go only once every rank holds this one (the
+// invariant AgreeOnCheckpoint relies on); the previous one stays.
+absl::Status Trainer::MaybeCheckpoint(uint64_t done) {
+  const std::string& checkpoint_dir = c_.config.training().checkpoint_dir();
+  const uint64_t interval = c_.config.training().checkpoint_interval();
+  if (checkpoint_dir.empty() || interval == 0 || done % interval != 0) return absl::OkStatus();
+  const auto save_start = std::chrono::steady_clock::now();
+  VP_RETURN_IF_ERROR(checkpoints_->Save(done, stage_list_, *rank_optimizer_.optimizer));
+  std::vector<float> barrier{1.0f};
+  VP_RETURN_IF_ERROR(host_->AllReduceMean(barrier, world_));
+  if (done > interval) checkpoints_->DeleteOlderThan(done - interval);
+  if (c_.env.rank == 0) {
+    spdlog::info(
+        "checkpoint after {} iterations written to {} ({:.0f} ms)", done,
+        std::filesystem::path(checkpoints_->PathFor(done)).parent_path().string(),
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - save_start)
+            .count());
+  }
+  return absl::OkStatus();
+}
+
+// --save_parameters: this rank's parameters as a LibTorch archive.
+absl::Status Trainer::SaveParameters() const {
+  if (options_.save_parameters.empty()) return absl::OkStatus();
+  const std::string path =
+      absl::StrFormat("%s.rank_%05d.pt", options_.save_parameters, c_.env.rank);
+  try {
+    torch::serialize::OutputArchive archive;
+    for (const auto& stage : stages_) {
+      for (const auto& item : stage->named_parameters()) {
+        archive.write(item.key(), item.value().detach().to(torch::kCPU));
+      }
+    }
+    archive.save_to(path);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(path, ": cannot save the parameters: ", e.what()));
+  }
+  spdlog::info("parameters written to {}", path);
+  return absl::OkStatus();
+}
+
+// --export_hf: the trained model as a Hugging Face checkpoint. Every
+// pipeline rank of data-parallel replica 0 writes the shards of its own
+// stages, rank 0 the config and index (the files equal a single process's
+// export).
+absl::Status Trainer::ExportHuggingFace() const {
+  const std::string& out = options_.export_hf;
+  if (out.empty() || c_.coordinates.dp_rank != 0) return absl::OkStatus();
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat(out, ": cannot create: ", ec.message()));
+  const v1::DType dtype =
+      c_.config.model().dtype() == v1::DTYPE_UNSPECIFIED ? v1::FLOAT32 : c_.config.model().dtype();
+  VP_RETURN_IF_ERROR(ExportHuggingFaceShards(out, spec_, stage_list_, dtype));
+  if (c_.env.rank == 0) VP_RETURN_IF_ERROR(ExportHuggingFaceIndex(out, spec_, dtype));
+  spdlog::info("exported this rank's stages as a Hugging Face checkpoint in {} ({})", out,
+               v1::DType_Name(dtype));
+  return absl::OkStatus();
+}
+
+}  // namespace varipipe::executor

@@ -1,0 +1,133 @@
+// One rank's training run (varipipe-executor): the rank's model stages and
+// optimizer, its transports, then its iterations one by one. Each iteration
+// fetches and checks its plan, runs it, reduces the iteration's totals over
+// every rank, reports them (status board, planner daemon, metrics, log) and
+// writes a checkpoint when one is due. The launch (rendezvous, heartbeats,
+// peer watch) is the caller's (executor_main.cc).
+#ifndef VARIPIPE_EXECUTOR_RUNTIME_TRAINER_H_
+#define VARIPIPE_EXECUTOR_RUNTIME_TRAINER_H_
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/config/layer_layout.h"
+#include "common/dataset/sample_dataset.h"
+#include "common/shutdown_signal.h"
+#include "executor/comm/transport_factory.h"
+#include "executor/data/micro_batch_loader.h"
+#include "executor/model/model_spec.h"
+#include "executor/model/model_stage.h"
+#include "executor/runtime/checkpoint.h"
+#include "executor/runtime/device.h"
+#include "executor/runtime/executor_status_service.h"
+#include "executor/runtime/launch_env.h"
+#include "executor/runtime/optimizer_sharding.h"
+#include "executor/runtime/plan_interpreter.h"
+#include "executor/runtime/plan_source.h"
+#include "executor/runtime/rank_transports.h"
+#include "varipipe/v1/config.pb.h"
+#include "varipipe/v1/plan.pb.h"
+#include "varipipe/v1/service.pb.h"
+
+namespace varipipe::executor {
+
+// What the command line adds to the job config (varipipe-executor --help).
+struct TrainerOptions {
+  uint64_t first_iteration = 0;
+  uint64_t iterations = 0;  // 0: up to training.iterations
+  bool resume = true;
+  bool device_timing = true;
+  std::string metrics_jsonl;    // rank 0 appends one JSON line per iteration
+  std::string save_parameters;  // prefix of each rank's parameters file
+  std::string export_hf;        // Hugging Face checkpoint folder
+};
+
+// Where the rank runs and whom it serves; every reference outlives Run.
+struct TrainerContext {
+  const v1::JobConfig& config;
+  const LaunchEnv& env;
+  const RankCoordinates& coordinates;
+  const DeviceChoice& device;
+  ShutdownSignal& shutdown;
+  PlanSource& source;
+  const TransportOptions& transport_options;
+  RankTransports& transports;
+  ExecutorStatusBoard& board;
+};
+
+class Trainer {
+ public:
+  Trainer(const TrainerOptions& options, const TrainerContext& context);
+
+  // Builds everything, runs the iterations, saves and exports what the
+  // options ask for. CANCELLED (shutdown) or ABORTED (a peer failed) between
+  // iterations; otherwise the first failure, naming its iteration.
+  absl::Status Run();
+
+ private:
+  // The iteration's sums over every rank.
+  struct Totals {
+    double loss = 0;
+    double real_tokens = 0;
+    double padded_tokens = 0;
+    double step_seconds = 0;
+  };
+
+  absl::Status BuildStages();
+  absl::Status LoadHuggingFaceWeights();
+  absl::Status MakeOptimizer();
+  absl::Status Meet();
+  void MakeInterpreter();
+  absl::Status OpenMetrics();
+  absl::Status Resume();
+
+  absl::Status RunIteration(uint64_t iteration);
+  absl::StatusOr<std::shared_ptr<const v1::ExecutionPlan>> FetchPlan(uint64_t iteration);
+  absl::StatusOr<Totals> Reduce(const IterationStats& stats,
+                                std::chrono::steady_clock::time_point start);
+  absl::Status Report(uint64_t iteration, const v1::ExecutionPlan& plan,
+                      const IterationStats& stats, const Totals& totals);
+  v1::ReportProgressRequest Progress(uint64_t iteration, const v1::ExecutionPlan& plan,
+                                     const IterationStats& stats, const Totals& totals,
+                                     int64_t peak_bytes) const;
+  void LogIteration(uint64_t iteration, const v1::ExecutionPlan& plan, const IterationStats& stats,
+                    const Totals& totals, int64_t peak_bytes);
+  absl::Status MaybeCheckpoint(uint64_t done);
+
+  absl::Status SaveParameters() const;
+  absl::Status ExportHuggingFace() const;
+
+  const TrainerOptions options_;
+  const TrainerContext c_;
+  const uint32_t pp_;
+  const uint32_t chunks_;
+  std::unique_ptr<SampleDataset> dataset_;
+  std::unique_ptr<MicroBatchLoader> loader_;
+  ModelSpec spec_;
+  LayerLayout layout_;
+  std::vector<StageRole> roles_;
+  std::vector<std::unique_ptr<ModelStage>> stages_;
+  std::vector<ModelStage*> stage_list_;
+  std::map<uint32_t, ModelStage*> by_id_;
+  int64_t parameter_bytes_ = 0;
+  RankOptimizer rank_optimizer_;
+  Transport* transport_ = nullptr;
+  Transport* host_ = nullptr;  // small host-side reductions
+  std::unique_ptr<PlanInterpreter> interpreter_;
+  std::vector<int> world_;
+  std::ofstream metrics_;
+  uint64_t first_ = 0;
+  uint64_t last_ = 0;
+  std::unique_ptr<RankCheckpoints> checkpoints_;
+};
+
+}  // namespace varipipe::executor
+
+#endif  // VARIPIPE_EXECUTOR_RUNTIME_TRAINER_H_
