@@ -53,126 +53,115 @@ v1::CostComponent ComponentToProto(Component c) {
   return v1::COST_COMPONENT_UNSPECIFIED;
 }
 
-}  // namespace
+// The profiled model's dimensions, with the job config's defaults
+// (common/config/job_config.cc): LLAMA's MLP is two thirds of 4h rounded up
+// to a multiple of 256 (every other architecture's 4h); key/value heads
+// default to the heads and T5V11's buckets to 32 (ModelDimsFromConfig).
+void SetProfiledModel(const v1::ModelConfig& model_config, CostModel& model) {
+  v1::ModelConfig profiled = model_config;
+  if (profiled.kv_channels() == 0 && profiled.num_attention_heads() != 0) {
+    profiled.set_kv_channels(profiled.hidden_size() / profiled.num_attention_heads());
+  }
+  const bool llama = profiled.architecture() == v1::LLAMA;
+  if (profiled.ffn_hidden_size() == 0) {
+    profiled.set_ffn_hidden_size(llama ? (8 * profiled.hidden_size() / 3 + 255) / 256 * 256
+                                       : 4 * profiled.hidden_size());
+  }
+  // A file that does not name its attention kernel is not checked for it.
+  model.set_profiled_dims(ModelDimsFromConfig(profiled),
+                          profiled.attention_kernel() != v1::ATTENTION_KERNEL_UNSPECIFIED);
+}
 
-absl::StatusOr<CostModel> CostModelFromProto(const v1::CostModelFile& file,
-                                             const std::string& source) {
-  if (file.format_version() != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": format_version must be 1 (got ", file.format_version(), ")"));
+// Grid g of the file into the model; `repairs` says where values were
+// raised to keep it non-decreasing (the DP needs that; the documented rule).
+absl::Status AddGrid(const v1::CostGrid& grid, int g, const std::string& source, CostModel& model,
+                     std::vector<std::string>& repairs) {
+  const std::string where = absl::StrCat(source, ": grids[", g, "]");
+  absl::StatusOr<Component> component = ComponentFromProto(grid.component());
+  if (!component.ok()) return Annotate(component.status(), where);
+  if (grid.recompute() == v1::RECOMPUTE_MODE_UNSPECIFIED) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": recompute must be set"));
   }
-  CostModel model;
-  model.set_description(file.description());
-  if (file.has_model()) {
-    v1::ModelConfig profiled = file.model();
-    if (profiled.kv_channels() == 0 && profiled.num_attention_heads() != 0) {
-      profiled.set_kv_channels(profiled.hidden_size() / profiled.num_attention_heads());
-    }
-    // The job config's defaults (common/config/job_config.cc): LLAMA's MLP
-    // is two thirds of 4h rounded up to a multiple of 256 (every other
-    // architecture's 4h); key/value heads default to the heads and T5V11's
-    // buckets to 32 (ModelDimsFromConfig).
-    const bool llama = profiled.architecture() == v1::LLAMA;
-    if (profiled.ffn_hidden_size() == 0) {
-      profiled.set_ffn_hidden_size(llama ? (8 * profiled.hidden_size() / 3 + 255) / 256 * 256
-                                         : 4 * profiled.hidden_size());
-    }
-    // A file that does not name its attention kernel is not checked for it.
-    model.set_profiled_dims(ModelDimsFromConfig(profiled),
-                            profiled.attention_kernel() != v1::ATTENTION_KERNEL_UNSPECIFIED);
-  }
-  std::vector<std::string> repairs;  // non-monotone values raised
-  for (int g = 0; g < file.grids_size(); ++g) {
-    const v1::CostGrid& grid = file.grids(g);
-    const std::string where = absl::StrCat(source, ": grids[", g, "]");
-    absl::StatusOr<Component> component = ComponentFromProto(grid.component());
-    if (!component.ok()) return Annotate(component.status(), where);
-    if (grid.recompute() == v1::RECOMPUTE_MODE_UNSPECIFIED) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": recompute must be set"));
-    }
-    const size_t points = static_cast<size_t>(grid.micro_batch_sizes_size()) *
-                          grid.seq_lens_size() * std::max(1, grid.encoder_seq_lens_size());
-    for (const auto& [name, size] :
-         {std::pair<const char*, int>{"forward_ms", grid.forward_ms_size()},
-          {"backward_ms", grid.backward_ms_size()},
-          {"stored_activation_mib", grid.stored_activation_mib_size()},
-          {"peak_activation_mib", grid.peak_activation_mib_size()}}) {
-      if (static_cast<size_t>(size) != points) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ".", name, ": ", size, " values for a grid of ", points, " points"));
-      }
-    }
-    // The DP needs non-decreasing grids: repaired by the documented rule,
-    // and the description says where.
-    const std::vector<uint32_t> b(grid.micro_batch_sizes().begin(), grid.micro_batch_sizes().end());
-    const std::vector<uint32_t> e(grid.encoder_seq_lens().begin(), grid.encoder_seq_lens().end());
-    const std::vector<uint32_t> sl(grid.seq_lens().begin(), grid.seq_lens().end());
-    std::vector<std::vector<double>> columns = {
-        {grid.forward_ms().begin(), grid.forward_ms().end()},
-        {grid.backward_ms().begin(), grid.backward_ms().end()},
-        {grid.stored_activation_mib().begin(), grid.stored_activation_mib().end()},
-        {grid.peak_activation_mib().begin(), grid.peak_activation_mib().end()}};
-    const char* names[] = {"forward_ms", "backward_ms", "stored_activation_mib",
-                           "peak_activation_mib"};
-    const bool sorted = std::is_sorted(b.begin(), b.end()) && std::is_sorted(e.begin(), e.end()) &&
-                        std::is_sorted(sl.begin(), sl.end());
-    for (int c = 0; c < 4 && sorted; ++c) {
-      // NaN and negative values are refused by ProfileGrid::Create below.
-      if (std::any_of(columns[c].begin(), columns[c].end(), [](double v) { return !(v >= 0); })) {
-        continue;
-      }
-      std::string first;
-      if (const int raised = RaiseToRunningMaxima(b, e, sl, columns[c], &first); raised > 0) {
-        repairs.push_back(absl::StrCat("grids[", g, "].", names[c], " (", ComponentName(*component),
-                                       "): ", raised, " raised, first at ", first));
-      }
-    }
-    std::vector<CostValues> values(points);
-    for (size_t i = 0; i < points; ++i) {
-      values[i] = {columns[0][i], columns[1][i], columns[2][i] * kMiB, columns[3][i] * kMiB};
-    }
-    absl::StatusOr<ProfileGrid> profile = ProfileGrid::Create(
-        {grid.micro_batch_sizes().begin(), grid.micro_batch_sizes().end()},
-        {grid.seq_lens().begin(), grid.seq_lens().end()},
-        {grid.encoder_seq_lens().begin(), grid.encoder_seq_lens().end()}, std::move(values),
-        absl::StrCat(where, " (", ComponentName(*component), ")"));
-    if (!profile.ok()) return profile.status();
-    if (absl::Status s =
-            model.SetGrid(*component, RecomputeFromProto(grid.recompute()),
-                          std::max<uint32_t>(1, grid.tensor_parallel()), *std::move(profile));
-        !s.ok()) {
-      return Annotate(s, where);
+  const size_t points = static_cast<size_t>(grid.micro_batch_sizes_size()) *
+                        grid.seq_lens_size() * std::max(1, grid.encoder_seq_lens_size());
+  for (const auto& [name, size] :
+       {std::pair<const char*, int>{"forward_ms", grid.forward_ms_size()},
+        {"backward_ms", grid.backward_ms_size()},
+        {"stored_activation_mib", grid.stored_activation_mib_size()},
+        {"peak_activation_mib", grid.peak_activation_mib_size()}}) {
+    if (static_cast<size_t>(size) != points) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ".", name, ": ", size,
+                                                     " values for a grid of ", points, " points"));
     }
   }
-  if (!repairs.empty()) {
-    model.set_description(absl::StrCat(
-        model.description(),
-        " [values raised to keep the grids monotone: ", absl::StrJoin(repairs, "; "), "]"));
-  }
-  if (file.has_communication()) {
-    const v1::CommunicationCosts& c = file.communication();
-    for (const auto& [name, value] :
-         {std::pair<const char*, double>{"p2p_latency_us", c.p2p_latency_us()},
-          {"p2p_bandwidth_gbps", c.p2p_bandwidth_gbps()},
-          {"all_reduce_latency_us", c.all_reduce_latency_us()},
-          {"all_reduce_bandwidth_gbps", c.all_reduce_bandwidth_gbps()}}) {
-      if (!(value >= 0) || !std::isfinite(value)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(source, ": communication.", name, " must be finite and >= 0"));
-      }
+  const std::vector<uint32_t> b(grid.micro_batch_sizes().begin(), grid.micro_batch_sizes().end());
+  const std::vector<uint32_t> e(grid.encoder_seq_lens().begin(), grid.encoder_seq_lens().end());
+  const std::vector<uint32_t> sl(grid.seq_lens().begin(), grid.seq_lens().end());
+  std::vector<std::vector<double>> columns = {
+      {grid.forward_ms().begin(), grid.forward_ms().end()},
+      {grid.backward_ms().begin(), grid.backward_ms().end()},
+      {grid.stored_activation_mib().begin(), grid.stored_activation_mib().end()},
+      {grid.peak_activation_mib().begin(), grid.peak_activation_mib().end()}};
+  const char* names[] = {"forward_ms", "backward_ms", "stored_activation_mib",
+                         "peak_activation_mib"};
+  const bool sorted = std::is_sorted(b.begin(), b.end()) && std::is_sorted(e.begin(), e.end()) &&
+                      std::is_sorted(sl.begin(), sl.end());
+  for (int c = 0; c < 4 && sorted; ++c) {
+    // NaN and negative values are refused by ProfileGrid::Create below.
+    if (std::any_of(columns[c].begin(), columns[c].end(), [](double v) { return !(v >= 0); })) {
+      continue;
     }
-    if (!(c.p2p_bandwidth_gbps() > 0) || !(c.all_reduce_bandwidth_gbps() > 0)) {
+    std::string first;
+    if (const int raised = RaiseToRunningMaxima(b, e, sl, columns[c], &first); raised > 0) {
+      repairs.push_back(absl::StrCat("grids[", g, "].", names[c], " (", ComponentName(*component),
+                                     "): ", raised, " raised, first at ", first));
+    }
+  }
+  std::vector<CostValues> values(points);
+  for (size_t i = 0; i < points; ++i) {
+    values[i] = {columns[0][i], columns[1][i], columns[2][i] * kMiB, columns[3][i] * kMiB};
+  }
+  absl::StatusOr<ProfileGrid> profile =
+      ProfileGrid::Create(b, sl, e, std::move(values),
+                          absl::StrCat(where, " (", ComponentName(*component), ")"));
+  if (!profile.ok()) return profile.status();
+  if (absl::Status s = model.SetGrid(*component, RecomputeFromProto(grid.recompute()),
+                                     std::max<uint32_t>(1, grid.tensor_parallel()),
+                                     *std::move(profile));
+      !s.ok()) {
+    return Annotate(s, where);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SetCommunication(const v1::CommunicationCosts& c, const std::string& source,
+                              CostModel& model) {
+  for (const auto& [name, value] :
+       {std::pair<const char*, double>{"p2p_latency_us", c.p2p_latency_us()},
+        {"p2p_bandwidth_gbps", c.p2p_bandwidth_gbps()},
+        {"all_reduce_latency_us", c.all_reduce_latency_us()},
+        {"all_reduce_bandwidth_gbps", c.all_reduce_bandwidth_gbps()}}) {
+    if (!(value >= 0) || !std::isfinite(value)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(source, ": communication bandwidths must be positive"));
+          absl::StrCat(source, ": communication.", name, " must be finite and >= 0"));
     }
-    CommunicationCosts costs;
-    costs.transport = c.transport();
-    // us -> ms; GB/s (1e9 B/s) -> bytes per ms.
-    costs.p2p = {c.p2p_latency_us() / 1e3, c.p2p_bandwidth_gbps() * 1e6};
-    costs.all_reduce = {c.all_reduce_latency_us() / 1e3, c.all_reduce_bandwidth_gbps() * 1e6};
-    costs.all_reduce_ranks = std::max<uint32_t>(2, c.all_reduce_ranks());
-    model.set_communication(costs);
   }
+  if (!(c.p2p_bandwidth_gbps() > 0) || !(c.all_reduce_bandwidth_gbps() > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": communication bandwidths must be positive"));
+  }
+  CommunicationCosts costs;
+  costs.transport = c.transport();
+  // us -> ms; GB/s (1e9 B/s) -> bytes per ms.
+  costs.p2p = {c.p2p_latency_us() / 1e3, c.p2p_bandwidth_gbps() * 1e6};
+  costs.all_reduce = {c.all_reduce_latency_us() / 1e3, c.all_reduce_bandwidth_gbps() * 1e6};
+  costs.all_reduce_ranks = std::max<uint32_t>(2, c.all_reduce_ranks());
+  model.set_communication(costs);
+  return absl::OkStatus();
+}
+
+absl::Status SetOptimizerAndParameters(const v1::CostModelFile& file, const std::string& source,
+                                       CostModel& model) {
   if (file.has_optimizer()) {
     const v1::OptimizerCosts& o = file.optimizer();
     if (!(o.fixed_ms() >= 0) || !std::isfinite(o.fixed_ms()) ||
@@ -193,6 +182,33 @@ absl::StatusOr<CostModel> CostModelFromProto(const v1::CostModelFile& file,
     }
     model.SetParameters(*component, p.parameters());
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<CostModel> CostModelFromProto(const v1::CostModelFile& file,
+                                             const std::string& source) {
+  if (file.format_version() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": format_version must be 1 (got ", file.format_version(), ")"));
+  }
+  CostModel model;
+  model.set_description(file.description());
+  if (file.has_model()) SetProfiledModel(file.model(), model);
+  std::vector<std::string> repairs;  // non-monotone values raised
+  for (int g = 0; g < file.grids_size(); ++g) {
+    if (absl::Status s = AddGrid(file.grids(g), g, source, model, repairs); !s.ok()) return s;
+  }
+  if (!repairs.empty()) {
+    model.set_description(absl::StrCat(
+        model.description(),
+        " [values raised to keep the grids monotone: ", absl::StrJoin(repairs, "; "), "]"));
+  }
+  if (file.has_communication()) {
+    if (absl::Status s = SetCommunication(file.communication(), source, model); !s.ok()) return s;
+  }
+  if (absl::Status s = SetOptimizerAndParameters(file, source, model); !s.ok()) return s;
   return model;
 }
 

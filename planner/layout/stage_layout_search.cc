@@ -211,31 +211,117 @@ std::string LayoutChoice::Describe() const {
   return out;
 }
 
-absl::StatusOr<LayoutChoice> ChooseStageLayout(const Planner& planner,
-                                               std::span<const MiniBatch> sample,
-                                               const LayoutSearchOptions& options) {
-  if (sample.empty()) {
-    return absl::InvalidArgumentError("choosing a stage layout needs sampled mini-batches");
-  }
-  const v1::JobConfig& config = planner.config();
-  const v1::ParallelismConfig& p = config.parallelism();
-  const uint32_t pipeline = std::max(1u, p.pipeline());
-  const LayerCounts counts = LayerCountsOf(config.model());
-  const bool t5 = counts.encoder_decoder;
-  const uint32_t stages = pipeline * std::max(1u, p.virtual_chunks());
-  absl::StatusOr<LayerLayout> even = EvenLayerLayout(counts, stages);
-  if (!even.ok()) return even.status();
+namespace {
 
-  LayoutChoice choice;
-  choice.even = *even;
-  choice.sampled_mini_batches = static_cast<int>(sample.size());
-  std::vector<LayoutCandidate>& candidates = choice.candidates;
+// The search behind ChooseStageLayout (stage_layout_search.h), one method
+// per step, over `choice.candidates`.
+class LayoutSearch {
+ public:
+  LayoutSearch(const Planner& planner, std::span<const MiniBatch> sample,
+               const LayoutSearchOptions& options, LayoutChoice& choice)
+      : planner_(planner),
+        sample_(sample),
+        options_(options),
+        counts_(LayerCountsOf(planner.config().model())),
+        t5_(counts_.encoder_decoder),
+        candidates_(choice.candidates) {}
+
+  // 1. The even split, and the work its micro-batches give each component.
+  void EvaluateEven(const LayerLayout& even) {
+    candidates_.push_back(LayoutCandidate{.layers = even, .origin = "even split", .reason = ""});
+    std::vector<PlanReport> reports;
+    Evaluate(candidates_.front(), &reports);
+    if (reports.empty()) reports.push_back(SamplesAlone());
+    const v1::ParallelismConfig& p = planner_.config().parallelism();
+    for (const PlanReport& r : reports) {
+      AddWork(planner_.cost_model(), r, t5_, std::max(1u, p.tensor()), &work_);
+    }
+    candidates_.front().busiest_stage_work_ms = BusiestStageWork(even, work_);
+  }
+
+  // 2. Balanced candidates, the most balanced first, and the best one with
+  // one layer moved at either end.
+  void ProposeBalanced(uint32_t stages) {
+    if (stages <= 1 || work_.encoder_layer <= 0 || (t5_ && work_.decoder_layer <= 0)) return;
+    const std::vector<std::pair<double, LayerLayout>> balanced = Balanced(stages);
+    std::vector<std::pair<LayerLayout, std::string>> proposed;
+    for (size_t i = 0; i < balanced.size() && i < 3; ++i) {
+      proposed.emplace_back(balanced[i].second, "balanced");
+    }
+    if (!balanced.empty()) {
+      for (LayerLayout& l : EndMoves(balanced.front().second)) {
+        proposed.emplace_back(std::move(l), "balanced, one layer moved");
+      }
+    }
+    for (auto& [layers, origin] : proposed) {
+      if (static_cast<int>(candidates_.size()) > options_.max_candidates) break;
+      if (!Seen(layers)) {
+        candidates_.push_back(
+            LayoutCandidate{.layers = std::move(layers), .origin = std::move(origin), .reason = ""});
+      }
+    }
+  }
+
+  // 3. Candidates from `first` on, planned on the planner's threads.
+  void EvaluateFrom(size_t first) {
+    for (size_t i = first; i < candidates_.size(); ++i) {
+      candidates_[i].busiest_stage_work_ms = BusiestStageWork(candidates_[i].layers, work_);
+    }
+    ParallelFor(candidates_.size() - first, std::max(1, planner_.options().threads),
+                [&](size_t k) { Evaluate(candidates_[first + k], nullptr); });
+  }
+
+  // 4. One round of local search on the predicted iterations themselves:
+  // one layer between neighbouring stages of a stack from the best so far
+  // (the busiest-stage work is a proxy: it ignores which stages hold more
+  // micro-batches in flight, and so their memory and recomputation). False
+  // when it did not shorten the mean or may not go on.
+  bool LocalRound() {
+    const int from = BestIndex();
+    if (from < 0 || static_cast<int>(candidates_.size()) >= options_.max_evaluations) return false;
+    const LayerLayout base = candidates_[from].layers;
+    const double base_ms = candidates_[from].mean_iteration_ms;
+    const size_t first = candidates_.size();
+    for (uint32_t s = 0; s + 1 < base.stages(); ++s) {
+      for (const auto& [give, take] : {std::pair{s, s + 1}, std::pair{s + 1, s}}) {
+        LayerLayout l = base;
+        const bool encoder = base.encoder[give] > 0 && base.encoder[take] > 0;
+        const bool decoder = base.decoder[give] > 0 && base.decoder[take] > 0;
+        if (!encoder && !decoder) continue;  // the two stacks' boundary
+        std::vector<uint32_t>& stack = encoder ? l.encoder : l.decoder;
+        if (stack[give] <= 1) continue;
+        --stack[give];
+        ++stack[take];
+        if (!Seen(l) && static_cast<int>(candidates_.size()) < options_.max_evaluations) {
+          candidates_.push_back(
+              LayoutCandidate{.layers = std::move(l), .origin = "local search", .reason = ""});
+        }
+      }
+    }
+    EvaluateFrom(first);
+    const int improved = BestIndex();
+    return improved >= 0 && candidates_[improved].mean_iteration_ms < base_ms;
+  }
+
+  // The lowest mean wins, ties to the earlier; -1: none plans.
+  int BestIndex() const {
+    int best = -1;
+    for (size_t i = 0; i < candidates_.size(); ++i) {
+      const LayoutCandidate& c = candidates_[i];
+      if (c.feasible && (best < 0 || c.mean_iteration_ms < candidates_[best].mean_iteration_ms)) {
+        best = static_cast<int>(i);
+      }
+    }
+    return best;
+  }
+
+ private:
   // Plans every sampled mini-batch under `c.layers`; `reports` (optional)
   // collects the reports.
-  const auto evaluate = [&](LayoutCandidate& c, std::vector<PlanReport>* reports) {
-    const Planner with = planner.WithStageLayout(c.layers);
+  void Evaluate(LayoutCandidate& c, std::vector<PlanReport>* reports) const {
+    const Planner with = planner_.WithStageLayout(c.layers);
     double total = 0;
-    for (const MiniBatch& mb : sample) {
+    for (const MiniBatch& mb : sample_) {
       absl::StatusOr<PlanningResult> r = with.Plan(mb);
       if (!r.ok()) {
         // The planner's first line and its first candidate's reason.
@@ -250,22 +336,19 @@ absl::StatusOr<LayoutChoice> ChooseStageLayout(const Planner& planner,
       if (reports != nullptr) reports->push_back(std::move(r->report));
     }
     c.feasible = true;
-    c.mean_iteration_ms = total / static_cast<double>(sample.size());
-  };
+    c.mean_iteration_ms = total / static_cast<double>(sample_.size());
+  }
 
-  // 1. The even split, and the work its micro-batches give each component.
-  candidates.push_back(LayoutCandidate{.layers = *even, .origin = "even split", .reason = ""});
-  std::vector<PlanReport> reports;
-  evaluate(candidates.front(), &reports);
-  if (reports.empty()) {
-    // No plan under the even split: weigh the components by each sampled
-    // sample alone, under the first recompute mode.
+  // No plan under the even split: the components weighed by each sampled
+  // sample alone, under the first recompute mode.
+  PlanReport SamplesAlone() const {
+    const v1::PlannerConfig& config = planner_.config().planner();
     PlanReport alone;
-    alone.recompute = RecomputeName(config.planner().recompute_modes().empty()
+    alone.recompute = RecomputeName(config.recompute_modes().empty()
                                         ? Recompute::kNone
                                         : RecomputeFromProto(static_cast<v1::RecomputeMode>(
-                                              config.planner().recompute_modes(0))));
-    for (const MiniBatch& mb : sample) {
+                                              config.recompute_modes(0))));
+    for (const MiniBatch& mb : sample_) {
       for (const SampleLengths& l : mb.lengths) {
         PlanReport::MicroBatchShape shape;
         shape.rows = 1;
@@ -274,109 +357,73 @@ absl::StatusOr<LayoutChoice> ChooseStageLayout(const Planner& planner,
         alone.micro_batch_shapes.push_back(std::move(shape));
       }
     }
-    reports.push_back(std::move(alone));
+    return alone;
   }
-  ComponentWork work;
-  for (const PlanReport& r : reports) {
-    AddWork(planner.cost_model(), r, t5, std::max(1u, p.tensor()), &work);
-  }
-  if (stages > 1 && work.encoder_layer > 0 && (!t5 || work.decoder_layer > 0)) {
-    // 2. Balanced candidates, the most balanced first.
+
+  // Layouts whose stages carry equal work, with their busiest stage's work
+  // (T5: every encoder / decoder stage count, sorted by it).
+  std::vector<std::pair<double, LayerLayout>> Balanced(uint32_t stages) const {
     std::vector<std::pair<double, LayerLayout>> balanced;
-    if (!t5) {
-      balanced.emplace_back(0,
-                            GptLayout(StackSplit(counts.encoder_layers, stages, work.encoder_layer,
-                                                 work.encoder_embedding, work.postprocess)));
-    } else {
-      for (uint32_t e = 1; e < stages; ++e) {
-        const uint32_t d = stages - e;
-        if (counts.encoder_layers < e || counts.decoder_layers < d) continue;
-        const LayerLayout l = T5Layout(
-            StackSplit(counts.encoder_layers, e, work.encoder_layer, work.encoder_embedding, 0),
-            StackSplit(counts.decoder_layers, d, work.decoder_layer, work.decoder_embedding,
-                       work.postprocess));
-        balanced.emplace_back(BusiestStageWork(l, work), l);
-      }
-      std::stable_sort(balanced.begin(), balanced.end(),
-                       [](const auto& a, const auto& b) { return a.first < b.first; });
+    if (!t5_) {
+      balanced.emplace_back(0, GptLayout(StackSplit(counts_.encoder_layers, stages,
+                                                    work_.encoder_layer, work_.encoder_embedding,
+                                                    work_.postprocess)));
+      return balanced;
     }
-    std::vector<std::pair<LayerLayout, std::string>> proposed;
-    for (size_t i = 0; i < balanced.size() && i < 3; ++i) {
-      proposed.emplace_back(balanced[i].second, "balanced");
+    for (uint32_t e = 1; e < stages; ++e) {
+      const uint32_t d = stages - e;
+      if (counts_.encoder_layers < e || counts_.decoder_layers < d) continue;
+      const LayerLayout l = T5Layout(
+          StackSplit(counts_.encoder_layers, e, work_.encoder_layer, work_.encoder_embedding, 0),
+          StackSplit(counts_.decoder_layers, d, work_.decoder_layer, work_.decoder_embedding,
+                     work_.postprocess));
+      balanced.emplace_back(BusiestStageWork(l, work_), l);
     }
-    if (!balanced.empty()) {
-      for (LayerLayout& l : EndMoves(balanced.front().second)) {
-        proposed.emplace_back(std::move(l), "balanced, one layer moved");
-      }
-    }
-    for (auto& proposal : proposed) {
-      if (static_cast<int>(candidates.size()) > options.max_candidates) break;
-      const LayerLayout& layers = proposal.first;
-      const bool seen = std::any_of(candidates.begin(), candidates.end(),
-                                    [&](const LayoutCandidate& c) { return c.layers == layers; });
-      if (!seen) {
-        candidates.push_back(LayoutCandidate{.layers = std::move(proposal.first),
-                                             .origin = std::move(proposal.second),
-                                             .reason = ""});
-      }
-    }
+    std::stable_sort(balanced.begin(), balanced.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    return balanced;
   }
-  // 3. Every candidate planned (on the planner's threads); the lowest mean
-  // wins, ties to the earlier.
-  const int threads = std::max(1, planner.options().threads);
-  const auto evaluate_from = [&](size_t first) {
-    for (size_t i = first; i < candidates.size(); ++i) {
-      candidates[i].busiest_stage_work_ms = BusiestStageWork(candidates[i].layers, work);
-    }
-    ParallelFor(candidates.size() - first, threads,
-                [&](size_t k) { evaluate(candidates[first + k], nullptr); });
-  };
-  candidates.front().busiest_stage_work_ms = BusiestStageWork(candidates.front().layers, work);
-  evaluate_from(1);
-  const auto best_index = [&]() -> int {
-    int best = -1;
-    for (size_t i = 0; i < candidates.size(); ++i) {
-      const LayoutCandidate& c = candidates[i];
-      if (c.feasible && (best < 0 || c.mean_iteration_ms < candidates[best].mean_iteration_ms)) {
-        best = static_cast<int>(i);
-      }
-    }
-    return best;
-  };
-  // 4. Local search on the predicted iterations themselves: one layer
-  // between neighbouring stages of a stack, while that shortens the mean
-  // (the busiest-stage work is a proxy: it ignores which stages hold more
-  // micro-batches in flight, and so their memory and recomputation).
+
+  bool Seen(const LayerLayout& layers) const {
+    return std::any_of(candidates_.begin(), candidates_.end(),
+                       [&](const LayoutCandidate& c) { return c.layers == layers; });
+  }
+
+  const Planner& planner_;
+  std::span<const MiniBatch> sample_;
+  const LayoutSearchOptions& options_;
+  const LayerCounts counts_;
+  const bool t5_;
+  std::vector<LayoutCandidate>& candidates_;
+  ComponentWork work_;
+};
+
+}  // namespace
+
+absl::StatusOr<LayoutChoice> ChooseStageLayout(const Planner& planner,
+                                               std::span<const MiniBatch> sample,
+                                               const LayoutSearchOptions& options) {
+  if (sample.empty()) {
+    return absl::InvalidArgumentError("choosing a stage layout needs sampled mini-batches");
+  }
+  const v1::ParallelismConfig& p = planner.config().parallelism();
+  const uint32_t stages = std::max(1u, p.pipeline()) * std::max(1u, p.virtual_chunks());
+  absl::StatusOr<LayerLayout> even =
+      EvenLayerLayout(LayerCountsOf(planner.config().model()), stages);
+  if (!even.ok()) return even.status();
+  LayoutChoice choice;
+  choice.even = *even;
+  choice.sampled_mini_batches = static_cast<int>(sample.size());
+  LayoutSearch search(planner, sample, options, choice);
+  search.EvaluateEven(*even);
+  search.ProposeBalanced(stages);
+  search.EvaluateFrom(1);
   for (int round = 0; round < options.max_local_rounds; ++round) {
-    const int from = best_index();
-    if (from < 0 || static_cast<int>(candidates.size()) >= options.max_evaluations) break;
-    const LayerLayout base = candidates[from].layers;
-    const double base_ms = candidates[from].mean_iteration_ms;
-    const size_t first = candidates.size();
-    for (uint32_t s = 0; s + 1 < base.stages(); ++s) {
-      for (const auto& [give, take] : {std::pair{s, s + 1}, std::pair{s + 1, s}}) {
-        LayerLayout l = base;
-        const bool encoder = base.encoder[give] > 0 && base.encoder[take] > 0;
-        const bool decoder = base.decoder[give] > 0 && base.decoder[take] > 0;
-        if (!encoder && !decoder) continue;  // the two stacks' boundary
-        std::vector<uint32_t>& stack = encoder ? l.encoder : l.decoder;
-        if (stack[give] <= 1) continue;
-        --stack[give];
-        ++stack[take];
-        const bool seen = std::any_of(candidates.begin(), candidates.end(),
-                                      [&](const LayoutCandidate& c) { return c.layers == l; });
-        if (!seen && static_cast<int>(candidates.size()) < options.max_evaluations) {
-          candidates.push_back(
-              LayoutCandidate{.layers = std::move(l), .origin = "local search", .reason = ""});
-        }
-      }
-    }
-    evaluate_from(first);
-    const int improved = best_index();
-    if (improved < 0 || candidates[improved].mean_iteration_ms >= base_ms) break;
+    if (!search.LocalRound()) break;
   }
-  const LayoutCandidate* best = best_index() < 0 ? nullptr : &candidates[best_index()];
-  if (best == nullptr) {
+  const std::vector<LayoutCandidate>& candidates = choice.candidates;
+  const int best = search.BestIndex();
+  if (best < 0) {
     std::vector<std::string> reasons;
     for (const LayoutCandidate& c : candidates) {
       reasons.push_back(absl::StrCat(c.layers.ToString(), ": ", c.reason));
@@ -384,8 +431,8 @@ absl::StatusOr<LayoutChoice> ChooseStageLayout(const Planner& planner,
     return absl::FailedPreconditionError(absl::StrCat(
         "no stage layout plans every sampled mini-batch: ", absl::StrJoin(reasons, "; ")));
   }
-  choice.chosen = best->layers;
-  choice.chosen_mean_ms = best->mean_iteration_ms;
+  choice.chosen = candidates[best].layers;
+  choice.chosen_mean_ms = candidates[best].mean_iteration_ms;
   choice.even_mean_ms = candidates.front().feasible ? candidates.front().mean_iteration_ms : 0;
   return choice;
 }

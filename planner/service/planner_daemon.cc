@@ -191,9 +191,28 @@ grpc::Status PlannerDaemon::CheckServing() const {
 }
 
 absl::Status PlannerDaemon::Initialize() {
+  VP_RETURN_IF_ERROR(ConnectStore());
+  VP_RETURN_IF_ERROR(BuildPlanner());
+  SetStep("starting the planning workers");
+  VP_RETURN_IF_ERROR(CheckCancelled());
+  StartWorkers();
+  // Serving: every member the services read is set.
+  SetStep("ready");
+  ready_.store(true, std::memory_order_release);
+  server_->GetHealthCheckService()->SetServingStatus(true);
+  spdlog::info(
+      "planner {} serving job {} on {} (port {}, {}, job token required) with {} planning "
+      "workers (store {}; ready {:.2f} s after start)",
+      planner_id_, config_.job_id(), options_.listen_address, port_,
+      options_.tls.enabled() ? "TLS" : "plaintext", worker_count_, store_address(),
+      absl::ToDoubleSeconds(absl::Now() - started_));
+  return absl::OkStatus();
+}
+
+// The store (an embedded redis-server without store.redis_address), the
+// job registered in it and its token.
+absl::Status PlannerDaemon::ConnectStore() {
   const v1::JobConfig& config = config_;
-  const DaemonOptions& options = options_;
-  // The store.
   const v1::StoreConfig& store = config.store();
   if (store.redis_address().empty()) {
     SetStep("starting the embedded redis-server");
@@ -214,25 +233,29 @@ absl::Status PlannerDaemon::Initialize() {
                     .job_id = config.job_id(),
                     .world_size = WorldSize(config),
                     .total_iterations = config.training().iterations(),
-                    .lease = options.lease};
-  {
-    SetStep("connecting to the instruction store");
-    VP_RETURN_IF_ERROR(CheckCancelled());
-    absl::StatusOr<std::unique_ptr<RedisInstructionStore>> first =
-        RedisInstructionStore::Open(redis_options_, store_options_);
-    if (!first.ok()) return Annotate(first.status(), "instruction store");
-    SetStep("registering the job");
-    VP_RETURN_IF_ERROR(CheckCancelled());
-    VP_RETURN_IF_ERROR((*first)->RegisterJob(config));
-    std::string candidate = options.token;
-    if (candidate.empty()) {
-      VP_ASSIGN_OR_RETURN(candidate, GenerateJobToken());
-    }
-    VP_ASSIGN_OR_RETURN(token_, (*first)->RegisterToken(candidate, !options.token.empty()));
-    verifier_ = CallTokenVerifier(token_);
-    AddToPool(*std::move(first));
+                    .lease = options_.lease};
+  SetStep("connecting to the instruction store");
+  VP_RETURN_IF_ERROR(CheckCancelled());
+  absl::StatusOr<std::unique_ptr<RedisInstructionStore>> first =
+      RedisInstructionStore::Open(redis_options_, store_options_);
+  if (!first.ok()) return Annotate(first.status(), "instruction store");
+  SetStep("registering the job");
+  VP_RETURN_IF_ERROR(CheckCancelled());
+  VP_RETURN_IF_ERROR((*first)->RegisterJob(config));
+  std::string candidate = options_.token;
+  if (candidate.empty()) {
+    VP_ASSIGN_OR_RETURN(candidate, GenerateJobToken());
   }
-  // The data and the planner.
+  VP_ASSIGN_OR_RETURN(token_, (*first)->RegisterToken(candidate, !options_.token.empty()));
+  verifier_ = CallTokenVerifier(token_);
+  AddToPool(*std::move(first));
+  return absl::OkStatus();
+}
+
+// The data, the sampler and the planner (its stage layout chosen when the
+// config says AUTO).
+absl::Status PlannerDaemon::BuildPlanner() {
+  const v1::JobConfig& config = config_;
   SetStep("opening the dataset");
   VP_RETURN_IF_ERROR(CheckCancelled());
   VP_ASSIGN_OR_RETURN(dataset_, OpenSampleDataset(config));
@@ -252,11 +275,15 @@ absl::Status PlannerDaemon::Initialize() {
     spdlog::info("stage layout: {}", stage_layout_.ToString());
   }
   planner_ = std::make_unique<planner::Planner>(std::move(planner));
-  // Workers.
-  SetStep("starting the planning workers");
-  VP_RETURN_IF_ERROR(CheckCancelled());
-  worker_count_ = options.worker_threads < 0   ? 0
-                  : options.worker_threads > 0 ? options.worker_threads
+  return absl::OkStatus();
+}
+
+// The planning workers (planner.threads split between them) and the
+// progress thread.
+void PlannerDaemon::StartWorkers() {
+  const v1::JobConfig& config = config_;
+  worker_count_ = options_.worker_threads < 0   ? 0
+                  : options_.worker_threads > 0 ? options_.worker_threads
                   : config.planner().threads() > 0
                       ? static_cast<int>(config.planner().threads())
                       : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
@@ -273,20 +300,9 @@ absl::Status PlannerDaemon::Initialize() {
   for (int w = 0; w < worker_count_; ++w) {
     workers_.emplace_back([this, w] { WorkerLoop(w); });
   }
-  if (options.progress_interval > absl::ZeroDuration()) {
+  if (options_.progress_interval > absl::ZeroDuration()) {
     progress_thread_ = std::thread([this] { ProgressLoop(); });
   }
-  // Serving: every member the services read is set.
-  SetStep("ready");
-  ready_.store(true, std::memory_order_release);
-  server_->GetHealthCheckService()->SetServingStatus(true);
-  spdlog::info(
-      "planner {} serving job {} on {} (port {}, {}, job token required) with {} planning "
-      "workers (store {}; ready {:.2f} s after start)",
-      planner_id_, config.job_id(), options.listen_address, port_,
-      options.tls.enabled() ? "TLS" : "plaintext", worker_count_, store_address(),
-      absl::ToDoubleSeconds(absl::Now() - started_));
-  return absl::OkStatus();
 }
 
 PlannerDaemon::~PlannerDaemon() { Shutdown(); }

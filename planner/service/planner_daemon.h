@@ -198,6 +198,10 @@ class PlannerDaemon {
   PlannerDaemon() = default;
   // The start-up step now running (for CheckServing and logs).
   void SetStep(const char* step) { step_.store(step); }
+  // Initialize()'s steps.
+  absl::Status ConnectStore();
+  absl::Status BuildPlanner();
+  void StartWorkers();
   absl::Status CheckCancelled() const;
   void WorkerLoop(int worker);
   void ProgressLoop();

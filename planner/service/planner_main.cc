@@ -156,6 +156,56 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
   return absl::OkStatus();
 }
 
+// The daemon's options from the flags; the token file checked.
+absl::StatusOr<varipipe::service::DaemonOptions> DaemonOptionsFromFlags() {
+  varipipe::service::DaemonOptions options;
+  options.listen_address = absl::GetFlag(FLAGS_listen);
+  options.worker_threads = absl::GetFlag(FLAGS_threads);
+  options.max_calls = absl::GetFlag(FLAGS_max_calls);
+  options.progress_interval = absl::Seconds(absl::GetFlag(FLAGS_progress_interval_s));
+  options.lease = absl::Milliseconds(std::max(100, absl::GetFlag(FLAGS_lease_ms)));
+  options.tls = {.cert_file = absl::GetFlag(FLAGS_tls_cert),
+                 .key_file = absl::GetFlag(FLAGS_tls_key),
+                 .ca_file = absl::GetFlag(FLAGS_tls_ca)};
+  if (const std::string file = absl::GetFlag(FLAGS_token_file); !file.empty()) {
+    absl::StatusOr<std::string> token = varipipe::ReadSecretFile(file, "--token_file");
+    absl::Status valid =
+        token.ok() ? varipipe::CheckJobToken(*token, "--token_file " + file) : token.status();
+    if (!valid.ok()) return valid;
+    options.token = *token;
+  }
+  return options;
+}
+
+// --store_file, with the token file beside it first: a reader that sees the
+// store file finds both.
+absl::Status WriteStoreFiles(const varipipe::service::PlannerDaemon& daemon) {
+  const std::string file = absl::GetFlag(FLAGS_store_file);
+  if (file.empty()) return absl::OkStatus();
+  absl::Status s =
+      varipipe::WriteSecretFile(varipipe::TokenFileBeside(file), daemon.token() + "\n");
+  if (!s.ok()) return s;
+  return varipipe::WriteSecretFile(
+      file, absl::StrCat(daemon.store_address(), " ", daemon.store_password(), "\n"));
+}
+
+// Serves until a signal (or, with --exit_when_done, until every planned
+// iteration is published), then shuts down.
+void Serve(varipipe::ShutdownSignal& shutdown, varipipe::service::PlannerDaemon& daemon) {
+  if (absl::GetFlag(FLAGS_exit_when_done)) {
+    std::thread waiter([&] {
+      daemon.WaitUntilAllPublished();
+      shutdown.Request();
+    });
+    shutdown.WaitFor(absl::InfiniteDuration());
+    daemon.Shutdown();
+    waiter.join();
+  } else {
+    shutdown.WaitFor(absl::InfiniteDuration());
+    daemon.Shutdown();
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -181,29 +231,15 @@ int main(int argc, char** argv) {
     return varipipe::kExitOk;
   }
   varipipe::ShutdownSignal shutdown;
-  varipipe::service::DaemonOptions options;
-  options.listen_address = absl::GetFlag(FLAGS_listen);
-  options.worker_threads = absl::GetFlag(FLAGS_threads);
-  options.max_calls = absl::GetFlag(FLAGS_max_calls);
-  options.progress_interval = absl::Seconds(absl::GetFlag(FLAGS_progress_interval_s));
-  options.lease = absl::Milliseconds(std::max(100, absl::GetFlag(FLAGS_lease_ms)));
-  options.tls = {.cert_file = absl::GetFlag(FLAGS_tls_cert),
-                 .key_file = absl::GetFlag(FLAGS_tls_key),
-                 .ca_file = absl::GetFlag(FLAGS_tls_ca)};
-  if (const std::string file = absl::GetFlag(FLAGS_token_file); !file.empty()) {
-    absl::StatusOr<std::string> token = varipipe::ReadSecretFile(file, "--token_file");
-    absl::Status valid =
-        token.ok() ? varipipe::CheckJobToken(*token, "--token_file " + file) : token.status();
-    if (!valid.ok()) {
-      std::fprintf(stderr, "varipipe-planner: %s\n", std::string(valid.message()).c_str());
-      return varipipe::kExitUsage;
-    }
-    options.token = *token;
+  absl::StatusOr<varipipe::service::DaemonOptions> options = DaemonOptionsFromFlags();
+  if (!options.ok()) {
+    std::fprintf(stderr, "varipipe-planner: %s\n", std::string(options.status().message()).c_str());
+    return varipipe::kExitUsage;
   }
   // The port first: a taken one fails here, in milliseconds; calls get
   // UNAVAILABLE ("starting: ...") until Initialize() is done.
   absl::StatusOr<std::unique_ptr<varipipe::service::PlannerDaemon>> daemon =
-      varipipe::service::PlannerDaemon::Bind(*config, options);
+      varipipe::service::PlannerDaemon::Bind(*config, *options);
   if (!daemon.ok()) {
     spdlog::error("cannot start: {}", daemon.status().message());
     return ExitCodeFor(daemon.status());
@@ -226,19 +262,10 @@ int main(int argc, char** argv) {
     (*daemon)->Shutdown();
     return varipipe::kExitOk;
   }
-  if (const std::string file = absl::GetFlag(FLAGS_store_file); !file.empty()) {
-    // The token file first: a reader that sees the store file finds both.
-    absl::Status s =
-        varipipe::WriteSecretFile(varipipe::TokenFileBeside(file), (*daemon)->token() + "\n");
-    if (s.ok()) {
-      s = varipipe::WriteSecretFile(
-          file, absl::StrCat((*daemon)->store_address(), " ", (*daemon)->store_password(), "\n"));
-    }
-    if (!s.ok()) {
-      spdlog::error("--store_file: {}", s.message());
-      (*daemon)->Shutdown();
-      return varipipe::kExitFailure;
-    }
+  if (absl::Status s = WriteStoreFiles(**daemon); !s.ok()) {
+    spdlog::error("--store_file: {}", s.message());
+    (*daemon)->Shutdown();
+    return varipipe::kExitFailure;
   }
   absl::StatusOr<std::unique_ptr<varipipe::service::PlannerMetricsEndpoint>> metrics =
       varipipe::service::PlannerMetricsEndpoint::Start(absl::GetFlag(FLAGS_metrics_listen),
@@ -258,17 +285,6 @@ int main(int argc, char** argv) {
       return varipipe::kExitFailure;
     }
   }
-  if (absl::GetFlag(FLAGS_exit_when_done)) {
-    std::thread waiter([&] {
-      (*daemon)->WaitUntilAllPublished();
-      shutdown.Request();
-    });
-    shutdown.WaitFor(absl::InfiniteDuration());
-    (*daemon)->Shutdown();
-    waiter.join();
-  } else {
-    shutdown.WaitFor(absl::InfiniteDuration());
-    (*daemon)->Shutdown();
-  }
+  Serve(shutdown, **daemon);
   return varipipe::kExitOk;
 }

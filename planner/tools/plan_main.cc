@@ -166,6 +166,67 @@ void PrintMethods(const planner::PlanReport& r) {
   }
 }
 
+google::protobuf::Value MicroBatchJson(const planner::PlanReport::MicroBatchShape& m) {
+  google::protobuf::Value v;
+  auto& mf = *v.mutable_struct_value()->mutable_fields();
+  mf["dp_rank"] = Num(m.dp_rank);
+  mf["rows"] = Num(m.rows);
+  mf["input_len"] = Num(m.input_len);
+  mf["target_len"] = Num(m.target_len);
+  mf["predicted_ms"] = Num(m.predicted_ms);
+  auto* ids = mf["sample_ids"].mutable_list_value();
+  for (uint64_t id : m.sample_ids) *ids->add_values() = Num(static_cast<double>(id));
+  return v;
+}
+
+google::protobuf::Value CandidateJson(const planner::CandidateReport& c) {
+  google::protobuf::Value v;
+  auto& cf = *v.mutable_struct_value()->mutable_fields();
+  cf["partition_method"] = Str(c.partition_method);
+  if (!c.setting.empty()) cf["setting"] = Str(c.setting);
+  cf["schedule"] = Str(c.schedule);
+  cf["recompute"] = Str(c.recompute);
+  cf["budget"] = Str(c.budget);
+  cf["feasible"].set_bool_value(c.feasible);
+  if (!c.rejected_at.empty()) cf["rejected_at"] = Str(c.rejected_at);
+  if (!c.reason.empty()) cf["reason"] = Str(c.reason);
+  if (c.dp_objective_ms > 0) cf["micro_batching_objective_ms"] = Num(c.dp_objective_ms);
+  if (c.feasible) {
+    cf["makespan_ms"] = Num(c.makespan_ms);
+    cf["bubble_fraction"] = Num(c.bubble_fraction);
+    cf["busiest_device_ms"] = Num(c.busiest_device_ms);
+    cf["peak_bytes"] = Num(c.peak_bytes);
+  }
+  if (c.makespan_bound_ms > 0) cf["makespan_bound_ms"] = Num(c.makespan_bound_ms);
+  return v;
+}
+
+google::protobuf::Value MethodJson(const planner::MethodSummary& m) {
+  google::protobuf::Value v;
+  auto& mf = *v.mutable_struct_value()->mutable_fields();
+  mf["partition_method"] = Str(m.partition_method);
+  if (!m.best.setting.empty()) mf["setting"] = Str(m.best.setting);
+  mf["outcome"] = Str(MethodOutcomeName(m.outcome));
+  mf["schedule"] = Str(m.best.schedule);
+  mf["recompute"] = Str(m.best.recompute);
+  if (m.best.feasible) mf["makespan_ms"] = Num(m.best.makespan_ms);
+  if (m.outcome != planner::MethodSummary::Outcome::kNoFit) mf["slower_by"] = Num(m.slower_by);
+  mf["why"] = Str(m.why);
+  return v;
+}
+
+google::protobuf::Value PlanningTimesJson(const planner::PlanReport& r) {
+  google::protobuf::Value v;
+  auto& timing = *v.mutable_struct_value()->mutable_fields();
+  timing["micro_batching"] = Num(r.micro_batching_ms);
+  timing["scheduling"] = Num(r.scheduling_ms);
+  timing["plan_building"] = Num(r.plan_building_ms);
+  timing["validation"] = Num(r.validation_ms);
+  timing["total"] = Num(r.total_ms);
+  timing["threads"] = Num(r.threads);
+  return v;
+}
+
 std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& r,
                        const absl::Status& status = absl::OkStatus()) {
   google::protobuf::Struct root;
@@ -194,61 +255,14 @@ std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& 
   for (double l : r.memory_limit_per_rank) *limits->add_values() = Num(l);
   auto* peaks = f["peak_activation_bytes_per_rank"].mutable_list_value();
   for (double p : r.peak_bytes) *peaks->add_values() = Num(p);
-  auto& timing = *f["planning_ms"].mutable_struct_value()->mutable_fields();
-  timing["micro_batching"] = Num(r.micro_batching_ms);
-  timing["scheduling"] = Num(r.scheduling_ms);
-  timing["plan_building"] = Num(r.plan_building_ms);
-  timing["validation"] = Num(r.validation_ms);
-  timing["total"] = Num(r.total_ms);
-  timing["threads"] = Num(r.threads);
+  f["planning_ms"] = PlanningTimesJson(r);
   auto* mbs = f["micro_batch_list"].mutable_list_value();
-  for (const auto& m : r.micro_batch_shapes) {
-    google::protobuf::Value v;
-    auto& mf = *v.mutable_struct_value()->mutable_fields();
-    mf["dp_rank"] = Num(m.dp_rank);
-    mf["rows"] = Num(m.rows);
-    mf["input_len"] = Num(m.input_len);
-    mf["target_len"] = Num(m.target_len);
-    mf["predicted_ms"] = Num(m.predicted_ms);
-    auto* ids = mf["sample_ids"].mutable_list_value();
-    for (uint64_t id : m.sample_ids) *ids->add_values() = Num(static_cast<double>(id));
-    *mbs->add_values() = std::move(v);
-  }
+  for (const auto& m : r.micro_batch_shapes) *mbs->add_values() = MicroBatchJson(m);
   auto* cands = f["candidates"].mutable_list_value();
-  for (const auto& c : r.candidates) {
-    google::protobuf::Value v;
-    auto& cf = *v.mutable_struct_value()->mutable_fields();
-    cf["partition_method"] = Str(c.partition_method);
-    if (!c.setting.empty()) cf["setting"] = Str(c.setting);
-    cf["schedule"] = Str(c.schedule);
-    cf["recompute"] = Str(c.recompute);
-    cf["budget"] = Str(c.budget);
-    cf["feasible"].set_bool_value(c.feasible);
-    if (!c.rejected_at.empty()) cf["rejected_at"] = Str(c.rejected_at);
-    if (!c.reason.empty()) cf["reason"] = Str(c.reason);
-    if (c.dp_objective_ms > 0) cf["micro_batching_objective_ms"] = Num(c.dp_objective_ms);
-    if (c.feasible) {
-      cf["makespan_ms"] = Num(c.makespan_ms);
-      cf["bubble_fraction"] = Num(c.bubble_fraction);
-      cf["busiest_device_ms"] = Num(c.busiest_device_ms);
-      cf["peak_bytes"] = Num(c.peak_bytes);
-    }
-    if (c.makespan_bound_ms > 0) cf["makespan_bound_ms"] = Num(c.makespan_bound_ms);
-    *cands->add_values() = std::move(v);
-  }
+  for (const auto& c : r.candidates) *cands->add_values() = CandidateJson(c);
   auto* methods = f["methods"].mutable_list_value();
   for (const planner::MethodSummary& m : planner::SummarizeMethods(r)) {
-    google::protobuf::Value v;
-    auto& mf = *v.mutable_struct_value()->mutable_fields();
-    mf["partition_method"] = Str(m.partition_method);
-    if (!m.best.setting.empty()) mf["setting"] = Str(m.best.setting);
-    mf["outcome"] = Str(MethodOutcomeName(m.outcome));
-    mf["schedule"] = Str(m.best.schedule);
-    mf["recompute"] = Str(m.best.recompute);
-    if (m.best.feasible) mf["makespan_ms"] = Num(m.best.makespan_ms);
-    if (m.outcome != planner::MethodSummary::Outcome::kNoFit) mf["slower_by"] = Num(m.slower_by);
-    mf["why"] = Str(m.why);
-    *methods->add_values() = std::move(v);
+    *methods->add_values() = MethodJson(m);
   }
   std::string json;
   google::protobuf::util::JsonPrintOptions options;
