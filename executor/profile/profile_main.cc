@@ -312,89 +312,41 @@ std::optional<v1::CommunicationCosts> EarlierCommunication(const std::string& ou
   return earlier.communication();
 }
 
-int Run(const ShutdownSignal& shutdown) {
-  const std::string config_path = absl::GetFlag(FLAGS_config);
-  const std::string out_path = absl::GetFlag(FLAGS_out);
-  if (config_path.empty() || out_path.empty()) {
-    std::fprintf(stderr, "varipipe-profile: --config and --out are required (try --help)\n");
-    return kExitUsage;
-  }
-  absl::StatusOr<v1::JobConfig> config = LoadJobConfigFile(config_path);
-  if (!config.ok()) {
-    std::fprintf(stderr, "varipipe-profile: %s\n", std::string(config.status().message()).c_str());
-    return kExitUsage;
-  }
-  absl::StatusOr<executor::ModelSpec> spec = executor::ModelSpecFromConfig(*config);
-  if (!spec.ok()) {
-    std::fprintf(stderr, "varipipe-profile: %s: %s\n", config_path.c_str(),
-                 std::string(spec.status().message()).c_str());
-    return kExitUsage;
-  }
+// The measurement settings from the flags and the config; `device` receives
+// the device's name. An error is a usage error.
+absl::StatusOr<executor::ProfileSettings> SettingsFromFlags(const v1::JobConfig& config,
+                                                            const executor::LaunchEnv& env,
+                                                            std::string* device) {
   const bool quick = absl::GetFlag(FLAGS_quick);
   executor::ProfileSettings settings;
   settings.warmup = absl::GetFlag(FLAGS_warmup);
   settings.repeats =
       quick ? std::min(3, absl::GetFlag(FLAGS_repeats)) : absl::GetFlag(FLAGS_repeats);
-  absl::StatusOr<executor::LaunchEnv> env = executor::ReadLaunchEnv();
-  if (!env.ok()) {
-    std::fprintf(stderr, "varipipe-profile: %s\n", std::string(env.status().message()).c_str());
-    return kExitUsage;
-  }
-  std::string device = absl::GetFlag(FLAGS_device);
-  if (device == "auto") {
-    device = torch::cuda::is_available() ? absl::StrCat("cuda:", env->local_rank) : "cpu";
+  *device = absl::GetFlag(FLAGS_device);
+  if (*device == "auto") {
+    *device = torch::cuda::is_available() ? absl::StrCat("cuda:", env.local_rank) : "cpu";
   }
   try {
-    settings.device = torch::Device(device);
+    settings.device = torch::Device(*device);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "varipipe-profile: --device: '%s' is not a device (cpu, cuda:N)\n",
-                 device.c_str());
-    return kExitUsage;
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device: '", *device, "' is not a device (cpu, cuda:N)"));
   }
   if (settings.device.is_cuda()) {
-    const v1::DType dtype = config->model().dtype();
+    const v1::DType dtype = config.model().dtype();
     if (dtype == v1::BFLOAT16) settings.cuda_autocast_dtype = torch::kBFloat16;
     if (dtype == v1::FLOAT16) settings.cuda_autocast_dtype = torch::kHalf;
   } else {
     executor::InstallCountingCpuAllocator();
     torch::set_num_threads(std::max(1, absl::GetFlag(FLAGS_threads)));
   }
-  // Several ranks: transfers first, then rank 0 alone profiles the rest.
-  std::optional<v1::CommunicationCosts> communication;
-  if (env->world_size > 1) {
-    absl::StatusOr<std::optional<v1::CommunicationCosts>> measured =
-        MeasureTransfers(*env, *config, settings.device, out_path, quick, shutdown);
-    if (!measured.ok()) {
-      spdlog::error("measuring transfers: {}", std::string(measured.status().message()));
-      return kExitFailure;
-    }
-    if (env->rank != 0) return kExitOk;
-    communication = *measured;
-  } else {
-    communication = EarlierCommunication(out_path);
-    if (communication.has_value()) {
-      spdlog::info("keeping the transfer costs of {} ({})", out_path, communication->transport());
-    } else {
-      spdlog::info("one rank: no transfer costs measured (launch on two or more ranks for them)");
-    }
-  }
-  absl::StatusOr<v1::OptimizerCosts> optimizer =
-      executor::MeasureOptimizer(*spec, *config, settings.device, settings.repeats);
-  if (!optimizer.ok()) {
-    spdlog::error("{}", std::string(optimizer.status().message()));
-    return kExitFailure;
-  }
-  spdlog::info("optimizer step ({}): {:.3f} ms + {:.3f} ms per million parameters",
-               optimizer->optimizer(), optimizer->fixed_ms(),
-               optimizer->ms_per_million_parameters());
-  std::vector<v1::RecomputeMode> modes;
-  for (int m : config->planner().recompute_modes())
-    modes.push_back(static_cast<v1::RecomputeMode>(m));
-  if (modes.empty()) modes = {v1::RECOMPUTE_NONE, v1::RECOMPUTE_SELECTIVE, v1::RECOMPUTE_FULL};
-  const std::vector<Grid> grids = Grids(*config, quick);
-  const uint64_t cap = TokenCap(*config);
+  return settings;
+}
 
-  // What to measure, in order.
+// Every grid point to measure, in order: a component's points one after
+// another (its parameters are built once).
+std::vector<PointKey> PointsToMeasure(const std::vector<Grid>& grids,
+                                      const std::vector<v1::RecomputeMode>& modes, uint64_t cap) {
   std::vector<PointKey> todo;
   for (const Grid& g : grids) {
     const std::vector<v1::RecomputeMode> measured =
@@ -411,30 +363,22 @@ int Run(const ShutdownSignal& shutdown) {
       }
     }
   }
-  const std::string header =
-      absl::StrCat("# varipipe-profile v1 ", device, " threads=", absl::GetFlag(FLAGS_threads),
-                   " repeats=", settings.repeats, " quick=", quick,
-                   " model=", config->model().ShortDebugString(), " points=", todo.size());
-  PartialFile partial(out_path + ".partial", header);
-  std::map<PointKey, executor::PointCosts> done = partial.Load();
-  if (!partial.Open(done)) {
-    std::fprintf(stderr, "varipipe-profile: cannot write %s.partial\n", out_path.c_str());
-    return kExitFailure;
-  }
-  spdlog::info("profiling {} grid points on {} ({} already measured in {}.partial)", todo.size(),
-               device, done.size(), out_path);
+  return todo;
+}
 
-  // The points of a component come one after another (todo's order): its
-  // parameters are built once.
+// Measures the points of `todo` not in `done` into it (and the partial
+// file), logging progress every 5 s. CANCELLED on a signal.
+absl::Status MeasureAll(const std::vector<PointKey>& todo, const executor::ModelSpec& spec,
+                        const executor::ProfileSettings& settings, const ShutdownSignal& shutdown,
+                        PartialFile& partial, std::map<PointKey, executor::PointCosts>& done) {
   executor::ComponentCache parameters;
   const absl::Time start = absl::Now();
   size_t measured_now = 0;
   absl::Time last_report = start;
   for (size_t i = 0; i < todo.size(); ++i) {
     if (shutdown.Requested()) {
-      spdlog::warn("stopped by a signal after {} of {} points; run again to continue", done.size(),
-                   todo.size());
-      return kExitFailure;
+      return absl::CancelledError(absl::StrCat("stopped by a signal after ", done.size(), " of ",
+                                               todo.size(), " points; run again to continue"));
     }
     const PointKey& key = todo[i];
     if (done.count(key) > 0) continue;
@@ -445,13 +389,12 @@ int Run(const ShutdownSignal& shutdown) {
     point.encoder_len = std::get<3>(key);
     point.seq_len = std::get<4>(key);
     absl::StatusOr<executor::PointCosts> costs =
-        executor::MeasurePoint(*spec, point, settings, &parameters);
+        executor::MeasurePoint(spec, point, settings, &parameters);
     if (absl::IsResourceExhausted(costs.status())) {
       spdlog::warn("{}: infeasible", std::string(costs.status().message()));
       costs = executor::PointCosts{kInf, kInf, kInf, kInf};
     } else if (!costs.ok()) {
-      spdlog::error("{}", std::string(costs.status().message()));
-      return kExitFailure;
+      return costs.status();
     }
     done[key] = *costs;
     partial.Append(key, *costs);
@@ -468,18 +411,14 @@ int Run(const ShutdownSignal& shutdown) {
                    Duration(elapsed), Duration(elapsed / measured_now * left));
     }
   }
+  return absl::OkStatus();
+}
 
-  // The file: one grid per component and recompute mode.
-  v1::CostModelFile file;
-  file.set_format_version(1);
-  file.set_description(absl::StrCat(
-      "varipipe-profile on ", device, " (LibTorch ", executor::TorchVersion(), ", ",
-      absl::GetFlag(FLAGS_threads), " threads), ",
-      absl::FormatTime("%Y-%m-%d", absl::Now(), absl::UTCTimeZone()), quick ? ", quick grid" : ""));
-  *file.mutable_model() = config->model();
-  if (communication.has_value()) *file.mutable_communication() = *communication;
-  *file.mutable_optimizer() = *optimizer;
-  int repaired = 0;
+// One grid per component and recompute mode; `repaired` counts the values
+// raised to keep them monotone (the planner's documented rule).
+void AddGrids(const std::vector<Grid>& grids, const std::vector<v1::RecomputeMode>& modes,
+              const std::map<PointKey, executor::PointCosts>& done, const executor::ModelSpec& spec,
+              v1::CostModelFile& file, int& repaired) {
   for (const Grid& g : grids) {
     // The attention core is tabulated without recomputation; the planner
     // derives the other modes (cost_model.h).
@@ -511,7 +450,6 @@ int Run(const ShutdownSignal& shutdown) {
           }
         }
       }
-      // The DP's monotonicity, by the planner's documented rule.
       for (std::vector<double>* v : {&fw, &bw, &stored, &peak}) {
         repaired += RaiseToRunningMaxima(
             g.b, g.component == v1::DECODER_LAYER ? g.e : std::vector<uint32_t>{}, g.s, *v);
@@ -526,26 +464,142 @@ int Run(const ShutdownSignal& shutdown) {
     if (g.component == v1::ATTENTION_CORE) continue;  // part of a layer
     v1::ComponentParameters* p = file.add_parameters();
     p->set_component(g.component);
-    p->set_parameters(executor::ComponentParameters(*spec, g.component));
+    p->set_parameters(executor::ComponentParameters(spec, g.component));
   }
+}
+
+// The file as JSON, written to a temporary file and renamed.
+absl::Status WriteCostModel(const v1::CostModelFile& file, const std::string& out_path) {
   std::string json;
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = true;
   options.preserve_proto_field_names = true;
   if (!google::protobuf::util::MessageToJsonString(file, &json, options).ok()) {
-    spdlog::error("cannot render the cost model as JSON");
-    return kExitFailure;
+    return absl::InternalError("cannot render the cost model as JSON");
   }
   const std::string temporary = out_path + ".tmp";
   {
     std::ofstream out(temporary, std::ios::trunc);
     out << json;
-    if (!out.good()) {
-      spdlog::error("cannot write {}", temporary);
-      return kExitFailure;
-    }
+    if (!out.good()) return absl::UnavailableError(absl::StrCat("cannot write ", temporary));
   }
   std::filesystem::rename(temporary, out_path);
+  return absl::OkStatus();
+}
+
+// Transfer costs: measured over the ranks (then only rank 0 goes on:
+// `*rank_done`), or kept from an earlier run's file on one rank.
+absl::StatusOr<std::optional<v1::CommunicationCosts>> Communication(
+    const executor::LaunchEnv& env, const v1::JobConfig& config, torch::Device device,
+    const std::string& out_path, bool quick, const ShutdownSignal& shutdown, bool* rank_done) {
+  *rank_done = false;
+  if (env.world_size > 1) {
+    absl::StatusOr<std::optional<v1::CommunicationCosts>> measured =
+        MeasureTransfers(env, config, device, out_path, quick, shutdown);
+    if (!measured.ok()) return Annotate(measured.status(), "measuring transfers");
+    *rank_done = env.rank != 0;
+    return measured;
+  }
+  std::optional<v1::CommunicationCosts> earlier = EarlierCommunication(out_path);
+  if (earlier.has_value()) {
+    spdlog::info("keeping the transfer costs of {} ({})", out_path, earlier->transport());
+  } else {
+    spdlog::info("one rank: no transfer costs measured (launch on two or more ranks for them)");
+  }
+  return earlier;
+}
+
+int Run(const ShutdownSignal& shutdown) {
+  const std::string config_path = absl::GetFlag(FLAGS_config);
+  const std::string out_path = absl::GetFlag(FLAGS_out);
+  if (config_path.empty() || out_path.empty()) {
+    std::fprintf(stderr, "varipipe-profile: --config and --out are required (try --help)\n");
+    return kExitUsage;
+  }
+  absl::StatusOr<v1::JobConfig> config = LoadJobConfigFile(config_path);
+  if (!config.ok()) {
+    std::fprintf(stderr, "varipipe-profile: %s\n", std::string(config.status().message()).c_str());
+    return kExitUsage;
+  }
+  absl::StatusOr<executor::ModelSpec> spec = executor::ModelSpecFromConfig(*config);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "varipipe-profile: %s: %s\n", config_path.c_str(),
+                 std::string(spec.status().message()).c_str());
+    return kExitUsage;
+  }
+  absl::StatusOr<executor::LaunchEnv> env = executor::ReadLaunchEnv();
+  if (!env.ok()) {
+    std::fprintf(stderr, "varipipe-profile: %s\n", std::string(env.status().message()).c_str());
+    return kExitUsage;
+  }
+  std::string device;
+  absl::StatusOr<executor::ProfileSettings> settings = SettingsFromFlags(*config, *env, &device);
+  if (!settings.ok()) {
+    std::fprintf(stderr, "varipipe-profile: %s\n",
+                 std::string(settings.status().message()).c_str());
+    return kExitUsage;
+  }
+  const bool quick = absl::GetFlag(FLAGS_quick);
+  // Several ranks: transfers first, then rank 0 alone profiles the rest.
+  bool rank_done = false;
+  absl::StatusOr<std::optional<v1::CommunicationCosts>> communication =
+      Communication(*env, *config, settings->device, out_path, quick, shutdown, &rank_done);
+  if (!communication.ok()) {
+    spdlog::error("{}", std::string(communication.status().message()));
+    return kExitFailure;
+  }
+  if (rank_done) return kExitOk;
+  absl::StatusOr<v1::OptimizerCosts> optimizer =
+      executor::MeasureOptimizer(*spec, *config, settings->device, settings->repeats);
+  if (!optimizer.ok()) {
+    spdlog::error("{}", std::string(optimizer.status().message()));
+    return kExitFailure;
+  }
+  spdlog::info("optimizer step ({}): {:.3f} ms + {:.3f} ms per million parameters",
+               optimizer->optimizer(), optimizer->fixed_ms(),
+               optimizer->ms_per_million_parameters());
+  std::vector<v1::RecomputeMode> modes;
+  for (int m : config->planner().recompute_modes())
+    modes.push_back(static_cast<v1::RecomputeMode>(m));
+  if (modes.empty()) modes = {v1::RECOMPUTE_NONE, v1::RECOMPUTE_SELECTIVE, v1::RECOMPUTE_FULL};
+  const std::vector<Grid> grids = Grids(*config, quick);
+  const std::vector<PointKey> todo = PointsToMeasure(grids, modes, TokenCap(*config));
+  const std::string header =
+      absl::StrCat("# varipipe-profile v1 ", device, " threads=", absl::GetFlag(FLAGS_threads),
+                   " repeats=", settings->repeats, " quick=", quick,
+                   " model=", config->model().ShortDebugString(), " points=", todo.size());
+  PartialFile partial(out_path + ".partial", header);
+  std::map<PointKey, executor::PointCosts> done = partial.Load();
+  if (!partial.Open(done)) {
+    std::fprintf(stderr, "varipipe-profile: cannot write %s.partial\n", out_path.c_str());
+    return kExitFailure;
+  }
+  spdlog::info("profiling {} grid points on {} ({} already measured in {}.partial)", todo.size(),
+               device, done.size(), out_path);
+  const absl::Time start = absl::Now();
+  if (absl::Status s = MeasureAll(todo, *spec, *settings, shutdown, partial, done); !s.ok()) {
+    if (absl::IsCancelled(s)) {
+      spdlog::warn("{}", std::string(s.message()));
+    } else {
+      spdlog::error("{}", std::string(s.message()));
+    }
+    return kExitFailure;
+  }
+  v1::CostModelFile file;
+  file.set_format_version(1);
+  file.set_description(absl::StrCat(
+      "varipipe-profile on ", device, " (LibTorch ", executor::TorchVersion(), ", ",
+      absl::GetFlag(FLAGS_threads), " threads), ",
+      absl::FormatTime("%Y-%m-%d", absl::Now(), absl::UTCTimeZone()), quick ? ", quick grid" : ""));
+  *file.mutable_model() = config->model();
+  if (communication->has_value()) *file.mutable_communication() = **communication;
+  *file.mutable_optimizer() = *optimizer;
+  int repaired = 0;
+  AddGrids(grids, modes, done, *spec, file, repaired);
+  if (absl::Status s = WriteCostModel(file, out_path); !s.ok()) {
+    spdlog::error("{}", std::string(s.message()));
+    return kExitFailure;
+  }
   partial.Remove();
   spdlog::info(
       "wrote {}: {} grid points measured in {} ({} values raised to keep the grid "
