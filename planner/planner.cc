@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "common/config/rank_layout.h"
 #include "common/dataset/loss_tokens.h"
 #include "planner/comm/comm_planner.h"
 #include "planner/cost/cost_model_io.h"
@@ -201,6 +202,7 @@ class Search {
   const MiniBatch& mini_batch_;
   uint32_t p_ = 1;
   uint32_t dp_ = 1;
+  RankLayout ranks_;
   ModelDims dims_;
   StageLayout layout_;
   LengthPolicy policy_;
@@ -228,6 +230,7 @@ absl::Status Search::Init() {
   }
   p_ = c_.parallelism().pipeline();
   dp_ = c_.parallelism().data();
+  ranks_ = RankLayout::Of(c_.parallelism());
   dims_ = ModelDimsFromConfig(c_.model());
   absl::StatusOr<StageLayout> layout = JobStageLayout(c_);
   if (!layout.ok()) return layout.status();
@@ -389,7 +392,7 @@ ReplicaTimeline Search::ScheduleReplica(const Candidate& cand, uint32_t r) const
   const std::optional<CommunicationCosts>& measured = model_.communication();
   const ClusterNetwork network{
       .devices_per_node = c_.cluster().devices_per_node(),
-      .first_device = r * p_,
+      .first_device = static_cast<uint32_t>(ranks_.Rank(r, 0)),
       .intra_node = measured.has_value()
                         ? Link{measured->p2p.latency_ms, measured->p2p.bytes_per_ms}
                         : MakeLink(c_.cluster().intra_node_latency_us(),
@@ -573,7 +576,7 @@ void Search::Judge(Candidate& cand) const {
     for (double busy : t.sim.busy_ms) {
       cand.report.busiest_device_ms = std::max(cand.report.busiest_device_ms, busy);
     }
-    for (uint32_t d = 0; d < p_; ++d) cand.peak_per_rank[r * p_ + d] = t.sim.peak_bytes[d];
+    for (uint32_t d = 0; d < p_; ++d) cand.peak_per_rank[ranks_.Rank(r, d)] = t.sim.peak_bytes[d];
   }
   cand.report.makespan_ms = makespan;
   cand.report.bubble_fraction = bubble / dp_;
@@ -882,10 +885,8 @@ absl::Status Search::Validate(const Candidate& best, std::span<const v1::Executi
   const std::vector<double> limits = RankLimits(*best.micro_batching);
   // Each rank's plan replayed with its replica's costs (memory_replay.h).
   std::vector<const StageCostTable*> rank_costs(plans.size(), nullptr);
-  for (uint32_t r = 0; r < dp_; ++r) {
-    for (uint32_t d = 0; d < p_; ++d) {
-      if (r * p_ + d < rank_costs.size()) rank_costs[r * p_ + d] = &best.replicas[r].costs;
-    }
+  for (size_t rank = 0; rank < rank_costs.size(); ++rank) {
+    rank_costs[rank] = &best.replicas[ranks_.DpRank(static_cast<int>(rank))].costs;
   }
   absl::Status s = ValidatePlans(plans, best.peak_per_rank, limits, options_.threads, rank_costs);
   validation_ms_ = MsSince(t);

@@ -28,6 +28,7 @@
 #include "common/checkpoint/hf_checkpoint.h"
 #include "common/config/job_config.h"
 #include "common/config/layer_layout.h"
+#include "common/config/rank_layout.h"
 #include "common/dataset/minibatch_sampler.h"
 #include "common/dataset/sample_dataset.h"
 #include "common/grpc/client_channel.h"
@@ -175,7 +176,6 @@ absl::StatusOr<executor::TransportOptions> MeetingPoint(
     const v1::JobConfig& config, const executor::LaunchEnv& env,
     const executor::RankCoordinates& coordinates, const executor::DeviceChoice& device,
     const std::string& planner_store_address) {
-  const uint32_t pp = config.parallelism().pipeline();
   executor::TransportOptions transport_options;
   std::string address = absl::GetFlag(FLAGS_redis);
   std::string store_file_password;
@@ -215,13 +215,11 @@ absl::StatusOr<executor::TransportOptions> MeetingPoint(
         absl::StrCat("--transport: '", transport, "' is not one of auto, gloo"));
   }
   transport_options.gloo_on_gpu = transport == "gloo";
-  for (int k = 0; k < static_cast<int>(pp); ++k) {
-    const int peer = coordinates.dp_rank * static_cast<int>(pp) + k;
+  const RankLayout ranks = RankLayout::Of(config.parallelism());
+  for (int peer : ranks.PipelineGroup(coordinates.dp_rank)) {
     if (peer != env.rank) transport_options.peers.push_back(peer);
   }
-  for (uint32_t d = 0; d < config.parallelism().data(); ++d) {
-    transport_options.data_parallel_group.push_back(static_cast<int>(d * pp) + coordinates.pp_rank);
-  }
+  transport_options.data_parallel_group = ranks.DataParallelGroup(coordinates.pp_rank);
   return transport_options;
 }
 

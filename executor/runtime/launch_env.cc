@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/config/job_config.h"
+#include "common/config/rank_layout.h"
 
 namespace varipipe::executor {
 namespace {
@@ -86,9 +87,10 @@ absl::StatusOr<RankCoordinates> ComputeCoordinates(const LaunchEnv& env,
         config.parallelism().data(), ") x parallelism.tensor (", config.parallelism().tensor(),
         ") = ", expected));
   }
-  const int pipeline = static_cast<int>(config.parallelism().pipeline());
-  return RankCoordinates{
-      .rank = env.rank, .dp_rank = env.rank / pipeline, .pp_rank = env.rank % pipeline};
+  const RankLayout layout = RankLayout::Of(config.parallelism());
+  return RankCoordinates{.rank = env.rank,
+                         .dp_rank = static_cast<int>(layout.DpRank(env.rank)),
+                         .pp_rank = static_cast<int>(layout.PpRank(env.rank))};
 }
 
 std::string LaunchId() {

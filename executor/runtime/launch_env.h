@@ -7,9 +7,7 @@
 //   mpirun (Open MPI):     OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE,
 //                          OMPI_COMM_WORLD_LOCAL_RANK
 //
-// Rank layout (tensor parallel = 1): rank = dp_rank * pipeline + pp_rank, so
-// the stages of one pipeline replica are consecutive ranks (and share a node
-// when devices_per_node is a multiple of the pipeline degree).
+// Rank layout: common/config/rank_layout.h.
 #ifndef VARIPIPE_EXECUTOR_RUNTIME_LAUNCH_ENV_H_
 #define VARIPIPE_EXECUTOR_RUNTIME_LAUNCH_ENV_H_
 

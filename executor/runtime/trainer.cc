@@ -175,10 +175,9 @@ void Trainer::MakeInterpreter() {
   options.wait_timeout = absl::Seconds(config.training().watchdog_timeout_s());
   options.device = torch::Device(c_.device.name);
   options.device_timing = options_.device_timing;
-  const int replica_base = c_.coordinates.dp_rank * static_cast<int>(pp_);
-  for (uint32_t k = 0; k < pp_; ++k) {
-    options.pipeline_group.push_back(replica_base + static_cast<int>(k));
-  }
+  const RankLayout ranks = RankLayout::Of(config.parallelism());
+  options.pipeline_group = ranks.PipelineGroup(c_.coordinates.dp_rank);
+  const int replica_base = ranks.Rank(c_.coordinates.dp_rank, 0);
   // One stage per rank when parameters are shared (the config refuses
   // interleaved stages then).
   for (const auto& [id, stage] : by_id_) {

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/config/layer_layout.h"
+#include "common/config/rank_layout.h"
 #include "common/dataset/sample_dataset.h"
 #include "common/shutdown_signal.h"
 #include "executor/comm/transport_factory.h"

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/config/rank_layout.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "planner/parallel.h"
@@ -35,9 +36,8 @@ class RankPlanBuilder {
     if (absl::Status s = AddInstructions(); !s.ok()) return s;
     v1::Instruction* reduce = plan_.add_instructions();
     for (uint32_t s : plan_.stages()) reduce->mutable_all_reduce()->add_stages(s);
-    for (uint32_t r = 0; r < o_.data_parallel; ++r) {
-      reduce->mutable_all_reduce()->add_group_ranks(
-          static_cast<int32_t>(r * o_.pipeline + device_));
+    for (int r : Ranks().DataParallelGroup(device_)) {
+      reduce->mutable_all_reduce()->add_group_ranks(r);
     }
     v1::Instruction* step = plan_.add_instructions();
     for (uint32_t s : plan_.stages()) step->mutable_optimizer_step()->add_stages(s);
@@ -139,9 +139,8 @@ class RankPlanBuilder {
     return absl::OkStatus();
   }
 
-  int32_t RankOf(uint32_t device) const {
-    return static_cast<int32_t>(dp_rank_ * o_.pipeline + device);
-  }
+  RankLayout Ranks() const { return {.pipeline = o_.pipeline, .data = o_.data_parallel}; }
+  int32_t RankOf(uint32_t device) const { return Ranks().Rank(dp_rank_, device); }
   uint32_t Stages() const { return replica_.shape.stages(); }
   bool IsDecoder(uint32_t stage) const { return o_.encoder_decoder && stage >= o_.encoder_stages; }
 

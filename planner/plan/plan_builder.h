@@ -17,7 +17,7 @@
 // last stage. A compute op reads received tensors in transfer order, then
 // loaded ones.
 //
-// Global rank = dp_rank * pipeline + pp_rank; the stages a rank holds are
+// Global rank: common/config/rank_layout.h; the stages a rank holds are
 // pp_rank, pp_rank + pipeline, ... (looped placement). Serialization of the
 // result is deterministic.
 #ifndef VARIPIPE_PLANNER_PLAN_PLAN_BUILDER_H_
