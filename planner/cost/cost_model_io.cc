@@ -82,16 +82,16 @@ absl::Status AddGrid(const v1::CostGrid& grid, int g, const std::string& source,
   if (grid.recompute() == v1::RECOMPUTE_MODE_UNSPECIFIED) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": recompute must be set"));
   }
-  const size_t points = static_cast<size_t>(grid.micro_batch_sizes_size()) *
-                        grid.seq_lens_size() * std::max(1, grid.encoder_seq_lens_size());
+  const size_t points = static_cast<size_t>(grid.micro_batch_sizes_size()) * grid.seq_lens_size() *
+                        std::max(1, grid.encoder_seq_lens_size());
   for (const auto& [name, size] :
        {std::pair<const char*, int>{"forward_ms", grid.forward_ms_size()},
         {"backward_ms", grid.backward_ms_size()},
         {"stored_activation_mib", grid.stored_activation_mib_size()},
         {"peak_activation_mib", grid.peak_activation_mib_size()}}) {
     if (static_cast<size_t>(size) != points) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ".", name, ": ", size,
-                                                     " values for a grid of ", points, " points"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".", name, ": ", size, " values for a grid of ", points, " points"));
     }
   }
   const std::vector<uint32_t> b(grid.micro_batch_sizes().begin(), grid.micro_batch_sizes().end());
@@ -121,13 +121,12 @@ absl::Status AddGrid(const v1::CostGrid& grid, int g, const std::string& source,
   for (size_t i = 0; i < points; ++i) {
     values[i] = {columns[0][i], columns[1][i], columns[2][i] * kMiB, columns[3][i] * kMiB};
   }
-  absl::StatusOr<ProfileGrid> profile =
-      ProfileGrid::Create(b, sl, e, std::move(values),
-                          absl::StrCat(where, " (", ComponentName(*component), ")"));
+  absl::StatusOr<ProfileGrid> profile = ProfileGrid::Create(
+      b, sl, e, std::move(values), absl::StrCat(where, " (", ComponentName(*component), ")"));
   if (!profile.ok()) return profile.status();
-  if (absl::Status s = model.SetGrid(*component, RecomputeFromProto(grid.recompute()),
-                                     std::max<uint32_t>(1, grid.tensor_parallel()),
-                                     *std::move(profile));
+  if (absl::Status s =
+          model.SetGrid(*component, RecomputeFromProto(grid.recompute()),
+                        std::max<uint32_t>(1, grid.tensor_parallel()), *std::move(profile));
       !s.ok()) {
     return Annotate(s, where);
   }

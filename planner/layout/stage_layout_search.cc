@@ -256,8 +256,8 @@ class LayoutSearch {
     for (auto& [layers, origin] : proposed) {
       if (static_cast<int>(candidates_.size()) > options_.max_candidates) break;
       if (!Seen(layers)) {
-        candidates_.push_back(
-            LayoutCandidate{.layers = std::move(layers), .origin = std::move(origin), .reason = ""});
+        candidates_.push_back(LayoutCandidate{
+            .layers = std::move(layers), .origin = std::move(origin), .reason = ""});
       }
     }
   }
@@ -344,10 +344,10 @@ class LayoutSearch {
   PlanReport SamplesAlone() const {
     const v1::PlannerConfig& config = planner_.config().planner();
     PlanReport alone;
-    alone.recompute = RecomputeName(config.recompute_modes().empty()
-                                        ? Recompute::kNone
-                                        : RecomputeFromProto(static_cast<v1::RecomputeMode>(
-                                              config.recompute_modes(0))));
+    alone.recompute = RecomputeName(
+        config.recompute_modes().empty()
+            ? Recompute::kNone
+            : RecomputeFromProto(static_cast<v1::RecomputeMode>(config.recompute_modes(0))));
     for (const MiniBatch& mb : sample_) {
       for (const SampleLengths& l : mb.lengths) {
         PlanReport::MicroBatchShape shape;
@@ -365,9 +365,9 @@ class LayoutSearch {
   std::vector<std::pair<double, LayerLayout>> Balanced(uint32_t stages) const {
     std::vector<std::pair<double, LayerLayout>> balanced;
     if (!t5_) {
-      balanced.emplace_back(0, GptLayout(StackSplit(counts_.encoder_layers, stages,
-                                                    work_.encoder_layer, work_.encoder_embedding,
-                                                    work_.postprocess)));
+      balanced.emplace_back(
+          0, GptLayout(StackSplit(counts_.encoder_layers, stages, work_.encoder_layer,
+                                  work_.encoder_embedding, work_.postprocess)));
       return balanced;
     }
     for (uint32_t e = 1; e < stages; ++e) {
