@@ -59,8 +59,8 @@ class MemoryLedger {
     }
   }
   uint32_t devices_;
-  std::vector<std::vector<Change>> own_;       // per device
-  std::vector<std::vector<Change>> received_;  // [device * devices + from]
+  std::vector<std::vector<Change>> own_;        // per device
+  std::vector<std::vector<Change>> received_;   // [device * devices + from]
   std::vector<std::vector<uint32_t>> senders_;  // per device: the `from`s it received from
 };
 
