@@ -649,7 +649,10 @@ absl::StatusOr<JobConfig> ParseJobConfigJson(absl::string_view json, absl::strin
   return config;
 }
 
-void ApplyJobConfigDefaults(JobConfig& config) {
+namespace {
+
+// model.*: the architecture's defaults.
+void ApplyModelDefaults(JobConfig& config) {
   v1::ModelConfig& m = *config.mutable_model();
   if (m.kind() == v1::T5 && m.num_decoder_layers() == 0) m.set_num_decoder_layers(m.num_layers());
   if (m.kv_channels() == 0 && m.num_attention_heads() != 0 &&
@@ -689,7 +692,11 @@ void ApplyJobConfigDefaults(JobConfig& config) {
   if (m.packed_attention() == v1::PACKED_ATTENTION_UNSPECIFIED) {
     m.set_packed_attention(v1::FASTEST_PER_MICRO_BATCH);
   }
+}
 
+// parallelism.*, cluster.* and data.*.
+void ApplyLayoutAndDataDefaults(JobConfig& config) {
+  const v1::ModelConfig& m = config.model();
   v1::ParallelismConfig& p = *config.mutable_parallelism();
   if (p.pipeline() == 0) p.set_pipeline(1);
   if (p.data() == 0) p.set_data(1);
@@ -712,10 +719,12 @@ void ApplyJobConfigDefaults(JobConfig& config) {
   if (d.format() == v1::SYNTHETIC && d.synthetic_num_samples() == 0) {
     d.set_synthetic_num_samples(1000000);
   }
+}
 
+// planner.*. The default search is everything that can win (planner.h):
+// every partition method and every schedule valid for the job.
+void ApplyPlannerDefaults(JobConfig& config) {
   v1::PlannerConfig& pl = *config.mutable_planner();
-  // The default search is everything that can win (planner.h): every
-  // partition method and every schedule valid for the job.
   if (pl.partition_methods().empty()) {
     for (v1::PartitionMethod method :
          {v1::DYNAMIC_PROGRAMMING, v1::PACKING, v1::TOKEN_BASED, v1::FIXED_SIZE, v1::PADDING}) {
@@ -744,7 +753,10 @@ void ApplyJobConfigDefaults(JobConfig& config) {
   if (pl.kfkb_k() == 0) pl.set_kfkb_k(2);
   if (pl.sample_order() == v1::SAMPLE_ORDER_UNSPECIFIED) pl.set_sample_order(v1::LENGTH_SORT);
   if (!pl.has_dp_packed_rows()) pl.set_dp_packed_rows(true);
+}
 
+// store.* and training.*.
+void ApplyStoreAndTrainingDefaults(JobConfig& config) {
   v1::StoreConfig& s = *config.mutable_store();
   if (s.password_env().empty()) s.set_password_env("VARIPIPE_REDIS_PASSWORD");
   if (s.key_prefix().empty()) s.set_key_prefix("varipipe");
@@ -759,6 +771,15 @@ void ApplyJobConfigDefaults(JobConfig& config) {
   if (!t.has_gradient_clip_norm()) t.set_gradient_clip_norm(1.0);
   if (t.checkpoint_interval() == 0) t.set_checkpoint_interval(100);
   if (t.watchdog_timeout_s() == 0) t.set_watchdog_timeout_s(300);
+}
+
+}  // namespace
+
+void ApplyJobConfigDefaults(JobConfig& config) {
+  ApplyModelDefaults(config);
+  ApplyLayoutAndDataDefaults(config);
+  ApplyPlannerDefaults(config);
+  ApplyStoreAndTrainingDefaults(config);
 }
 
 std::vector<std::string> JobConfigErrors(const JobConfig& config) {

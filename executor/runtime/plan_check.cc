@@ -377,66 +377,12 @@ class PlanChecker {
 
   absl::Status CheckInstruction(const v1::Instruction& in, uint64_t* named_buffers) {
     switch (in.op_case()) {
-      case v1::Instruction::kLoadInput: {
-        if (absl::Status s = CheckMicroBatchAndStage(in); !s.ok()) return s;
-        const v1::LoadInput& load = in.load_input();
-        if (load.buffer_ids().empty()) return Error("load_input.buffer_ids", "is empty");
-        if (load.contents_size() != load.buffer_ids_size()) {
-          return Error("load_input.contents",
-                       absl::StrCat("has ", load.contents_size(), " entries but buffer_ids has ",
-                                    load.buffer_ids_size()));
-        }
-        for (int k = 0; k < load.contents_size(); ++k) {
-          const int content = load.contents(k);
-          if (content <= v1::LoadInput::CONTENT_UNSPECIFIED || content > v1::LoadInput::LABELS) {
-            return Error(absl::StrCat("load_input.contents[", k, "]"),
-                         absl::StrCat("is ", content,
-                                      " (expected INPUT_TOKENS, "
-                                      "DECODER_INPUT_TOKENS or LABELS)"));
-          }
-        }
-        if (absl::Status s = CheckIds("load_input.buffer_ids", load.buffer_ids(), named_buffers);
-            !s.ok()) {
-          return s;
-        }
-        return CheckSpecs("load_input.tensors", load.tensors(), load.buffer_ids_size(),
-                          /*tokens=*/true, plan_.micro_batches(static_cast<int>(in.micro_batch())));
-      }
-      case v1::Instruction::kForward: {
-        if (absl::Status s = CheckMicroBatchAndStage(in); !s.ok()) return s;
-        const v1::ForwardPass& f = in.forward();
-        if (f.input_buffer_ids().empty()) return Error("forward.input_buffer_ids", "is empty");
-        if (absl::Status s =
-                CheckIds("forward.input_buffer_ids", f.input_buffer_ids(), named_buffers);
-            !s.ok()) {
-          return s;
-        }
-        if (absl::Status s =
-                CheckIds("forward.output_buffer_ids", f.output_buffer_ids(), named_buffers);
-            !s.ok()) {
-          return s;
-        }
-        return CheckSpecs("forward.output_tensors", f.output_tensors(), f.output_buffer_ids_size(),
-                          /*tokens=*/false,
-                          plan_.micro_batches(static_cast<int>(in.micro_batch())));
-      }
-      case v1::Instruction::kBackward: {
-        if (absl::Status s = CheckMicroBatchAndStage(in); !s.ok()) return s;
-        const v1::BackwardPass& b = in.backward();
-        if (absl::Status s = CheckIds("backward.output_grad_buffer_ids", b.output_grad_buffer_ids(),
-                                      named_buffers);
-            !s.ok()) {
-          return s;
-        }
-        if (absl::Status s = CheckIds("backward.input_grad_buffer_ids", b.input_grad_buffer_ids(),
-                                      named_buffers);
-            !s.ok()) {
-          return s;
-        }
-        return CheckSpecs("backward.input_grad_tensors", b.input_grad_tensors(),
-                          b.input_grad_buffer_ids_size(), /*tokens=*/false,
-                          plan_.micro_batches(static_cast<int>(in.micro_batch())));
-      }
+      case v1::Instruction::kLoadInput:
+        return CheckLoad(in, named_buffers);
+      case v1::Instruction::kForward:
+        return CheckForward(in, named_buffers);
+      case v1::Instruction::kBackward:
+        return CheckBackward(in, named_buffers);
       case v1::Instruction::kSendStart:
         return CheckTransfer(in, in.send_start(), named_buffers);
       case v1::Instruction::kSendWait:
@@ -449,22 +395,8 @@ class PlanChecker {
         if (in.free_buffer().buffer_ids().empty())
           return Error("free_buffer.buffer_ids", "is empty");
         return CheckIds("free_buffer.buffer_ids", in.free_buffer().buffer_ids(), named_buffers);
-      case v1::Instruction::kAllReduce: {
-        const v1::AllReduceGradients& reduce = in.all_reduce();
-        const Repeated<int32_t>& group = reduce.group_ranks();
-        bool self = false;
-        for (int k = 0; k < group.size(); ++k) {
-          if (group[k] < 0 || group[k] >= world_ || (k > 0 && group[k] <= group[k - 1])) {
-            return Error(absl::StrCat("all_reduce.group_ranks[", k, "]"),
-                         absl::StrCat("is ", group[k], " (ranks ascend, below ", world_, ")"));
-          }
-          self = self || group[k] == plan_.rank();
-        }
-        if (!group.empty() && !self) {
-          return Error("all_reduce.group_ranks", "does not contain this rank");
-        }
-        return CheckGroup("all_reduce.stages", reduce.stages());
-      }
+      case v1::Instruction::kAllReduce:
+        return CheckAllReduce(in.all_reduce());
       case v1::Instruction::kOptimizerStep:
         return CheckGroup("optimizer_step.stages", in.optimizer_step().stages());
       case v1::Instruction::kWeightGrad:
@@ -472,6 +404,84 @@ class PlanChecker {
       default:
         return Error("op", "is not set (an empty instruction)");
     }
+  }
+
+  absl::Status CheckLoad(const v1::Instruction& in, uint64_t* named_buffers) {
+    if (absl::Status s = CheckMicroBatchAndStage(in); !s.ok()) return s;
+    const v1::LoadInput& load = in.load_input();
+    if (load.buffer_ids().empty()) return Error("load_input.buffer_ids", "is empty");
+    if (load.contents_size() != load.buffer_ids_size()) {
+      return Error("load_input.contents",
+                   absl::StrCat("has ", load.contents_size(), " entries but buffer_ids has ",
+                                load.buffer_ids_size()));
+    }
+    for (int k = 0; k < load.contents_size(); ++k) {
+      const int content = load.contents(k);
+      if (content <= v1::LoadInput::CONTENT_UNSPECIFIED || content > v1::LoadInput::LABELS) {
+        return Error(absl::StrCat("load_input.contents[", k, "]"),
+                     absl::StrCat("is ", content,
+                                  " (expected INPUT_TOKENS, "
+                                  "DECODER_INPUT_TOKENS or LABELS)"));
+      }
+    }
+    if (absl::Status s = CheckIds("load_input.buffer_ids", load.buffer_ids(), named_buffers);
+        !s.ok()) {
+      return s;
+    }
+    return CheckSpecs("load_input.tensors", load.tensors(), load.buffer_ids_size(),
+                      /*tokens=*/true, plan_.micro_batches(static_cast<int>(in.micro_batch())));
+  }
+
+  absl::Status CheckForward(const v1::Instruction& in, uint64_t* named_buffers) {
+    if (absl::Status s = CheckMicroBatchAndStage(in); !s.ok()) return s;
+    const v1::ForwardPass& f = in.forward();
+    if (f.input_buffer_ids().empty()) return Error("forward.input_buffer_ids", "is empty");
+    if (absl::Status s = CheckIds("forward.input_buffer_ids", f.input_buffer_ids(), named_buffers);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s =
+            CheckIds("forward.output_buffer_ids", f.output_buffer_ids(), named_buffers);
+        !s.ok()) {
+      return s;
+    }
+    return CheckSpecs("forward.output_tensors", f.output_tensors(), f.output_buffer_ids_size(),
+                      /*tokens=*/false, plan_.micro_batches(static_cast<int>(in.micro_batch())));
+  }
+
+  absl::Status CheckBackward(const v1::Instruction& in, uint64_t* named_buffers) {
+    if (absl::Status s = CheckMicroBatchAndStage(in); !s.ok()) return s;
+    const v1::BackwardPass& b = in.backward();
+    if (absl::Status s =
+            CheckIds("backward.output_grad_buffer_ids", b.output_grad_buffer_ids(), named_buffers);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s =
+            CheckIds("backward.input_grad_buffer_ids", b.input_grad_buffer_ids(), named_buffers);
+        !s.ok()) {
+      return s;
+    }
+    return CheckSpecs("backward.input_grad_tensors", b.input_grad_tensors(),
+                      b.input_grad_buffer_ids_size(), /*tokens=*/false,
+                      plan_.micro_batches(static_cast<int>(in.micro_batch())));
+  }
+
+  // Ranks ascending, in the world, this rank among them; stages the plan's.
+  absl::Status CheckAllReduce(const v1::AllReduceGradients& reduce) {
+    const Repeated<int32_t>& group = reduce.group_ranks();
+    bool self = false;
+    for (int k = 0; k < group.size(); ++k) {
+      if (group[k] < 0 || group[k] >= world_ || (k > 0 && group[k] <= group[k - 1])) {
+        return Error(absl::StrCat("all_reduce.group_ranks[", k, "]"),
+                     absl::StrCat("is ", group[k], " (ranks ascend, below ", world_, ")"));
+      }
+      self = self || group[k] == plan_.rank();
+    }
+    if (!group.empty() && !self) {
+      return Error("all_reduce.group_ranks", "does not contain this rank");
+    }
+    return CheckGroup("all_reduce.stages", reduce.stages());
   }
 
   const v1::ExecutionPlan& plan_;
