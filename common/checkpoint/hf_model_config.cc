@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "nlohmann/json.hpp"
 
 namespace varipipe {
@@ -117,55 +118,10 @@ absl::StatusOr<v1::ModelConfig> T5ModelConfig(const Reader& r) {
   return m;
 }
 
-}  // namespace
-
-absl::StatusOr<v1::ModelConfig> ModelConfigFromHuggingFace(const std::string& given) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const std::string path =
-      fs::is_directory(given, ec) ? (fs::path(given) / "config.json").string() : given;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream text;
-  text << in.rdbuf();
-  const nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, false);
-  if (json.is_discarded() || !json.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
-  }
-  const Reader r(json, path);
-  const nlohmann::json* type = r.Find("model_type");
-  if (type != nullptr && type->is_string() && type->get<std::string>() == "t5") {
-    return T5ModelConfig(r);
-  }
-  if (type == nullptr || !type->is_string() || type->get<std::string>() != "llama") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": model_type is ", type == nullptr ? "missing" : type->dump(),
-        "; only Llama-family (model_type \"llama\") and T5 v1.1 / FLAN-T5 (\"t5\") checkpoints "
-        "map to a Varipipe model"));
-  }
-  v1::ModelConfig m;
-  m.set_kind(v1::GPT);
-  m.set_architecture(v1::LLAMA);
-  absl::StatusOr<uint32_t> n = r.Count("num_hidden_layers");
-  if (!n.ok()) return n.status();
-  m.set_num_layers(*n);
-  if (n = r.Count("hidden_size"); !n.ok()) return n.status();
-  m.set_hidden_size(*n);
-  if (n = r.Count("num_attention_heads"); !n.ok()) return n.status();
-  m.set_num_attention_heads(*n);
-  if (n = r.Count("num_key_value_heads", m.num_attention_heads()); !n.ok()) return n.status();
-  m.set_num_key_value_heads(*n);
-  if (n = r.Count("head_dim", m.hidden_size() / m.num_attention_heads()); !n.ok()) {
-    return n.status();
-  }
-  m.set_kv_channels(*n);
-  if (n = r.Count("intermediate_size"); !n.ok()) return n.status();
-  m.set_ffn_hidden_size(*n);
-  if (n = r.Count("vocab_size"); !n.ok()) return n.status();
-  m.set_vocab_size(*n);
-  absl::StatusOr<double> x = r.Real("rms_norm_eps", 1e-6);
-  if (!x.ok()) return x.status();
-  m.set_norm_epsilon(*x);
+// Llama's rotary embedding: its base, and the llama3 frequency scaling.
+absl::Status SetLlamaRope(const Reader& r, v1::ModelConfig& m) {
+  const std::string& path = r.path();
+  absl::StatusOr<double> x;
   // transformers 5: rope_parameters; earlier: rope_theta and rope_scaling.
   const nlohmann::json* params = r.Find("rope_parameters");
   const nlohmann::json* scaling = params != nullptr ? params : r.Find("rope_scaling");
@@ -198,6 +154,35 @@ absl::StatusOr<v1::ModelConfig> ModelConfigFromHuggingFace(const std::string& gi
                                                      "\" is not supported (default or llama3)"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ModelConfig> LlamaModelConfig(const Reader& r) {
+  const std::string& path = r.path();
+  v1::ModelConfig m;
+  m.set_kind(v1::GPT);
+  m.set_architecture(v1::LLAMA);
+  absl::StatusOr<uint32_t> n = r.Count("num_hidden_layers");
+  if (!n.ok()) return n.status();
+  m.set_num_layers(*n);
+  if (n = r.Count("hidden_size"); !n.ok()) return n.status();
+  m.set_hidden_size(*n);
+  if (n = r.Count("num_attention_heads"); !n.ok()) return n.status();
+  m.set_num_attention_heads(*n);
+  if (n = r.Count("num_key_value_heads", m.num_attention_heads()); !n.ok()) return n.status();
+  m.set_num_key_value_heads(*n);
+  if (n = r.Count("head_dim", m.hidden_size() / m.num_attention_heads()); !n.ok()) {
+    return n.status();
+  }
+  m.set_kv_channels(*n);
+  if (n = r.Count("intermediate_size"); !n.ok()) return n.status();
+  m.set_ffn_hidden_size(*n);
+  if (n = r.Count("vocab_size"); !n.ok()) return n.status();
+  m.set_vocab_size(*n);
+  absl::StatusOr<double> x = r.Real("rms_norm_eps", 1e-6);
+  if (!x.ok()) return x.status();
+  m.set_norm_epsilon(*x);
+  VP_RETURN_IF_ERROR(SetLlamaRope(r, m));
   if (const nlohmann::json* tie = r.Find("tie_word_embeddings"); tie != nullptr) {
     m.set_tie_word_embeddings(tie->is_boolean() && tie->get<bool>());
   }
@@ -215,6 +200,35 @@ absl::StatusOr<v1::ModelConfig> ModelConfigFromHuggingFace(const std::string& gi
   }
   SetDtype(r, m);
   return m;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::ModelConfig> ModelConfigFromHuggingFace(const std::string& given) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string path =
+      fs::is_directory(given, ec) ? (fs::path(given) / "config.json").string() : given;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, false);
+  if (json.is_discarded() || !json.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
+  }
+  const Reader r(json, path);
+  const nlohmann::json* type = r.Find("model_type");
+  if (type != nullptr && type->is_string() && type->get<std::string>() == "t5") {
+    return T5ModelConfig(r);
+  }
+  if (type == nullptr || !type->is_string() || type->get<std::string>() != "llama") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": model_type is ", type == nullptr ? "missing" : type->dump(),
+        "; only Llama-family (model_type \"llama\") and T5 v1.1 / FLAN-T5 (\"t5\") checkpoints "
+        "map to a Varipipe model"));
+  }
+  return LlamaModelConfig(r);
 }
 
 }  // namespace varipipe

@@ -47,6 +47,81 @@ absl::Status ReadAt(int fd, const std::string& path, uint64_t offset, void* out,
   return absl::OkStatus();
 }
 
+// One tensor's entry of the header: dtype, shape and data offsets, sized
+// consistently and inside the file's data bytes (which start at
+// `data_begin`).
+absl::StatusOr<SafetensorsTensor> ParseTensorEntry(const std::string& name,
+                                                   const nlohmann::json& entry, uint64_t data_begin,
+                                                   uint64_t file_size, const std::string& path) {
+  const uint64_t data_bytes = file_size - data_begin;
+  const std::string where = absl::StrCat("tensor '", name, "'");
+  if (!entry.is_object()) return Bad(path, absl::StrCat(where, " is not an object"));
+  const auto dtype = entry.find("dtype");
+  const auto shape = entry.find("shape");
+  const auto offsets = entry.find("data_offsets");
+  if (dtype == entry.end() || !dtype->is_string()) {
+    return Bad(path, absl::StrCat(where, " has no dtype string"));
+  }
+  if (shape == entry.end() || !shape->is_array()) {
+    return Bad(path, absl::StrCat(where, " has no shape array"));
+  }
+  if (offsets == entry.end() || !offsets->is_array() || offsets->size() != 2 ||
+      !(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned()) {
+    return Bad(path, absl::StrCat(where, " has no data_offsets [begin, end]"));
+  }
+  SafetensorsTensor t;
+  t.name = name;
+  t.dtype = dtype->get<std::string>();
+  const int element = SafetensorsDtypeSize(t.dtype);
+  if (element == 0) return Bad(path, absl::StrCat(where, " has unknown dtype '", t.dtype, "'"));
+  // The element count, guarded against overflow by the file's size.
+  uint64_t numel = 1;
+  for (const auto& d : *shape) {
+    if (!d.is_number_unsigned()) {
+      return Bad(path, absl::StrCat(where, " has a shape entry that is not a size: ", d.dump()));
+    }
+    const uint64_t v = d.get<uint64_t>();
+    if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+        (v != 0 && numel > file_size / v)) {
+      return Bad(path, absl::StrCat(where, " has shape ", shape->dump(), ", larger than the file"));
+    }
+    numel *= v;
+    t.shape.push_back(static_cast<int64_t>(v));
+  }
+  const uint64_t begin = (*offsets)[0].get<uint64_t>();
+  const uint64_t end = (*offsets)[1].get<uint64_t>();
+  if (begin > end || end > data_bytes) {
+    return Bad(path, absl::StrCat(where, " has data_offsets [", begin, ", ", end,
+                                  "] outside the file's ", data_bytes, " data bytes"));
+  }
+  if (end - begin != numel * static_cast<uint64_t>(element)) {
+    return Bad(path, absl::StrCat(where, " of shape ", shape->dump(), " and dtype ", t.dtype,
+                                  " needs ", numel * static_cast<uint64_t>(element),
+                                  " bytes but data_offsets give ", end - begin));
+  }
+  t.begin = data_begin + begin;
+  t.end = data_begin + end;
+  return t;
+}
+
+// No two tensors share bytes.
+absl::Status CheckNoOverlap(const std::vector<SafetensorsTensor>& tensors,
+                            const std::string& path) {
+  std::vector<const SafetensorsTensor*> by_offset;
+  for (const SafetensorsTensor& t : tensors) {
+    if (t.bytes() > 0) by_offset.push_back(&t);
+  }
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const auto* a, const auto* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    if (by_offset[i]->begin < by_offset[i - 1]->end) {
+      return Bad(path, absl::StrCat("tensors '", by_offset[i - 1]->name, "' and '",
+                                    by_offset[i]->name, "' overlap"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int SafetensorsDtypeSize(std::string_view dtype) {
@@ -71,7 +146,6 @@ absl::StatusOr<SafetensorsHeader> SafetensorsFile::ParseHeader(std::string_view 
                                                                uint64_t file_size,
                                                                const std::string& path) {
   if (data_begin > file_size) return Bad(path, "the header runs past the end of the file");
-  const uint64_t data_bytes = file_size - data_begin;
   nlohmann::json header = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded()) return Bad(path, "the header is not valid JSON");
   if (!header.is_object()) return Bad(path, "the header is not a JSON object");
@@ -87,69 +161,11 @@ absl::StatusOr<SafetensorsHeader> SafetensorsFile::ParseHeader(std::string_view 
       }
       continue;
     }
-    const std::string where = absl::StrCat("tensor '", name, "'");
-    if (!entry.is_object()) return Bad(path, absl::StrCat(where, " is not an object"));
-    const auto dtype = entry.find("dtype");
-    const auto shape = entry.find("shape");
-    const auto offsets = entry.find("data_offsets");
-    if (dtype == entry.end() || !dtype->is_string()) {
-      return Bad(path, absl::StrCat(where, " has no dtype string"));
-    }
-    if (shape == entry.end() || !shape->is_array()) {
-      return Bad(path, absl::StrCat(where, " has no shape array"));
-    }
-    if (offsets == entry.end() || !offsets->is_array() || offsets->size() != 2 ||
-        !(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned()) {
-      return Bad(path, absl::StrCat(where, " has no data_offsets [begin, end]"));
-    }
-    SafetensorsTensor t;
-    t.name = name;
-    t.dtype = dtype->get<std::string>();
-    const int element = SafetensorsDtypeSize(t.dtype);
-    if (element == 0) return Bad(path, absl::StrCat(where, " has unknown dtype '", t.dtype, "'"));
-    // The element count, guarded against overflow by the file's size.
-    uint64_t numel = 1;
-    for (const auto& d : *shape) {
-      if (!d.is_number_unsigned()) {
-        return Bad(path, absl::StrCat(where, " has a shape entry that is not a size: ", d.dump()));
-      }
-      const uint64_t v = d.get<uint64_t>();
-      if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-          (v != 0 && numel > file_size / v)) {
-        return Bad(path,
-                   absl::StrCat(where, " has shape ", shape->dump(), ", larger than the file"));
-      }
-      numel *= v;
-      t.shape.push_back(static_cast<int64_t>(v));
-    }
-    const uint64_t begin = (*offsets)[0].get<uint64_t>();
-    const uint64_t end = (*offsets)[1].get<uint64_t>();
-    if (begin > end || end > data_bytes) {
-      return Bad(path, absl::StrCat(where, " has data_offsets [", begin, ", ", end,
-                                    "] outside the file's ", data_bytes, " data bytes"));
-    }
-    if (end - begin != numel * static_cast<uint64_t>(element)) {
-      return Bad(path, absl::StrCat(where, " of shape ", shape->dump(), " and dtype ", t.dtype,
-                                    " needs ", numel * static_cast<uint64_t>(element),
-                                    " bytes but data_offsets give ", end - begin));
-    }
-    t.begin = data_begin + begin;
-    t.end = data_begin + end;
+    VP_ASSIGN_OR_RETURN(SafetensorsTensor t,
+                        ParseTensorEntry(name, entry, data_begin, file_size, path));
     out.tensors.push_back(std::move(t));
   }
-  // No two tensors share bytes.
-  std::vector<const SafetensorsTensor*> by_offset;
-  for (const SafetensorsTensor& t : out.tensors) {
-    if (t.bytes() > 0) by_offset.push_back(&t);
-  }
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const auto* a, const auto* b) { return a->begin < b->begin; });
-  for (size_t i = 1; i < by_offset.size(); ++i) {
-    if (by_offset[i]->begin < by_offset[i - 1]->end) {
-      return Bad(path, absl::StrCat("tensors '", by_offset[i - 1]->name, "' and '",
-                                    by_offset[i]->name, "' overlap"));
-    }
-  }
+  VP_RETURN_IF_ERROR(CheckNoOverlap(out.tensors, path));
   return out;
 }
 

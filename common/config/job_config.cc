@@ -243,54 +243,28 @@ void ValidateT5V11(const JobConfig& config, ErrorList& errors) {
   }
 }
 
-// Architecture-specific fields (docs/models.md): each belongs to LLAMA or
-// T5V11, and grouped-query attention, rotary pairs and a tied head have
-// constraints.
-void ValidateArchitecture(const JobConfig& config, ErrorList& errors) {
+// MEGATRON models: no field of another architecture.
+void ValidateMegatron(const JobConfig& config, ErrorList& errors) {
   const v1::ModelConfig& m = config.model();
-  if (m.architecture() != v1::ARCHITECTURE_UNSPECIFIED && m.architecture() != v1::MEGATRON &&
-      m.architecture() != v1::LLAMA && m.architecture() != v1::T5V11) {
-    errors.Add("model.architecture", "must be MEGATRON, LLAMA or T5V11 (got ",
-               v1::Architecture_IsValid(m.architecture())
-                   ? v1::Architecture_Name(m.architecture())
-                   : absl::StrCat(static_cast<int>(m.architecture())),
-               ")");
-    return;
+  if (m.num_key_value_heads() != 0 && m.num_key_value_heads() != m.num_attention_heads()) {
+    errors.Add("model.num_key_value_heads",
+               "grouped-query attention needs model.architecture LLAMA");
   }
-  if (m.has_norm_epsilon()) {
-    CheckPositive(errors, "model.norm_epsilon", m.norm_epsilon(), 1.0);
+  if (m.has_rope_theta()) errors.Add("model.rope_theta", "is only used by LLAMA models");
+  if (m.has_rope_scaling()) errors.Add("model.rope_scaling", "is only used by LLAMA models");
+  if (m.tie_word_embeddings()) {
+    errors.Add("model.tie_word_embeddings", "is only used by LLAMA models");
   }
-  const bool llama = m.architecture() == v1::LLAMA;
-  const bool t5v11 = m.architecture() == v1::T5V11;
-  if (!t5v11) {
-    if (m.relative_attention_num_buckets() != 0) {
-      errors.Add("model.relative_attention_num_buckets", "is only used by T5V11 models");
-    }
-    if (m.relative_attention_max_distance() != 0) {
-      errors.Add("model.relative_attention_max_distance", "is only used by T5V11 models");
-    }
+  if (!config.training().init_from().empty()) {
+    errors.Add("training.init_from",
+               "loads Hugging Face checkpoints into model.architecture LLAMA or T5V11 only "
+               "(this model is MEGATRON)");
   }
-  if (t5v11) {
-    ValidateT5V11(config, errors);
-    return;
-  }
-  if (!llama) {
-    if (m.num_key_value_heads() != 0 && m.num_key_value_heads() != m.num_attention_heads()) {
-      errors.Add("model.num_key_value_heads",
-                 "grouped-query attention needs model.architecture LLAMA");
-    }
-    if (m.has_rope_theta()) errors.Add("model.rope_theta", "is only used by LLAMA models");
-    if (m.has_rope_scaling()) errors.Add("model.rope_scaling", "is only used by LLAMA models");
-    if (m.tie_word_embeddings()) {
-      errors.Add("model.tie_word_embeddings", "is only used by LLAMA models");
-    }
-    if (!config.training().init_from().empty()) {
-      errors.Add("training.init_from",
-                 "loads Hugging Face checkpoints into model.architecture LLAMA or T5V11 only "
-                 "(this model is MEGATRON)");
-    }
-    return;
-  }
+}
+
+// LLAMA models: grouped-query attention, rotary pairs and the tied head.
+void ValidateLlama(const JobConfig& config, ErrorList& errors) {
+  const v1::ModelConfig& m = config.model();
   if (m.kind() != v1::GPT) {
     errors.Add("model.architecture",
                "LLAMA is a decoder-only architecture: model.kind must be GPT");
@@ -331,6 +305,44 @@ void ValidateArchitecture(const JobConfig& config, ErrorList& errors) {
                "does not work with interleaved stages: parallelism.virtual_chunks must be 1 (got ",
                config.parallelism().virtual_chunks(), ")");
   }
+}
+
+// Architecture-specific fields (docs/models.md): each belongs to LLAMA or
+// T5V11, and grouped-query attention, rotary pairs and a tied head have
+// constraints.
+void ValidateArchitecture(const JobConfig& config, ErrorList& errors) {
+  const v1::ModelConfig& m = config.model();
+  if (m.architecture() != v1::ARCHITECTURE_UNSPECIFIED && m.architecture() != v1::MEGATRON &&
+      m.architecture() != v1::LLAMA && m.architecture() != v1::T5V11) {
+    errors.Add("model.architecture", "must be MEGATRON, LLAMA or T5V11 (got ",
+               v1::Architecture_IsValid(m.architecture())
+                   ? v1::Architecture_Name(m.architecture())
+                   : absl::StrCat(static_cast<int>(m.architecture())),
+               ")");
+    return;
+  }
+  if (m.has_norm_epsilon()) {
+    CheckPositive(errors, "model.norm_epsilon", m.norm_epsilon(), 1.0);
+  }
+  const bool llama = m.architecture() == v1::LLAMA;
+  const bool t5v11 = m.architecture() == v1::T5V11;
+  if (!t5v11) {
+    if (m.relative_attention_num_buckets() != 0) {
+      errors.Add("model.relative_attention_num_buckets", "is only used by T5V11 models");
+    }
+    if (m.relative_attention_max_distance() != 0) {
+      errors.Add("model.relative_attention_max_distance", "is only used by T5V11 models");
+    }
+  }
+  if (t5v11) {
+    ValidateT5V11(config, errors);
+    return;
+  }
+  if (!llama) {
+    ValidateMegatron(config, errors);
+    return;
+  }
+  ValidateLlama(config, errors);
 }
 
 // parallelism.stage_layout (docs/configuration.md, "Stage layout"): layers

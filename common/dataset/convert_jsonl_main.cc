@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -90,36 +92,49 @@ int ConvertTokenIds(const std::string& input, const std::string& prefix, int64_t
   return varipipe::kExitOk;
 }
 
-// Streams the text lines through the tokenizer into the two writers: memory
-// stays at one line plus 12 bytes per sample.
-int ConvertText(const std::string& input, const std::string& prefix, int64_t vocab) {
-  using varipipe::IndexedFileWriter;
-  absl::StatusOr<std::unique_ptr<varipipe::SentencePieceTokenizer>> tokenizer =
-      varipipe::SentencePieceTokenizer::Open(absl::GetFlag(FLAGS_tokenizer));
-  if (!tokenizer.ok()) return Fail(tokenizer.status(), varipipe::kExitUsage);
-  absl::StatusOr<varipipe::TextFamily> family =
-      varipipe::ParseTextFamily(absl::GetFlag(FLAGS_family), **tokenizer);
-  if (!family.ok()) return Fail(family.status(), varipipe::kExitUsage);
+// The tokenizer, the rules that turn a line into a sample, and the
+// vocabulary size the output declares (the tokenizer's when --vocab_size is
+// 0). Errors are usage errors.
+struct TextEncoding {
+  std::unique_ptr<varipipe::SentencePieceTokenizer> tokenizer;
+  std::optional<varipipe::TextSampleEncoder> encoder;  // reads *tokenizer
+  int64_t vocab = 0;
+};
+
+absl::StatusOr<TextEncoding> OpenTextEncoding(int64_t vocab) {
+  TextEncoding encoding;
+  VP_ASSIGN_OR_RETURN(encoding.tokenizer,
+                      varipipe::SentencePieceTokenizer::Open(absl::GetFlag(FLAGS_tokenizer)));
+  const varipipe::SentencePieceTokenizer& tokenizer = *encoding.tokenizer;
+  VP_ASSIGN_OR_RETURN(const varipipe::TextFamily family,
+                      varipipe::ParseTextFamily(absl::GetFlag(FLAGS_family), tokenizer));
   varipipe::TextFields fields;
   fields.prompt = absl::GetFlag(FLAGS_prompt_field);
   fields.response = absl::GetFlag(FLAGS_response_field);
   fields.text = absl::GetFlag(FLAGS_text_field);
-  absl::StatusOr<varipipe::TextSampleEncoder> encoder =
-      varipipe::TextSampleEncoder::Create(tokenizer->get(), *family, fields);
-  if (!encoder.ok()) return Fail(encoder.status(), varipipe::kExitUsage);
-  const int64_t pieces = (*tokenizer)->piece_size();
-  if (vocab == 0) {
-    vocab = pieces;
-  } else if (vocab < pieces) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("--vocab_size ", vocab, " is below the ",
-                                                        pieces, " pieces of ", (*tokenizer)->path(),
-                                                        ": the model could not embed every token")),
-                varipipe::kExitUsage);
+  VP_ASSIGN_OR_RETURN(encoding.encoder, varipipe::TextSampleEncoder::Create(
+                                            encoding.tokenizer.get(), family, fields));
+  const int64_t pieces = tokenizer.piece_size();
+  if (vocab != 0 && vocab < pieces) {
+    return absl::InvalidArgumentError(absl::StrCat("--vocab_size ", vocab, " is below the ", pieces,
+                                                   " pieces of ", tokenizer.path(),
+                                                   ": the model could not embed every token"));
   }
-  spdlog::info("tokenizer {}: {} pieces, bos {}, eos {}; {} rules ({})", (*tokenizer)->path(),
-               pieces, (*tokenizer)->bos_id(), (*tokenizer)->eos_id(),
-               varipipe::TextFamilyName(*family),
+  encoding.vocab = vocab == 0 ? pieces : vocab;
+  spdlog::info("tokenizer {}: {} pieces, bos {}, eos {}; {} rules ({})", tokenizer.path(), pieces,
+               tokenizer.bos_id(), tokenizer.eos_id(), varipipe::TextFamilyName(family),
                absl::GetFlag(FLAGS_family) == "auto" ? "chosen by --family auto" : "--family");
+  return encoding;
+}
+
+// Streams the text lines through the tokenizer into the two writers: memory
+// stays at one line plus 12 bytes per sample.
+int ConvertText(const std::string& input, const std::string& prefix, int64_t vocab_flag) {
+  using varipipe::IndexedFileWriter;
+  absl::StatusOr<TextEncoding> encoding = OpenTextEncoding(vocab_flag);
+  if (!encoding.ok()) return Fail(encoding.status(), varipipe::kExitUsage);
+  varipipe::TextSampleEncoder& encoder = *encoding->encoder;
+  const int64_t vocab = encoding->vocab;
 
   std::ifstream in(input, std::ios::binary);
   if (!in) return Fail(varipipe::ErrnoToStatus(errno, absl::StrCat("open ", input)), 2);
@@ -154,7 +169,7 @@ int ConvertText(const std::string& input, const std::string& prefix, int64_t voc
     if (absl::StripAsciiWhitespace(line).empty()) continue;
     const std::string where =
         absl::StrCat(input, ":", number, " (sample ", (*inputs)->sequences(), ")");
-    absl::Status status = encoder->EncodeLine(line, where, &input_ids, &target_ids);
+    absl::Status status = encoder.EncodeLine(line, where, &input_ids, &target_ids);
     if (status.ok()) status = (*inputs)->Append(input_ids);
     if (status.ok()) status = (*targets)->Append(target_ids);
     if (!status.ok()) return Fail(status, varipipe::kExitUsage);

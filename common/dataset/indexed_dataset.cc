@@ -98,6 +98,37 @@ class Reader {
   size_t offset_ = 0;
 };
 
+// A whole file mapped read-only (bytes null for an empty file); unmapped
+// by its owner.
+struct MappedFile {
+  const uint8_t* bytes = nullptr;
+  size_t size = 0;
+};
+
+absl::StatusOr<MappedFile> MapReadOnly(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    const int error = errno;
+    close(fd);
+    return ErrnoToStatus(error, absl::StrCat("stat ", path));
+  }
+  MappedFile file;
+  file.size = static_cast<size_t>(st.st_size);
+  if (file.size > 0) {
+    void* mapped = mmap(nullptr, file.size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (mapped == MAP_FAILED) {
+      const int error = errno;
+      close(fd);
+      return ErrnoToStatus(error, absl::StrCat("mmap ", path));
+    }
+    file.bytes = static_cast<const uint8_t*>(mapped);
+  }
+  close(fd);
+  return file;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<IndexedFile>> IndexedFile::Open(const std::string& prefix) {
@@ -142,25 +173,9 @@ absl::StatusOr<std::unique_ptr<IndexedFile>> IndexedFile::Open(const std::string
   VP_RETURN_IF_ERROR(r.Read(f->pointers_.data(), sequences, "the pointers"));
   VP_RETURN_IF_ERROR(r.Read(f->document_index_.data(), documents, "the document index"));
 
-  const int fd = open(bin_path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", bin_path));
-  struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    const int error = errno;
-    close(fd);
-    return ErrnoToStatus(error, absl::StrCat("stat ", bin_path));
-  }
-  f->data_size_ = static_cast<size_t>(st.st_size);
-  if (f->data_size_ > 0) {
-    void* mapped = mmap(nullptr, f->data_size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (mapped == MAP_FAILED) {
-      const int error = errno;
-      close(fd);
-      return ErrnoToStatus(error, absl::StrCat("mmap ", bin_path));
-    }
-    f->data_ = static_cast<const uint8_t*>(mapped);
-  }
-  close(fd);
+  VP_ASSIGN_OR_RETURN(const MappedFile data, MapReadOnly(bin_path));
+  f->data_ = data.bytes;
+  f->data_size_ = data.size;
   // Every sequence must lie inside the .bin file.
   for (uint64_t i = 0; i < sequences; ++i) {
     const int64_t begin = f->pointers_[i];

@@ -106,6 +106,102 @@ absl::StatusOr<int> PickFreeLoopbackPort() {
   return static_cast<int>(ntohs(address.sin_port));
 }
 
+namespace {
+
+// The redis-server binary: $VARIPIPE_REDIS_SERVER, else the one found at
+// configure time.
+std::string RedisServerBinary() {
+  const char* binary = std::getenv("VARIPIPE_REDIS_SERVER");
+  return binary != nullptr && *binary ? binary : VARIPIPE_REDIS_SERVER_PATH;
+}
+
+// Starts `binary -` with `config` on its standard input and returns its pid.
+// The configuration, password included, goes through a socket, never the
+// command line, which every local user can read in /proc/PID/cmdline. The
+// child dies with this process.
+absl::StatusOr<pid_t> SpawnWithConfig(std::string binary, const std::string& config) {
+  std::string stdin_argument = "-";
+  char* argv[] = {binary.data(), stdin_argument.data(), nullptr};
+  // A socket pair rather than a pipe: send() with MSG_NOSIGNAL cannot raise
+  // SIGPIPE when the server died before reading.
+  int config_socket[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, config_socket) != 0) {
+    return ErrnoToStatus(errno, "socketpair");
+  }
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    const int error = errno;
+    close(config_socket[0]);
+    close(config_socket[1]);
+    return ErrnoToStatus(error, "fork");
+  }
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    // The signal mask and ignored signals survive exec: a parent that
+    // blocks SIGTERM for sigwait() (ShutdownSignal) would leave the server
+    // deaf to Stop()'s SIGTERM, killed only after the 5 s grace. The
+    // server gets the defaults.
+    struct sigaction default_action {};
+    default_action.sa_handler = SIG_DFL;
+    for (const int signal_number : {SIGTERM, SIGINT, SIGHUP, SIGPIPE, SIGUSR1}) {
+      sigaction(signal_number, &default_action, nullptr);
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    const int devnull = open("/dev/null", O_RDWR);
+    dup2(config_socket[0], STDIN_FILENO);  // dup2 clears O_CLOEXEC on the copy
+    dup2(devnull, STDOUT_FILENO);
+    execvp(argv[0], argv);
+    _exit(127);
+  }
+  close(config_socket[0]);
+  // A few hundred bytes: the socket buffer takes them whether or not the
+  // server reads yet. A failure (the server died) shows as its exit later.
+  for (size_t sent = 0; sent < config.size();) {
+    const ssize_t n =
+        send(config_socket[1], config.data() + sent, config.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  close(config_socket[1]);
+  return pid;
+}
+
+}  // namespace
+
+absl::Status RedisServer::WaitUntilAnswering(absl::Duration timeout, const std::string& binary) {
+  absl::Status last_error = absl::DeadlineExceededError("no answer yet");
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    int wait_status = 0;
+    if (waitpid(pid_, &wait_status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return absl::UnavailableError(absl::StrCat(
+          binary, " exited with status ",
+          WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 128 + WTERMSIG(wait_status),
+          WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 127
+              ? " (not found? install it with deploy/install-deps.sh)"
+              : "",
+          "; log:\n", ReadLog()));
+    }
+    absl::StatusOr<std::string> version = PingAndGetVersion(host_, port_, password_);
+    if (version.ok()) {
+      version_ = *version;
+      return absl::OkStatus();
+    }
+    last_error = version.status();
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  // Alive but not answering in time: give up.
+  return absl::DeadlineExceededError(absl::StrCat(
+      "redis-server on port ", port_, " did not answer within ", absl::FormatDuration(timeout),
+      ": ", last_error.message(), "; log:\n", ReadLog()));
+}
+
 absl::StatusOr<std::unique_ptr<RedisServer>> RedisServer::Start(Options options) {
   std::unique_ptr<RedisServer> server(new RedisServer());
   server->password_ = options.password.empty() ? RandomPassword() : options.password;
@@ -121,102 +217,18 @@ absl::StatusOr<std::unique_ptr<RedisServer>> RedisServer::Start(Options options)
     } else {
       VP_ASSIGN_OR_RETURN(server->port_, PickFreeLoopbackPort());
     }
-    const std::string port = std::to_string(server->port_);
     const std::string log_file = server->directory_ + "/redis.log";
     std::filesystem::remove(log_file);
-    const char* binary = std::getenv("VARIPIPE_REDIS_SERVER");
-    // The configuration, password included, goes through a socket on standard
-    // input ("redis-server -"), never the command line, which every local
-    // user can read in /proc/PID/cmdline.
-    const std::string config = absl::StrCat(
-        "port ", port, "\nbind ", server->host_, "\nrequirepass ", ConfigString(server->password_),
-        "\nsave \"\"\nappendonly no\ndir ", ConfigString(server->directory_), "\nlogfile ",
-        ConfigString(log_file), "\ndaemonize no\nprotected-mode yes\n");
-    std::vector<std::string> args = {
-        binary != nullptr && *binary ? binary : VARIPIPE_REDIS_SERVER_PATH, "-"};
-    std::vector<char*> argv;
-    for (std::string& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-
-    // A socket pair rather than a pipe: send() with MSG_NOSIGNAL cannot raise
-    // SIGPIPE when the server died before reading.
-    int config_socket[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, config_socket) != 0) {
-      return ErrnoToStatus(errno, "socketpair");
-    }
-    const pid_t parent = getpid();
-    const pid_t pid = fork();
-    if (pid < 0) {
-      const int error = errno;
-      close(config_socket[0]);
-      close(config_socket[1]);
-      return ErrnoToStatus(error, "fork");
-    }
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(127);
-      // The signal mask and ignored signals survive exec: a parent that
-      // blocks SIGTERM for sigwait() (ShutdownSignal) would leave the server
-      // deaf to Stop()'s SIGTERM, killed only after the 5 s grace. The
-      // server gets the defaults.
-      struct sigaction default_action {};
-      default_action.sa_handler = SIG_DFL;
-      for (const int signal_number : {SIGTERM, SIGINT, SIGHUP, SIGPIPE, SIGUSR1}) {
-        sigaction(signal_number, &default_action, nullptr);
-      }
-      sigset_t none;
-      sigemptyset(&none);
-      sigprocmask(SIG_SETMASK, &none, nullptr);
-      const int devnull = open("/dev/null", O_RDWR);
-      dup2(config_socket[0], STDIN_FILENO);  // dup2 clears O_CLOEXEC on the copy
-      dup2(devnull, STDOUT_FILENO);
-      execvp(argv[0], argv.data());
-      _exit(127);
-    }
-    close(config_socket[0]);
-    // A few hundred bytes: the socket buffer takes them whether or not the
-    // server reads yet. A failure (the server died) shows as its exit below.
-    for (size_t sent = 0; sent < config.size();) {
-      const ssize_t n =
-          send(config_socket[1], config.data() + sent, config.size() - sent, MSG_NOSIGNAL);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      sent += static_cast<size_t>(n);
-    }
-    close(config_socket[1]);
-    server->pid_ = pid;
-
-    const absl::Time deadline = absl::Now() + options.startup_timeout;
-    while (absl::Now() < deadline) {
-      int wait_status = 0;
-      if (waitpid(pid, &wait_status, WNOHANG) == pid) {
-        server->pid_ = -1;
-        const std::string log = server->ReadLog();
-        last_error = absl::UnavailableError(absl::StrCat(
-            argv[0], " exited with status ",
-            WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 128 + WTERMSIG(wait_status),
-            WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 127
-                ? " (not found? install it with deploy/install-deps.sh)"
-                : "",
-            "; log:\n", log));
-        break;
-      }
-      absl::StatusOr<std::string> version =
-          PingAndGetVersion(server->host_, server->port_, server->password_);
-      if (version.ok()) {
-        server->version_ = *version;
-        return server;
-      }
-      last_error = version.status();
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    if (server->pid_ > 0) {
-      // Alive but not answering in time: give up.
-      return absl::DeadlineExceededError(
-          absl::StrCat("redis-server on port ", server->port_, " did not answer within ",
-                       absl::FormatDuration(options.startup_timeout), ": ", last_error.message(),
-                       "; log:\n", server->ReadLog()));
-    }
+    const std::string config =
+        absl::StrCat("port ", server->port_, "\nbind ", server->host_, "\nrequirepass ",
+                     ConfigString(server->password_), "\nsave \"\"\nappendonly no\ndir ",
+                     ConfigString(server->directory_), "\nlogfile ", ConfigString(log_file),
+                     "\ndaemonize no\nprotected-mode yes\n");
+    const std::string binary = RedisServerBinary();
+    VP_ASSIGN_OR_RETURN(server->pid_, SpawnWithConfig(binary, config));
+    last_error = server->WaitUntilAnswering(options.startup_timeout, binary);
+    if (last_error.ok()) return server;
+    if (absl::IsDeadlineExceeded(last_error)) return last_error;
     if (options.port != 0 || !absl::StrContains(last_error.message(), "Address already in use")) {
       break;
     }

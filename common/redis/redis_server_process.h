@@ -70,6 +70,11 @@ class RedisServer {
  private:
   RedisServer() = default;
 
+  // Waits until the server started as pid_ answers a PING: OK; UNAVAILABLE
+  // when it exited (with its log); DEADLINE_EXCEEDED when it is alive but
+  // silent past `timeout`.
+  absl::Status WaitUntilAnswering(absl::Duration timeout, const std::string& binary);
+
   std::string host_ = "127.0.0.1";
   int port_ = 0;
   std::string password_;

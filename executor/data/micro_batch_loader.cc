@@ -6,76 +6,43 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/dataset/loss_tokens.h"
+#include "common/plan_contract/sample_placement.h"
 #include "common/status.h"
 
 namespace varipipe::executor {
 
 absl::StatusOr<std::vector<std::vector<MicroBatchLoader::Placed>>> MicroBatchLoader::Rows(
     const v1::MicroBatch& micro_batch) const {
-  const bool t5 = sampler_.encoder_decoder;
-  const int samples = micro_batch.sample_ids_size();
   const std::string name = absl::StrCat("micro-batch ", micro_batch.id());
-  if (micro_batch.sample_input_lens_size() != samples ||
-      micro_batch.sample_target_lens_size() != samples ||
-      micro_batch.sample_input_offsets_size() != samples ||
-      micro_batch.sample_target_offsets_size() != samples) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name,
-                     ": sample_input_lens, sample_target_lens, sample_input_offsets and "
-                     "sample_target_offsets need one entry per sample (",
-                     samples, " samples); was the plan made by an older planner?"));
+  // The rows and spans as the plan contract lays them out (the plan check
+  // refused plans that break it; this names the field for plans fed
+  // directly).
+  std::vector<std::vector<plan_contract::SamplePlacement>> placements;
+  if (const auto violation =
+          plan_contract::PlaceSamples(micro_batch, sampler_.encoder_decoder, &placements)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name, ": ", violation->Describe(), "; was the plan made by this planner?"));
   }
-  // Row r holds samples [starts[r], starts[r + 1]); unpacked: one each.
-  std::vector<int> starts(micro_batch.row_starts().begin(), micro_batch.row_starts().end());
-  if (starts.empty()) {
-    for (int i = 0; i < samples; ++i) starts.push_back(i);
-  }
-  starts.push_back(samples);
-  std::vector<std::vector<Placed>> rows(starts.size() - 1);
-  for (size_t r = 0; r + 1 < starts.size(); ++r) {
-    if (starts[r] >= starts[r + 1] || starts[r + 1] > samples) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": row_starts are not increasing below ", samples, " samples"));
-    }
-    uint32_t input_end = 0;
-    uint32_t target_end = 0;
-    for (int i = starts[r]; i < starts[r + 1]; ++i) {
-      const uint64_t id = micro_batch.sample_ids(i);
-      if (id >= dataset_->size()) {
-        return absl::OutOfRangeError(absl::StrCat(name, ": sample ", id, " is beyond the ",
+  std::vector<std::vector<Placed>> rows(placements.size());
+  for (size_t r = 0; r < placements.size(); ++r) {
+    for (const plan_contract::SamplePlacement& p : placements[r]) {
+      if (p.sample_id >= dataset_->size()) {
+        return absl::OutOfRangeError(absl::StrCat(name, ": sample ", p.sample_id, " is beyond the ",
                                                   dataset_->size(), " samples of ",
                                                   dataset_->Describe()));
       }
       // The plan's lengths and offsets, never re-derived: a plan may shorten
       // a sample (truncation keeps prefixes) but never lengthen it.
-      const SampleLengths real = dataset_->Lengths(id);
-      const SampleLengths s{micro_batch.sample_input_lens(i), micro_batch.sample_target_lens(i)};
-      if (s.input > real.input || s.target > real.target) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            name, ": sample_input_lens[", i, "]/sample_target_lens[", i, "] give sample ", id, " ",
-            s.input, " input and ", s.target, " target tokens but it has only ", real.input,
-            " and ", real.target, "; was the plan made for this dataset?"));
+      const SampleLengths real = dataset_->Lengths(p.sample_id);
+      const SampleLengths planned{p.input_tokens, p.target_tokens};
+      if (planned.input > real.input || planned.target > real.target) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(name, ": sample_input_lens[", p.index, "]/sample_target_lens[", p.index,
+                         "] give sample ", p.sample_id, " ", planned.input, " input and ",
+                         planned.target, " target tokens but it has only ", real.input, " and ",
+                         real.target, "; was the plan made for this dataset?"));
       }
-      const uint32_t sequence = t5 ? s.input : s.input + s.target;
-      const Placed placed{id, s, micro_batch.sample_input_offsets(i),
-                          micro_batch.sample_target_offsets(i)};
-      const bool packed = micro_batch.row_starts_size() > 0;
-      const bool fits =
-          sequence > 0 && placed.input_offset >= input_end &&
-          (packed || (placed.input_offset == 0 && placed.target_offset == 0)) &&
-          uint64_t{placed.input_offset} + sequence <= micro_batch.input_len() &&
-          (!t5 || (s.target > 0 && placed.target_offset >= target_end &&
-                   uint64_t{placed.target_offset} + s.target <= micro_batch.target_len()));
-      if (!fits) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            name, ": sample ", id, " (", s.input, " input and ", s.target, " target tokens at ",
-            placed.input_offset, "/", placed.target_offset, packed ? ", packed" : "",
-            ") does not fit the planned padded lengths ", micro_batch.input_len(), "/",
-            micro_batch.target_len(), " after the previous sample of its row"));
-      }
-      input_end = placed.input_offset + sequence;
-      target_end = placed.target_offset + (t5 ? s.target : 0);
-      rows[r].push_back(placed);
+      rows[r].push_back(Placed{p.sample_id, planned, p.input_offset, p.target_offset});
     }
   }
   return rows;

@@ -69,8 +69,9 @@ class MicroBatchLoader {
     uint32_t input_offset = 0;
     uint32_t target_offset = 0;
   };
-  // The rows of a micro-batch (one sample each when unpacked), checked
-  // against its padded lengths.
+  // The rows of a micro-batch (one sample each when unpacked): the plan
+  // contract's PlaceSamples, with every sample within the dataset and its
+  // real lengths.
   absl::StatusOr<std::vector<std::vector<Placed>>> Rows(const v1::MicroBatch& micro_batch) const;
 
   const SampleDataset* dataset_;

@@ -12,9 +12,10 @@
 
 namespace varipipe::executor {
 
-absl::StatusOr<ModelSpec> ModelSpecFromConfig(const v1::JobConfig& config) {
-  v1::JobConfig resolved = config;
-  ApplyJobConfigDefaults(resolved);
+namespace {
+
+// The spec's fields from the (defaulted) job config, before any check.
+ModelSpec SpecFields(const v1::JobConfig& resolved) {
   const v1::ModelConfig& model = resolved.model();
   ModelSpec spec;
   spec.encoder_decoder = model.kind() == v1::T5;
@@ -48,6 +49,11 @@ absl::StatusOr<ModelSpec> ModelSpecFromConfig(const v1::JobConfig& config) {
     spec.relative_buckets = model.relative_attention_num_buckets();
     spec.relative_max_distance = model.relative_attention_max_distance();
   }
+  return spec;
+}
+
+// Sizes positive and the architecture's own constraints.
+absl::Status CheckDimensions(const ModelSpec& spec) {
   const auto require = [](int64_t value, const char* field) -> absl::Status {
     if (value > 0) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(field, " must be positive"));
@@ -85,6 +91,29 @@ absl::StatusOr<ModelSpec> ModelSpecFromConfig(const v1::JobConfig& config) {
                        spec.relative_max_distance, ") above half of it"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAttentionKernel(const ModelSpec& spec) {
+  if (spec.attention_kernel == v1::FUSED && !FusedAttentionAvailable()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.attention_kernel: FUSED needs torch's scaled_dot_product_attention (LibTorch 2.0 "
+        "or newer); this build has LibTorch ",
+        TORCH_VERSION, ": use EXPLICIT, or rebuild with a newer LibTorch"));
+  }
+  if (spec.attention_kernel != v1::EXPLICIT && spec.attention_kernel != v1::FUSED) {
+    return absl::InvalidArgumentError("model.attention_kernel must be EXPLICIT or FUSED");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ModelSpec> ModelSpecFromConfig(const v1::JobConfig& config) {
+  v1::JobConfig resolved = config;
+  ApplyJobConfigDefaults(resolved);
+  ModelSpec spec = SpecFields(resolved);
+  VP_RETURN_IF_ERROR(CheckDimensions(spec));
   switch (EffectiveLayoutMode(resolved.parallelism().stage_layout())) {
     case v1::LISTED: {
       VP_ASSIGN_OR_RETURN(spec.layers, ConfiguredLayerLayout(resolved));
@@ -96,15 +125,7 @@ absl::StatusOr<ModelSpec> ModelSpecFromConfig(const v1::JobConfig& config) {
     default:
       break;
   }
-  if (spec.attention_kernel == v1::FUSED && !FusedAttentionAvailable()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.attention_kernel: FUSED needs torch's scaled_dot_product_attention (LibTorch 2.0 "
-        "or newer); this build has LibTorch ",
-        TORCH_VERSION, ": use EXPLICIT, or rebuild with a newer LibTorch"));
-  }
-  if (spec.attention_kernel != v1::EXPLICIT && spec.attention_kernel != v1::FUSED) {
-    return absl::InvalidArgumentError("model.attention_kernel must be EXPLICIT or FUSED");
-  }
+  VP_RETURN_IF_ERROR(CheckAttentionKernel(spec));
   return spec;
 }
 

@@ -170,135 +170,160 @@ void ClearGradients(ComponentCache& cache) {
   }
 }
 
+torch::Tensor FullLengths(const ProfilePoint& p, int64_t n, torch::Device device) {
+  return torch::full({p.micro_batch}, n, torch::kInt64).to(device);
+}
+
+// T5V11: the stack's position bias is built before the forward, as a stage
+// builds it once for all its layers of that stack (the memory model charges
+// it per stage, PositionBiasBytes), and enters the layer as a leaf that
+// receives its gradient. Undefined for other architectures.
+torch::Tensor StackPositionBias(const ModelSpec& spec, const ProfilePoint& p, bool decoder,
+                                torch::Device device, const ComponentCache& cache) {
+  if (!spec.t5v11) return torch::Tensor();
+  torch::NoGradGuard no_grad;
+  const torch::Tensor positions = SequentialPositions(p.seq_len, device);
+  return RelativePositionBias(
+             cache.parameters[0],
+             RelativePositionBuckets(positions, positions,
+                                     /*bidirectional=*/!decoder, spec.relative_buckets,
+                                     spec.relative_max_distance))
+      .contiguous()
+      .requires_grad_(true);
+}
+
+// An encoder or decoder layer (GPT layers are encoder-less decoders built
+// as ENCODER_LAYER points).
+void BuildLayer(const ModelSpec& spec, const ProfilePoint& p, torch::Device device,
+                const ComponentCache& cache, Runnable& r) {
+  const int64_t s = p.seq_len;
+  const bool decoder = p.component == v1::DECODER_LAYER;
+  r.layer = cache.layer;
+  r.layer->set_recompute_attention(p.recompute == v1::RECOMPUTE_SELECTIVE);
+  r.layer->set_recompute_full(p.recompute == v1::RECOMPUTE_FULL);
+  for (const torch::Tensor& t : r.layer->parameters()) r.parameters.push_back(t);
+  torch::Tensor bias = StackPositionBias(spec, p, decoder, device, cache);
+  const auto position = [spec, bias, s](torch::Device at) {
+    if (spec.llama) return RotaryTable(spec, SequentialPositions(s, at));
+    return bias;  // undefined for MEGATRON
+  };
+  torch::Tensor x = Activation(p, s, spec.hidden_size, device);
+  r.inputs.push_back(x);
+  r.kept_input_bytes = x.nbytes();
+  if (bias.defined()) r.inputs.push_back(bias);  // its gradient is reset per pass
+  // GPT layers and T5 decoder layers are causal; T5 encoder layers not.
+  const bool causal = decoder || !spec.encoder_decoder;
+  // The masks are built inside the forward, as a stage builds them for
+  // its layers, so the stored memory counts them (once per layer, where
+  // a stage keeps one per micro-batch: a small overestimate).
+  torch::Tensor full_lengths = FullLengths(p, s, device);
+  if (!decoder) {
+    r.forward = [layer = r.layer, x, full_lengths, s, causal, spec, position] {
+      return layer->Forward(x, SelfAttentionMaskFor(spec.attention_kernel, full_lengths, s, causal),
+                            {}, {}, position(x.device()));
+    };
+    return;
+  }
+  torch::Tensor memory = Activation(p, p.encoder_len, spec.hidden_size, device);
+  r.inputs.insert(r.inputs.begin() + 1, memory);
+  torch::Tensor encoder_lengths = FullLengths(p, p.encoder_len, device);
+  const int64_t e = p.encoder_len;
+  r.forward = [layer = r.layer, x, memory, full_lengths, encoder_lengths, s, e,
+               kernel = spec.attention_kernel, position] {
+    return layer->Forward(x, SelfAttentionMaskFor(kernel, full_lengths, s, /*causal=*/true), memory,
+                          CrossAttentionMask(encoder_lengths, s, e), position(x.device()));
+  };
+}
+
+// The core alone (QK^T, masking, softmax, P.V in the model's kernel) over
+// the layer's Q, K and V, which the layer keeps whether the core runs over
+// the row or per sample: nothing is charged for them. GPT: causal; T5:
+// full, as the encoder's.
+void BuildAttentionCore(const ModelSpec& spec, const ProfilePoint& p, torch::Device device,
+                        Runnable& r) {
+  const int64_t s = p.seq_len;
+  const int64_t width = spec.num_attention_heads * spec.kv_channels;
+  torch::Tensor q = Activation(p, s, width, device);
+  torch::Tensor k = Activation(p, s, width, device);
+  torch::Tensor v = Activation(p, s, width, device);
+  r.inputs = {q, k, v};
+  const bool causal = !spec.encoder_decoder;
+  const torch::Tensor mask =
+      SelfAttentionMaskFor(spec.attention_kernel, FullLengths(p, s, device), s, causal);
+  const bool fused = spec.attention_kernel == v1::FUSED;
+  r.forward = [q, k, v, mask, fused, heads = spec.num_attention_heads, scaled = !spec.t5v11] {
+    return fused ? FusedAttention(q, k, v, mask, heads, {}, scaled)
+                 : MaskedAttention(q, k, v, mask, heads, {}, scaled);
+  };
+  r.grad_output = torch::randn({p.micro_batch, s, width}, torch::dtype(torch::kFloat32)).to(device);
+}
+
+void BuildEmbedding(const ModelSpec& spec, const ProfilePoint& p, torch::Device device,
+                    const ComponentCache& cache, Runnable& r) {
+  const int64_t s = p.seq_len;
+  const torch::Tensor word = cache.parameters[0];
+  const torch::Tensor position = spec.llama || spec.t5v11 ? torch::Tensor() : cache.parameters[1];
+  r.parameters = cache.parameters;
+  torch::Tensor tokens =
+      torch::randint(spec.vocab_size, {p.micro_batch, s}, torch::kInt64).to(device);
+  r.kept_input_bytes = tokens.nbytes();  // the backward keeps the token ids
+  r.forward = [word, position, tokens, s] {
+    const torch::Tensor words = torch::embedding(word, tokens);
+    return position.defined() ? words + position.slice(0, 0, s).unsqueeze(0) : words;
+  };
+}
+
+// The final norm, the LM head and the summed token loss.
+void BuildPostprocess(const ModelSpec& spec, const ProfilePoint& p, torch::Device device,
+                      const ComponentCache& cache, Runnable& r) {
+  const int64_t h = spec.hidden_size;
+  const torch::Tensor weight = cache.parameters[0];
+  const torch::Tensor bias = cache.parameters[1];
+  const torch::Tensor head = cache.parameters[2];
+  for (const torch::Tensor& t : cache.parameters) {
+    if (t.defined()) r.parameters.push_back(t);
+  }
+  torch::Tensor x = Activation(p, p.seq_len, h, device);
+  r.inputs.push_back(x);
+  torch::Tensor labels =
+      torch::randint(spec.vocab_size, {p.micro_batch * p.seq_len}, torch::kInt64).to(device);
+  r.kept_input_bytes = x.nbytes() + labels.nbytes();
+  const int64_t vocab = spec.vocab_size;
+  const bool rms = spec.llama || spec.t5v11;
+  const double epsilon = spec.norm_epsilon;
+  r.forward = [x, weight, bias, head, labels, h, vocab, rms, epsilon] {
+    const torch::Tensor normed =
+        rms ? RmsNorm(x, weight, epsilon) : torch::layer_norm(x, {h}, weight, bias, 1e-5);
+    const torch::Tensor logits = torch::linear(normed, head);
+    return torch::nn::functional::cross_entropy(
+        logits.reshape({-1, vocab}).to(torch::kFloat32), labels,
+        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+  };
+}
+
 // The point's inputs and forward around the parameters in `cache`
 // (EnsureParameters for p.component).
 Runnable Build(const ModelSpec& spec, const ProfilePoint& p, torch::Device device,
                const ComponentCache& cache) {
   Runnable r;
-  const int64_t b = p.micro_batch;
-  const int64_t s = p.seq_len;
-  const int64_t h = spec.hidden_size;
-  const auto lengths = [&](int64_t n) { return torch::full({b}, n, torch::kInt64).to(device); };
   switch (p.component) {
     case v1::DECODER_LAYER:
-    case v1::ENCODER_LAYER: {
-      const bool decoder = p.component == v1::DECODER_LAYER;
-      r.layer = cache.layer;
-      r.layer->set_recompute_attention(p.recompute == v1::RECOMPUTE_SELECTIVE);
-      r.layer->set_recompute_full(p.recompute == v1::RECOMPUTE_FULL);
-      for (const torch::Tensor& t : r.layer->parameters()) r.parameters.push_back(t);
-      // T5V11: the stack's position bias is built before the forward, as a
-      // stage builds it once for all its layers of that stack (the memory
-      // model charges it per stage, PositionBiasBytes), and enters the layer
-      // as a leaf that receives its gradient.
-      torch::Tensor bias;
-      if (spec.t5v11) {
-        torch::NoGradGuard no_grad;
-        const torch::Tensor positions = SequentialPositions(s, device);
-        bias = RelativePositionBias(
-                   cache.parameters[0],
-                   RelativePositionBuckets(positions, positions,
-                                           /*bidirectional=*/!decoder, spec.relative_buckets,
-                                           spec.relative_max_distance))
-                   .contiguous()
-                   .requires_grad_(true);
-      }
-      const auto position = [spec, bias, s](torch::Device at) {
-        if (spec.llama) return RotaryTable(spec, SequentialPositions(s, at));
-        return bias;  // undefined for MEGATRON
-      };
-      torch::Tensor x = Activation(p, s, h, device);
-      r.inputs.push_back(x);
-      r.kept_input_bytes = x.nbytes();
-      if (bias.defined()) r.inputs.push_back(bias);  // its gradient is reset per pass
-      // GPT layers and T5 decoder layers are causal; T5 encoder layers not.
-      const bool causal = decoder || !spec.encoder_decoder;
-      // The masks are built inside the forward, as a stage builds them for
-      // its layers, so the stored memory counts them (once per layer, where
-      // a stage keeps one per micro-batch: a small overestimate).
-      torch::Tensor full_lengths = lengths(s);
-      if (!decoder) {
-        r.forward = [layer = r.layer, x, full_lengths, s, causal, spec, position] {
-          return layer->Forward(
-              x, SelfAttentionMaskFor(spec.attention_kernel, full_lengths, s, causal), {}, {},
-              position(x.device()));
-        };
-        break;
-      }
-      torch::Tensor memory = Activation(p, p.encoder_len, h, device);
-      r.inputs.insert(r.inputs.begin() + 1, memory);
-      torch::Tensor encoder_lengths = lengths(p.encoder_len);
-      const int64_t e = p.encoder_len;
-      r.forward = [layer = r.layer, x, memory, full_lengths, encoder_lengths, s, e,
-                   kernel = spec.attention_kernel, position] {
-        return layer->Forward(x, SelfAttentionMaskFor(kernel, full_lengths, s, /*causal=*/true),
-                              memory, CrossAttentionMask(encoder_lengths, s, e),
-                              position(x.device()));
-      };
+    case v1::ENCODER_LAYER:
+      BuildLayer(spec, p, device, cache, r);
       break;
-    }
-    case v1::ATTENTION_CORE: {
-      // The core alone (QK^T, masking, softmax, P.V in the model's kernel)
-      // over the layer's Q, K and V, which the layer keeps whether the
-      // core runs over the row or per sample: nothing is charged for them.
-      // GPT: causal; T5: full, as the encoder's.
-      const int64_t width = spec.num_attention_heads * spec.kv_channels;
-      torch::Tensor q = Activation(p, s, width, device);
-      torch::Tensor k = Activation(p, s, width, device);
-      torch::Tensor v = Activation(p, s, width, device);
-      r.inputs = {q, k, v};
-      const bool causal = !spec.encoder_decoder;
-      const torch::Tensor mask = SelfAttentionMaskFor(spec.attention_kernel, lengths(s), s, causal);
-      const bool fused = spec.attention_kernel == v1::FUSED;
-      r.forward = [q, k, v, mask, fused, heads = spec.num_attention_heads, scaled = !spec.t5v11] {
-        return fused ? FusedAttention(q, k, v, mask, heads, {}, scaled)
-                     : MaskedAttention(q, k, v, mask, heads, {}, scaled);
-      };
-      r.grad_output = torch::randn({b, s, width}, torch::dtype(torch::kFloat32)).to(device);
+    case v1::ATTENTION_CORE:
+      BuildAttentionCore(spec, p, device, r);
+      return r;  // its own gradient shape
+    case v1::EMBEDDING:
+      BuildEmbedding(spec, p, device, cache, r);
+      break;
+    default:  // POSTPROCESS: its output is the loss
+      BuildPostprocess(spec, p, device, cache, r);
       return r;
-    }
-    case v1::EMBEDDING: {
-      const torch::Tensor word = cache.parameters[0];
-      const torch::Tensor position =
-          spec.llama || spec.t5v11 ? torch::Tensor() : cache.parameters[1];
-      r.parameters = cache.parameters;
-      torch::Tensor tokens = torch::randint(spec.vocab_size, {b, s}, torch::kInt64).to(device);
-      r.kept_input_bytes = tokens.nbytes();  // the backward keeps the token ids
-      r.forward = [word, position, tokens, s] {
-        const torch::Tensor words = torch::embedding(word, tokens);
-        return position.defined() ? words + position.slice(0, 0, s).unsqueeze(0) : words;
-      };
-      break;
-    }
-    default: {  // POSTPROCESS: final LayerNorm, LM head and the summed token loss
-      const torch::Tensor weight = cache.parameters[0];
-      const torch::Tensor bias = cache.parameters[1];
-      const torch::Tensor head = cache.parameters[2];
-      for (const torch::Tensor& t : cache.parameters) {
-        if (t.defined()) r.parameters.push_back(t);
-      }
-      torch::Tensor x = Activation(p, s, h, device);
-      r.inputs.push_back(x);
-      torch::Tensor labels = torch::randint(spec.vocab_size, {b * s}, torch::kInt64).to(device);
-      r.kept_input_bytes = x.nbytes() + labels.nbytes();
-      const int64_t vocab = spec.vocab_size;
-      const bool rms = spec.llama || spec.t5v11;
-      const double epsilon = spec.norm_epsilon;
-      r.forward = [x, weight, bias, head, labels, h, vocab, rms, epsilon] {
-        const torch::Tensor normed =
-            rms ? RmsNorm(x, weight, epsilon) : torch::layer_norm(x, {h}, weight, bias, 1e-5);
-        const torch::Tensor logits = torch::linear(normed, head);
-        return torch::nn::functional::cross_entropy(
-            logits.reshape({-1, vocab}).to(torch::kFloat32), labels,
-            torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
-      };
-      break;
-    }
   }
-  if (p.component != v1::POSTPROCESS) {
-    const int64_t length = s;
-    r.grad_output = torch::randn({b, length, h}, torch::dtype(torch::kFloat32)).to(device);
-  }
+  r.grad_output =
+      torch::randn({p.micro_batch, p.seq_len, spec.hidden_size}, torch::dtype(torch::kFloat32))
+          .to(device);
   return r;
 }
 

@@ -509,65 +509,49 @@ absl::StatusOr<std::optional<v1::CommunicationCosts>> Communication(
   return earlier;
 }
 
-int Run(const ShutdownSignal& shutdown) {
-  const std::string config_path = absl::GetFlag(FLAGS_config);
-  const std::string out_path = absl::GetFlag(FLAGS_out);
-  if (config_path.empty() || out_path.empty()) {
-    std::fprintf(stderr, "varipipe-profile: --config and --out are required (try --help)\n");
-    return kExitUsage;
-  }
-  absl::StatusOr<v1::JobConfig> config = LoadJobConfigFile(config_path);
-  if (!config.ok()) {
-    std::fprintf(stderr, "varipipe-profile: %s\n", std::string(config.status().message()).c_str());
-    return kExitUsage;
-  }
-  absl::StatusOr<executor::ModelSpec> spec = executor::ModelSpecFromConfig(*config);
+// What a profile is of: the job, its model, this rank and the measurement
+// settings.
+struct ProfileInputs {
+  v1::JobConfig config;
+  executor::ModelSpec spec;
+  executor::LaunchEnv env;
+  executor::ProfileSettings settings;
+  std::string device;  // described for the file's header
+};
+
+absl::StatusOr<ProfileInputs> ReadInputs(const std::string& config_path) {
+  ProfileInputs inputs;
+  VP_ASSIGN_OR_RETURN(inputs.config, LoadJobConfigFile(config_path));
+  absl::StatusOr<executor::ModelSpec> spec = executor::ModelSpecFromConfig(inputs.config);
   if (!spec.ok()) {
-    std::fprintf(stderr, "varipipe-profile: %s: %s\n", config_path.c_str(),
-                 std::string(spec.status().message()).c_str());
-    return kExitUsage;
+    return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", spec.status().message()));
   }
-  absl::StatusOr<executor::LaunchEnv> env = executor::ReadLaunchEnv();
-  if (!env.ok()) {
-    std::fprintf(stderr, "varipipe-profile: %s\n", std::string(env.status().message()).c_str());
-    return kExitUsage;
-  }
-  std::string device;
-  absl::StatusOr<executor::ProfileSettings> settings = SettingsFromFlags(*config, *env, &device);
-  if (!settings.ok()) {
-    std::fprintf(stderr, "varipipe-profile: %s\n",
-                 std::string(settings.status().message()).c_str());
-    return kExitUsage;
-  }
+  inputs.spec = *std::move(spec);
+  VP_ASSIGN_OR_RETURN(inputs.env, executor::ReadLaunchEnv());
+  VP_ASSIGN_OR_RETURN(inputs.settings,
+                      SettingsFromFlags(inputs.config, inputs.env, &inputs.device));
+  return inputs;
+}
+
+// Measures every grid point not yet in OUT.partial (resuming it), then
+// writes the cost model file with the transfer and optimizer costs.
+int ProfileGrids(const ProfileInputs& inputs,
+                 const std::optional<v1::CommunicationCosts>& communication,
+                 const v1::OptimizerCosts& optimizer, const ShutdownSignal& shutdown) {
+  const std::string out_path = absl::GetFlag(FLAGS_out);
+  const v1::JobConfig& config = inputs.config;
   const bool quick = absl::GetFlag(FLAGS_quick);
-  // Several ranks: transfers first, then rank 0 alone profiles the rest.
-  bool rank_done = false;
-  absl::StatusOr<std::optional<v1::CommunicationCosts>> communication =
-      Communication(*env, *config, settings->device, out_path, quick, shutdown, &rank_done);
-  if (!communication.ok()) {
-    spdlog::error("{}", std::string(communication.status().message()));
-    return kExitFailure;
-  }
-  if (rank_done) return kExitOk;
-  absl::StatusOr<v1::OptimizerCosts> optimizer =
-      executor::MeasureOptimizer(*spec, *config, settings->device, settings->repeats);
-  if (!optimizer.ok()) {
-    spdlog::error("{}", std::string(optimizer.status().message()));
-    return kExitFailure;
-  }
-  spdlog::info("optimizer step ({}): {:.3f} ms + {:.3f} ms per million parameters",
-               optimizer->optimizer(), optimizer->fixed_ms(),
-               optimizer->ms_per_million_parameters());
   std::vector<v1::RecomputeMode> modes;
-  for (int m : config->planner().recompute_modes())
+  for (int m : config.planner().recompute_modes()) {
     modes.push_back(static_cast<v1::RecomputeMode>(m));
+  }
   if (modes.empty()) modes = {v1::RECOMPUTE_NONE, v1::RECOMPUTE_SELECTIVE, v1::RECOMPUTE_FULL};
-  const std::vector<Grid> grids = Grids(*config, quick);
-  const std::vector<PointKey> todo = PointsToMeasure(grids, modes, TokenCap(*config));
-  const std::string header =
-      absl::StrCat("# varipipe-profile v1 ", device, " threads=", absl::GetFlag(FLAGS_threads),
-                   " repeats=", settings->repeats, " quick=", quick,
-                   " model=", config->model().ShortDebugString(), " points=", todo.size());
+  const std::vector<Grid> grids = Grids(config, quick);
+  const std::vector<PointKey> todo = PointsToMeasure(grids, modes, TokenCap(config));
+  const std::string header = absl::StrCat(
+      "# varipipe-profile v1 ", inputs.device, " threads=", absl::GetFlag(FLAGS_threads),
+      " repeats=", inputs.settings.repeats, " quick=", quick,
+      " model=", config.model().ShortDebugString(), " points=", todo.size());
   PartialFile partial(out_path + ".partial", header);
   std::map<PointKey, executor::PointCosts> done = partial.Load();
   if (!partial.Open(done)) {
@@ -575,9 +559,10 @@ int Run(const ShutdownSignal& shutdown) {
     return kExitFailure;
   }
   spdlog::info("profiling {} grid points on {} ({} already measured in {}.partial)", todo.size(),
-               device, done.size(), out_path);
+               inputs.device, done.size(), out_path);
   const absl::Time start = absl::Now();
-  if (absl::Status s = MeasureAll(todo, *spec, *settings, shutdown, partial, done); !s.ok()) {
+  if (absl::Status s = MeasureAll(todo, inputs.spec, inputs.settings, shutdown, partial, done);
+      !s.ok()) {
     if (absl::IsCancelled(s)) {
       spdlog::warn("{}", std::string(s.message()));
     } else {
@@ -588,14 +573,14 @@ int Run(const ShutdownSignal& shutdown) {
   v1::CostModelFile file;
   file.set_format_version(1);
   file.set_description(absl::StrCat(
-      "varipipe-profile on ", device, " (LibTorch ", executor::TorchVersion(), ", ",
+      "varipipe-profile on ", inputs.device, " (LibTorch ", executor::TorchVersion(), ", ",
       absl::GetFlag(FLAGS_threads), " threads), ",
       absl::FormatTime("%Y-%m-%d", absl::Now(), absl::UTCTimeZone()), quick ? ", quick grid" : ""));
-  *file.mutable_model() = config->model();
-  if (communication->has_value()) *file.mutable_communication() = **communication;
-  *file.mutable_optimizer() = *optimizer;
+  *file.mutable_model() = config.model();
+  if (communication.has_value()) *file.mutable_communication() = *communication;
+  *file.mutable_optimizer() = optimizer;
   int repaired = 0;
-  AddGrids(grids, modes, done, *spec, file, repaired);
+  AddGrids(grids, modes, done, inputs.spec, file, repaired);
   if (absl::Status s = WriteCostModel(file, out_path); !s.ok()) {
     spdlog::error("{}", std::string(s.message()));
     return kExitFailure;
@@ -606,6 +591,40 @@ int Run(const ShutdownSignal& shutdown) {
       "monotone)",
       out_path, todo.size(), Duration(absl::ToDoubleSeconds(absl::Now() - start)), repaired);
   return kExitOk;
+}
+
+int Run(const ShutdownSignal& shutdown) {
+  const std::string config_path = absl::GetFlag(FLAGS_config);
+  const std::string out_path = absl::GetFlag(FLAGS_out);
+  if (config_path.empty() || out_path.empty()) {
+    std::fprintf(stderr, "varipipe-profile: --config and --out are required (try --help)\n");
+    return kExitUsage;
+  }
+  absl::StatusOr<ProfileInputs> inputs = ReadInputs(config_path);
+  if (!inputs.ok()) {
+    std::fprintf(stderr, "varipipe-profile: %s\n", std::string(inputs.status().message()).c_str());
+    return kExitUsage;
+  }
+  // Several ranks: transfers first, then rank 0 alone profiles the rest.
+  bool rank_done = false;
+  absl::StatusOr<std::optional<v1::CommunicationCosts>> communication =
+      Communication(inputs->env, inputs->config, inputs->settings.device, out_path,
+                    absl::GetFlag(FLAGS_quick), shutdown, &rank_done);
+  if (!communication.ok()) {
+    spdlog::error("{}", std::string(communication.status().message()));
+    return kExitFailure;
+  }
+  if (rank_done) return kExitOk;
+  absl::StatusOr<v1::OptimizerCosts> optimizer = executor::MeasureOptimizer(
+      inputs->spec, inputs->config, inputs->settings.device, inputs->settings.repeats);
+  if (!optimizer.ok()) {
+    spdlog::error("{}", std::string(optimizer.status().message()));
+    return kExitFailure;
+  }
+  spdlog::info("optimizer step ({}): {:.3f} ms + {:.3f} ms per million parameters",
+               optimizer->optimizer(), optimizer->fixed_ms(),
+               optimizer->ms_per_million_parameters());
+  return ProfileGrids(*inputs, *communication, *optimizer, shutdown);
 }
 
 }  // namespace

@@ -327,6 +327,71 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
   return trainer.Run();
 }
 
+// The first failure of a peer that the liveness watch saw.
+class PeerFailure {
+ public:
+  void Set(const std::string& failure) {
+    absl::MutexLock lock(&mu_);
+    failure_ = failure;
+  }
+  std::string Get() const {
+    absl::MutexLock lock(&mu_);
+    return failure_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::string failure_ ABSL_GUARDED_BY(mu_);
+};
+
+// Reports how this rank's training ended to its peers and returns the
+// status main reports: done; stopped on purpose (CANCELLED); ended by a
+// peer's failure (ABORTED, naming it); or its own failure, with what the
+// other ranks were doing when the failure may be theirs. `ttl` is the
+// heartbeats' time to live.
+absl::Status ReportEnd(const absl::Status& status, const ShutdownSignal& shutdown,
+                       const PeerFailure& peer_failure, absl::Duration ttl,
+                       executor::RankLiveness& liveness, executor::RankTransports& transports) {
+  if (status.ok()) {
+    liveness.ReportDone();
+    return status;
+  }
+  if (shutdown.Requested()) {
+    // Stopped on purpose: said so to the peers, and no waiting for them.
+    const std::string message = absl::StrCat(StopReason(shutdown), ": ", status.message());
+    liveness.ReportFailure(message);
+    return absl::CancelledError(message);
+  }
+  // A transfer or collective that failed or timed out may be the
+  // consequence of a peer's death: name it before reporting (the report
+  // may become the launch's first failure).
+  std::string diagnosis;
+  if (peer_failure.Get().empty() &&
+      (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status))) {
+    diagnosis = liveness.DiagnosePeers(ttl + absl::Seconds(2),
+                                       /*until_first_finding=*/true);
+  }
+  if (const std::string failure = peer_failure.Get(); !failure.empty()) {
+    // Ended by a peer's failure: the cause first, then where this rank was.
+    const std::string message =
+        absl::StrCat("ended because ", failure, "\n  (this rank was at: ", status.message(), ")");
+    liveness.ReportFailure(message, /*first_candidate=*/false);
+    transports.Close();
+    return absl::AbortedError(message);
+  }
+  const std::string message = diagnosis.empty()
+                                  ? std::string(status.message())
+                                  : absl::StrCat(status.message(), "; other ranks: ", diagnosis);
+  liveness.ReportFailure(message);
+  transports.Close();
+  if (diagnosis.empty()) {
+    diagnosis = liveness.DiagnosePeers(ttl + absl::Seconds(1));
+  }
+  return absl::Status(
+      status.code(),
+      absl::StrCat(status.message(), diagnosis.empty() ? "" : "\n  other ranks: ", diagnosis));
+}
+
 // Train with heartbeats from before the rendezvous to the end, so that
 // whatever ends this rank (a failure at start-up included) is reported to
 // its peers, and with a watch on the peers, so that whatever ends another
@@ -346,10 +411,8 @@ absl::Status TrainAndReport(const v1::JobConfig& config, const executor::LaunchE
     return shutdown.Requested() || transports.aborted();
   };
   transport_options.collective_timeout = absl::Seconds(config.training().watchdog_timeout_s());
-  // The first peer failure the watch saw (declared before the liveness,
-  // whose watch thread writes it).
-  absl::Mutex peer_mu;
-  std::string peer_failure;
+  // Declared before the liveness, whose watch thread writes it.
+  PeerFailure peer_failure;
   executor::LivenessOptions liveness_options;
   liveness_options.redis = transport_options.redis;
   liveness_options.prefix = transport_options.prefix + "/liveness";
@@ -360,18 +423,11 @@ absl::Status TrainAndReport(const v1::JobConfig& config, const executor::LaunchE
   // A peer's failure ends every wait of this rank: transfers, collectives,
   // the rendezvous and plan fetches.
   liveness->WatchPeers([&](const std::string& failure) {
-    {
-      absl::MutexLock lock(&peer_mu);
-      peer_failure = failure;
-    }
+    peer_failure.Set(failure);
     spdlog::error("ending this rank: {}", failure);
     transports.Abort(absl::StrCat("ended because ", failure));
     source.Cancel();
   });
-  const auto peer_failed = [&]() -> std::string {
-    absl::MutexLock lock(&peer_mu);
-    return peer_failure;
-  };
   absl::Status status;
   {
     const std::unique_ptr<ShutdownSignal::Subscription> abort_on_shutdown =
@@ -382,43 +438,191 @@ absl::Status TrainAndReport(const v1::JobConfig& config, const executor::LaunchE
     status = Train(config, env, coordinates, device, shutdown, source, transport_options,
                    transports, board);
   }
-  if (status.ok()) {
-    liveness->ReportDone();
-    return status;
+  return ReportEnd(status, shutdown, peer_failure, liveness_options.ttl, *liveness, transports);
+}
+
+// What main gathers before training, one step at a time. A step that fails
+// has printed or logged why and returns the exit status; nullopt goes on.
+struct ExecutorStartup {
+  executor::LaunchEnv env;
+  std::optional<v1::JobConfig> config;
+  std::string token;
+  std::unique_ptr<executor::PlanSource> source;
+  std::string planner_store_address;
+  std::optional<v1::StageLayoutConfig> planner_layout;  // GetJob's
+  executor::RankCoordinates coordinates;
+  executor::DeviceChoice device;
+};
+using ExitStatus = std::optional<int>;
+
+// The launcher's environment and the fault injection it asks for.
+ExitStatus ReadEnvironment(ExecutorStartup& startup) {
+  absl::StatusOr<executor::LaunchEnv> env = executor::ReadLaunchEnv();
+  if (!env.ok()) return StartupError(env.status(), kExitUsage);
+  startup.env = *std::move(env);
+  if (const absl::Status faults = executor::ConfigureFaultInjection(startup.env.rank);
+      !faults.ok()) {
+    return StartupError(faults, kExitUsage);
   }
-  if (shutdown.Requested()) {
-    // Stopped on purpose: said so to the peers, and no waiting for them.
-    const std::string message = absl::StrCat(StopReason(shutdown), ": ", status.message());
-    liveness->ReportFailure(message);
-    return absl::CancelledError(message);
+  return std::nullopt;
+}
+
+// The config from --config, and the job token (docs/security.md): presented
+// to the daemons, and required by this rank's status endpoint.
+ExitStatus ReadConfigAndToken(ExecutorStartup& startup) {
+  const std::string path = absl::GetFlag(FLAGS_config);
+  const bool with_planners = !absl::GetFlag(FLAGS_planner).empty();
+  if (path.empty() && !with_planners) {
+    std::fprintf(stderr, "varipipe-executor: --config is required (or --planner; try --help)\n");
+    return kExitUsage;
   }
-  // A transfer or collective that failed or timed out may be the
-  // consequence of a peer's death: name it before reporting (the report
-  // may become the launch's first failure).
-  std::string diagnosis;
-  if (peer_failed().empty() && (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status))) {
-    diagnosis = liveness->DiagnosePeers(liveness_options.ttl + absl::Seconds(2),
-                                        /*until_first_finding=*/true);
+  if (!path.empty()) {
+    absl::StatusOr<v1::JobConfig> config = LoadJobConfigFile(path);
+    if (!config.ok()) return StartupError(config.status(), kExitUsage);
+    startup.config = *std::move(config);
   }
-  if (const std::string failure = peer_failed(); !failure.empty()) {
-    // Ended by a peer's failure: the cause first, then where this rank was.
-    const std::string message =
-        absl::StrCat("ended because ", failure, "\n  (this rank was at: ", status.message(), ")");
-    liveness->ReportFailure(message, /*first_candidate=*/false);
-    transports.Close();
-    return absl::AbortedError(message);
+  absl::StatusOr<std::string> token =
+      ClientJobToken(absl::GetFlag(FLAGS_token_file), absl::GetFlag(FLAGS_store_file));
+  if (token.ok() && token->empty() && with_planners && startup.config.has_value()) {
+    token = TokenFromSharedStore(*startup.config);
   }
-  const std::string message = diagnosis.empty()
-                                  ? std::string(status.message())
-                                  : absl::StrCat(status.message(), "; other ranks: ", diagnosis);
-  liveness->ReportFailure(message);
-  transports.Close();
-  if (diagnosis.empty()) {
-    diagnosis = liveness->DiagnosePeers(liveness_options.ttl + absl::Seconds(1));
+  if (!token.ok()) return StartupError(token.status(), kExitUsage);
+  startup.token = *std::move(token);
+  return std::nullopt;
+}
+
+// With --planner: the plan source, and the job (config, store address and
+// stage layout) the daemons serve.
+ExitStatus ConnectToPlanners(ExecutorStartup& startup) {
+  const std::string planners = absl::GetFlag(FLAGS_planner);
+  if (planners.empty()) return std::nullopt;
+  ClientSecurity security;
+  security.token = startup.token;
+  security.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  security.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  security.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
+  auto service = std::make_unique<executor::PlannerServiceSource>(
+      absl::StrSplit(planners, ',', absl::SkipEmpty()), startup.env.rank,
+      absl::Seconds(absl::GetFlag(FLAGS_plan_wait_s)), 4, security);
+  absl::StatusOr<v1::GetJobResponse> job = service->GetJob();
+  if (!job.ok()) return StartupError(job.status(), kExitFailure);
+  startup.planner_store_address = job->store_address();
+  if (!startup.config.has_value()) startup.config = job->config();
+  if (job->has_stage_layout()) startup.planner_layout = job->stage_layout();
+  startup.source = std::move(service);
+  return std::nullopt;
+}
+
+// This rank's coordinates and device, logged with the library versions.
+ExitStatus PlaceRank(ExecutorStartup& startup) {
+  const executor::LaunchEnv& env = startup.env;
+  absl::StatusOr<executor::RankCoordinates> coordinates =
+      executor::ComputeCoordinates(env, *startup.config);
+  if (!coordinates.ok()) return StartupError(coordinates.status(), kExitUsage);
+  startup.coordinates = *coordinates;
+  SetLoggerName(absl::StrCat("executor[rank ", env.rank, "]"));
+  if (!absl::GetFlag(FLAGS_log_all_ranks) && env.rank != 0 &&
+      spdlog::get_level() < spdlog::level::warn) {
+    spdlog::set_level(spdlog::level::warn);
   }
-  return absl::Status(
-      status.code(),
-      absl::StrCat(status.message(), diagnosis.empty() ? "" : "\n  other ranks: ", diagnosis));
+  absl::StatusOr<executor::DeviceChoice> device = executor::ChooseDevice(env.local_rank);
+  if (!device.ok()) {
+    spdlog::error("{}", device.status().message());
+    return kExitFailure;
+  }
+  startup.device = *std::move(device);
+  std::string nccl = "not built";
+#ifdef VARIPIPE_HAVE_NCCL
+  nccl = executor::NcclRuntimeVersion();
+#endif
+  spdlog::info(
+      "job {}: rank {} of {} (launcher {}, local rank {}) = dp {} pp {}; device {}; "
+      "LibTorch {}; NCCL {}",
+      startup.config->job_id(), env.rank, env.world_size, env.launcher, env.local_rank,
+      startup.coordinates.dp_rank, startup.coordinates.pp_rank, startup.device.name,
+      executor::TorchVersion(), nccl);
+  return std::nullopt;
+}
+
+// The plan files when no planner serves plans, and the stage layout an
+// "auto" config resolves to.
+ExitStatus OpenPlanSource(ExecutorStartup& startup) {
+  if (startup.source == nullptr) {
+    if (absl::GetFlag(FLAGS_plans).empty()) {
+      spdlog::error("--plans or --planner is required (try --help)");
+      return kExitUsage;
+    }
+    startup.source = executor::PlanFileSource(absl::GetFlag(FLAGS_plans), startup.env.rank);
+  }
+  spdlog::info("plans from {}", startup.source->Describe());
+  if (const absl::Status layout =
+          ResolveAutoStageLayout(*startup.config, startup.planner_layout, *startup.source,
+                                 absl::GetFlag(FLAGS_first_iteration));
+      !layout.ok()) {
+    return StartupError(layout, kExitFailure);
+  }
+  return std::nullopt;
+}
+
+// The status endpoint and the metrics endpoint, serving from here to the
+// end, stuck rendezvous included.
+struct MonitoringEndpoints {
+  std::unique_ptr<executor::ExecutorStatusServer> status;
+  std::unique_ptr<metrics::MetricsHttpServer> metrics;
+};
+ExitStatus ServeMonitoring(const ExecutorStartup& startup, const v1::ExecutorStatus& identity,
+                           executor::ExecutorStatusBoard& board, MonitoringEndpoints& endpoints) {
+  if (const int base = absl::GetFlag(FLAGS_status_port); base >= 0) {
+    absl::StatusOr<std::unique_ptr<executor::ExecutorStatusServer>> started =
+        executor::ExecutorStatusServer::Start(absl::GetFlag(FLAGS_status_host),
+                                              base == 0 ? 0 : base + startup.env.local_rank, &board,
+                                              startup.token);
+    if (!started.ok()) {
+      spdlog::error("{}", started.status().message());
+      return kExitFailure;
+    }
+    endpoints.status = *std::move(started);
+    spdlog::info("status endpoint (StatusService, health) on {}:{}",
+                 absl::GetFlag(FLAGS_status_host), endpoints.status->port());
+  }
+  absl::StatusOr<std::unique_ptr<metrics::MetricsHttpServer>> metrics_server =
+      executor::StartExecutorMetrics(absl::GetFlag(FLAGS_metrics_listen), identity,
+                                     startup.env.local_rank);
+  if (!metrics_server.ok()) {
+    spdlog::error("{}", metrics_server.status().message());
+    return kExitFailure;
+  }
+  endpoints.metrics = *std::move(metrics_server);
+  return std::nullopt;
+}
+
+// Trains under monitoring; the exit status says how training ended.
+int Run(ExecutorStartup& startup, ShutdownSignal& shutdown) {
+  v1::ExecutorStatus identity;
+  identity.set_job_id(startup.config->job_id());
+  identity.set_rank(startup.env.rank);
+  identity.set_dp_rank(startup.coordinates.dp_rank);
+  identity.set_pp_rank(startup.coordinates.pp_rank);
+  identity.set_device(startup.device.name);
+  executor::ExecutorStatusBoard board(identity);
+  MonitoringEndpoints endpoints;
+  if (const ExitStatus failed = ServeMonitoring(startup, identity, board, endpoints)) {
+    return *failed;
+  }
+  const absl::Status status =
+      TrainAndReport(*startup.config, startup.env, startup.coordinates, startup.device, shutdown,
+                     *startup.source, startup.planner_store_address, board);
+  if (absl::IsCancelled(status) && shutdown.signal_number() != 0) {
+    // The conventional status of a process ended by that signal.
+    const int code = 128 + shutdown.signal_number();
+    spdlog::error("{}; exiting with status {}", status.message(), code);
+    return code;
+  }
+  if (!status.ok()) {
+    spdlog::error("{}", status.message());
+    return kExitFailure;
+  }
+  return kExitOk;
 }
 
 }  // namespace
@@ -437,139 +641,12 @@ int main(int argc, char** argv) {
                  args.front().c_str());
     return varipipe::kExitUsage;
   }
-  absl::StatusOr<varipipe::executor::LaunchEnv> env = varipipe::executor::ReadLaunchEnv();
-  if (!env.ok()) {
-    return varipipe::StartupError(env.status(), varipipe::kExitUsage);
+  varipipe::ExecutorStartup startup;
+  for (const auto step : {varipipe::ReadEnvironment, varipipe::ReadConfigAndToken,
+                          varipipe::ConnectToPlanners, varipipe::PlaceRank}) {
+    if (const varipipe::ExitStatus failed = step(startup)) return *failed;
   }
-  if (const absl::Status faults = varipipe::executor::ConfigureFaultInjection(env->rank);
-      !faults.ok()) {
-    return varipipe::StartupError(faults, varipipe::kExitUsage);
-  }
-  // The plan source, and the config (from the file, or from the planners).
-  const std::string path = absl::GetFlag(FLAGS_config);
-  const std::string planners = absl::GetFlag(FLAGS_planner);
-  if (path.empty() && planners.empty()) {
-    std::fprintf(stderr, "varipipe-executor: --config is required (or --planner; try --help)\n");
-    return varipipe::kExitUsage;
-  }
-  std::unique_ptr<varipipe::executor::PlanSource> source;
-  std::string planner_store_address;
-  std::optional<varipipe::v1::StageLayoutConfig> planner_layout;  // GetJob's
-  absl::StatusOr<varipipe::v1::JobConfig> config = absl::FailedPreconditionError("no config");
-  if (!path.empty()) {
-    config = varipipe::LoadJobConfigFile(path);
-    if (!config.ok()) {
-      return varipipe::StartupError(config.status(), varipipe::kExitUsage);
-    }
-  }
-  // The job token (docs/security.md): presented to the daemons, and required
-  // by this rank's status endpoint.
-  absl::StatusOr<std::string> token =
-      varipipe::ClientJobToken(absl::GetFlag(FLAGS_token_file), absl::GetFlag(FLAGS_store_file));
-  if (token.ok() && token->empty() && !planners.empty() && config.ok()) {
-    token = varipipe::TokenFromSharedStore(*config);
-  }
-  if (!token.ok()) {
-    return varipipe::StartupError(token.status(), varipipe::kExitUsage);
-  }
-  if (!planners.empty()) {
-    varipipe::ClientSecurity security;
-    security.token = *token;
-    security.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
-    security.tls.key_file = absl::GetFlag(FLAGS_tls_key);
-    security.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
-    auto service = std::make_unique<varipipe::executor::PlannerServiceSource>(
-        absl::StrSplit(planners, ',', absl::SkipEmpty()), env->rank,
-        absl::Seconds(absl::GetFlag(FLAGS_plan_wait_s)), 4, security);
-    absl::StatusOr<varipipe::v1::GetJobResponse> job = service->GetJob();
-    if (!job.ok()) {
-      return varipipe::StartupError(job.status(), varipipe::kExitFailure);
-    }
-    planner_store_address = job->store_address();
-    if (path.empty()) config = job->config();
-    if (job->has_stage_layout()) planner_layout = job->stage_layout();
-    source = std::move(service);
-  }
-  absl::StatusOr<varipipe::executor::RankCoordinates> coordinates =
-      varipipe::executor::ComputeCoordinates(*env, *config);
-  if (!coordinates.ok()) {
-    return varipipe::StartupError(coordinates.status(), varipipe::kExitUsage);
-  }
-  varipipe::SetLoggerName(absl::StrCat("executor[rank ", env->rank, "]"));
-  if (!absl::GetFlag(FLAGS_log_all_ranks) && env->rank != 0 &&
-      spdlog::get_level() < spdlog::level::warn) {
-    spdlog::set_level(spdlog::level::warn);
-  }
-  absl::StatusOr<varipipe::executor::DeviceChoice> device =
-      varipipe::executor::ChooseDevice(env->local_rank);
-  if (!device.ok()) {
-    spdlog::error("{}", device.status().message());
-    return varipipe::kExitFailure;
-  }
-  std::string nccl = "not built";
-#ifdef VARIPIPE_HAVE_NCCL
-  nccl = varipipe::executor::NcclRuntimeVersion();
-#endif
-  spdlog::info(
-      "job {}: rank {} of {} (launcher {}, local rank {}) = dp {} pp {}; device {}; "
-      "LibTorch {}; NCCL {}",
-      config->job_id(), env->rank, env->world_size, env->launcher, env->local_rank,
-      coordinates->dp_rank, coordinates->pp_rank, device->name, varipipe::executor::TorchVersion(),
-      nccl);
   if (absl::GetFlag(FLAGS_check_launch)) return varipipe::kExitOk;
-  if (source == nullptr) {
-    if (absl::GetFlag(FLAGS_plans).empty()) {
-      spdlog::error("--plans or --planner is required (try --help)");
-      return varipipe::kExitUsage;
-    }
-    source = varipipe::executor::PlanFileSource(absl::GetFlag(FLAGS_plans), env->rank);
-  }
-  spdlog::info("plans from {}", source->Describe());
-  if (const absl::Status layout = varipipe::ResolveAutoStageLayout(
-          *config, planner_layout, *source, absl::GetFlag(FLAGS_first_iteration));
-      !layout.ok()) {
-    return varipipe::StartupError(layout, varipipe::kExitFailure);
-  }
-  // The status endpoint serves from here to the end, stuck rendezvous included.
-  varipipe::v1::ExecutorStatus identity;
-  identity.set_job_id(config->job_id());
-  identity.set_rank(env->rank);
-  identity.set_dp_rank(coordinates->dp_rank);
-  identity.set_pp_rank(coordinates->pp_rank);
-  identity.set_device(device->name);
-  varipipe::executor::ExecutorStatusBoard board(identity);
-  std::unique_ptr<varipipe::executor::ExecutorStatusServer> status_server;
-  if (const int base = absl::GetFlag(FLAGS_status_port); base >= 0) {
-    absl::StatusOr<std::unique_ptr<varipipe::executor::ExecutorStatusServer>> started =
-        varipipe::executor::ExecutorStatusServer::Start(absl::GetFlag(FLAGS_status_host),
-                                                        base == 0 ? 0 : base + env->local_rank,
-                                                        &board, *token);
-    if (!started.ok()) {
-      spdlog::error("{}", started.status().message());
-      return varipipe::kExitFailure;
-    }
-    status_server = *std::move(started);
-    spdlog::info("status endpoint (StatusService, health) on {}:{}",
-                 absl::GetFlag(FLAGS_status_host), status_server->port());
-  }
-  absl::StatusOr<std::unique_ptr<varipipe::metrics::MetricsHttpServer>> metrics_server =
-      varipipe::executor::StartExecutorMetrics(absl::GetFlag(FLAGS_metrics_listen), identity,
-                                               env->local_rank);
-  if (!metrics_server.ok()) {
-    spdlog::error("{}", metrics_server.status().message());
-    return varipipe::kExitFailure;
-  }
-  const absl::Status status = varipipe::TrainAndReport(
-      *config, *env, *coordinates, *device, shutdown, *source, planner_store_address, board);
-  if (absl::IsCancelled(status) && shutdown.signal_number() != 0) {
-    // The conventional status of a process ended by that signal.
-    const int code = 128 + shutdown.signal_number();
-    spdlog::error("{}; exiting with status {}", status.message(), code);
-    return code;
-  }
-  if (!status.ok()) {
-    spdlog::error("{}", status.message());
-    return varipipe::kExitFailure;
-  }
-  return varipipe::kExitOk;
+  if (const varipipe::ExitStatus failed = varipipe::OpenPlanSource(startup)) return *failed;
+  return varipipe::Run(startup, shutdown);
 }

@@ -8,6 +8,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/plan_contract/buffer_lifetimes.h"
+#include "common/plan_contract/format_version.h"
+#include "common/plan_contract/instruction_text.h"
+#include "common/plan_contract/micro_batch_rows.h"
+#include "common/plan_contract/sample_placement.h"
+#include "common/plan_contract/weight_grad_order.h"
 #include "google/protobuf/repeated_field.h"
 
 namespace varipipe::executor {
@@ -21,23 +27,9 @@ bool IsFloat(v1::DType dtype) {
   return dtype == v1::FLOAT32 || dtype == v1::BFLOAT16 || dtype == v1::FLOAT16;
 }
 
-std::string OpName(const v1::Instruction& in) {
-  const auto* field = v1::Instruction::descriptor()->FindFieldByNumber(in.op_case());
-  return field == nullptr ? "no operation" : field->name();
-}
-
-// "plan of iteration I for rank R: instruction #i (op, micro-batch m,
-// stage s): " (without the instruction for index < 0).
-std::string Where(const v1::ExecutionPlan& plan, int index) {
-  std::string where =
-      absl::StrCat("plan of iteration ", plan.iteration(), " for rank ", plan.rank(), ": ");
-  if (index >= 0) {
-    const v1::Instruction& in = plan.instructions(index);
-    absl::StrAppend(&where, "instruction #", index, " (", OpName(in), ", micro-batch ",
-                    in.micro_batch(), ", stage ", in.stage(), "): ");
-  }
-  return where;
-}
+using plan_contract::MicroBatchRows;
+using plan_contract::OpName;
+using plan_contract::WhereInPlan;
 
 class PlanChecker {
  public:
@@ -66,7 +58,14 @@ class PlanChecker {
       }
     }
     index_ = -1;
-    if (absl::Status s = CheckWeightGradOrder(plan_); !s.ok()) return s;
+    // The plan contract's rules over the whole instruction stream.
+    for (const auto& violation :
+         {plan_contract::CheckWeightGradOrder(plan_), plan_contract::CheckBufferLifetimes(plan_)}) {
+      if (violation.has_value()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(WhereInPlan(plan_, violation->instruction), violation->Describe()));
+      }
+    }
     // Every buffer is written by some instruction, so a plan never needs more
     // buffers than the ids its instructions name; this bounds what the
     // interpreter allocates by the plan's own size.
@@ -80,13 +79,14 @@ class PlanChecker {
 
  private:
   absl::Status Error(absl::string_view field, absl::string_view problem) const {
-    return absl::InvalidArgumentError(absl::StrCat(Where(plan_, index_), field, " ", problem));
+    return absl::InvalidArgumentError(
+        absl::StrCat(WhereInPlan(plan_, index_), field, " ", problem));
   }
 
   absl::Status CheckHeader() {
-    if (plan_.format_version() != v1::PLAN_FORMAT_V1) {
-      return Error("format_version", absl::StrCat("is ", plan_.format_version(), " (expected ",
-                                                  static_cast<int>(v1::PLAN_FORMAT_V1), ")"));
+    if (const auto violation = plan_contract::CheckFormatVersion(plan_)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(WhereInPlan(plan_, -1), violation->Describe()));
     }
     if (!config_.job_id().empty() && plan_.job_id() != config_.job_id()) {
       return Error("job_id", absl::StrCat("is '", plan_.job_id(), "' but this job is '",
@@ -173,15 +173,12 @@ class PlanChecker {
                                       ", data.max_target_length)")
                        : absl::StrCat("is ", mb.target_len(), " (GPT micro-batches have none)"));
     }
-    const Repeated<uint32_t>& starts = mb.row_starts();
-    for (int r = 0; r < starts.size(); ++r) {
-      const bool ordered = r == 0 ? starts[r] == 0 : starts[r] > starts[r - 1];
-      if (!ordered || starts[r] >= static_cast<uint32_t>(mb.sample_ids_size())) {
-        return Error(absl::StrCat(name, ".row_starts[", r, "]"),
-                     absl::StrCat("is ", starts[r], " (row starts rise from 0 below the ",
-                                  mb.sample_ids_size(), " samples)"));
-      }
+    // The samples' rows and spans: the plan contract's layout.
+    std::vector<std::vector<plan_contract::SamplePlacement>> rows_of_samples;
+    if (const auto violation = plan_contract::PlaceSamples(mb, t5_, &rows_of_samples)) {
+      return Error(absl::StrCat(name, ".", violation->field), violation->problem);
     }
+    const Repeated<uint32_t>& starts = mb.row_starts();
     if (mb.packed_attention() != v1::PACKED_ATTENTION_UNSPECIFIED &&
         (starts.empty() || (mb.packed_attention() != v1::PER_SAMPLE &&
                             mb.packed_attention() != v1::BLOCK_DIAGONAL_MASK))) {
@@ -190,7 +187,6 @@ class PlanChecker {
                                   : absl::StrCat("is ", static_cast<int>(mb.packed_attention()),
                                                  " (expected PER_SAMPLE or BLOCK_DIAGONAL_MASK)"));
     }
-    if (absl::Status s = CheckSamples(mb, name); !s.ok()) return s;
     const uint64_t rows = MicroBatchRows(mb);
     if (mb.real_input_tokens() > rows * mb.input_len()) {
       return Error(name + ".real_input_tokens",
@@ -200,74 +196,6 @@ class PlanChecker {
     if (mb.real_target_tokens() > rows * std::max(mb.target_len(), mb.input_len())) {
       return Error(name + ".real_target_tokens", absl::StrCat("is ", mb.real_target_tokens(),
                                                               ", more than the micro-batch holds"));
-    }
-    return absl::OkStatus();
-  }
-
-  // The per-sample lengths and offsets (what the executor feeds): one entry
-  // per sample each, every sample inside the padded lengths and after the
-  // previous sample of its row. Whether a length is within the sample's real
-  // length is the loader's check (it reads the dataset).
-  absl::Status CheckSamples(const v1::MicroBatch& mb, const std::string& name) const {
-    const int n = mb.sample_ids_size();
-    const std::pair<const char*, const Repeated<uint32_t>*> fields[] = {
-        {"sample_input_lens", &mb.sample_input_lens()},
-        {"sample_target_lens", &mb.sample_target_lens()},
-        {"sample_input_offsets", &mb.sample_input_offsets()},
-        {"sample_target_offsets", &mb.sample_target_offsets()}};
-    for (const auto& [field, values] : fields) {
-      if (values->size() != n) {
-        return Error(
-            absl::StrCat(name, ".", field),
-            absl::StrCat("has ", values->size(), " entries for ", n, " samples (one per sample)"));
-      }
-    }
-    const bool packed = !mb.row_starts().empty();
-    int next_row = 0;
-    uint64_t input_end = 0;
-    uint64_t target_end = 0;
-    for (int i = 0; i < n; ++i) {
-      if (!packed || (next_row < mb.row_starts_size() &&
-                      mb.row_starts(next_row) == static_cast<uint32_t>(i))) {
-        ++next_row;
-        input_end = 0;
-        target_end = 0;
-      }
-      const uint64_t input = t5_ ? mb.sample_input_lens(i)
-                                 : uint64_t{mb.sample_input_lens(i)} + mb.sample_target_lens(i);
-      const uint64_t target = t5_ ? mb.sample_target_lens(i) : 0;
-      if (input == 0 || (t5_ && target == 0)) {
-        return Error(
-            absl::StrCat(name, ".sample_", input == 0 ? "input" : "target", "_lens[", i, "]"),
-            "gives the sample no tokens");
-      }
-      const auto place = [&](const char* field, uint32_t offset, uint64_t length, uint64_t* end,
-                             uint32_t padded) -> absl::Status {
-        if ((!packed && offset != 0) || offset < *end || offset + length > padded) {
-          return Error(absl::StrCat(name, ".", field, "[", i, "]"),
-                       absl::StrCat("is ", offset, " for ", length, " tokens (",
-                                    packed ? "samples follow each other in a row"
-                                           : "unpacked samples start at 0",
-                                    " within the padded length ", padded, ")"));
-        }
-        *end = offset + length;
-        return absl::OkStatus();
-      };
-      if (absl::Status s = place("sample_input_offsets", mb.sample_input_offsets(i), input,
-                                 &input_end, mb.input_len());
-          !s.ok()) {
-        return s;
-      }
-      if (t5_) {
-        if (absl::Status s = place("sample_target_offsets", mb.sample_target_offsets(i), target,
-                                   &target_end, mb.target_len());
-            !s.ok()) {
-          return s;
-        }
-      } else if (mb.sample_target_offsets(i) != 0) {
-        return Error(absl::StrCat(name, ".sample_target_offsets[", i, "]"),
-                     "must be 0 for GPT (the target is part of the sequence)");
-      }
     }
     return absl::OkStatus();
   }
@@ -497,69 +425,25 @@ class PlanChecker {
 
 }  // namespace
 
-uint64_t MicroBatchRows(const v1::MicroBatch& mb) {
-  return mb.row_starts().empty() ? static_cast<uint64_t>(mb.sample_ids_size())
-                                 : static_cast<uint64_t>(mb.row_starts_size());
-}
-
 absl::Status CheckPlan(const v1::ExecutionPlan& plan, const v1::JobConfig& config,
                        const PlanRecipient& recipient) {
   return PlanChecker(plan, config, recipient).Check();
 }
 
+absl::StatusOr<CheckedPlan> CheckedPlan::Check(std::shared_ptr<const v1::ExecutionPlan> plan,
+                                               const v1::JobConfig& config,
+                                               const PlanRecipient& recipient) {
+  if (plan == nullptr) return absl::InvalidArgumentError("no plan to check");
+  if (absl::Status status = CheckPlan(*plan, config, recipient); !status.ok()) return status;
+  return CheckedPlan(std::move(plan));
+}
+
 absl::Status CheckWeightGradOrder(const v1::ExecutionPlan& plan) {
-  // (stage, micro-batch) -> index of its deferred backward whose weight_grad
-  // has not run yet; the keys whose weight_grad ran.
-  std::map<std::pair<uint32_t, uint32_t>, int> outstanding;
-  std::map<std::pair<uint32_t, uint32_t>, int> applied;
-  const auto fail = [&](int index, absl::string_view problem) {
-    return absl::InvalidArgumentError(absl::StrCat(Where(plan, index), problem));
-  };
-  for (int i = 0; i < plan.instructions_size(); ++i) {
-    const v1::Instruction& in = plan.instructions(i);
-    const std::pair<uint32_t, uint32_t> key{in.stage(), in.micro_batch()};
-    switch (in.op_case()) {
-      case v1::Instruction::kBackward:
-        if (!in.backward().weight_grad_deferred()) break;
-        if (outstanding.count(key) || applied.count(key)) {
-          return fail(i, "a second backward with weight_grad_deferred of this micro-batch");
-        }
-        outstanding[key] = i;
-        break;
-      case v1::Instruction::kWeightGrad: {
-        if (const auto it = applied.find(key); it != applied.end()) {
-          return fail(
-              i, absl::StrCat("weight_grad runs twice (first at instruction #", it->second, ")"));
-        }
-        const auto it = outstanding.find(key);
-        if (it == outstanding.end()) {
-          return fail(i,
-                      "weight_grad without a backward with weight_grad_deferred of the same "
-                      "stage and micro-batch before it");
-        }
-        outstanding.erase(it);
-        applied[key] = i;
-        break;
-      }
-      case v1::Instruction::kAllReduce:
-      case v1::Instruction::kOptimizerStep:
-        if (!outstanding.empty()) {
-          const auto& [pending, backward] = *outstanding.begin();
-          return fail(i, absl::StrCat("reads the gradients before the weight_grad of micro-batch ",
-                                      pending.second, " on stage ", pending.first,
-                                      " (its backward is instruction #", backward,
-                                      ", with weight_grad_deferred)"));
-        }
-        break;
-      default:
-        break;
-    }
-  }
-  if (!outstanding.empty()) {
-    return fail(outstanding.begin()->second,
-                "defers its weight gradient (weight_grad_deferred) but no weight_grad follows");
-  }
-  return absl::OkStatus();
+  const std::optional<plan_contract::ContractViolation> violation =
+      plan_contract::CheckWeightGradOrder(plan);
+  if (!violation.has_value()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(WhereInPlan(plan, violation->instruction), violation->Describe()));
 }
 
 }  // namespace varipipe::executor

@@ -25,9 +25,12 @@
 #define VARIPIPE_EXECUTOR_RUNTIME_PLAN_CHECK_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <utility>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/config/layer_layout.h"
 #include "varipipe/v1/config.pb.h"
 #include "varipipe/v1/plan.pb.h"
@@ -45,22 +48,39 @@ struct PlanRecipient {
   std::optional<LayerLayout> layers;
 };
 
+// Everything the executor relies on before it runs a plan: the header
+// (format version, job, iteration, coordinates, stage layout), each
+// micro-batch's samples and rows (docs/plan_format.md), every instruction's
+// fields, buffer ids, peers and tensor shapes, and the weight-gradient
+// order of the plan contract. INVALID_ARGUMENT naming the plan, the
+// instruction and the field otherwise.
 absl::Status CheckPlan(const v1::ExecutionPlan& plan, const v1::JobConfig& config,
                        const PlanRecipient& recipient);
 
-// The order of split backwards (zero-bubble schedules), as the planner's
-// validator requires it: every weight_grad follows a backward with
-// weight_grad_deferred of the same stage and micro-batch, exactly one per
-// such backward, and none is outstanding at an all_reduce or optimizer_step
-// (they read the gradients) or at the end of the plan. INVALID_ARGUMENT
-// naming the instruction otherwise. CheckPlan includes it; the interpreter
-// runs it before the first instruction, so a wrong order never leaves
-// gradients half accumulated.
-absl::Status CheckWeightGradOrder(const v1::ExecutionPlan& plan);
+// A plan that passed CheckPlan for the executor about to run it. Only
+// CheckedPlan::Check makes one, and the interpreter runs nothing else, so
+// nothing is checked twice.
+class CheckedPlan {
+ public:
+  static absl::StatusOr<CheckedPlan> Check(std::shared_ptr<const v1::ExecutionPlan> plan,
+                                           const v1::JobConfig& config,
+                                           const PlanRecipient& recipient);
 
-// Rows of a micro-batch's tensors: one per sample, or one per packed row
-// (row_starts). Its padded tokens are rows x (input_len + target_len).
-uint64_t MicroBatchRows(const v1::MicroBatch& mb);
+  const v1::ExecutionPlan& plan() const { return *plan_; }
+  // Shares the plan (e.g. with the status endpoint).
+  const std::shared_ptr<const v1::ExecutionPlan>& shared() const { return plan_; }
+
+ private:
+  explicit CheckedPlan(std::shared_ptr<const v1::ExecutionPlan> plan) : plan_(std::move(plan)) {}
+
+  std::shared_ptr<const v1::ExecutionPlan> plan_;
+};
+
+// The plan contract's order of split backwards
+// (plan_contract::CheckWeightGradOrder) as a status: INVALID_ARGUMENT naming
+// the plan and the instruction. CheckPlan includes it, so a wrong order is
+// refused before anything runs and never leaves gradients half accumulated.
+absl::Status CheckWeightGradOrder(const v1::ExecutionPlan& plan);
 
 }  // namespace varipipe::executor
 

@@ -14,6 +14,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/plan_contract/instruction_text.h"
+#include "common/plan_contract/micro_batch_rows.h"
 #include "common/status.h"
 #include "executor/model/cuda_autocast.h"
 #include "executor/runtime/fault_injection.h"
@@ -44,8 +46,8 @@ std::vector<int64_t> Dims(const v1::TensorSpec& spec) {
 }
 
 std::string Describe(const v1::Instruction& in) {
-  return absl::StrCat(v1::Instruction::descriptor()->FindFieldByNumber(in.op_case())->name(),
-                      " (micro-batch ", in.micro_batch(), ", stage ", in.stage(), ")");
+  return absl::StrCat(plan_contract::OpName(in), " (micro-batch ", in.micro_batch(), ", stage ",
+                      in.stage(), ")");
 }
 
 // Enables LibTorch's CUDA autocast for its lifetime (and clears the
@@ -82,17 +84,9 @@ class IterationRun {
   absl::StatusOr<IterationStats> Execute() {
     const Clock::time_point start = Clock::now();
     stats_.iteration = plan_.iteration();
-    if (plan_.format_version() != v1::PLAN_FORMAT_V1) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("plan format version ", plan_.format_version(),
-                       " is not supported (expected ", static_cast<int>(v1::PLAN_FORMAT_V1), ")"));
-    }
-    if (plan_.global_target_tokens() == 0) {
-      return absl::FailedPreconditionError("plan has global_target_tokens = 0");
-    }
-    // Split backwards (zero-bubble schedules): their order is checked before
-    // anything runs, so that no gradient is half accumulated.
-    if (absl::Status order = CheckWeightGradOrder(plan_); !order.ok()) return order;
+    // The format version, global_target_tokens and the weight-gradient
+    // order were checked (CheckedPlan): a wrong order never leaves a
+    // gradient half accumulated.
     for (const v1::Instruction& in : plan_.instructions()) {
       if (in.has_backward() && in.backward().weight_grad_deferred()) {
         deferred_.insert({in.stage(), in.micro_batch()});
@@ -108,7 +102,7 @@ class IterationRun {
     for (const v1::MicroBatch& mb : plan_.micro_batches()) {
       stats_.real_tokens += mb.real_input_tokens() + mb.real_target_tokens();
       // Rows, not samples: a packed row holds several samples.
-      stats_.padded_tokens += MicroBatchRows(mb) * (mb.input_len() + mb.target_len());
+      stats_.padded_tokens += plan_contract::PaddedTokens(mb);
     }
     InstructionProgress* progress = it_.options_.progress;
     MemoryAccount* memory = it_.options_.memory;
@@ -676,8 +670,8 @@ PlanInterpreter::PlanInterpreter(std::map<uint32_t, ModelStage*> stages, Transpo
       optimizer_(optimizer),
       options_(std::move(options)) {}
 
-absl::StatusOr<IterationStats> PlanInterpreter::Run(const v1::ExecutionPlan& plan) {
-  IterationRun run(*this, plan);
+absl::StatusOr<IterationStats> PlanInterpreter::Run(const CheckedPlan& plan) {
+  IterationRun run(*this, plan.plan());
   return run.Execute();
 }
 

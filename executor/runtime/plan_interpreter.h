@@ -40,6 +40,7 @@
 #include "executor/runtime/counting_allocator.h"
 #include "executor/runtime/instruction_progress.h"
 #include "executor/runtime/optimizer_sharding.h"
+#include "executor/runtime/plan_check.h"
 #include "executor/runtime/training_optimizer.h"
 #include "varipipe/v1/plan.pb.h"
 
@@ -170,7 +171,11 @@ class PlanInterpreter {
                   const MicroBatchLoader* loader, TrainingOptimizer* optimizer,
                   InterpreterOptions options);
 
-  absl::StatusOr<IterationStats> Run(const v1::ExecutionPlan& plan);
+  // Runs one iteration's plan. Only checked plans run (CheckPlan): the
+  // interpreter relies on what the check guarantees and checks none of it
+  // again; what remains are run-time failures (transfers, the model, the
+  // data).
+  absl::StatusOr<IterationStats> Run(const CheckedPlan& plan);
 
  private:
   friend class IterationRun;

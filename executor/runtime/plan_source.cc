@@ -143,6 +143,56 @@ void PlannerServiceSource::RestartPrefetchLocked(uint64_t first) {
   changed_.SignalAll();
 }
 
+PlannerServiceSource::StreamEnd PlannerServiceSource::StreamPlans(size_t index,
+                                                                  uint64_t generation) {
+  StreamEnd end;
+  v1::WatchPlansRequest request;
+  request.set_job_id(stream_job_id_);
+  request.set_rank(rank_);
+  request.set_first_iteration(next_);
+  // The iteration running (not yet reported) plus prefetch_ held ones.
+  request.set_max_ahead(prefetch_ + 1);
+  grpc::ClientContext context;
+  stream_context_ = &context;
+  bool cancelled = false;  // by us: restarted, stopped, or a bad plan
+  mu_.Unlock();
+  std::unique_ptr<grpc::ClientReader<v1::PlanEnvelope>> reader =
+      stubs_[index]->WatchPlans(&context, request);
+  v1::PlanEnvelope envelope;
+  while (reader->Read(&envelope)) {
+    absl::MutexLock read_lock(&mu_);
+    if (stop_ || generation_ != generation) {
+      cancelled = true;
+      break;
+    }
+    end.bad = CheckPlan(envelope.plan(), next_, rank_, "WatchPlans", addresses_[index]);
+    if (!end.bad.ok()) {
+      cancelled = true;
+      break;
+    }
+    end.read_any = true;
+    if (next_ >= wanted_) {
+      ahead_[next_] = std::move(*envelope.mutable_plan());
+      changed_.SignalAll();
+    }
+    ++next_;
+    // Stop reading while full: flow control then holds the server.
+    while (!stop_ && generation_ == generation && ahead_.size() >= static_cast<size_t>(prefetch_)) {
+      changed_.Wait(&mu_);
+    }
+    if (stop_ || generation_ != generation) {
+      cancelled = true;
+      break;
+    }
+  }
+  // Cancelling a stream that ended by itself could replace its status.
+  if (cancelled) context.TryCancel();
+  end.status = reader->Finish();
+  mu_.Lock();
+  stream_context_ = nullptr;
+  return end;
+}
+
 void PlannerServiceSource::PrefetchLoop(size_t index) {
   absl::Duration backoff = kMinBackoff;
   size_t failures = 0;  // consecutive failed attempts
@@ -155,57 +205,12 @@ void PlannerServiceSource::PrefetchLoop(size_t index) {
     if (stop_) break;
     const uint64_t generation = generation_;
     next_ = std::max(next_, wanted_);  // nothing below wanted_ is needed
-    const uint64_t first = next_;
-    v1::WatchPlansRequest request;
-    request.set_job_id(stream_job_id_);
-    request.set_rank(rank_);
-    request.set_first_iteration(first);
-    // The iteration running (not yet reported) plus prefetch_ held ones.
-    request.set_max_ahead(prefetch_ + 1);
-    grpc::ClientContext context;
-    stream_context_ = &context;
-    bool read_any = false;
-    bool cancelled = false;  // by us: restarted, stopped, or a bad plan
-    absl::Status bad;
-    mu_.Unlock();
-    std::unique_ptr<grpc::ClientReader<v1::PlanEnvelope>> reader =
-        stubs_[index]->WatchPlans(&context, request);
-    v1::PlanEnvelope envelope;
-    while (reader->Read(&envelope)) {
-      absl::MutexLock read_lock(&mu_);
-      if (stop_ || generation_ != generation) {
-        cancelled = true;
-        break;
-      }
-      bad = CheckPlan(envelope.plan(), next_, rank_, "WatchPlans", addresses_[index]);
-      if (!bad.ok()) {
-        cancelled = true;
-        break;
-      }
-      read_any = true;
-      if (next_ >= wanted_) {
-        ahead_[next_] = std::move(*envelope.mutable_plan());
-        changed_.SignalAll();
-      }
-      ++next_;
-      // Stop reading while full: flow control then holds the server.
-      while (!stop_ && generation_ == generation &&
-             ahead_.size() >= static_cast<size_t>(prefetch_)) {
-        changed_.Wait(&mu_);
-      }
-      if (stop_ || generation_ != generation) {
-        cancelled = true;
-        break;
-      }
-    }
-    // Cancelling a stream that ended by itself could replace its status.
-    if (cancelled) context.TryCancel();
-    const grpc::Status status = reader->Finish();
-    mu_.Lock();
-    stream_context_ = nullptr;
+    const StreamEnd end = StreamPlans(index, generation);
+    const absl::Status& bad = end.bad;
+    const grpc::Status& status = end.status;
     if (stop_) break;
     if (generation_ != generation) continue;  // restarted: open the new one now
-    if (read_any) {
+    if (end.read_any) {
       backoff = kMinBackoff;
       failures = 0;
     }

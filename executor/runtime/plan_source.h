@@ -84,6 +84,18 @@ class PlannerServiceSource final : public PlanSource {
   void RestartPrefetchLocked(uint64_t first) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The prefetcher thread, starting at planner `index`.
   void PrefetchLoop(size_t index);
+  // How one plan stream ended: whether it read a plan, a plan that failed
+  // its check (the stream was then cancelled), and the stream's status.
+  struct StreamEnd {
+    bool read_any = false;
+    absl::Status bad;
+    grpc::Status status;
+  };
+  // Reads one WatchPlans stream from planner `index`, from next_ on, into
+  // ahead_, until it ends, a plan fails its check, or the source stops or
+  // restarts (a generation other than `generation`). Called and returns
+  // with mu_ held; releases it while waiting on the stream.
+  StreamEnd StreamPlans(size_t index, uint64_t generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<v1::PlanService::Stub>> stubs_;

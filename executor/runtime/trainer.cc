@@ -237,39 +237,27 @@ absl::Status Trainer::Resume() {
 
 // One iteration: run the plan, reduce the metrics, report, checkpoint.
 absl::Status Trainer::RunIteration(uint64_t iteration) {
-  VP_ASSIGN_OR_RETURN(const std::shared_ptr<const v1::ExecutionPlan> plan, FetchPlan(iteration));
-  c_.board.BeginIteration(plan);
+  VP_ASSIGN_OR_RETURN(const CheckedPlan plan, FetchPlan(iteration));
+  c_.board.BeginIteration(plan.shared());
   const auto start = std::chrono::steady_clock::now();
-  VP_ASSIGN_OR_RETURN(const IterationStats stats, interpreter_->Run(*plan));
+  VP_ASSIGN_OR_RETURN(const IterationStats stats, interpreter_->Run(plan));
   VP_ASSIGN_OR_RETURN(const Totals totals, Reduce(stats, start));
-  VP_RETURN_IF_ERROR(Report(iteration, *plan, stats, totals));
+  VP_RETURN_IF_ERROR(Report(iteration, plan.plan(), stats, totals));
   return MaybeCheckpoint(iteration + 1);
 }
 
 // The plan of `iteration`, for this rank; nothing of it is used before it
-// passed the check.
-absl::StatusOr<std::shared_ptr<const v1::ExecutionPlan>> Trainer::FetchPlan(uint64_t iteration) {
+// passed the check (which names a plan of another iteration or rank).
+absl::StatusOr<CheckedPlan> Trainer::FetchPlan(uint64_t iteration) {
   const RankCoordinates& coordinates = c_.coordinates;
   VP_ASSIGN_OR_RETURN(v1::ExecutionPlan fetched, c_.source.Get(iteration));
-  auto plan = std::make_shared<const v1::ExecutionPlan>(std::move(fetched));
-  if (plan->iteration() != iteration) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("asked ", c_.source.Describe(), " for iteration ", iteration,
-                     " and got the plan of iteration ", plan->iteration()));
-  }
-  if (plan->dp_rank() != coordinates.dp_rank || plan->pp_rank() != coordinates.pp_rank) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the plan of iteration ", iteration, " is for dp ", plan->dp_rank(), " pp ",
-                     plan->pp_rank(), " but this rank is dp ", coordinates.dp_rank, " pp ",
-                     coordinates.pp_rank, ": plans and config disagree on the parallelism"));
-  }
-  VP_RETURN_IF_ERROR(CheckPlan(*plan, c_.config,
-                               {.iteration = iteration,
-                                .rank = c_.env.rank,
-                                .dp_rank = coordinates.dp_rank,
-                                .pp_rank = coordinates.pp_rank,
-                                .layers = layout_}));
-  return plan;
+  return CheckedPlan::Check(std::make_shared<const v1::ExecutionPlan>(std::move(fetched)),
+                            c_.config,
+                            {.iteration = iteration,
+                             .rank = c_.env.rank,
+                             .dp_rank = coordinates.dp_rank,
+                             .pp_rank = coordinates.pp_rank,
+                             .layers = layout_});
 }
 
 // Iteration totals for rank 0's log line: every last-stage rank holds its

@@ -90,7 +90,7 @@ class Trainer {
   absl::Status Resume();
 
   absl::Status RunIteration(uint64_t iteration);
-  absl::StatusOr<std::shared_ptr<const v1::ExecutionPlan>> FetchPlan(uint64_t iteration);
+  absl::StatusOr<CheckedPlan> FetchPlan(uint64_t iteration);
   absl::StatusOr<Totals> Reduce(const IterationStats& stats,
                                 std::chrono::steady_clock::time_point start);
   absl::Status Report(uint64_t iteration, const v1::ExecutionPlan& plan,

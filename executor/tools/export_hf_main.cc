@@ -47,6 +47,38 @@ constexpr char kUsage[] =
     "Data-parallel replica 0's rank files hold every parameter (ZeRO stage 1 shards only\n"
     "the optimizer state), so any data-parallel degree and ZeRO stage export alike.";
 
+// --dtype, else the model's dtype, else FLOAT32.
+absl::StatusOr<v1::DType> ExportDtype(const v1::JobConfig& config) {
+  v1::DType dtype = config.model().dtype();
+  if (const std::string d = absl::GetFlag(FLAGS_dtype); !d.empty()) {
+    if (!v1::DType_Parse(d, &dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat("--dtype ", d, ": not a dtype"));
+    }
+  }
+  if (dtype == v1::DTYPE_UNSPECIFIED) dtype = v1::FLOAT32;
+  return dtype;
+}
+
+// --iteration, else the newest checkpoint that every pipeline rank of
+// replica 0 (global ranks 0 .. pp-1) holds in `dir`.
+absl::StatusOr<uint64_t> IterationToExport(const std::string& dir, uint32_t pp) {
+  if (absl::GetFlag(FLAGS_iteration) >= 0)
+    return static_cast<uint64_t>(absl::GetFlag(FLAGS_iteration));
+  std::optional<uint64_t> iteration;
+  std::map<uint64_t, uint32_t> holders;
+  for (uint32_t r = 0; r < pp; ++r) {
+    for (uint64_t it : executor::RankCheckpoints(dir, static_cast<int>(r)).List()) ++holders[it];
+  }
+  for (const auto& [it, count] : holders) {
+    if (count == pp) iteration = it;
+  }
+  if (!iteration.has_value()) {
+    return absl::NotFoundError(
+        absl::StrCat(dir, ": no checkpoint that all ", pp, " pipeline ranks of replica 0 hold"));
+  }
+  return *iteration;
+}
+
 absl::Status Export() {
   if (absl::GetFlag(FLAGS_config).empty()) {
     return absl::InvalidArgumentError("--config is required (try --help)");
@@ -67,33 +99,11 @@ absl::Status Export() {
     return absl::InvalidArgumentError(
         "no checkpoints: the config has no training.checkpoint_dir and --checkpoint_dir is unset");
   }
-  v1::DType dtype = config.model().dtype();
-  if (const std::string d = absl::GetFlag(FLAGS_dtype); !d.empty()) {
-    if (!v1::DType_Parse(d, &dtype)) {
-      return absl::InvalidArgumentError(absl::StrCat("--dtype ", d, ": not a dtype"));
-    }
-  }
-  if (dtype == v1::DTYPE_UNSPECIFIED) dtype = v1::FLOAT32;
+  VP_ASSIGN_OR_RETURN(const v1::DType dtype, ExportDtype(config));
   const uint32_t pp = config.parallelism().pipeline();
   const uint32_t stages = pp * std::max<uint32_t>(1, config.parallelism().virtual_chunks());
-  // Replica 0's pipeline ranks are global ranks 0 .. pp-1; the newest
-  // checkpoint all of them hold, unless --iteration names one.
-  std::optional<uint64_t> iteration;
-  if (absl::GetFlag(FLAGS_iteration) >= 0) {
-    iteration = static_cast<uint64_t>(absl::GetFlag(FLAGS_iteration));
-  } else {
-    std::map<uint64_t, uint32_t> holders;
-    for (uint32_t r = 0; r < pp; ++r) {
-      for (uint64_t it : executor::RankCheckpoints(dir, static_cast<int>(r)).List()) ++holders[it];
-    }
-    for (const auto& [it, count] : holders) {
-      if (count == pp) iteration = it;
-    }
-    if (!iteration.has_value()) {
-      return absl::NotFoundError(
-          absl::StrCat(dir, ": no checkpoint that all ", pp, " pipeline ranks of replica 0 hold"));
-    }
-  }
+  VP_ASSIGN_OR_RETURN(const uint64_t exported, IterationToExport(dir, pp));
+  const std::optional<uint64_t> iteration = exported;
   // The stage layout: the config's, checked against each file; an AUTO
   // job's as its checkpoint records it.
   if (spec.layout_auto) {

@@ -10,19 +10,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/plan_contract/buffer_lifetimes.h"
+#include "common/plan_contract/format_version.h"
+#include "common/plan_contract/instruction_text.h"
+#include "common/plan_contract/weight_grad_order.h"
 #include "planner/parallel.h"
 #include "planner/plan/memory_replay.h"
 
 namespace varipipe::planner {
 namespace {
 
-std::string Specs(const google::protobuf::RepeatedPtrField<v1::TensorSpec>& specs) {
-  std::vector<std::string> parts;
-  for (const v1::TensorSpec& s : specs) {
-    parts.push_back(absl::StrCat(absl::StrJoin(s.dims(), "x"), " ", v1::DType_Name(s.dtype())));
-  }
-  return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
-}
+using plan_contract::FormatInstruction;
 
 absl::Status Fail(int rank, int index, const v1::ExecutionPlan& plan, const std::string& why) {
   std::string context;
@@ -34,27 +32,10 @@ absl::Status Fail(int rank, int index, const v1::ExecutionPlan& plan, const std:
       absl::StrCat("invalid plan: rank ", rank, ", instruction ", index, ": ", why, context));
 }
 
-bool SameSpecs(const v1::Transfer& a, const v1::Transfer& b) {
-  if (a.tensors_size() != b.tensors_size()) return false;
-  for (int i = 0; i < a.tensors_size(); ++i) {
-    const v1::TensorSpec& x = a.tensors(i);
-    const v1::TensorSpec& y = b.tensors(i);
-    if (x.dtype() != y.dtype() || x.dims_size() != y.dims_size() ||
-        !std::equal(x.dims().begin(), x.dims().end(), y.dims().begin())) {
-      return false;
-    }
-  }
-  return true;
-}
-
-bool SameTransfer(const v1::Transfer& a, const v1::Transfer& b) {
-  return a.kind() == b.kind() && a.peer() == b.peer() &&
-         a.buffer_ids_size() == b.buffer_ids_size() &&
-         std::equal(a.buffer_ids().begin(), a.buffer_ids().end(), b.buffer_ids().begin()) &&
-         SameSpecs(a, b);
-}
-
-// Per-rank static checks (1, 2), one instruction at a time.
+// Per-rank static checks (1, 2): the plan contract's format version, buffer
+// lifetimes and weight-gradient order, then what the planner adds: the
+// plan is the rank's, each micro-batch runs forward then backward once on
+// every stage the rank holds, and every peer is another rank.
 class RankChecker {
  public:
   RankChecker(int rank, const v1::ExecutionPlan& plan, int ranks, std::vector<int>& start_of_wait)
@@ -62,17 +43,21 @@ class RankChecker {
         plan_(plan),
         ranks_(ranks),
         start_of_wait_(start_of_wait),
-        state_(plan.num_buffers(), kUnwritten),
-        stages_(plan.stages().begin(), plan.stages().end()) {
-    start_of_wait_.assign(plan.instructions_size(), -1);
-  }
+        stages_(plan.stages().begin(), plan.stages().end()) {}
 
   absl::Status Check() {
-    if (plan_.format_version() != v1::PLAN_FORMAT_V1) {
-      return Fail(rank_, 0, plan_, absl::StrCat("format_version ", plan_.format_version()));
+    if (const auto violation = plan_contract::CheckFormatVersion(plan_)) {
+      return Fail(rank_, 0, plan_, violation->Describe());
     }
     if (plan_.rank() != rank_) {
       return Fail(rank_, 0, plan_, absl::StrCat("plan says rank ", plan_.rank()));
+    }
+    // Split backwards: the contract's order of weight_grads.
+    if (const auto violation = plan_contract::CheckWeightGradOrder(plan_)) {
+      return Fail(rank_, violation->instruction, plan_, violation->Describe());
+    }
+    if (const auto violation = plan_contract::CheckBufferLifetimes(plan_, &start_of_wait_)) {
+      return Fail(rank_, violation->instruction, plan_, violation->Describe());
     }
     for (int i = 0; i < plan_.instructions_size(); ++i) {
       if (absl::Status s = Step(i); !s.ok()) return s;
@@ -82,48 +67,6 @@ class RankChecker {
   }
 
  private:
-  enum State { kUnwritten, kPendingReceive, kReady, kFreed };
-
-  template <typename Ids>
-  absl::Status CheckIds(int i, const Ids& ids) const {
-    for (uint32_t id : ids) {
-      if (id >= plan_.num_buffers()) {
-        return Fail(rank_, i, plan_,
-                    absl::StrCat("buffer ", id, " >= num_buffers ", plan_.num_buffers()));
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  template <typename Ids>
-  absl::Status Write(int i, const Ids& ids, State to = kReady) {
-    if (auto s = CheckIds(i, ids); !s.ok()) return s;
-    for (uint32_t id : ids) {
-      if (state_[id] != kUnwritten) {
-        return Fail(rank_, i, plan_, absl::StrCat("buffer ", id, " written twice"));
-      }
-      state_[id] = to;
-    }
-    return absl::OkStatus();
-  }
-
-  template <typename Ids>
-  absl::Status Read(int i, const Ids& ids) const {
-    if (auto s = CheckIds(i, ids); !s.ok()) return s;
-    for (uint32_t id : ids) {
-      if (state_[id] == kFreed) {
-        return Fail(rank_, i, plan_, absl::StrCat("buffer ", id, " read after it was freed"));
-      }
-      if (state_[id] == kPendingReceive) {
-        return Fail(rank_, i, plan_, absl::StrCat("buffer ", id, " read before its RecvWait"));
-      }
-      if (state_[id] == kUnwritten) {
-        return Fail(rank_, i, plan_, absl::StrCat("buffer ", id, " read before it was written"));
-      }
-    }
-    return absl::OkStatus();
-  }
-
   absl::Status Compute(int i, const v1::Instruction& in) {
     const std::pair<uint32_t, uint32_t> key{in.stage(), in.micro_batch()};
     if (in.op_case() == v1::Instruction::kForward) {
@@ -131,86 +74,29 @@ class RankChecker {
         return Fail(rank_, i, plan_, "forward of a stage the rank does not hold");
       }
       if (!forwards_.insert(key).second) return Fail(rank_, i, plan_, "forward runs twice");
-      if (absl::Status s = Read(i, in.forward().input_buffer_ids()); !s.ok()) return s;
-      return Write(i, in.forward().output_buffer_ids());
-    }
-    if (in.op_case() == v1::Instruction::kWeightGrad) {
-      if (awaiting_weight_.erase(key) == 0) {
-        return Fail(rank_, i, plan_,
-                    weights_.count(key) ? "weight_grad runs twice"
-                                        : "weight_grad without a backward (weight_grad_deferred) "
-                                          "of the same stage and micro-batch before it");
-      }
-      weights_.insert(key);
       return absl::OkStatus();
     }
     if (!forwards_.count(key)) return Fail(rank_, i, plan_, "backward before its forward");
     if (!backwards_.insert(key).second) return Fail(rank_, i, plan_, "backward runs twice");
-    if (in.backward().weight_grad_deferred()) awaiting_weight_.insert(key);
-    if (absl::Status s = Read(i, in.backward().output_grad_buffer_ids()); !s.ok()) return s;
-    return Write(i, in.backward().input_grad_buffer_ids());
-  }
-
-  absl::Status Wait(int i, const v1::Instruction& in) {
-    const bool send = in.op_case() == v1::Instruction::kSendWait;
-    const v1::Transfer& t = send ? in.send_wait() : in.recv_wait();
-    std::vector<int>& starts = open_[{t.peer(), send}];
-    const auto it = std::find_if(starts.begin(), starts.end(), [&](int start) {
-      const v1::Instruction& st = plan_.instructions(start);
-      return SameTransfer(send ? st.send_start() : st.recv_start(), t);
-    });
-    if (it == starts.end()) return Fail(rank_, i, plan_, "Wait without a matching Start before it");
-    start_of_wait_[i] = *it;
-    starts.erase(it);
-    if (!send) {
-      for (uint32_t id : t.buffer_ids()) state_[id] = kReady;
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status Free(int i, const v1::Instruction& in) {
-    if (absl::Status s = CheckIds(i, in.free_buffer().buffer_ids()); !s.ok()) return s;
-    for (uint32_t id : in.free_buffer().buffer_ids()) {
-      if (state_[id] == kFreed) {
-        return Fail(rank_, i, plan_, absl::StrCat("buffer ", id, " freed twice"));
-      }
-      if (state_[id] == kPendingReceive) {
-        return Fail(rank_, i, plan_, absl::StrCat("buffer ", id, " freed before its RecvWait"));
-      }
-      state_[id] = kFreed;
-    }
     return absl::OkStatus();
   }
 
   absl::Status Step(int i) {
     const v1::Instruction& in = plan_.instructions(i);
     switch (in.op_case()) {
-      case v1::Instruction::kLoadInput:
-        return Write(i, in.load_input().buffer_ids());
       case v1::Instruction::kForward:
       case v1::Instruction::kBackward:
-      case v1::Instruction::kWeightGrad:
         return Compute(i, in);
+      case v1::Instruction::kLoadInput:
+      case v1::Instruction::kWeightGrad:
       case v1::Instruction::kSendStart:
-        open_[{in.send_start().peer(), true}].push_back(i);
-        return Read(i, in.send_start().buffer_ids());
       case v1::Instruction::kRecvStart:
-        open_[{in.recv_start().peer(), false}].push_back(i);
-        return Write(i, in.recv_start().buffer_ids(), kPendingReceive);
       case v1::Instruction::kSendWait:
       case v1::Instruction::kRecvWait:
-        return Wait(i, in);
       case v1::Instruction::kFreeBuffer:
-        return Free(i, in);
       case v1::Instruction::kAllReduce:
       case v1::Instruction::kOptimizerStep:
-        if (!awaiting_weight_.empty()) {
-          const auto [stage, mb] = *awaiting_weight_.begin();
-          return Fail(rank_, i, plan_,
-                      absl::StrCat("gradients used before the weight_grad of micro-batch ", mb,
-                                   " on stage ", stage));
-        }
-        return absl::OkStatus();
+        return absl::OkStatus();  // buffers and weight_grads: the contract's checks
       default:
         return Fail(rank_, i, plan_, "instruction without an op");
     }
@@ -230,18 +116,9 @@ class RankChecker {
     return absl::OkStatus();
   }
 
-  // Every Start waited for; every micro-batch's forward and backward on
-  // every stage the rank holds.
+  // Every micro-batch's forward and backward on every stage the rank
+  // holds.
   absl::Status Finish() const {
-    for (const auto& [peer_direction, starts] : open_) {
-      if (!starts.empty()) return Fail(rank_, starts.front(), plan_, "Start without a Wait");
-    }
-    if (!awaiting_weight_.empty()) {
-      const auto [stage, mb] = *awaiting_weight_.begin();
-      return Fail(rank_, plan_.instructions_size() - 1, plan_,
-                  absl::StrCat("the backward of micro-batch ", mb, " on stage ", stage,
-                               " deferred its weight gradient but no weight_grad follows"));
-    }
     for (uint32_t stage : stages_) {
       for (int m = 0; m < plan_.micro_batches_size(); ++m) {
         const std::pair<uint32_t, uint32_t> key{stage, static_cast<uint32_t>(m)};
@@ -260,15 +137,9 @@ class RankChecker {
   const v1::ExecutionPlan& plan_;
   const int ranks_;
   std::vector<int>& start_of_wait_;
-  std::vector<State> state_;
   std::set<std::pair<uint32_t, uint32_t>> forwards_;
   std::set<std::pair<uint32_t, uint32_t>> backwards_;
-  // Split backwards whose weight_grad has not run yet, and those that ran.
-  std::set<std::pair<uint32_t, uint32_t>> awaiting_weight_;
-  std::set<std::pair<uint32_t, uint32_t>> weights_;
   std::set<uint32_t> stages_;
-  // Open transfers: index of the Start, per (peer, direction) in order.
-  std::map<std::pair<int32_t, bool>, std::vector<int>> open_;
 };
 
 // Per-rank static checks (1, 2). Fills start_of_wait[i] with the index of
@@ -359,12 +230,14 @@ class ChannelReplay {
                                  a_sends ? "send" : "receive", " on both sides (rank ", b.rank,
                                  " instruction ", b.index, ")"));
       }
-      if (ta.kind() != tb.kind() || !SameSpecs(ta, tb)) {
+      if (ta.kind() != tb.kind() || !plan_contract::SameTensorSpecs(ta, tb)) {
         return Fail(a.rank, a.index, plans_[a.rank],
-                    absl::StrCat("transfer ", done, " with rank ", b.rank, " does not match: ",
-                                 CommKind_Name(ta.kind()), " ", Specs(ta.tensors()), " vs ",
-                                 CommKind_Name(tb.kind()), " ", Specs(tb.tensors()), " (rank ",
-                                 b.rank, " instruction ", b.index, ")"));
+                    absl::StrCat("transfer ", done, " with rank ", b.rank,
+                                 " does not match: ", CommKind_Name(ta.kind()), " ",
+                                 plan_contract::FormatTensorSpecs(ta.tensors()), " vs ",
+                                 CommKind_Name(tb.kind()), " ",
+                                 plan_contract::FormatTensorSpecs(tb.tensors()), " (rank ", b.rank,
+                                 " instruction ", b.index, ")"));
       }
     }
     return absl::OkStatus();
@@ -449,47 +322,6 @@ absl::Status CheckPeaks(std::span<const double> peak_bytes, std::span<const doub
 }
 
 }  // namespace
-
-std::string FormatInstruction(const v1::Instruction& in) {
-  const std::string where = absl::StrCat(" mb", in.micro_batch(), " s", in.stage());
-  const auto transfer = [&](const char* what, const v1::Transfer& t, const char* dir) {
-    return absl::StrCat(what, " ", CommKind_Name(t.kind()), " ", dir, " ", t.peer(), " ",
-                        Specs(t.tensors()), " buffers ", absl::StrJoin(t.buffer_ids(), ","), where);
-  };
-  switch (in.op_case()) {
-    case v1::Instruction::kLoadInput:
-      return absl::StrCat("load_input buffers ", absl::StrJoin(in.load_input().buffer_ids(), ","),
-                          " ", Specs(in.load_input().tensors()), where);
-    case v1::Instruction::kForward:
-      return absl::StrCat("forward in ", absl::StrJoin(in.forward().input_buffer_ids(), ","),
-                          " out ", absl::StrJoin(in.forward().output_buffer_ids(), ","), where);
-    case v1::Instruction::kBackward:
-      return absl::StrCat(
-          in.backward().weight_grad_deferred() ? "backward(input) grad-in " : "backward grad-in ",
-          absl::StrJoin(in.backward().output_grad_buffer_ids(), ","), " grad-out ",
-          absl::StrJoin(in.backward().input_grad_buffer_ids(), ","), where);
-    case v1::Instruction::kWeightGrad:
-      return absl::StrCat("weight_grad", where);
-    case v1::Instruction::kSendStart:
-      return transfer("send_start", in.send_start(), "to");
-    case v1::Instruction::kSendWait:
-      return transfer("send_wait", in.send_wait(), "to");
-    case v1::Instruction::kRecvStart:
-      return transfer("recv_start", in.recv_start(), "from");
-    case v1::Instruction::kRecvWait:
-      return transfer("recv_wait", in.recv_wait(), "from");
-    case v1::Instruction::kFreeBuffer:
-      return absl::StrCat("free_buffer ", absl::StrJoin(in.free_buffer().buffer_ids(), ","));
-    case v1::Instruction::kAllReduce:
-      return absl::StrCat("all_reduce stages ", absl::StrJoin(in.all_reduce().stages(), ","),
-                          " group ", absl::StrJoin(in.all_reduce().group_ranks(), ","));
-    case v1::Instruction::kOptimizerStep:
-      return absl::StrCat("optimizer_step stages ",
-                          absl::StrJoin(in.optimizer_step().stages(), ","));
-    default:
-      return "(empty)";
-  }
-}
 
 absl::Status ValidatePlans(std::span<const v1::ExecutionPlan> plans,
                            std::span<const double> peak_bytes, double memory_limit_bytes) {

@@ -56,10 +56,6 @@ absl::Status ValidatePlans(std::span<const v1::ExecutionPlan> plans,
                            std::span<const double> memory_limit_bytes, int threads,
                            std::span<const StageCostTable* const> rank_costs);
 
-// One line per instruction, e.g. "12: recv_wait ACTIVATION from 3 [2x128x256
-// BFLOAT16] buffers 4" (for varipipe-ctl and error messages).
-std::string FormatInstruction(const v1::Instruction& instruction);
-
 }  // namespace varipipe::planner
 
 #endif  // VARIPIPE_PLANNER_PLAN_VALIDATOR_H_

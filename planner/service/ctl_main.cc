@@ -15,9 +15,9 @@
 #include "common/auth/job_token.h"
 #include "common/binary_main.h"
 #include "common/grpc/client_channel.h"
+#include "common/plan_contract/instruction_text.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
-#include "planner/plan/validator.h"
 #include "varipipe/v1/service.grpc.pb.h"
 
 ABSL_FLAG(std::string, planner, "127.0.0.1:50051", "Planner daemon address (host:port).");
@@ -202,7 +202,8 @@ int PlanCommand(varipipe::v1::PlanService::Stub& plans, const std::string& job) 
                 mb.target_len() ? absl::StrFormat("+%u", mb.target_len()).c_str() : "");
   }
   for (int i = 0; i < plan.instructions_size(); ++i) {
-    std::printf("%4d: %s\n", i, varipipe::planner::FormatInstruction(plan.instructions(i)).c_str());
+    std::printf("%4d: %s\n", i,
+                varipipe::plan_contract::FormatInstruction(plan.instructions(i)).c_str());
   }
   return varipipe::kExitOk;
 }

@@ -55,10 +55,17 @@ void BM_InterpreterOverhead(benchmark::State& state) {
   TrainingOptimizer optimizer(stage.parameters(), config->training());
   MicroBatchLoader loader(dataset.get(), sampler);
   PlanInterpreter interpreter({{0, &stage}}, /*transport=*/nullptr, &loader, &optimizer, {});
+  const absl::StatusOr<CheckedPlan> checked =
+      CheckedPlan::Check(std::make_shared<const v1::ExecutionPlan>(plan), *config,
+                         {.iteration = plan.iteration(), .rank = 0, .dp_rank = 0, .pp_rank = 0});
+  if (!checked.ok()) {
+    state.SkipWithError(std::string(checked.status().message()).c_str());
+    return;
+  }
   double overhead = 0, compute = 0, data = 0, total = 0;
   int instructions = 0;
   for (auto _ : state) {
-    absl::StatusOr<IterationStats> stats = interpreter.Run(plan);
+    absl::StatusOr<IterationStats> stats = interpreter.Run(*checked);
     if (!stats.ok()) {
       state.SkipWithError(std::string(stats.status().message()).c_str());
       return;

@@ -6,6 +6,8 @@
 #include "executor/runtime/plan_check.h"
 
 #include <functional>
+#include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -13,8 +15,11 @@
 #include "common/config/job_config.h"
 #include "common/dataset/minibatch_sampler.h"
 #include "common/dataset/sample_dataset.h"
+#include "common/plan_contract/buffer_lifetimes.h"
+#include "common/plan_contract/weight_grad_order.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "planner/plan/validator.h"
 #include "planner/planner.h"
 #include "tests/testing/status_matchers.h"
 
@@ -152,6 +157,52 @@ TEST(PlanCheck, EveryPlanThePlannerEmitsPasses) {
   }
   std::printf("%d plans of %zu job shapes passed the check\n", checked, shapes.size());
   EXPECT_TRUE(packed) << "no packed micro-batch was checked";
+}
+
+// One contract on both sides: an instruction of a planner-made plan moved
+// elsewhere is refused by the planner's validator and by the executor's
+// check at the same instruction whenever it breaks a rule of the plan
+// contract (buffer lifetimes, the weight-gradient order), and the plan
+// check then says what the contract says.
+TEST(PlanCheck, AgreesWithTheValidatorOnEveryContractViolation) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  int refused = 0;
+  for (const v1::ScheduleKind schedule : {v1::ONE_F_ONE_B, v1::ADAPTIVE_ZERO_BUBBLE}) {
+    const v1::JobConfig config = Config({.pp = 2, .dp = 1, .schedule = schedule, .memory_mib = 16});
+    const std::vector<v1::ExecutionPlan> plans = Plans(config, 0);
+    ASSERT_EQ(plans.size(), 2u);
+    for (int trial = 0; trial < 60; ++trial) {
+      std::vector<v1::ExecutionPlan> moved = plans;
+      v1::ExecutionPlan& plan = moved[trial % 2];
+      const int n = plan.instructions_size();
+      const int from = std::uniform_int_distribution<int>(0, n - 1)(rng);
+      const int to = std::uniform_int_distribution<int>(0, n - 1)(rng);
+      auto& instructions = *plan.mutable_instructions();
+      for (int i = from; i < to; ++i) instructions.SwapElements(i, i + 1);
+      for (int i = from; i > to; --i) instructions.SwapElements(i, i - 1);
+      std::optional<plan_contract::ContractViolation> violation =
+          plan_contract::CheckWeightGradOrder(plan);
+      if (!violation.has_value()) violation = plan_contract::CheckBufferLifetimes(plan);
+      if (!violation.has_value()) continue;
+      ++refused;
+      const std::string where = absl::StrCat("move ", from, " -> ", to, ": ");
+      EXPECT_THAT(
+          CheckPlan(plan, config, RecipientOf(plan)),
+          StatusIs(absl::StatusCode::kInvalidArgument,
+                   AllOf(HasSubstr(absl::StrCat("instruction #", violation->instruction, " (")),
+                         HasSubstr(violation->Describe()))))
+          << where;
+      EXPECT_THAT(planner::ValidatePlans(moved),
+                  StatusIs(absl::StatusCode::kInvalidArgument,
+                           AllOf(HasSubstr(absl::StrCat("rank ", plan.rank(), ", instruction ",
+                                                        violation->instruction, ": ")),
+                                 HasSubstr(violation->Describe()))))
+          << where;
+    }
+  }
+  EXPECT_GT(refused, 20);
 }
 
 // Plans record the job's stage layout; an executor whose model was built

@@ -207,11 +207,14 @@ TEST(Planner, ZeroBubblePlansCarryWeightGradients) {
       b.mutable_instructions()->DeleteSubrange(last_weight, 1);
       EXPECT_THAT(ValidatePlans(broken),
                   StatusIs(absl::StatusCode::kInvalidArgument,
-                           HasSubstr("gradients used before the weight_grad of micro-batch")));
+                           HasSubstr("reads the gradients before the weight_grad of micro-batch")));
       b.mutable_instructions()->DeleteSubrange(b.instructions_size() - 2, 2);
-      EXPECT_THAT(ValidatePlans(broken),
-                  StatusIs(absl::StatusCode::kInvalidArgument,
-                           HasSubstr("deferred its weight gradient but no weight_grad follows")));
+      EXPECT_THAT(
+          ValidatePlans(broken),
+          StatusIs(
+              absl::StatusCode::kInvalidArgument,
+              HasSubstr(
+                  "defers its weight gradient (weight_grad_deferred) but no weight_grad follows")));
       broken = r->plans;
       *broken[plan.rank()].add_instructions() = plan.instructions(first_weight);
       EXPECT_THAT(ValidatePlans(broken), StatusIs(absl::StatusCode::kInvalidArgument,
@@ -220,7 +223,7 @@ TEST(Planner, ZeroBubblePlansCarryWeightGradients) {
       broken[plan.rank()].mutable_instructions()->SwapElements(last_weight, all_reduce);
       EXPECT_THAT(ValidatePlans(broken),
                   StatusIs(absl::StatusCode::kInvalidArgument,
-                           HasSubstr("gradients used before the weight_grad")));
+                           HasSubstr("reads the gradients before the weight_grad")));
     }
   }
 }

@@ -115,7 +115,16 @@ void RunRank(const v1::JobConfig& config,
                                         interpreter_options);
   if (options.before_run) options.before_run(rank, progress);
   for (const std::vector<v1::ExecutionPlan>& plans : iterations) {
-    absl::StatusOr<executor::IterationStats> stats = interpreter.Run(plans[rank]);
+    // What the executor does: only checked plans run.
+    const v1::ExecutionPlan& plan = plans[rank];
+    absl::StatusOr<executor::CheckedPlan> checked = executor::CheckedPlan::Check(
+        std::make_shared<const v1::ExecutionPlan>(plan), config,
+        {.iteration = plan.iteration(), .rank = rank, .dp_rank = rank / pp, .pp_rank = rank % pp});
+    if (!checked.ok()) {
+      out.status = checked.status();
+      break;
+    }
+    absl::StatusOr<executor::IterationStats> stats = interpreter.Run(*checked);
     if (!stats.ok()) {
       out.status = stats.status();
       break;
