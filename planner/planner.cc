@@ -26,6 +26,7 @@
 #include "planner/microbatch/micro_batching.h"
 #include "planner/parallel.h"
 #include "planner/plan/plan_builder.h"
+#include "planner/plan/sample_layout.h"
 #include "planner/plan/validator.h"
 #include "planner/schedule/backward_split.h"
 #include "planner/schedule/static_schedules.h"
@@ -393,10 +394,9 @@ ReplicaTimeline Search::ScheduleReplica(const Candidate& cand, uint32_t r) const
   const ClusterNetwork network{
       .devices_per_node = c_.cluster().devices_per_node(),
       .first_device = static_cast<uint32_t>(ranks_.Rank(r, 0)),
-      .intra_node = measured.has_value()
-                        ? Link{measured->p2p.latency_ms, measured->p2p.bytes_per_ms}
-                        : MakeLink(c_.cluster().intra_node_latency_us(),
-                                   c_.cluster().intra_node_bandwidth_gbps()),
+      .intra_node = measured.has_value() ? measured->p2p
+                                         : MakeLink(c_.cluster().intra_node_latency_us(),
+                                                    c_.cluster().intra_node_bandwidth_gbps()),
       .inter_node =
           MakeLink(c_.cluster().inter_node_latency_us(), c_.cluster().inter_node_bandwidth_gbps())};
   if (cand.schedule == v1::ADAPTIVE || cand.schedule == v1::ADAPTIVE_ZERO_BUBBLE) {
@@ -471,7 +471,7 @@ void Search::CostStages(std::span<const size_t> ready) {
     const std::vector<MicroBatchGroup>& groups = cand.split().groups;
     const uint32_t stages = p_ * cand.chunks;
     out.groups.resize(groups.size());
-    std::vector<StageCost> stage_costs;
+    std::vector<StageOpCost> stage_costs;
     for (size_t g = 0; g < groups.size(); ++g) {
       const MicroBatchGroup& group = groups[g];
       const std::optional<PackedSamples> packed = PerSampleRows(group, *cand.micro_batching);
@@ -483,10 +483,8 @@ void Search::CostStages(std::span<const size_t> ready) {
       }
       out.groups[g].resize(stages);
       for (uint32_t s = 0; s < stages; ++s) {
-        const StageCost& sc = stage_costs[s];
         StageOpCost& op = out.groups[g][s];
-        op = {sc.forward_ms, sc.backward_ms,      sc.stored_bytes,
-              sc.peak_bytes, sc.activation_bytes, sc.gradient_bytes};
+        op = stage_costs[s];
         BackwardSplitRule(dims_).Split(StageLayersOf(s, stages, group), &op);
       }
     }
@@ -756,7 +754,7 @@ ReplicaPlan Search::ReplicaOf(const Candidate& best, uint32_t r, absl::Status* s
   ReplicaPlan replica;
   replica.shape = best.replicas[r].shape;
   const absl::StatusOr<MicroBatchCostModel>& profiled = *profiled_models_.at(best.recompute);
-  std::vector<StageCost> stage_costs;
+  std::vector<StageOpCost> stage_costs;
   for (uint32_t g : split.replicas.replicas[r]) {
     const MicroBatchGroup& group = split.groups[g];
     PlannedMicroBatch planned;
@@ -781,7 +779,7 @@ ReplicaPlan Search::ReplicaOf(const Candidate& best, uint32_t r, absl::Status* s
                                  group.target_len, packed ? &*packed : nullptr, best.chunks,
                                  dims_.hidden, dims_.dtype_bytes, &stage_costs)) {
       for (uint32_t s = 0; s < stage_costs.size(); ++s) {
-        const StageCost& sc = stage_costs[s];
+        const StageOpCost& sc = stage_costs[s];
         StageOpCost split{.forward_ms = sc.forward_ms, .backward_ms = sc.backward_ms};
         BackwardSplitRule(dims_).Split(
             StageLayersOf(s, static_cast<uint32_t>(stage_costs.size()), group), &split);
@@ -790,35 +788,8 @@ ReplicaPlan Search::ReplicaOf(const Candidate& best, uint32_t r, absl::Status* s
         planned.profiled_weight_ms.push_back(split.weight_ms);
       }
     }
-    // Packed rows start at row_starts; unpacked, every sample starts a row.
-    size_t next_row = 0;
-    uint32_t input_offset = 0;
-    uint32_t target_offset = 0;
-    for (size_t i = 0; i < group.samples.size(); ++i) {
-      const uint32_t position = group.samples[i];
-      planned.sample_ids.push_back(mini_batch_.sample_ids[position]);
-      // The lengths after truncation: what the executor feeds.
-      const SampleLengths& s = mbr.samples[position];
-      if (group.row_starts.empty() ||
-          (next_row < group.row_starts.size() && group.row_starts[next_row] == i)) {
-        ++next_row;
-        input_offset = 0;
-        target_offset = 0;
-      }
-      planned.input_lens.push_back(s.input);
-      planned.target_lens.push_back(s.target);
-      planned.input_offsets.push_back(input_offset);
-      planned.target_offsets.push_back(target_offset);
-      // GPT: the whole sequence is input (target_len is 0).
-      input_offset += SequenceLength(s, policy_);
-      if (policy_.encoder_decoder) target_offset += s.target;
-      planned.real_input_tokens += SequenceLength(s, policy_);
-      if (policy_.encoder_decoder) planned.real_target_tokens += s.target;
-    }
-    planned.input_len = group.input_len;
-    planned.target_len = group.target_len;
-    planned.rows = static_cast<uint32_t>(group.size());
-    planned.row_starts = group.row_starts;
+    // The lengths after truncation: what the executor feeds.
+    LayOutSamples(group, mini_batch_.sample_ids, mbr.samples, policy_, planned);
     replica.micro_batches.push_back(std::move(planned));
   }
   const ReplicaTimeline& timeline = best.replicas[r];

@@ -15,7 +15,11 @@ namespace {
 class BufferLifetimes {
  public:
   BufferLifetimes(const v1::ExecutionPlan& plan, std::vector<int>* start_of_wait)
-      : plan_(plan), start_of_wait_(start_of_wait), state_(plan.num_buffers(), kUnwritten) {
+      : plan_(plan),
+        start_of_wait_(start_of_wait),
+        // Sized by the ids the instructions name, not by num_buffers, which
+        // a corrupt plan may set to anything; larger ids are refused.
+        state_(std::min<uint64_t>(plan.num_buffers(), NamedIds(plan)), kUnwritten) {
     if (start_of_wait_ != nullptr) start_of_wait_->assign(plan.instructions_size(), -1);
   }
 
@@ -33,6 +37,27 @@ class BufferLifetimes {
  private:
   enum State { kUnwritten, kPendingReceive, kReady, kFreed };
   using Ids = google::protobuf::RepeatedField<uint32_t>;
+
+  // One more than the largest buffer id any instruction names.
+  static uint64_t NamedIds(const v1::ExecutionPlan& plan) {
+    uint64_t named = 0;
+    const auto add = [&named](const Ids& ids) {
+      for (uint32_t id : ids) named = std::max<uint64_t>(named, uint64_t{id} + 1);
+    };
+    for (const v1::Instruction& in : plan.instructions()) {
+      add(in.load_input().buffer_ids());
+      add(in.forward().input_buffer_ids());
+      add(in.forward().output_buffer_ids());
+      add(in.backward().output_grad_buffer_ids());
+      add(in.backward().input_grad_buffer_ids());
+      add(in.send_start().buffer_ids());
+      add(in.recv_start().buffer_ids());
+      add(in.send_wait().buffer_ids());
+      add(in.recv_wait().buffer_ids());
+      add(in.free_buffer().buffer_ids());
+    }
+    return named;
+  }
 
   std::optional<ContractViolation> CheckIds(int i, const Ids& ids) const {
     for (uint32_t id : ids) {

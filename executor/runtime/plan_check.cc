@@ -58,14 +58,6 @@ class PlanChecker {
       }
     }
     index_ = -1;
-    // The plan contract's rules over the whole instruction stream.
-    for (const auto& violation :
-         {plan_contract::CheckWeightGradOrder(plan_), plan_contract::CheckBufferLifetimes(plan_)}) {
-      if (violation.has_value()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(WhereInPlan(plan_, violation->instruction), violation->Describe()));
-      }
-    }
     // Every buffer is written by some instruction, so a plan never needs more
     // buffers than the ids its instructions name; this bounds what the
     // interpreter allocates by the plan's own size.
@@ -73,6 +65,14 @@ class PlanChecker {
       return Error("num_buffers",
                    absl::StrCat("is ", plan_.num_buffers(), " but the instructions name only ",
                                 named_buffers, " buffer ids"));
+    }
+    // The plan contract's rules over the whole instruction stream.
+    for (const auto& violation :
+         {plan_contract::CheckWeightGradOrder(plan_), plan_contract::CheckBufferLifetimes(plan_)}) {
+      if (violation.has_value()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(WhereInPlan(plan_, violation->instruction), violation->Describe()));
+      }
     }
     return absl::OkStatus();
   }

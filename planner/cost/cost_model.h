@@ -29,27 +29,19 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "planner/cost/link.h"
 #include "planner/cost/model_dims.h"
 #include "planner/cost/profile_grid.h"
 
 namespace varipipe::planner {
-
-// Measured transfer costs: t(n bytes) = latency + n / bandwidth.
-struct LinkCosts {
-  double latency_ms = 0;
-  double bytes_per_ms = 0;  // bandwidth
-  double Ms(double bytes) const {
-    return latency_ms + (bytes_per_ms > 0 ? bytes / bytes_per_ms : 0);
-  }
-};
 
 // What varipipe-profile measured besides the components: point-to-point
 // messages and the data-parallel all-reduce over the executor's transport,
 // and the optimizer step.
 struct CommunicationCosts {
   std::string transport;  // "gloo ...", "nccl ..."
-  LinkCosts p2p;
-  LinkCosts all_reduce;  // fp32 gradients, over all_reduce_ranks ranks
+  Link p2p;
+  Link all_reduce;  // fp32 gradients, over all_reduce_ranks ranks
   uint32_t all_reduce_ranks = 2;
 };
 struct OptimizerCosts {

@@ -383,7 +383,7 @@ bool MicroBatchCostModel::Evaluate(const Row& row, uint32_t b, MicroBatchCost* o
 bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_t target_len,
                                          const PackedSamples* packed, uint32_t chunks,
                                          uint32_t hidden, uint32_t dtype_bytes,
-                                         std::vector<StageCost>* out) const {
+                                         std::vector<StageOpCost>* out) const {
   CostValues encoder;
   CostValues decoder;
   CostValues encoder_embedding;
@@ -401,14 +401,14 @@ bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_
   }
   if (packed != nullptr) PricePerSample(*packed, input_len, target_len, &encoder, &decoder);
   const uint32_t stages = layout_.devices * chunks;
-  out->assign(stages, StageCost());
+  out->assign(stages, StageOpCost());
   const double encoder_act = static_cast<double>(b) * input_len * hidden * dtype_bytes;
   const double decoder_act = static_cast<double>(b) * target_len * hidden * dtype_bytes;
   // Kept once per stage and stack, its gradient beside the layers'
   // transients (StackBias).
   const StackBias encoder_bias = BiasOf(input_len);
   const StackBias decoder_bias = t5 ? BiasOf(target_len) : StackBias();
-  const auto add = [](StageCost& st, const CostValues& v, double count, double& transient) {
+  const auto add = [](StageOpCost& st, const CostValues& v, double count, double& transient) {
     st.forward_ms += count * v.forward_ms;
     st.backward_ms += count * v.backward_ms;
     st.stored_bytes += count * v.stored_bytes;
@@ -417,7 +417,7 @@ bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_
   const uint32_t encoder_stages =
       t5 ? (layout_.devices == 1 ? 1 : layout_.encoder_devices) : stages;
   for (uint32_t st = 0; st < stages; ++st) {
-    StageCost& c = (*out)[st];
+    StageOpCost& c = (*out)[st];
     double transient = 0;
     double bias_gradient = 0;
     const bool decoder_stage = t5 && (layout_.devices == 1 ? false : st >= encoder_stages);

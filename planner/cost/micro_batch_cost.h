@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "planner/cost/cost_model.h"
 #include "planner/cost/memory_model.h"
+#include "planner/cost/stage_cost.h"
 
 namespace varipipe::planner {
 
@@ -63,20 +64,6 @@ struct MicroBatchCost {
 // device, the last device. Every other device holds a subset of one class's
 // components, at least as much room and fewer micro-batches in flight.
 enum DeviceClass { kFirstDevice = 0, kFirstDecoderDevice = 1, kLastDevice = 2 };
-
-// Costs of one pipeline stage (device, or model chunk with interleaving)
-// for one micro-batch, for schedules and the simulator.
-struct StageCost {
-  double forward_ms = 0;
-  double backward_ms = 0;
-  double stored_bytes = 0;
-  double peak_bytes = 0;
-  // Bytes sent to the next stage after the forward (activations; T5
-  // decoder stages also forward the encoder output), and to the previous
-  // stage after the backward (gradients of the same tensors).
-  double activation_bytes = 0;
-  double gradient_bytes = 0;
-};
 
 // The samples of a micro-batch's packed rows that compute attention per
 // sample: each sample's own token counts, unpadded (GPT: its sequence as
@@ -154,12 +141,12 @@ class MicroBatchCostModel {
   // encoder stages first). Activation
   // sizes use `hidden` and `dtype_bytes`. False when outside the cost model.
   bool EvaluateStages(uint32_t b, uint32_t input_len, uint32_t target_len, uint32_t chunks,
-                      uint32_t hidden, uint32_t dtype_bytes, std::vector<StageCost>* out) const {
+                      uint32_t hidden, uint32_t dtype_bytes, std::vector<StageOpCost>* out) const {
     return EvaluateStages(b, input_len, target_len, nullptr, chunks, hidden, dtype_bytes, out);
   }
   bool EvaluateStages(uint32_t b, uint32_t input_len, uint32_t target_len,
                       const PackedSamples* packed, uint32_t chunks, uint32_t hidden,
-                      uint32_t dtype_bytes, std::vector<StageCost>* out) const;
+                      uint32_t dtype_bytes, std::vector<StageOpCost>* out) const;
 
   // Per-device memory (DynaPipe section 4, memory limits): `room[d]` is
   // pipeline device d's activation room (its limit minus its own model

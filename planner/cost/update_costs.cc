@@ -26,7 +26,7 @@ bool SpansNodes(const v1::JobConfig& c, uint32_t d) {
 
 }  // namespace
 
-double RingAllReduceMs(double bytes, uint32_t ranks, const LinkCosts& link) {
+double RingAllReduceMs(double bytes, uint32_t ranks, const Link& link) {
   if (ranks <= 1) return 0;
   const double n = ranks;
   return 2 * (n - 1) * link.latency_ms +
@@ -58,12 +58,12 @@ std::vector<DeviceUpdateCost> DeviceUpdateCosts(const CostModel& model, const St
       out[d].all_reduce_ms = MeasuredAllReduceMs(*model.communication(), bytes, dp);
     } else {
       const bool inter = SpansNodes(config, static_cast<uint32_t>(d));
-      const LinkCosts link{(inter ? config.cluster().inter_node_latency_us()
-                                  : config.cluster().intra_node_latency_us()) /
-                               1e3,
-                           (inter ? config.cluster().inter_node_bandwidth_gbps()
-                                  : config.cluster().intra_node_bandwidth_gbps()) *
-                               1e6};
+      const Link link{(inter ? config.cluster().inter_node_latency_us()
+                             : config.cluster().intra_node_latency_us()) /
+                          1e3,
+                      (inter ? config.cluster().inter_node_bandwidth_gbps()
+                             : config.cluster().intra_node_bandwidth_gbps()) *
+                          1e6};
       out[d].all_reduce_ms = RingAllReduceMs(bytes, dp, link);
     }
     // ZeRO stage 1: a ring reduce-scatter plus all-gather moves what the

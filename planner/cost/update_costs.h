@@ -25,7 +25,7 @@ struct DeviceUpdateCost {
 
 // Ring all-reduce of `bytes` over `ranks` ranks on `link`: 2 (n - 1) steps,
 // each moving bytes / n (Patarasuk and Yuan 2009).
-double RingAllReduceMs(double bytes, uint32_t ranks, const LinkCosts& link);
+double RingAllReduceMs(double bytes, uint32_t ranks, const Link& link);
 
 // A measured all-reduce fit t = a + n / B over R ranks, carried over to
 // `ranks` ranks under the ring model: latency scales with (n - 1), the

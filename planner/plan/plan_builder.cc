@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/config/rank_layout.h"
+#include "common/plan_contract/format_version.h"
+#include "common/plan_contract/micro_batch_rows.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "planner/parallel.h"
@@ -48,7 +50,7 @@ class RankPlanBuilder {
  private:
   // Who the plan is for and how it was made.
   void SetHeader() {
-    plan_.set_format_version(v1::PLAN_FORMAT_V1);
+    plan_.set_format_version(plan_contract::kPlanFormatVersion);
     plan_.set_job_id(o_.job_id);
     plan_.set_iteration(o_.iteration);
     plan_.set_rank(RankOf(device_));
@@ -147,12 +149,18 @@ class RankPlanBuilder {
   // What stage `stage` sends forward.
   std::vector<v1::TensorSpec> ActivationSpecs(uint32_t stage, uint32_t mb) const {
     const PlannedMicroBatch& m = replica_.micro_batches[mb];
-    const int64_t b = m.rows;
+    const int64_t b = Rows(mb);
     const int64_t h = o_.hidden;
     if (IsDecoder(stage)) {
       return {Spec({b, m.target_len, h}, o_.dtype), Spec({b, m.input_len, h}, o_.dtype)};
     }
     return {Spec({b, m.input_len, h}, o_.dtype)};
+  }
+
+  // Rows of micro-batch `mb`'s tensors, from the plan's own micro-batch
+  // (SetMicroBatches ran first).
+  int64_t Rows(uint32_t mb) const {
+    return static_cast<int64_t>(plan_contract::MicroBatchRows(plan_.micro_batches(mb)));
   }
 
   uint32_t Allocate() { return next_buffer_++; }
@@ -195,7 +203,7 @@ class RankPlanBuilder {
     }
     // Tokens and labels this stage loads.
     std::vector<std::pair<v1::LoadInput::Content, v1::TensorSpec>> loads;
-    const int64_t b = m.rows;
+    const int64_t b = Rows(mb);
     const bool single = Stages() == 1;
     if (st == 0) loads.push_back({v1::LoadInput::INPUT_TOKENS, Spec({b, m.input_len}, v1::INT64)});
     if (o_.encoder_decoder && (st == o_.encoder_stages || single)) {

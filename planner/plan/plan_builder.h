@@ -40,7 +40,6 @@ struct PlannedMicroBatch {
   uint32_t target_len = 0;           // padded; 0 for GPT
   uint64_t real_input_tokens = 0;
   uint64_t real_target_tokens = 0;
-  uint32_t rows = 0;                 // micro-batch size b
   std::vector<uint32_t> row_starts;  // packed rows (see MicroBatch.row_starts)
   // Packed rows only: how they compute attention (MicroBatch.packed_attention).
   v1::PackedAttention packed_attention = v1::PACKED_ATTENTION_UNSPECIFIED;

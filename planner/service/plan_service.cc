@@ -79,7 +79,8 @@ grpc::Status PlanServiceImpl::FetchPlan(grpc::ServerContext* context, uint64_t i
     if (grpc::Status s = daemon_->CheckServing(); !s.ok()) return s;
     const absl::Duration slice = std::min(absl::Seconds(2), deadline - absl::Now());
     if (slice <= absl::ZeroDuration()) break;
-    absl::StatusOr<std::optional<std::string>> bytes = (*store)->WaitPlan(iteration, rank, slice);
+    absl::StatusOr<std::optional<std::string>> bytes =
+        (*store)->plans().WaitPlan(iteration, rank, slice);
     if (!bytes.ok()) return ToGrpc(bytes.status());
     if (bytes->has_value()) {
       if (!out->ParseFromString(**bytes)) {
@@ -87,7 +88,7 @@ grpc::Status PlanServiceImpl::FetchPlan(grpc::ServerContext* context, uint64_t i
                             absl::StrCat("stored plan of iteration ", iteration, " is corrupt"));
       }
       // Only a rank that fetched a plan may report the iteration.
-      return ToGrpc((*store)->RecordFetch(iteration, rank));
+      return ToGrpc((*store)->progress().RecordFetch(iteration, rank));
     }
     if (!asked_for_planning) {
       // Nobody may be planning it (e.g. Redis restarted without data):
@@ -123,7 +124,7 @@ grpc::Status PlanServiceImpl::WaitForReport(grpc::ServerContext* context, int ra
                           absl::StrCat("rank ", rank, " has not reported iteration ", iteration,
                                        " (WatchPlans max_ahead)"));
     }
-    absl::StatusOr<bool> reported = (*store)->WaitForReport(rank, iteration, slice);
+    absl::StatusOr<bool> reported = (*store)->progress().WaitForReport(rank, iteration, slice);
     if (!reported.ok()) return ToGrpc(reported.status());
     if (*reported) return grpc::Status::OK;
   }
@@ -195,7 +196,8 @@ grpc::Status PlanServiceImpl::ReportProgress(grpc::ServerContext* context,
   (void)google::protobuf::util::MessageToJsonString(*request, &json);
   // Checked and applied atomically: a report for an iteration the rank never
   // fetched, or beyond the one it is due to run, changes nothing.
-  if (absl::Status s = (*store)->CheckedReport(request->iteration(), request->rank(), json);
+  if (absl::Status s =
+          (*store)->progress().CheckedReport(request->iteration(), request->rank(), json);
       !s.ok()) {
     spdlog::warn("{}", s.message());
     return ToGrpc(s);

@@ -241,12 +241,12 @@ absl::Status PlannerDaemon::ConnectStore() {
   if (!first.ok()) return Annotate(first.status(), "instruction store");
   SetStep("registering the job");
   VP_RETURN_IF_ERROR(CheckCancelled());
-  VP_RETURN_IF_ERROR((*first)->RegisterJob(config));
+  VP_RETURN_IF_ERROR((*first)->job().RegisterJob(config));
   std::string candidate = options_.token;
   if (candidate.empty()) {
     VP_ASSIGN_OR_RETURN(candidate, GenerateJobToken());
   }
-  VP_ASSIGN_OR_RETURN(token_, (*first)->RegisterToken(candidate, !options_.token.empty()));
+  VP_ASSIGN_OR_RETURN(token_, (*first)->job().RegisterToken(candidate, !options_.token.empty()));
   verifier_ = CallTokenVerifier(token_);
   AddToPool(*std::move(first));
   return absl::OkStatus();
@@ -441,7 +441,7 @@ absl::StatusOr<LayerLayout> PlannerDaemon::AutoStageLayout(const planner::Planne
     return ListedLayerLayout(stored, counts, stages, "the instruction store's stage_layout");
   };
   VP_ASSIGN_OR_RETURN(StoreLease store, AcquireStore());
-  absl::StatusOr<v1::StageLayoutConfig> stored = store->LoadStageLayout();
+  absl::StatusOr<v1::StageLayoutConfig> stored = store->job().LoadStageLayout();
   if (stored.ok()) {
     VP_ASSIGN_OR_RETURN(LayerLayout layout, parse(*stored));
     spdlog::info("stage layout (AUTO): {}, as the instruction store records it", layout.ToString());
@@ -464,7 +464,7 @@ absl::StatusOr<LayerLayout> PlannerDaemon::AutoStageLayout(const planner::Planne
     spdlog::info("{}", line);
   }
   VP_ASSIGN_OR_RETURN(const v1::StageLayoutConfig recorded,
-                      store->RegisterStageLayout(LayerLayoutToConfig(choice.chosen)));
+                      store->job().RegisterStageLayout(LayerLayoutToConfig(choice.chosen)));
   VP_ASSIGN_OR_RETURN(LayerLayout layout, parse(recorded));
   if (!(layout == choice.chosen)) {
     spdlog::info("stage layout (AUTO): another daemon recorded {} first; this daemon follows it",
@@ -480,7 +480,7 @@ std::shared_ptr<const planner::Planner> PlannerDaemon::CalibratedPlanner() const
 
 absl::Status PlannerDaemon::RefreshCalibration(RedisInstructionStore& store) {
   if (!config_.planner().online_calibration()) return absl::OkStatus();
-  VP_ASSIGN_OR_RETURN(const v1::CalibrationState state, store.LoadCalibration());
+  VP_ASSIGN_OR_RETURN(const v1::CalibrationState state, store.calibration().LoadCalibration());
   if (CalibratedPlanner()->calibration().version() == state.version()) return absl::OkStatus();
   auto planner = std::make_shared<const planner::Planner>(planner_->WithCalibration(state));
   spdlog::info("calibration version {} ({} iterations reported): {}", state.version(),
@@ -495,7 +495,7 @@ absl::Status PlannerDaemon::RefreshCalibration(RedisInstructionStore& store) {
 absl::Status PlannerDaemon::LearnFromReport(RedisInstructionStore& store,
                                             const v1::ReportProgressRequest& report) {
   if (report.rank() == 0 && report.predicted_iteration_ms() > 0 && report.iteration_ms() > 0) {
-    VP_RETURN_IF_ERROR(store.RecordPrediction(
+    VP_RETURN_IF_ERROR(store.calibration().RecordPrediction(
         {report.iteration(), report.predicted_iteration_ms(), report.iteration_ms()}));
   }
   if (!config_.planner().online_calibration()) return absl::OkStatus();
@@ -519,7 +519,7 @@ absl::Status PlannerDaemon::LearnFromReport(RedisInstructionStore& store,
       .predicted_iteration_ms = report.rank() == 0 ? report.predicted_iteration_ms() : 0,
       .predicted_overhead_ms = report.predicted_overhead_ms(),
       .plan_calibration_version = report.calibration_version()};
-  return store.UpdateCalibration(
+  return store.calibration().UpdateCalibration(
       [&](v1::CalibrationState* state) { return planner::FoldReport(folded, state); });
 }
 
@@ -534,7 +534,8 @@ absl::Status PlannerDaemon::PlanAndPublish(RedisInstructionStore& store, uint64_
   absl::StatusOr<std::vector<std::string>> envelopes =
       PlanIteration(iteration, &summary, &planning_ms);
   if (!envelopes.ok()) return Annotate(envelopes.status(), absl::StrCat("iteration ", iteration));
-  VP_ASSIGN_OR_RETURN(bool published, store.Publish(iteration, *envelopes, summary, planner_id_));
+  VP_ASSIGN_OR_RETURN(bool published,
+                      store.plans().Publish(iteration, *envelopes, summary, planner_id_));
   absl::MutexLock lock(&mu_);
   busy_ms_ += absl::ToDoubleMilliseconds(absl::Now() - start);
   if (published) {
@@ -550,7 +551,7 @@ absl::Status PlannerDaemon::PlanAndPublish(RedisInstructionStore& store, uint64_
 
 absl::Status PlannerDaemon::PlanOnDemand(uint64_t iteration) {
   VP_ASSIGN_OR_RETURN(StoreLease store, AcquireStore());
-  VP_ASSIGN_OR_RETURN(const auto progress, store->Progress());
+  VP_ASSIGN_OR_RETURN(const auto progress, store->progress().Progress());
   if (!progress.empty()) {
     uint64_t slowest = ~uint64_t{0};
     for (const auto& [rank, completed] : progress) slowest = std::min(slowest, completed);
@@ -560,7 +561,7 @@ absl::Status PlannerDaemon::PlanOnDemand(uint64_t iteration) {
       return absl::OkStatus();
     }
   }
-  VP_ASSIGN_OR_RETURN(bool claimed, store->ClaimIteration(iteration, planner_id_));
+  VP_ASSIGN_OR_RETURN(bool claimed, store->plans().ClaimIteration(iteration, planner_id_));
   if (!claimed) return absl::OkStatus();
   spdlog::info("planning iteration {} on demand", iteration);
   return PlanAndPublish(*store, iteration);
@@ -584,9 +585,9 @@ void PlannerDaemon::WorkerLoop(int worker) {
       }
       store = *std::move(opened);
       // Redis may have lost the job (restarted without persistence).
-      if (absl::Status s = store->RegisterJob(config_); !s.ok()) {
+      if (absl::Status s = store->job().RegisterJob(config_); !s.ok()) {
         spdlog::error("worker {}: {}", worker, s.message());
-      } else if (absl::StatusOr<std::string> token = store->RegisterToken(token_, false);
+      } else if (absl::StatusOr<std::string> token = store->job().RegisterToken(token_, false);
                  !token.ok()) {
         spdlog::error("worker {}: {}", worker, token.status().message());
       } else if (*token != token_) {
@@ -596,9 +597,9 @@ void PlannerDaemon::WorkerLoop(int worker) {
     }
     absl::StatusOr<StoreCounters> counters = store->Counters();
     absl::StatusOr<std::optional<uint64_t>> claim =
-        counters.ok()
-            ? store->Claim(planner_id_, counters->min_progress + config_.planner().plan_ahead())
-            : absl::StatusOr<std::optional<uint64_t>>(counters.status());
+        counters.ok() ? store->plans().Claim(
+                            planner_id_, counters->min_progress + config_.planner().plan_ahead())
+                      : absl::StatusOr<std::optional<uint64_t>>(counters.status());
     if (!claim.ok()) {
       RecordRedisError(config_.job_id());
       {
@@ -674,7 +675,8 @@ v1::PlannerStatus PlannerDaemon::Status() const {
   }
   absl::StatusOr<StoreLease> store = const_cast<PlannerDaemon*>(this)->AcquireStore();
   if (store.ok()) {
-    if (absl::StatusOr<std::vector<PredictionRecord>> p = (*store)->Predictions(); p.ok()) {
+    if (absl::StatusOr<std::vector<PredictionRecord>> p = (*store)->calibration().Predictions();
+        p.ok()) {
       std::vector<double> errors;
       for (const PredictionRecord& r : *p) {
         if (errors.size() == kPredictionErrorIterations) break;
@@ -685,7 +687,8 @@ v1::PlannerStatus PlannerDaemon::Status() const {
       s.set_prediction_error_p50(Percentile(errors, 0.5));
       s.set_prediction_error_p90(Percentile(errors, 0.9));
     }
-    if (absl::StatusOr<v1::CalibrationState> c = (*store)->LoadCalibration(); c.ok()) {
+    if (absl::StatusOr<v1::CalibrationState> c = (*store)->calibration().LoadCalibration();
+        c.ok()) {
       *s.mutable_calibration() = *c;
       s.set_calibration_scales(planner_->WithCalibration(*c).calibration_scales().Describe(
           config_.model().kind() == v1::T5));

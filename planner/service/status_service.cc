@@ -36,17 +36,12 @@ grpc::Status StatusServiceImpl::GetJobStatus(grpc::ServerContext* context,
   response->set_job_id(c.job_id());
   response->set_total_iterations(c.training().iterations());
   response->set_published_iterations(counters->published);
-  absl::StatusOr<RedisReply> reports =
-      (*store)->redis().Command({"HGETALL", (*store)->Key("reports")});
+  absl::StatusOr<std::vector<std::pair<int, std::string>>> reports = (*store)->progress().Reports();
   if (!reports.ok()) return ToGrpc(reports.status());
   double tokens = 0;
-  for (size_t i = 0; i + 1 < reports->size(); i += 2) {
+  for (const auto& [reporting_rank, json] : *reports) {
     v1::ReportProgressRequest report;
-    if (!google::protobuf::util::JsonStringToMessage(ElementString(reports->element(i + 1)),
-                                                     &report)
-             .ok()) {
-      continue;
-    }
+    if (!google::protobuf::util::JsonStringToMessage(json, &report).ok()) continue;
     v1::RankProgress* rank = response->add_ranks();
     rank->set_rank(report.rank());
     rank->set_last_iteration(report.iteration());

@@ -34,18 +34,11 @@
 #include <string>
 #include <vector>
 
+#include "planner/cost/link.h"
 #include "planner/schedule/op.h"
 #include "planner/schedule/stage_costs.h"
 
 namespace varipipe::planner {
-
-struct Link {
-  double latency_ms = 0;
-  double bytes_per_ms = 0;  // 0: no bandwidth cost (a transfer takes the latency alone)
-  double TransferMs(double bytes) const {
-    return bytes_per_ms > 0 ? latency_ms + bytes / bytes_per_ms : latency_ms;
-  }
-};
 
 // Where the pipeline's devices sit: device d is global device
 // first_device + d; devices_per_node consecutive global devices share a node.

@@ -189,6 +189,10 @@ TEST(PlanContract, AValidStreamPassesAndWaitsPointAtTheirStarts) {
     EXPECT_EQ(start_of_wait[0], -1);
     EXPECT_EQ(start_of_wait[1], 0);  // recv_wait completes recv_start
   }
+  // A corrupt num_buffers costs nothing: the state is sized by the ids named.
+  v1::ExecutionPlan huge = LastStagePlan(false);
+  huge.set_num_buffers(0xffffffffu);
+  EXPECT_FALSE(CheckBufferLifetimes(huge).has_value());
 }
 
 TEST(PlanContract, BufferLifetimeViolationsNameTheirInstruction) {

@@ -299,7 +299,10 @@ TEST_F(PlanInterpreterTest, RefusesZeroBubblePlansWithWrongWeightGradOrders) {
   ASSERT_EQ(plans.size(), 2u);
   // The untouched parameters: a run of no instruction.
   std::vector<v1::ExecutionPlan> empty = plans;
-  for (v1::ExecutionPlan& plan : empty) plan.clear_instructions();
+  for (v1::ExecutionPlan& plan : empty) {
+    plan.clear_instructions();
+    plan.set_num_buffers(0);
+  }
   std::vector<Parameters> initial;
   for (const auto& r : RunRanks(config, empty, **dataset, &initial, absl::Seconds(60))) {
     ASSERT_THAT(r, IsOk());

@@ -747,7 +747,7 @@ TEST(AnalyticModelT5V11, StagesKeepTheirStacksPositionBiasOnce) {
     ASSERT_TRUE(with_bias->Evaluate(b, s, tgt, &with_cost));
     ASSERT_TRUE(no_bias->Evaluate(b, s, tgt, &no_cost));
     EXPECT_EQ(with_cost.time_ms, no_cost.time_ms);
-    std::vector<StageCost> with_stages, no_stages;
+    std::vector<StageOpCost> with_stages, no_stages;
     ASSERT_TRUE(with_bias->EvaluateStages(b, s, tgt, 1, d.hidden, d.dtype_bytes, &with_stages));
     ASSERT_TRUE(no_bias->EvaluateStages(b, s, tgt, 1, d.hidden, d.dtype_bytes, &no_stages));
     ASSERT_EQ(with_stages.size(), pp);

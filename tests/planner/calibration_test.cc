@@ -335,7 +335,7 @@ TEST(PredictedIteration, AddsTheCalibratedOverheadAndChangesNoPlan) {
 }
 
 TEST(UpdateCosts, RingAndMeasuredAllReduce) {
-  const LinkCosts link{.latency_ms = 0.01, .bytes_per_ms = 1e6};
+  const Link link{.latency_ms = 0.01, .bytes_per_ms = 1e6};
   EXPECT_EQ(RingAllReduceMs(1e6, 1, link), 0);
   // 2 (n - 1) latencies and 2 (n - 1) / n of the bytes.
   EXPECT_DOUBLE_EQ(RingAllReduceMs(4e6, 4, link), 6 * 0.01 + 1.5 * 4);

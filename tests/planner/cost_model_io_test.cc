@@ -469,7 +469,7 @@ TEST_F(CostModelIoTest, CommunicationAndOptimizerCosts) {
   ASSERT_TRUE(model->communication().has_value());
   EXPECT_DOUBLE_EQ(model->communication()->p2p.latency_ms, 0.05);
   EXPECT_DOUBLE_EQ(model->communication()->p2p.bytes_per_ms, 2.5e6);
-  EXPECT_DOUBLE_EQ(model->communication()->all_reduce.Ms(1e6), 0.12 + 2);
+  EXPECT_DOUBLE_EQ(model->communication()->all_reduce.TransferMs(1e6), 0.12 + 2);
   EXPECT_EQ(model->communication()->all_reduce_ranks, 4u);
   ASSERT_TRUE(model->optimizer().has_value());
   EXPECT_DOUBLE_EQ(model->optimizer()->Ms(2e6), 0.1 + 3);

@@ -364,9 +364,9 @@ TEST(ZeroBubbleH1, BubbleFractionAgainstOneFOneBOnTheA100Model) {
     absl::StatusOr<MicroBatchCostModel> cost =
         MicroBatchCostModel::Create(*model, *layout, Recompute::kNone, 1);
     ASSERT_THAT(cost, IsOk());
-    std::vector<StageCost> stages;
+    std::vector<StageOpCost> stages;
     ASSERT_TRUE(cost->EvaluateStages(2, 1024, 0, 1, dims.hidden, dims.dtype_bytes, &stages));
-    const StageCost& layers = stages[1];  // no embedding, no LM head
+    const StageOpCost& layers = stages[1];  // no embedding, no LM head
     StageOpCost c{layers.forward_ms, layers.backward_ms,      layers.stored_bytes,
                   layers.peak_bytes, layers.activation_bytes, layers.gradient_bytes};
     BackwardSplitRule(dims).Split(

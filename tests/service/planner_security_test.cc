@@ -506,8 +506,8 @@ TEST_F(PlannerSecurityTest, RogueProgressReportsAndFarRequestsChangeNothing) {
     EXPECT_EQ(report(0, iteration).error_code(), grpc::StatusCode::OUT_OF_RANGE) << iteration;
   }
   EXPECT_EQ(snapshot(), before) << "a refused report changed the store";
-  for (uint64_t i = 0; i < 4; ++i) EXPECT_TRUE(*(*store)->IsPublished(i)) << i;
-  EXPECT_TRUE((*store)->Progress()->empty());
+  for (uint64_t i = 0; i < 4; ++i) EXPECT_TRUE(*(*store)->plans().IsPublished(i)) << i;
+  EXPECT_TRUE((*store)->progress().Progress()->empty());
 
   // Rank 0 fetches and completes iteration 0; fetching iteration 2 does not
   // let it report 2 before 1.
@@ -517,12 +517,12 @@ TEST_F(PlannerSecurityTest, RogueProgressReportsAndFarRequestsChangeNothing) {
   const grpc::Status early = report(0, 2);
   EXPECT_EQ(early.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << early.error_message();
   EXPECT_THAT(early.error_message(), HasSubstr("due to run iteration"));
-  EXPECT_EQ((*store)->Progress()->at(0), (std::pair<int, uint64_t>{0, 0}));
+  EXPECT_EQ((*store)->progress().Progress()->at(0), (std::pair<int, uint64_t>{0, 0}));
 
   // Iteration 15 is far beyond the window (rank 0 is due at 1, plan_ahead 4):
   // a GetPlan waits for it and nothing plans it.
   EXPECT_EQ(get_plan(1, 15, 3).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  EXPECT_FALSE(*(*store)->IsPublished(15));
+  EXPECT_FALSE(*(*store)->plans().IsPublished(15));
   EXPECT_EQ((*store)->Counters()->claimed, 4u) << "back-pressure was lifted";
 
   auto status = v1::StatusService::NewStub(Channel(port, token));
