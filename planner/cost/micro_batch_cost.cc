@@ -18,6 +18,16 @@ class DeviceSum {
     stored_ += count * v.stored_bytes;
     transient_ = std::max(transient_, v.peak_bytes - v.stored_bytes);
   }
+  // The postprocess (final norm, LM head, loss): the backward runs it first,
+  // with everything stored; the other components run after it, once its
+  // stored bytes are freed.
+  void AddPostprocess(const CostValues& v) {
+    forward_ms_ += v.forward_ms;
+    backward_ms_ += v.backward_ms;
+    stored_ += v.stored_bytes;
+    postprocess_stored_ = v.stored_bytes;
+    postprocess_transient_ = v.peak_bytes - v.stored_bytes;
+  }
   // What the device keeps besides its components, and a gradient alive
   // beside their transients (a stack's position bias).
   void AddBias(const MicroBatchCostModel::StackBias& bias) {
@@ -33,7 +43,12 @@ class DeviceSum {
       out->forward_ms = forward_ms_;
       out->backward_ms = backward_ms_;
     }
-    const double transient = transient_ + bias_gradient_;
+    // Beyond the stored bytes at the backward's peak.
+    const double transient =
+        (postprocess_transient_ < 0
+             ? transient_
+             : std::max(postprocess_transient_, transient_ - postprocess_stored_)) +
+        bias_gradient_;
     out->stored_bytes = std::max(out->stored_bytes, scale * stored_);
     out->peak_bytes = std::max(out->peak_bytes, scale * (stored_ + transient));
     out->transient_bytes = std::max(out->transient_bytes, scale * transient);
@@ -49,6 +64,8 @@ class DeviceSum {
   double backward_ms_ = 0;
   double stored_ = 0;
   double transient_ = 0;
+  double postprocess_stored_ = 0;
+  double postprocess_transient_ = -1;  // < 0: no postprocess
   double bias_gradient_ = 0;
 };
 
@@ -157,7 +174,7 @@ bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& d
       DeviceSum only;
       only.Add(encoder, l.encoder_layers);
       only.Add(encoder_embedding, 1);
-      only.Add(postprocess, 1);
+      only.AddPostprocess(postprocess);
       only.AddBias(encoder_bias);
       only.MergeInto(out, first_scale_, 1, kFirstDevice);
       return true;
@@ -169,7 +186,7 @@ bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& d
     first.MergeInto(out, first_scale_, depth_[kFirstDevice], kFirstDevice);
     DeviceSum last;
     last.Add(encoder, class_layers_[kLastDevice]);
-    last.Add(postprocess, 1);
+    last.AddPostprocess(postprocess);
     last.AddBias(encoder_bias);
     last.MergeInto(out, last_scale_, depth_[kLastDevice], kLastDevice);
     return true;
@@ -180,7 +197,7 @@ bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& d
     only.Add(encoder_embedding, 1);
     only.Add(decoder, l.decoder_layers);
     only.Add(decoder_embedding, 1);
-    only.Add(postprocess, 1);
+    only.AddPostprocess(postprocess);
     only.AddBias(encoder_bias);
     only.AddBias(decoder_bias);
     only.MergeInto(out, first_scale_, 1, kFirstDevice);
@@ -195,14 +212,14 @@ bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& d
   DeviceSum first_decoder;
   first_decoder.Add(decoder, class_layers_[kFirstDecoderDevice]);
   first_decoder.Add(decoder_embedding, 1);
-  if (one_decoder_device) first_decoder.Add(postprocess, 1);
+  if (one_decoder_device) first_decoder.AddPostprocess(postprocess);
   first_decoder.AddBias(decoder_bias);
   first_decoder.MergeInto(out, first_decoder_scale_, depth_[kFirstDecoderDevice],
                           kFirstDecoderDevice);
   if (!one_decoder_device) {
     DeviceSum last;
     last.Add(decoder, class_layers_[kLastDevice]);
-    last.Add(postprocess, 1);
+    last.AddPostprocess(postprocess);
     last.AddBias(decoder_bias);
     last.MergeInto(out, last_scale_, depth_[kLastDevice], kLastDevice);
   }
@@ -414,11 +431,21 @@ bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_
     st.stored_bytes += count * v.stored_bytes;
     if (count > 0) transient = std::max(transient, v.peak_bytes - v.stored_bytes);
   };
+  // The stage's backward runs its components in reverse: the postprocess
+  // (final norm, LM head, loss) first, with everything the forward stored;
+  // the layers after it, once the postprocess's stored bytes are freed.
+  const auto add_postprocess = [&postprocess](StageOpCost& st, double& postprocess_transient) {
+    st.forward_ms += postprocess.forward_ms;
+    st.backward_ms += postprocess.backward_ms;
+    st.stored_bytes += postprocess.stored_bytes;
+    postprocess_transient = postprocess.peak_bytes - postprocess.stored_bytes;
+  };
   const uint32_t encoder_stages =
       t5 ? (layout_.devices == 1 ? 1 : layout_.encoder_devices) : stages;
   for (uint32_t st = 0; st < stages; ++st) {
     StageOpCost& c = (*out)[st];
-    double transient = 0;
+    double transient = 0;               // the largest of the components before the postprocess
+    double postprocess_transient = -1;  // < 0: the stage has no postprocess
     double bias_gradient = 0;
     const bool decoder_stage = t5 && (layout_.devices == 1 ? false : st >= encoder_stages);
     if (!decoder_stage) {
@@ -433,11 +460,11 @@ bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_
         c.stored_bytes += encoder_act;
         add(c, decoder, total_decoder_layers_, transient);
         add(c, decoder_embedding, 1, transient);
-        add(c, postprocess, 1, transient);
+        add_postprocess(c, postprocess_transient);
         c.stored_bytes += decoder_bias.stored;
         bias_gradient += decoder_bias.gradient;
       } else if (!t5 && st + 1 == stages) {
-        add(c, postprocess, 1, transient);
+        add_postprocess(c, postprocess_transient);
       }
       c.activation_bytes = encoder_act;
       c.gradient_bytes = st == 0 ? 0 : encoder_act;
@@ -445,7 +472,7 @@ bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_
       const uint32_t index = st - encoder_stages;
       add(c, decoder, layout_.StageDecoderLayers(st, stages), transient);
       if (index == 0) add(c, decoder_embedding, 1, transient);
-      if (st + 1 == stages) add(c, postprocess, 1, transient);
+      if (st + 1 == stages) add_postprocess(c, postprocess_transient);
       c.stored_bytes += decoder_bias.stored;
       // The encoder output the stage's layers read (received with its
       // input; no component is charged for it), kept per micro-batch.
@@ -457,6 +484,11 @@ bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_
     }
     if (st + 1 == stages) c.activation_bytes = 0;
     c.peak_bytes = c.stored_bytes + transient + bias_gradient;
+    if (postprocess_transient >= 0) {
+      c.peak_bytes = std::max(c.stored_bytes + postprocess_transient,
+                              c.stored_bytes - postprocess.stored_bytes + transient) +
+                     bias_gradient;
+    }
   }
   return true;
 }

@@ -58,6 +58,11 @@ struct MemoryCase {
   // the tightest memory that plans: many micro-batches in flight, whose
   // transfer buffers count (memory_ledger.h).
   bool many = false;
+  // With many: micro-batches from the planner's dynamic program (its
+  // default) instead of fixed-size ones; their number and shapes then follow
+  // the profiled times, so the case checks the prediction on whatever plan
+  // the planner makes, as a user would run it.
+  bool dynamic = false;
 };
 
 class MeasuredMemory : public ::testing::TestWithParam<MemoryCase> {};
@@ -75,9 +80,16 @@ TEST_P(MeasuredMemory, ProfiledPredictionMatchesTheMeasuredPeak) {
   job.recompute = c.recompute;
   // Fixed-size micro-batches: the plan's shape (and so its memory) does not
   // depend on the profiled times, which vary from run to run.
-  job.method = v1::FIXED_SIZE;
+  job.method = c.dynamic ? v1::DYNAMIC_PROGRAMMING : v1::FIXED_SIZE;
   if (c.many) job.tokens_per_global_batch = c.t5 ? 2800 : 2400;
-  job.iterations = 1;
+  // The dynamic program packs more samples into a micro-batch where memory
+  // allows: a larger mini-batch keeps it at 14 or more.
+  if (c.dynamic) job.tokens_per_global_batch = c.t5 ? 5600 : 4800;
+  // Two iterations, the second measured: from then on the parameters'
+  // gradients exist when an iteration starts (the optimizer zeroes them in
+  // place), as the planner assumes (they are model state:
+  // ParametersPerDevice), and only what the iteration adds is compared.
+  job.iterations = 2;
   absl::StatusOr<v1::JobConfig> config = TinyJobConfig(job);
   ASSERT_THAT(config, IsOk());
   config->mutable_planner()->set_fixed_micro_batch_size(c.many ? 2 : 3);
@@ -95,7 +107,9 @@ TEST_P(MeasuredMemory, ProfiledPredictionMatchesTheMeasuredPeak) {
 
   absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(*config);
   ASSERT_THAT(dataset, IsOk());
-  absl::StatusOr<std::vector<v1::ExecutionPlan>> plans = PlanTinyIteration(*config, 0, **dataset);
+  absl::StatusOr<std::vector<v1::ExecutionPlan>> first = PlanTinyIteration(*config, 0, **dataset);
+  ASSERT_THAT(first, IsOk());
+  absl::StatusOr<std::vector<v1::ExecutionPlan>> plans = PlanTinyIteration(*config, 1, **dataset);
   ASSERT_THAT(plans, IsOk());
   absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
   ASSERT_THAT(redis, IsOk());
@@ -110,7 +124,7 @@ TEST_P(MeasuredMemory, ProfiledPredictionMatchesTheMeasuredPeak) {
     accounts.push_back(std::make_unique<executor::MemoryAccount>());
     run.memory.push_back(accounts.back().get());
   }
-  const std::vector<RankRun> ranks = RunThreadedRanks(*config, {*plans}, **dataset, run);
+  const std::vector<RankRun> ranks = RunThreadedRanks(*config, {*first, *plans}, **dataset, run);
   // The planner's parameters per device under the job's layout.
   absl::StatusOr<planner::Planner> planner = planner::Planner::Create(*config);
   ASSERT_THAT(planner, IsOk());
@@ -132,7 +146,8 @@ TEST_P(MeasuredMemory, ProfiledPredictionMatchesTheMeasuredPeak) {
       EXPECT_DOUBLE_EQ(static_cast<double>(ranks[r].parameter_bytes) / 4, planned[r] + unmodelled)
           << "rank " << r;
     }
-    const executor::IterationStats& stats = ranks[r].stats.front();
+    ASSERT_EQ(ranks[r].stats.size(), 2u);
+    const executor::IterationStats& stats = ranks[r].stats.back();
     const double measured = static_cast<double>(stats.memory_peak_bytes - stats.memory_start_bytes);
     const double predicted = (*plans)[r].predicted_activation_peak_bytes();
     int weight_grads = 0;
@@ -192,6 +207,41 @@ INSTANTIATE_TEST_SUITE_P(
                    .name = "ManyT5NoneZeroBubbleH1",
                    .t5 = true,
                    .many = true},
+        // The same with the planner's dynamic program (DynaPipe's micro-
+        // batching) choosing the micro-batches.
+        MemoryCase{.recompute = v1::RECOMPUTE_NONE,
+                   .schedule = v1::ONE_F_ONE_B,
+                   .name = "ManyDynamicNone1F1B",
+                   .many = true,
+                   .dynamic = true},
+        MemoryCase{.recompute = v1::RECOMPUTE_SELECTIVE,
+                   .schedule = v1::ADAPTIVE,
+                   .name = "ManyDynamicSelectiveAdaptive",
+                   .many = true,
+                   .dynamic = true},
+        MemoryCase{.recompute = v1::RECOMPUTE_NONE,
+                   .schedule = v1::ADAPTIVE_ZERO_BUBBLE,
+                   .name = "ManyDynamicNoneAdaptiveZeroBubble",
+                   .many = true,
+                   .dynamic = true},
+        MemoryCase{.recompute = v1::RECOMPUTE_NONE,
+                   .schedule = v1::ONE_F_ONE_B,
+                   .name = "ManyDynamicT5None1F1B",
+                   .t5 = true,
+                   .many = true,
+                   .dynamic = true},
+        MemoryCase{.recompute = v1::RECOMPUTE_SELECTIVE,
+                   .schedule = v1::ADAPTIVE,
+                   .name = "ManyDynamicT5SelectiveAdaptive",
+                   .t5 = true,
+                   .many = true,
+                   .dynamic = true},
+        MemoryCase{.recompute = v1::RECOMPUTE_NONE,
+                   .schedule = v1::ZERO_BUBBLE_H1,
+                   .name = "ManyDynamicT5NoneZeroBubbleH1",
+                   .t5 = true,
+                   .many = true,
+                   .dynamic = true},
         MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ONE_F_ONE_B, "Selective1F1B"},
         MemoryCase{v1::RECOMPUTE_NONE, v1::ONE_F_ONE_B, "None1F1B"},
         MemoryCase{v1::RECOMPUTE_FULL, v1::ONE_F_ONE_B, "Full1F1B"},
