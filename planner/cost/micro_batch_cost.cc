@@ -34,6 +34,20 @@ class DeviceSum {
     stored_ += bias.stored;
     bias_gradient_ += bias.gradient;
   }
+  // Bytes kept per micro-batch that no component is charged for (a T5
+  // decoder stage's encoder output).
+  void AddKept(double bytes) { stored_ += bytes; }
+  // One stage's times, stored bytes and peak (its backward's highest point).
+  void Into(StageOpCost* out) const {
+    out->forward_ms = forward_ms_;
+    out->backward_ms = backward_ms_;
+    out->stored_bytes = stored_;
+    out->peak_bytes = postprocess_transient_ < 0
+                          ? stored_ + transient_ + bias_gradient_
+                          : std::max(stored_ + postprocess_transient_,
+                                     stored_ - postprocess_stored_ + transient_) +
+                                bias_gradient_;
+  }
   // `scale`: reference bytes per byte of this device (its room's share);
   // `depth`: micro-batches the class holds at once; `slot`: its class.
   void MergeInto(MicroBatchCost* out, double scale, double depth, int slot) const {
@@ -425,70 +439,44 @@ bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_
   // transients (StackBias).
   const StackBias encoder_bias = BiasOf(input_len);
   const StackBias decoder_bias = t5 ? BiasOf(target_len) : StackBias();
-  const auto add = [](StageOpCost& st, const CostValues& v, double count, double& transient) {
-    st.forward_ms += count * v.forward_ms;
-    st.backward_ms += count * v.backward_ms;
-    st.stored_bytes += count * v.stored_bytes;
-    if (count > 0) transient = std::max(transient, v.peak_bytes - v.stored_bytes);
-  };
-  // The stage's backward runs its components in reverse: the postprocess
-  // (final norm, LM head, loss) first, with everything the forward stored;
-  // the layers after it, once the postprocess's stored bytes are freed.
-  const auto add_postprocess = [&postprocess](StageOpCost& st, double& postprocess_transient) {
-    st.forward_ms += postprocess.forward_ms;
-    st.backward_ms += postprocess.backward_ms;
-    st.stored_bytes += postprocess.stored_bytes;
-    postprocess_transient = postprocess.peak_bytes - postprocess.stored_bytes;
-  };
   const uint32_t encoder_stages =
       t5 ? (layout_.devices == 1 ? 1 : layout_.encoder_devices) : stages;
   for (uint32_t st = 0; st < stages; ++st) {
     StageOpCost& c = (*out)[st];
-    double transient = 0;               // the largest of the components before the postprocess
-    double postprocess_transient = -1;  // < 0: the stage has no postprocess
-    double bias_gradient = 0;
-    const bool decoder_stage = t5 && (layout_.devices == 1 ? false : st >= encoder_stages);
+    DeviceSum sum;
+    const bool decoder_stage = t5 && layout_.devices != 1 && st >= encoder_stages;
     if (!decoder_stage) {
-      const uint32_t index = st;
-      add(c, encoder, layout_.StageEncoderLayers(st, stages), transient);
-      if (index == 0) add(c, encoder_embedding, 1, transient);
-      c.stored_bytes += encoder_bias.stored;
-      bias_gradient += encoder_bias.gradient;
+      sum.Add(encoder, layout_.StageEncoderLayers(st, stages));
+      if (st == 0) sum.Add(encoder_embedding, 1);
+      sum.AddBias(encoder_bias);
       if (t5 && layout_.devices == 1) {
         // The decoder layers read the encoder output, which no component
         // is charged for: the stage keeps it per micro-batch.
-        c.stored_bytes += encoder_act;
-        add(c, decoder, total_decoder_layers_, transient);
-        add(c, decoder_embedding, 1, transient);
-        add_postprocess(c, postprocess_transient);
-        c.stored_bytes += decoder_bias.stored;
-        bias_gradient += decoder_bias.gradient;
+        sum.AddKept(encoder_act);
+        sum.Add(decoder, total_decoder_layers_);
+        sum.Add(decoder_embedding, 1);
+        sum.AddPostprocess(postprocess);
+        sum.AddBias(decoder_bias);
       } else if (!t5 && st + 1 == stages) {
-        add_postprocess(c, postprocess_transient);
+        sum.AddPostprocess(postprocess);
       }
       c.activation_bytes = encoder_act;
       c.gradient_bytes = st == 0 ? 0 : encoder_act;
     } else {
       const uint32_t index = st - encoder_stages;
-      add(c, decoder, layout_.StageDecoderLayers(st, stages), transient);
-      if (index == 0) add(c, decoder_embedding, 1, transient);
-      if (st + 1 == stages) add_postprocess(c, postprocess_transient);
-      c.stored_bytes += decoder_bias.stored;
+      sum.Add(decoder, layout_.StageDecoderLayers(st, stages));
+      if (index == 0) sum.Add(decoder_embedding, 1);
+      if (st + 1 == stages) sum.AddPostprocess(postprocess);
+      sum.AddBias(decoder_bias);
       // The encoder output the stage's layers read (received with its
       // input; no component is charged for it), kept per micro-batch.
-      c.stored_bytes += encoder_act;
-      bias_gradient += decoder_bias.gradient;
+      sum.AddKept(encoder_act);
       // Decoder stages pass on their activations and the encoder output.
       c.activation_bytes = decoder_act + encoder_act;
       c.gradient_bytes = index == 0 ? encoder_act : decoder_act + encoder_act;
     }
+    sum.Into(&c);
     if (st + 1 == stages) c.activation_bytes = 0;
-    c.peak_bytes = c.stored_bytes + transient + bias_gradient;
-    if (postprocess_transient >= 0) {
-      c.peak_bytes = std::max(c.stored_bytes + postprocess_transient,
-                              c.stored_bytes - postprocess.stored_bytes + transient) +
-                     bias_gradient;
-    }
   }
   return true;
 }

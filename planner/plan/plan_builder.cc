@@ -6,10 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/config/rank_layout.h"
+#include "common/deterministic_bytes.h"
 #include "common/plan_contract/format_version.h"
 #include "common/plan_contract/micro_batch_rows.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "planner/parallel.h"
 
 namespace varipipe::planner {
@@ -401,14 +400,7 @@ absl::StatusOr<std::vector<v1::ExecutionPlan>> BuildExecutionPlans(
 }
 
 std::string SerializePlanDeterministically(const v1::ExecutionPlan& plan) {
-  std::string bytes;
-  {
-    google::protobuf::io::StringOutputStream stream(&bytes);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    plan.SerializeToCodedStream(&coded);
-  }
-  return bytes;
+  return DeterministicBytes(plan);
 }
 
 }  // namespace varipipe::planner

@@ -4,24 +4,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/deterministic_bytes.h"
 #include "common/status.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace varipipe::service {
 namespace {
-
-std::string Deterministic(const google::protobuf::Message& m) {
-  std::string bytes;
-  {
-    google::protobuf::io::StringOutputStream stream(&bytes);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    m.SerializeToCodedStream(&coded);
-  }
-  return bytes;
-}
 
 // The first field in which `stored` (serialized) and `config` differ, or
 // "unknown".
@@ -43,7 +31,7 @@ std::string FirstDifference(const std::string& stored, const v1::JobConfig& conf
 
 std::string ConfigHash(const v1::JobConfig& config) {
   uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : Deterministic(config)) {
+  for (unsigned char c : DeterministicBytes(config)) {
     h ^= c;
     h *= 1099511628211ULL;
   }
@@ -53,7 +41,7 @@ std::string ConfigHash(const v1::JobConfig& config) {
 absl::Status JobRegistry::RegisterJob(const v1::JobConfig& config) {
   const std::string hash = ConfigHash(config);
   VP_ASSIGN_OR_RETURN(std::vector<RedisReply> replies,
-                      redis_.Pipeline({{"SET", keys_.Config(), Deterministic(config), "NX"},
+                      redis_.Pipeline({{"SET", keys_.Config(), DeterministicBytes(config), "NX"},
                                        {"SET", keys_.ConfigHash(), hash, "NX"},
                                        {"GET", keys_.ConfigHash()},
                                        {"GET", keys_.Config()}}));
@@ -112,8 +100,8 @@ absl::StatusOr<v1::StageLayoutConfig> JobRegistry::LoadStageLayout() {
 
 absl::StatusOr<v1::StageLayoutConfig> JobRegistry::RegisterStageLayout(
     const v1::StageLayoutConfig& chosen) {
-  VP_ASSIGN_OR_RETURN(RedisReply reply,
-                      redis_.Command({"SET", keys_.StageLayout(), Deterministic(chosen), "NX"}));
+  VP_ASSIGN_OR_RETURN(RedisReply reply, redis_.Command({"SET", keys_.StageLayout(),
+                                                        DeterministicBytes(chosen), "NX"}));
   VP_RETURN_IF_ERROR(RedisReplyError(reply, "SET stage_layout"));
   return LoadStageLayout();
 }

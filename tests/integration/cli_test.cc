@@ -281,8 +281,8 @@ TEST(PlanCompare, PrintsInfeasibleCellsWithTheirReason) {
   std::filesystem::remove_all(dir);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, ::testing::ContainsRegex(
-                            "packing +adaptive +- +infeasible +iteration 0: full: "
-                            "micro-batching: micro-batch 0 \\(8 rows x 2048 tokens\\) needs"));
+                            "padding +gpipe +- +infeasible +iteration 0: full: memory: simulated "
+                            "peak [0-9.]+ MiB on rank 3 exceeds its [0-9.]+ MiB for activations"));
   EXPECT_THAT(r.output,
               ::testing::ContainsRegex("dynamic_programming +adaptive +[0-9.]+% +[0-9]+"));
 }
