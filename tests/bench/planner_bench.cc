@@ -182,23 +182,30 @@ void BM_PlanT5DocumentsDefaultSearch(benchmark::State& s) {
 void BM_PlanT5PerPair(benchmark::State& s) { Run(s, {.t5 = true, .per_pair = true}); }
 void BM_PlanT5OneFOneBOnly(benchmark::State& s) { Run(s, {.t5 = true, .adaptive = false}); }
 void BM_PlanT5Documents(benchmark::State& s) { Run(s, {.t5 = true, .documents = true}); }
-BENCHMARK(BM_PlanGpt)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PlanGptPerPair)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PlanGptOneFOneBOnly)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PlanGptDocuments)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PlanGptDocumentsPerPair)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PlanGptDocuments36000)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PlanGptDocuments36000PerPair)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PlanGptDefaultSearch)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PlanGptDocumentsDefaultSearch)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PlanGptDocumentsDefaultSearchWithoutPackedRows)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PlanT5)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PlanT5DefaultSearch)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PlanT5DefaultSearchWithoutPackedRows)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PlanT5DocumentsDefaultSearch)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PlanT5PerPair)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PlanT5OneFOneBOnly)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PlanT5Documents)->Unit(benchmark::kMillisecond);
+// A fixed number of plans, whole passes over the mini-batches: every build
+// times the same work (a time-chosen count would plan a different mix).
+constexpr int kTimedPlans = 3 * kMiniBatches;
+BENCHMARK(BM_PlanGpt)->Unit(benchmark::kMillisecond)->Iterations(kTimedPlans);
+BENCHMARK(BM_PlanGptPerPair)->Unit(benchmark::kMillisecond)->Iterations(kTimedPlans);
+BENCHMARK(BM_PlanGptOneFOneBOnly)->Unit(benchmark::kMillisecond)->Iterations(kTimedPlans);
+BENCHMARK(BM_PlanGptDocuments)->Unit(benchmark::kMillisecond)->Iterations(kTimedPlans);
+BENCHMARK(BM_PlanGptDocumentsPerPair)->Unit(benchmark::kMillisecond)->Iterations(kTimedPlans);
+BENCHMARK(BM_PlanGptDocuments36000)->Unit(benchmark::kMillisecond)->Iterations(kTimedPlans);
+BENCHMARK(BM_PlanGptDocuments36000PerPair)->Unit(benchmark::kMillisecond)->Iterations(kTimedPlans);
+BENCHMARK(BM_PlanGptDefaultSearch)->Unit(benchmark::kMillisecond)->Iterations(kTimedPlans);
+BENCHMARK(BM_PlanGptDocumentsDefaultSearch)->Unit(benchmark::kMillisecond)->Iterations(kTimedPlans);
+BENCHMARK(BM_PlanGptDocumentsDefaultSearchWithoutPackedRows)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(kTimedPlans);
+BENCHMARK(BM_PlanT5)->Unit(benchmark::kMillisecond)->Iterations(kTimedPlans);
+BENCHMARK(BM_PlanT5DefaultSearch)->Unit(benchmark::kMillisecond)->Iterations(kTimedPlans);
+BENCHMARK(BM_PlanT5DefaultSearchWithoutPackedRows)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(kTimedPlans);
+BENCHMARK(BM_PlanT5DocumentsDefaultSearch)->Unit(benchmark::kMillisecond)->Iterations(kTimedPlans);
+BENCHMARK(BM_PlanT5PerPair)->Unit(benchmark::kMillisecond)->Iterations(kTimedPlans);
+BENCHMARK(BM_PlanT5OneFOneBOnly)->Unit(benchmark::kMillisecond)->Iterations(kTimedPlans);
+BENCHMARK(BM_PlanT5Documents)->Unit(benchmark::kMillisecond)->Iterations(kTimedPlans);
 
 // Per-device memory: T5-11B pp = 8, FLAN-like. Each variant plans the same
 // 30 mini-batches once before timing; the timed loop plans with own rooms.
