@@ -63,7 +63,7 @@ std::optional<ContractViolation> PlaceSamples(const v1::MicroBatch& mb, bool enc
   if (auto violation = CheckRowStarts(mb)) return violation;
   const bool t5 = encoder_decoder;
   const bool packed = !mb.row_starts().empty();
-  rows->clear();
+  if (rows != nullptr) rows->clear();
   int next_row = 0;
   uint64_t input_end = 0;
   uint64_t target_end = 0;
@@ -71,7 +71,7 @@ std::optional<ContractViolation> PlaceSamples(const v1::MicroBatch& mb, bool enc
     if (!packed ||
         (next_row < mb.row_starts_size() && mb.row_starts(next_row) == static_cast<uint32_t>(i))) {
       ++next_row;
-      rows->emplace_back();
+      if (rows != nullptr) rows->emplace_back();
       input_end = 0;
       target_end = 0;
     }
@@ -102,7 +102,7 @@ std::optional<ContractViolation> PlaceSamples(const v1::MicroBatch& mb, bool enc
       return ContractViolation{-1, absl::StrCat("sample_target_offsets[", i, "]"),
                                "must be 0 for GPT (the target is part of the sequence)"};
     }
-    rows->back().push_back(placed);
+    if (rows != nullptr) rows->back().push_back(placed);
   }
   return std::nullopt;
 }

@@ -35,10 +35,11 @@ struct SamplePlacement {
 //   row; unpacked samples start at 0; GPT target offsets are 0.
 // Whether a sample's lengths are within its real lengths is the data
 // loader's check (it reads the dataset). On a violation, its field is
-// relative to the micro-batch (e.g. "sample_input_offsets[3]").
-std::optional<ContractViolation> PlaceSamples(const v1::MicroBatch& micro_batch,
-                                              bool encoder_decoder,
-                                              std::vector<std::vector<SamplePlacement>>* rows);
+// relative to the micro-batch (e.g. "sample_input_offsets[3]"). `rows` may
+// be null (only the check).
+std::optional<ContractViolation> PlaceSamples(
+    const v1::MicroBatch& micro_batch, bool encoder_decoder,
+    std::vector<std::vector<SamplePlacement>>* rows = nullptr);
 
 }  // namespace varipipe::plan_contract
 

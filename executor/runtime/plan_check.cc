@@ -174,8 +174,7 @@ class PlanChecker {
                        : absl::StrCat("is ", mb.target_len(), " (GPT micro-batches have none)"));
     }
     // The samples' rows and spans: the plan contract's layout.
-    std::vector<std::vector<plan_contract::SamplePlacement>> rows_of_samples;
-    if (const auto violation = plan_contract::PlaceSamples(mb, t5_, &rows_of_samples)) {
+    if (const auto violation = plan_contract::PlaceSamples(mb, t5_)) {
       return Error(absl::StrCat(name, ".", violation->field), violation->problem);
     }
     const Repeated<uint32_t>& starts = mb.row_starts();
