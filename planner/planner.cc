@@ -846,6 +846,13 @@ absl::StatusOr<std::vector<v1::ExecutionPlan>> Search::Lower(const Candidate& be
   options.predicted_activation_peak_bytes = best.peak_per_rank;
   absl::StatusOr<std::vector<v1::ExecutionPlan>> plans =
       BuildExecutionPlans(options, replicas, options_.threads);
+  // Every tensor rank of a pipeline rank runs its plan.
+  if (plans.ok() && c_.parallelism().tensor() > 1) {
+    for (v1::ExecutionPlan& plan : *plans) {
+      plan.set_tensor_parallel(c_.parallelism().tensor());
+      plan.set_sequence_parallel(c_.parallelism().sequence_parallel());
+    }
+  }
   plan_building_ms_ = MsSince(t);
   return plans;
 }

@@ -376,10 +376,41 @@ void ValidateStageLayout(const JobConfig& config, ErrorList& errors) {
   }
 }
 
+// Tensor parallelism shards attention heads, key/value heads, the MLP width
+// and the vocabulary (docs/configuration.md, "Tensor parallelism"): every
+// rank needs whole heads and a part of each.
+void CheckTensorParallelism(const JobConfig& config, ErrorList& errors) {
+  const v1::ParallelismConfig& p = config.parallelism();
+  const uint32_t t = p.tensor();
+  // A tensor group runs a collective per layer: it belongs within a node.
+  if (t > bounds::kMaxDevicesPerNode) {
+    errors.Add("parallelism.tensor", "must be at most ", bounds::kMaxDevicesPerNode, " (got ", t,
+               ")");
+    return;
+  }
+  if (p.sequence_parallel() && t <= 1) {
+    errors.Add("parallelism.sequence_parallel", "needs parallelism.tensor above 1 (got ", t, ")");
+  }
+  if (t <= 1) return;
+  const v1::ModelConfig& m = config.model();
+  const auto divides = [&](uint32_t value, const char* field) {
+    if (value != 0 && value % t != 0) {
+      errors.Add("parallelism.tensor", t, " must divide ", field, " (", value,
+                 "): each tensor rank holds an equal part");
+    }
+  };
+  divides(m.num_attention_heads(), "model.num_attention_heads");
+  divides(m.num_key_value_heads(), "model.num_key_value_heads");
+  divides(m.ffn_hidden_size(), "model.ffn_hidden_size");
+  if (m.vocab_size() != 0 && m.vocab_size() < t) {
+    errors.Add("parallelism.tensor", t, " exceeds model.vocab_size (", m.vocab_size(),
+               "): each tensor rank holds part of the vocabulary");
+  }
+}
+
 void ValidateParallelism(const JobConfig& config, ErrorList& errors) {
   const v1::ParallelismConfig& p = config.parallelism();
-  if (p.tensor() != 1)
-    errors.Add("parallelism.tensor", "only 1 is supported (got ", p.tensor(), ")");
+  CheckTensorParallelism(config, errors);
   CheckAtMost(errors, "parallelism.pipeline", p.pipeline(), bounds::kMaxPipeline);
   CheckAtMost(errors, "parallelism.data", p.data(), bounds::kMaxData);
   if (p.pipeline() <= bounds::kMaxPipeline && p.data() <= bounds::kMaxData) {

@@ -126,6 +126,12 @@ absl::Status DeviceStagingTransport::AllReduceMean(std::span<float> data,
                           [&](std::span<float> host) { return host_->AllReduceMean(host, group); });
 }
 
+absl::Status DeviceStagingTransport::AllReduceSum(std::span<float> data,
+                                                  const std::vector<int>& group) {
+  return StagedCollective("all-reduce", data, device_,
+                          [&](std::span<float> host) { return host_->AllReduceSum(host, group); });
+}
+
 absl::Status DeviceStagingTransport::ReduceScatterSum(std::span<float> data,
                                                       const std::vector<int>& group) {
   return StagedCollective("reduce-scatter", data, device_, [&](std::span<float> host) {

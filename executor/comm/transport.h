@@ -1,6 +1,7 @@
 // The executor's communication interface: ordered point-to-point transfers
-// between pairs of ranks and data-parallel collectives (all-reduce, and
-// reduce-scatter and all-gather for sharded optimizer states). Implementations:
+// between pairs of ranks and collectives over groups of ranks (the
+// data-parallel all-reduce, the reduce-scatter and all-gather of sharded
+// optimizer states, and the tensor-parallel layers' collectives). Implementations:
 // executor/comm/gloo/ (CPU, TCP) and executor/comm/nccl/ (GPU).
 //
 // Semantics (the ones the planner's validator proves deadlock-free): each
@@ -54,6 +55,10 @@ class Transport {
   // rank included) and divides by the group size: the data-parallel gradient
   // average. Blocking.
   virtual absl::Status AllReduceMean(std::span<float> data, const std::vector<int>& group) = 0;
+  // Sums `data` elementwise across `group`, undivided: the tensor-parallel
+  // layers' all-reduce (tensor_group.h). Blocking; bounded and abortable as
+  // AllReduceMean.
+  virtual absl::Status AllReduceSum(std::span<float> data, const std::vector<int>& group) = 0;
 
   // The collectives of ZeRO stage 1 (optimizer_sharding.h), in place on a
   // buffer of group.size() equal shards: the group's i-th rank owns shard

@@ -20,6 +20,7 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOption
     n.device = o.cuda_device;
     n.peers = o.peers;
     n.data_parallel_group = o.data_parallel_group;
+    n.tensor_group = o.tensor_group;
     n.connect_timeout = o.connect_timeout;
     n.collective_timeout = o.collective_timeout;
     n.cancelled = o.cancelled;

@@ -26,10 +26,11 @@ struct TransportOptions {
   // memory (device_staging_transport.h) instead of NCCL. For ranks that share
   // a GPU, which NCCL refuses, and for checks; slow.
   bool gloo_on_gpu = false;
-  // Pipeline neighbours and the data-parallel group (NCCL creates its
-  // communicators for exactly these).
+  // Pipeline neighbours, the data-parallel group and the tensor group (global
+  // ranks; NCCL creates its communicators for exactly these).
   std::vector<int> peers;
   std::vector<int> data_parallel_group;
+  std::vector<int> tensor_group;
   std::string hostname = "127.0.0.1";
   absl::Duration connect_timeout = absl::Seconds(300);
   // Bounds each NCCL all-reduce (the communicator is aborted beyond it).

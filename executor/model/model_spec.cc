@@ -43,6 +43,8 @@ ModelSpec SpecFields(const v1::JobConfig& resolved) {
     }
     spec.tie_word_embeddings = model.tie_word_embeddings();
   }
+  spec.tensor_parallel = std::max<int64_t>(1, resolved.parallelism().tensor());
+  spec.sequence_parallel = resolved.parallelism().sequence_parallel();
   spec.t5v11 = model.architecture() == v1::T5V11;
   if (spec.t5v11) {
     spec.norm_epsilon = model.norm_epsilon();
@@ -50,6 +52,22 @@ ModelSpec SpecFields(const v1::JobConfig& resolved) {
     spec.relative_max_distance = model.relative_attention_max_distance();
   }
   return spec;
+}
+
+// Every tensor rank holds whole heads and an equal part of the MLP width, and
+// some of the vocabulary (tensor_shard.h).
+absl::Status CheckTensorParallel(const ModelSpec& spec) {
+  const int64_t t = spec.tensor_parallel;
+  const int64_t kv_heads = spec.llama ? spec.num_key_value_heads : spec.num_attention_heads;
+  if (spec.num_attention_heads % t != 0 || kv_heads % t != 0 || spec.ffn_hidden_size % t != 0 ||
+      spec.vocab_size < t) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallelism.tensor (", t, ") must divide model.num_attention_heads (",
+                     spec.num_attention_heads, "), the key/value heads (", kv_heads,
+                     ") and model.ffn_hidden_size (", spec.ffn_hidden_size,
+                     ") and be at most model.vocab_size (", spec.vocab_size, ")"));
+  }
+  return absl::OkStatus();
 }
 
 // Sizes positive and the architecture's own constraints.
@@ -91,7 +109,7 @@ absl::Status CheckDimensions(const ModelSpec& spec) {
                        spec.relative_max_distance, ") above half of it"));
     }
   }
-  return absl::OkStatus();
+  return CheckTensorParallel(spec);
 }
 
 absl::Status CheckAttentionKernel(const ModelSpec& spec) {

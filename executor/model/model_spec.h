@@ -1,6 +1,7 @@
 // The dimensions an executor builds its model stages from, resolved from a
 // JobConfig (defaults applied) and the stage -> layer assignment shared by
-// every rank. Tensor parallelism is 1.
+// every rank. The tensor-parallel degree says how the layers are sharded;
+// which part a rank holds is its TensorGroup's (tensor_group.h).
 #ifndef VARIPIPE_EXECUTOR_MODEL_MODEL_SPEC_H_
 #define VARIPIPE_EXECUTOR_MODEL_MODEL_SPEC_H_
 
@@ -47,6 +48,10 @@ struct ModelSpec {
   // config first); empty: the even split over any number of stages.
   LayerLayout layers;
   bool layout_auto = false;  // parallelism.stage_layout.mode AUTO: `layers` set later
+  // parallelism.tensor and .sequence_parallel (tensor_shard.h: the degree
+  // divides the heads, key/value heads and MLP width).
+  int64_t tensor_parallel = 1;
+  bool sequence_parallel = false;
 };
 
 // Applies the config's documented defaults; InvalidArgument naming the field

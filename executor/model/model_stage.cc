@@ -11,6 +11,9 @@
 #include "executor/model/initializer.h"
 #include "executor/model/relative_position_bias.h"
 #include "executor/model/rotary.h"
+#include "executor/model/tensor_parallel_ops.h"
+#include "executor/model/tensor_shard.h"
+#include "executor/model/vocab_parallel.h"
 
 namespace varipipe::executor {
 
@@ -75,7 +78,24 @@ absl::StatusOr<std::vector<StageRole>> PipelineStageRoles(const ModelSpec& spec,
   return roles;
 }
 
-ModelStage::ModelStage(const ModelSpec& spec, const StageRole& role) : spec_(spec), role_(role) {
+namespace {
+
+// The rank's part of a parameter drawn whole (tensor_shard.h).
+torch::Tensor PartOf(const char* name, const torch::Tensor& full, const TensorGroup& tensor) {
+  return ShardOf(full, ShardOfParameter(name), tensor.size(), tensor.index());
+}
+
+}  // namespace
+
+ModelStage::ModelStage(const ModelSpec& spec, const StageRole& role,
+                       std::shared_ptr<TensorGroup> tensor)
+    : spec_(spec),
+      role_(role),
+      tensor_(tensor != nullptr ? std::move(tensor) : std::make_shared<TensorGroup>()),
+      vocab_begin_(RangeOfPart(spec.vocab_size, tensor_->size(), tensor_->index()).begin) {
+  TORCH_CHECK(tensor_->size() == spec.tensor_parallel, "a tensor group of ", tensor_->size(),
+              " ranks for a model of tensor-parallel degree ", spec.tensor_parallel);
+  const TensorGroup& tp = *tensor_;
   const int64_t h = spec.hidden_size;
   // GPT / T5 encoder embedding (index 0) and T5 decoder embedding (index 1,
   // untied from the encoder's).
@@ -86,8 +106,9 @@ ModelStage::ModelStage(const ModelSpec& spec, const StageRole& role) : spec_(spe
   if (role.embeds_input || (spec.tie_word_embeddings && role.has_head) ||
       (spec.t5v11 && role.embeds_decoder)) {
     Initializer init(spec.seed, ModelComponent::kEmbedding, 0);
-    word_embedding_ =
-        register_parameter("word_embedding", init.Normal({spec.vocab_size, h}, kInitStddev));
+    word_embedding_ = register_parameter(
+        "word_embedding",
+        PartOf("word_embedding", init.Normal({spec.vocab_size, h}, kInitStddev), tp));
     if (!spec.llama && !spec.t5v11) {
       position_embedding_ = register_parameter(
           "position_embedding", init.Normal({spec.max_sequence_length, h}, kInitStddev));
@@ -98,26 +119,30 @@ ModelStage::ModelStage(const ModelSpec& spec, const StageRole& role) : spec_(spe
     Initializer init(spec.seed, ModelComponent::kPositionBias, 0);
     encoder_relative_bias_ = register_parameter(
         "encoder_relative_bias",
-        init.Normal({spec.relative_buckets, spec.num_attention_heads}, kInitStddev));
+        PartOf("encoder_relative_bias",
+               init.Normal({spec.relative_buckets, spec.num_attention_heads}, kInitStddev), tp));
   }
   if (spec.t5v11 && role.decoder_layers.size() > 0) {
     Initializer init(spec.seed, ModelComponent::kPositionBias, 1);
     decoder_relative_bias_ = register_parameter(
         "decoder_relative_bias",
-        init.Normal({spec.relative_buckets, spec.num_attention_heads}, kInitStddev));
+        PartOf("decoder_relative_bias",
+               init.Normal({spec.relative_buckets, spec.num_attention_heads}, kInitStddev), tp));
   }
   if (role.embeds_decoder && !spec.t5v11) {
     Initializer init(spec.seed, ModelComponent::kEmbedding, 1);
-    decoder_word_embedding_ = register_parameter("decoder_word_embedding",
-                                                 init.Normal({spec.vocab_size, h}, kInitStddev));
+    decoder_word_embedding_ = register_parameter(
+        "decoder_word_embedding",
+        PartOf("decoder_word_embedding", init.Normal({spec.vocab_size, h}, kInitStddev), tp));
     decoder_position_embedding_ = register_parameter(
         "decoder_position_embedding", init.Normal({spec.max_sequence_length, h}, kInitStddev));
   }
   const int64_t total_layers = spec.num_layers + spec.num_decoder_layers;
   for (int64_t i = role.encoder_layers.begin; i < role.encoder_layers.end; ++i) {
-    layers_.push_back(register_module(
-        absl::StrCat("encoder_layer_", i),
-        std::make_shared<TransformerLayer>(spec, ModelComponent::kEncoderLayer, i, total_layers)));
+    layers_.push_back(
+        register_module(absl::StrCat("encoder_layer_", i),
+                        std::make_shared<TransformerLayer>(spec, ModelComponent::kEncoderLayer, i,
+                                                           total_layers, tensor_.get())));
   }
   if (role.ends_encoder && spec.t5v11) {
     encoder_ln_weight_ = register_parameter("encoder_norm_weight", Initializer::Ones({h}));
@@ -126,9 +151,10 @@ ModelStage::ModelStage(const ModelSpec& spec, const StageRole& role) : spec_(spe
     encoder_ln_bias_ = register_parameter("encoder_ln_bias", Initializer::Zeros({h}));
   }
   for (int64_t i = role.decoder_layers.begin; i < role.decoder_layers.end; ++i) {
-    layers_.push_back(register_module(
-        absl::StrCat("decoder_layer_", i),
-        std::make_shared<TransformerLayer>(spec, ModelComponent::kDecoderLayer, i, total_layers)));
+    layers_.push_back(
+        register_module(absl::StrCat("decoder_layer_", i),
+                        std::make_shared<TransformerLayer>(spec, ModelComponent::kDecoderLayer, i,
+                                                           total_layers, tensor_.get())));
   }
   if (role.has_head && (spec.llama || spec.t5v11)) {
     Initializer init(spec.seed, ModelComponent::kHead, 0);
@@ -136,17 +162,20 @@ ModelStage::ModelStage(const ModelSpec& spec, const StageRole& role) : spec_(spe
     head_weight_ =
         spec.tie_word_embeddings
             ? word_embedding_
-            : register_parameter("head_weight", init.Normal({spec.vocab_size, h}, kInitStddev));
+            : register_parameter(
+                  "head_weight",
+                  PartOf("head_weight", init.Normal({spec.vocab_size, h}, kInitStddev), tp));
   } else if (role.has_head) {
     Initializer init(spec.seed, ModelComponent::kHead, 0);
     final_ln_weight_ = register_parameter("final_ln_weight", Initializer::Ones({h}));
     final_ln_bias_ = register_parameter("final_ln_bias", Initializer::Zeros({h}));
-    head_weight_ =
-        register_parameter("head_weight", init.Normal({spec.vocab_size, h}, kInitStddev));
+    head_weight_ = register_parameter(
+        "head_weight", PartOf("head_weight", init.Normal({spec.vocab_size, h}, kInitStddev), tp));
   }
 }
 
 bool ModelStage::IsReplica(const std::string& name) const {
+  if (tensor_->index() > 0 && ShardOfParameter(name).replicated()) return true;
   // The owner is the first holder: the stage embedding the input, the first
   // stage of a stack.
   if (name == "word_embedding") {
@@ -204,7 +233,7 @@ void ModelStage::SetFullRecompute(bool on) {
 torch::Tensor ModelStage::Embed(const torch::Tensor& tokens, const torch::Tensor& word,
                                 const torch::Tensor& position,
                                 const torch::Tensor& positions) const {
-  const torch::Tensor words = torch::embedding(word, tokens);
+  const torch::Tensor words = VocabParallelEmbedding(tokens, word, vocab_begin_, *tensor_);
   if (!position.defined()) return words;  // LLAMA: rotary positions in the layers
   if (positions.defined()) return words + torch::embedding(position, positions);
   return words + position.slice(0, 0, tokens.size(1)).unsqueeze(0);
@@ -236,6 +265,37 @@ torch::Tensor ModelStage::PackedSelfMask(const torch::Tensor& segments, bool cau
   return SegmentSelfAttentionMask(segments, causal);
 }
 
+torch::Tensor ModelStage::TokenLoss(const torch::Tensor& logits,
+                                    const torch::Tensor& labels) const {
+  const torch::Tensor flat = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32);
+  if (tensor_->size() > 1) {
+    return VocabParallelCrossEntropy(flat, labels.reshape({-1}), vocab_begin_, *tensor_).sum();
+  }
+  return torch::nn::functional::cross_entropy(
+      flat, labels.reshape({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kSum));
+}
+
+torch::Tensor ModelStage::RunLayers(size_t first, int64_t count, torch::Tensor hidden,
+                                    const torch::Tensor& self_mask, const torch::Tensor& memory,
+                                    const torch::Tensor& cross_mask,
+                                    const torch::Tensor& position) {
+  if (count == 0) return hidden;
+  const int64_t length = hidden.size(1);
+  const bool sequence_parallel = tensor_->sequence_parallel();
+  if (sequence_parallel) hidden = ScatterToSequence(hidden, *tensor_);
+  for (int64_t i = 0; i < count; ++i) {
+    hidden = layers_[first + static_cast<size_t>(i)]->Forward(hidden, self_mask, memory, cross_mask,
+                                                              position, length);
+  }
+  // What follows (the next stage, a norm, the head) holds whole sequences,
+  // the same on every tensor rank.
+  if (sequence_parallel) {
+    hidden = GatherFromSequence(hidden, *tensor_, length, /*reduce_grad=*/false);
+  }
+  return hidden;
+}
+
 StageActivations ModelStage::Forward(const StageActivations& in, const StageBatch& batch) {
   StageActivations out;
   torch::Tensor hidden = in.hidden;
@@ -258,9 +318,8 @@ StageActivations ModelStage::Forward(const StageActivations& in, const StageBatc
     const torch::Tensor position =
         LayerPositions(batch.input_positions, hidden, encoder_relative_bias_,
                        /*bidirectional=*/true);
-    for (int64_t i = 0; i < role_.encoder_layers.size(); ++i) {
-      hidden = layers_[next_layer++]->Forward(hidden, mask, {}, {}, position);
-    }
+    hidden = RunLayers(next_layer, role_.encoder_layers.size(), hidden, mask, {}, {}, position);
+    next_layer += static_cast<size_t>(role_.encoder_layers.size());
   }
   if (role_.ends_encoder) hidden = FinalNorm(hidden, encoder_ln_weight_, encoder_ln_bias_);
   // Decoder part (T5).
@@ -284,19 +343,17 @@ StageActivations ModelStage::Forward(const StageActivations& in, const StageBatc
     const torch::Tensor position =
         LayerPositions(batch.target_positions, hidden, decoder_relative_bias_,
                        /*bidirectional=*/false);
-    for (int64_t i = 0; i < role_.decoder_layers.size(); ++i) {
-      hidden = layers_[next_layer++]->Forward(hidden, self_mask, memory, cross_mask, position);
-    }
+    hidden = RunLayers(next_layer, role_.decoder_layers.size(), hidden, self_mask, memory,
+                       cross_mask, position);
     out.memory = memory;
   }
   out.hidden = hidden;
   if (role_.has_head) {
-    const torch::Tensor logits =
-        DeferredLinear(FinalNorm(hidden, final_ln_weight_, final_ln_bias_), head_weight_);
-    const torch::Tensor token_loss = torch::nn::functional::cross_entropy(
-        logits.reshape({-1, spec_.vocab_size}).to(torch::kFloat32), batch.labels.reshape({-1}),
-        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kSum));
-    out.loss = token_loss * batch.loss_scale;
+    // Column-parallel over the vocabulary: this rank's logits.
+    const torch::Tensor logits = DeferredLinear(
+        CopyToTensorRegion(FinalNorm(hidden, final_ln_weight_, final_ln_bias_), *tensor_),
+        head_weight_);
+    out.loss = TokenLoss(logits, batch.labels) * batch.loss_scale;
   }
   return out;
 }

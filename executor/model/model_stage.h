@@ -4,6 +4,14 @@
 // and its decoder stages after (the planner's cost model assumes the same); the encoder output
 // travels with the decoder activations through every decoder stage, and its gradient flows back the
 // same way.
+//
+// With tensor parallelism each stage holds its tensor rank's part of every
+// layer (transformer_layer.h) and of the vocabulary: the embedding sums the
+// ranks' rows (vocab_parallel.h) and the head computes this rank's logits
+// and the vocabulary-parallel loss. Activations between stages are whole on
+// every tensor rank; with sequence parallelism each stack's layers run on
+// the rank's part of the sequence, scattered before the first and gathered
+// after the last layer of the stage.
 #ifndef VARIPIPE_EXECUTOR_MODEL_MODEL_STAGE_H_
 #define VARIPIPE_EXECUTOR_MODEL_MODEL_STAGE_H_
 
@@ -15,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "executor/model/model_spec.h"
+#include "executor/model/tensor_group.h"
 #include "executor/model/transformer_layer.h"
 
 namespace varipipe::executor {
@@ -108,9 +117,13 @@ struct StageActivations {
 
 class ModelStage : public torch::nn::Module {
  public:
-  ModelStage(const ModelSpec& spec, const StageRole& role);
+  // `tensor`: the rank's tensor group (size spec.tensor_parallel), shared by
+  // the rank's stages; none: a group of one.
+  ModelStage(const ModelSpec& spec, const StageRole& role,
+             std::shared_ptr<TensorGroup> tensor = nullptr);
 
   const StageRole& role() const { return role_; }
+  TensorGroup& tensor_group() { return *tensor_; }
 
   // Runs the stage. `in` is empty on stage 0; on T5 decoder stages after the
   // first it carries decoder activations and the encoder output; on the first
@@ -123,8 +136,10 @@ class ModelStage : public torch::nn::Module {
   void SetSelectiveRecompute(bool on);
 
   // Whether parameter `name` (a named_parameters() key) is a replica of a
-  // shared parameter that an earlier stage owns (SharedParameters): the
-  // gradient norm counts it once (on the owner) and the owner exports it.
+  // shared parameter that an earlier stage owns (SharedParameters), or a
+  // tensor-replicated parameter (tensor_shard.h) on a tensor rank other than
+  // the first: the gradient norm counts it once (on the owner) and the owner
+  // exports it.
   bool IsReplica(const std::string& name) const;
 
   // Full recomputation (the plan's recompute "full") for the following
@@ -150,8 +165,19 @@ class ModelStage : public torch::nn::Module {
   torch::Tensor FinalNorm(const torch::Tensor& x, const torch::Tensor& weight,
                           const torch::Tensor& bias) const;
 
+  // The loss of the head's logits: cross-entropy, vocabulary-parallel under
+  // tensor parallelism.
+  torch::Tensor TokenLoss(const torch::Tensor& logits, const torch::Tensor& labels) const;
+  // Runs layers [first, first + count) of layers_ on `hidden`, each stack's
+  // layers on the rank's sequence part with sequence parallelism.
+  torch::Tensor RunLayers(size_t first, int64_t count, torch::Tensor hidden,
+                          const torch::Tensor& self_mask, const torch::Tensor& memory,
+                          const torch::Tensor& cross_mask, const torch::Tensor& position);
+
   ModelSpec spec_;
   StageRole role_;
+  std::shared_ptr<TensorGroup> tensor_;
+  int64_t vocab_begin_ = 0;  // the first vocabulary row this tensor rank holds
   // embeds_input (or a tied head; T5V11: or embeds_decoder); LLAMA and
   // T5V11 have no position table.
   torch::Tensor word_embedding_, position_embedding_;

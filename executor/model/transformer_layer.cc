@@ -9,20 +9,26 @@
 #include "executor/model/recompute_precision.h"
 #include "executor/model/recomputed_attention.h"
 #include "executor/model/rotary.h"
+#include "executor/model/tensor_parallel_ops.h"
+#include "executor/model/tensor_shard.h"
 #include "executor/model/weight_grad_store.h"
 
 namespace varipipe::executor {
 
 TransformerLayer::TransformerLayer(const ModelSpec& spec, ModelComponent component, int64_t index,
-                                   int64_t total_layers)
-    : hidden_(spec.hidden_size),
-      heads_(spec.num_attention_heads),
+                                   int64_t total_layers, const TensorGroup* tensor)
+    : tensor_(tensor),
+      hidden_(spec.hidden_size),
+      heads_(spec.num_attention_heads / tensor->size()),
       llama_(spec.llama),
       t5v11_(spec.t5v11),
-      kv_heads_(spec.llama ? spec.num_key_value_heads : spec.num_attention_heads),
+      kv_heads_((spec.llama ? spec.num_key_value_heads : spec.num_attention_heads) /
+                tensor->size()),
       norm_epsilon_(spec.norm_epsilon),
       cross_attention_(component == ModelComponent::kDecoderLayer),
       fused_attention_(spec.attention_kernel == v1::FUSED) {
+  TORCH_CHECK(tensor->size() == spec.tensor_parallel, "a tensor group of ", tensor->size(),
+              " ranks for a model of tensor-parallel degree ", spec.tensor_parallel);
   Initializer init(spec.seed, component, index);
   const double output_stddev = kInitStddev / std::sqrt(2.0 * static_cast<double>(total_layers));
   if (llama_) {
@@ -41,15 +47,15 @@ void TransformerLayer::RegisterLlama(const ModelSpec& spec, Initializer& init,
   const int64_t inner = spec.num_attention_heads * spec.kv_channels;
   const int64_t kv_inner = spec.num_key_value_heads * spec.kv_channels;
   const int64_t ffn = spec.ffn_hidden_size;
-  attn_norm_weight_ = register_parameter("attn_norm_weight", Initializer::Ones({h}));
-  q_weight_ = register_parameter("q_weight", init.Normal({inner, h}, kInitStddev));
-  k_weight_ = register_parameter("k_weight", init.Normal({kv_inner, h}, kInitStddev));
-  v_weight_ = register_parameter("v_weight", init.Normal({kv_inner, h}, kInitStddev));
-  o_weight_ = register_parameter("o_weight", init.Normal({h, inner}, output_stddev));
-  mlp_norm_weight_ = register_parameter("mlp_norm_weight", Initializer::Ones({h}));
-  gate_weight_ = register_parameter("gate_weight", init.Normal({ffn, h}, kInitStddev));
-  up_weight_ = register_parameter("up_weight", init.Normal({ffn, h}, kInitStddev));
-  down_weight_ = register_parameter("down_weight", init.Normal({h, ffn}, output_stddev));
+  attn_norm_weight_ = RegisterShard("attn_norm_weight", Initializer::Ones({h}));
+  q_weight_ = RegisterShard("q_weight", init.Normal({inner, h}, kInitStddev));
+  k_weight_ = RegisterShard("k_weight", init.Normal({kv_inner, h}, kInitStddev));
+  v_weight_ = RegisterShard("v_weight", init.Normal({kv_inner, h}, kInitStddev));
+  o_weight_ = RegisterShard("o_weight", init.Normal({h, inner}, output_stddev));
+  mlp_norm_weight_ = RegisterShard("mlp_norm_weight", Initializer::Ones({h}));
+  gate_weight_ = RegisterShard("gate_weight", init.Normal({ffn, h}, kInitStddev));
+  up_weight_ = RegisterShard("up_weight", init.Normal({ffn, h}, kInitStddev));
+  down_weight_ = RegisterShard("down_weight", init.Normal({h, ffn}, output_stddev));
 }
 
 // Registration order is the draw order (docs/models.md): q, k, v, o, then
@@ -59,22 +65,22 @@ void TransformerLayer::RegisterT5V11(const ModelSpec& spec, Initializer& init,
   const int64_t h = spec.hidden_size;
   const int64_t inner = spec.num_attention_heads * spec.kv_channels;
   const int64_t ffn = spec.ffn_hidden_size;
-  attn_norm_weight_ = register_parameter("attn_norm_weight", Initializer::Ones({h}));
-  q_weight_ = register_parameter("q_weight", init.Normal({inner, h}, kInitStddev));
-  k_weight_ = register_parameter("k_weight", init.Normal({inner, h}, kInitStddev));
-  v_weight_ = register_parameter("v_weight", init.Normal({inner, h}, kInitStddev));
-  o_weight_ = register_parameter("o_weight", init.Normal({h, inner}, output_stddev));
+  attn_norm_weight_ = RegisterShard("attn_norm_weight", Initializer::Ones({h}));
+  q_weight_ = RegisterShard("q_weight", init.Normal({inner, h}, kInitStddev));
+  k_weight_ = RegisterShard("k_weight", init.Normal({inner, h}, kInitStddev));
+  v_weight_ = RegisterShard("v_weight", init.Normal({inner, h}, kInitStddev));
+  o_weight_ = RegisterShard("o_weight", init.Normal({h, inner}, output_stddev));
   if (cross_attention_) {
-    cross_norm_weight_ = register_parameter("cross_norm_weight", Initializer::Ones({h}));
-    xq_weight_ = register_parameter("xq_weight", init.Normal({inner, h}, kInitStddev));
-    xk_weight_ = register_parameter("xk_weight", init.Normal({inner, h}, kInitStddev));
-    xv_weight_ = register_parameter("xv_weight", init.Normal({inner, h}, kInitStddev));
-    xo_weight_ = register_parameter("xo_weight", init.Normal({h, inner}, output_stddev));
+    cross_norm_weight_ = RegisterShard("cross_norm_weight", Initializer::Ones({h}));
+    xq_weight_ = RegisterShard("xq_weight", init.Normal({inner, h}, kInitStddev));
+    xk_weight_ = RegisterShard("xk_weight", init.Normal({inner, h}, kInitStddev));
+    xv_weight_ = RegisterShard("xv_weight", init.Normal({inner, h}, kInitStddev));
+    xo_weight_ = RegisterShard("xo_weight", init.Normal({h, inner}, output_stddev));
   }
-  mlp_norm_weight_ = register_parameter("mlp_norm_weight", Initializer::Ones({h}));
-  gate_weight_ = register_parameter("gate_weight", init.Normal({ffn, h}, kInitStddev));
-  up_weight_ = register_parameter("up_weight", init.Normal({ffn, h}, kInitStddev));
-  down_weight_ = register_parameter("down_weight", init.Normal({h, ffn}, output_stddev));
+  mlp_norm_weight_ = RegisterShard("mlp_norm_weight", Initializer::Ones({h}));
+  gate_weight_ = RegisterShard("gate_weight", init.Normal({ffn, h}, kInitStddev));
+  up_weight_ = RegisterShard("up_weight", init.Normal({ffn, h}, kInitStddev));
+  down_weight_ = RegisterShard("down_weight", init.Normal({h, ffn}, output_stddev));
 }
 
 // Registration order is the draw order; keep it fixed.
@@ -83,28 +89,51 @@ void TransformerLayer::RegisterMegatron(const ModelSpec& spec, Initializer& init
   const int64_t h = spec.hidden_size;
   const int64_t inner = spec.num_attention_heads * spec.kv_channels;
   const int64_t ffn = spec.ffn_hidden_size;
-  ln1_weight_ = register_parameter("ln1_weight", Initializer::Ones({h}));
-  ln1_bias_ = register_parameter("ln1_bias", Initializer::Zeros({h}));
-  qkv_weight_ = register_parameter("qkv_weight", init.Normal({3 * inner, h}, kInitStddev));
-  qkv_bias_ = register_parameter("qkv_bias", Initializer::Zeros({3 * inner}));
-  proj_weight_ = register_parameter("proj_weight", init.Normal({h, inner}, output_stddev));
-  proj_bias_ = register_parameter("proj_bias", Initializer::Zeros({h}));
+  ln1_weight_ = RegisterShard("ln1_weight", Initializer::Ones({h}));
+  ln1_bias_ = RegisterShard("ln1_bias", Initializer::Zeros({h}));
+  qkv_weight_ = RegisterShard("qkv_weight", init.Normal({3 * inner, h}, kInitStddev));
+  qkv_bias_ = RegisterShard("qkv_bias", Initializer::Zeros({3 * inner}));
+  proj_weight_ = RegisterShard("proj_weight", init.Normal({h, inner}, output_stddev));
+  proj_bias_ = RegisterShard("proj_bias", Initializer::Zeros({h}));
   if (cross_attention_) {
-    lnx_weight_ = register_parameter("lnx_weight", Initializer::Ones({h}));
-    lnx_bias_ = register_parameter("lnx_bias", Initializer::Zeros({h}));
-    xq_weight_ = register_parameter("xq_weight", init.Normal({inner, h}, kInitStddev));
-    xq_bias_ = register_parameter("xq_bias", Initializer::Zeros({inner}));
-    xkv_weight_ = register_parameter("xkv_weight", init.Normal({2 * inner, h}, kInitStddev));
-    xkv_bias_ = register_parameter("xkv_bias", Initializer::Zeros({2 * inner}));
-    xproj_weight_ = register_parameter("xproj_weight", init.Normal({h, inner}, output_stddev));
-    xproj_bias_ = register_parameter("xproj_bias", Initializer::Zeros({h}));
+    lnx_weight_ = RegisterShard("lnx_weight", Initializer::Ones({h}));
+    lnx_bias_ = RegisterShard("lnx_bias", Initializer::Zeros({h}));
+    xq_weight_ = RegisterShard("xq_weight", init.Normal({inner, h}, kInitStddev));
+    xq_bias_ = RegisterShard("xq_bias", Initializer::Zeros({inner}));
+    xkv_weight_ = RegisterShard("xkv_weight", init.Normal({2 * inner, h}, kInitStddev));
+    xkv_bias_ = RegisterShard("xkv_bias", Initializer::Zeros({2 * inner}));
+    xproj_weight_ = RegisterShard("xproj_weight", init.Normal({h, inner}, output_stddev));
+    xproj_bias_ = RegisterShard("xproj_bias", Initializer::Zeros({h}));
   }
-  ln2_weight_ = register_parameter("ln2_weight", Initializer::Ones({h}));
-  ln2_bias_ = register_parameter("ln2_bias", Initializer::Zeros({h}));
-  fc1_weight_ = register_parameter("fc1_weight", init.Normal({ffn, h}, kInitStddev));
-  fc1_bias_ = register_parameter("fc1_bias", Initializer::Zeros({ffn}));
-  fc2_weight_ = register_parameter("fc2_weight", init.Normal({h, ffn}, output_stddev));
-  fc2_bias_ = register_parameter("fc2_bias", Initializer::Zeros({h}));
+  ln2_weight_ = RegisterShard("ln2_weight", Initializer::Ones({h}));
+  ln2_bias_ = RegisterShard("ln2_bias", Initializer::Zeros({h}));
+  fc1_weight_ = RegisterShard("fc1_weight", init.Normal({ffn, h}, kInitStddev));
+  fc1_bias_ = RegisterShard("fc1_bias", Initializer::Zeros({ffn}));
+  fc2_weight_ = RegisterShard("fc2_weight", init.Normal({h, ffn}, output_stddev));
+  fc2_bias_ = RegisterShard("fc2_bias", Initializer::Zeros({h}));
+}
+
+// Every rank draws the whole tensor, so the draw order and the values are
+// those of the unsharded layer, and keeps its part.
+torch::Tensor TransformerLayer::RegisterShard(const std::string& name, const torch::Tensor& full) {
+  return register_parameter(
+      name, ShardOf(full, ShardOfParameter(name), tensor_->size(), tensor_->index()));
+}
+
+torch::Tensor TransformerLayer::Enter(const torch::Tensor& x, int64_t length) const {
+  return EnterTensorRegion(x, *tensor_, length);
+}
+
+torch::Tensor TransformerLayer::RowParallel(const torch::Tensor& x, const torch::Tensor& weight,
+                                            const torch::Tensor& bias) const {
+  // One rank: the bias inside the linear, as before tensor parallelism.
+  if (tensor_->size() == 1) return DeferredLinear(x, weight, bias);
+  const torch::Tensor summed = LeaveTensorRegion(DeferredLinear(x, weight), *tensor_);
+  return bias.defined() ? summed + Replicated(bias) : summed;
+}
+
+torch::Tensor TransformerLayer::Replicated(const torch::Tensor& p) const {
+  return SequenceParallelParameter(p, *tensor_);
 }
 
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double epsilon) {
@@ -134,8 +163,10 @@ using torch::autograd::tensor_list;
 // is passed by pointer because it may be undefined (causal,
 // SelfAttentionMaskFor).
 void SaveForRecompute(AutogradContext* ctx, TransformerLayer* layer, const torch::Tensor& self_mask,
-                      const torch::Tensor& cross_mask, const torch::Tensor& rotary) {
+                      const torch::Tensor& cross_mask, const torch::Tensor& rotary,
+                      int64_t length) {
   ctx->saved_data["layer"] = reinterpret_cast<int64_t>(layer);
+  ctx->saved_data["length"] = length;
   ctx->saved_data["has_rotary"] = rotary.defined();
   if (rotary.defined()) ctx->saved_data["rotary"] = rotary;
   ctx->saved_data["has_self_mask"] = self_mask.defined();
@@ -168,7 +199,8 @@ void Recompute(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor
     const RecomputePrecisionScope precision(ctx);
     const WeightGradScope store(
         reinterpret_cast<WeightGradStore*>(ctx->saved_data["weight_grad_store"].toInt()));
-    out = layer->Compute(x, self_mask, memory, cross_mask, position.defined() ? position : rotary);
+    out = layer->Compute(x, self_mask, memory, cross_mask, position.defined() ? position : rotary,
+                         ctx->saved_data["length"].toInt());
   }
   torch::autograd::backward({out}, {grad});
 }
@@ -178,15 +210,15 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
   // `rotary` by pointer: it is undefined for MEGATRON layers.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                TransformerLayer* layer, const torch::Tensor* self_mask,
-                               const torch::Tensor* rotary) {
+                               const torch::Tensor* rotary, int64_t length) {
     ctx->save_for_backward({x});
-    SaveForRecompute(ctx, layer, *self_mask, torch::Tensor(), *rotary);
-    return layer->Compute(x, *self_mask, torch::Tensor(), torch::Tensor(), *rotary);
+    SaveForRecompute(ctx, layer, *self_mask, torch::Tensor(), *rotary, length);
+    return layer->Compute(x, *self_mask, torch::Tensor(), torch::Tensor(), *rotary, length);
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     const torch::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
     Recompute(ctx, x, torch::Tensor(), torch::Tensor(), grad_outputs[0]);
-    return {x.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {x.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -194,17 +226,19 @@ class CheckpointedDecoderLayer : public torch::autograd::Function<CheckpointedDe
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& memory, TransformerLayer* layer,
-                               const torch::Tensor* self_mask, const torch::Tensor& cross_mask) {
+                               const torch::Tensor* self_mask, const torch::Tensor& cross_mask,
+                               int64_t length) {
     ctx->save_for_backward({x, memory});
-    SaveForRecompute(ctx, layer, *self_mask, cross_mask, torch::Tensor());
-    return layer->Compute(x, *self_mask, memory, cross_mask, torch::Tensor());
+    SaveForRecompute(ctx, layer, *self_mask, cross_mask, torch::Tensor(), length);
+    return layer->Compute(x, *self_mask, memory, cross_mask, torch::Tensor(), length);
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
     const torch::Tensor x = saved[0].detach().requires_grad_(true);
     const torch::Tensor memory = saved[1].detach().requires_grad_(true);
     Recompute(ctx, x, memory, torch::Tensor(), grad_outputs[0]);
-    return {x.grad(), memory.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {x.grad(),        memory.grad(),   torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -213,17 +247,17 @@ class CheckpointedBiasedLayer : public torch::autograd::Function<CheckpointedBia
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& bias, TransformerLayer* layer,
-                               const torch::Tensor* self_mask) {
+                               const torch::Tensor* self_mask, int64_t length) {
     ctx->save_for_backward({x, bias});
-    SaveForRecompute(ctx, layer, *self_mask, torch::Tensor(), torch::Tensor());
-    return layer->Compute(x, *self_mask, torch::Tensor(), torch::Tensor(), bias);
+    SaveForRecompute(ctx, layer, *self_mask, torch::Tensor(), torch::Tensor(), length);
+    return layer->Compute(x, *self_mask, torch::Tensor(), torch::Tensor(), bias, length);
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
     const torch::Tensor x = saved[0].detach().requires_grad_(true);
     const torch::Tensor bias = saved[1].detach().requires_grad_(true);
     Recompute(ctx, x, torch::Tensor(), bias, grad_outputs[0]);
-    return {x.grad(), bias.grad(), torch::Tensor(), torch::Tensor()};
+    return {x.grad(), bias.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -234,10 +268,10 @@ class CheckpointedBiasedDecoderLayer
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& memory, const torch::Tensor& bias,
                                TransformerLayer* layer, const torch::Tensor* self_mask,
-                               const torch::Tensor& cross_mask) {
+                               const torch::Tensor& cross_mask, int64_t length) {
     ctx->save_for_backward({x, memory, bias});
-    SaveForRecompute(ctx, layer, *self_mask, cross_mask, torch::Tensor());
-    return layer->Compute(x, *self_mask, memory, cross_mask, bias);
+    SaveForRecompute(ctx, layer, *self_mask, cross_mask, torch::Tensor(), length);
+    return layer->Compute(x, *self_mask, memory, cross_mask, bias, length);
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
@@ -245,7 +279,7 @@ class CheckpointedBiasedDecoderLayer
     const torch::Tensor memory = saved[1].detach().requires_grad_(true);
     const torch::Tensor bias = saved[2].detach().requires_grad_(true);
     Recompute(ctx, x, memory, bias, grad_outputs[0]);
-    return {x.grad(),        memory.grad(),   bias.grad(),
+    return {x.grad(),        memory.grad(),   bias.grad(),    torch::Tensor(),
             torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -255,19 +289,20 @@ class CheckpointedBiasedDecoderLayer
 torch::Tensor TransformerLayer::Forward(const torch::Tensor& x, const torch::Tensor& self_mask,
                                         const torch::Tensor& memory,
                                         const torch::Tensor& cross_mask,
-                                        const torch::Tensor& position) {
+                                        const torch::Tensor& position, int64_t length) {
+  if (length == 0) length = x.size(1);
   if (recompute_full_ && torch::GradMode::is_enabled()) {
     if (t5v11_ && memory.defined()) {
       return CheckpointedBiasedDecoderLayer::apply(x, memory, position, this, &self_mask,
-                                                   cross_mask);
+                                                   cross_mask, length);
     }
-    if (t5v11_) return CheckpointedBiasedLayer::apply(x, position, this, &self_mask);
+    if (t5v11_) return CheckpointedBiasedLayer::apply(x, position, this, &self_mask, length);
     if (memory.defined()) {
-      return CheckpointedDecoderLayer::apply(x, memory, this, &self_mask, cross_mask);
+      return CheckpointedDecoderLayer::apply(x, memory, this, &self_mask, cross_mask, length);
     }
-    return CheckpointedLayer::apply(x, this, &self_mask, &position);
+    return CheckpointedLayer::apply(x, this, &self_mask, &position, length);
   }
-  return Compute(x, self_mask, memory, cross_mask, position);
+  return Compute(x, self_mask, memory, cross_mask, position, length);
 }
 
 torch::Tensor TransformerLayer::Attention(const torch::Tensor& q, const torch::Tensor& k,
@@ -310,76 +345,87 @@ torch::Tensor RepeatKeyValueHeads(const torch::Tensor& x, int64_t kv_heads, int6
 }  // namespace
 
 torch::Tensor TransformerLayer::ComputeLlama(const torch::Tensor& x, const torch::Tensor& self_mask,
-                                             const torch::Tensor& rotary) {
+                                             const torch::Tensor& rotary, int64_t length) {
   TORCH_CHECK(rotary.defined(), "a LLAMA layer needs its positions' rotary table");
-  const torch::Tensor n = RmsNorm(x, attn_norm_weight_, norm_epsilon_);
+  const torch::Tensor n = Enter(RmsNorm(x, Replicated(attn_norm_weight_), norm_epsilon_), length);
   const torch::Tensor q = ApplyRotary(DeferredLinear(n, q_weight_), rotary, heads_);
   const torch::Tensor k = ApplyRotary(DeferredLinear(n, k_weight_), rotary, kv_heads_);
   const torch::Tensor v = DeferredLinear(n, v_weight_);
   const torch::Tensor y =
-      x + DeferredLinear(Attention(q, RepeatKeyValueHeads(k, kv_heads_, heads_),
-                                   RepeatKeyValueHeads(v, kv_heads_, heads_), self_mask),
-                         o_weight_);
+      x + RowParallel(Attention(q, RepeatKeyValueHeads(k, kv_heads_, heads_),
+                                RepeatKeyValueHeads(v, kv_heads_, heads_), self_mask),
+                      o_weight_);
   // SwiGLU MLP (Shazeer 2020): silu(m W_gate) * (m W_up), then W_down.
-  const torch::Tensor m = RmsNorm(y, mlp_norm_weight_, norm_epsilon_);
+  const torch::Tensor m = Enter(RmsNorm(y, Replicated(mlp_norm_weight_), norm_epsilon_), length);
   const torch::Tensor gated =
       torch::silu(DeferredLinear(m, gate_weight_)) * DeferredLinear(m, up_weight_);
-  return y + DeferredLinear(gated, down_weight_);
+  return y + RowParallel(gated, down_weight_);
 }
 
 // T5V11 (docs/models.md, "The T5V11 layers").
 torch::Tensor TransformerLayer::ComputeT5V11(const torch::Tensor& x, const torch::Tensor& self_mask,
                                              const torch::Tensor& memory,
                                              const torch::Tensor& cross_mask,
-                                             const torch::Tensor& bias) {
+                                             const torch::Tensor& bias, int64_t length) {
   TORCH_CHECK(bias.defined(), "a T5V11 layer needs its stack's position bias");
-  const torch::Tensor n = RmsNorm(x, attn_norm_weight_, norm_epsilon_);
+  const torch::Tensor n = Enter(RmsNorm(x, Replicated(attn_norm_weight_), norm_epsilon_), length);
   torch::Tensor y =
-      x + DeferredLinear(Attention(DeferredLinear(n, q_weight_), DeferredLinear(n, k_weight_),
-                                   DeferredLinear(n, v_weight_), self_mask, bias),
-                         o_weight_);
+      x + RowParallel(Attention(DeferredLinear(n, q_weight_), DeferredLinear(n, k_weight_),
+                                DeferredLinear(n, v_weight_), self_mask, bias),
+                      o_weight_);
   if (cross_attention_) {
     // Queries from the decoder, keys and values from the encoder output; no
     // position bias.
-    const torch::Tensor c = RmsNorm(y, cross_norm_weight_, norm_epsilon_);
+    const torch::Tensor c =
+        Enter(RmsNorm(y, Replicated(cross_norm_weight_), norm_epsilon_), length);
+    const torch::Tensor encoded = CopyToTensorRegion(memory, *tensor_);
     y = y +
-        DeferredLinear(Attention(DeferredLinear(c, xq_weight_), DeferredLinear(memory, xk_weight_),
-                                 DeferredLinear(memory, xv_weight_), cross_mask),
-                       xo_weight_);
+        RowParallel(Attention(DeferredLinear(c, xq_weight_), DeferredLinear(encoded, xk_weight_),
+                              DeferredLinear(encoded, xv_weight_), cross_mask),
+                    xo_weight_);
   }
   // Gated GELU (Shazeer 2020), GELU in its tanh form as T5 v1.1's gelu_new.
-  const torch::Tensor m = RmsNorm(y, mlp_norm_weight_, norm_epsilon_);
+  const torch::Tensor m = Enter(RmsNorm(y, Replicated(mlp_norm_weight_), norm_epsilon_), length);
   const torch::Tensor gated =
       torch::gelu(DeferredLinear(m, gate_weight_), "tanh") * DeferredLinear(m, up_weight_);
-  return y + DeferredLinear(gated, down_weight_);
+  return y + RowParallel(gated, down_weight_);
+}
+
+torch::Tensor TransformerLayer::ComputeMegatron(const torch::Tensor& x,
+                                                const torch::Tensor& self_mask,
+                                                const torch::Tensor& memory,
+                                                const torch::Tensor& cross_mask, int64_t length) {
+  // Self-attention branch.
+  const torch::Tensor a =
+      Enter(LayerNorm(x, Replicated(ln1_weight_), Replicated(ln1_bias_)), length);
+  const std::vector<torch::Tensor> parts = DeferredLinear(a, qkv_weight_, qkv_bias_).chunk(3, -1);
+  torch::Tensor y =
+      x + RowParallel(Attention(parts[0], parts[1], parts[2], self_mask), proj_weight_, proj_bias_);
+  // Cross-attention branch (T5 decoder): queries from the decoder, keys and
+  // values from the encoder output.
+  if (cross_attention_) {
+    const torch::Tensor c =
+        Enter(LayerNorm(y, Replicated(lnx_weight_), Replicated(lnx_bias_)), length);
+    const torch::Tensor q = DeferredLinear(c, xq_weight_, xq_bias_);
+    const std::vector<torch::Tensor> kv =
+        DeferredLinear(CopyToTensorRegion(memory, *tensor_), xkv_weight_, xkv_bias_).chunk(2, -1);
+    y = y + RowParallel(Attention(q, kv[0], kv[1], cross_mask), xproj_weight_, xproj_bias_);
+  }
+  // MLP branch.
+  const torch::Tensor m =
+      Enter(LayerNorm(y, Replicated(ln2_weight_), Replicated(ln2_bias_)), length);
+  const torch::Tensor hidden = torch::gelu(DeferredLinear(m, fc1_weight_, fc1_bias_));
+  return y + RowParallel(hidden, fc2_weight_, fc2_bias_);
 }
 
 torch::Tensor TransformerLayer::Compute(const torch::Tensor& x, const torch::Tensor& self_mask,
                                         const torch::Tensor& memory,
                                         const torch::Tensor& cross_mask,
-                                        const torch::Tensor& position) {
-  if (llama_) return ComputeLlama(x, self_mask, position);
-  if (t5v11_) return ComputeT5V11(x, self_mask, memory, cross_mask, position);
-  // Self-attention branch.
-  const torch::Tensor qkv =
-      DeferredLinear(LayerNorm(x, ln1_weight_, ln1_bias_), qkv_weight_, qkv_bias_);
-  const std::vector<torch::Tensor> parts = qkv.chunk(3, -1);
-  torch::Tensor y =
-      x + DeferredLinear(Attention(parts[0], parts[1], parts[2], self_mask), proj_weight_,
-                         proj_bias_);
-  // Cross-attention branch (T5 decoder): queries from the decoder, keys and
-  // values from the encoder output.
-  if (cross_attention_) {
-    const torch::Tensor q =
-        DeferredLinear(LayerNorm(y, lnx_weight_, lnx_bias_), xq_weight_, xq_bias_);
-    const std::vector<torch::Tensor> kv =
-        DeferredLinear(memory, xkv_weight_, xkv_bias_).chunk(2, -1);
-    y = y + DeferredLinear(Attention(q, kv[0], kv[1], cross_mask), xproj_weight_, xproj_bias_);
-  }
-  // MLP branch.
-  const torch::Tensor hidden =
-      torch::gelu(DeferredLinear(LayerNorm(y, ln2_weight_, ln2_bias_), fc1_weight_, fc1_bias_));
-  return y + DeferredLinear(hidden, fc2_weight_, fc2_bias_);
+                                        const torch::Tensor& position, int64_t length) {
+  if (length == 0) length = x.size(1);
+  if (llama_) return ComputeLlama(x, self_mask, position, length);
+  if (t5v11_) return ComputeT5V11(x, self_mask, memory, cross_mask, position, length);
+  return ComputeMegatron(x, self_mask, memory, cross_mask, length);
 }
 
 }  // namespace varipipe::executor

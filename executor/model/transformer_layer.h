@@ -9,6 +9,14 @@
 // layers are DeferredLinear: a split
 // backward records their weight gradients' operands in the current
 // WeightGradStore (deferred_linear.h).
+//
+// Tensor parallelism (a TensorGroup of more than one rank): the layer holds
+// its rank's heads and MLP columns (tensor_shard.h) and runs Megatron's
+// column- and row-parallel projections: each branch's normalised input
+// enters the tensor region (f; with sequence parallelism the all-gather of
+// the rank's sequence part) and its output projection leaves it (g; the
+// reduce-scatter), tensor_parallel_ops.h. A rank's result equals the
+// unsharded layer's (its sequence part of it with sequence parallelism).
 #ifndef VARIPIPE_EXECUTOR_MODEL_TRANSFORMER_LAYER_H_
 #define VARIPIPE_EXECUTOR_MODEL_TRANSFORMER_LAYER_H_
 
@@ -16,6 +24,7 @@
 
 #include "executor/model/initializer.h"
 #include "executor/model/model_spec.h"
+#include "executor/model/tensor_group.h"
 
 namespace varipipe::executor {
 
@@ -23,9 +32,11 @@ class TransformerLayer : public torch::nn::Module {
  public:
   // `component` is kEncoderLayer (GPT, T5 encoder) or kDecoderLayer (T5
   // decoder, which adds cross-attention); `index` the global layer index;
-  // `total_layers` scales the residual output projections.
+  // `total_layers` scales the residual output projections. `tensor` (not
+  // owned, outlives the layer) is the rank's tensor group; its size is
+  // spec.tensor_parallel.
   TransformerLayer(const ModelSpec& spec, ModelComponent component, int64_t index,
-                   int64_t total_layers);
+                   int64_t total_layers, const TensorGroup* tensor);
 
   // x [b, s, hidden]; self_mask [b, 1, s, s] or undefined for causal
   // (attention_mask.h, SelfAttentionMaskFor); for decoder layers `memory`
@@ -33,9 +44,12 @@ class TransformerLayer : public torch::nn::Module {
   // layers need the positions' RotaryTable (rotary.h), T5V11 layers their
   // stack's RelativePositionBias [B, heads, s, s] (relative_position_bias.h;
   // its gradient flows back to the stage's table); MEGATRON layers none.
+  // With sequence parallelism x is the rank's part [b, ceil(s / t), hidden]
+  // of the sequence (tensor_parallel_ops.h) and `length` is s; otherwise
+  // `length` is unused. `memory` is always whole.
   torch::Tensor Forward(const torch::Tensor& x, const torch::Tensor& self_mask,
                         const torch::Tensor& memory = {}, const torch::Tensor& cross_mask = {},
-                        const torch::Tensor& position = {});
+                        const torch::Tensor& position = {}, int64_t length = 0);
 
   // Selective recomputation: the attention cores (self and cross) keep no
   // intermediates for backward and are recomputed there
@@ -55,17 +69,29 @@ class TransformerLayer : public torch::nn::Module {
   // setting (Forward and the full recomputation call it).
   torch::Tensor Compute(const torch::Tensor& x, const torch::Tensor& self_mask,
                         const torch::Tensor& memory, const torch::Tensor& cross_mask,
-                        const torch::Tensor& position);
+                        const torch::Tensor& position, int64_t length);
 
  private:
+  // Registers part of `full` (tensor_shard.h's ShardOfParameter(name)).
+  torch::Tensor RegisterShard(const std::string& name, const torch::Tensor& full);
+  // A branch's normalised input entering the column-parallel projections.
+  torch::Tensor Enter(const torch::Tensor& x, int64_t length) const;
+  // x W^T + b of a row-parallel projection, summed over the tensor group.
+  torch::Tensor RowParallel(const torch::Tensor& x, const torch::Tensor& weight,
+                            const torch::Tensor& bias = {}) const;
+  // A replicated norm weight or bias as the rank's sequence part uses it.
+  torch::Tensor Replicated(const torch::Tensor& p) const;
   void RegisterMegatron(const ModelSpec& spec, Initializer& init, double output_stddev);
   void RegisterLlama(const ModelSpec& spec, Initializer& init, double output_stddev);
   void RegisterT5V11(const ModelSpec& spec, Initializer& init, double output_stddev);
+  torch::Tensor ComputeMegatron(const torch::Tensor& x, const torch::Tensor& self_mask,
+                                const torch::Tensor& memory, const torch::Tensor& cross_mask,
+                                int64_t length);
   torch::Tensor ComputeLlama(const torch::Tensor& x, const torch::Tensor& self_mask,
-                             const torch::Tensor& rotary);
+                             const torch::Tensor& rotary, int64_t length);
   torch::Tensor ComputeT5V11(const torch::Tensor& x, const torch::Tensor& self_mask,
                              const torch::Tensor& memory, const torch::Tensor& cross_mask,
-                             const torch::Tensor& bias);
+                             const torch::Tensor& bias, int64_t length);
   torch::Tensor LayerNorm(const torch::Tensor& x, const torch::Tensor& weight,
                           const torch::Tensor& bias) const;
   // The attention core the settings choose (fused, recomputed or explicit);
@@ -73,8 +99,9 @@ class TransformerLayer : public torch::nn::Module {
   torch::Tensor Attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                           const torch::Tensor& mask, const torch::Tensor& bias = {}) const;
 
+  const TensorGroup* tensor_;
   int64_t hidden_;
-  int64_t heads_;
+  int64_t heads_;  // this rank's (heads / tensor), as kv_heads_
   bool llama_;
   bool t5v11_;
   int64_t kv_heads_;

@@ -102,6 +102,10 @@ torch::Tensor Activation(const ProfilePoint& p, int64_t length, int64_t hidden,
       .requires_grad_(true);
 }
 
+// The profiler measures unsharded layers (profile_main refuses a job with
+// parallelism.tensor above 1).
+const TensorGroup kWholeLayers;
+
 // Makes `cache` hold the parameters of `component` (on `device`, requiring
 // gradients), replacing another component's.
 void EnsureParameters(const ModelSpec& spec, v1::CostComponent component, torch::Device device,
@@ -119,7 +123,7 @@ void EnsureParameters(const ModelSpec& spec, v1::CostComponent component, torch:
           spec,
           component == v1::DECODER_LAYER ? ModelComponent::kDecoderLayer
                                          : ModelComponent::kEncoderLayer,
-          0, spec.num_layers + spec.num_decoder_layers);
+          0, spec.num_layers + spec.num_decoder_layers, &kWholeLayers);
       cache.layer->to(device);
       // T5V11: the stack's relative bias table (a stage holds one for all
       // its layers of that stack).
@@ -453,7 +457,7 @@ double ComponentParameters(const ModelSpec& spec, v1::CostComponent component) {
       const TransformerLayer layer(spec,
                                    component == v1::DECODER_LAYER ? ModelComponent::kDecoderLayer
                                                                   : ModelComponent::kEncoderLayer,
-                                   0, spec.num_layers + spec.num_decoder_layers);
+                                   0, spec.num_layers + spec.num_decoder_layers, &kWholeLayers);
       double n = 0;
       for (const torch::Tensor& t : layer.parameters()) n += static_cast<double>(t.numel());
       return n;

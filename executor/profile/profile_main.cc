@@ -527,6 +527,12 @@ absl::StatusOr<ProfileInputs> ReadInputs(const std::string& config_path) {
     return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", spec.status().message()));
   }
   inputs.spec = *std::move(spec);
+  if (inputs.spec.tensor_parallel > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        config_path, ": parallelism.tensor is ", inputs.spec.tensor_parallel,
+        ", and the profiler measures unsharded layers only: profile the job with "
+        "parallelism.tensor 1 (the planner scales its layer costs by the tensor degree)"));
+  }
   VP_ASSIGN_OR_RETURN(inputs.env, executor::ReadLaunchEnv());
   VP_ASSIGN_OR_RETURN(inputs.settings,
                       SettingsFromFlags(inputs.config, inputs.env, &inputs.device));

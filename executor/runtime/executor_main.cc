@@ -215,11 +215,19 @@ absl::StatusOr<executor::TransportOptions> MeetingPoint(
         absl::StrCat("--transport: '", transport, "' is not one of auto, gloo"));
   }
   transport_options.gloo_on_gpu = transport == "gloo";
+  // Global ranks: the pipeline's and the data-parallel group's ranks of this
+  // rank's tensor index, and its tensor group (common/config/rank_layout.h).
   const RankLayout ranks = RankLayout::Of(config.parallelism());
+  const auto global = [&](int pipeline_rank) {
+    return ranks.GlobalRank(pipeline_rank, static_cast<uint32_t>(coordinates.tensor_index));
+  };
   for (int peer : ranks.PipelineGroup(coordinates.dp_rank)) {
-    if (peer != env.rank) transport_options.peers.push_back(peer);
+    if (global(peer) != env.rank) transport_options.peers.push_back(global(peer));
   }
-  transport_options.data_parallel_group = ranks.DataParallelGroup(coordinates.pp_rank);
+  for (int r : ranks.DataParallelGroup(coordinates.pp_rank)) {
+    transport_options.data_parallel_group.push_back(global(r));
+  }
+  transport_options.tensor_group = ranks.TensorGroup(coordinates.plan_rank);
   return transport_options;
 }
 
@@ -448,6 +456,7 @@ struct ExecutorStartup {
   std::optional<v1::JobConfig> config;
   std::string token;
   std::unique_ptr<executor::PlanSource> source;
+  executor::PlannerServiceSource* service = nullptr;  // `source`, when planners serve plans
   std::string planner_store_address;
   std::optional<v1::StageLayoutConfig> planner_layout;  // GetJob's
   executor::RankCoordinates coordinates;
@@ -509,6 +518,7 @@ ExitStatus ConnectToPlanners(ExecutorStartup& startup) {
   startup.planner_store_address = job->store_address();
   if (!startup.config.has_value()) startup.config = job->config();
   if (job->has_stage_layout()) startup.planner_layout = job->stage_layout();
+  startup.service = service.get();
   startup.source = std::move(service);
   return std::nullopt;
 }
@@ -536,11 +546,11 @@ ExitStatus PlaceRank(ExecutorStartup& startup) {
   nccl = executor::NcclRuntimeVersion();
 #endif
   spdlog::info(
-      "job {}: rank {} of {} (launcher {}, local rank {}) = dp {} pp {}; device {}; "
+      "job {}: rank {} of {} (launcher {}, local rank {}) = dp {} pp {} tensor {}; device {}; "
       "LibTorch {}; NCCL {}",
       startup.config->job_id(), env.rank, env.world_size, env.launcher, env.local_rank,
-      startup.coordinates.dp_rank, startup.coordinates.pp_rank, startup.device.name,
-      executor::TorchVersion(), nccl);
+      startup.coordinates.dp_rank, startup.coordinates.pp_rank, startup.coordinates.tensor_index,
+      startup.device.name, executor::TorchVersion(), nccl);
   return std::nullopt;
 }
 
@@ -552,7 +562,11 @@ ExitStatus OpenPlanSource(ExecutorStartup& startup) {
       spdlog::error("--plans or --planner is required (try --help)");
       return kExitUsage;
     }
-    startup.source = executor::PlanFileSource(absl::GetFlag(FLAGS_plans), startup.env.rank);
+    // Plan files are per pipeline rank (common/config/rank_layout.h).
+    startup.source =
+        executor::PlanFileSource(absl::GetFlag(FLAGS_plans), startup.coordinates.plan_rank);
+  } else if (startup.service != nullptr) {
+    startup.service->set_plan_rank(startup.coordinates.plan_rank);
   }
   spdlog::info("plans from {}", startup.source->Describe());
   if (const absl::Status layout =

@@ -88,9 +88,12 @@ absl::StatusOr<RankCoordinates> ComputeCoordinates(const LaunchEnv& env,
         ") = ", expected));
   }
   const RankLayout layout = RankLayout::Of(config.parallelism());
+  const int plan_rank = layout.PipelineRankOf(env.rank);
   return RankCoordinates{.rank = env.rank,
-                         .dp_rank = static_cast<int>(layout.DpRank(env.rank)),
-                         .pp_rank = static_cast<int>(layout.PpRank(env.rank))};
+                         .dp_rank = static_cast<int>(layout.DpRank(plan_rank)),
+                         .pp_rank = static_cast<int>(layout.PpRank(plan_rank)),
+                         .plan_rank = plan_rank,
+                         .tensor_index = static_cast<int>(layout.TensorIndex(env.rank))};
 }
 
 std::string LaunchId() {

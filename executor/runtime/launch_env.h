@@ -28,10 +28,14 @@ struct LaunchEnv {
   std::string launcher;
 };
 
+// common/config/rank_layout.h: `rank` is the global rank, `plan_rank` the
+// pipeline rank whose plan it runs (the same without tensor parallelism).
 struct RankCoordinates {
   int rank = 0;
   int dp_rank = 0;
   int pp_rank = 0;
+  int plan_rank = 0;
+  int tensor_index = 0;
 };
 
 // Looks variables up with `getenv` (tests pass their own). Errors name the

@@ -103,6 +103,17 @@ class PlanChecker {
                                 ") does not match this executor: rank ", recipient_.rank, " (dp ",
                                 recipient_.dp_rank, ", pp ", recipient_.pp_rank, ")"));
     }
+    // Plans name pipeline ranks; each of the job's tensor ranks runs its own.
+    const uint32_t tensor = std::max(1u, config_.parallelism().tensor());
+    if (std::max(1u, plan_.tensor_parallel()) != tensor ||
+        plan_.sequence_parallel() != config_.parallelism().sequence_parallel()) {
+      return Error(
+          "tensor_parallel",
+          absl::StrCat("is ", std::max(1u, plan_.tensor_parallel()),
+                       plan_.sequence_parallel() ? " with" : " without",
+                       " sequence parallelism but this job has parallelism.tensor ", tensor,
+                       config_.parallelism().sequence_parallel() ? " with" : " without", " it"));
+    }
     if (recipient_.layers && plan_.stage_layers_size() > 0) {
       const v1::StageLayoutConfig mine = LayerLayoutToConfig(*recipient_.layers);
       if (!std::equal(plan_.stage_layers().begin(), plan_.stage_layers().end(),

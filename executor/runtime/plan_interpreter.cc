@@ -626,6 +626,22 @@ class IterationRun {
       VP_RETURN_IF_ERROR(host->AllReduceMean(std::span<float>(&squared, 1), group));
       squared *= static_cast<float>(group.size());
     }
+    // Tensor ranks hold disjoint parts of the sharded parameters (and count
+    // the replicated ones on their first rank only).
+    if (const TensorGroup* tensor = it_.options_.tensor_group;
+        tensor != nullptr && tensor->size() > 1) {
+      try {
+        squared =
+            tensor
+                ->AllReduceSum(torch::full(
+                    {1}, squared,
+                    torch::TensorOptions().dtype(torch::kFloat32).device(it_.options_.device)))
+                .item<float>();
+      } catch (const c10::Error& e) {
+        return absl::UnavailableError(
+            absl::StrCat("gradient norm over the tensor group: ", e.what_without_backtrace()));
+      }
+    }
     stats_.grad_norm = std::sqrt(static_cast<double>(squared));
     if (it_.options_.before_optimizer_step) it_.options_.before_optimizer_step(stats_);
     const Clock::time_point start = PassClock();

@@ -60,9 +60,15 @@ struct InterpreterOptions {
   // run under LibTorch's CUDA autocast to this dtype: mixed precision with
   // fp32 master weights and fp32 loss.
   std::optional<torch::ScalarType> cuda_autocast_dtype;
-  // Global ranks of this rank's pipeline replica, ascending (the global
-  // gradient norm for clipping sums over them).
+  // Ranks of this rank's pipeline replica, ascending, as the transport
+  // numbers them (pipeline ranks under tensor parallelism,
+  // tensor_rank_transport.h): the global gradient norm for clipping sums
+  // over them.
   std::vector<int> pipeline_group;
+  // The rank's tensor group (not owned; null or of size one without tensor
+  // parallelism): the gradient norm also sums over it, counting a
+  // tensor-replicated parameter once (ModelStage::IsReplica).
+  const TensorGroup* tensor_group = nullptr;
   // The shared parameters this rank holds with other ranks of its pipeline
   // replica (SharedParameterGroups: a tied embedding, T5V11's shared
   // embedding and relative bias tables), in the order every rank sums them.

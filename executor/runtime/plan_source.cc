@@ -65,7 +65,11 @@ std::unique_ptr<PlanSource> PlanFileSource(std::string dir, int rank) {
 PlannerServiceSource::PlannerServiceSource(std::vector<std::string> addresses, int rank,
                                            absl::Duration wait, int prefetch,
                                            const ClientSecurity& security)
-    : addresses_(std::move(addresses)), rank_(rank), wait_(wait), prefetch_(std::max(prefetch, 0)) {
+    : addresses_(std::move(addresses)),
+      rank_(rank),
+      plan_rank_(rank),
+      wait_(wait),
+      prefetch_(std::max(prefetch, 0)) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   for (const std::string& address : addresses_) {
@@ -165,7 +169,7 @@ PlannerServiceSource::StreamEnd PlannerServiceSource::StreamPlans(size_t index,
       cancelled = true;
       break;
     }
-    end.bad = CheckPlan(envelope.plan(), next_, rank_, "WatchPlans", addresses_[index]);
+    end.bad = CheckPlan(envelope.plan(), next_, plan_rank_, "WatchPlans", addresses_[index]);
     if (!end.bad.ok()) {
       cancelled = true;
       break;
@@ -315,7 +319,8 @@ absl::StatusOr<v1::ExecutionPlan> PlannerServiceSource::GetDirect(uint64_t itera
                      status.message()));
   }
   if (!status.ok()) return status;
-  VP_RETURN_IF_ERROR(CheckPlan(envelope.plan(), iteration, rank_, "GetPlan", addresses_[current_]));
+  VP_RETURN_IF_ERROR(
+      CheckPlan(envelope.plan(), iteration, plan_rank_, "GetPlan", addresses_[current_]));
   ++direct_plans_;
   return std::move(*envelope.mutable_plan());
 }

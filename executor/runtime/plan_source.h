@@ -61,6 +61,11 @@ class PlannerServiceSource final : public PlanSource {
   absl::StatusOr<v1::GetJobResponse> GetJob();
   void set_job_id(std::string job_id) { job_id_ = std::move(job_id); }
 
+  // The pipeline rank whose plans `rank` runs (common/config/rank_layout.h;
+  // `rank` itself until set, as without tensor parallelism): each plan
+  // must name it. Before the first Get.
+  void set_plan_rank(int plan_rank) { plan_rank_ = plan_rank; }
+
   // Starts prefetching from `first_iteration` (the first Get does it too).
   void StartPrefetch(uint64_t first_iteration);
 
@@ -102,6 +107,7 @@ class PlannerServiceSource final : public PlanSource {
   absl::Status channel_error_;  // why stubs_ is empty, if it is
   size_t current_ = 0;          // the direct calls' planner
   int rank_;
+  int plan_rank_;
   absl::Duration wait_;
   int prefetch_;
   std::string job_id_;

@@ -8,9 +8,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/checkpoint/hf_checkpoint.h"
 #include "common/dataset/minibatch_sampler.h"
 #include "common/status.h"
+#include "executor/comm/tensor_rank_transport.h"
 #include "executor/model/hf_export.h"
 #include "executor/model/hf_weights.h"
 #include "executor/runtime/counting_allocator.h"
@@ -76,9 +78,17 @@ absl::Status Trainer::BuildStages() {
   VP_ASSIGN_OR_RETURN(roles_, PipelineStageRoles(spec_, pp_ * chunks_));
   spdlog::info("stage layout {} ({} stages)", layout_.ToString(), layout_.stages());
   const torch::Device torch_device(c_.device.name);
+  // This rank's part of every stage (its transport comes with Meet()).
+  tensor_ = std::make_shared<TensorGroup>(c_.env.rank, static_cast<int>(spec_.tensor_parallel),
+                                          spec_.sequence_parallel);
+  if (spec_.tensor_parallel > 1) {
+    spdlog::info("tensor parallelism: index {} of {} (global ranks {}){}", tensor_->index(),
+                 tensor_->size(), absl::StrJoin(tensor_->ranks(), ","),
+                 tensor_->sequence_parallel() ? ", sequence parallel" : "");
+  }
   int64_t parameter_count = 0;
   for (uint32_t s = c_.coordinates.pp_rank; s < pp_ * chunks_; s += pp_) {
-    auto stage = std::make_unique<ModelStage>(spec_, roles_[s]);
+    auto stage = std::make_unique<ModelStage>(spec_, roles_[s], tensor_);
     stage->to(torch_device);
     for (const torch::Tensor& p : stage->parameters()) parameter_count += p.numel();
     spdlog::info("{} ({} parameters so far)", roles_[s].DebugString(), parameter_count);
@@ -89,6 +99,14 @@ absl::Status Trainer::BuildStages() {
   if (!options_.export_hf.empty() && !spec_.llama && !spec_.t5v11) {
     return absl::InvalidArgumentError(
         "--export_hf: only model.architecture LLAMA and T5V11 have a Hugging Face layout");
+  }
+  if (spec_.tensor_parallel > 1 &&
+      (!options_.export_hf.empty() || !c_.config.training().init_from().empty())) {
+    return absl::UnimplementedError(
+        absl::StrCat("--export_hf and training.init_from need parallelism.tensor 1 (this job has ",
+                     spec_.tensor_parallel,
+                     "): the Hugging Face import and export do not shard or gather "
+                     "tensor-parallel parameters yet"));
   }
   return absl::OkStatus();
 }
@@ -118,8 +136,10 @@ absl::Status Trainer::MakeOptimizer() {
   const v1::JobConfig& config = c_.config;
   VP_ASSIGN_OR_RETURN(
       rank_optimizer_,
-      MakeRankOptimizer(by_id_, config.training(), c_.transport_options.data_parallel_group,
-                        c_.coordinates.dp_rank, torch::Device(c_.device.name)));
+      MakeRankOptimizer(
+          by_id_, config.training(),
+          RankLayout::Of(config.parallelism()).DataParallelGroup(c_.coordinates.pp_rank),
+          c_.coordinates.dp_rank, torch::Device(c_.device.name)));
   std::vector<torch::Tensor> parameters;
   int64_t parameter_count = 0;
   for (const auto& stage : stages_) {
@@ -166,6 +186,12 @@ absl::Status Trainer::Meet() {
   }
   VP_RETURN_IF_ERROR(MaybeInjectFault(FaultPoint::kAfterRendezvous));
   for (int r = 0; r < c_.env.world_size; ++r) world_.push_back(r);
+  // The plan interpreter talks in pipeline ranks (the identity without
+  // tensor parallelism); the tensor group's collectives use global ranks.
+  const int tensor = static_cast<int>(spec_.tensor_parallel);
+  plan_transport_ = std::make_unique<TensorRankTransport>(transport_, tensor);
+  plan_host_ = std::make_unique<TensorRankTransport>(host_, tensor);
+  tensor_->set_transport(transport_);
   return absl::OkStatus();
 }
 
@@ -185,7 +211,8 @@ void Trainer::MakeInterpreter() {
       options.shared_parameter_groups.push_back(std::move(group));
     }
   }
-  options.host_transport = host_;
+  options.host_transport = plan_host_.get();
+  options.tensor_group = tensor_.get();
   options.progress = c_.board.progress();
   options.sharding = rank_optimizer_.sharding.get();
   if (!c_.device.is_cuda) options.memory = &ProcessMemoryAccount();
@@ -197,7 +224,7 @@ void Trainer::MakeInterpreter() {
     spdlog::info("mixed precision: CUDA autocast to {} with fp32 master weights",
                  v1::DType_Name(config.model().dtype()));
   }
-  interpreter_ = std::make_unique<PlanInterpreter>(by_id_, transport_, loader_.get(),
+  interpreter_ = std::make_unique<PlanInterpreter>(by_id_, plan_transport_.get(), loader_.get(),
                                                    rank_optimizer_.optimizer.get(), options);
 }
 
@@ -254,7 +281,7 @@ absl::StatusOr<CheckedPlan> Trainer::FetchPlan(uint64_t iteration) {
   return CheckedPlan::Check(std::make_shared<const v1::ExecutionPlan>(std::move(fetched)),
                             c_.config,
                             {.iteration = iteration,
-                             .rank = c_.env.rank,
+                             .rank = coordinates.plan_rank,
                              .dp_rank = coordinates.dp_rank,
                              .pp_rank = coordinates.pp_rank,
                              .layers = layout_});
@@ -262,11 +289,13 @@ absl::StatusOr<CheckedPlan> Trainer::FetchPlan(uint64_t iteration) {
 
 // Iteration totals for rank 0's log line: every last-stage rank holds its
 // replica's share of the global mean loss; the first pipeline rank of each
-// replica counts the replica's tokens.
+// replica counts the replica's tokens. A tensor group's ranks hold the same
+// loss and tokens: its first rank counts them.
 absl::StatusOr<Trainer::Totals> Trainer::Reduce(const IterationStats& stats,
                                                 std::chrono::steady_clock::time_point start) {
-  const bool counts_tokens = c_.coordinates.pp_rank == 0;
-  std::vector<float> totals{static_cast<float>(stats.loss),
+  const bool first_tensor_rank = c_.coordinates.tensor_index == 0;
+  const bool counts_tokens = c_.coordinates.pp_rank == 0 && first_tensor_rank;
+  std::vector<float> totals{first_tensor_rank ? static_cast<float>(stats.loss) : 0.0f,
                             counts_tokens ? static_cast<float>(stats.real_tokens) : 0.0f,
                             counts_tokens ? static_cast<float>(stats.padded_tokens) : 0.0f};
   VP_RETURN_IF_ERROR(host_->AllReduceMean(totals, world_));

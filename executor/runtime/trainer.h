@@ -119,8 +119,13 @@ class Trainer {
   std::map<uint32_t, ModelStage*> by_id_;
   int64_t parameter_bytes_ = 0;
   RankOptimizer rank_optimizer_;
+  std::shared_ptr<TensorGroup> tensor_;
+  // Global ranks; plan_transport_ and plan_host_ are their pipeline-rank
+  // views (tensor_rank_transport.h), which the interpreter uses.
   Transport* transport_ = nullptr;
   Transport* host_ = nullptr;  // small host-side reductions
+  std::unique_ptr<Transport> plan_transport_;
+  std::unique_ptr<Transport> plan_host_;
   std::unique_ptr<PlanInterpreter> interpreter_;
   std::vector<int> world_;
   std::ofstream metrics_;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/config/job_config.h"
+#include "common/config/rank_layout.h"
 #include "common/logging.h"
 #include "google/protobuf/util/json_util.h"
 #include "planner/service/planner_daemon.h"
@@ -67,6 +68,9 @@ grpc::Status PlanServiceImpl::FetchPlan(grpc::ServerContext* context, uint64_t i
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("rank ", rank, " is outside the job's ", world, " ranks"));
   }
+  // Plans are per pipeline rank; every tensor rank of one fetches its plan
+  // (common/config/rank_layout.h), and fetches and reports stay per rank.
+  const int plan_rank = RankLayout::Of(c.parallelism()).PipelineRankOf(rank);
   absl::StatusOr<PlannerDaemon::StoreLease> store = daemon_->AcquireStore();
   if (!store.ok()) return ToGrpc(store.status());
   const absl::Time deadline = context->deadline() == std::chrono::system_clock::time_point::max()
@@ -80,7 +84,7 @@ grpc::Status PlanServiceImpl::FetchPlan(grpc::ServerContext* context, uint64_t i
     const absl::Duration slice = std::min(absl::Seconds(2), deadline - absl::Now());
     if (slice <= absl::ZeroDuration()) break;
     absl::StatusOr<std::optional<std::string>> bytes =
-        (*store)->plans().WaitPlan(iteration, rank, slice);
+        (*store)->plans().WaitPlan(iteration, plan_rank, slice);
     if (!bytes.ok()) return ToGrpc(bytes.status());
     if (bytes->has_value()) {
       if (!out->ParseFromString(**bytes)) {

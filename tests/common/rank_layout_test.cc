@@ -39,6 +39,31 @@ TEST(RankLayout, GroupsAreAReplicasPipelineAndAStagesReplicas) {
   EXPECT_EQ(layout.DataParallelGroup(2), (std::vector<int>{2, 6, 10}));
 }
 
+// Tensor innermost: a pipeline rank's tensor group is consecutive global
+// ranks, and every global rank has one (pipeline rank, tensor index).
+TEST(RankLayout, TensorRanksAreInnermost) {
+  v1::ParallelismConfig config;
+  config.set_pipeline(2);
+  config.set_data(3);
+  config.set_tensor(4);
+  const RankLayout layout = RankLayout::Of(config);
+  EXPECT_EQ(layout.world_size(), 24);
+  EXPECT_EQ(layout.pipeline_ranks(), 6);
+  EXPECT_EQ(layout.TensorGroup(3), (std::vector<int>{12, 13, 14, 15}));
+  std::set<int> seen;
+  for (int p = 0; p < layout.pipeline_ranks(); ++p) {
+    for (uint32_t i = 0; i < layout.tensor; ++i) {
+      const int global = layout.GlobalRank(p, i);
+      EXPECT_TRUE(seen.insert(global).second) << "rank " << global << " twice";
+      EXPECT_EQ(layout.PipelineRankOf(global), p);
+      EXPECT_EQ(layout.TensorIndex(global), i);
+    }
+  }
+  EXPECT_EQ(*seen.rbegin(), layout.world_size() - 1);
+  // Plans still name pipeline ranks: replica 1's pipeline is 2, 3.
+  EXPECT_EQ(layout.PipelineGroup(1), (std::vector<int>{2, 3}));
+}
+
 TEST(RankLayout, UnsetDegreesAreOne) {
   const RankLayout layout = RankLayout::Of(v1::ParallelismConfig());
   EXPECT_EQ(layout.world_size(), 1);

@@ -69,6 +69,9 @@ class RecordingTransport final : public Transport {
   absl::Status AllReduceMean(std::span<float> data, const std::vector<int>&) override {
     return Collective("all-reduce", data);
   }
+  absl::Status AllReduceSum(std::span<float> data, const std::vector<int>&) override {
+    return Collective("all-reduce-sum", data);
+  }
   absl::Status ReduceScatterSum(std::span<float> data, const std::vector<int>&) override {
     return Collective("reduce-scatter", data);
   }

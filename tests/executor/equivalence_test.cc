@@ -48,6 +48,7 @@
 #include "common/dataset/sample_dataset.h"
 #include "executor/model/model_spec.h"
 #include "executor/model/model_stage.h"
+#include "executor/model/tensor_shard.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/redis_server.h"
@@ -82,6 +83,8 @@ struct Cell {
   uint32_t encoder_stages = 0;
   // PACKING cells: the packed rows' attention kernel.
   v1::PackedAttention packed_attention = v1::PER_SAMPLE;
+  uint32_t tp = 1;  // parallelism.tensor
+  bool sp = false;  // parallelism.sequence_parallel
 };
 
 std::string ScheduleName(const Cell& c) {
@@ -129,7 +132,7 @@ std::string CellName(const Cell& c) {
                                                                       : "PackedVarlen",
                       c.layout.empty() ? "" : absl::StrCat("Layout", absl::StrJoin(c.layout, "")),
                       "_", ScheduleName(c), "_", RecomputeName(c.recompute), "_pp", c.pp, "dp",
-                      c.dp);
+                      c.dp, c.tp > 1 ? absl::StrCat("Tp", c.tp) : "", c.sp ? "Sp" : "");
 }
 
 std::vector<Cell> Matrix() {
@@ -274,6 +277,33 @@ std::vector<Cell> Matrix() {
       1);
   add(Cell{.t5 = true, .t5v11 = true, .layout = {1, 3, 3, 1}, .encoder_stages = 2},
       v1::ZERO_BUBBLE_H1, v1::RECOMPUTE_FULL, 4, 1);
+  // Tensor parallelism (tensor = 2; docs/executor.md, "Tensor
+  // parallelism"): each architecture at pp 1 and 2, dp 1 and 2, with and
+  // without sequence parallelism (whose tiny lengths are mostly odd, so the
+  // sequence parts are padded), every recompute mode, split backwards,
+  // packed rows, and the
+  // shared parameters across stages (a tied LLAMA head, T5V11's embedding
+  // and bias tables, whose heads are split too).
+  const auto tp2 = [&add](Cell c, v1::ScheduleKind schedule, v1::RecomputeMode recompute,
+                          uint32_t pp, uint32_t dp, bool sp) -> Cell& {
+    c.tp = 2;
+    c.sp = sp;
+    return add(c, schedule, recompute, pp, dp);
+  };
+  tp2(Cell{}, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 1, 1, false);
+  tp2(Cell{}, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 2, 2, false);
+  tp2(Cell{}, v1::ONE_F_ONE_B, v1::RECOMPUTE_SELECTIVE, 1, 2, true);
+  tp2(Cell{}, v1::ZERO_BUBBLE_H1, v1::RECOMPUTE_FULL, 2, 1, true);
+  tp2(Cell{.method = v1::PACKING}, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 2, 1, true);
+  tp2(Cell{.t5 = true}, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 1, 1, false);
+  tp2(Cell{.t5 = true}, v1::ADAPTIVE, v1::RECOMPUTE_FULL, 2, 2, true);
+  tp2(Cell{.t5 = true}, v1::ADAPTIVE_ZERO_BUBBLE, v1::RECOMPUTE_NONE, 2, 1, false);
+  tp2(Cell{.llama = true}, v1::ONE_F_ONE_B, v1::RECOMPUTE_SELECTIVE, 2, 1, false);
+  tp2(Cell{.llama = true, .tied = true}, v1::ZERO_BUBBLE_H1, v1::RECOMPUTE_NONE, 2, 1, true);
+  tp2(Cell{.llama = true}, v1::ONE_F_ONE_B, v1::RECOMPUTE_FULL, 1, 2, true);
+  tp2(Cell{.t5 = true, .t5v11 = true}, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 2, 1, false);
+  tp2(Cell{.t5 = true, .t5v11 = true}, v1::ADAPTIVE_ZERO_BUBBLE, v1::RECOMPUTE_SELECTIVE, 2, 2,
+      true);
   return cells;
 }
 
@@ -292,6 +322,16 @@ int SharedReplicas(const v1::JobConfig& config) {
     replicas += static_cast<int>(shared.stages.size()) - 1;
   }
   return replicas;
+}
+
+// Tensor index `index`'s part of each of `whole`'s parameters, as a rank of
+// a tensor group of `tensor` holds it (executor/model/tensor_shard.h).
+NamedTensors TensorPart(const NamedTensors& whole, int tensor, int index) {
+  NamedTensors part;
+  for (const auto& [name, t] : whole) {
+    part[name] = executor::ShardOf(t.detach(), executor::ShardOfParameter(name), tensor, index);
+  }
+  return part;
 }
 
 // Runs `plans` ([iteration][rank]) of `config` on threaded ranks (a fresh
@@ -325,6 +365,9 @@ std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& c
                                                           bool stage_through_host = false) {
   const int iterations = static_cast<int>(config.training().iterations());
   const uint32_t dp = config.parallelism().data();
+  // Ranks r * tp .. r * tp + tp - 1 run plan r, each on its part of the
+  // model; the loss is the same on all of them.
+  const int tp = static_cast<int>(config.parallelism().tensor());
   absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(config);
   EXPECT_THAT(dataset, IsOk());
   if (!dataset.ok()) return {};
@@ -384,12 +427,14 @@ std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& c
     EXPECT_EQ(plans[it][0].global_target_tokens(), pass.loss_tokens) << "iteration " << it;
     double loss = 0;
     int compared = 0;
+    const NamedTensors& whole_gradients = pass.gradients;
     for (size_t r = 0; r < ranks.size(); ++r) {
       const executor::IterationStats& stats = ranks[r].stats[it];
-      if (stats.has_loss) loss += stats.loss;
+      const int index = static_cast<int>(r) % tp;
+      if (stats.has_loss && index == 0) loss += stats.loss;
       // Padded tokens count rows (a packed row holds several samples).
       uint64_t padded = 0;
-      for (const v1::MicroBatch& mb : plans[it][r].micro_batches()) {
+      for (const v1::MicroBatch& mb : plans[it][r / tp].micro_batches()) {
         const int rows = mb.row_starts_size() > 0 ? mb.row_starts_size() : mb.sample_ids_size();
         padded += static_cast<uint64_t>(rows) * (mb.input_len() + mb.target_len());
         // A packed micro-batch runs the kernel the job fixes, or one the
@@ -410,7 +455,8 @@ std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& c
       EXPECT_LE(norm_error, kTolerance) << "rank " << r << " iteration " << it << ": grad norm "
                                         << stats.grad_norm << " vs " << pass.grad_norm;
       worst_norm = std::max(worst_norm, norm_error);
-      const TensorDifference d = MaxRelativeDifference(ranks[r].gradients[it], pass.gradients);
+      const TensorDifference d =
+          MaxRelativeDifference(ranks[r].gradients[it], TensorPart(whole_gradients, tp, index));
       EXPECT_LE(d.worst, kTolerance)
           << "rank " << r << " iteration " << it << ": gradient of " << d.worst_name;
       if (d.worst > worst_gradient) {
@@ -419,10 +465,12 @@ std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& c
       }
       compared += d.compared;
     }
-    // Each replica holds the whole model once, and a shared parameter once
-    // per stage holding it (a replica compares with the same reference
-    // gradient: the interpreter summed its copies' gradients).
-    EXPECT_EQ(compared, static_cast<int>(dp * (pass.gradients.size() + SharedReplicas(config))))
+    // Each replica holds the whole model once (each tensor rank a part of
+    // every parameter), and a shared parameter once per stage holding it (a
+    // replica compares with the same reference gradient: the interpreter
+    // summed its copies' gradients).
+    EXPECT_EQ(compared,
+              static_cast<int>(dp * tp * (pass.gradients.size() + SharedReplicas(config))))
         << "iteration " << it;
     const double loss_error = std::abs(loss - pass.loss) / pass.loss;
     EXPECT_LE(loss_error, kTolerance)
@@ -435,15 +483,18 @@ std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& c
   double worst_parameter = 0;
   double worst_update = 0;
   for (size_t r = 0; r < ranks.size(); ++r) {
-    const TensorDifference d = MaxRelativeDifference(ranks[r].parameters, reference.parameters());
+    const int index = static_cast<int>(r) % tp;
+    const NamedTensors final_part = TensorPart(reference.parameters(), tp, index);
+    const NamedTensors initial_part = TensorPart(initial, tp, index);
+    const TensorDifference d = MaxRelativeDifference(ranks[r].parameters, final_part);
     EXPECT_LE(d.worst, kTolerance) << "rank " << r << ": parameter " << d.worst_name;
     worst_parameter = std::max(worst_parameter, d.worst);
     // The steps' total update, a stricter view of the same.
     NamedTensors update;
     NamedTensors reference_update;
     for (const auto& [name, p] : ranks[r].parameters) {
-      update[name] = p - initial.at(name);
-      reference_update[name] = reference.parameters().at(name).detach() - initial.at(name);
+      update[name] = p - initial_part.at(name);
+      reference_update[name] = final_part.at(name) - initial_part.at(name);
     }
     worst_update = std::max(worst_update, MaxRelativeDifference(update, reference_update).worst);
   }
@@ -514,6 +565,8 @@ absl::StatusOr<v1::JobConfig> CellConfig(const Cell& c) {
   job.pipeline = c.pp;
   job.data = c.dp;
   job.chunks = c.chunks;
+  job.tensor = c.tp;
+  job.sequence_parallel = c.sp;
   job.stage_layers = c.layout;
   job.encoder_stages = c.encoder_stages;
   job.optimizer = v1::SGD;

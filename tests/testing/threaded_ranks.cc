@@ -9,9 +9,11 @@
 #include "common/dataset/minibatch_sampler.h"
 #include "executor/comm/device_staging_transport.h"
 #include "executor/comm/gloo/gloo_transport.h"
+#include "executor/comm/tensor_rank_transport.h"
 #include "executor/data/micro_batch_loader.h"
 #include "executor/model/model_spec.h"
 #include "executor/model/model_stage.h"
+#include "executor/model/tensor_group.h"
 #include "executor/runtime/checkpoint.h"
 #include "executor/runtime/optimizer_sharding.h"
 #include "executor/runtime/training_optimizer.h"
@@ -44,34 +46,45 @@ void RunRank(const v1::JobConfig& config,
     out.status = gloo.status();
     return;
   }
-  // Ranks on a GPU (several share it; NCCL refuses that) move their device
-  // buffers through host memory; host-side reductions use Gloo directly.
-  executor::Transport* host_transport = gloo->get();
-  std::unique_ptr<executor::Transport> transport = *std::move(gloo);
+  // As the executor: the tensor group talks over the global ranks, the plan
+  // interpreter over pipeline ranks (the tensor-rank view, the identity
+  // without tensor parallelism). Ranks on a GPU (several share it; NCCL
+  // refuses that) move their device buffers through host memory; host-side
+  // reductions use Gloo directly.
+  const std::unique_ptr<executor::Transport> global = *std::move(gloo);
+  const executor::ModelSpec spec = *executor::ModelSpecFromConfig(config);
+  const int tp = static_cast<int>(spec.tensor_parallel);
+  const int plan_rank = rank / tp;
+  const int plan_size = size / tp;
+  auto tensor = std::make_shared<executor::TensorGroup>(rank, tp, spec.sequence_parallel);
+  tensor->set_transport(global.get());
+  std::unique_ptr<executor::Transport> transport =
+      std::make_unique<executor::TensorRankTransport>(global.get(), tp);
+  executor::Transport* host_transport = transport.get();
   if (options.device.is_cuda() || options.stage_through_host) {
     transport =
         std::make_unique<executor::DeviceStagingTransport>(std::move(transport), options.device);
   }
   const int pp = static_cast<int>(config.parallelism().pipeline());
-  const executor::ModelSpec spec = *executor::ModelSpecFromConfig(config);
   const int chunks = static_cast<int>(std::max(1u, config.parallelism().virtual_chunks()));
   const std::vector<executor::StageRole> roles = *executor::PipelineStageRoles(spec, pp * chunks);
   std::vector<std::unique_ptr<ModelStage>> stages;
   std::map<uint32_t, ModelStage*> by_id;
   std::vector<ModelStage*> stage_list;
   std::vector<torch::Tensor> trainable;
-  for (int s = rank % pp; s < pp * chunks; s += pp) {
-    stages.push_back(std::make_unique<ModelStage>(spec, roles[s]));
+  for (int s = plan_rank % pp; s < pp * chunks; s += pp) {
+    stages.push_back(std::make_unique<ModelStage>(spec, roles[s], tensor));
     stages.back()->to(options.device);
     by_id[static_cast<uint32_t>(s)] = stages.back().get();
     stage_list.push_back(stages.back().get());
     for (const torch::Tensor& p : stages.back()->parameters()) trainable.push_back(p);
   }
-  // As the executor: the data-parallel group of pipeline rank rank % pp.
+  // As the executor: the data-parallel group of pipeline rank plan_rank % pp
+  // (in pipeline ranks; each tensor index reduces with its own).
   std::vector<int> data_parallel_group;
-  for (int r = rank % pp; r < size; r += pp) data_parallel_group.push_back(r);
+  for (int r = plan_rank % pp; r < plan_size; r += pp) data_parallel_group.push_back(r);
   absl::StatusOr<executor::RankOptimizer> rank_optimizer = executor::MakeRankOptimizer(
-      by_id, config.training(), data_parallel_group, rank / pp, options.device);
+      by_id, config.training(), data_parallel_group, plan_rank / pp, options.device);
   if (!rank_optimizer.ok()) {
     out.status = rank_optimizer.status();
     return;
@@ -92,10 +105,13 @@ void RunRank(const v1::JobConfig& config,
   interpreter_options.sharding = rank_optimizer->sharding.get();
   interpreter_options.device = options.device;
   interpreter_options.host_transport = host_transport;
-  for (int k = 0; k < pp; ++k) interpreter_options.pipeline_group.push_back(rank / pp * pp + k);
+  interpreter_options.tensor_group = tensor.get();
+  for (int k = 0; k < pp; ++k) {
+    interpreter_options.pipeline_group.push_back(plan_rank / pp * pp + k);
+  }
   for (const auto& stage : stages) {
     for (executor::SharedParameterGroup& group :
-         executor::SharedParameterGroups(spec, roles, stage->role().stage, rank / pp * pp)) {
+         executor::SharedParameterGroups(spec, roles, stage->role().stage, plan_rank / pp * pp)) {
       interpreter_options.shared_parameter_groups.push_back(std::move(group));
     }
   }
@@ -116,10 +132,13 @@ void RunRank(const v1::JobConfig& config,
   if (options.before_run) options.before_run(rank, progress);
   for (const std::vector<v1::ExecutionPlan>& plans : iterations) {
     // What the executor does: only checked plans run.
-    const v1::ExecutionPlan& plan = plans[rank];
-    absl::StatusOr<executor::CheckedPlan> checked = executor::CheckedPlan::Check(
-        std::make_shared<const v1::ExecutionPlan>(plan), config,
-        {.iteration = plan.iteration(), .rank = rank, .dp_rank = rank / pp, .pp_rank = rank % pp});
+    const v1::ExecutionPlan& plan = plans[plan_rank];
+    absl::StatusOr<executor::CheckedPlan> checked =
+        executor::CheckedPlan::Check(std::make_shared<const v1::ExecutionPlan>(plan), config,
+                                     {.iteration = plan.iteration(),
+                                      .rank = plan_rank,
+                                      .dp_rank = plan_rank / pp,
+                                      .pp_rank = plan_rank % pp});
     if (!checked.ok()) {
       out.status = checked.status();
       break;
@@ -133,7 +152,8 @@ void RunRank(const v1::JobConfig& config,
     out.optimizer_state_bytes.push_back(optimizer.StateBytes());
   }
   if (out.status.ok() && !options.checkpoint_dir.empty() && !iterations.empty()) {
-    out.status = checkpoints.Save(iterations.back()[rank].iteration() + 1, stage_list, optimizer);
+    out.status =
+        checkpoints.Save(iterations.back()[plan_rank].iteration() + 1, stage_list, optimizer);
   }
   for (const auto& stage : stages) {
     for (const auto& item : stage->named_parameters()) {
@@ -148,7 +168,9 @@ std::vector<RankRun> RunThreadedRanks(const v1::JobConfig& config,
                                       const std::vector<std::vector<v1::ExecutionPlan>>& iterations,
                                       const SampleDataset& dataset,
                                       const ThreadedRanksOptions& options) {
-  const int size = iterations.empty() ? 0 : static_cast<int>(iterations.front().size());
+  // Each plan runs on every tensor rank of its pipeline rank.
+  const int tp = static_cast<int>(std::max(1u, config.parallelism().tensor()));
+  const int size = iterations.empty() ? 0 : static_cast<int>(iterations.front().size()) * tp;
   std::vector<RankRun> runs(size);
   std::vector<executor::InstructionProgress> progress(size);
   std::vector<std::thread> threads;

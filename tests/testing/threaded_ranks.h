@@ -72,8 +72,11 @@ struct RankRun {
   std::vector<int64_t> optimizer_state_bytes;
 };
 
-// Runs `iterations[i][r]` (iteration i's plan of rank r) on one thread per
-// rank, every iteration in order on the same stages and optimizer.
+// Runs `iterations[i][r]` (iteration i's plan of pipeline rank r) on one
+// thread per rank, every iteration in order on the same stages and
+// optimizer. With parallelism.tensor t each plan runs on t ranks (global
+// ranks r * t .. r * t + t - 1, tensor_rank_transport.h); the result has
+// one RankRun per global rank.
 std::vector<RankRun> RunThreadedRanks(const v1::JobConfig& config,
                                       const std::vector<std::vector<v1::ExecutionPlan>>& iterations,
                                       const SampleDataset& dataset,

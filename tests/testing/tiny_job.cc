@@ -49,7 +49,9 @@ absl::StatusOr<v1::JobConfig> TinyJobConfig(const TinyJob& job) {
                 : "",
       R"(},
       "parallelism": {"pipeline": )",
-      job.pipeline, R"(, "data": )", job.data, R"(, "virtual_chunks": )", job.chunks, layout,
+      job.pipeline, R"(, "data": )", job.data, R"(, "virtual_chunks": )", job.chunks,
+      R"(, "tensor": )", job.tensor, job.sequence_parallel ? R"(, "sequence_parallel": true)" : "",
+      layout,
       R"(},
       "cluster": {"device_memory_limit_mib": )",
       job.memory_mib != 0                             ? job.memory_mib

@@ -34,6 +34,8 @@ struct TinyJob {
   uint32_t pipeline = 1;
   uint32_t data = 1;
   uint32_t chunks = 1;  // parallelism.virtual_chunks (interleaved 1F1B)
+  uint32_t tensor = 1;  // parallelism.tensor
+  bool sequence_parallel = false;
   // parallelism.stage_layout LISTED (empty: EVEN): each stage's layers, T5's
   // first `encoder_stages` of them its encoder's. The model then has as
   // many layers as the layout lists.

@@ -300,11 +300,15 @@ absl::Status GlooTransport::Ring(std::span<float> data, const std::vector<int>& 
   return absl::OkStatus();
 }
 
+absl::Status GlooTransport::AllReduceSum(std::span<float> data, const std::vector<int>& group) {
+  if (group.size() <= 1 || data.empty()) return absl::OkStatus();
+  return Ring(data, group, /*reduce_scatter=*/true, /*all_gather=*/true, /*shift=*/1,
+              absl::StrCat("all-reduce over ranks ", absl::StrJoin(group, ",")));
+}
+
 absl::Status GlooTransport::AllReduceMean(std::span<float> data, const std::vector<int>& group) {
   if (group.size() <= 1 || data.empty()) return absl::OkStatus();
-  const std::string what = absl::StrCat("all-reduce over ranks ", absl::StrJoin(group, ","));
-  VP_RETURN_IF_ERROR(Ring(data, group, /*reduce_scatter=*/true, /*all_gather=*/true,
-                          /*shift=*/1, what));
+  VP_RETURN_IF_ERROR(AllReduceSum(data, group));
   const float scale = 1.0f / static_cast<float>(group.size());
   for (float& x : data) x *= scale;
   return absl::OkStatus();

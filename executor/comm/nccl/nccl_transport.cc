@@ -146,32 +146,43 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(const Optio
     VP_RETURN_IF_ERROR(
         CudaToStatus(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking), "stream"));
   }
-  const std::vector<int>& group = options.data_parallel_group;
-  if (group.size() > 1) {
-    const auto me = std::find(group.begin(), group.end(), options.rank);
-    if (me == group.end()) {
-      return absl::InvalidArgumentError("rank is not in its data-parallel group");
-    }
-    VP_ASSIGN_OR_RETURN(
-        ncclUniqueId id,
-        t->ExchangeId(*redis, absl::StrCat(options.prefix, "/group-", absl::StrJoin(group, "-")),
-                      me == group.begin()));
-    VP_ASSIGN_OR_RETURN(t->group_comm_, NcclCommunicator::Create(
-                                            static_cast<int>(group.size()), id,
-                                            static_cast<int>(me - group.begin()), deadline,
-                                            options.cancelled, "NCCL data-parallel communicator"));
-    VP_RETURN_IF_ERROR(CudaToStatus(
-        cudaStreamCreateWithFlags(&t->group_stream_, cudaStreamNonBlocking), "stream"));
-  }
+  // Every rank makes its data-parallel communicator before its tensor one:
+  // each kind of group partitions the ranks, so no two ranks wait for each
+  // other in opposite orders.
+  VP_RETURN_IF_ERROR(
+      t->CreateGroup(*redis, options.data_parallel_group, "data-parallel", deadline));
+  VP_RETURN_IF_ERROR(t->CreateGroup(*redis, options.tensor_group, "tensor", deadline));
   std::move(abandon).Cancel();
   return t;
+}
+
+absl::Status NcclTransport::CreateGroup(RedisClient& redis, const std::vector<int>& group,
+                                        const std::string& kind, absl::Time deadline) {
+  if (group.size() <= 1) return absl::OkStatus();
+  const auto me = std::find(group.begin(), group.end(), options_.rank);
+  if (me == group.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank is not in its ", kind, " group"));
+  }
+  VP_ASSIGN_OR_RETURN(
+      ncclUniqueId id,
+      ExchangeId(redis, absl::StrCat(options_.prefix, "/group-", absl::StrJoin(group, "-")),
+                 me == group.begin()));
+  // Stored as soon as it exists, so no failure below leaks it.
+  GroupComm& g = groups_[group];
+  VP_ASSIGN_OR_RETURN(
+      g.comm, NcclCommunicator::Create(
+                  static_cast<int>(group.size()), id, static_cast<int>(me - group.begin()),
+                  deadline, options_.cancelled, absl::StrCat("NCCL ", kind, " communicator")));
+  return CudaToStatus(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking), "stream");
 }
 
 void NcclTransport::AbortCommunicators() {
   for (auto& [peer, c] : channels_) {
     if (c.comm != nullptr) c.comm->Abort();
   }
-  if (group_comm_ != nullptr) group_comm_->Abort();
+  for (auto& [group, g] : groups_) {
+    if (g.comm != nullptr) g.comm->Abort();
+  }
 }
 
 NcclTransport::~NcclTransport() {
@@ -182,8 +193,10 @@ NcclTransport::~NcclTransport() {
     c.comm.reset();  // finalize and destroy, or abort (nccl_communicator.h)
     if (c.stream != nullptr) cudaStreamDestroy(c.stream);
   }
-  group_comm_.reset();
-  if (group_stream_ != nullptr) cudaStreamDestroy(group_stream_);
+  for (auto& [group, g] : groups_) {
+    g.comm.reset();
+    if (g.stream != nullptr) cudaStreamDestroy(g.stream);
+  }
 }
 
 void NcclTransport::Abort(const std::string& reason) {
@@ -232,11 +245,14 @@ absl::StatusOr<std::unique_ptr<Transfer>> NcclTransport::StartRecv(int peer, voi
 }
 
 absl::Status NcclTransport::Collective(const std::string& what, const std::vector<int>& group,
-                                       const std::function<ncclResult_t()>& enqueue) {
-  if (group != options_.data_parallel_group || group_comm_ == nullptr) {
+                                       const Enqueue& enqueue) {
+  const auto found = groups_.find(group);
+  if (found == groups_.end() || found->second.comm == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": a group the transport was not built for"));
   }
+  NcclCommunicator* group_comm = found->second.comm.get();
+  cudaStream_t group_stream = found->second.stream;
   VP_RETURN_IF_ERROR(Aborted(*abort_, what));
   // Test-only fault points (executor/runtime/fault_injection.h).
   VP_RETURN_IF_ERROR(MaybeInjectFault(absl::StartsWith(what, "all-reduce")
@@ -245,23 +261,34 @@ absl::Status NcclTransport::Collective(const std::string& what, const std::vecto
   // Bounded like every wait: a rank of the group that never joins must not
   // block this one in cudaStreamSynchronize forever.
   const absl::Time deadline = absl::Now() + options_.collective_timeout;
-  if (group_comm_->aborted()) return group_comm_->AsyncError(what);
-  VP_RETURN_IF_ERROR(group_comm_->Check(
-      enqueue(), deadline, [abort = abort_] { return abort->aborted.load(); }, what));
+  if (group_comm->aborted()) return group_comm->AsyncError(what);
+  VP_RETURN_IF_ERROR(group_comm->Check(
+      enqueue(group_comm->get(), group_stream), deadline,
+      [abort = abort_] { return abort->aborted.load(); }, what));
   cudaEvent_t event;
   VP_RETURN_IF_ERROR(
       CudaToStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "event"));
   const absl::Cleanup destroy = [event] { cudaEventDestroy(event); };
-  VP_RETURN_IF_ERROR(CudaToStatus(cudaEventRecord(event, group_stream_), "event record"));
-  return WaitEvent(event, *group_comm_, *abort_, deadline, what);
+  VP_RETURN_IF_ERROR(CudaToStatus(cudaEventRecord(event, group_stream), "event record"));
+  return WaitEvent(event, *group_comm, *abort_, deadline, what);
 }
 
 absl::Status NcclTransport::AllReduceMean(std::span<float> data, const std::vector<int>& group) {
   if (group.size() <= 1 || data.empty()) return absl::OkStatus();
-  return Collective(absl::StrCat("all-reduce over ranks ", absl::StrJoin(group, ",")), group, [&] {
-    return ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat, ncclAvg,
-                         group_comm_->get(), group_stream_);
-  });
+  return Collective(absl::StrCat("all-reduce over ranks ", absl::StrJoin(group, ",")), group,
+                    [&](ncclComm_t comm, cudaStream_t stream) {
+                      return ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat,
+                                           ncclAvg, comm, stream);
+                    });
+}
+
+absl::Status NcclTransport::AllReduceSum(std::span<float> data, const std::vector<int>& group) {
+  if (group.size() <= 1 || data.empty()) return absl::OkStatus();
+  return Collective(absl::StrCat("all-reduce over ranks ", absl::StrJoin(group, ",")), group,
+                    [&](ncclComm_t comm, cudaStream_t stream) {
+                      return ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat,
+                                           ncclSum, comm, stream);
+                    });
 }
 
 // In place (NCCL's rule for both: the rank's shard of the full buffer is
@@ -277,11 +304,11 @@ absl::Status NcclTransport::ReduceScatterSum(std::span<float> data, const std::v
   const size_t shard = data.size() / n;
   const size_t me =
       static_cast<size_t>(std::find(group.begin(), group.end(), options_.rank) - group.begin());
-  return Collective(
-      absl::StrCat("reduce-scatter over ranks ", absl::StrJoin(group, ",")), group, [&] {
-        return ncclReduceScatter(data.data(), data.data() + me * shard, shard, ncclFloat, ncclSum,
-                                 group_comm_->get(), group_stream_);
-      });
+  return Collective(absl::StrCat("reduce-scatter over ranks ", absl::StrJoin(group, ",")), group,
+                    [&](ncclComm_t comm, cudaStream_t stream) {
+                      return ncclReduceScatter(data.data(), data.data() + me * shard, shard,
+                                               ncclFloat, ncclSum, comm, stream);
+                    });
 }
 
 absl::Status NcclTransport::AllGather(std::span<float> data, const std::vector<int>& group) {
@@ -294,10 +321,11 @@ absl::Status NcclTransport::AllGather(std::span<float> data, const std::vector<i
   const size_t shard = data.size() / n;
   const size_t me =
       static_cast<size_t>(std::find(group.begin(), group.end(), options_.rank) - group.begin());
-  return Collective(absl::StrCat("all-gather over ranks ", absl::StrJoin(group, ",")), group, [&] {
-    return ncclAllGather(data.data() + me * shard, data.data(), shard, ncclFloat,
-                         group_comm_->get(), group_stream_);
-  });
+  return Collective(absl::StrCat("all-gather over ranks ", absl::StrJoin(group, ",")), group,
+                    [&](ncclComm_t comm, cudaStream_t stream) {
+                      return ncclAllGather(data.data() + me * shard, data.data(), shard, ncclFloat,
+                                           comm, stream);
+                    });
 }
 
 std::string NcclTransport::Describe() const {

@@ -1,8 +1,10 @@
 // The GPU transport: NCCL point-to-point on one communicator and CUDA stream
 // per pair of ranks that exchange tensors (transport.h's ordered channel:
 // NCCL runs a communicator's operations in issue order), CUDA events to
-// wait, and one communicator for the rank's data-parallel group (all-reduce,
-// and the reduce-scatter and all-gather of ZeRO stage 1). NCCL
+// wait, one communicator for the rank's data-parallel group (all-reduce,
+// and the reduce-scatter and all-gather of ZeRO stage 1) and one for its
+// tensor group (the tensor-parallel layers' collectives), each on its own
+// stream. NCCL
 // unique ids are exchanged through the job's Redis. Compiled when CUDA and
 // NCCL are found (VARIPIPE_WITH_CUDA).
 //
@@ -44,8 +46,10 @@ class NcclTransport final : public Transport {
     int device = 0;  // CUDA device of this rank
     // Peers this rank exchanges tensors with (pipeline neighbours).
     std::vector<int> peers;
-    // Global ranks of this rank's data-parallel group (ascending).
+    // Global ranks of this rank's data-parallel group and tensor group
+    // (ascending; empty or one rank: none).
     std::vector<int> data_parallel_group;
+    std::vector<int> tensor_group;
     // Bounds the rendezvous and each communicator's creation.
     absl::Duration connect_timeout = absl::Seconds(300);
     // Bounds each all-reduce.
@@ -63,6 +67,7 @@ class NcclTransport final : public Transport {
   absl::StatusOr<std::unique_ptr<Transfer>> StartSend(int peer, void* data, size_t bytes) override;
   absl::StatusOr<std::unique_ptr<Transfer>> StartRecv(int peer, void* data, size_t bytes) override;
   absl::Status AllReduceMean(std::span<float> data, const std::vector<int>& group) override;
+  absl::Status AllReduceSum(std::span<float> data, const std::vector<int>& group) override;
   // `data` is device memory on this rank's device (as for AllReduceMean).
   absl::Status ReduceScatterSum(std::span<float> data, const std::vector<int>& group) override;
   absl::Status AllGather(std::span<float> data, const std::vector<int>& group) override;
@@ -89,15 +94,24 @@ class NcclTransport final : public Transport {
   absl::StatusOr<std::unique_ptr<Transfer>> Start(int peer, void* data, size_t bytes, bool send);
   // Aborts every communicator (Create failing half-way).
   void AbortCommunicators();
-  // Enqueues one collective on the data-parallel communicator (`group` must
-  // be the one it was built for) and waits for it, bounded and abortable.
+  // Makes the communicator and stream of `group` (a `kind` group), unless
+  // it has at most one rank.
+  absl::Status CreateGroup(RedisClient& redis, const std::vector<int>& group,
+                           const std::string& kind, absl::Time deadline);
+  // Enqueues one collective on the communicator of `group` (one the
+  // transport was built for) and waits for it, bounded and abortable.
+  using Enqueue = std::function<ncclResult_t(ncclComm_t comm, cudaStream_t stream)>;
   absl::Status Collective(const std::string& what, const std::vector<int>& group,
-                          const std::function<ncclResult_t()>& enqueue);
+                          const Enqueue& enqueue);
+
+  struct GroupComm {
+    std::shared_ptr<NcclCommunicator> comm;
+    cudaStream_t stream = nullptr;
+  };
 
   Options options_;
-  std::map<int, Channel> channels_;  // by peer
-  std::shared_ptr<NcclCommunicator> group_comm_;
-  cudaStream_t group_stream_ = nullptr;
+  std::map<int, Channel> channels_;               // by peer
+  std::map<std::vector<int>, GroupComm> groups_;  // by global ranks
   std::shared_ptr<AbortState> abort_ = std::make_shared<AbortState>();
 };
 

@@ -1,0 +1,55 @@
+#include "executor/model/tensor_group.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace varipipe::executor {
+
+TensorGroup::TensorGroup(int global_rank, int size, bool sequence_parallel)
+    : size_(size), index_(global_rank % size), sequence_parallel_(sequence_parallel) {
+  ranks_.clear();
+  for (int i = 0; i < size; ++i) ranks_.push_back(global_rank - index_ + i);
+}
+
+torch::Tensor TensorGroup::Run(
+    const torch::Tensor& x, const char* what,
+    absl::Status (Transport::*collective)(std::span<float>, const std::vector<int>&)) const {
+  TORCH_CHECK(transport_ != nullptr, "tensor group ", absl::StrJoin(ranks_, ","),
+              ": no transport for its ", what);
+  torch::Tensor data = x.to(torch::kFloat32).contiguous().clone();
+  if (data.is_cuda()) torch::cuda::synchronize(data.device().index());
+  const absl::Status status = (transport_->*collective)(
+      std::span<float>(data.data_ptr<float>(), static_cast<size_t>(data.numel())), ranks_);
+  TORCH_CHECK(status.ok(), "tensor-parallel ", what, " over ranks ", absl::StrJoin(ranks_, ","),
+              ": ", status.ToString());
+  return data.to(x.scalar_type());
+}
+
+torch::Tensor TensorGroup::AllReduceSum(const torch::Tensor& x) const {
+  if (size_ == 1) return x;
+  return Run(x, "all-reduce", &Transport::AllReduceSum);
+}
+
+torch::Tensor TensorGroup::AllGather(const torch::Tensor& x, int64_t dim) const {
+  if (size_ == 1) return x;
+  // [size, ...x]: this rank's slot filled, the others gathered into theirs.
+  std::vector<int64_t> shape = {size_};
+  for (int64_t d : x.sizes()) shape.push_back(d);
+  torch::Tensor slots = torch::zeros(shape, x.options());
+  slots[index_].copy_(x);
+  const torch::Tensor gathered = Run(slots, "all-gather", &Transport::AllGather);
+  return torch::cat(gathered.unbind(0), dim);
+}
+
+torch::Tensor TensorGroup::ReduceScatter(const torch::Tensor& x, int64_t dim) const {
+  if (size_ == 1) return x;
+  TORCH_CHECK(x.size(dim) % size_ == 0, "tensor-parallel reduce-scatter of ", x.size(dim),
+              " rows over ", size_, " ranks");
+  const torch::Tensor slots = torch::stack(x.chunk(size_, dim), 0);
+  const torch::Tensor summed = Run(slots, "reduce-scatter", &Transport::ReduceScatterSum);
+  return summed[index_].contiguous();
+}
+
+}  // namespace varipipe::executor
