@@ -15,19 +15,29 @@
 
 namespace varipipe::executor {
 
+namespace {
+
+// The group of a layer without tensor parallelism.
+const TensorGroup& SingleRank() {
+  static const TensorGroup* const kGroup = new TensorGroup();
+  return *kGroup;
+}
+
+}  // namespace
+
 TransformerLayer::TransformerLayer(const ModelSpec& spec, ModelComponent component, int64_t index,
                                    int64_t total_layers, const TensorGroup* tensor)
-    : tensor_(tensor),
+    : tensor_(tensor != nullptr ? tensor : &SingleRank()),
       hidden_(spec.hidden_size),
-      heads_(spec.num_attention_heads / tensor->size()),
+      heads_(spec.num_attention_heads / tensor_->size()),
       llama_(spec.llama),
       t5v11_(spec.t5v11),
       kv_heads_((spec.llama ? spec.num_key_value_heads : spec.num_attention_heads) /
-                tensor->size()),
+                tensor_->size()),
       norm_epsilon_(spec.norm_epsilon),
       cross_attention_(component == ModelComponent::kDecoderLayer),
       fused_attention_(spec.attention_kernel == v1::FUSED) {
-  TORCH_CHECK(tensor->size() == spec.tensor_parallel, "a tensor group of ", tensor->size(),
+  TORCH_CHECK(tensor_->size() == spec.tensor_parallel, "a tensor group of ", tensor_->size(),
               " ranks for a model of tensor-parallel degree ", spec.tensor_parallel);
   Initializer init(spec.seed, component, index);
   const double output_stddev = kInitStddev / std::sqrt(2.0 * static_cast<double>(total_layers));

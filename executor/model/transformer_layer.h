@@ -33,10 +33,10 @@ class TransformerLayer : public torch::nn::Module {
   // `component` is kEncoderLayer (GPT, T5 encoder) or kDecoderLayer (T5
   // decoder, which adds cross-attention); `index` the global layer index;
   // `total_layers` scales the residual output projections. `tensor` (not
-  // owned, outlives the layer) is the rank's tensor group; its size is
-  // spec.tensor_parallel.
+  // owned, outlives the layer) is the rank's tensor group, whose size is
+  // spec.tensor_parallel; null: a group of one.
   TransformerLayer(const ModelSpec& spec, ModelComponent component, int64_t index,
-                   int64_t total_layers, const TensorGroup* tensor);
+                   int64_t total_layers, const TensorGroup* tensor = nullptr);
 
   // x [b, s, hidden]; self_mask [b, 1, s, s] or undefined for causal
   // (attention_mask.h, SelfAttentionMaskFor); for decoder layers `memory`

@@ -11,6 +11,22 @@ namespace {
 
 constexpr double kMaskBytes = 1;  // dropout masks are stored as bytes
 constexpr double kStatBytes = 4;  // FlashAttention's row statistics are fp32
+// One step of a tensor group's ring collective: a kernel launch and a hop on
+// the node's link (NVLink-class latency).
+constexpr double kTensorStepLatencyUs = 5;
+// The executor's tensor collectives move fp32 (tensor_group.h).
+constexpr double kTensorCollectiveBytes = 4;
+
+// The vocabulary rows of the busiest tensor rank (executor/model/
+// tensor_shard.h: ceil(V / t) each, the last rank the rest).
+double VocabRows(const ModelDims& d, double t) {
+  return std::ceil(static_cast<double>(d.vocab) / t);
+}
+
+// The divisor of what sequence parallelism splits along the sequence.
+double SequenceDivisor(uint32_t tp, bool sequence_parallel) {
+  return sequence_parallel && tp > 1 ? static_cast<double>(tp) : 1.0;
+}
 
 // Stored bytes of one attention block with queries over s_q and keys/values
 // over s_kv (self-attention: s_q == s_kv), Korthikanti et al. Table 2
@@ -25,19 +41,20 @@ constexpr double kStatBytes = 4;  // FlashAttention's row statistics are fp32
 // score tensor, only one fp32 logsumexp per query row and head,
 // 4*a*s_q*b/t; its output is the output projection input counted above.
 // Cross-attention also keeps the encoder output (K/V projection input)
-// B*s_kv*b*h.
+// B*s_kv*b*h. `r` divides what sequence parallelism splits (r = t, else 1):
+// the LayerNorm input and the output dropout mask.
 double AttentionStored(const ModelDims& d, Recompute recompute, double b, double s_q, double s_kv,
-                       bool cross, double t) {
+                       bool cross, double t, double r) {
   const double B = d.dtype_bytes;
   const double h = d.hidden;
   const double A = static_cast<double>(d.attention_width());
   const double a = d.heads;
-  double bytes = B * s_q * b * h              // LayerNorm input
-                 + B * s_q * b * h            // QKV (or Q) projection input
-                 + B * s_q * b * A / t        // Q
-                 + 2 * B * s_kv * b * A / t   // K, V
-                 + B * s_q * b * A / t        // output projection input
-                 + kMaskBytes * s_q * b * h;  // output dropout mask
+  double bytes = B * s_q * b * h / r              // LayerNorm input
+                 + B * s_q * b * h                // QKV (or Q) projection input
+                 + B * s_q * b * A / t            // Q
+                 + 2 * B * s_kv * b * A / t       // K, V
+                 + B * s_q * b * A / t            // output projection input
+                 + kMaskBytes * s_q * b * h / r;  // output dropout mask
   if (cross) bytes += B * s_kv * b * h;       // encoder output, K/V projection input
   if (d.attention_kernel == AttentionKernel::kFused) {
     bytes += kStatBytes * a * s_q * b / t;  // logsumexp per query row
@@ -47,11 +64,12 @@ double AttentionStored(const ModelDims& d, Recompute recompute, double b, double
   return bytes;
 }
 
-// Stored bytes of the MLP block: LayerNorm input, fc1 input, GeLU input and
-// output (ffn wide), dropout mask.
-double MlpStored(const ModelDims& d, double b, double s, double t) {
+// Stored bytes of the MLP block: LayerNorm input (/r), fc1 input, GeLU input
+// and output (ffn wide), dropout mask (/r).
+double MlpStored(const ModelDims& d, double b, double s, double t, double r) {
   const double B = d.dtype_bytes;
-  return 2 * B * s * b * d.hidden + 2 * B * s * b * d.ffn / t + kMaskBytes * s * b * d.hidden;
+  return B * s * b * d.hidden / r + B * s * b * d.hidden + 2 * B * s * b * d.ffn / t +
+         kMaskBytes * s * b * d.hidden / r;
 }
 
 // LLAMA (docs/models.md, "The LLAMA layer"): the same terms for its blocks,
@@ -75,13 +93,14 @@ double MlpStored(const ModelDims& d, double b, double s, double t) {
 // An implementation that repeats K and V to all `a` heads before the core
 // (rather than grouping the query heads over each key/value head) keeps
 // A-wide copies instead; a measured profile records what the executor keeps.
-double LlamaAttentionStored(const ModelDims& d, Recompute recompute, double b, double s, double t) {
+double LlamaAttentionStored(const ModelDims& d, Recompute recompute, double b, double s, double t,
+                            double r) {
   const double B = d.dtype_bytes;
   const double h = d.hidden;
   const double A = static_cast<double>(d.attention_width());
   const double K = static_cast<double>(d.kv_width());
   const double a = d.heads;
-  double bytes = B * s * b * h            // RMSNorm input
+  double bytes = B * s * b * h / r        // RMSNorm input
                  + B * s * b * h          // q/k/v projection input
                  + B * s * b * A / t      // Q
                  + 2 * B * s * b * K / t  // K, V
@@ -94,11 +113,11 @@ double LlamaAttentionStored(const ModelDims& d, Recompute recompute, double b, d
   return bytes;
 }
 
-double LlamaMlpStored(const ModelDims& d, double b, double s, double t) {
+double LlamaMlpStored(const ModelDims& d, double b, double s, double t, double r) {
   const double B = d.dtype_bytes;
-  // RMSNorm input, gate/up input; gate output, silu output, up output,
+  // RMSNorm input (/r), gate/up input; gate output, silu output, up output,
   // their product.
-  return 2 * B * s * b * d.hidden + 4 * B * s * b * d.ffn / t;
+  return B * s * b * d.hidden / r + B * s * b * d.hidden + 4 * B * s * b * d.ffn / t;
 }
 
 // T5V11 (docs/models.md, "The T5V11 layers"): the self-attention block and
@@ -118,12 +137,12 @@ double LlamaMlpStored(const ModelDims& d, double b, double s, double t) {
 //   B*s*b*A/t; score path (explicit kernel, no selective recomputation):
 //   the softmax output B*a*s*e*b/t; fused kernel: the logsumexp 4*a*s*b/t.
 double T5V11CrossAttentionStored(const ModelDims& d, Recompute recompute, double b, double s,
-                                 double e, double t) {
+                                 double e, double t, double r) {
   const double B = d.dtype_bytes;
   const double h = d.hidden;
   const double A = static_cast<double>(d.attention_width());
   const double a = d.heads;
-  double bytes = B * s * b * h            // RMSNorm input
+  double bytes = B * s * b * h / r        // RMSNorm input
                  + B * s * b * h          // xq projection input
                  + B * e * b * h          // encoder output, xk/xv projection input
                  + B * s * b * A / t      // Q
@@ -183,19 +202,45 @@ double FusedRecomputeFlops(const ModelDims& d, double b, double s, double encode
   return flops;
 }
 
+// The tensor group's collectives of one layer (Megatron's f and g, figure
+// 3 of Shoeybi et al.): forward, g after each branch's row-parallel output
+// projection (self-attention, MLP, and a decoder's cross-attention), all on
+// b * s * h values; backward, f on each branch's input (the same), and a
+// decoder's f on the encoder output, b * encoder_s * h values. Sequence
+// parallelism's all-gather and reduce-scatter pairs move the same bytes.
+struct LayerCommunication {
+  double forward_ms = 0;
+  double backward_ms = 0;
+};
+LayerCommunication TensorCommunication(const ModelDims& d, const TensorLink& link, uint32_t t,
+                                       double b, double s, double encoder_s, bool decoder) {
+  const double branch = TensorAllReduceMs(link, t, kTensorCollectiveBytes * b * s * d.hidden);
+  const double branches = decoder ? 3 : 2;
+  LayerCommunication c{.forward_ms = branches * branch, .backward_ms = branches * branch};
+  if (decoder) {
+    c.backward_ms += TensorAllReduceMs(link, t, kTensorCollectiveBytes * b * encoder_s * d.hidden);
+  }
+  return c;
+}
+
 CostValues LayerCost(const ModelDims& d, const Hardware& hw, Recompute recompute, double t,
-                     double b, double s, double encoder_s, bool decoder) {
+                     double b, double s, double encoder_s, bool decoder, const TensorLink& link) {
   const bool fused = d.attention_kernel == AttentionKernel::kFused;
-  const double stored_none = decoder
-                                 ? DecoderLayerStoredBytes(d, Recompute::kNone, b, s, encoder_s, t)
-                                 : EncoderLayerStoredBytes(d, Recompute::kNone, b, s, t);
-  const double stored = decoder ? DecoderLayerStoredBytes(d, recompute, b, s, encoder_s, t)
-                                : EncoderLayerStoredBytes(d, recompute, b, s, t);
+  const uint32_t tp = static_cast<uint32_t>(t);
+  const bool sp = link.sequence_parallel;
+  const double stored_none =
+      decoder ? DecoderLayerStoredBytes(d, Recompute::kNone, b, s, encoder_s, tp, sp)
+              : EncoderLayerStoredBytes(d, Recompute::kNone, b, s, tp, sp);
+  const double stored = decoder ? DecoderLayerStoredBytes(d, recompute, b, s, encoder_s, tp, sp)
+                                : EncoderLayerStoredBytes(d, recompute, b, s, tp, sp);
   const double tokens = b * s;
   const double overhead_ms = hw.layer_overhead_us * 1e-3;
-  const double forward_ms = LayerMatrixMs(d, hw, t, b, s, encoder_s, decoder) +
+  const LayerCommunication communication =
+      TensorCommunication(d, link, tp, b, s, encoder_s, decoder);
+  const double compute_ms = LayerMatrixMs(d, hw, t, b, s, encoder_s, decoder) +
                             MemoryMs(hw, ElementwiseBytes(stored_none)) + overhead_ms;
-  double backward_ms = 2 * (forward_ms - overhead_ms) + overhead_ms;
+  const double forward_ms = compute_ms + communication.forward_ms;
+  double backward_ms = 2 * (compute_ms - overhead_ms) + overhead_ms + communication.backward_ms;
   if (fused) {
     backward_ms += MatrixMs(hw, d, FusedRecomputeFlops(d, b, s, encoder_s, decoder, t), tokens);
   }
@@ -230,7 +275,8 @@ CostValues LayerCost(const ModelDims& d, const Hardware& hw, Recompute recompute
       break;
     }
     case Recompute::kFull:
-      // Rerun the whole forward pass, materialising its activations.
+      // Rerun the whole forward pass (its collectives included),
+      // materialising its activations.
       backward_ms += forward_ms;
       peak = stored + stored_none + transient;
       break;
@@ -264,11 +310,24 @@ CostValues AttentionCoreCost(const ModelDims& d, const Hardware& hw, double t, d
   return {forward_ms, backward_ms, stored, stored + transient};
 }
 
-CostValues EmbeddingCost(const ModelDims& d, const Hardware& hw, double t, double b, double s) {
+CostValues LocalEmbeddingCost(const ModelDims& d, const Hardware& hw, double b, double s);
+CostValues LocalPostprocessCost(const ModelDims& d, const Hardware& hw, double t, double b,
+                                double s);
+
+// Vocabulary-parallel (t > 1): the ranks' partial rows are all-reduced in
+// the forward pass (g).
+CostValues EmbeddingCost(const ModelDims& d, const Hardware& hw, double t, double b, double s,
+                         const TensorLink& link) {
+  CostValues c = LocalEmbeddingCost(d, hw, b, s);
+  c.forward_ms +=
+      TensorAllReduceMs(link, static_cast<uint32_t>(t), kTensorCollectiveBytes * b * s * d.hidden);
+  return c;
+}
+
+CostValues LocalEmbeddingCost(const ModelDims& d, const Hardware& hw, double b, double s) {
   const double B = d.dtype_bytes;
   const double out = B * b * s * d.hidden;  // embedding output (vocab-parallel: full width)
   const double overhead_ms = hw.layer_overhead_us * 1e-3;
-  (void)t;
   if (!d.position_table()) {
     // LLAMA and T5V11 (each stack's first stage looks its tokens up in the
     // one word_embedding): no position table and no dropout: the forward
@@ -288,7 +347,21 @@ CostValues EmbeddingCost(const ModelDims& d, const Hardware& hw, double t, doubl
   return {forward_ms, backward_ms, stored, stored + out};
 }
 
-CostValues PostprocessCost(const ModelDims& d, const Hardware& hw, double t, double b, double s) {
+// The vocabulary-parallel head and loss (t > 1): f on the head's input in
+// the backward pass (b * s * h values); the loss all-gathers one
+// log-sum-exp and all-reduces one target logit per token (an all-reduce of
+// 2 * b * s values bounds both).
+CostValues PostprocessCost(const ModelDims& d, const Hardware& hw, double t, double b, double s,
+                           const TensorLink& link) {
+  CostValues c = LocalPostprocessCost(d, hw, t, b, s);
+  const uint32_t tp = static_cast<uint32_t>(t);
+  c.forward_ms += TensorAllReduceMs(link, tp, kTensorCollectiveBytes * 2 * b * s);
+  c.backward_ms += TensorAllReduceMs(link, tp, kTensorCollectiveBytes * b * s * d.hidden);
+  return c;
+}
+
+CostValues LocalPostprocessCost(const ModelDims& d, const Hardware& hw, double t, double b,
+                                double s) {
   const double logits = 4.0 * b * s * d.vocab / t;  // fp32 logits for the loss
   const double flops = 2 * b * s * d.hidden * static_cast<double>(d.vocab) / t;
   const double overhead_ms = hw.layer_overhead_us * 1e-3;
@@ -357,28 +430,37 @@ double T5V11FusedBiasStored(const ModelDims& d, double b, double s, double t) {
 }
 
 double EncoderLayerStoredBytes(const ModelDims& d, Recompute recompute, double b, double s,
-                               uint32_t tp) {
-  if (recompute == Recompute::kFull) return d.dtype_bytes * s * b * d.hidden;  // layer input
+                               uint32_t tp, bool sequence_parallel) {
+  const double r = SequenceDivisor(tp, sequence_parallel);
+  if (recompute == Recompute::kFull) return d.dtype_bytes * s * b * d.hidden / r;  // layer input
   // T5V11's encoder layer keeps what a multi-head LLAMA layer keeps (K = A).
   if (!d.megatron()) {
-    return LlamaAttentionStored(d, recompute, b, s, tp) + LlamaMlpStored(d, b, s, tp) +
+    return LlamaAttentionStored(d, recompute, b, s, tp, r) + LlamaMlpStored(d, b, s, tp, r) +
            T5V11FusedBiasStored(d, b, s, tp);
   }
-  return AttentionStored(d, recompute, b, s, s, false, tp) + MlpStored(d, b, s, tp);
+  return AttentionStored(d, recompute, b, s, s, false, tp, r) + MlpStored(d, b, s, tp, r);
 }
 
 double DecoderLayerStoredBytes(const ModelDims& d, Recompute recompute, double b, double s,
-                               double encoder_s, uint32_t tp) {
+                               double encoder_s, uint32_t tp, bool sequence_parallel) {
+  const double r = SequenceDivisor(tp, sequence_parallel);
   if (recompute == Recompute::kFull) {
-    return d.dtype_bytes * b * (s + encoder_s) * d.hidden;  // decoder input, encoder output
+    // The decoder input (the rank's part of it), the whole encoder output.
+    return d.dtype_bytes * b * (s / r + encoder_s) * d.hidden;
   }
   if (d.t5v11()) {
-    return LlamaAttentionStored(d, recompute, b, s, tp) +
-           T5V11CrossAttentionStored(d, recompute, b, s, encoder_s, tp) +
-           LlamaMlpStored(d, b, s, tp) + T5V11FusedBiasStored(d, b, s, tp);
+    return LlamaAttentionStored(d, recompute, b, s, tp, r) +
+           T5V11CrossAttentionStored(d, recompute, b, s, encoder_s, tp, r) +
+           LlamaMlpStored(d, b, s, tp, r) + T5V11FusedBiasStored(d, b, s, tp);
   }
-  return AttentionStored(d, recompute, b, s, s, false, tp) +
-         AttentionStored(d, recompute, b, s, encoder_s, true, tp) + MlpStored(d, b, s, tp);
+  return AttentionStored(d, recompute, b, s, s, false, tp, r) +
+         AttentionStored(d, recompute, b, s, encoder_s, true, tp, r) + MlpStored(d, b, s, tp, r);
+}
+
+double TensorAllReduceMs(const TensorLink& link, uint32_t t, double bytes) {
+  if (t <= 1 || link.gbps <= 0) return 0;
+  const double steps = 2.0 * (t - 1);
+  return steps / t * bytes / (link.gbps * 1e9) * 1e3 + steps * kTensorStepLatencyUs * 1e-3;
 }
 
 double ComponentParameters(const ModelDims& d, Component component, uint32_t tp,
@@ -389,7 +471,6 @@ double ComponentParameters(const ModelDims& d, Component component, uint32_t tp,
   const double f = d.ffn;
   if (d.llama()) {
     const double K = static_cast<double>(d.kv_width());
-    const double V = d.vocab;
     switch (component) {
       case Component::kEncoderLayer:
         // q [A, h], k and v [K, h], o [h, A]; gate and up [f, h], down
@@ -399,7 +480,7 @@ double ComponentParameters(const ModelDims& d, Component component, uint32_t tp,
         return 0;  // LLAMA is decoder-only: no T5 decoder layers
       case Component::kEmbedding:
         // Token embedding only: rotary positions have no parameters.
-        return V * h / t;
+        return VocabRows(d, t) * h;
       case Component::kPostprocess:
         // The final RMSNorm and the untied head [V, h] on the last stage.
         // A tied head is word_embedding itself: on one stage the one tensor
@@ -407,14 +488,13 @@ double ComponentParameters(const ModelDims& d, Component component, uint32_t tp,
         // embedding, not twice; across stages the last stage's replica is
         // added by the memory model (StageLayout::tied_embedding_replica),
         // so model totals still count the embedding once.
-        return (d.tied_embeddings ? 0.0 : V * h / t) + h;
+        return (d.tied_embeddings ? 0.0 : VocabRows(d, t) * h) + h;
       case Component::kAttentionCore:
         return 0;  // part of a layer
     }
     return 0;
   }
   if (d.t5v11()) {
-    const double V = d.vocab;
     // Self-attention q, k, v [A, h], o [h, A]; gate and up [f, h], down
     // [h, f]; no biases.
     const double self_and_mlp = (4 * h * A + 3 * h * f) / t;
@@ -428,12 +508,12 @@ double ComponentParameters(const ModelDims& d, Component component, uint32_t tp,
         // word_embedding, no position table. One tensor for both stacks:
         // the first decoder stage's replica (another stage at pipeline > 1)
         // is the memory model's (StageLayout::shared_word_embedding).
-        return V * h / t;
+        return VocabRows(d, t) * h;
       case Component::kPostprocess:
         // The untied head [V, h] and the final RMSNorm. The relative bias
         // tables and the encoder's final RMSNorm belong to stages, not to
         // a component (StageLayout).
-        return V * h / t + h;
+        return VocabRows(d, t) * h + h;
       case Component::kAttentionCore:
         return 0;
     }
@@ -451,11 +531,11 @@ double ComponentParameters(const ModelDims& d, Component component, uint32_t tp,
     case Component::kEmbedding:
       // Token embedding (vocabulary split over tensor-parallel ranks) and
       // learned position embedding (replicated).
-      return static_cast<double>(d.vocab) * h / t + static_cast<double>(positions) * h;
+      return VocabRows(d, t) * h + static_cast<double>(positions) * h;
     case Component::kPostprocess:
       // The LM head (a copy of the tied embedding on the last stage) and the
       // final LayerNorm.
-      return static_cast<double>(d.vocab) * h / t + 2 * h;
+      return VocabRows(d, t) * h + 2 * h;
     case Component::kAttentionCore:
       return 0;
   }
@@ -464,17 +544,17 @@ double ComponentParameters(const ModelDims& d, Component component, uint32_t tp,
 
 CostValues AnalyticComponentCost(const ModelDims& dims, const Hardware& hw, Component component,
                                  Recompute recompute, uint32_t tensor_parallel, double b, double s,
-                                 double encoder_s) {
+                                 double encoder_s, const TensorLink& link) {
   const double t = tensor_parallel;
   switch (component) {
     case Component::kEncoderLayer:
-      return LayerCost(dims, hw, recompute, t, b, s, 0, false);
+      return LayerCost(dims, hw, recompute, t, b, s, 0, false, link);
     case Component::kDecoderLayer:
-      return LayerCost(dims, hw, recompute, t, b, s, encoder_s, true);
+      return LayerCost(dims, hw, recompute, t, b, s, encoder_s, true, link);
     case Component::kEmbedding:
-      return EmbeddingCost(dims, hw, t, b, s);
+      return EmbeddingCost(dims, hw, t, b, s, link);
     case Component::kPostprocess:
-      return PostprocessCost(dims, hw, t, b, s);
+      return PostprocessCost(dims, hw, t, b, s, link);
     case Component::kAttentionCore:
       (void)recompute;  // tabulated without recomputation (cost_model.h)
       return AttentionCoreCost(dims, hw, t, b, s);
@@ -530,7 +610,8 @@ absl::StatusOr<CostModel> BuildAnalyticCostModel(const ModelDims& dims, const Ha
         for (uint32_t b : b_axis) {
           for (uint32_t e : decoder ? s_axis : std::vector<uint32_t>{0}) {
             for (uint32_t s : s_axis) {
-              values.push_back(AnalyticComponentCost(dims, hw, c, mode, tp, b, s, e));
+              values.push_back(
+                  AnalyticComponentCost(dims, hw, c, mode, tp, b, s, e, options.tensor_link));
             }
           }
         }
@@ -547,8 +628,11 @@ absl::StatusOr<CostModel> BuildAnalyticCostModel(const ModelDims& dims, const Ha
   // The position embedding has one row per position up to the job's longest
   // sequence (options.max_seq_len, before rounding to the grid); LLAMA has
   // none (ComponentParameters ignores the count).
-  for (Component c : components) {
-    model.SetParameters(c, ComponentParameters(dims, c, 1, options.max_seq_len));
+  for (uint32_t tp : options.tensor_parallel_degrees) {
+    for (Component c : components) {
+      model.SetParameters(c, ComponentParameters(dims, c, tp, options.max_seq_len), tp);
+      model.SetParameters(c, ComponentParameters(dims, c, 1, options.max_seq_len), 1);
+    }
   }
   model.set_profiled_dims(dims);
   return model;

@@ -26,13 +26,25 @@
 
 namespace varipipe::planner {
 
+// How a tensor group talks (docs/cost-model.md, "Tensor parallelism"): its
+// link, which carries the layers' all-reduces (ring: 2 (t - 1) / t of the
+// bytes each way, 2 (t - 1) steps of latency; sequence parallelism's
+// all-gather and reduce-scatter move the same bytes), and whether the norms
+// and residual stream hold 1/t of the sequence. The executor's collectives
+// run in fp32 whatever the model dtype.
+struct TensorLink {
+  double gbps = 0;  // 0: communication is free (tensor_parallel 1 never communicates)
+  bool sequence_parallel = false;
+};
+
 struct AnalyticGridOptions {
   // The grid covers micro-batch sizes up to this (rounded up to a power of
   // two) and sequence lengths up to max_seq_len (likewise; at least 8).
   uint32_t max_micro_batch_size = 8192;
   uint32_t max_seq_len = 2048;
-  // Tensor-parallel degrees to tabulate.
+  // Tensor-parallel degrees to tabulate, and the tensor group's link.
   std::vector<uint32_t> tensor_parallel_degrees = {1};
+  TensorLink tensor_link;
 };
 
 // Exact analytic costs of one component for one micro-batch (no grid).
@@ -40,17 +52,25 @@ struct AnalyticGridOptions {
 // (cross-attention) only.
 CostValues AnalyticComponentCost(const ModelDims& dims, const Hardware& hw, Component component,
                                  Recompute recompute, uint32_t tensor_parallel, double b, double s,
-                                 double encoder_s);
+                                 double encoder_s, const TensorLink& link = {});
+
+// Milliseconds of one ring all-reduce of `bytes` over `t` ranks on `link`
+// (0 for one rank or a free link).
+double TensorAllReduceMs(const TensorLink& link, uint32_t t, double bytes);
 
 // Forward matrix FLOPs of one layer (no recomputation).
 double EncoderLayerForwardFlops(const ModelDims& dims, double b, double s, uint32_t tp);
 double DecoderLayerForwardFlops(const ModelDims& dims, double b, double s, double encoder_s,
                                 uint32_t tp);
-// Activation bytes one layer keeps for its backward pass.
+// Activation bytes one layer keeps for its backward pass; with
+// `sequence_parallel` (and tp > 1) the norms' inputs, the dropout masks and a
+// fully recomputed layer's input hold 1/tp of the sequence (Korthikanti et
+// al. 2022, section 4.2.2). The column-parallel projections' gathered inputs
+// stay whole: the executor keeps them for the weight gradients.
 double EncoderLayerStoredBytes(const ModelDims& dims, Recompute recompute, double b, double s,
-                               uint32_t tp);
+                               uint32_t tp, bool sequence_parallel = false);
 double DecoderLayerStoredBytes(const ModelDims& dims, Recompute recompute, double b, double s,
-                               double encoder_s, uint32_t tp);
+                               double encoder_s, uint32_t tp, bool sequence_parallel = false);
 // Parameters of one instance of a component at tensor-parallel degree tp,
 // as the executor's model holds them (executor/model/): the embedding has
 // `positions` learned position rows besides the vocabulary's (MEGATRON; LLAMA

@@ -1,5 +1,7 @@
 #include "planner/cost/cost_model.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -19,6 +21,16 @@ const char* ComponentName(Component component) {
       return "attention core";
   }
   return "unknown";
+}
+
+double CostModel::Parameters(Component component, uint32_t tensor_parallel) const {
+  const int c = static_cast<int>(component);
+  if (const auto it = parameters_.find({c, tensor_parallel}); it != parameters_.end()) {
+    return it->second;
+  }
+  const auto whole = parameters_.find({c, 1u});
+  if (whole == parameters_.end()) return 0;
+  return whole->second / std::max<uint32_t>(1, tensor_parallel);
 }
 
 absl::Status CostModel::SetGrid(Component component, Recompute recompute, uint32_t tensor_parallel,

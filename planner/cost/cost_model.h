@@ -73,11 +73,16 @@ class CostModel {
   const ProfileGrid* Grid(Component component, Recompute recompute, uint32_t tensor_parallel) const;
 
   // Parameters of one instance of the component (one layer; the whole
-  // embedding; the LM head) at this tensor-parallel degree.
-  void SetParameters(Component component, double parameters) {
-    parameters_[static_cast<int>(component)] = parameters;
+  // embedding; the LM head) on one tensor rank at tensor-parallel degree
+  // `tensor_parallel` (the busiest rank's part: a vocabulary the degree does
+  // not divide leaves the first ranks one row more). A degree with no count
+  // of its own is derived from the unsharded count divided by the degree
+  // (which also divides the replicated norms, a small underestimate), 0
+  // when there is none.
+  void SetParameters(Component component, double parameters, uint32_t tensor_parallel = 1) {
+    parameters_[{static_cast<int>(component), tensor_parallel}] = parameters;
   }
-  double Parameters(Component component) const { return parameters_[static_cast<int>(component)]; }
+  double Parameters(Component component, uint32_t tensor_parallel = 1) const;
 
   // Recompute modes with every grid `kind` needs at `tensor_parallel`.
   std::vector<Recompute> CompleteRecomputeModes(ModelKind kind, uint32_t tensor_parallel) const;
@@ -131,7 +136,7 @@ class CostModel {
 
  private:
   std::map<Key, ProfileGrid> grids_;
-  std::array<double, kNumComponents> parameters_{};
+  std::map<std::pair<int, uint32_t>, double> parameters_;  // by (component, degree)
   std::string description_;
   std::optional<ModelDims> profiled_dims_;
   std::optional<CommunicationCosts> communication_;

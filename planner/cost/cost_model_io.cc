@@ -350,6 +350,9 @@ absl::StatusOr<CostModel> CostModelForJob(const v1::JobConfig& config) {
                          uint64_t{1} << 20);
   options.max_micro_batch_size = static_cast<uint32_t>(std::max<uint64_t>(1, most));
   options.tensor_parallel_degrees = {config.parallelism().tensor()};
+  // A tensor group sits on one node (common/config/rank_layout.h).
+  options.tensor_link = {.gbps = config.cluster().intra_node_bandwidth_gbps(),
+                         .sequence_parallel = config.parallelism().sequence_parallel()};
   return BuildAnalyticCostModel(dims, hardware, options);
 }
 

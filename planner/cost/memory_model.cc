@@ -38,12 +38,15 @@ uint32_t StageLayout::StageDecoderLayers(uint32_t stage, uint32_t stages) const 
 }
 
 absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipeline,
-                                            uint32_t virtual_chunks, const LayerLayout* layers) {
-  if (pipeline == 0 || virtual_chunks == 0) {
-    return absl::InvalidArgumentError("pipeline degree and virtual chunks must be at least 1");
+                                            uint32_t virtual_chunks, const LayerLayout* layers,
+                                            uint32_t tensor_parallel) {
+  if (pipeline == 0 || virtual_chunks == 0 || tensor_parallel == 0) {
+    return absl::InvalidArgumentError(
+        "pipeline degree, virtual chunks and tensor-parallel degree must be at least 1");
   }
   StageLayout layout;
   layout.devices = pipeline;
+  layout.tensor_parallel = tensor_parallel;
   layout.virtual_chunks = virtual_chunks;
   layout.encoder_decoder = dims.encoder_decoder();
   layout.encoder_layers = dims.encoder_layers;
@@ -51,8 +54,11 @@ absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipe
   layout.tied_embedding_replica = dims.tied_embeddings && pipeline * virtual_chunks > 1;
   if (dims.t5v11()) {
     layout.shared_word_embedding = true;
-    layout.encoder_device_parameters = static_cast<double>(dims.relative_bias_parameters());
-    layout.decoder_device_parameters = static_cast<double>(dims.relative_bias_parameters());
+    // The bias tables split their heads over the tensor ranks.
+    layout.encoder_device_parameters =
+        static_cast<double>(dims.relative_bias_parameters()) / tensor_parallel;
+    layout.decoder_device_parameters =
+        static_cast<double>(dims.relative_bias_parameters()) / tensor_parallel;
     layout.last_encoder_device_parameters = dims.hidden;
     layout.position_bias_split_bytes = 4.0 * dims.heads;  // fp32, from the fp32 table
     layout.position_bias_replicated_bytes = 8;            // int64 bucket ids
@@ -108,16 +114,18 @@ absl::StatusOr<StageLayout> JobStageLayout(const v1::JobConfig& config) {
   absl::StatusOr<LayerLayout> layers = ConfiguredLayerLayout(config);
   if (!layers.ok()) return layers.status();
   return MakeStageLayout(dims, std::max(1u, config.parallelism().pipeline()),
-                         std::max(1u, config.parallelism().virtual_chunks()), &*layers);
+                         std::max(1u, config.parallelism().virtual_chunks()), &*layers,
+                         std::max(1u, config.parallelism().tensor()));
 }
 
 double ModelParameters(const CostModel& model, const StageLayout& layout) {
-  const double emb = model.Parameters(Component::kEmbedding);
+  const uint32_t t = layout.tensor_parallel;
+  const double emb = model.Parameters(Component::kEmbedding, t);
   // MEGATRON T5 has an embedding per stack; T5V11 shares one.
   const double embeddings = layout.encoder_decoder && !layout.shared_word_embedding ? 2 : 1;
-  return layout.encoder_layers * model.Parameters(Component::kEncoderLayer) +
-         layout.decoder_layers * model.Parameters(Component::kDecoderLayer) + embeddings * emb +
-         model.Parameters(Component::kPostprocess) + layout.encoder_device_parameters +
+  return layout.encoder_layers * model.Parameters(Component::kEncoderLayer, t) +
+         layout.decoder_layers * model.Parameters(Component::kDecoderLayer, t) + embeddings * emb +
+         model.Parameters(Component::kPostprocess, t) + layout.encoder_device_parameters +
          (layout.encoder_decoder ? layout.decoder_device_parameters : 0.0) +
          layout.last_encoder_device_parameters;
 }
@@ -145,10 +153,11 @@ absl::StatusOr<double> AvailableActivationBytes(const CostModel& model, const St
 }
 
 std::vector<double> ParametersPerDevice(const CostModel& model, const StageLayout& layout) {
-  const double enc = model.Parameters(Component::kEncoderLayer);
-  const double dec = model.Parameters(Component::kDecoderLayer);
-  const double emb = model.Parameters(Component::kEmbedding);
-  const double post = model.Parameters(Component::kPostprocess);
+  const uint32_t t = layout.tensor_parallel;
+  const double enc = model.Parameters(Component::kEncoderLayer, t);
+  const double dec = model.Parameters(Component::kDecoderLayer, t);
+  const double emb = model.Parameters(Component::kEmbedding, t);
+  const double post = model.Parameters(Component::kPostprocess, t);
   const uint32_t c = layout.devices;
   std::vector<double> params(c, 0);
   if (c == 1) {

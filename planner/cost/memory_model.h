@@ -43,6 +43,9 @@ ModelStateBytes ModelStatePerDevice(double parameter_count, ZeroStage zero, uint
 // the LM head (postprocess).
 struct StageLayout {
   uint32_t devices = 1;          // pipeline degree c
+  // Tensor-parallel degree: each device is one tensor rank holding its part
+  // of the stage (the cost model's parameters at this degree).
+  uint32_t tensor_parallel = 1;
   uint32_t virtual_chunks = 1;   // model chunks per device (interleaving)
   uint32_t encoder_devices = 1;  // T5: devices holding encoder layers (== devices for GPT)
   // The model's layers of each kind.
@@ -127,10 +130,12 @@ uint32_t LayersOnStage(uint32_t layers, uint32_t stages, uint32_t index);
 // The layout of `dims` over `pipeline` devices with `virtual_chunks` chunks
 // each: `layers` (pipeline * virtual_chunks stages, checked against the
 // model), or the even split when null. InvalidArgument naming the reason
-// when the layout does not fit the model.
+// when the layout does not fit the model. `tensor_parallel`: each device's
+// tensor rank holds 1/tensor_parallel of the sharded parameters.
 absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipeline,
                                             uint32_t virtual_chunks,
-                                            const LayerLayout* layers = nullptr);
+                                            const LayerLayout* layers = nullptr,
+                                            uint32_t tensor_parallel = 1);
 
 // The job's layout (ConfiguredLayerLayout: EVEN or LISTED; a planner
 // that chose an AUTO layout holds it as LISTED) over pipeline *

@@ -534,9 +534,10 @@ namespace {
 // pipeline), or the even split.
 absl::StatusOr<StageLayout> LayoutOf(const MicroBatchingOptions& o) {
   if (o.layers.stages() == 0 || o.pipeline == 0 || o.layers.stages() % o.pipeline != 0) {
-    return MakeStageLayout(o.dims, o.pipeline, o.virtual_chunks);
+    return MakeStageLayout(o.dims, o.pipeline, o.virtual_chunks, nullptr, o.tensor_parallel);
   }
-  return MakeStageLayout(o.dims, o.pipeline, o.layers.stages() / o.pipeline, &o.layers);
+  return MakeStageLayout(o.dims, o.pipeline, o.layers.stages() / o.pipeline, &o.layers,
+                         o.tensor_parallel);
 }
 
 }  // namespace

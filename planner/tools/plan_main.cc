@@ -35,6 +35,7 @@
 #include "planner/layout/stage_layout_search.h"
 #include "planner/method_summary.h"
 #include "planner/planner.h"
+#include "planner/tools/parallelism_search.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, config, "", "Job config (JSON, varipipe.v1.JobConfig). Required.");
@@ -63,6 +64,16 @@ ABSL_FLAG(std::string, emit_plans, "",
 ABSL_FLAG(std::string, model_from_hf, "",
           "Print the job's \"model\" section for a Hugging Face checkpoint (its config.json, or "
           "the directory holding it) and exit; --config is not needed. Llama-family models.");
+ABSL_FLAG(bool, search_parallelism, false,
+          "Rank every (tensor, pipeline, data) layout of --gpus GPUs for this job by predicted "
+          "real tokens/s on --iterations mini-batches, and say why each refused layout does not "
+          "work (tensor groups across nodes, degrees the model does not divide, memory).");
+ABSL_FLAG(int, gpus, 0,
+          "--search_parallelism: GPUs to lay out. Default: the config's pipeline x data x "
+          "tensor.");
+ABSL_FLAG(int, gpus_per_node, 0,
+          "--search_parallelism: GPUs per node (tensor groups stay within one). Default: "
+          "cluster.devices_per_node.");
 ABSL_FLAG(std::string, cost_model, "",
           "Cost model to use instead of planner.cost_model_path: the project's JSON format or a "
           "DynaPipe profile directory.");
@@ -76,6 +87,8 @@ constexpr char kUsage[] =
     "Usage: varipipe-plan --config job.json [--lengths lengths.csv] [--iterations N]\n"
     "                     [--first-iteration I] [--trace out.json] [--compare] [--json]\n"
     "                     [--emit-plans DIR] [--cost-model FILE] [--auto_layout]\n"
+    "       varipipe-plan --config job.json --search_parallelism [--gpus N]\n"
+    "                     [--gpus_per_node G] [--iterations N]\n"
     "       varipipe-plan --model_from_hf CHECKPOINT_DIR\n"
     "\n"
     "Mini-batches: the training sampler's (shuffled per epoch, as daemons and\n"
@@ -552,6 +565,60 @@ void PrintSummary(const Totals& totals) {
   }
 }
 
+// --search_parallelism: the layouts, fastest first, then the refused ones
+// with their reasons. Fails when none fits.
+int SearchParallelism(const Job& job, MiniBatchSource& source) {
+  const v1::ParallelismConfig& p = job.config.parallelism();
+  const int gpus = absl::GetFlag(FLAGS_gpus) > 0
+                       ? absl::GetFlag(FLAGS_gpus)
+                       : static_cast<int>(p.pipeline() * p.data() * std::max(1u, p.tensor()));
+  if (absl::GetFlag(FLAGS_gpus_per_node) < 0) {
+    return Fail(absl::InvalidArgumentError("--gpus_per_node must not be negative"), kExitUsage);
+  }
+  std::vector<planner::MiniBatch> sample;
+  const int64_t first = absl::GetFlag(FLAGS_first_iteration);
+  for (int k = 0; k < absl::GetFlag(FLAGS_iterations); ++k) {
+    sample.push_back(source.Next(static_cast<uint64_t>(first + k)));
+  }
+  planner::ParallelismSearchOptions options;
+  options.gpus = static_cast<uint32_t>(gpus);
+  options.gpus_per_node = static_cast<uint32_t>(absl::GetFlag(FLAGS_gpus_per_node));
+  options.progress = [](const planner::ParallelismCandidate& c) {
+    spdlog::info("{}: {}", c.layout.ToString(),
+                 c.feasible ? absl::StrFormat("%.0f real tokens/s", c.tokens_per_second)
+                            : "refused: " + c.reason);
+  };
+  spdlog::info("searching the layouts of {} GPUs ({} mini-batches each)", gpus, sample.size());
+  absl::StatusOr<std::vector<planner::ParallelismCandidate>> found =
+      planner::SearchParallelism(job.config, sample, options);
+  if (!found.ok()) return Fail(found.status(), kExitUsage);
+  std::printf("layouts of %d GPUs for %s (%s), mean over %zu mini-batches; fastest first:\n", gpus,
+              job.config.job_id().c_str(), job.config_path.c_str(), sample.size());
+  std::printf("  %-6s %-8s %-6s %16s %14s %8s %15s  %s\n", "tensor", "pipeline", "data",
+              "real tokens/s", "iteration ms", "bubble", "act. peak GiB", "schedule, recompute");
+  int feasible = 0;
+  for (const planner::ParallelismCandidate& c : *found) {
+    if (!c.feasible) continue;
+    ++feasible;
+    std::printf("  %-6u %-8u %-6u %16.0f %14.1f %7.1f%% %15.2f  %s, %s\n", c.layout.tensor,
+                c.layout.pipeline, c.layout.data, c.tokens_per_second, c.iteration_ms,
+                100 * c.bubble_fraction, c.peak_activation_bytes / (1 << 30), c.schedule.c_str(),
+                c.recompute.c_str());
+  }
+  std::printf("refused:\n");
+  for (const planner::ParallelismCandidate& c : *found) {
+    if (c.feasible) continue;
+    std::printf("  %-6u %-8u %-6u  %s\n", c.layout.tensor, c.layout.pipeline, c.layout.data,
+                c.reason.c_str());
+  }
+  if (feasible == 0) {
+    return Fail(absl::ResourceExhaustedError(
+                    absl::StrCat("no layout of ", gpus, " GPUs fits this job (reasons above)")),
+                kExitFailure);
+  }
+  return kExitOk;
+}
+
 // --model_from_hf: {"model": {...}} with the config's field names.
 int PrintModelFromHuggingFace(const std::string& path) {
   absl::StatusOr<v1::ModelConfig> model = ModelConfigFromHuggingFace(path);
@@ -579,6 +646,7 @@ int Run() {
   if (!planner.ok()) return Fail(planner.status(), kExitUsage);
   absl::StatusOr<MiniBatchSource> source = MiniBatchSource::Create(job.config, job.samples);
   if (!source.ok()) return Fail(source.status(), kExitUsage);
+  if (absl::GetFlag(FLAGS_search_parallelism)) return SearchParallelism(job, *source);
   if (absl::GetFlag(FLAGS_auto_layout) ||
       EffectiveLayoutMode(job.config.parallelism().stage_layout()) == v1::AUTO) {
     // As the daemons choose it: over the job's first mini-batches.

@@ -48,7 +48,6 @@
 #include "common/dataset/sample_dataset.h"
 #include "executor/model/model_spec.h"
 #include "executor/model/model_stage.h"
-#include "executor/model/tensor_shard.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/redis_server.h"
@@ -324,16 +323,6 @@ int SharedReplicas(const v1::JobConfig& config) {
   return replicas;
 }
 
-// Tensor index `index`'s part of each of `whole`'s parameters, as a rank of
-// a tensor group of `tensor` holds it (executor/model/tensor_shard.h).
-NamedTensors TensorPart(const NamedTensors& whole, int tensor, int index) {
-  NamedTensors part;
-  for (const auto& [name, t] : whole) {
-    part[name] = executor::ShardOf(t.detach(), executor::ShardOfParameter(name), tensor, index);
-  }
-  return part;
-}
-
 // Runs `plans` ([iteration][rank]) of `config` on threaded ranks (a fresh
 // redis-server for the rendezvous), recording the gradients.
 std::vector<RankRun> RunPlans(const v1::JobConfig& config,
@@ -456,7 +445,7 @@ std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& c
                                         << stats.grad_norm << " vs " << pass.grad_norm;
       worst_norm = std::max(worst_norm, norm_error);
       const TensorDifference d =
-          MaxRelativeDifference(ranks[r].gradients[it], TensorPart(whole_gradients, tp, index));
+          MaxRelativeDifference(ranks[r].gradients[it], TensorPartOf(whole_gradients, tp, index));
       EXPECT_LE(d.worst, kTolerance)
           << "rank " << r << " iteration " << it << ": gradient of " << d.worst_name;
       if (d.worst > worst_gradient) {
@@ -484,8 +473,8 @@ std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& c
   double worst_update = 0;
   for (size_t r = 0; r < ranks.size(); ++r) {
     const int index = static_cast<int>(r) % tp;
-    const NamedTensors final_part = TensorPart(reference.parameters(), tp, index);
-    const NamedTensors initial_part = TensorPart(initial, tp, index);
+    const NamedTensors final_part = TensorPartOf(reference.parameters(), tp, index);
+    const NamedTensors initial_part = TensorPartOf(initial, tp, index);
     const TensorDifference d = MaxRelativeDifference(ranks[r].parameters, final_part);
     EXPECT_LE(d.worst, kTolerance) << "rank " << r << ": parameter " << d.worst_name;
     worst_parameter = std::max(worst_parameter, d.worst);

@@ -70,6 +70,10 @@ struct EquivalenceCase {
   std::string method;       // planner.partition_methods
   std::string name;         // names the model, schedule and recompute mode
   uint32_t zero_stage = 0;  // training.zero_stage
+  // parallelism.tensor (2: pp = 2, dp = 1, the four processes two tensor
+  // groups) and sequence_parallel.
+  uint32_t tensor = 1;
+  bool sequence_parallel = false;
 };
 
 constexpr int kSgdIterations = 3;
@@ -78,14 +82,18 @@ class ProcessEquivalence : public ::testing::TestWithParam<EquivalenceCase> {};
 
 // The process-level subset of the equivalence matrix (the threaded matrix is
 // tests/executor/equivalence_test.cc): four varipipe-executor processes,
-// pp = 2, dp = 2, three plain-SGD steps (constant learning rate, no
-// clipping) against the independent reference model: every parameter within
-// 1e-5 relative on every rank. The zero-bubble cases split backwards into B
-// and W.
+// pp = 2, dp = 2 (tensor-parallel cases: pp = 2, tensor = 2, each rank
+// compared on its part of every parameter), three plain-SGD steps (constant
+// learning rate, no clipping) against the independent reference model: every
+// parameter within 1e-5 relative on every rank. The zero-bubble cases split
+// backwards into B and W.
 TEST_P(ProcessEquivalence, FourProcessesMatchTheReferenceAfterThreeSgdSteps) {
   const EquivalenceCase& c = GetParam();
   const bool t5 = c.t5;
   const bool recompute_full = c.recompute == "RECOMPUTE_FULL";
+  const int tensor = static_cast<int>(c.tensor);
+  const int data = 2 / tensor;
+  const int plan_ranks = 4 / tensor;  // one plan per pipeline rank
   absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
   ASSERT_THAT(redis, IsOk());
   const std::filesystem::path dir = FreshDirectory("equiv-" + c.name);
@@ -94,7 +102,9 @@ TEST_P(ProcessEquivalence, FourProcessesMatchTheReferenceAfterThreeSgdSteps) {
       R"(", "num_layers": 4, )", t5 ? R"("num_decoder_layers": 4, )" : "",
       R"("hidden_size": 32, "num_attention_heads": 4, "ffn_hidden_size": 64, "vocab_size": 61,
         "dtype": "FLOAT32"},
-      "parallelism": {"pipeline": 2, "data": 2},
+      "parallelism": {"pipeline": 2, "data": )",
+      data, R"(, "tensor": )", tensor, c.sequence_parallel ? R"(, "sequence_parallel": true)" : "",
+      R"(},
       "cluster": {"device_memory_limit_mib": )",
       (t5 && !recompute_full) || c.method == "PACKING" ? 8 : 4,
       R"(, "devices_per_node": 8},
@@ -127,7 +137,11 @@ TEST_P(ProcessEquivalence, FourProcessesMatchTheReferenceAfterThreeSgdSteps) {
   EXPECT_THAT(run.output, ::testing::HasSubstr(absl::StrCat(
                               "optimizer state ", c.zero_stage == 1 ? "sharded" : "whole")));
   EXPECT_THAT(run.output, ::testing::HasSubstr(absl::StrCat("(training.zero_stage ", c.zero_stage,
-                                                            ", data-parallel degree 2)")));
+                                                            ", data-parallel degree ", data, ")")));
+  if (tensor > 1) {
+    EXPECT_THAT(run.output, ::testing::HasSubstr(absl::StrCat("tensor parallelism: index 1 of ",
+                                                              tensor, " (global ranks 2,3)")));
+  }
 
   absl::StatusOr<v1::JobConfig> config = LoadJobConfigFile((dir / "job.json").string());
   ASSERT_THAT(config, IsOk());
@@ -142,7 +156,7 @@ TEST_P(ProcessEquivalence, FourProcessesMatchTheReferenceAfterThreeSgdSteps) {
   for (int it = 0; it < kSgdIterations; ++it) {
     std::vector<v1::ExecutionPlan> plans;
     int micro_batches = 0;
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < plan_ranks; ++r) {
       absl::StatusOr<v1::ExecutionPlan> p = executor::ReadPlanFile((dir / "plans").string(), it, r);
       ASSERT_THAT(p, IsOk());
       if (p->pp_rank() == 0) micro_batches += p->micro_batches_size();
@@ -167,13 +181,16 @@ TEST_P(ProcessEquivalence, FourProcessesMatchTheReferenceAfterThreeSgdSteps) {
   for (int r = 0; r < 4; ++r) {
     const testing::NamedTensors trained =
         testing::LoadParameters(dir / absl::StrFormat("params.rank_%05d.pt", r));
-    const testing::TensorDifference d =
-        testing::MaxRelativeDifference(trained, reference.parameters());
+    // Global rank r holds tensor index r % tensor's part.
+    const testing::NamedTensors final_part =
+        testing::TensorPartOf(reference.parameters(), tensor, r % tensor);
+    const testing::NamedTensors initial_part = testing::TensorPartOf(initial, tensor, r % tensor);
+    const testing::TensorDifference d = testing::MaxRelativeDifference(trained, final_part);
     testing::NamedTensors update;
     testing::NamedTensors reference_update;
     for (const auto& [name, p] : trained) {
-      update[name] = p - initial.at(name);
-      reference_update[name] = reference.parameters().at(name).detach() - initial.at(name);
+      update[name] = p - initial_part.at(name);
+      reference_update[name] = final_part.at(name) - initial_part.at(name);
     }
     const testing::TensorDifference u = testing::MaxRelativeDifference(update, reference_update);
     std::printf("rank %d: %d tensors, parameters %.3g (%s), updates %.3g (%s)\n", r, d.compared,
@@ -181,7 +198,8 @@ TEST_P(ProcessEquivalence, FourProcessesMatchTheReferenceAfterThreeSgdSteps) {
     EXPECT_LE(d.worst, 1e-5) << "rank " << r << ": " << d.worst_name;
     compared += d.compared;
   }
-  EXPECT_EQ(compared, 2 * static_cast<int>(reference.parameters().size()));
+  // Each replica's ranks hold every parameter once per tensor index.
+  EXPECT_EQ(compared, data * tensor * static_cast<int>(reference.parameters().size()));
   std::filesystem::remove_all(dir);
 }
 
@@ -212,7 +230,14 @@ INSTANTIATE_TEST_SUITE_P(
         EquivalenceCase{true, "ADAPTIVE_ZERO_BUBBLE", "RECOMPUTE_SELECTIVE", "DYNAMIC_PROGRAMMING",
                         "T5_AdaptiveZeroBubble_RecomputeSelective", 0},
         EquivalenceCase{false, "ZERO_BUBBLE_H1", "RECOMPUTE_NONE", "DYNAMIC_PROGRAMMING",
-                        "Gpt_ZeroBubbleH1_RecomputeNone_Zero1", 1}),
+                        "Gpt_ZeroBubbleH1_RecomputeNone_Zero1", 1},
+        // Tensor parallelism: two tensor groups of two processes, the
+        // pipeline's transfers between matching tensor ranks; with
+        // sequence parallelism and split backwards.
+        EquivalenceCase{false, "ONE_F_ONE_B", "RECOMPUTE_NONE", "DYNAMIC_PROGRAMMING",
+                        "Gpt_OneFOneB_RecomputeNone_Tp2", 0, 2},
+        EquivalenceCase{true, "ZERO_BUBBLE_H1", "RECOMPUTE_SELECTIVE", "DYNAMIC_PROGRAMMING",
+                        "T5_ZeroBubbleH1_RecomputeSelective_Tp2Sp", 0, 2, true}),
     [](const auto& info) { return info.param.name; });
 
 // training.init_from: four processes (pp = 2, dp = 2) start from the tiny

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "executor/model/tensor_shard.h"
 
 namespace varipipe::testing {
 namespace {
@@ -634,6 +635,14 @@ ReferencePass ReferenceModel::Gradients(const std::vector<ReferenceSample>& samp
 void ReferenceModel::SgdStep(const NamedTensors& gradients, double learning_rate) {
   torch::NoGradGuard no_grad;
   for (auto& [name, p] : parameters_) p.sub_(gradients.at(name) * learning_rate);
+}
+
+NamedTensors TensorPartOf(const NamedTensors& whole, int tensor, int index) {
+  NamedTensors part;
+  for (const auto& [name, t] : whole) {
+    part[name] = executor::ShardOf(t.detach(), executor::ShardOfParameter(name), tensor, index);
+  }
+  return part;
 }
 
 TensorDifference MaxRelativeDifference(const NamedTensors& a, const NamedTensors& b) {

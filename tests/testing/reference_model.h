@@ -123,6 +123,10 @@ struct TensorDifference {
 };
 TensorDifference MaxRelativeDifference(const NamedTensors& a, const NamedTensors& b);
 
+// Tensor index `index`'s part of each of `whole`'s parameters, as a rank of
+// a tensor group of `tensor` holds it (executor/model/tensor_shard.h).
+NamedTensors TensorPartOf(const NamedTensors& whole, int tensor, int index);
+
 }  // namespace varipipe::testing
 
 #endif  // VARIPIPE_TESTS_TESTING_REFERENCE_MODEL_H_
