@@ -9,7 +9,8 @@
 //   job.json: invalid job config:
 //     model.hidden_size: must be divisible by model.num_attention_heads
 //       (1000 % 12 = 4) unless model.kv_channels is set
-//     parallelism.tensor: only 1 is supported (got 2)
+//     parallelism.tensor: 3 must divide model.num_attention_heads (4): each
+//       tensor rank holds an equal part
 #ifndef VARIPIPE_COMMON_CONFIG_JOB_CONFIG_H_
 #define VARIPIPE_COMMON_CONFIG_JOB_CONFIG_H_
 

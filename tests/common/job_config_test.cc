@@ -324,8 +324,14 @@ INSTANTIATE_TEST_SUITE_P(
             "num_attention_heads": 4, "vocab_size": 1000},
   "parallelism": {"pipeline": 2, "data": 2, "virtual_chunks": 2})",
                 "parallelism.virtual_chunks: T5 runs without interleaving"},
-        BadCase{"TensorParallel", R"("data": 2)", R"("data": 2, "tensor": 2)",
-                "parallelism.tensor: only 1 is supported (got 2)"},
+        BadCase{"TensorDegreeDoesNotDivideTheHeads", R"("data": 2)", R"("data": 2, "tensor": 3)",
+                "parallelism.tensor: 3 must divide model.num_attention_heads (4): each tensor "
+                "rank holds an equal part"},
+        BadCase{"SequenceParallelWithoutTensorParallel", R"("data": 2)",
+                R"("data": 2, "sequence_parallel": true)",
+                "parallelism.sequence_parallel: needs parallelism.tensor above 1 (got 1)"},
+        BadCase{"TensorGroupLargerThanANode", R"("data": 2)", R"("data": 2, "tensor": 2048)",
+                "parallelism.tensor: must be at most 1024 (got 2048)"},
         BadCase{"TooManyStages", R"("pipeline": 2)", R"("pipeline": 8)",
                 "parallelism.pipeline: pipeline (8) x virtual_chunks (1) = 8 stages exceeds the "
                 "model's 4 layers"},

@@ -505,17 +505,26 @@ TEST(ExecutorTraining, FourPipelineRanksTrainTenIterations) {
 // left in Redis. Either an external redis-server (executors read the
 // password from the configured environment variable) or the daemon's
 // embedded one (executors read the daemon's --store_file).
-class ServicePath : public ::testing::TestWithParam<bool> {};
+// The last case runs two tensor groups of two (pp = 2, tensor = 2): each
+// plan is served to both tensor ranks of its pipeline rank, and retired once
+// all four ranks acknowledged it.
+struct ServiceCase {
+  bool embedded = false;
+  uint32_t tensor = 1;
+};
+class ServicePath : public ::testing::TestWithParam<ServiceCase> {};
 
 TEST_P(ServicePath, ExecutorsTrainFromThePlannerService) {
-  const bool embedded = GetParam();
+  const bool embedded = GetParam().embedded;
+  const uint32_t tensor = GetParam().tensor;
   std::unique_ptr<RedisServer> external;
   if (!embedded) {
     absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
     ASSERT_THAT(redis, IsOk());
     external = *std::move(redis);
   }
-  const std::filesystem::path dir = FreshDirectory(embedded ? "service-embedded" : "service");
+  const std::filesystem::path dir = FreshDirectory(
+      absl::StrCat(embedded ? "service-embedded" : "service", tensor > 1 ? "-tp" : ""));
   const std::string store = embedded
                                 ? "{}"
                                 : absl::StrCat(R"({"password_env": "VARIPIPE_TEST_REDIS_PASSWORD",
@@ -525,7 +534,8 @@ TEST_P(ServicePath, ExecutorsTrainFromThePlannerService) {
     "job_id": "service-test",
     "model": {"kind": "gpt", "num_layers": 4, "hidden_size": 32, "num_attention_heads": 4,
               "ffn_hidden_size": 64, "vocab_size": 64, "dtype": "float32"},
-    "parallelism": {"pipeline": 2, "data": 2},
+    "parallelism": {"pipeline": 2, "data": )",
+                                                  2 / tensor, R"(, "tensor": )", tensor, R"(},
     "cluster": {"devices_per_node": 4, "device_memory_limit_mib": 6},
     "data": {"format": "synthetic", "tokens_per_global_batch": 2048,
              "max_sequence_length": 96, "seed": 3, "synthetic_num_samples": 5000},
@@ -583,8 +593,13 @@ TEST_P(ServicePath, ExecutorsTrainFromThePlannerService) {
   std::filesystem::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(ExternalAndEmbeddedRedis, ServicePath, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "Embedded" : "External"; });
+INSTANTIATE_TEST_SUITE_P(ExternalAndEmbeddedRedis, ServicePath,
+                         ::testing::Values(ServiceCase{false, 1}, ServiceCase{true, 1},
+                                           ServiceCase{false, 2}),
+                         [](const auto& info) {
+                           return absl::StrCat(info.param.embedded ? "Embedded" : "External",
+                                               info.param.tensor > 1 ? "Tp2" : "");
+                         });
 
 // A corrupted plan file: the executor that reads it exits with status 1 (not
 // a signal, not an abort) and a message naming the iteration, rank and field;
