@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -14,15 +15,21 @@ namespace varipipe::planner {
 namespace {
 
 // A status message in one line: its first line, and when the planner listed
-// its rejected candidates after it (one per line, the fastest first), the
-// first of them.
+// its rejected candidates after it (one line per method and recompute mode,
+// the modes in the config's order, least recomputation first), the dynamic
+// program's last: why even its most recomputation does not fit.
 std::string FirstLine(const absl::Status& status) {
   std::vector<std::string> lines = absl::StrSplit(status.message(), '\n', absl::SkipEmpty());
   if (lines.empty()) return std::string();
   std::string line = lines.front();
   if (lines.size() > 1 && !line.empty() && line.back() == ':') {
     line.pop_back();
-    absl::StrAppend(&line, " (", absl::StripAsciiWhitespace(lines[1]), ")");
+    absl::string_view detail = absl::StripAsciiWhitespace(lines.back());
+    for (size_t i = 1; i < lines.size(); ++i) {
+      absl::string_view l = absl::StripAsciiWhitespace(lines[i]);
+      if (absl::StartsWith(l, "dynamic_programming/")) detail = l;
+    }
+    absl::StrAppend(&line, " (", detail, ")");
   }
   return line;
 }
