@@ -17,7 +17,10 @@
 #include "executor/model/initializer.h"
 #include "executor/model/relative_position_bias.h"
 #include "executor/model/rotary.h"
+#include "executor/model/tensor_parallel_ops.h"
+#include "executor/model/tensor_shard.h"
 #include "executor/model/transformer_layer.h"
+#include "executor/model/vocab_parallel.h"
 #include "executor/runtime/counting_allocator.h"
 
 #if __has_include(<c10/cuda/impl/cuda_cmake_macros.h>)
@@ -102,14 +105,25 @@ torch::Tensor Activation(const ProfilePoint& p, int64_t length, int64_t hidden,
       .requires_grad_(true);
 }
 
-// The profiler measures unsharded layers (profile_main refuses a job with
-// parallelism.tensor above 1).
+// The group of unsharded components.
 const TensorGroup kWholeLayers;
 
+// This rank's part of a tensor drawn whole (tensor_shard.h), as ModelStage
+// holds it.
+torch::Tensor PartOf(const char* name, const torch::Tensor& full, const TensorGroup& tp) {
+  return ShardOf(full, ShardOfParameter(name), tp.size(), tp.index());
+}
+
+// Rows of a layer's input: the rank's part of the sequence under sequence
+// parallelism (tensor_parallel_ops.h), else all `s`.
+int64_t LayerRows(int64_t s, const TensorGroup& tp) {
+  return tp.sequence_parallel() ? (s + tp.size() - 1) / tp.size() : s;
+}
+
 // Makes `cache` hold the parameters of `component` (on `device`, requiring
-// gradients), replacing another component's.
+// gradients), replacing another component's: this tensor rank's part.
 void EnsureParameters(const ModelSpec& spec, v1::CostComponent component, torch::Device device,
-                      ComponentCache& cache) {
+                      const TensorGroup& tp, ComponentCache& cache) {
   if (cache.component == component && (cache.layer != nullptr || !cache.parameters.empty())) {
     return;
   }
@@ -123,7 +137,7 @@ void EnsureParameters(const ModelSpec& spec, v1::CostComponent component, torch:
           spec,
           component == v1::DECODER_LAYER ? ModelComponent::kDecoderLayer
                                          : ModelComponent::kEncoderLayer,
-          0, spec.num_layers + spec.num_decoder_layers, &kWholeLayers);
+          0, spec.num_layers + spec.num_decoder_layers, &tp);
       cache.layer->to(device);
       // T5V11: the stack's relative bias table (a stage holds one for all
       // its layers of that stack).
@@ -131,12 +145,15 @@ void EnsureParameters(const ModelSpec& spec, v1::CostComponent component, torch:
         Initializer init(spec.seed, ModelComponent::kPositionBias,
                          component == v1::DECODER_LAYER ? 1 : 0);
         cache.parameters = {
-            init.Normal({spec.relative_buckets, spec.num_attention_heads}, kInitStddev).to(device)};
+            PartOf("encoder_relative_bias",
+                   init.Normal({spec.relative_buckets, spec.num_attention_heads}, kInitStddev), tp)
+                .to(device)};
       }
       break;
     case v1::EMBEDDING: {
       Initializer init(spec.seed, ModelComponent::kEmbedding, 0);
-      cache.parameters = {init.Normal({spec.vocab_size, h}, kInitStddev).to(device)};
+      cache.parameters = {
+          PartOf("word_embedding", init.Normal({spec.vocab_size, h}, kInitStddev), tp).to(device)};
       // MEGATRON's learned positions (LLAMA rotates in its layers, T5V11
       // adds a relative bias there).
       if (!spec.llama && !spec.t5v11) {
@@ -152,9 +169,10 @@ void EnsureParameters(const ModelSpec& spec, v1::CostComponent component, torch:
       // LLAMA's and T5V11's RMSNorm has no bias (an empty tensor keeps the
       // positions).
       const bool rms = spec.llama || spec.t5v11;
-      cache.parameters = {Initializer::Ones({h}).to(device),
-                          rms ? torch::Tensor() : Initializer::Zeros({h}).to(device),
-                          init.Normal({spec.vocab_size, h}, kInitStddev).to(device)};
+      cache.parameters = {
+          Initializer::Ones({h}).to(device),
+          rms ? torch::Tensor() : Initializer::Zeros({h}).to(device),
+          PartOf("head_weight", init.Normal({spec.vocab_size, h}, kInitStddev), tp).to(device)};
       break;
     }
   }
@@ -199,7 +217,7 @@ torch::Tensor StackPositionBias(const ModelSpec& spec, const ProfilePoint& p, bo
 // An encoder or decoder layer (GPT layers are encoder-less decoders built
 // as ENCODER_LAYER points).
 void BuildLayer(const ModelSpec& spec, const ProfilePoint& p, torch::Device device,
-                const ComponentCache& cache, Runnable& r) {
+                const ComponentCache& cache, const TensorGroup& tp, Runnable& r) {
   const int64_t s = p.seq_len;
   const bool decoder = p.component == v1::DECODER_LAYER;
   r.layer = cache.layer;
@@ -211,7 +229,7 @@ void BuildLayer(const ModelSpec& spec, const ProfilePoint& p, torch::Device devi
     if (spec.llama) return RotaryTable(spec, SequentialPositions(s, at));
     return bias;  // undefined for MEGATRON
   };
-  torch::Tensor x = Activation(p, s, spec.hidden_size, device);
+  torch::Tensor x = Activation(p, LayerRows(s, tp), spec.hidden_size, device);
   r.inputs.push_back(x);
   r.kept_input_bytes = x.nbytes();
   if (bias.defined()) r.inputs.push_back(bias);  // its gradient is reset per pass
@@ -224,7 +242,7 @@ void BuildLayer(const ModelSpec& spec, const ProfilePoint& p, torch::Device devi
   if (!decoder) {
     r.forward = [layer = r.layer, x, full_lengths, s, causal, spec, position] {
       return layer->Forward(x, SelfAttentionMaskFor(spec.attention_kernel, full_lengths, s, causal),
-                            {}, {}, position(x.device()));
+                            {}, {}, position(x.device()), s);
     };
     return;
   }
@@ -235,7 +253,7 @@ void BuildLayer(const ModelSpec& spec, const ProfilePoint& p, torch::Device devi
   r.forward = [layer = r.layer, x, memory, full_lengths, encoder_lengths, s, e,
                kernel = spec.attention_kernel, position] {
     return layer->Forward(x, SelfAttentionMaskFor(kernel, full_lengths, s, /*causal=*/true), memory,
-                          CrossAttentionMask(encoder_lengths, s, e), position(x.device()));
+                          CrossAttentionMask(encoder_lengths, s, e), position(x.device()), s);
   };
 }
 
@@ -244,9 +262,11 @@ void BuildLayer(const ModelSpec& spec, const ProfilePoint& p, torch::Device devi
 // the row or per sample: nothing is charged for them. GPT: causal; T5:
 // full, as the encoder's.
 void BuildAttentionCore(const ModelSpec& spec, const ProfilePoint& p, torch::Device device,
-                        Runnable& r) {
+                        const TensorGroup& tp, Runnable& r) {
   const int64_t s = p.seq_len;
-  const int64_t width = spec.num_attention_heads * spec.kv_channels;
+  // The rank's heads.
+  const int64_t heads = spec.num_attention_heads / tp.size();
+  const int64_t width = heads * spec.kv_channels;
   torch::Tensor q = Activation(p, s, width, device);
   torch::Tensor k = Activation(p, s, width, device);
   torch::Tensor v = Activation(p, s, width, device);
@@ -255,7 +275,7 @@ void BuildAttentionCore(const ModelSpec& spec, const ProfilePoint& p, torch::Dev
   const torch::Tensor mask =
       SelfAttentionMaskFor(spec.attention_kernel, FullLengths(p, s, device), s, causal);
   const bool fused = spec.attention_kernel == v1::FUSED;
-  r.forward = [q, k, v, mask, fused, heads = spec.num_attention_heads, scaled = !spec.t5v11] {
+  r.forward = [q, k, v, mask, fused, heads, scaled = !spec.t5v11] {
     return fused ? FusedAttention(q, k, v, mask, heads, {}, scaled)
                  : MaskedAttention(q, k, v, mask, heads, {}, scaled);
   };
@@ -263,7 +283,7 @@ void BuildAttentionCore(const ModelSpec& spec, const ProfilePoint& p, torch::Dev
 }
 
 void BuildEmbedding(const ModelSpec& spec, const ProfilePoint& p, torch::Device device,
-                    const ComponentCache& cache, Runnable& r) {
+                    const ComponentCache& cache, const TensorGroup& tp, Runnable& r) {
   const int64_t s = p.seq_len;
   const torch::Tensor word = cache.parameters[0];
   const torch::Tensor position = spec.llama || spec.t5v11 ? torch::Tensor() : cache.parameters[1];
@@ -271,15 +291,16 @@ void BuildEmbedding(const ModelSpec& spec, const ProfilePoint& p, torch::Device 
   torch::Tensor tokens =
       torch::randint(spec.vocab_size, {p.micro_batch, s}, torch::kInt64).to(device);
   r.kept_input_bytes = tokens.nbytes();  // the backward keeps the token ids
-  r.forward = [word, position, tokens, s] {
-    const torch::Tensor words = torch::embedding(word, tokens);
+  const int64_t begin = RangeOfPart(spec.vocab_size, tp.size(), tp.index()).begin;
+  r.forward = [word, position, tokens, s, begin, &tp] {
+    const torch::Tensor words = VocabParallelEmbedding(tokens, word, begin, tp);
     return position.defined() ? words + position.slice(0, 0, s).unsqueeze(0) : words;
   };
 }
 
 // The final norm, the LM head and the summed token loss.
 void BuildPostprocess(const ModelSpec& spec, const ProfilePoint& p, torch::Device device,
-                      const ComponentCache& cache, Runnable& r) {
+                      const ComponentCache& cache, const TensorGroup& tp, Runnable& r) {
   const int64_t h = spec.hidden_size;
   const torch::Tensor weight = cache.parameters[0];
   const torch::Tensor bias = cache.parameters[1];
@@ -292,41 +313,45 @@ void BuildPostprocess(const ModelSpec& spec, const ProfilePoint& p, torch::Devic
   torch::Tensor labels =
       torch::randint(spec.vocab_size, {p.micro_batch * p.seq_len}, torch::kInt64).to(device);
   r.kept_input_bytes = x.nbytes() + labels.nbytes();
-  const int64_t vocab = spec.vocab_size;
   const bool rms = spec.llama || spec.t5v11;
   const double epsilon = spec.norm_epsilon;
-  r.forward = [x, weight, bias, head, labels, h, vocab, rms, epsilon] {
+  const int64_t begin = RangeOfPart(spec.vocab_size, tp.size(), tp.index()).begin;
+  r.forward = [x, weight, bias, head, labels, h, rms, epsilon, begin, &tp] {
     const torch::Tensor normed =
         rms ? RmsNorm(x, weight, epsilon) : torch::layer_norm(x, {h}, weight, bias, 1e-5);
-    const torch::Tensor logits = torch::linear(normed, head);
+    // The rank's logits (vocabulary-parallel under tensor parallelism).
+    const torch::Tensor logits = torch::linear(CopyToTensorRegion(normed, tp), head);
+    const torch::Tensor flat = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32);
+    if (tp.size() > 1) return VocabParallelCrossEntropy(flat, labels, begin, tp).sum();
     return torch::nn::functional::cross_entropy(
-        logits.reshape({-1, vocab}).to(torch::kFloat32), labels,
-        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+        flat, labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
   };
 }
 
 // The point's inputs and forward around the parameters in `cache`
 // (EnsureParameters for p.component).
 Runnable Build(const ModelSpec& spec, const ProfilePoint& p, torch::Device device,
-               const ComponentCache& cache) {
+               const ComponentCache& cache, const TensorGroup& tp) {
   Runnable r;
+  int64_t rows = p.seq_len;  // of the output
   switch (p.component) {
     case v1::DECODER_LAYER:
     case v1::ENCODER_LAYER:
-      BuildLayer(spec, p, device, cache, r);
+      BuildLayer(spec, p, device, cache, tp, r);
+      rows = LayerRows(p.seq_len, tp);
       break;
     case v1::ATTENTION_CORE:
-      BuildAttentionCore(spec, p, device, r);
+      BuildAttentionCore(spec, p, device, tp, r);
       return r;  // its own gradient shape
     case v1::EMBEDDING:
-      BuildEmbedding(spec, p, device, cache, r);
+      BuildEmbedding(spec, p, device, cache, tp, r);
       break;
     default:  // POSTPROCESS: its output is the loss
-      BuildPostprocess(spec, p, device, cache, r);
+      BuildPostprocess(spec, p, device, cache, tp, r);
       return r;
   }
   r.grad_output =
-      torch::randn({p.micro_batch, p.seq_len, spec.hidden_size}, torch::dtype(torch::kFloat32))
+      torch::randn({p.micro_batch, rows, spec.hidden_size}, torch::dtype(torch::kFloat32))
           .to(device);
   return r;
 }
@@ -412,11 +437,17 @@ absl::StatusOr<PointCosts> MeasurePoint(const ModelSpec& spec, const ProfilePoin
   ComponentCache local;
   ComponentCache& parameters = cache != nullptr ? *cache : local;
   try {
+    const TensorGroup& tp = settings.tensor != nullptr ? *settings.tensor : kWholeLayers;
+    if (tp.size() != spec.tensor_parallel) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a tensor group of ", tp.size(),
+                       " ranks for a model of tensor-parallel degree ", spec.tensor_parallel));
+    }
     // Parameters before the probe: they are model state, and outlive it.
-    EnsureParameters(spec, point.component, settings.device, parameters);
+    EnsureParameters(spec, point.component, settings.device, tp, parameters);
     MemoryProbe probe(settings.device);  // outlives every tensor below
     const absl::Cleanup clear_gradients = [&parameters] { ClearGradients(parameters); };
-    Runnable runnable = Build(spec, point, settings.device, parameters);
+    Runnable runnable = Build(spec, point, settings.device, parameters, tp);
     // Warm-up passes also allocate the parameters' gradients, which are
     // model state and must not count as activation memory.
     for (int i = 0; i < std::max(1, settings.warmup); ++i) {
@@ -454,7 +485,9 @@ double ComponentParameters(const ModelSpec& spec, v1::CostComponent component) {
     case v1::ENCODER_LAYER:
     case v1::DECODER_LAYER: {
       torch::NoGradGuard no_grad;
-      const TransformerLayer layer(spec,
+      ModelSpec whole = spec;  // unsharded counts, whatever the tensor degree
+      whole.tensor_parallel = 1;
+      const TransformerLayer layer(whole,
                                    component == v1::DECODER_LAYER ? ModelComponent::kDecoderLayer
                                                                   : ModelComponent::kEncoderLayer,
                                    0, spec.num_layers + spec.num_decoder_layers, &kWholeLayers);

@@ -27,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "executor/model/model_spec.h"
+#include "executor/model/tensor_group.h"
 #include "executor/model/transformer_layer.h"
 #include "varipipe/v1/config.pb.h"
 #include "varipipe/v1/cost_model.pb.h"
@@ -48,6 +49,15 @@ struct ProfileSettings {
   std::optional<torch::ScalarType> cuda_autocast_dtype;
   int warmup = 1;   // passes before measuring
   int repeats = 5;  // measured passes; times are their median
+  // Tensor parallelism (spec.tensor_parallel > 1): this rank's group, with
+  // its transport. Every rank of the group measures the same points in the
+  // same order, each its own part of the component (column- and
+  // row-parallel layers, its heads of the attention core and of T5V11's
+  // bias table, the vocabulary-parallel embedding and head; with sequence
+  // parallelism a layer's input is the rank's part of the sequence), and
+  // the collectives inside run over the group's transport: times and memory
+  // are this rank's.
+  const TensorGroup* tensor = nullptr;
 };
 
 struct PointCosts {
@@ -80,7 +90,9 @@ absl::StatusOr<PointCosts> MeasurePoint(const ModelSpec& spec, const ProfilePoin
 // Parameters of one instance of `component` (one layer, the embedding, the
 // LM head with its final LayerNorm), counted from the executor's modules. A
 // T5V11 layer's count leaves out its stack's relative bias table, which a
-// stage holds once for all its layers of that stack.
+// stage holds once for all its layers of that stack. Unsharded whatever
+// spec.tensor_parallel (the cost model derives a tensor rank's part,
+// CostModel::Parameters).
 double ComponentParameters(const ModelSpec& spec, v1::CostComponent component);
 
 }  // namespace varipipe::executor

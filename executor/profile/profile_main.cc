@@ -4,6 +4,7 @@
 // measured, so a killed run continues where it stopped.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -84,7 +85,10 @@ constexpr char kUsage[] =
     "rank 0 profiles the components:\n"
     "  torchrun --standalone --nproc_per_node 2 --no_python \\\n"
     "    varipipe-profile --config job.json --out cost-model.json\n"
-    "On one rank the file keeps the transfer costs of an earlier run's OUT.\n";
+    "On one rank the file keeps the transfer costs of an earlier run's OUT.\n"
+    "With parallelism.tensor t > 1 launch at least t ranks: ranks 0 .. t-1 then measure\n"
+    "the components together, each its part of the tensor-parallel layers, and rank 0\n"
+    "writes the grids at that degree.\n";
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -212,6 +216,16 @@ struct Rendezvous {
   std::string announcement;  // the file rank 0 wrote
 };
 
+// Ranks 0 .. tensor - 1 under tensor parallelism: the transport of the
+// transfer measurements stays open for the tensor group's collectives, and
+// so does rank 0's private Redis, through which the group's Gloo context
+// meets at its first collective.
+struct TensorSession {
+  Rendezvous rendezvous;
+  std::unique_ptr<executor::Transport> transport;
+  std::unique_ptr<executor::TensorGroup> group;
+};
+
 absl::StatusOr<Rendezvous> MeetThroughRedis(const executor::LaunchEnv& env,
                                             const std::string& out_path,
                                             const ShutdownSignal& shutdown) {
@@ -255,10 +269,14 @@ absl::StatusOr<Rendezvous> MeetThroughRedis(const executor::LaunchEnv& env,
 }
 
 // Every rank: transfers over the executor's transport. Rank 0 returns the
-// costs; the others return nothing.
+// costs; the others return nothing. Ranks of the first tensor group (tensor
+// > 1) keep the transport in `*session`.
 absl::StatusOr<std::optional<v1::CommunicationCosts>> MeasureTransfers(
     const executor::LaunchEnv& env, const v1::JobConfig& config, torch::Device device,
-    const std::string& out_path, bool quick, const ShutdownSignal& shutdown) {
+    const std::string& out_path, bool quick, const ShutdownSignal& shutdown,
+    TensorSession* session) {
+  const int tensor = static_cast<int>(std::max(1u, config.parallelism().tensor()));
+  const bool in_group = tensor > 1 && env.rank < tensor;
   VP_ASSIGN_OR_RETURN(Rendezvous rendezvous, MeetThroughRedis(env, out_path, shutdown));
   executor::TransportOptions options;
   options.redis = rendezvous.redis;
@@ -271,6 +289,7 @@ absl::StatusOr<std::optional<v1::CommunicationCosts>> MeasureTransfers(
     if (r != env.rank) options.peers.push_back(r);
     options.data_parallel_group.push_back(r);
   }
+  for (int r = 0; in_group && r < tensor; ++r) options.tensor_group.push_back(r);
   options.connect_timeout = absl::Minutes(5);
   spdlog::info("rank {} of {}: meeting the other ranks through Redis {}:{}", env.rank,
                env.world_size, options.redis.host, options.redis.port);
@@ -283,8 +302,15 @@ absl::StatusOr<std::optional<v1::CommunicationCosts>> MeasureTransfers(
   const absl::Time start = absl::Now();
   absl::StatusOr<v1::CommunicationCosts> costs = executor::MeasureCommunication(
       *transport, device, static_cast<size_t>(max_bytes), quick ? 5 : 11);
-  transport.reset();  // before rank 0 stops the server the others talk to
   if (!rendezvous.announcement.empty()) std::filesystem::remove(rendezvous.announcement);
+  if (in_group && costs.ok()) {
+    session->group = std::make_unique<executor::TensorGroup>(
+        env.rank, tensor, config.parallelism().sequence_parallel());
+    session->group->set_transport(transport.get());
+    session->transport = std::move(transport);
+    session->rendezvous = std::move(rendezvous);
+  }
+  transport.reset();  // before rank 0 stops the server the others talk to
   if (!costs.ok()) return costs.status();
   spdlog::info(
       "transfers measured in {:.1f} s: point-to-point {:.1f} us + n / {:.3f} GB/s; all-reduce "
@@ -370,7 +396,7 @@ std::vector<PointKey> PointsToMeasure(const std::vector<Grid>& grids,
 // file), logging progress every 5 s. CANCELLED on a signal.
 absl::Status MeasureAll(const std::vector<PointKey>& todo, const executor::ModelSpec& spec,
                         const executor::ProfileSettings& settings, const ShutdownSignal& shutdown,
-                        PartialFile& partial, std::map<PointKey, executor::PointCosts>& done) {
+                        PartialFile* partial, std::map<PointKey, executor::PointCosts>& done) {
   executor::ComponentCache parameters;
   const absl::Time start = absl::Now();
   size_t measured_now = 0;
@@ -397,7 +423,7 @@ absl::Status MeasureAll(const std::vector<PointKey>& todo, const executor::Model
       return costs.status();
     }
     done[key] = *costs;
-    partial.Append(key, *costs);
+    if (partial != nullptr) partial->Append(key, *costs);
     ++measured_now;
     const absl::Time now = absl::Now();
     if (now - last_report > absl::Seconds(5) || i + 1 == todo.size()) {
@@ -430,7 +456,7 @@ void AddGrids(const std::vector<Grid>& grids, const std::vector<v1::RecomputeMod
       v1::CostGrid* out = file.add_grids();
       out->set_component(g.component);
       out->set_recompute(mode);
-      out->set_tensor_parallel(1);
+      out->set_tensor_parallel(static_cast<uint32_t>(spec.tensor_parallel));
       for (uint32_t b : g.b) out->add_micro_batch_sizes(b);
       for (uint32_t s : g.s) out->add_seq_lens(s);
       if (g.component == v1::DECODER_LAYER) {
@@ -487,17 +513,19 @@ absl::Status WriteCostModel(const v1::CostModelFile& file, const std::string& ou
   return absl::OkStatus();
 }
 
-// Transfer costs: measured over the ranks (then only rank 0 goes on:
-// `*rank_done`), or kept from an earlier run's file on one rank.
+// Transfer costs: measured over the ranks (then only rank 0 goes on, or
+// under tensor parallelism the ranks of the first tensor group, in
+// `*session`: `*rank_done`), or kept from an earlier run's file on one rank.
 absl::StatusOr<std::optional<v1::CommunicationCosts>> Communication(
     const executor::LaunchEnv& env, const v1::JobConfig& config, torch::Device device,
-    const std::string& out_path, bool quick, const ShutdownSignal& shutdown, bool* rank_done) {
+    const std::string& out_path, bool quick, const ShutdownSignal& shutdown, bool* rank_done,
+    TensorSession* session) {
   *rank_done = false;
   if (env.world_size > 1) {
     absl::StatusOr<std::optional<v1::CommunicationCosts>> measured =
-        MeasureTransfers(env, config, device, out_path, quick, shutdown);
+        MeasureTransfers(env, config, device, out_path, quick, shutdown, session);
     if (!measured.ok()) return Annotate(measured.status(), "measuring transfers");
-    *rank_done = env.rank != 0;
+    *rank_done = env.rank != 0 && session->group == nullptr;
     return measured;
   }
   std::optional<v1::CommunicationCosts> earlier = EarlierCommunication(out_path);
@@ -527,13 +555,13 @@ absl::StatusOr<ProfileInputs> ReadInputs(const std::string& config_path) {
     return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", spec.status().message()));
   }
   inputs.spec = *std::move(spec);
-  if (inputs.spec.tensor_parallel > 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        config_path, ": parallelism.tensor is ", inputs.spec.tensor_parallel,
-        ", and the profiler measures unsharded layers only: profile the job with "
-        "parallelism.tensor 1 (the planner scales its layer costs by the tensor degree)"));
-  }
   VP_ASSIGN_OR_RETURN(inputs.env, executor::ReadLaunchEnv());
+  if (inputs.spec.tensor_parallel > inputs.env.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config_path, ": parallelism.tensor is ", inputs.spec.tensor_parallel,
+        ": launch varipipe-profile on at least that many ranks (got ", inputs.env.world_size,
+        "); each tensor rank measures its part of every component, rank 0 writes the file"));
+  }
   VP_ASSIGN_OR_RETURN(inputs.settings,
                       SettingsFromFlags(inputs.config, inputs.env, &inputs.device));
   return inputs;
@@ -541,9 +569,31 @@ absl::StatusOr<ProfileInputs> ReadInputs(const std::string& config_path) {
 
 // Measures every grid point not yet in OUT.partial (resuming it), then
 // writes the cost model file with the transfer and optimizer costs.
+// Under tensor parallelism every rank of the group measures the points rank 0
+// has not measured yet (in its partial file), in the same order: rank 0's
+// list of done points is summed over the group.
+absl::Status ShareDonePoints(const executor::TensorGroup& group, const std::vector<PointKey>& todo,
+                             std::map<PointKey, executor::PointCosts>& done) {
+  std::vector<float> mask(todo.size(), 0.0f);
+  for (size_t i = 0; i < todo.size(); ++i) mask[i] = done.count(todo[i]) > 0 ? 1.0f : 0.0f;
+  if (group.index() != 0) std::fill(mask.begin(), mask.end(), 0.0f);
+  torch::Tensor summed = group.AllReduceSum(torch::from_blob(
+      mask.data(), {static_cast<int64_t>(mask.size())}, torch::dtype(torch::kFloat32)));
+  summed = summed.cpu().contiguous();
+  for (size_t i = 0; i < todo.size(); ++i) {
+    if (summed[static_cast<int64_t>(i)].item<float>() > 0) {
+      done.emplace(todo[i], executor::PointCosts{});
+    }
+  }
+  return absl::OkStatus();
+}
+
 int ProfileGrids(const ProfileInputs& inputs,
                  const std::optional<v1::CommunicationCosts>& communication,
                  const v1::OptimizerCosts& optimizer, const ShutdownSignal& shutdown) {
+  const executor::TensorGroup* group = inputs.settings.tensor;
+  // Rank 0 writes the partial file and the cost model.
+  const bool writer = group == nullptr || group->index() == 0;
   const std::string out_path = absl::GetFlag(FLAGS_out);
   const v1::JobConfig& config = inputs.config;
   const bool quick = absl::GetFlag(FLAGS_quick);
@@ -554,20 +604,38 @@ int ProfileGrids(const ProfileInputs& inputs,
   if (modes.empty()) modes = {v1::RECOMPUTE_NONE, v1::RECOMPUTE_SELECTIVE, v1::RECOMPUTE_FULL};
   const std::vector<Grid> grids = Grids(config, quick);
   const std::vector<PointKey> todo = PointsToMeasure(grids, modes, TokenCap(config));
-  const std::string header = absl::StrCat(
-      "# varipipe-profile v1 ", inputs.device, " threads=", absl::GetFlag(FLAGS_threads),
-      " repeats=", inputs.settings.repeats, " quick=", quick,
-      " model=", config.model().ShortDebugString(), " points=", todo.size());
-  PartialFile partial(out_path + ".partial", header);
-  std::map<PointKey, executor::PointCosts> done = partial.Load();
-  if (!partial.Open(done)) {
-    std::fprintf(stderr, "varipipe-profile: cannot write %s.partial\n", out_path.c_str());
-    return kExitFailure;
+  const std::string header =
+      absl::StrCat("# varipipe-profile v1 ", inputs.device,
+                   " threads=", absl::GetFlag(FLAGS_threads), " repeats=", inputs.settings.repeats,
+                   " quick=", quick, " tensor=", inputs.spec.tensor_parallel,
+                   inputs.spec.sequence_parallel ? " sequence_parallel" : "",
+                   " model=", config.model().ShortDebugString(), " points=", todo.size());
+  std::optional<PartialFile> partial;
+  std::map<PointKey, executor::PointCosts> done;
+  if (writer) {
+    partial.emplace(out_path + ".partial", header);
+    done = partial->Load();
+    if (!partial->Open(done)) {
+      std::fprintf(stderr, "varipipe-profile: cannot write %s.partial\n", out_path.c_str());
+      return kExitFailure;
+    }
+  }
+  if (group != nullptr) {
+    try {
+      (void)ShareDonePoints(*group, todo, done);
+    } catch (const std::exception& e) {
+      spdlog::error("sharing the measured points over the tensor group: {}", e.what());
+      return kExitFailure;
+    }
+    spdlog::info("tensor rank {} of {}{}: measuring this rank's part of every component",
+                 group->index(), group->size(),
+                 group->sequence_parallel() ? " (sequence parallel)" : "");
   }
   spdlog::info("profiling {} grid points on {} ({} already measured in {}.partial)", todo.size(),
                inputs.device, done.size(), out_path);
   const absl::Time start = absl::Now();
-  if (absl::Status s = MeasureAll(todo, inputs.spec, inputs.settings, shutdown, partial, done);
+  if (absl::Status s = MeasureAll(todo, inputs.spec, inputs.settings, shutdown,
+                                  partial.has_value() ? &*partial : nullptr, done);
       !s.ok()) {
     if (absl::IsCancelled(s)) {
       spdlog::warn("{}", std::string(s.message()));
@@ -576,12 +644,21 @@ int ProfileGrids(const ProfileInputs& inputs,
     }
     return kExitFailure;
   }
+  if (!writer) {
+    spdlog::info("tensor rank {}: measured every point with rank 0, which writes {}",
+                 group->index(), out_path);
+    return kExitOk;
+  }
   v1::CostModelFile file;
   file.set_format_version(1);
   file.set_description(absl::StrCat(
       "varipipe-profile on ", inputs.device, " (LibTorch ", executor::TorchVersion(), ", ",
       absl::GetFlag(FLAGS_threads), " threads), ",
-      absl::FormatTime("%Y-%m-%d", absl::Now(), absl::UTCTimeZone()), quick ? ", quick grid" : ""));
+      absl::FormatTime("%Y-%m-%d", absl::Now(), absl::UTCTimeZone()), quick ? ", quick grid" : "",
+      inputs.spec.tensor_parallel > 1
+          ? absl::StrCat(", tensor-parallel degree ", inputs.spec.tensor_parallel,
+                         inputs.spec.sequence_parallel ? " with sequence parallelism" : "")
+          : ""));
   *file.mutable_model() = config.model();
   if (communication.has_value()) *file.mutable_communication() = *communication;
   *file.mutable_optimizer() = optimizer;
@@ -591,7 +668,7 @@ int ProfileGrids(const ProfileInputs& inputs,
     spdlog::error("{}", std::string(s.message()));
     return kExitFailure;
   }
-  partial.Remove();
+  partial->Remove();
   spdlog::info(
       "wrote {}: {} grid points measured in {} ({} values raised to keep the grid "
       "monotone)",
@@ -611,16 +688,19 @@ int Run(const ShutdownSignal& shutdown) {
     std::fprintf(stderr, "varipipe-profile: %s\n", std::string(inputs.status().message()).c_str());
     return kExitUsage;
   }
-  // Several ranks: transfers first, then rank 0 alone profiles the rest.
+  // Several ranks: transfers first, then rank 0 alone profiles the rest (the
+  // first tensor group's ranks together under tensor parallelism).
   bool rank_done = false;
+  TensorSession session;
   absl::StatusOr<std::optional<v1::CommunicationCosts>> communication =
       Communication(inputs->env, inputs->config, inputs->settings.device, out_path,
-                    absl::GetFlag(FLAGS_quick), shutdown, &rank_done);
+                    absl::GetFlag(FLAGS_quick), shutdown, &rank_done, &session);
   if (!communication.ok()) {
     spdlog::error("{}", std::string(communication.status().message()));
     return kExitFailure;
   }
   if (rank_done) return kExitOk;
+  inputs->settings.tensor = session.group.get();
   absl::StatusOr<v1::OptimizerCosts> optimizer = executor::MeasureOptimizer(
       inputs->spec, inputs->config, inputs->settings.device, inputs->settings.repeats);
   if (!optimizer.ok()) {

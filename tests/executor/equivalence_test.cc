@@ -295,11 +295,12 @@ std::vector<Cell> Matrix() {
   tp2(Cell{}, v1::ZERO_BUBBLE_H1, v1::RECOMPUTE_FULL, 2, 1, true);
   tp2(Cell{.method = v1::PACKING}, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 2, 1, true);
   tp2(Cell{.t5 = true}, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 1, 1, false);
-  tp2(Cell{.t5 = true}, v1::ADAPTIVE, v1::RECOMPUTE_FULL, 2, 2, true);
+  tp2(Cell{.t5 = true}, v1::ADAPTIVE, v1::RECOMPUTE_FULL, 2, 1, true);
   tp2(Cell{.t5 = true}, v1::ADAPTIVE_ZERO_BUBBLE, v1::RECOMPUTE_NONE, 2, 1, false);
   tp2(Cell{.llama = true}, v1::ONE_F_ONE_B, v1::RECOMPUTE_SELECTIVE, 2, 1, false);
   tp2(Cell{.llama = true, .tied = true}, v1::ZERO_BUBBLE_H1, v1::RECOMPUTE_NONE, 2, 1, true);
-  tp2(Cell{.llama = true}, v1::ONE_F_ONE_B, v1::RECOMPUTE_FULL, 1, 2, true);
+  tp2(Cell{.llama = true}, v1::ONE_F_ONE_B, v1::RECOMPUTE_FULL, 2, 1, true);
+  tp2(Cell{.llama = true}, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 1, 2, true);
   tp2(Cell{.t5 = true, .t5v11 = true}, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 2, 1, false);
   tp2(Cell{.t5 = true, .t5v11 = true}, v1::ADAPTIVE_ZERO_BUBBLE, v1::RECOMPUTE_SELECTIVE, 2, 2,
       true);

@@ -66,6 +66,11 @@ struct MemoryCase {
   // the profiled times, so the case checks the prediction on whatever plan
   // the planner makes, as a user would run it.
   bool dynamic = false;
+  // parallelism.tensor and sequence_parallel: the profile is measured by
+  // `tensor` varipipe-profile processes (each its part of every component)
+  // and every tensor rank's peak is compared with its plan's prediction.
+  uint32_t tensor = 1;
+  bool sequence_parallel = false;
 };
 
 class MeasuredMemory : public ::testing::TestWithParam<MemoryCase> {};
@@ -81,6 +86,8 @@ TEST_P(MeasuredMemory, ProfiledPredictionMatchesTheMeasuredPeak) {
   job.encoder_stages = c.encoder_stages;
   job.schedule = c.schedule;
   job.recompute = c.recompute;
+  job.tensor = c.tensor;
+  job.sequence_parallel = c.sequence_parallel;
   // Fixed-size micro-batches (unless dynamic): the plan's shape (and so its
   // memory) does not depend on the profiled times, which vary from run to
   // run.
@@ -103,9 +110,13 @@ TEST_P(MeasuredMemory, ProfiledPredictionMatchesTheMeasuredPeak) {
   options.preserve_proto_field_names = true;
   ASSERT_TRUE(google::protobuf::util::MessageToJsonString(*config, &json, options).ok());
   std::ofstream(dir / "job.json") << json;
-  const CommandResult profile =
-      RunCommand(absl::StrCat(Bin("varipipe-profile"), " --config ", (dir / "job.json").string(),
-                              " --out ", (dir / "cost.json").string(), " --quick 2>&1"));
+  // Tensor parallelism: one process per tensor rank, launched as torchrun
+  // would (ranks meet through rank 0's private Redis).
+  const CommandResult profile = RunCommand(absl::StrCat(
+      "cd '", dir.string(), "' && for r in $(seq 0 ", c.tensor - 1, "); do (RANK=$r WORLD_SIZE=",
+      c.tensor, " LOCAL_RANK=$r ", Bin("varipipe-profile"), " --config job.json --out cost.json",
+      " --quick > profile$r.log 2>&1; echo $? > profile$r.exit) & done; wait; cat profile*.log; ",
+      "! grep -qv '^0$' profile*.exit"));
   ASSERT_EQ(profile.exit_code, 0) << profile.output;
   config->mutable_planner()->set_cost_model_path((dir / "cost.json").string());
 
@@ -124,7 +135,7 @@ TEST_P(MeasuredMemory, ProfiledPredictionMatchesTheMeasuredPeak) {
   run.redis_port = (*redis)->port();
   run.redis_password = (*redis)->password();
   run.prefix = "memory";
-  for (size_t r = 0; r < plans->size(); ++r) {
+  for (size_t r = 0; r < plans->size() * c.tensor; ++r) {
     accounts.push_back(std::make_unique<executor::MemoryAccount>());
     run.memory.push_back(accounts.back().get());
   }
@@ -153,15 +164,17 @@ TEST_P(MeasuredMemory, ProfiledPredictionMatchesTheMeasuredPeak) {
     ASSERT_EQ(ranks[r].stats.size(), 2u);
     const executor::IterationStats& stats = ranks[r].stats.back();
     const double measured = static_cast<double>(stats.memory_peak_bytes - stats.memory_start_bytes);
-    const double predicted = (*plans)[r].predicted_activation_peak_bytes();
+    // Global rank r runs the plan of pipeline rank r / tensor.
+    const v1::ExecutionPlan& plan = (*plans)[r / c.tensor];
+    const double predicted = plan.predicted_activation_peak_bytes();
     int weight_grads = 0;
-    for (const v1::Instruction& in : (*plans)[r].instructions()) {
+    for (const v1::Instruction& in : plan.instructions()) {
       weight_grads += in.has_weight_grad() ? 1 : 0;
     }
     std::printf(
         "%s rank %zu: %d micro-batches, %d split backwards, measured activation peak %.1f KiB, "
         "predicted %.1f KiB (%+.1f%%)\n",
-        c.name.c_str(), r, (*plans)[r].micro_batches_size(), weight_grads, measured / 1024,
+        c.name.c_str(), r, plan.micro_batches_size(), weight_grads, measured / 1024,
         predicted / 1024, 100 * (predicted - measured) / measured);
     const bool zero_bubble =
         c.schedule == v1::ZERO_BUBBLE_H1 || c.schedule == v1::ADAPTIVE_ZERO_BUBBLE;
@@ -170,7 +183,7 @@ TEST_P(MeasuredMemory, ProfiledPredictionMatchesTheMeasuredPeak) {
     }
     EXPECT_GT(measured, 0);
     EXPECT_LE(std::abs(predicted - measured) / measured, kTolerance) << "rank " << r;
-    if (c.many) EXPECT_GE((*plans)[r].micro_batches_size(), 14) << "rank " << r;
+    if (c.many) EXPECT_GE(plan.micro_batches_size(), 14) << "rank " << r;
   }
   std::filesystem::remove_all(dir);
 }
@@ -290,7 +303,29 @@ INSTANTIATE_TEST_SUITE_P(
                    false,
                    false,
                    {4, 1, 3},
-                   1}),
+                   1},
+        // Tensor parallelism (tensor = 2, pp = 2): the profile of each
+        // rank's part, with and without sequence parallelism.
+        MemoryCase{.recompute = v1::RECOMPUTE_NONE,
+                   .schedule = v1::ONE_F_ONE_B,
+                   .name = "Tp2None1F1B",
+                   .tensor = 2},
+        MemoryCase{.recompute = v1::RECOMPUTE_SELECTIVE,
+                   .schedule = v1::ONE_F_ONE_B,
+                   .name = "Tp2SpSelective1F1B",
+                   .tensor = 2,
+                   .sequence_parallel = true},
+        MemoryCase{.recompute = v1::RECOMPUTE_FULL,
+                   .schedule = v1::ONE_F_ONE_B,
+                   .name = "LlamaTp2SpFull1F1B",
+                   .llama = true,
+                   .tensor = 2,
+                   .sequence_parallel = true},
+        MemoryCase{.recompute = v1::RECOMPUTE_NONE,
+                   .schedule = v1::ONE_F_ONE_B,
+                   .name = "T5Tp2None1F1B",
+                   .t5 = true,
+                   .tensor = 2}),
     [](const auto& info) { return info.param.name; });
 
 TEST(ProfileCli, HelpNamesTheFlags) {

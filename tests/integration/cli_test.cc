@@ -287,6 +287,44 @@ TEST(PlanCompare, PrintsInfeasibleCellsWithTheirReason) {
               ::testing::ContainsRegex("dynamic_programming +adaptive +[0-9.]+% +[0-9]+"));
 }
 
+// --search_parallelism: Llama-2-70B on 32 GPUs in nodes of 8. Tensor groups
+// beyond a node and layouts whose model state does not fit are refused with
+// their reasons; every feasible layout keeps tensor parallelism within a
+// node, and they are listed fastest first.
+TEST(PlanSearchParallelism, KeepsTensorGroupsInANodeAndSaysWhyLayoutsAreRefused) {
+  const CommandResult r =
+      RunCommand(absl::StrCat(Bin("varipipe-plan"), " --config ", Config("llama-2-70b-64gpu.json"),
+                              " --search_parallelism --gpus 32 --iterations 1 --log_level=error"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("layouts of 32 GPUs for llama-2-70b"));
+  EXPECT_THAT(r.output,
+              ::testing::ContainsRegex("16 +2 +1 +its tensor groups of 16 span nodes of 8 GPUs"));
+  EXPECT_THAT(r.output, ::testing::ContainsRegex(
+                            "1 +1 +32 +mini-batch 0: .*model state alone needs [0-9.]+ GiB"));
+  // The feasible rows, between the header and "refused:": tensor at most 8,
+  // tokens/s falling.
+  const size_t header = r.output.find("real tokens/s");
+  const size_t refused = r.output.find("refused:");
+  ASSERT_NE(header, std::string::npos);
+  ASSERT_NE(refused, std::string::npos);
+  std::istringstream rows(
+      r.output.substr(r.output.find('\n', header) + 1, refused - r.output.find('\n', header) - 1));
+  double previous = 1e300;
+  int feasible = 0;
+  for (std::string line; std::getline(rows, line);) {
+    std::istringstream fields(line);
+    uint32_t tensor = 0, pipeline = 0, data = 0;
+    double tokens = 0;
+    ASSERT_TRUE(fields >> tensor >> pipeline >> data >> tokens) << line;
+    EXPECT_LE(tensor, 8u) << line;
+    EXPECT_EQ(tensor * pipeline * data, 32u) << line;
+    EXPECT_LE(tokens, previous) << line;
+    previous = tokens;
+    ++feasible;
+  }
+  EXPECT_GE(feasible, 3) << r.output;
+}
+
 // With the default search, the quickstart job's plan is the best row of its
 // own comparison: no method and schedule, however tuned, is predicted
 // faster on the same mini-batches.
