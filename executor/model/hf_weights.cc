@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "common/checkpoint/hf_model_config.h"
 #include "common/status.h"
+#include "executor/model/tensor_shard.h"
 
 namespace varipipe::executor {
 namespace {
@@ -286,26 +287,39 @@ absl::Status LoadHuggingFaceWeights(HuggingFaceCheckpoint& ckpt, const ModelSpec
                                                      "': the job's model has no place for it"));
     }
   }
-  // Check every tensor of every stage before copying any.
+  // Check every tensor of every stage before copying any. Under tensor
+  // parallelism a rank keeps its part of each whole tensor (tensor_shard.h).
   struct Pending {
     torch::Tensor parameter;
     HuggingFaceCheckpoint::Located source;
     torch::Dtype dtype;
+    TensorShard shard;
+    const TensorGroup* tensor;
   };
   std::vector<Pending> pending;
   for (ModelStage* stage : stages) {
+    const TensorGroup& tensor = stage->tensor_group();
     for (const auto& item : stage->named_parameters(/*recurse=*/true)) {
       VP_ASSIGN_OR_RETURN(const std::string hf, HuggingFaceName(spec, item.key()));
       VP_ASSIGN_OR_RETURN(const HuggingFaceCheckpoint::Located source, ckpt.Find(hf));
+      const TensorShard shard = ShardOfParameter(item.key());
+      // The shape of this rank's part of the stored tensor.
+      const torch::Tensor part =
+          ShardOf(torch::empty(source.tensor->shape, torch::TensorOptions().device(torch::kMeta)),
+                  shard, tensor.size(), tensor.index());
+      const std::vector<int64_t> got(part.sizes().begin(), part.sizes().end());
       const std::vector<int64_t> want(item.value().sizes().begin(), item.value().sizes().end());
-      if (source.tensor->shape != want) {
+      if (got != want) {
         return absl::InvalidArgumentError(absl::StrCat(
             source.file->path(), ": tensor '", hf, "' has shape ", ShapeText(source.tensor->shape),
-            " but stage ", stage->role().stage, "'s ", item.key(), " needs ", ShapeText(want)));
+            " but stage ", stage->role().stage, "'s ", item.key(), " needs ", ShapeText(want),
+            tensor.size() > 1
+                ? absl::StrCat(" (tensor rank ", tensor.index(), " of ", tensor.size(), "'s part)")
+                : ""));
       }
       VP_ASSIGN_OR_RETURN(const torch::Dtype dtype,
                           TorchDtypeOf(*source.tensor, source.file->path()));
-      pending.push_back({item.value(), source, dtype});
+      pending.push_back({item.value(), source, dtype, shard, &tensor});
     }
   }
   torch::NoGradGuard no_grad;
@@ -313,7 +327,7 @@ absl::Status LoadHuggingFaceWeights(HuggingFaceCheckpoint& ckpt, const ModelSpec
     torch::Tensor host =
         torch::empty(p.source.tensor->shape, torch::TensorOptions().dtype(p.dtype));
     VP_RETURN_IF_ERROR(p.source.file->Read(*p.source.tensor, host.data_ptr()));
-    p.parameter.copy_(host);
+    p.parameter.copy_(ShardOf(host, p.shard, p.tensor->size(), p.tensor->index()));
   }
   return absl::OkStatus();
 }

@@ -48,7 +48,9 @@ absl::Status CheckHuggingFaceConfig(const HuggingFaceCheckpoint& checkpoint, con
 // `reject_unexpected`, a checkpoint tensor the whole model has no place
 // for is an error too (rotary inv_freq buffers and a tied model's
 // lm_head.weight are accepted and ignored). Nothing is copied unless every
-// tensor of the stages checks out.
+// tensor of the stages checks out. Stages of a tensor group (tensor
+// parallelism) read each whole tensor and keep their rank's part of it
+// (tensor_shard.h).
 absl::Status LoadHuggingFaceWeights(HuggingFaceCheckpoint& checkpoint, const ModelSpec& spec,
                                     const std::vector<ModelStage*>& stages,
                                     bool reject_unexpected = true);

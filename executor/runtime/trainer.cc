@@ -100,13 +100,11 @@ absl::Status Trainer::BuildStages() {
     return absl::InvalidArgumentError(
         "--export_hf: only model.architecture LLAMA and T5V11 have a Hugging Face layout");
   }
-  if (spec_.tensor_parallel > 1 &&
-      (!options_.export_hf.empty() || !c_.config.training().init_from().empty())) {
-    return absl::UnimplementedError(
-        absl::StrCat("--export_hf and training.init_from need parallelism.tensor 1 (this job has ",
-                     spec_.tensor_parallel,
-                     "): the Hugging Face import and export do not shard or gather "
-                     "tensor-parallel parameters yet"));
+  if (spec_.tensor_parallel > 1 && !options_.export_hf.empty()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "--export_hf needs parallelism.tensor 1 (this job has ", spec_.tensor_parallel,
+        "): the ranks do not gather their tensor-parallel parts at the end of a run; export "
+        "from the run's checkpoints with varipipe-export-hf, which does"));
   }
   return absl::OkStatus();
 }

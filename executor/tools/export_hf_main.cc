@@ -19,6 +19,8 @@
 #include "executor/model/hf_export.h"
 #include "executor/model/model_spec.h"
 #include "executor/model/model_stage.h"
+#include "executor/model/tensor_group.h"
+#include "executor/model/tensor_shard.h"
 #include "executor/runtime/checkpoint.h"
 #include "spdlog/spdlog.h"
 
@@ -45,7 +47,9 @@ constexpr char kUsage[] =
     "                          [--iteration N] [--dtype BFLOAT16]\n"
     "\n"
     "Data-parallel replica 0's rank files hold every parameter (ZeRO stage 1 shards only\n"
-    "the optimizer state), so any data-parallel degree and ZeRO stage export alike.";
+    "the optimizer state), so any data-parallel degree and ZeRO stage export alike. Under\n"
+    "tensor parallelism each stage's tensor ranks' parts are gathered back into whole\n"
+    "tensors.";
 
 // --dtype, else the model's dtype, else FLOAT32.
 absl::StatusOr<v1::DType> ExportDtype(const v1::JobConfig& config) {
@@ -59,24 +63,56 @@ absl::StatusOr<v1::DType> ExportDtype(const v1::JobConfig& config) {
   return dtype;
 }
 
-// --iteration, else the newest checkpoint that every pipeline rank of
-// replica 0 (global ranks 0 .. pp-1) holds in `dir`.
-absl::StatusOr<uint64_t> IterationToExport(const std::string& dir, uint32_t pp) {
+// --iteration, else the newest checkpoint that every rank of replica 0
+// (global ranks 0 .. pp * tensor - 1: its pipeline ranks' tensor ranks)
+// holds in `dir`.
+absl::StatusOr<uint64_t> IterationToExport(const std::string& dir, uint32_t ranks) {
   if (absl::GetFlag(FLAGS_iteration) >= 0)
     return static_cast<uint64_t>(absl::GetFlag(FLAGS_iteration));
   std::optional<uint64_t> iteration;
   std::map<uint64_t, uint32_t> holders;
-  for (uint32_t r = 0; r < pp; ++r) {
+  for (uint32_t r = 0; r < ranks; ++r) {
     for (uint64_t it : executor::RankCheckpoints(dir, static_cast<int>(r)).List()) ++holders[it];
   }
   for (const auto& [it, count] : holders) {
-    if (count == pp) iteration = it;
+    if (count == ranks) iteration = it;
   }
   if (!iteration.has_value()) {
     return absl::NotFoundError(
-        absl::StrCat(dir, ": no checkpoint that all ", pp, " pipeline ranks of replica 0 hold"));
+        absl::StrCat(dir, ": no checkpoint that all ", ranks, " ranks of replica 0 hold"));
   }
   return *iteration;
+}
+
+// Stage `role` of the checkpoint after `iteration`, whole: from pipeline rank
+// `pipeline_rank`'s file, or under tensor parallelism from the files of its
+// tensor ranks (global ranks pipeline_rank * t + i), each holding part i of
+// every sharded parameter, put back together (tensor_shard.h) into `stage`,
+// a stage of the model without tensor parallelism.
+absl::Status LoadWholeStage(const std::string& dir, uint64_t iteration,
+                            const executor::ModelSpec& spec, const executor::StageRole& role,
+                            const LayerLayout& layout, int pipeline_rank,
+                            executor::ModelStage& stage) {
+  const int t = static_cast<int>(spec.tensor_parallel);
+  if (t == 1) {
+    return executor::RankCheckpoints(dir, pipeline_rank, layout)
+        .LoadParameters(iteration, {&stage});
+  }
+  std::vector<std::unique_ptr<executor::ModelStage>> parts;
+  for (int i = 0; i < t; ++i) {
+    const int rank = pipeline_rank * t + i;
+    parts.push_back(std::make_unique<executor::ModelStage>(
+        spec, role, std::make_shared<executor::TensorGroup>(rank, t, spec.sequence_parallel)));
+    VP_RETURN_IF_ERROR(executor::RankCheckpoints(dir, rank, layout)
+                           .LoadParameters(iteration, {parts.back().get()}));
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& item : stage.named_parameters()) {
+    std::vector<torch::Tensor> pieces;
+    for (const auto& part : parts) pieces.push_back(part->named_parameters()[item.key()]);
+    item.value().copy_(executor::UnshardOf(pieces, executor::ShardOfParameter(item.key())));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Export() {
@@ -102,7 +138,8 @@ absl::Status Export() {
   VP_ASSIGN_OR_RETURN(const v1::DType dtype, ExportDtype(config));
   const uint32_t pp = config.parallelism().pipeline();
   const uint32_t stages = pp * std::max<uint32_t>(1, config.parallelism().virtual_chunks());
-  VP_ASSIGN_OR_RETURN(const uint64_t exported, IterationToExport(dir, pp));
+  VP_ASSIGN_OR_RETURN(const uint64_t exported,
+                      IterationToExport(dir, pp * static_cast<uint32_t>(spec.tensor_parallel)));
   const std::optional<uint64_t> iteration = exported;
   // The stage layout: the config's, checked against each file; an AUTO
   // job's as its checkpoint records it.
@@ -127,16 +164,23 @@ absl::Status Export() {
       "exporting the checkpoint after {} iterations in {} ({} stages, layout {}) to {} as {}",
       *iteration, dir, stages, layout.ToString(), out, v1::DType_Name(dtype));
   // Stage by stage (stage s lives on pipeline rank s % pp), so only one
-  // stage's parameters are in memory at a time.
+  // stage's parameters are in memory at a time; under tensor parallelism its
+  // tensor ranks' parts are gathered into the whole stage first.
+  executor::ModelSpec whole = spec;
+  whole.tensor_parallel = 1;
+  whole.sequence_parallel = false;
   for (uint32_t s = 0; s < stages; ++s) {
     const int rank = static_cast<int>(s % pp);
-    executor::ModelStage stage(spec, roles[s]);
-    VP_RETURN_IF_ERROR(
-        executor::RankCheckpoints(dir, rank, layout).LoadParameters(*iteration, {&stage}));
-    VP_RETURN_IF_ERROR(executor::ExportHuggingFaceShards(out, spec, {&stage}, dtype));
-    spdlog::info("stage {} (rank {}): {}", s, rank, roles[s].DebugString());
+    executor::ModelStage stage(whole, roles[s]);
+    VP_RETURN_IF_ERROR(LoadWholeStage(dir, *iteration, spec, roles[s], layout, rank, stage));
+    VP_RETURN_IF_ERROR(executor::ExportHuggingFaceShards(out, whole, {&stage}, dtype));
+    spdlog::info("stage {} (pipeline rank {}{}): {}", s, rank,
+                 spec.tensor_parallel > 1
+                     ? absl::StrCat(", gathered from ", spec.tensor_parallel, " tensor ranks")
+                     : "",
+                 roles[s].DebugString());
   }
-  VP_RETURN_IF_ERROR(executor::ExportHuggingFaceIndex(out, spec, dtype));
+  VP_RETURN_IF_ERROR(executor::ExportHuggingFaceIndex(out, whole, dtype));
   spdlog::info("wrote {}", out);
   return absl::OkStatus();
 }

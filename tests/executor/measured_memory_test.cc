@@ -183,7 +183,9 @@ TEST_P(MeasuredMemory, ProfiledPredictionMatchesTheMeasuredPeak) {
     }
     EXPECT_GT(measured, 0);
     EXPECT_LE(std::abs(predicted - measured) / measured, kTolerance) << "rank " << r;
-    if (c.many) EXPECT_GE(plan.micro_batches_size(), 14) << "rank " << r;
+    if (c.many) {
+      EXPECT_GE(plan.micro_batches_size(), 14) << "rank " << r;
+    }
   }
   std::filesystem::remove_all(dir);
 }

@@ -273,22 +273,22 @@ absl::Status NcclTransport::Collective(const std::string& what, const std::vecto
   return WaitEvent(event, *group_comm, *abort_, deadline, what);
 }
 
-absl::Status NcclTransport::AllReduceMean(std::span<float> data, const std::vector<int>& group) {
+absl::Status NcclTransport::AllReduce(std::span<float> data, const std::vector<int>& group,
+                                      ncclRedOp_t op) {
   if (group.size() <= 1 || data.empty()) return absl::OkStatus();
   return Collective(absl::StrCat("all-reduce over ranks ", absl::StrJoin(group, ",")), group,
                     [&](ncclComm_t comm, cudaStream_t stream) {
-                      return ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat,
-                                           ncclAvg, comm, stream);
+                      return ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat, op,
+                                           comm, stream);
                     });
 }
 
+absl::Status NcclTransport::AllReduceMean(std::span<float> data, const std::vector<int>& group) {
+  return AllReduce(data, group, ncclAvg);
+}
+
 absl::Status NcclTransport::AllReduceSum(std::span<float> data, const std::vector<int>& group) {
-  if (group.size() <= 1 || data.empty()) return absl::OkStatus();
-  return Collective(absl::StrCat("all-reduce over ranks ", absl::StrJoin(group, ",")), group,
-                    [&](ncclComm_t comm, cudaStream_t stream) {
-                      return ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat,
-                                           ncclSum, comm, stream);
-                    });
+  return AllReduce(data, group, ncclSum);
 }
 
 // In place (NCCL's rule for both: the rank's shard of the full buffer is

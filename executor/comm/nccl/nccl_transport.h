@@ -101,6 +101,8 @@ class NcclTransport final : public Transport {
   // Enqueues one collective on the communicator of `group` (one the
   // transport was built for) and waits for it, bounded and abortable.
   using Enqueue = std::function<ncclResult_t(ncclComm_t comm, cudaStream_t stream)>;
+  // An in-place all-reduce of `data` over `group` with `op`.
+  absl::Status AllReduce(std::span<float> data, const std::vector<int>& group, ncclRedOp_t op);
   absl::Status Collective(const std::string& what, const std::vector<int>& group,
                           const Enqueue& enqueue);
 
