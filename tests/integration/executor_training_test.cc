@@ -252,6 +252,43 @@ INSTANTIATE_TEST_SUITE_P(
 // A Hugging Face model the four-process run starts from: the tiny Llama
 // golden, or a FLAN-T5 that deploy/make-hf-t5.py writes (T5V11 at pp = 2:
 // the decoder stage holds a replica of the shared embedding).
+// The reference model started from a Hugging Face checkpoint's F32 tensors.
+void LoadReferenceFromHuggingFace(const std::filesystem::path& checkpoint,
+                                  const executor::ModelSpec& spec,
+                                  testing::ReferenceModel& reference) {
+  absl::StatusOr<HuggingFaceCheckpoint> hf = HuggingFaceCheckpoint::Open(checkpoint.string());
+  ASSERT_THAT(hf, IsOk());
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, p] : reference.parameters()) {
+    absl::StatusOr<std::string> hf_name = executor::HuggingFaceName(spec, name);
+    ASSERT_THAT(hf_name, IsOk());
+    absl::StatusOr<HuggingFaceCheckpoint::Located> t = hf->Find(*hf_name);
+    ASSERT_THAT(t, IsOk());
+    ASSERT_EQ(t->tensor->dtype, "F32");
+    torch::Tensor value = torch::empty(t->tensor->shape);
+    ASSERT_THAT(t->file->Read(*t->tensor, value.data_ptr()), IsOk());
+    ASSERT_EQ(value.sizes(), p.sizes()) << name;
+    p.copy_(value);
+  }
+}
+
+// kSgdIterations SGD steps of the reference over the samples of the plan
+// files in `plans` (`plan_ranks` per iteration).
+void StepReference(const std::filesystem::path& plans, int plan_ranks, const v1::JobConfig& config,
+                   const SampleDataset& dataset, testing::ReferenceModel& reference) {
+  for (int it = 0; it < kSgdIterations; ++it) {
+    std::vector<v1::ExecutionPlan> iteration;
+    for (int r = 0; r < plan_ranks; ++r) {
+      absl::StatusOr<v1::ExecutionPlan> p = executor::ReadPlanFile(plans.string(), it, r);
+      ASSERT_THAT(p, IsOk());
+      iteration.push_back(*std::move(p));
+    }
+    const testing::ReferencePass pass =
+        reference.Gradients(testing::IterationSamples(iteration), dataset);
+    reference.SgdStep(pass.gradients, config.training().learning_rate());
+  }
+}
+
 struct HuggingFaceRun {
   std::string name;
   std::string model;  // the job's model section
@@ -311,33 +348,10 @@ TEST_P(ExecutorTrainingHf, HuggingFaceWeightsLoadAndTrainLikeTheReference) {
   absl::StatusOr<executor::ModelSpec> spec = executor::ModelSpecFromConfig(*config);
   ASSERT_THAT(spec, IsOk());
   testing::ReferenceModel reference(*config);
-  {
-    absl::StatusOr<HuggingFaceCheckpoint> hf = HuggingFaceCheckpoint::Open(checkpoint.string());
-    ASSERT_THAT(hf, IsOk());
-    torch::NoGradGuard no_grad;
-    for (const auto& [name, p] : reference.parameters()) {
-      absl::StatusOr<std::string> hf_name = executor::HuggingFaceName(*spec, name);
-      ASSERT_THAT(hf_name, IsOk());
-      absl::StatusOr<HuggingFaceCheckpoint::Located> t = hf->Find(*hf_name);
-      ASSERT_THAT(t, IsOk());
-      ASSERT_EQ(t->tensor->dtype, "F32");
-      torch::Tensor value = torch::empty(t->tensor->shape);
-      ASSERT_THAT(t->file->Read(*t->tensor, value.data_ptr()), IsOk());
-      ASSERT_EQ(value.sizes(), p.sizes()) << name;
-      p.copy_(value);
-    }
-  }
-  for (int it = 0; it < kSgdIterations; ++it) {
-    std::vector<v1::ExecutionPlan> plans;
-    for (int r = 0; r < 4; ++r) {
-      absl::StatusOr<v1::ExecutionPlan> p = executor::ReadPlanFile((dir / "plans").string(), it, r);
-      ASSERT_THAT(p, IsOk());
-      plans.push_back(*std::move(p));
-    }
-    const testing::ReferencePass pass =
-        reference.Gradients(testing::IterationSamples(plans), **dataset);
-    reference.SgdStep(pass.gradients, config->training().learning_rate());
-  }
+  LoadReferenceFromHuggingFace(checkpoint, *spec, reference);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  StepReference(dir / "plans", 4, *config, **dataset, reference);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
   int compared = 0;
   for (int r = 0; r < 4; ++r) {
     const testing::NamedTensors trained =
@@ -482,31 +496,10 @@ TEST(ExecutorTrainingHfTensorParallel, TensorRanksLoadTheirPartsAndTheExportGath
   absl::StatusOr<executor::ModelSpec> spec = executor::ModelSpecFromConfig(*config);
   ASSERT_THAT(spec, IsOk());
   testing::ReferenceModel reference(*config);
-  absl::StatusOr<HuggingFaceCheckpoint> hf = HuggingFaceCheckpoint::Open(checkpoint.string());
-  ASSERT_THAT(hf, IsOk());
-  {
-    torch::NoGradGuard no_grad;
-    for (const auto& [name, p] : reference.parameters()) {
-      absl::StatusOr<std::string> hf_name = executor::HuggingFaceName(*spec, name);
-      ASSERT_THAT(hf_name, IsOk());
-      absl::StatusOr<HuggingFaceCheckpoint::Located> t = hf->Find(*hf_name);
-      ASSERT_THAT(t, IsOk());
-      torch::Tensor value = torch::empty(t->tensor->shape);
-      ASSERT_THAT(t->file->Read(*t->tensor, value.data_ptr()), IsOk());
-      p.copy_(value);
-    }
-  }
-  for (int it = 0; it < kSgdIterations; ++it) {
-    std::vector<v1::ExecutionPlan> plans;
-    for (int r = 0; r < 2; ++r) {  // one plan per pipeline rank
-      absl::StatusOr<v1::ExecutionPlan> p = executor::ReadPlanFile((dir / "plans").string(), it, r);
-      ASSERT_THAT(p, IsOk());
-      plans.push_back(*std::move(p));
-    }
-    const testing::ReferencePass pass =
-        reference.Gradients(testing::IterationSamples(plans), **dataset);
-    reference.SgdStep(pass.gradients, config->training().learning_rate());
-  }
+  LoadReferenceFromHuggingFace(checkpoint, *spec, reference);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  StepReference(dir / "plans", /*plan_ranks=*/2, *config, **dataset, reference);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
   std::vector<testing::NamedTensors> trained(4);
   for (int r = 0; r < 4; ++r) {
     trained[r] = testing::LoadParameters(dir / absl::StrFormat("params.rank_%05d.pt", r));
