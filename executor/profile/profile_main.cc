@@ -571,21 +571,25 @@ absl::StatusOr<ProfileInputs> ReadInputs(const std::string& config_path) {
 // writes the cost model file with the transfer and optimizer costs.
 // Under tensor parallelism every rank of the group measures the points rank 0
 // has not measured yet (in its partial file), in the same order: rank 0's
-// list of done points is summed over the group.
-absl::Status ShareDonePoints(const executor::TensorGroup& group, const std::vector<PointKey>& todo,
-                             std::map<PointKey, executor::PointCosts>& done) {
+// list of done points is summed over the group (on `device`: an NCCL
+// transport takes device memory). Throws c10::Error when the collective fails.
+void ShareDonePoints(const executor::TensorGroup& group, torch::Device device,
+                     const std::vector<PointKey>& todo,
+                     std::map<PointKey, executor::PointCosts>& done) {
   std::vector<float> mask(todo.size(), 0.0f);
   for (size_t i = 0; i < todo.size(); ++i) mask[i] = done.count(todo[i]) > 0 ? 1.0f : 0.0f;
   if (group.index() != 0) std::fill(mask.begin(), mask.end(), 0.0f);
-  torch::Tensor summed = group.AllReduceSum(torch::from_blob(
-      mask.data(), {static_cast<int64_t>(mask.size())}, torch::dtype(torch::kFloat32)));
-  summed = summed.cpu().contiguous();
+  const torch::Tensor summed =
+      group
+          .AllReduceSum(torch::from_blob(mask.data(), {static_cast<int64_t>(mask.size())},
+                                         torch::dtype(torch::kFloat32))
+                            .to(device))
+          .cpu()
+          .contiguous();
+  const float* marks = summed.data_ptr<float>();
   for (size_t i = 0; i < todo.size(); ++i) {
-    if (summed[static_cast<int64_t>(i)].item<float>() > 0) {
-      done.emplace(todo[i], executor::PointCosts{});
-    }
+    if (marks[i] > 0) done.emplace(todo[i], executor::PointCosts{});
   }
-  return absl::OkStatus();
 }
 
 int ProfileGrids(const ProfileInputs& inputs,
@@ -622,7 +626,7 @@ int ProfileGrids(const ProfileInputs& inputs,
   }
   if (group != nullptr) {
     try {
-      (void)ShareDonePoints(*group, todo, done);
+      ShareDonePoints(*group, inputs.settings.device, todo, done);
     } catch (const std::exception& e) {
       spdlog::error("sharing the measured points over the tensor group: {}", e.what());
       return kExitFailure;
