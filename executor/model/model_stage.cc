@@ -95,6 +95,35 @@ ModelStage::ModelStage(const ModelSpec& spec, const StageRole& role,
       vocab_begin_(RangeOfPart(spec.vocab_size, tensor_->size(), tensor_->index()).begin) {
   TORCH_CHECK(tensor_->size() == spec.tensor_parallel, "a tensor group of ", tensor_->size(),
               " ranks for a model of tensor-parallel degree ", spec.tensor_parallel);
+  const int64_t h = spec.hidden_size;
+  RegisterEmbeddings();
+  const int64_t total_layers = spec.num_layers + spec.num_decoder_layers;
+  for (int64_t i = role.encoder_layers.begin; i < role.encoder_layers.end; ++i) {
+    layers_.push_back(
+        register_module(absl::StrCat("encoder_layer_", i),
+                        std::make_shared<TransformerLayer>(spec, ModelComponent::kEncoderLayer, i,
+                                                           total_layers, tensor_.get())));
+  }
+  if (role.ends_encoder && spec.t5v11) {
+    encoder_ln_weight_ = register_parameter("encoder_norm_weight", Initializer::Ones({h}));
+  } else if (role.ends_encoder) {
+    encoder_ln_weight_ = register_parameter("encoder_ln_weight", Initializer::Ones({h}));
+    encoder_ln_bias_ = register_parameter("encoder_ln_bias", Initializer::Zeros({h}));
+  }
+  for (int64_t i = role.decoder_layers.begin; i < role.decoder_layers.end; ++i) {
+    layers_.push_back(
+        register_module(absl::StrCat("decoder_layer_", i),
+                        std::make_shared<TransformerLayer>(spec, ModelComponent::kDecoderLayer, i,
+                                                           total_layers, tensor_.get())));
+  }
+  RegisterHead();
+}
+
+// Registration order is the parameters' order (checkpoints, optimizer
+// buffers): embeddings and bias tables, layers, encoder norm, head.
+void ModelStage::RegisterEmbeddings() {
+  const ModelSpec& spec = spec_;
+  const StageRole& role = role_;
   const TensorGroup& tp = *tensor_;
   const int64_t h = spec.hidden_size;
   // GPT / T5 encoder embedding (index 0) and T5 decoder embedding (index 1,
@@ -137,25 +166,13 @@ ModelStage::ModelStage(const ModelSpec& spec, const StageRole& role,
     decoder_position_embedding_ = register_parameter(
         "decoder_position_embedding", init.Normal({spec.max_sequence_length, h}, kInitStddev));
   }
-  const int64_t total_layers = spec.num_layers + spec.num_decoder_layers;
-  for (int64_t i = role.encoder_layers.begin; i < role.encoder_layers.end; ++i) {
-    layers_.push_back(
-        register_module(absl::StrCat("encoder_layer_", i),
-                        std::make_shared<TransformerLayer>(spec, ModelComponent::kEncoderLayer, i,
-                                                           total_layers, tensor_.get())));
-  }
-  if (role.ends_encoder && spec.t5v11) {
-    encoder_ln_weight_ = register_parameter("encoder_norm_weight", Initializer::Ones({h}));
-  } else if (role.ends_encoder) {
-    encoder_ln_weight_ = register_parameter("encoder_ln_weight", Initializer::Ones({h}));
-    encoder_ln_bias_ = register_parameter("encoder_ln_bias", Initializer::Zeros({h}));
-  }
-  for (int64_t i = role.decoder_layers.begin; i < role.decoder_layers.end; ++i) {
-    layers_.push_back(
-        register_module(absl::StrCat("decoder_layer_", i),
-                        std::make_shared<TransformerLayer>(spec, ModelComponent::kDecoderLayer, i,
-                                                           total_layers, tensor_.get())));
-  }
+}
+
+void ModelStage::RegisterHead() {
+  const ModelSpec& spec = spec_;
+  const StageRole& role = role_;
+  const TensorGroup& tp = *tensor_;
+  const int64_t h = spec.hidden_size;
   if (role.has_head && (spec.llama || spec.t5v11)) {
     Initializer init(spec.seed, ModelComponent::kHead, 0);
     final_ln_weight_ = register_parameter("final_norm_weight", Initializer::Ones({h}));

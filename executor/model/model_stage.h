@@ -148,6 +148,10 @@ class ModelStage : public torch::nn::Module {
   void SetFullRecompute(bool on);
 
  private:
+  // The constructor's parameters before and after the layers (this tensor
+  // rank's part of each).
+  void RegisterEmbeddings();
+  void RegisterHead();
   // Packed rows' self-attention mask: segments for per-sample attention, or
   // the dense block-diagonal one (StageBatch::per_sample_attention).
   static torch::Tensor PackedSelfMask(const torch::Tensor& segments, bool causal, bool per_sample);

@@ -592,6 +592,33 @@ void ShareDonePoints(const executor::TensorGroup& group, torch::Device device,
   }
 }
 
+// The points measured already: rank 0's partial file (opened for appending
+// in `*partial`), shared with the rest of its tensor group, if any.
+absl::Status LoadDonePoints(const ProfileInputs& inputs, const std::string& out_path,
+                            const std::string& header, const std::vector<PointKey>& todo,
+                            std::optional<PartialFile>& partial,
+                            std::map<PointKey, executor::PointCosts>& done) {
+  const executor::TensorGroup* group = inputs.settings.tensor;
+  if (group == nullptr || group->index() == 0) {
+    partial.emplace(out_path + ".partial", header);
+    done = partial->Load();
+    if (!partial->Open(done)) {
+      return absl::UnavailableError(absl::StrCat("cannot write ", out_path, ".partial"));
+    }
+  }
+  if (group == nullptr) return absl::OkStatus();
+  try {
+    ShareDonePoints(*group, inputs.settings.device, todo, done);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("sharing the measured points over the tensor group: ", e.what()));
+  }
+  spdlog::info("tensor rank {} of {}{}: measuring this rank's part of every component",
+               group->index(), group->size(),
+               group->sequence_parallel() ? " (sequence parallel)" : "");
+  return absl::OkStatus();
+}
+
 int ProfileGrids(const ProfileInputs& inputs,
                  const std::optional<v1::CommunicationCosts>& communication,
                  const v1::OptimizerCosts& optimizer, const ShutdownSignal& shutdown) {
@@ -616,24 +643,9 @@ int ProfileGrids(const ProfileInputs& inputs,
                    " model=", config.model().ShortDebugString(), " points=", todo.size());
   std::optional<PartialFile> partial;
   std::map<PointKey, executor::PointCosts> done;
-  if (writer) {
-    partial.emplace(out_path + ".partial", header);
-    done = partial->Load();
-    if (!partial->Open(done)) {
-      std::fprintf(stderr, "varipipe-profile: cannot write %s.partial\n", out_path.c_str());
-      return kExitFailure;
-    }
-  }
-  if (group != nullptr) {
-    try {
-      ShareDonePoints(*group, inputs.settings.device, todo, done);
-    } catch (const std::exception& e) {
-      spdlog::error("sharing the measured points over the tensor group: {}", e.what());
-      return kExitFailure;
-    }
-    spdlog::info("tensor rank {} of {}{}: measuring this rank's part of every component",
-                 group->index(), group->size(),
-                 group->sequence_parallel() ? " (sequence parallel)" : "");
+  if (absl::Status s = LoadDonePoints(inputs, out_path, header, todo, partial, done); !s.ok()) {
+    spdlog::error("{}", std::string(s.message()));
+    return kExitFailure;
   }
   spdlog::info("profiling {} grid points on {} ({} already measured in {}.partial)", todo.size(),
                inputs.device, done.size(), out_path);
