@@ -77,10 +77,15 @@ absl::StatusOr<v1::OptimizerCosts> MeasureOptimizer(const ModelSpec& spec,
 
 std::pair<double, double> FitLink(const std::vector<TransferSample>& samples) {
   if (samples.empty()) return {0, 0};
-  const auto smallest = std::min_element(
+  // The latency is the fastest transfer's time (a noisy small message, on a
+  // loaded machine, must not exceed every large one's and leave no slope).
+  const double latency_ms =
+      std::min_element(samples.begin(), samples.end(),
+                       [](const TransferSample& a, const TransferSample& b) { return a.ms < b.ms; })
+          ->ms;
+  const auto largest = std::max_element(
       samples.begin(), samples.end(),
       [](const TransferSample& a, const TransferSample& b) { return a.bytes < b.bytes; });
-  const double latency_ms = smallest->ms;
   constexpr double kLarge = 64 * 1024;
   const bool any_large = std::any_of(samples.begin(), samples.end(),
                                      [](const TransferSample& s) { return s.bytes >= kLarge; });
@@ -91,7 +96,10 @@ std::pair<double, double> FitLink(const std::vector<TransferSample>& samples) {
     nn += s.bytes * s.bytes;
     nt += s.bytes * std::max(0.0, s.ms - latency_ms);
   }
-  const double bytes_per_ms = nt > 0 ? nn / nt : 0;
+  // Every transfer as fast as the fastest: the link is faster than the sizes
+  // measured show; the largest transfer's own rate bounds it from below.
+  const double bytes_per_ms =
+      nt > 0 ? nn / nt : static_cast<double>(largest->bytes) / std::max(largest->ms, 1e-6);
   return {latency_ms * 1e3, bytes_per_ms / 1e6};
 }
 

@@ -37,9 +37,11 @@ struct TransferSample {
 };
 
 // Least-squares fit of t = latency + n / bandwidth: the latency is the
-// median time of the smallest message, the bandwidth the slope through the
-// points of at least 64 KiB (all points when there are none). Returns
-// (latency us, bandwidth GB/s).
+// fastest sample's time (normally the smallest message's median), the
+// bandwidth the slope through the points of at least 64 KiB (all points when
+// there are none), or the largest message's own rate when no point takes
+// longer than the latency (a loaded machine). Returns (latency us,
+// bandwidth GB/s), the bandwidth positive whenever a sample is.
 std::pair<double, double> FitLink(const std::vector<TransferSample>& samples);
 
 // Message sizes 4 bytes, 4 * 4^k ... up to `max_bytes` (included).
