@@ -18,7 +18,8 @@ torch::Tensor TensorGroup::Run(
     absl::Status (Transport::*collective)(std::span<float>, const std::vector<int>&)) const {
   TORCH_CHECK(transport_ != nullptr, "tensor group ", absl::StrJoin(ranks_, ","),
               ": no transport for its ", what);
-  torch::Tensor data = x.to(torch::kFloat32).contiguous().clone();
+  // One fresh fp32 copy, which the collective overwrites in place.
+  torch::Tensor data = x.to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true).contiguous();
   if (data.is_cuda()) torch::cuda::synchronize(data.device().index());
   const absl::Status status = (transport_->*collective)(
       std::span<float>(data.data_ptr<float>(), static_cast<size_t>(data.numel())), ranks_);

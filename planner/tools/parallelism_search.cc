@@ -18,7 +18,7 @@ namespace {
 // its rejected candidates after it (one line per method and recompute mode,
 // the modes in the config's order, least recomputation first), the dynamic
 // program's last: why even its most recomputation does not fit.
-std::string FirstLine(const absl::Status& status) {
+std::string OneLineReason(const absl::Status& status) {
   std::vector<std::string> lines = absl::StrSplit(status.message(), '\n', absl::SkipEmpty());
   if (lines.empty()) return std::string();
   std::string line = lines.front();
@@ -74,12 +74,12 @@ ParallelismCandidate Evaluate(const v1::JobConfig& base, const std::vector<MiniB
   }
   v1::JobConfig config = WithLayout(base, layout, sequence_parallel);
   if (absl::Status valid = ValidateJobConfig(config, "layout"); !valid.ok()) {
-    c.reason = FirstLine(valid);
+    c.reason = OneLineReason(valid);
     return c;
   }
   absl::StatusOr<Planner> planner = Planner::Create(config);
   if (!planner.ok()) {
-    c.reason = FirstLine(planner.status());
+    c.reason = OneLineReason(planner.status());
     return c;
   }
   std::map<std::string, int> schedules;
@@ -87,7 +87,7 @@ ParallelismCandidate Evaluate(const v1::JobConfig& base, const std::vector<MiniB
   for (const MiniBatch& mb : sample) {
     absl::StatusOr<PlanningResult> result = planner->Plan(mb);
     if (!result.ok()) {
-      c.reason = absl::StrCat("mini-batch ", mb.iteration, ": ", FirstLine(result.status()));
+      c.reason = absl::StrCat("mini-batch ", mb.iteration, ": ", OneLineReason(result.status()));
       return c;
     }
     const PlanReport& r = result->report;
