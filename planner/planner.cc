@@ -237,7 +237,9 @@ absl::Status Search::Init() {
   if (!layout.ok()) return layout.status();
   layout_ = *layout;
   policy_ = {.encoder_decoder = dims_.encoder_decoder(),
-             .multiple = c_.planner().length_multiple()};
+             .multiple = c_.planner().length_multiple(),
+             .max_input = c_.data().max_sequence_length(),
+             .max_target = dims_.encoder_decoder() ? c_.data().max_target_length() : 0};
   // Raw bytes per stage for schedules and the simulator.
   for (int mode_value : c_.planner().recompute_modes()) {
     const Recompute mode = RecomputeFromProto(static_cast<v1::RecomputeMode>(mode_value));
@@ -310,9 +312,9 @@ void Search::EnumerateCandidates() {
         // whole-device one where it differs, whose larger micro-batches may
         // still fit beside smaller ones: the simulated peak of each device
         // decides (Judge).
-        for (MemoryBudget budget : adaptive ? std::vector{MemoryBudget::kWholeDevice}
-                                            : std::vector{MemoryBudget::kPipelineDepth,
-                                                          MemoryBudget::kWholeDevice}) {
+        for (MemoryBudget budget :
+             adaptive ? std::vector{MemoryBudget::kWholeDevice}
+                      : std::vector{MemoryBudget::kPipelineDepth, MemoryBudget::kWholeDevice}) {
           Candidate cand;
           cand.method = split.method;
           cand.recompute = mode;
@@ -866,7 +868,10 @@ absl::Status Search::Validate(const Candidate& best, std::span<const v1::Executi
   for (size_t rank = 0; rank < rank_costs.size(); ++rank) {
     rank_costs[rank] = &best.replicas[ranks_.DpRank(static_cast<int>(rank))].costs;
   }
-  absl::Status s = ValidatePlans(plans, best.peak_per_rank, limits, options_.threads, rank_costs);
+  absl::Status s = ValidateMicroBatchLengths(
+      plans, {.max_input = c_.data().max_sequence_length(),
+              .max_target = dims_.encoder_decoder() ? c_.data().max_target_length() : 0});
+  if (s.ok()) s = ValidatePlans(plans, best.peak_per_rank, limits, options_.threads, rank_costs);
   validation_ms_ = MsSince(t);
   if (s.ok()) return s;
   return absl::InternalError(

@@ -57,18 +57,16 @@ std::vector<MicroBatchGroup> PartitionTokenBased(std::span<const SampleLengths> 
   std::vector<MicroBatchGroup> groups;
   MicroBatchGroup current;  // input_len/target_len hold the running padded maxima
   for (uint32_t index : SortedByLength(samples, policy)) {
-    uint32_t input = std::max(
-        current.input_len, RoundUpLength(SequenceLength(samples[index], policy), policy.multiple));
-    uint32_t target =
-        policy.encoder_decoder
-            ? std::max(current.target_len, RoundUpLength(samples[index].target, policy.multiple))
-            : 0;
+    const uint32_t own_input = PaddedInputLength(SequenceLength(samples[index], policy), policy);
+    const uint32_t own_target = PaddedTargetLength(samples[index].target, policy);
+    uint32_t input = std::max(current.input_len, own_input);
+    uint32_t target = std::max(current.target_len, own_target);
     if (!current.samples.empty() &&
         (current.size() + 1) * (uint64_t{input} + target) > token_budget) {
       groups.push_back(std::move(current));
       current = MicroBatchGroup();
-      input = RoundUpLength(SequenceLength(samples[index], policy), policy.multiple);
-      target = policy.encoder_decoder ? RoundUpLength(samples[index].target, policy.multiple) : 0;
+      input = own_input;
+      target = own_target;
     }
     current.samples.push_back(index);
     current.input_len = input;
@@ -119,8 +117,8 @@ std::vector<MicroBatchGroup> PartitionPacking(std::span<const SampleLengths> sam
       group.row_starts.push_back(static_cast<uint32_t>(group.samples.size()));
       group.samples.insert(group.samples.end(), bins[b].begin(), bins[b].end());
     }
-    group.input_len = RoundUpLength(max_input, policy.multiple);
-    group.target_len = policy.encoder_decoder ? RoundUpLength(max_target, policy.multiple) : 0;
+    group.input_len = PaddedInputLength(max_input, policy);
+    group.target_len = PaddedTargetLength(max_target, policy);
     groups.push_back(std::move(group));
   }
   return groups;

@@ -4,7 +4,7 @@
 //
 // Invariants of every function here: each sample of the mini-batch appears in
 // exactly one group; groups are non-empty; padded lengths are the rounded
-// maxima of their samples (PadToLongest).
+// maxima of their samples (PadToLongest), never past the policy's limits.
 #ifndef VARIPIPE_PLANNER_MICROBATCH_BASELINES_H_
 #define VARIPIPE_PLANNER_MICROBATCH_BASELINES_H_
 
@@ -42,7 +42,8 @@ std::vector<MicroBatchGroup> PartitionTokenBased(std::span<const SampleLengths> 
 // `sequences_per_micro_batch` packed sequences per micro-batch. Every row is
 // padded to the maximum lengths: attention runs over the whole packed
 // sequence, as in the packing baselines DynaPipe compares against.
-// REQUIRES: sequences_per_micro_batch >= 1; every sample within the maxima.
+// REQUIRES: sequences_per_micro_batch >= 1; every sample within the maxima;
+// the maxima within the policy's limits.
 std::vector<MicroBatchGroup> PartitionPacking(std::span<const SampleLengths> samples,
                                               const LengthPolicy& policy, uint32_t max_input,
                                               uint32_t max_target,

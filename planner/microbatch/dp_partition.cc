@@ -70,16 +70,34 @@ double RunDp(const RunTable& runs, const std::vector<uint32_t>& width, double tm
   return f[n];
 }
 
+// The padded input length of the sample at `position` (PaddedInputLength).
+uint32_t PaddedInput(const DpProblem& p, uint32_t position) {
+  return PaddedInputLength(SequenceLength(p.samples[position], p.policy), p.policy);
+}
+
+// The padded target length of the sample at `position` (0 for decoder-only).
+uint32_t PaddedTarget(const DpProblem& p, uint32_t position) {
+  return PaddedTargetLength(p.samples[position].target, p.policy);
+}
+
+// The RowCache slot of a padded length: ceil(length / multiple). Padded
+// lengths are multiples of `multiple` except the capped limit itself, whose
+// slot is that of its rounded length, which never occurs; so distinct padded
+// lengths have distinct slots.
+size_t SlotOf(uint32_t padded_length, uint32_t multiple) {
+  return (size_t{padded_length} + multiple - 1) / multiple;
+}
+
 // Cost-model rows of the padded lengths a decoder-only mini-batch has,
 // prepared once: a run's padded length is always one of its samples' (the
 // rows are the costly part of a cost evaluation).
 struct RowCache {
-  std::vector<int> slot;  // by padded length / multiple; -1: none
+  std::vector<int> slot;  // by SlotOf(padded length); -1: none
   std::vector<MicroBatchCostModel::Row> rows;
   std::vector<char> ok;
 
   const MicroBatchCostModel::Row* Find(uint32_t input_len, uint32_t multiple) const {
-    const size_t k = input_len / multiple;
+    const size_t k = SlotOf(input_len, multiple);
     if (k >= slot.size() || slot[k] < 0 || !ok[slot[k]]) return nullptr;
     return &rows[slot[k]];
   }
@@ -88,16 +106,13 @@ struct RowCache {
 void PrepareRows(const DpProblem& p, RowCache& cache) {
   if (p.policy.encoder_decoder) return;  // runs pad to (max input, max target) pairs
   std::vector<uint32_t> lengths;
-  for (uint32_t position : p.order) {
-    lengths.push_back(
-        RoundUpLength(SequenceLength(p.samples[position], p.policy), p.policy.multiple));
-  }
+  for (uint32_t position : p.order) lengths.push_back(PaddedInput(p, position));
   std::sort(lengths.begin(), lengths.end());
   lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
-  cache.slot.assign(lengths.back() / p.policy.multiple + 1, -1);
+  cache.slot.assign(SlotOf(lengths.back(), p.policy.multiple) + 1, -1);
   cache.rows.resize(lengths.size());
   cache.ok.assign(lengths.size(), 0);
-  for (size_t k = 0; k < lengths.size(); ++k) cache.slot[lengths[k] / p.policy.multiple] = k;
+  for (size_t k = 0; k < lengths.size(); ++k) cache.slot[SlotOf(lengths[k], p.policy.multiple)] = k;
   ParallelFor(lengths.size(), p.threads,
               [&](size_t k) { cache.ok[k] = p.cost->PrepareRow(lengths[k], 0, &cache.rows[k]); });
 }
@@ -111,9 +126,8 @@ void CostSingles(const DpProblem& p, const RowCache& cache, RunTable& runs) {
   ParallelFor(chunks, p.threads, [&](size_t k) {
     MicroBatchCostModel::Row own;
     for (size_t i = k * n / chunks; i < (k + 1) * n / chunks; ++i) {
-      const SampleLengths& s = p.samples[p.order[i]];
-      const uint32_t in = RoundUpLength(SequenceLength(s, p.policy), p.policy.multiple);
-      const uint32_t tg = p.policy.encoder_decoder ? RoundUpLength(s.target, p.policy.multiple) : 0;
+      const uint32_t in = PaddedInput(p, p.order[i]);
+      const uint32_t tg = PaddedTarget(p, p.order[i]);
       const MicroBatchCostModel::Row* row =
           cache.rows.empty() ? nullptr : cache.Find(in, p.policy.multiple);
       if (row == nullptr && p.cost->PrepareRow(in, tg, &own)) row = &own;
@@ -135,10 +149,7 @@ double SumLowerBound(const DpProblem& p, const RowCache& cache) {
   const std::vector<uint32_t>* axis = p.cost->BatchAxis();
   if (p.policy.encoder_decoder || axis == nullptr || axis->empty() || cache.rows.empty()) return 0;
   std::vector<uint32_t> lengths;
-  for (uint32_t position : p.order) {
-    lengths.push_back(
-        RoundUpLength(SequenceLength(p.samples[position], p.policy), p.policy.multiple));
-  }
+  for (uint32_t position : p.order) lengths.push_back(PaddedInput(p, position));
   std::vector<uint32_t> distinct = lengths;
   std::sort(distinct.begin(), distinct.end());
   distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
@@ -237,9 +248,7 @@ struct RunCosts {
 std::vector<int> RowsByPosition(const DpProblem& p, const RowCache& cache) {
   std::vector<int> rows(p.order.size());
   for (size_t j = 0; j < rows.size(); ++j) {
-    rows[j] = cache.slot[RoundUpLength(SequenceLength(p.samples[p.order[j]], p.policy),
-                                       p.policy.multiple) /
-                         p.policy.multiple];
+    rows[j] = cache.slot[SlotOf(PaddedInput(p, p.order[j]), p.policy.multiple)];
   }
   return rows;
 }
@@ -289,9 +298,8 @@ void BuildRunsFrom(const DpProblem& p, const RowCache& cache, const TableLimits&
     size_t j = i;
     MicroBatchCost cost;
     for (; j < n; ++j) {
-      const SampleLengths& s = p.samples[p.order[j]];
-      const uint32_t in = RoundUpLength(SequenceLength(s, p.policy), p.policy.multiple);
-      const uint32_t tg = p.policy.encoder_decoder ? RoundUpLength(s.target, p.policy.multiple) : 0;
+      const uint32_t in = PaddedInput(p, p.order[j]);
+      const uint32_t tg = PaddedTarget(p, p.order[j]);
       if (in > input_len || tg > target_len || row == nullptr) {
         input_len = std::max(input_len, in);
         target_len = std::max(target_len, tg);
@@ -961,6 +969,29 @@ std::vector<absl::StatusOr<DpSolution>> SolveMicroBatchDpBudgets(
   return SolveMicroBatchDpBudgets(p, budgets);
 }
 
+namespace {
+
+// InvalidArgument naming the first sample of the order over the policy's
+// limits: its padded lengths could not hold it.
+absl::Status CheckWithinLimits(const DpProblem& p) {
+  for (uint32_t position : p.order) {
+    const SampleLengths& s = p.samples[position];
+    const uint32_t input = SequenceLength(s, p.policy);
+    const bool long_input = p.policy.max_input > 0 && input > p.policy.max_input;
+    const bool long_target =
+        p.policy.encoder_decoder && p.policy.max_target > 0 && s.target > p.policy.max_target;
+    if (long_input || long_target) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "micro-batch DP: sample at position %d (%d input, %d target tokens) exceeds the "
+          "length limits (%d input, %d target)",
+          position, input, s.target, p.policy.max_input, p.policy.max_target));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 std::vector<absl::StatusOr<DpSolution>> SolveMicroBatchDpBudgets(
     const DpProblem& p, std::span<const DpBudget> budgets) {
   std::vector<absl::StatusOr<DpSolution>> results;
@@ -972,6 +1003,8 @@ std::vector<absl::StatusOr<DpSolution>> SolveMicroBatchDpBudgets(
   } else if (p.pipeline_stages == 0 || p.data_parallel == 0 || p.virtual_chunks == 0 ||
              p.policy.multiple == 0 || !(p.tmax_interval_ms >= 0)) {
     invalid = absl::InvalidArgumentError("micro-batch DP: invalid parameters");
+  } else {
+    invalid = CheckWithinLimits(p);
   }
   if (!invalid.ok()) {
     results.assign(budgets.size(), invalid);

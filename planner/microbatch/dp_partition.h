@@ -57,6 +57,8 @@ struct DpProblem {
   std::span<const SampleLengths> samples;     // the mini-batch
   std::span<const uint32_t> order;            // positions in `samples`, partition order
   std::span<const uint64_t> sample_ids = {};  // parallel to `samples`, for errors; may be empty
+  // Padded lengths never exceed policy.max_input / max_target; a sample of
+  // the order over them is InvalidArgument.
   LengthPolicy policy;
   const MicroBatchCostModel* cost = nullptr;
   uint32_t pipeline_stages = 1;  // c

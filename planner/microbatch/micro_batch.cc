@@ -12,8 +12,8 @@ void PadToLongest(std::span<const SampleLengths> samples, const LengthPolicy& po
     longest_input = std::max(longest_input, SequenceLength(samples[index], policy));
     longest_target = std::max(longest_target, samples[index].target);
   }
-  group.input_len = RoundUpLength(longest_input, policy.multiple);
-  group.target_len = policy.encoder_decoder ? RoundUpLength(longest_target, policy.multiple) : 0;
+  group.input_len = PaddedInputLength(longest_input, policy);
+  group.target_len = PaddedTargetLength(longest_target, policy);
 }
 
 }  // namespace varipipe::planner

@@ -5,6 +5,7 @@
 #ifndef VARIPIPE_PLANNER_MICROBATCH_MICRO_BATCH_H_
 #define VARIPIPE_PLANNER_MICROBATCH_MICRO_BATCH_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -18,8 +19,16 @@ struct LengthPolicy {
   // Encoder-decoder models pad inputs and targets separately; decoder-only
   // models train on input + target as one sequence.
   bool encoder_decoder = false;
-  // Padded lengths are rounded up to a multiple of this (>= 1).
+  // Padded lengths are rounded up to a multiple of this (>= 1), but never
+  // past the limits below.
   uint32_t multiple = 8;
+  // The job's limits (data.max_sequence_length; T5 also
+  // data.max_target_length): the longest input (decoder-only: sequence) and
+  // target a padded micro-batch may have. 0: no limit. Samples are within
+  // them (PlanMicroBatches rejects or truncates longer ones), so a padded
+  // length within a limit still holds every sample.
+  uint32_t max_input = 0;
+  uint32_t max_target = 0;
 };
 
 struct MicroBatchGroup {
@@ -44,9 +53,29 @@ inline uint32_t RoundUpLength(uint32_t length, uint32_t multiple) {
   return static_cast<uint32_t>((uint64_t{length} + multiple - 1) / multiple * multiple);
 }
 
+// `length` rounded up to `multiple`, capped at `limit` (0: none), never
+// below `length`: min(RoundUpLength(length, multiple), limit) for a length
+// within its limit. Every padded length of a plan comes from here.
+inline uint32_t PadLength(uint32_t length, uint32_t multiple, uint32_t limit) {
+  const uint32_t rounded = RoundUpLength(length, multiple);
+  return limit == 0 ? rounded : std::max(length, std::min(rounded, limit));
+}
+
 // The unpadded length of a sample's (first) sequence under `policy`.
 inline uint32_t SequenceLength(const SampleLengths& s, const LengthPolicy& policy) {
   return policy.encoder_decoder ? s.input : s.input + s.target;
+}
+
+// Padded input (decoder-only: sequence) length of a sequence of `length`
+// tokens under `policy`: at most policy.max_input when `length` is.
+inline uint32_t PaddedInputLength(uint32_t length, const LengthPolicy& policy) {
+  return PadLength(length, policy.multiple, policy.max_input);
+}
+
+// Padded target length of a target of `length` tokens under `policy`; 0
+// for decoder-only models (their targets are part of the sequence).
+inline uint32_t PaddedTargetLength(uint32_t length, const LengthPolicy& policy) {
+  return policy.encoder_decoder ? PadLength(length, policy.multiple, policy.max_target) : 0;
 }
 
 // Sets input_len and target_len of `group` to the padded maxima of its

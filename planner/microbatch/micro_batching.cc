@@ -96,9 +96,8 @@ absl::Status TruncateForMemory(const MicroBatchCostModel& cost, const MicroBatch
   };
   const auto fits = [&](const SampleLengths& s) {
     MicroBatchCost c;
-    return cost.Evaluate(1, RoundUpLength(SequenceLength(s, policy), policy.multiple),
-                         policy.encoder_decoder ? RoundUpLength(s.target, policy.multiple) : 0,
-                         &c) &&
+    return cost.Evaluate(1, PaddedInputLength(SequenceLength(s, policy), policy),
+                         PaddedTargetLength(s.target, policy), &c) &&
            c.peak_bytes <= limit && (whole_device ? c.stored_bytes <= limit : fits_depth(c));
   };
   for (uint32_t i = 0; i < samples.size(); ++i) {
@@ -148,8 +147,13 @@ absl::Status TruncateForMemory(const MicroBatchCostModel& cost, const MicroBatch
   return absl::OkStatus();
 }
 
+// Padded lengths capped at the options' maxima (the job's data limits).
 LengthPolicy PolicyOf(const MicroBatchingOptions& o) {
-  return {.encoder_decoder = o.dims.encoder_decoder(), .multiple = o.length_multiple};
+  const bool t5 = o.dims.encoder_decoder();
+  return {.encoder_decoder = t5,
+          .multiple = o.length_multiple,
+          .max_input = o.max_input_len,
+          .max_target = t5 ? o.max_target_len : 0};
 }
 
 // The cost of every group of a baseline partition under one recompute
@@ -289,8 +293,10 @@ absl::Status PrepareSamples(const CostModel& model, const StageLayout& layout,
   const Clock::time_point order_start = Clock::now();
   result.order = OrderSamples(result.samples, policy, o.order);
   if (o.method == PartitionMethod::kDynamicProgramming && o.packed_row_tokens > 0) {
-    result.packed_rows = PackRows(result.samples, policy, o.packed_row_tokens,
-                                  policy.encoder_decoder ? o.max_target_len : 0);
+    // Rows within the maxima, so their padded lengths hold them.
+    result.packed_rows =
+        PackRows(result.samples, policy, std::min(o.packed_row_tokens, o.max_input_len),
+                 policy.encoder_decoder ? o.max_target_len : 0);
     for (const std::vector<uint32_t>& row : result.packed_rows) {
       SampleLengths total{.input = 0, .target = 0};
       for (uint32_t position : row) {

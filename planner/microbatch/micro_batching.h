@@ -65,9 +65,12 @@ struct MicroBatchingOptions {
   // ("sample 81234 (position 3 of the mini-batch)"); empty: positions only.
   // Must outlive the call.
   std::span<const uint64_t> sample_ids = {};
+  // Padded lengths are rounded up to this, but never past the maxima below.
   uint32_t length_multiple = 8;
   double tmax_interval_ms = 0.5;
-  // Longest input (decoder-only: sequence) and target a sample may have.
+  // Longest input (decoder-only: sequence) and target a sample, and so a
+  // padded micro-batch, may have (data.max_sequence_length,
+  // data.max_target_length).
   uint32_t max_input_len = 0;
   uint32_t max_target_len = 0;
   // Truncate samples that are too long (for the maxima or, alone, for
@@ -76,9 +79,10 @@ struct MicroBatchingOptions {
   uint32_t fixed_micro_batch_size = 8;    // FIXED_SIZE, PADDING; PACKING rows
   uint64_t micro_batch_token_budget = 0;  // TOKEN_BASED
   // DYNAMIC_PROGRAMMING: when > 0, the samples are first packed into rows of
-  // at most this many sequence tokens (T5: input tokens, and max_target_len
-  // target tokens; PackRows), and the dynamic program groups the rows. A row
-  // of one sample is an unpacked one, so a micro-batch may hold both.
+  // at most this many sequence tokens and never more than max_input_len (T5:
+  // input tokens, and max_target_len target tokens; PackRows), and the
+  // dynamic program groups the rows. A row of one sample is an unpacked one,
+  // so a micro-batch may hold both.
   uint32_t packed_row_tokens = 0;
   // How packed rows are priced (model.packed_attention): per sample (from
   // the attention-core grid when the cost model has one), over the whole
@@ -129,7 +133,7 @@ struct MicroBatchingCandidate {
   // Why the pair is infeasible; OK when it produced a partition.
   absl::Status status;
   std::vector<MicroBatchGroup> groups;  // empty unless solved()
-  std::vector<MicroBatchCost> costs;  // parallel to groups
+  std::vector<MicroBatchCost> costs;    // parallel to groups
   // Predicted iteration time: (c - 1) * max t / v + sum t / |D| (ms).
   double objective_ms = 0;
   double max_time_ms = 0;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "common/plan_contract/buffer_lifetimes.h"
 #include "common/plan_contract/format_version.h"
 #include "common/plan_contract/instruction_text.h"
@@ -322,6 +323,28 @@ absl::Status CheckPeaks(std::span<const double> peak_bytes, std::span<const doub
 }
 
 }  // namespace
+
+absl::Status ValidateMicroBatchLengths(std::span<const v1::ExecutionPlan> plans,
+                                       const LengthLimits& limits) {
+  for (size_t r = 0; r < plans.size(); ++r) {
+    for (int m = 0; m < plans[r].micro_batches_size(); ++m) {
+      const v1::MicroBatch& mb = plans[r].micro_batches(m);
+      const auto over = [&](absl::string_view field, uint32_t length, uint32_t limit,
+                            absl::string_view limit_field) {
+        return absl::InvalidArgumentError(absl::StrCat("invalid plan: rank ", r, ", micro_batches[",
+                                                       m, "].", field, " is ", length, ", over ",
+                                                       limit_field, " ", limit));
+      };
+      if (limits.max_input > 0 && mb.input_len() > limits.max_input) {
+        return over("input_len", mb.input_len(), limits.max_input, "data.max_sequence_length");
+      }
+      if (limits.max_target > 0 && mb.target_len() > limits.max_target) {
+        return over("target_len", mb.target_len(), limits.max_target, "data.max_target_length");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ValidatePlans(std::span<const v1::ExecutionPlan> plans,
                            std::span<const double> peak_bytes, double memory_limit_bytes) {

@@ -23,9 +23,13 @@
 //   4. Memory: the predicted peak of every rank is within the limit; given
 //      the planner's costs, each rank's plan is also replayed on its own
 //      (memory_replay.h) and its replayed peak must be within the limit.
+//   5. Lengths (ValidateMicroBatchLengths): every micro-batch's padded
+//      input_len and target_len within the job's data limits, which the
+//      executor's plan check also requires.
 #ifndef VARIPIPE_PLANNER_PLAN_VALIDATOR_H_
 #define VARIPIPE_PLANNER_PLAN_VALIDATOR_H_
 
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -55,6 +59,18 @@ absl::Status ValidatePlans(std::span<const v1::ExecutionPlan> plans,
                            std::span<const double> peak_bytes,
                            std::span<const double> memory_limit_bytes, int threads,
                            std::span<const StageCostTable* const> rank_costs);
+
+// The job's limits on padded lengths.
+struct LengthLimits {
+  uint32_t max_input = 0;   // data.max_sequence_length (GPT: the sequence); 0: unchecked
+  uint32_t max_target = 0;  // data.max_target_length (T5); 0: unchecked
+};
+
+// Check 5 over every rank's micro-batches: InvalidArgument naming the rank,
+// the micro-batch, the field and the limit when an input_len or target_len
+// exceeds it.
+absl::Status ValidateMicroBatchLengths(std::span<const v1::ExecutionPlan> plans,
+                                       const LengthLimits& limits);
 
 }  // namespace varipipe::planner
 
