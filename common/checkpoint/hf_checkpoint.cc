@@ -38,11 +38,14 @@ HuggingFaceCheckpoint::HuggingFaceCheckpoint(HuggingFaceCheckpoint&&) noexcept =
 HuggingFaceCheckpoint& HuggingFaceCheckpoint::operator=(HuggingFaceCheckpoint&&) noexcept = default;
 HuggingFaceCheckpoint::~HuggingFaceCheckpoint() = default;
 
-absl::StatusOr<HuggingFaceCheckpoint> HuggingFaceCheckpoint::Open(const std::string& dir) {
+absl::StatusOr<HuggingFaceCheckpoint> HuggingFaceCheckpoint::Open(const std::string& given) {
   namespace fs = std::filesystem;
   HuggingFaceCheckpoint ckpt;
-  ckpt.dir_ = dir;
   std::error_code ec;
+  // Messages say where this process looked, whatever its working directory.
+  const fs::path absolute = fs::absolute(given.empty() ? "." : given, ec);
+  const std::string dir = ec ? given : absolute.lexically_normal().string();
+  ckpt.dir_ = dir;
   if (!fs::is_directory(dir, ec)) {
     return absl::NotFoundError(absl::StrCat(dir, ": not a directory"));
   }

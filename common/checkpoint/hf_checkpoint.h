@@ -5,9 +5,9 @@
 // (lazily, on the first lookup in each) the shards' headers; tensors are
 // read by byte range (safetensors_file.h).
 //
-// Errors name the directory and file: no config.json, no weights file, an
-// index that is not JSON or names a shard that is missing, a tensor the
-// index places in a shard that lacks it.
+// Errors name the directory (absolute) and file: not a directory, no
+// config.json, no weights file, an index that is not JSON or names a shard
+// that is missing, a tensor the index places in a shard that lacks it.
 #ifndef VARIPIPE_COMMON_CHECKPOINT_HF_CHECKPOINT_H_
 #define VARIPIPE_COMMON_CHECKPOINT_HF_CHECKPOINT_H_
 
@@ -24,6 +24,7 @@ namespace varipipe {
 
 class HuggingFaceCheckpoint {
  public:
+  // `dir` relative: under the working directory; dir() is absolute.
   static absl::StatusOr<HuggingFaceCheckpoint> Open(const std::string& dir);
 
   HuggingFaceCheckpoint(HuggingFaceCheckpoint&&) noexcept;

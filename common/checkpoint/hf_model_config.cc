@@ -179,6 +179,12 @@ absl::StatusOr<v1::ModelConfig> LlamaModelConfig(const Reader& r) {
   m.set_ffn_hidden_size(*n);
   if (n = r.Count("vocab_size"); !n.ok()) return n.status();
   m.set_vocab_size(*n);
+  // The context the checkpoint declares; absent: LlamaConfig's default,
+  // which an export then leaves absent too.
+  if (r.Find("max_position_embeddings") != nullptr) {
+    if (n = r.Count("max_position_embeddings"); !n.ok()) return n.status();
+    m.set_max_position_embeddings(*n);
+  }
   absl::StatusOr<double> x = r.Real("rms_norm_eps", 1e-6);
   if (!x.ok()) return x.status();
   m.set_norm_epsilon(*x);

@@ -78,11 +78,6 @@ void CheckEnumList(const RepeatedEnum& values, absl::string_view field, NameFn n
   }
 }
 
-std::string ResolvePath(const std::filesystem::path& base, const std::string& path) {
-  if (path.empty() || std::filesystem::path(path).is_absolute()) return path;
-  return (base / path).lexically_normal().string();
-}
-
 // A double as written in a config, all its digits up to 15 (StrCat's six
 // would print 1e+06 and hide the digits of 1000001): "0.001", "1000000",
 // "1e+300", "nan", "inf".
@@ -326,6 +321,13 @@ void ValidateArchitecture(const JobConfig& config, ErrorList& errors) {
   }
   const bool llama = m.architecture() == v1::LLAMA;
   const bool t5v11 = m.architecture() == v1::T5V11;
+  if (!llama && m.max_position_embeddings() != 0) {
+    errors.Add("model.max_position_embeddings", "is only used by LLAMA models");
+  }
+  if (llama) {
+    CheckAtMost(errors, "model.max_position_embeddings", m.max_position_embeddings(),
+                bounds::kMaxSequenceLength);
+  }
   if (!t5v11) {
     if (m.relative_attention_num_buckets() != 0) {
       errors.Add("model.relative_attention_num_buckets", "is only used by T5V11 models");
@@ -852,16 +854,41 @@ absl::Status ValidateJobConfig(const JobConfig& config, absl::string_view source
                                                  "):\n  ", absl::StrJoin(errors, "\n  ")));
 }
 
-absl::StatusOr<JobConfig> LoadJobConfigFile(const std::string& path) {
-  VP_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
-  VP_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfigJson(text, path));
-  const std::filesystem::path base = std::filesystem::path(path).parent_path();
+namespace {
+
+// `path` under `base` (absolute), normalised; absolute and empty paths are
+// returned as they are.
+std::string ResolvePath(const std::filesystem::path& base, const std::string& path) {
+  if (path.empty() || std::filesystem::path(path).is_absolute()) return path;
+  return (base / path).lexically_normal().string();
+}
+
+}  // namespace
+
+void ResolveJobConfigPaths(JobConfig& config, const std::filesystem::path& directory) {
+  std::error_code error;
+  // absolute("") is an error, not the working directory.
+  std::filesystem::path base =
+      std::filesystem::absolute(directory.empty() ? "." : directory, error);
+  if (error) base = directory;  // no working directory: relative paths stay under `directory`
   v1::DataConfig& d = *config.mutable_data();
   d.set_path(ResolvePath(base, d.path()));
   d.set_target_path(ResolvePath(base, d.target_path()));
   config.mutable_store()->set_password_file(ResolvePath(base, config.store().password_file()));
   config.mutable_planner()->set_cost_model_path(
       ResolvePath(base, config.planner().cost_model_path()));
+  v1::TrainingConfig& t = *config.mutable_training();
+  t.set_checkpoint_dir(ResolvePath(base, t.checkpoint_dir()));
+  t.set_init_from(ResolvePath(base, t.init_from()));
+}
+
+absl::StatusOr<JobConfig> LoadJobConfigFile(const std::string& path) {
+  VP_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
+  VP_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfigJson(text, path));
+  // The directory of the file as given ("" for "job.json"), made absolute
+  // against this process's working directory now, once: the resolved
+  // config (handed to executors over GetJob) holds absolute paths only.
+  ResolveJobConfigPaths(config, std::filesystem::path(path).parent_path());
   ApplyJobConfigDefaults(config);
   VP_RETURN_IF_ERROR(ValidateJobConfig(config, path));
   return config;

@@ -15,6 +15,7 @@
 #define VARIPIPE_COMMON_CONFIG_JOB_CONFIG_H_
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -125,10 +126,18 @@ inline constexpr double kMaxGradientClipNorm = 1e6;
 
 }  // namespace job_config_bounds
 
-// Reads, parses, defaults and validates a JSON config file. Relative paths in
-// the config (data.path, data.target_path, store.password_file,
-// planner.cost_model_path) are resolved against the file's directory.
+// Reads, parses, defaults and validates a JSON config file. Every path field
+// comes back absolute (ResolveJobConfigPaths against the file's directory),
+// so the config means the same files from any working directory and when
+// passed on to other processes (GetJob).
 absl::StatusOr<v1::JobConfig> LoadJobConfigFile(const std::string& path);
+
+// Makes every path field of `config` absolute: a relative one is taken
+// under `directory` (itself made absolute against the working directory)
+// and normalised ("a/../b" is "b"); absolute and empty ones stay as they
+// are. The path fields: data.path, data.target_path, store.password_file,
+// planner.cost_model_path, training.checkpoint_dir, training.init_from.
+void ResolveJobConfigPaths(v1::JobConfig& config, const std::filesystem::path& directory);
 
 // Parses JSON text into a JobConfig without defaults or validation.
 // `source` names the text in errors (usually the file name).

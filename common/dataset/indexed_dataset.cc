@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -317,16 +318,24 @@ absl::Status WriteIndexedFile(const std::string& prefix,
 
 absl::StatusOr<std::unique_ptr<IndexedSampleDataset>> IndexedSampleDataset::Open(
     const std::string& input_prefix, const std::string& target_prefix, int64_t vocab_size) {
-  std::unique_ptr<IndexedSampleDataset> d(new IndexedSampleDataset());
-  VP_ASSIGN_OR_RETURN(d->inputs_, IndexedFile::Open(input_prefix));
+  VP_ASSIGN_OR_RETURN(std::unique_ptr<IndexedFile> inputs, IndexedFile::Open(input_prefix));
+  std::unique_ptr<IndexedFile> targets;
   if (!target_prefix.empty()) {
-    VP_ASSIGN_OR_RETURN(d->targets_, IndexedFile::Open(target_prefix));
-    if (d->targets_->sequences() != d->inputs_->sequences()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          input_prefix, " has ", d->inputs_->sequences(), " samples but ", target_prefix, " has ",
-          d->targets_->sequences(), ": inputs and targets must pair up"));
-    }
+    VP_ASSIGN_OR_RETURN(targets, IndexedFile::Open(target_prefix));
   }
+  return FromFiles(std::move(inputs), std::move(targets), vocab_size);
+}
+
+absl::StatusOr<std::unique_ptr<IndexedSampleDataset>> IndexedSampleDataset::FromFiles(
+    std::unique_ptr<IndexedFile> inputs, std::unique_ptr<IndexedFile> targets, int64_t vocab_size) {
+  if (targets != nullptr && targets->sequences() != inputs->sequences()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        inputs->prefix(), " has ", inputs->sequences(), " samples but ", targets->prefix(), " has ",
+        targets->sequences(), ": inputs and targets must pair up"));
+  }
+  std::unique_ptr<IndexedSampleDataset> d(new IndexedSampleDataset());
+  d->inputs_ = std::move(inputs);
+  d->targets_ = std::move(targets);
   d->vocab_size_ = vocab_size;
   return d;
 }

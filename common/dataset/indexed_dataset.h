@@ -99,6 +99,11 @@ class IndexedSampleDataset final : public SampleDataset {
   // `target_prefix` may be empty. vocab_size 0 disables the id check.
   static absl::StatusOr<std::unique_ptr<IndexedSampleDataset>> Open(
       const std::string& input_prefix, const std::string& target_prefix, int64_t vocab_size);
+  // The same over files already open; `targets` may be null. Fails when the
+  // files' sample counts differ.
+  static absl::StatusOr<std::unique_ptr<IndexedSampleDataset>> FromFiles(
+      std::unique_ptr<IndexedFile> inputs, std::unique_ptr<IndexedFile> targets,
+      int64_t vocab_size);
 
   uint64_t size() const override { return inputs_->sequences(); }
   SampleLengths Lengths(uint64_t index) const override;

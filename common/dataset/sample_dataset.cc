@@ -1,8 +1,11 @@
 #include "common/dataset/sample_dataset.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "common/dataset/indexed_dataset.h"
 #include "common/dataset/jsonl_dataset.h"
+#include "common/status.h"
 
 namespace varipipe {
 
@@ -27,13 +30,21 @@ absl::StatusOr<std::unique_ptr<SampleDataset>> OpenSampleDataset(const v1::JobCo
     case v1::JSONL: {
       absl::StatusOr<std::unique_ptr<JsonlSampleDataset>> jsonl =
           JsonlSampleDataset::Open(d.path(), vocab);
-      if (!jsonl.ok()) return jsonl.status();
+      if (!jsonl.ok()) return Annotate(jsonl.status(), "data.path");
       return std::unique_ptr<SampleDataset>(std::move(*jsonl));
     }
     case v1::MEGATRON_INDEXED: {
+      absl::StatusOr<std::unique_ptr<IndexedFile>> inputs = IndexedFile::Open(d.path());
+      if (!inputs.ok()) return Annotate(inputs.status(), "data.path");
+      std::unique_ptr<IndexedFile> targets;
+      if (!d.target_path().empty()) {
+        absl::StatusOr<std::unique_ptr<IndexedFile>> opened = IndexedFile::Open(d.target_path());
+        if (!opened.ok()) return Annotate(opened.status(), "data.target_path");
+        targets = *std::move(opened);
+      }
       absl::StatusOr<std::unique_ptr<IndexedSampleDataset>> indexed =
-          IndexedSampleDataset::Open(d.path(), d.target_path(), vocab);
-      if (!indexed.ok()) return indexed.status();
+          IndexedSampleDataset::FromFiles(*std::move(inputs), std::move(targets), vocab);
+      if (!indexed.ok()) return Annotate(indexed.status(), "data.target_path");
       return std::unique_ptr<SampleDataset>(std::move(*indexed));
     }
     default:

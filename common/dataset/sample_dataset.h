@@ -42,7 +42,8 @@ class SampleDataset {
 };
 
 // The dataset of a validated job config (data.format, data.path,
-// data.target_path, data.seed, model.vocab_size).
+// data.target_path, data.seed, model.vocab_size). Errors opening a file
+// start with its field ("data.path: open /jobs/a/data/in.idx: ...").
 absl::StatusOr<std::unique_ptr<SampleDataset>> OpenSampleDataset(const v1::JobConfig& config);
 
 // SyntheticMixture::Named's name of a data.synthetic_mixture value.

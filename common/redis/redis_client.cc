@@ -200,12 +200,13 @@ absl::StatusOr<std::pair<std::string, int>> ParseHostPort(absl::string_view addr
 
 absl::StatusOr<std::string> ReadRedisPassword(const v1::StoreConfig& store) {
   if (!store.password_file().empty()) {
-    VP_ASSIGN_OR_RETURN(std::string text, ReadFileToString(store.password_file()));
-    const size_t end = text.find('\n');
-    std::string first(absl::StripAsciiWhitespace(text.substr(0, end)));
+    absl::StatusOr<std::string> text = ReadFileToString(store.password_file());
+    if (!text.ok()) return Annotate(text.status(), "store.password_file");
+    const size_t end = text->find('\n');
+    std::string first(absl::StripAsciiWhitespace(text->substr(0, end)));
     if (first.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(store.password_file(), ": store.password_file is empty"));
+      return absl::InvalidArgumentError(absl::StrCat("store.password_file: ", store.password_file(),
+                                                     ": the first line holds no password"));
     }
     return first;
   }

@@ -24,11 +24,16 @@ varipipe-export or varipipe-t5-export) with LlamaForCausalLM or, for
 model_type "t5", T5ForConditionalGeneration .from_pretrained, reports missing,
 unexpected and mismatched keys, and compares its loss on --golden's token ids
 (and T5's labels) with the golden loss (the export holds the golden model's
-weights).
+weights). It compares the configs too: with --source (the checkpoint the job
+started from, training.init_from) config.json field by field, all equal but
+the dtype, and the tokenizer and generation files byte for byte; with only
+--golden the values serving stacks read (context length, special tokens,
+vocabulary) as transformers loads both configs.
 
 Usage: hf_goldens.py --out DIR [--seed N]
        hf_goldens.py --check-export DIR --golden tests/data/hf/llama-tiny
        hf_goldens.py --check-export DIR --golden tests/data/hf/flan-t5-tiny
+       hf_goldens.py --check-export DIR --source INIT_FROM [--golden ...]
 """
 
 import argparse
@@ -43,6 +48,8 @@ def parse_args():
     p.add_argument("--out", help="folder to write one subfolder per model into")
     p.add_argument("--check-export", help="a Varipipe export to load with from_pretrained")
     p.add_argument("--golden", help="with --check-export: the golden folder it was exported from")
+    p.add_argument("--source", help="with --check-export: the checkpoint the job started from "
+                   "(training.init_from), whose config.json and tokenizer the export carries")
     p.add_argument("--seed", type=int, default=1234, help="seed of the weights and token ids")
     return p.parse_args()
 
@@ -77,6 +84,79 @@ def flan_t5(transformers):
     return model
 
 
+# What an export started from a checkpoint copies from it (hf_export_config.h).
+MODEL_FILES = ["generation_config.json", "tokenizer.model", "tokenizer.json",
+               "tokenizer_config.json", "special_tokens_map.json"]
+DTYPE_KEYS = {"dtype", "torch_dtype"}
+# What serving stacks read from config.json besides the shapes.
+SERVING_KEYS = {
+    "llama": ["max_position_embeddings", "bos_token_id", "eos_token_id", "pad_token_id",
+              "vocab_size", "tie_word_embeddings"],
+    "t5": ["decoder_start_token_id", "eos_token_id", "pad_token_id", "vocab_size"],
+}
+
+
+def read_json(folder, name="config.json"):
+    with open(os.path.join(folder, name)) as f:
+        return json.load(f)
+
+
+def config_differences_from_source(export, source):
+    """config.json field by field (the dtype aside) and the copied files."""
+    got, want = read_json(export), read_json(source)
+    problems = []
+    for key, value in want.items():
+        if key in DTYPE_KEYS:
+            continue
+        if key not in got:
+            problems.append(f"config.json: {key} is missing (the source has {value!r})")
+        elif got[key] != value:
+            problems.append(f"config.json: {key} is {got[key]!r}, the source has {value!r}")
+    allowed = DTYPE_KEYS if not (DTYPE_KEYS & set(want)) else set(want)
+    for key in set(got) - set(want) - allowed:
+        problems.append(f"config.json: {key} is not in the source")
+    for name in MODEL_FILES:
+        if not os.path.exists(os.path.join(source, name)):
+            continue
+        path = os.path.join(export, name)
+        if not os.path.exists(path):
+            problems.append(f"{name} was not copied")
+            continue
+        with open(path, "rb") as a, open(os.path.join(source, name), "rb") as b:
+            if a.read() != b.read():
+                problems.append(f"{name} differs from the source's")
+    return problems
+
+
+def config_differences_from_golden(export, golden, config_class, model_type):
+    """The values serving stacks read, as transformers loads both configs."""
+    got = config_class.from_pretrained(export)
+    want = config_class.from_pretrained(golden)
+    problems = []
+    for key in SERVING_KEYS[model_type]:
+        a, b = getattr(got, key, None), getattr(want, key, None)
+        if a != b:
+            problems.append(f"config.json: {key} is {a!r}, the golden's is {b!r}")
+    return problems
+
+
+def check_configs(args, cls, t5):
+    if args.source:
+        problems = config_differences_from_source(args.check_export, args.source)
+        against = f"the source {args.source}"
+    elif args.golden:
+        problems = config_differences_from_golden(
+            args.check_export, args.golden, cls.config_class, "t5" if t5 else "llama")
+        against = f"the golden {args.golden}"
+    else:
+        return []
+    for p in problems:
+        print(f"NOTE config: {p}")
+    print(f"NOTE export's config against {against}: "
+          + (f"{len(problems)} difference(s)" if problems else "no differences"))
+    return problems
+
+
 def check_export(args):
     import safetensors.torch
     import torch
@@ -93,6 +173,8 @@ def check_export(args):
     problems = {k: sorted(v) for k, v in info.items() if v}
     print(f"NOTE {cls.__name__}.from_pretrained({args.check_export}): "
           + ("no missing, unexpected or mismatched keys" if not problems else str(problems)))
+    if check_configs(args, cls, t5):
+        problems["config"] = True
     if not args.golden:
         return 1 if problems else 0
     golden = safetensors.torch.load_file(os.path.join(args.golden, "golden.safetensors"))

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/checkpoint/hf_export_config.h"
 #include "common/checkpoint/safetensors_writer.h"
 #include "common/status.h"
 #include "executor/model/hf_weights.h"
@@ -198,8 +199,8 @@ absl::Status ExportHuggingFaceShards(const std::string& dir, const ModelSpec& sp
   return absl::OkStatus();
 }
 
-absl::Status ExportHuggingFaceIndex(const std::string& dir, const ModelSpec& spec,
-                                    v1::DType dtype) {
+absl::Status ExportHuggingFaceIndex(const std::string& dir, const ModelSpec& spec, v1::DType dtype,
+                                    const std::string& init_from) {
   VP_ASSIGN_OR_RETURN(const ExportDtype d, DtypeFor(dtype));
   VP_ASSIGN_OR_RETURN(const std::vector<std::string> all, HuggingFaceNames(spec));
   const int shards = ShardCount(spec);
@@ -215,6 +216,11 @@ absl::Status ExportHuggingFaceIndex(const std::string& dir, const ModelSpec& spe
   }
   const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", map}};
   const std::filesystem::path base(dir);
+  if (!init_from.empty()) {
+    VP_RETURN_IF_ERROR(CarryHuggingFaceModelFiles(init_from, dir, d.config));
+    return WriteFileAtomically((base / "model.safetensors.index.json").string(),
+                               index.dump(2) + "\n");
+  }
   if (spec.t5v11) {
     VP_RETURN_IF_ERROR(
         WriteFileAtomically((base / "config.json").string(), T5Config(spec, d).dump(2) + "\n"));
@@ -231,7 +237,8 @@ absl::Status ExportHuggingFaceIndex(const std::string& dir, const ModelSpec& spe
       {"num_key_value_heads", spec.num_key_value_heads},
       {"head_dim", spec.kv_channels},
       {"vocab_size", spec.vocab_size},
-      {"max_position_embeddings", spec.max_sequence_length},
+      {"max_position_embeddings",
+       spec.max_position_embeddings > 0 ? spec.max_position_embeddings : spec.max_sequence_length},
       {"rms_norm_eps", spec.norm_epsilon},
       {"rope_theta", spec.rope_theta},
       {"tie_word_embeddings", spec.tie_word_embeddings},

@@ -5,6 +5,8 @@
 // the final norm and head with the last; T5V11: encoder layers first, the
 // encoder's final norm with its last layer), names as in docs/models.md.
 // A shared parameter's replicas are not exported: its owner's copy is.
+// A job started from a Hugging Face checkpoint (training.init_from) exports
+// that checkpoint's config.json and tokenizer files with the new weights.
 //
 // The shards depend on the model alone, never on the pipeline split, and
 // every shard's tensors live on exactly one stage, so ranks export their
@@ -12,7 +14,7 @@
 // byte for byte (safetensors_writer.h writes deterministically).
 //
 //   ExportHuggingFaceShards(dir, spec, my_stages, v1::BFLOAT16);  // each rank
-//   ExportHuggingFaceIndex(dir, spec, v1::BFLOAT16);              // one rank
+//   ExportHuggingFaceIndex(dir, spec, v1::BFLOAT16, init_from);   // one rank
 #ifndef VARIPIPE_EXECUTOR_MODEL_HF_EXPORT_H_
 #define VARIPIPE_EXECUTOR_MODEL_HF_EXPORT_H_
 
@@ -37,8 +39,16 @@ std::string ExportShardName(int shard, int shards);
 absl::Status ExportHuggingFaceShards(const std::string& dir, const ModelSpec& spec,
                                      const std::vector<ModelStage*>& stages, v1::DType dtype);
 
-// Writes config.json and model.safetensors.index.json (from the spec alone).
-absl::Status ExportHuggingFaceIndex(const std::string& dir, const ModelSpec& spec, v1::DType dtype);
+// Writes config.json and model.safetensors.index.json. `init_from` (the
+// job's training.init_from, absolute) non-empty: config.json is that
+// checkpoint's, carried over with the export's dtype, and its tokenizer and
+// generation files are copied (common/checkpoint/hf_export_config.h), so
+// the export replaces it wherever it was used. Empty: config.json from the
+// spec, the model's own values (LLAMA's max_position_embeddings:
+// model.max_position_embeddings, unset: data.max_sequence_length); no
+// tokenizer.
+absl::Status ExportHuggingFaceIndex(const std::string& dir, const ModelSpec& spec, v1::DType dtype,
+                                    const std::string& init_from = "");
 
 }  // namespace varipipe::executor
 

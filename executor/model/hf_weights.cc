@@ -173,6 +173,9 @@ absl::StatusOr<std::vector<std::string>> HuggingFaceNames(const ModelSpec& spec)
 
 namespace {
 
+// transformers' LlamaConfig.max_position_embeddings when config.json has none.
+constexpr int64_t kLlamaDefaultMaxPositions = 2048;
+
 // A config.json number against the job's.
 struct ConfigField {
   const char* hf;   // config.json's name
@@ -232,7 +235,7 @@ absl::Status CheckHuggingFaceConfig(const HuggingFaceCheckpoint& ckpt, const Mod
   }
   if (spec.t5v11) return CheckT5Config(path, m, spec);
   const v1::RopeScaling& r = m.rope_scaling();
-  const std::vector<ConfigField> fields = {
+  std::vector<ConfigField> fields = {
       {"hidden_size", "model.hidden_size", static_cast<double>(m.hidden_size()),
        static_cast<double>(spec.hidden_size)},
       {"num_hidden_layers", "model.num_layers", static_cast<double>(m.num_layers()),
@@ -264,6 +267,15 @@ absl::Status CheckHuggingFaceConfig(const HuggingFaceCheckpoint& ckpt, const Mod
       {"tie_word_embeddings", "model.tie_word_embeddings", m.tie_word_embeddings() ? 1.0 : 0.0,
        spec.tie_word_embeddings ? 1.0 : 0.0},
   };
+  // Only when the job declares it (an export carries config.json's); absent
+  // from config.json, LlamaConfig's default (2048) holds.
+  if (spec.max_position_embeddings > 0) {
+    fields.push_back(
+        {"max_position_embeddings", "model.max_position_embeddings",
+         static_cast<double>(m.max_position_embeddings() > 0 ? m.max_position_embeddings()
+                                                             : kLlamaDefaultMaxPositions),
+         static_cast<double>(spec.max_position_embeddings)});
+  }
   return FirstDifference(path, fields);
 }
 

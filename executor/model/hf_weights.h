@@ -35,7 +35,8 @@ absl::StatusOr<std::string> HuggingFaceName(const ModelSpec& spec, std::string_v
 absl::StatusOr<std::vector<std::string>> HuggingFaceNames(const ModelSpec& spec);
 
 // config.json against the job's model: architecture (model_type), sizes,
-// norm epsilon, rotary base and scaling, tied embeddings (T5V11: sizes,
+// norm epsilon, rotary base and scaling, tied embeddings,
+// max_position_embeddings when the job sets it (T5V11: sizes,
 // epsilon, relative position buckets and distance). The first
 // difference is an InvalidArgument naming the config.json field, its value
 // and the job's ("config.json: hidden_size is 4096 but the job's

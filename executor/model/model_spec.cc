@@ -42,6 +42,7 @@ ModelSpec SpecFields(const v1::JobConfig& resolved) {
       spec.rope_original_max_positions = model.rope_scaling().original_max_position_embeddings();
     }
     spec.tie_word_embeddings = model.tie_word_embeddings();
+    spec.max_position_embeddings = model.max_position_embeddings();
   }
   spec.tensor_parallel = std::max<int64_t>(1, resolved.parallelism().tensor());
   spec.sequence_parallel = resolved.parallelism().sequence_parallel();

@@ -38,6 +38,9 @@ struct ModelSpec {
   double rope_high_freq_factor = 4;
   double rope_original_max_positions = 8192;
   bool tie_word_embeddings = false;  // LLAMA: the head uses word_embedding
+  // LLAMA: model.max_position_embeddings, the context an export declares;
+  // 0: unset (hf_export.h).
+  int64_t max_position_embeddings = 0;
   // T5V11 layers (docs/models.md) instead of MEGATRON ones (encoder_decoder).
   bool t5v11 = false;
   int64_t relative_buckets = 0;       // T5V11: relative position bias buckets

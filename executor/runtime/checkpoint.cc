@@ -23,6 +23,8 @@ namespace varipipe::executor {
 namespace {
 
 constexpr int64_t kFormatVersion = 1;
+// Errors that concern the directory's files name the field first.
+constexpr char kDirField[] = "training.checkpoint_dir";
 constexpr char kLayoutKey[] = "varipipe/stage_layout";
 
 // Each stage's encoder layers, then each stage's decoder layers (int64).
@@ -101,7 +103,8 @@ absl::Status RankCheckpoints::Save(uint64_t iterations_done, const std::vector<M
   } catch (const std::exception& e) {
     std::error_code ignored;
     std::filesystem::remove(temporary, ignored);
-    return absl::UnavailableError(absl::StrCat(path, ": cannot write the checkpoint: ", e.what()));
+    return absl::UnavailableError(
+        absl::StrCat(kDirField, ": ", path, ": cannot write the checkpoint: ", e.what()));
   }
   return absl::OkStatus();
 }
@@ -197,8 +200,8 @@ absl::StatusOr<std::optional<LayerLayout>> RankCheckpoints::RecordedLayout(
     if (!archive.try_read(reading, recorded)) return std::optional<LayerLayout>();
     return std::optional<LayerLayout>(LayoutOfTensor(recorded));
   } catch (const std::exception& e) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": cannot read ", reading, " of the checkpoint: ", e.what()));
+    return absl::DataLossError(absl::StrCat(kDirField, ": ", path, ": cannot read ", reading,
+                                            " of the checkpoint: ", e.what()));
   }
 }
 
@@ -211,8 +214,8 @@ absl::Status RankCheckpoints::LoadParameters(uint64_t iterations_done,
     VP_RETURN_IF_ERROR(OpenChecked(path, iterations_done, layout_, archive, reading));
     return CopyParameters(path, archive, stages, reading);
   } catch (const std::exception& e) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": cannot read ", reading, " of the checkpoint: ", e.what()));
+    return absl::DataLossError(absl::StrCat(kDirField, ": ", path, ": cannot read ", reading,
+                                            " of the checkpoint: ", e.what()));
   }
 }
 
@@ -244,8 +247,8 @@ absl::Status RankCheckpoints::Load(uint64_t iterations_done, const std::vector<M
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(value);
   } catch (const std::exception& e) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": cannot read ", reading, " of the checkpoint: ", e.what()));
+    return absl::DataLossError(absl::StrCat(kDirField, ": ", path, ": cannot read ", reading,
+                                            " of the checkpoint: ", e.what()));
   }
   return absl::OkStatus();
 }
@@ -281,7 +284,8 @@ absl::StatusOr<std::optional<uint64_t>> AgreeOnCheckpoint(const std::vector<uint
   VP_RETURN_IF_ERROR(host.AllReduceMean(check, world));
   if (std::abs(check[0] - mine) > 1e-3f) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the ranks hold different checkpoints in ", dir, " (this rank would resume after ",
+        "the ranks hold different checkpoints in ", kDirField, " ", dir,
+        " (this rank would resume after ",
         choice.has_value() ? absl::StrCat(*choice, " iterations") : std::string("none"),
         "): remove the newest iteration_* directories until every rank's file is present in "
         "the newest one"));

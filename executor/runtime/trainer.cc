@@ -478,7 +478,10 @@ absl::Status Trainer::ExportHuggingFace() const {
   const v1::DType dtype =
       c_.config.model().dtype() == v1::DTYPE_UNSPECIFIED ? v1::FLOAT32 : c_.config.model().dtype();
   VP_RETURN_IF_ERROR(ExportHuggingFaceShards(out, spec_, stage_list_, dtype));
-  if (c_.env.rank == 0) VP_RETURN_IF_ERROR(ExportHuggingFaceIndex(out, spec_, dtype));
+  // Started from a Hugging Face checkpoint: its config.json and tokenizer.
+  if (c_.env.rank == 0) {
+    VP_RETURN_IF_ERROR(ExportHuggingFaceIndex(out, spec_, dtype, c_.config.training().init_from()));
+  }
   spdlog::info("exported this rank's stages as a Hugging Face checkpoint in {} ({})", out,
                v1::DType_Name(dtype));
   return absl::OkStatus();

@@ -41,7 +41,9 @@ constexpr char kUsage[] =
     "Exports a Varipipe training checkpoint as a Hugging Face checkpoint directory\n"
     "(config.json, model.safetensors.index.json, one safetensors shard per layer), which\n"
     "transformers' LlamaForCausalLM or T5ForConditionalGeneration .from_pretrained reads.\n"
-    "LLAMA and T5V11 (T5 v1.1 / FLAN-T5) models only.\n"
+    "LLAMA and T5V11 (T5 v1.1 / FLAN-T5) models only. A job started from a Hugging Face\n"
+    "checkpoint (training.init_from) exports that checkpoint's config.json (with the\n"
+    "export's torch_dtype) and copies its generation and tokenizer files.\n"
     "\n"
     "Usage: varipipe-export-hf --config job.json --out DIR [--checkpoint_dir DIR]\n"
     "                          [--iteration N] [--dtype BFLOAT16]\n"
@@ -65,8 +67,9 @@ absl::StatusOr<v1::DType> ExportDtype(const v1::JobConfig& config) {
 
 // --iteration, else the newest checkpoint that every rank of replica 0
 // (global ranks 0 .. pp * tensor - 1: its pipeline ranks' tensor ranks)
-// holds in `dir`.
-absl::StatusOr<uint64_t> IterationToExport(const std::string& dir, uint32_t ranks) {
+// holds in `dir` (which `field` names).
+absl::StatusOr<uint64_t> IterationToExport(const std::string& dir, const std::string& field,
+                                           uint32_t ranks) {
   if (absl::GetFlag(FLAGS_iteration) >= 0)
     return static_cast<uint64_t>(absl::GetFlag(FLAGS_iteration));
   std::optional<uint64_t> iteration;
@@ -78,8 +81,8 @@ absl::StatusOr<uint64_t> IterationToExport(const std::string& dir, uint32_t rank
     if (count == ranks) iteration = it;
   }
   if (!iteration.has_value()) {
-    return absl::NotFoundError(
-        absl::StrCat(dir, ": no checkpoint that all ", ranks, " ranks of replica 0 hold"));
+    return absl::NotFoundError(absl::StrCat(field, ": ", dir, ": no checkpoint that all ", ranks,
+                                            " ranks of replica 0 hold"));
   }
   return *iteration;
 }
@@ -128,9 +131,10 @@ absl::Status Export() {
     return absl::InvalidArgumentError(
         "only model.architecture LLAMA and T5V11 have a Hugging Face layout to export to");
   }
-  const std::string dir = absl::GetFlag(FLAGS_checkpoint_dir).empty()
-                              ? config.training().checkpoint_dir()
-                              : absl::GetFlag(FLAGS_checkpoint_dir);
+  const bool from_flag = !absl::GetFlag(FLAGS_checkpoint_dir).empty();
+  const std::string dir =
+      from_flag ? absl::GetFlag(FLAGS_checkpoint_dir) : config.training().checkpoint_dir();
+  const std::string dir_field = from_flag ? "--checkpoint_dir" : "training.checkpoint_dir";
   if (dir.empty()) {
     return absl::InvalidArgumentError(
         "no checkpoints: the config has no training.checkpoint_dir and --checkpoint_dir is unset");
@@ -138,8 +142,9 @@ absl::Status Export() {
   VP_ASSIGN_OR_RETURN(const v1::DType dtype, ExportDtype(config));
   const uint32_t pp = config.parallelism().pipeline();
   const uint32_t stages = pp * std::max<uint32_t>(1, config.parallelism().virtual_chunks());
-  VP_ASSIGN_OR_RETURN(const uint64_t exported,
-                      IterationToExport(dir, pp * static_cast<uint32_t>(spec.tensor_parallel)));
+  VP_ASSIGN_OR_RETURN(
+      const uint64_t exported,
+      IterationToExport(dir, dir_field, pp * static_cast<uint32_t>(spec.tensor_parallel)));
   const std::optional<uint64_t> iteration = exported;
   // The stage layout: the config's, checked against each file; an AUTO
   // job's as its checkpoint records it.
@@ -180,7 +185,10 @@ absl::Status Export() {
                      : "",
                  roles[s].DebugString());
   }
-  VP_RETURN_IF_ERROR(executor::ExportHuggingFaceIndex(out, whole, dtype));
+  // A job started from a Hugging Face checkpoint: its config.json and
+  // tokenizer, so that the export replaces it.
+  VP_RETURN_IF_ERROR(
+      executor::ExportHuggingFaceIndex(out, whole, dtype, config.training().init_from()));
   spdlog::info("wrote {}", out);
   return absl::OkStatus();
 }

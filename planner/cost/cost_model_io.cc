@@ -331,12 +331,12 @@ absl::StatusOr<CostModel> CostModelForJob(const v1::JobConfig& config) {
   if (!config.planner().cost_model_path().empty()) {
     absl::StatusOr<CostModel> model = LoadCostModel(config.planner().cost_model_path());
     if (!model.ok()) return Annotate(model.status(), "planner.cost_model_path");
+    const std::string where =
+        absl::StrCat("planner.cost_model_path: ", config.planner().cost_model_path());
     if (absl::Status s = model->CheckUsable(dims.kind, config.parallelism().tensor()); !s.ok()) {
-      return Annotate(s, config.planner().cost_model_path());
+      return Annotate(s, where);
     }
-    if (absl::Status s = model->CheckMatches(dims); !s.ok()) {
-      return Annotate(s, config.planner().cost_model_path());
-    }
+    if (absl::Status s = model->CheckMatches(dims); !s.ok()) return Annotate(s, where);
     return model;
   }
   VP_ASSIGN_OR_RETURN(const Hardware hardware, HardwarePreset(config.cluster().hardware()));

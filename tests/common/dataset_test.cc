@@ -307,5 +307,40 @@ TEST_F(DatasetTest, OpensEveryFormatFromAConfig) {
   }
 }
 
+// A config whose files are missing fails naming the field and the path it
+// looked at (LoadJobConfigFile makes it absolute).
+TEST_F(DatasetTest, MissingFilesAreNamedWithTheirField) {
+  ASSERT_THAT(WriteIndexedFile(Path("in"), Sequences(20, 100), 1000), IsOk());
+  ASSERT_THAT(WriteIndexedFile(Path("short"), Sequences(19, 100), 1000), IsOk());
+  const auto open = [](const std::string& data) {
+    absl::StatusOr<v1::JobConfig> config = ParseJobConfigJson(
+        absl::StrCat(R"({"job_id": "x", "model": {"kind": "GPT", "num_layers": 2, "hidden_size": 64,
+            "num_attention_heads": 2, "vocab_size": 1000},
+            "cluster": {"device_memory_limit_mib": 1024},
+            "data": {)",
+                     data, R"(, "tokens_per_global_batch": 4096, "max_sequence_length": 512},
+            "training": {"iterations": 1}})"),
+        "t");
+    EXPECT_THAT(config, IsOk());
+    ApplyJobConfigDefaults(*config);
+    return OpenSampleDataset(*config).status();
+  };
+  EXPECT_THAT(open(absl::StrCat(R"("format": "JSONL", "path": ")", Path("missing.jsonl"), "\"")),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr(absl::StrCat("data.path: open ", Path("missing.jsonl")))));
+  EXPECT_THAT(
+      open(absl::StrCat(R"("format": "MEGATRON_INDEXED", "path": ")", Path("missing"), "\"")),
+      StatusIs(absl::StatusCode::kNotFound,
+               HasSubstr(absl::StrCat("data.path: open ", Path("missing.idx")))));
+  EXPECT_THAT(open(absl::StrCat(R"("format": "MEGATRON_INDEXED", "path": ")", Path("in"),
+                                R"(", "target_path": ")", Path("missing"), "\"")),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr(absl::StrCat("data.target_path: open ", Path("missing.idx")))));
+  EXPECT_THAT(open(absl::StrCat(R"("format": "MEGATRON_INDEXED", "path": ")", Path("in"),
+                                R"(", "target_path": ")", Path("short"), "\"")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("data.target_path: "), HasSubstr("has 19"))));
+}
+
 }  // namespace
 }  // namespace varipipe

@@ -1,13 +1,15 @@
 // The job's model section from a Hugging Face config.json (what
 // `varipipe-plan --model_from_hf` prints): the tiny checkpoints' configs of
 // tests/data/hf, written by transformers 5, and configs in the older layout
-// (top-level rope_theta, rope_scaling) and with what LLAMA cannot express.
+// (top-level rope_theta, rope_scaling) and with what LLAMA cannot express;
+// and the checkpoint directory's errors, which name it absolute.
 #include "common/checkpoint/hf_model_config.h"
 
 #include <filesystem>
 #include <fstream>
 #include <string>
 
+#include "common/checkpoint/hf_checkpoint.h"
 #include "common/config/job_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -47,6 +49,7 @@ TEST(ModelConfigFromHuggingFace, TheTinyLlamaMapsFieldByField) {
   EXPECT_DOUBLE_EQ(m->rope_theta(), 10000);
   EXPECT_FALSE(m->has_rope_scaling());
   EXPECT_FALSE(m->tie_word_embeddings());
+  EXPECT_EQ(m->max_position_embeddings(), 64u);
   EXPECT_EQ(m->dtype(), v1::FLOAT32);
   absl::StatusOr<v1::ModelConfig> tied = ModelConfigFromHuggingFace(Golden("llama-tiny-tied"));
   ASSERT_THAT(tied, IsOk());
@@ -66,7 +69,31 @@ TEST(ModelConfigFromHuggingFace, Llama31InTheOlderLayout) {
   EXPECT_DOUBLE_EQ(m->rope_theta(), 500000);
   EXPECT_DOUBLE_EQ(m->rope_scaling().factor(), 8);
   EXPECT_EQ(m->rope_scaling().original_max_position_embeddings(), 8192u);
+  EXPECT_EQ(m->max_position_embeddings(), 0u);  // absent: unset
   EXPECT_EQ(m->dtype(), v1::BFLOAT16);
+  absl::StatusOr<v1::ModelConfig> declared = ModelConfigFromHuggingFace(WriteConfig(R"({
+      "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32,
+      "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 96,
+      "max_position_embeddings": 131072})"));
+  ASSERT_THAT(declared, IsOk());
+  EXPECT_EQ(declared->max_position_embeddings(), 131072u);
+}
+
+// A checkpoint directory named relative to the working directory is named
+// absolute in errors: the executors' working directory is not the user's.
+TEST(HuggingFaceCheckpoint, ErrorsNameTheAbsoluteDirectory) {
+  const std::filesystem::path dir = varipipe::testing::PerTestDirectory("hf-checkpoint");
+  std::filesystem::create_directories(dir / "no-config");
+  const std::filesystem::path previous = std::filesystem::current_path();
+  std::filesystem::current_path(dir);
+  const absl::Status missing = HuggingFaceCheckpoint::Open("hf-base").status();
+  const absl::Status no_config = HuggingFaceCheckpoint::Open("no-config").status();
+  std::filesystem::current_path(previous);
+  const std::filesystem::path here = std::filesystem::canonical(dir);
+  EXPECT_THAT(missing, StatusIs(absl::StatusCode::kNotFound,
+                                HasSubstr((here / "hf-base").string() + ": not a directory")));
+  EXPECT_THAT(no_config, StatusIs(absl::StatusCode::kNotFound,
+                                  HasSubstr((here / "no-config").string() + ": no config.json")));
 }
 
 // google/flan-t5-xl's config.json: the model section of the FLAN-T5-XL

@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -285,6 +286,12 @@ INSTANTIATE_TEST_SUITE_P(
                 R"("iterations": 10, "init_from": "checkpoints/llama")",
                 "training.init_from: loads Hugging Face checkpoints into model.architecture LLAMA "
                 "or T5V11 only"},
+        BadCase{"MaxPositionsOnMegatron", R"("kind": "GPT")",
+                R"("kind": "GPT", "max_position_embeddings": 4096)",
+                "model.max_position_embeddings: is only used by LLAMA models"},
+        BadCase{"MaxPositionsBeyondTheBound", R"("kind": "GPT")",
+                R"("kind": "GPT", "architecture": "LLAMA", "max_position_embeddings": 16777217)",
+                "model.max_position_embeddings: is too large (16777217; at most 16777216)"},
         BadCase{"NegativeNormEpsilon", R"("kind": "GPT")",
                 R"("kind": "GPT", "architecture": "LLAMA", "norm_epsilon": -1)",
                 "model.norm_epsilon: must be positive"},
@@ -833,6 +840,96 @@ TEST_F(JobConfigFileTest, ResolvesRelativePathsAgainstTheConfigDirectory) {
   ASSERT_THAT(config, IsOk());
   EXPECT_EQ(config->data().path(), (directory_ / "conf/d.jsonl").string());
   EXPECT_EQ(config->store().password_file(), (directory_ / "secret").string());
+}
+
+// Changes the working directory while it lives.
+class WorkingDirectory {
+ public:
+  explicit WorkingDirectory(const std::filesystem::path& to)
+      : previous_(std::filesystem::current_path()) {
+    std::filesystem::current_path(to);
+  }
+  ~WorkingDirectory() { std::filesystem::current_path(previous_); }
+
+ private:
+  std::filesystem::path previous_;
+};
+
+// Every path field of the job, relative.
+std::string ConfigWithRelativePaths() {
+  std::string json = absl::StrReplaceAll(
+      kValidGpt,
+      {{R"("kind": "GPT")", R"("kind": "GPT", "architecture": "LLAMA")"},
+       {R"("format": "SYNTHETIC")",
+        R"("format": "MEGATRON_INDEXED", "path": "data/in", "target_path": "./data/../data/tg")"},
+       {R"("training": {"iterations": 10})",
+        R"("planner": {"cost_model_path": "../profiles/job.json"},
+           "store": {"password_file": "secret"},
+           "training": {"iterations": 10, "checkpoint_dir": "ckpt", "init_from": "hf-base"})"}});
+  EXPECT_NE(json, kValidGpt);
+  return json;
+}
+
+// A daemon started as `varipipe-planner --config job.json` hands its config
+// to executors running elsewhere: the paths must not depend on either's
+// working directory.
+TEST_F(JobConfigFileTest, EveryPathFieldIsAbsoluteUnderTheConfigDirectory) {
+  Write("conf/job.json", ConfigWithRelativePaths());
+  std::filesystem::create_directories(directory_ / "elsewhere");
+  // getcwd names the directory without symbolic links.
+  const std::filesystem::path conf = std::filesystem::canonical(directory_ / "conf");
+  const std::filesystem::path top = conf.parent_path();
+  for (const auto& [cwd, given] : std::vector<std::pair<std::filesystem::path, std::string>>{
+           {directory_ / "conf", "job.json"},
+           {directory_ / "elsewhere", "../conf/job.json"},
+           {directory_ / "elsewhere", (directory_ / "conf/job.json").string()}}) {
+    SCOPED_TRACE(absl::StrCat("--config ", given, " from ", cwd.string()));
+    absl::StatusOr<v1::JobConfig> config;
+    {
+      WorkingDirectory in(cwd);
+      config = LoadJobConfigFile(given);
+    }
+    ASSERT_THAT(config, IsOk());
+    EXPECT_EQ(config->data().path(), (conf / "data/in").string());
+    EXPECT_EQ(config->data().target_path(), (conf / "data/tg").string());
+    EXPECT_EQ(config->planner().cost_model_path(), (top / "profiles/job.json").string());
+    EXPECT_EQ(config->store().password_file(), (conf / "secret").string());
+    EXPECT_EQ(config->training().checkpoint_dir(), (conf / "ckpt").string());
+    EXPECT_EQ(config->training().init_from(), (conf / "hf-base").string());
+    for (const std::string* path :
+         {&config->data().path(), &config->data().target_path(),
+          &config->planner().cost_model_path(), &config->store().password_file(),
+          &config->training().checkpoint_dir(), &config->training().init_from()}) {
+      EXPECT_TRUE(std::filesystem::path(*path).is_absolute()) << *path;
+    }
+  }
+}
+
+TEST_F(JobConfigFileTest, AbsolutePathsStayAndEmptyOnesStayEmpty) {
+  std::string json = absl::StrReplaceAll(ConfigWithRelativePaths(),
+                                         {{R"("data/in")", R"("/data/in")"},
+                                          {R"("./data/../data/tg")", R"("/data/tg")"},
+                                          {R"("../profiles/job.json")", R"("/profiles/job.json")"},
+                                          {R"("secret")", R"("/run/secret")"},
+                                          {R"("ckpt")", R"("/checkpoints/job/")"},
+                                          {R"("hf-base")", R"("/models/hf-base")"}});
+  absl::StatusOr<v1::JobConfig> config = LoadJobConfigFile(Write("conf/absolute.json", json));
+  ASSERT_THAT(config, IsOk());
+  EXPECT_EQ(config->data().path(), "/data/in");
+  EXPECT_EQ(config->data().target_path(), "/data/tg");
+  EXPECT_EQ(config->planner().cost_model_path(), "/profiles/job.json");
+  EXPECT_EQ(config->store().password_file(), "/run/secret");
+  EXPECT_EQ(config->training().checkpoint_dir(), "/checkpoints/job/");
+  EXPECT_EQ(config->training().init_from(), "/models/hf-base");
+  // kValidGpt names no file at all.
+  config = LoadJobConfigFile(Write("conf/none.json", kValidGpt));
+  ASSERT_THAT(config, IsOk());
+  EXPECT_EQ(config->data().path(), "");
+  EXPECT_EQ(config->data().target_path(), "");
+  EXPECT_EQ(config->planner().cost_model_path(), "");
+  EXPECT_EQ(config->store().password_file(), "");
+  EXPECT_EQ(config->training().checkpoint_dir(), "");
+  EXPECT_EQ(config->training().init_from(), "");
 }
 
 TEST_F(JobConfigFileTest, DirectoryIsRejectedClearly) {

@@ -700,6 +700,139 @@ TEST(HuggingFaceExport, TiedEmbeddingReplicasLoadAndExportOnce) {
   EXPECT_TRUE(SharedParameters(deep, *four).empty());
 }
 
+// Exports `stages` (one per rank, then the index) as an export of a job
+// started from `init_from` does.
+fs::path ExportFrom(const ModelSpec& spec, const Stages& stages, const std::string& name,
+                    v1::DType dtype, const fs::path& init_from) {
+  const fs::path dir = varipipe::testing::PerTestDirectory("hf-export-" + name);
+  for (ModelStage* stage : stages.pointers) {
+    EXPECT_THAT(ExportHuggingFaceShards(dir.string(), spec, {stage}, dtype), IsOk());
+  }
+  EXPECT_THAT(ExportHuggingFaceIndex(dir.string(), spec, dtype, init_from.string()), IsOk());
+  return dir;
+}
+
+nlohmann::ordered_json ReadConfig(const fs::path& path) {
+  std::ifstream in(path);
+  return nlohmann::ordered_json::parse(in);
+}
+
+// config.json of an export against the one it started from, field by field
+// and in order: equal but for the weights' dtype, `dtype`.
+void ExpectCarriedConfig(const fs::path& exported, const fs::path& source,
+                         const std::string& dtype) {
+  const nlohmann::ordered_json got = ReadConfig(exported / "config.json");
+  nlohmann::ordered_json want = ReadConfig(source / "config.json");
+  if (want.contains("dtype")) want["dtype"] = dtype;
+  if (want.contains("torch_dtype") || !want.contains("dtype")) want["torch_dtype"] = dtype;
+  std::vector<std::string> got_keys, want_keys;
+  for (const auto& [key, value] : got.items()) got_keys.push_back(key);
+  for (const auto& [key, value] : want.items()) {
+    want_keys.push_back(key);
+    ASSERT_TRUE(got.contains(key)) << key << " was dropped";
+    EXPECT_EQ(got[key], value) << key;
+  }
+  EXPECT_EQ(got_keys, want_keys);
+}
+
+// A Llama-3.1-like checkpoint (llama3 rope scaling, a list of end tokens,
+// 131072 positions, a tokenizer) fine-tuned by a job whose data limit is 16
+// tokens: the export is a drop-in replacement, its config.json the
+// checkpoint's but for the dtype, the tokenizer and generation files copied.
+TEST(HuggingFaceExport, StartedFromACheckpointCarriesItsConfigAndTokenizer) {
+  const fs::path base = varipipe::testing::PerTestDirectory("hf-export-llama3-base");
+  {
+    nlohmann::ordered_json config = ReadConfig(Golden("llama-tiny") / "config.json");
+    config.erase("rope_parameters");
+    config.erase("dtype");
+    config["bos_token_id"] = 1;
+    config["eos_token_id"] = {2, 3, 4};
+    config["max_position_embeddings"] = 131072;
+    config["rope_scaling"] = {{"factor", 8.0},
+                              {"low_freq_factor", 1.0},
+                              {"high_freq_factor", 4.0},
+                              {"original_max_position_embeddings", 8192},
+                              {"rope_type", "llama3"}};
+    config["rope_theta"] = 500000.0;
+    config["torch_dtype"] = "float32";
+    std::ofstream(base / "config.json") << config.dump(2);
+    fs::copy_file(Golden("llama-tiny") / "model.safetensors", base / "model.safetensors");
+    fs::copy_file(Golden("llama-tiny") / "generation_config.json", base / "generation_config.json");
+    std::ofstream(base / "tokenizer.json") << R"({"version": "1.0", "model": {"type": "BPE"}})";
+    std::ofstream(base / "tokenizer_config.json") << R"({"model_max_length": 131072})";
+    std::ofstream(base / "special_tokens_map.json") << R"({"bos_token": "<s>"})";
+    std::ofstream(base / "tokenizer.model", std::ios::binary) << std::string("\x0a\x00\xff", 3);
+  }
+  ModelSpec spec = TinyLlama(false);
+  spec.max_sequence_length = 16;  // the job's data limit, not the model's context
+  spec.rope_theta = 500000;
+  spec.rope_factor = 8;
+  absl::StatusOr<HuggingFaceCheckpoint> ckpt = HuggingFaceCheckpoint::Open(base.string());
+  ASSERT_THAT(ckpt, IsOk());
+  ASSERT_THAT(CheckHuggingFaceConfig(*ckpt, spec), IsOk());
+  Stages two = BuildStages(spec, 2);
+  ASSERT_THAT(LoadHuggingFaceWeights(*ckpt, spec, two.pointers), IsOk());
+
+  const fs::path out = ExportFrom(spec, two, "llama3", v1::BFLOAT16, base);
+  ExpectCarriedConfig(out, base, "bfloat16");
+  const nlohmann::ordered_json config = ReadConfig(out / "config.json");
+  EXPECT_EQ(config["max_position_embeddings"], 131072);
+  EXPECT_EQ(config["eos_token_id"], nlohmann::ordered_json::array({2, 3, 4}));
+  EXPECT_EQ(config["rope_scaling"]["rope_type"], "llama3");
+  for (const char* name : {"generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                           "special_tokens_map.json", "tokenizer.model"}) {
+    ASSERT_TRUE(fs::exists(out / name)) << name;
+    EXPECT_EQ(FileBytes(out / name), FileBytes(base / name)) << name;
+  }
+  EXPECT_FALSE(fs::exists(out / "model.safetensors"));  // the export's shards replace it
+  absl::StatusOr<HuggingFaceCheckpoint> exported = HuggingFaceCheckpoint::Open(out.string());
+  ASSERT_THAT(exported, IsOk());
+  EXPECT_THAT(CheckHuggingFaceConfig(*exported, spec), IsOk());
+
+  // A missing init_from fails naming the field and where it looked.
+  EXPECT_THAT(
+      ExportHuggingFaceIndex(out.string(), spec, v1::FLOAT32, (base / "gone").string()),
+      StatusIs(absl::StatusCode::kNotFound,
+               HasSubstr("training.init_from: " + (base / "gone").string() + ": not a directory")));
+}
+
+// FLAN-T5's config.json (its tokens, positions and everything the job
+// does not describe) comes through an export as it went in.
+TEST(HuggingFaceExport, FlanT5ConfigRoundTrips) {
+  ModelSpec spec = TinyT5V11();
+  spec.num_decoder_layers = 2;
+  spec.relative_buckets = 32;
+  spec.relative_max_distance = 128;
+  const Stages one = BuildStages(spec, 1);
+  const fs::path out = ExportFrom(spec, one, "flan-t5", v1::FLOAT32, Golden("flan-t5-tiny"));
+  ExpectCarriedConfig(out, Golden("flan-t5-tiny"), "float32");
+  EXPECT_EQ(FileBytes(out / "generation_config.json"),
+            FileBytes(Golden("flan-t5-tiny") / "generation_config.json"));
+}
+
+// Without training.init_from config.json holds the model's own values:
+// max_position_embeddings is model.max_position_embeddings, unset the data
+// limit; a job that sets it must agree with the checkpoint it loads.
+TEST(HuggingFaceExport, ModelPositionsComeFromTheModelSection) {
+  ModelSpec spec = TinyLlama(false);
+  const Stages one = BuildStages(spec, 1);
+  EXPECT_EQ(ReadConfig(ExportAt(spec, one, "positions-unset", v1::FLOAT32) /
+                       "config.json")["max_position_embeddings"],
+            64);
+  spec.max_position_embeddings = 4096;
+  EXPECT_EQ(ReadConfig(ExportAt(spec, one, "positions-set", v1::FLOAT32) /
+                       "config.json")["max_position_embeddings"],
+            4096);
+  absl::StatusOr<HuggingFaceCheckpoint> golden = HuggingFaceCheckpoint::Open(Golden("llama-tiny"));
+  ASSERT_THAT(golden, IsOk());
+  EXPECT_THAT(CheckHuggingFaceConfig(*golden, spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("max_position_embeddings is 64 but the job's "
+                                 "model.max_position_embeddings is 4096")));
+  spec.max_position_embeddings = 64;
+  EXPECT_THAT(CheckHuggingFaceConfig(*golden, spec), IsOk());
+}
+
 // FLAN-T5 out and in: weights exported at pp = 1 (moved off the
 // initializer's, so a load that did nothing would show) load at pp = 4,
 // where the encoder and the decoder take two stages each and the shared

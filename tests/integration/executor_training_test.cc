@@ -30,6 +30,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/checkpoint/hf_checkpoint.h"
+#include "common/checkpoint/hf_export_config.h"
 #include "common/config/job_config.h"
 #include "common/dataset/sample_dataset.h"
 #include "common/redis/redis_client.h"
@@ -409,7 +410,8 @@ TEST_P(ExecutorTrainingHf, HuggingFaceWeightsLoadAndTrainLikeTheReference) {
     ASSERT_THAT(executor::ExportHuggingFaceShards((dir / "export-pp1").string(), *spec, {&whole},
                                                   v1::FLOAT32),
                 IsOk());
-    ASSERT_THAT(executor::ExportHuggingFaceIndex((dir / "export-pp1").string(), *spec, v1::FLOAT32),
+    ASSERT_THAT(executor::ExportHuggingFaceIndex((dir / "export-pp1").string(), *spec, v1::FLOAT32,
+                                                 config->training().init_from()),
                 IsOk());
   }
   // varipipe-export-hf, one process, from the checkpoint after the last
@@ -426,7 +428,15 @@ TEST_P(ExecutorTrainingHf, HuggingFaceWeightsLoadAndTrainLikeTheReference) {
     }
     ++files;
   }
-  EXPECT_EQ(files, 4);  // config.json, the index and one shard per layer
+  // config.json, the index, one shard per layer, and what the checkpoint
+  // holds besides (tests/data/hf/llama-tiny: generation_config.json).
+  EXPECT_EQ(files, c.t5 ? 4 : 5);
+  // Started from `checkpoint`: its config.json with the export's dtype (its
+  // positions, not the job's 96-token data limit; its special tokens).
+  absl::StatusOr<std::string> carried =
+      CarriedHuggingFaceConfig(ReadFile(checkpoint / "config.json"), "config.json", "float32");
+  ASSERT_THAT(carried, IsOk());
+  EXPECT_EQ(ReadFile(dir / "export" / "config.json"), *carried);
   std::filesystem::remove_all(dir);
 }
 

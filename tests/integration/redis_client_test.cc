@@ -2,9 +2,12 @@
 // values, pipelines, error replies, and reconnection after a restart.
 #include "common/redis/redis_client.h"
 
+#include <cstdio>
+#include <fstream>
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/redis_server.h"
@@ -83,7 +86,15 @@ TEST(RedisPassword, FromFileOrEnvironment) {
   EXPECT_THAT(ReadRedisPassword(store), ::varipipe::testing::IsOkAndHolds(std::string("from-env")));
   store.set_password_file("/nonexistent/varipipe/password");
   EXPECT_THAT(ReadRedisPassword(store),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/varipipe/password")));
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("store.password_file: open /nonexistent/varipipe/password")));
+  const std::string empty = ::testing::TempDir() + "/varipipe-empty-password";
+  std::ofstream(empty) << "\n";
+  store.set_password_file(empty);
+  EXPECT_THAT(ReadRedisPassword(store),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(absl::StrCat("store.password_file: ", empty, ": "))));
+  std::remove(empty.c_str());
 }
 
 }  // namespace
