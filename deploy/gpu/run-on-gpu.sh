@@ -70,6 +70,7 @@ dry_run=0
 CHECKS=(
   "gpu-fp32-vs-cpu|gpu|one rank, fp32, the quickstart's multi-task job: losses on cuda:0 (TF32 off) match the CPU run of the same plans"
   "gpu-bf16-train|gpu|the quickstart's multi-task job, one rank on cuda:0 under torchrun, bf16 autocast, 30 iterations: the loss falls"
+  "host-syncs|gpu|one steady-state iteration of the quickstart's multi-task job (bf16, one rank) under LibTorch's CUDA synchronisation debug mode: synchronising calls against the executor's 'host reads' (target: at most 2), and the profiler's trace of the next iteration summarised by kernel kind"
   "gpu-tests|gpu|the equivalence cells on cuda:0 (equivalence_test Cuda/*: GPT, T5, LLAMA, each recompute mode, packed, one rank; and cells whose 2 or 4 ranks share the GPU over Gloo; fp32, TF32 off) against the reference"
   "speed|gpu|tokens/s, MFU and interpreter overhead of the default search, packing (under the planner's kernel and under the mask) and token-based, GPT-1.3B-like stack, bf16, maximum length 8,192, FLAN-like and documents mixtures"
   "profile|gpu|varipipe-profile on a hidden-4096 layer up to 8,192 tokens: the cost model (varipipe-plan accepts it) and the layer's MFU from device times"
@@ -940,6 +941,10 @@ train() {
   [[ "$device" == cpu ]] && device_env=(CUDA_VISIBLE_DEVICES=)
   local -a exec_args=(--planner "$planner" --store_file "$dir/store" --metrics_jsonl "$dir/metrics.jsonl"
                       --status_port -1 --run_id "$job_id")
+  # EXEC_EXTRA: more executor flags, separated by spaces.
+  local -a extra=()
+  read -r -a extra <<< "${EXEC_EXTRA:-}"
+  exec_args+=("${extra[@]}")
   if [[ "$launcher" == torchrun ]]; then
     (cd "$dir" && env "${device_env[@]}" timeout "$limit" torchrun --standalone --nnodes 1 \
        --nproc_per_node 1 --no_python --redirects 2 --tee 2 --log_dir "$dir/torchrun" \
@@ -1065,6 +1070,24 @@ check_gpu_bf16_train() {
   cat "$1/loss.txt"
   note "bf16 autocast: $(sed -n 's/^NOTE //p' "$1/loss.txt")"
   return "$rc"
+}
+
+# One steady-state iteration under LibTorch's CUDA synchronisation debug mode
+# (--cuda_sync_debug_iteration): its synchronising calls against the
+# executor's own count of host reads (target: at most 2 at data parallelism
+# 1), and the profiler's trace of the next iteration summarised by kernel kind
+# (--profile_iteration; the trace file stays in the check's folder).
+check_host_syncs() {
+  ensure_dataset
+  EXEC_EXTRA="--iterations 6 --cuda_sync_debug_iteration 4 --profile_iteration 5 --profile_dir $1/run/trace" \
+    DUMP_PLANS=0 train "$1/run" mt-bf16 cuda direct "$(left)" ||
+    { note "the run failed (exit $?): $(grep -m 1 -iE 'error|fail' "$1/run/executor.log" | cut -c 1-200)"; return 1; }
+  local syncs reads trace
+  syncs=$(grep -c 'synchronizing CUDA operation' "$1/run/executor.log" || true)
+  reads=$(grep -oE 'iteration 4: .*host reads [0-9]+' "$1/run/executor.log" | grep -oE '[0-9]+$' || true)
+  trace=$(grep -m 1 -oE '(device|host) trace: .*' "$1/run/executor.log" | cut -c 1-300 || true)
+  note "iteration 4: ${syncs:-?} synchronising CUDA calls (LibTorch's debug mode), host reads ${reads:-?} (target: at most 2); ${trace:-no trace summary}"
+  [[ -n "$syncs" && "$syncs" -le 2 ]]
 }
 
 # two_ranks_on_cuda0 DIR [EXECUTOR FLAGS]: the pp=2 job with both ranks on
@@ -1337,6 +1360,7 @@ run_check() {
 # Most telling first: a call may end before the last check.
 run_check gpu-fp32-vs-cpu 100 check_gpu_fp32_vs_cpu
 run_check gpu-bf16-train 80 check_gpu_bf16_train
+run_check host-syncs 90 check_host_syncs
 run_check gloo-transport 120 check_gloo_transport
 run_check gpu-tests 200 check_gpu_tests
 run_check two-ranks-one-gpu-gloo 60 check_two_ranks_one_gpu_gloo

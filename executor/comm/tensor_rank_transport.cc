@@ -29,6 +29,11 @@ absl::Status TensorRankTransport::AllReduceMean(std::span<float> data,
   return global_->AllReduceMean(data, GlobalGroup(group));
 }
 
+absl::StatusOr<std::unique_ptr<Transfer>> TensorRankTransport::StartAllReduceMean(
+    std::span<float> data, const std::vector<int>& group) {
+  return global_->StartAllReduceMean(data, GlobalGroup(group));
+}
+
 absl::Status TensorRankTransport::AllReduceSum(std::span<float> data,
                                                const std::vector<int>& group) {
   return global_->AllReduceSum(data, GlobalGroup(group));

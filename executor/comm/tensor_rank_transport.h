@@ -42,6 +42,8 @@ class TensorRankTransport final : public Transport {
   absl::StatusOr<std::unique_ptr<Transfer>> StartSend(int peer, void* data, size_t bytes) override;
   absl::StatusOr<std::unique_ptr<Transfer>> StartRecv(int peer, void* data, size_t bytes) override;
   absl::Status AllReduceMean(std::span<float> data, const std::vector<int>& group) override;
+  absl::StatusOr<std::unique_ptr<Transfer>> StartAllReduceMean(
+      std::span<float> data, const std::vector<int>& group) override;
   absl::Status AllReduceSum(std::span<float> data, const std::vector<int>& group) override;
   absl::Status ReduceScatterSum(std::span<float> data, const std::vector<int>& group) override;
   absl::Status AllGather(std::span<float> data, const std::vector<int>& group) override;

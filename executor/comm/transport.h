@@ -15,6 +15,11 @@
 //   ...
 //   VP_RETURN_IF_ERROR(t->Wait(absl::Now() + absl::Seconds(300)));
 //
+// Device memory: a transport that reads or writes device buffers orders each
+// transfer and collective after the work queued on the device's compute
+// stream when it was started, so callers never synchronise the device before
+// one (NCCL: its stream waits on an event of the compute stream).
+//
 // Thread safety: a transport is driven by one thread (the interpreter);
 // Abort() may be called from any thread.
 #ifndef VARIPIPE_EXECUTOR_COMM_TRANSPORT_H_
@@ -24,6 +29,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -38,6 +44,16 @@ class Transfer {
   // (DEADLINE_EXCEEDED naming the peer), or fails (UNAVAILABLE when the peer
   // is gone, ABORTED when the transport was aborted).
   virtual absl::Status Wait(absl::Time deadline) = 0;
+};
+
+// A transfer that completed when it was made, with `status`.
+class FinishedTransfer final : public Transfer {
+ public:
+  explicit FinishedTransfer(absl::Status status) : status_(std::move(status)) {}
+  absl::Status Wait(absl::Time) override { return status_; }
+
+ private:
+  absl::Status status_;
 };
 
 class Transport {
@@ -55,6 +71,16 @@ class Transport {
   // rank included) and divides by the group size: the data-parallel gradient
   // average. Blocking.
   virtual absl::Status AllReduceMean(std::span<float> data, const std::vector<int>& group) = 0;
+  // Starts AllReduceMean of `data` over `group` and returns at once; `data`
+  // must stay valid and untouched until the returned transfer's Wait
+  // returns (its status is the collective's). Collectives started over one
+  // group complete in the order they were started, and every rank of the
+  // group must start the same ones in the same order (the data-parallel
+  // gradient buckets, gradient_buckets.h). NCCL enqueues it on the group's
+  // stream, Gloo runs it on the transport's collective thread; this default
+  // runs it at once, blocking, and returns it finished.
+  virtual absl::StatusOr<std::unique_ptr<Transfer>> StartAllReduceMean(
+      std::span<float> data, const std::vector<int>& group);
   // Sums `data` elementwise across `group`, undivided: the tensor-parallel
   // layers' all-reduce (tensor_group.h). Blocking; bounded and abortable as
   // AllReduceMean.
@@ -81,6 +107,11 @@ class Transport {
   // blocked. Idempotent.
   virtual void Abort(const std::string& reason) = 0;
 };
+
+inline absl::StatusOr<std::unique_ptr<Transfer>> Transport::StartAllReduceMean(
+    std::span<float> data, const std::vector<int>& group) {
+  return std::unique_ptr<Transfer>(new FinishedTransfer(AllReduceMean(data, group)));
+}
 
 }  // namespace varipipe::executor
 

@@ -6,15 +6,18 @@
 // Debian's CPU-only LibTorch ships the header without its generated macros.
 #if __has_include(<c10/cuda/impl/cuda_cmake_macros.h>)
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #define VARIPIPE_TORCH_HAS_CUDA_ALLOCATOR 1
 #endif
 
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <exception>
 #include <fstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace varipipe::executor {
@@ -24,6 +27,29 @@ namespace varipipe::executor {
 // every LibTorch; newer ones declare StatType outside CUDACachingAllocator).
 constexpr size_t kAggregateStat = 0;
 #endif
+
+std::string ConfigureCudaAllocator(bool expandable_segments) {
+  constexpr char kVariable[] = "PYTORCH_CUDA_ALLOC_CONF";
+  const char* current = std::getenv(kVariable);
+  const std::string conf = current != nullptr ? current : "";
+  if (absl::StrContains(conf, "expandable_segments")) {
+    return absl::StrCat(conf, " (from ", kVariable, ")");
+  }
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  if (expandable_segments) {
+    const std::string value =
+        conf.empty() ? "expandable_segments:True" : absl::StrCat(conf, ",expandable_segments:True");
+    setenv(kVariable, value.c_str(), /*overwrite=*/1);
+    return absl::StrCat(value, " (set from training.cuda_expandable_segments)");
+  }
+  return absl::StrCat(conf.empty() ? "default segments" : conf,
+                      " (training.cuda_expandable_segments is false)");
+#else
+  (void)expandable_segments;
+  return absl::StrCat(conf.empty() ? "default segments" : conf, " (LibTorch ", TORCH_VERSION,
+                      " has no expandable segments)");
+#endif
+}
 
 absl::StatusOr<DeviceChoice> ChooseDevice(int local_rank) {
   try {
@@ -51,6 +77,17 @@ absl::StatusOr<DeviceChoice> ChooseDevice(int local_rank) {
 
 std::string TorchVersion() { return TORCH_VERSION; }
 
+bool SetCudaSyncWarnings(bool on) {
+#ifdef VARIPIPE_TORCH_HAS_CUDA_ALLOCATOR
+  c10::cuda::warning_state().set_sync_debug_mode(on ? c10::cuda::SyncDebugMode::L_WARN
+                                                    : c10::cuda::SyncDebugMode::L_DISABLED);
+  return true;
+#else
+  (void)on;
+  return false;
+#endif
+}
+
 int64_t PeakMemoryBytes(const DeviceChoice& device) {
 #ifdef VARIPIPE_TORCH_HAS_CUDA_ALLOCATOR
   if (device.is_cuda) {
@@ -65,6 +102,17 @@ int64_t PeakMemoryBytes(const DeviceChoice& device) {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+int64_t PeakReservedBytes(const DeviceChoice& device) {
+#ifdef VARIPIPE_TORCH_HAS_CUDA_ALLOCATOR
+  if (device.is_cuda) {
+    const int index = std::stoi(device.name.substr(device.name.find(':') + 1));
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+    return stats.reserved_bytes[kAggregateStat].peak;
+  }
+#endif
+  return PeakMemoryBytes(device);
 }
 
 int64_t CurrentMemoryBytes(const DeviceChoice& device) {

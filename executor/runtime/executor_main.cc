@@ -127,10 +127,22 @@ ABSL_FLAG(bool, log_all_ranks, true,
 ABSL_FLAG(bool, resume, true,
           "Resume from the newest checkpoint every rank holds in training.checkpoint_dir.");
 ABSL_FLAG(bool, device_timing, true,
-          "GPUs: finish the device's queued work around each forward, backward, weight "
-          "gradient and optimizer step, so that the per-pass times (progress reports, online "
-          "calibration, metrics) are device times, not kernel-launch times; costs the overlap of "
-          "one pass's launches with the previous pass's kernels. CPUs ignore it.");
+          "GPUs: bracket each forward, backward, weight gradient and optimizer step with CUDA "
+          "events read at the iteration's end, so that the per-pass times (progress reports, "
+          "online calibration, metrics) are device times, not kernel-launch times; costs one "
+          "wait for the device per iteration. CPUs ignore it.");
+ABSL_FLAG(int64_t, profile_iteration, -1,
+          "Record LibTorch's profiler (Kineto) over this iteration: every rank writes a Chrome "
+          "trace to --profile_dir as iteration_N.rank_R.trace.json (open it in "
+          "chrome://tracing or Perfetto) and logs its summary: the shares of matrix products, "
+          "attention, communication, copies, other kernels and idle gaps (GPUs: device kernels; "
+          "CPUs: host operators). -1: none.");
+ABSL_FLAG(int64_t, cuda_sync_debug_iteration, -1,
+          "GPUs: during this iteration LibTorch's CUDA synchronisation debug mode warns (on "
+          "standard error, 'called a synchronizing CUDA operation') at every call that makes the "
+          "host wait for the device; count them against the iteration's 'host reads'. -1: none.");
+ABSL_FLAG(std::string, profile_dir, ".",
+          "Directory of --profile_iteration's traces (created when missing).");
 ABSL_FLAG(std::string, transport, "auto",
           "auto: NCCL between GPU ranks, Gloo over TCP between CPU ranks; gloo: Gloo on GPUs "
           "too, every transfer staged through host memory (slow; for ranks sharing one GPU, "
@@ -316,13 +328,17 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
                    executor::PlanSource& source,
                    const executor::TransportOptions& transport_options,
                    executor::RankTransports& transports, executor::ExecutorStatusBoard& board) {
-  const executor::TrainerOptions options{.first_iteration = absl::GetFlag(FLAGS_first_iteration),
-                                         .iterations = absl::GetFlag(FLAGS_iterations),
-                                         .resume = absl::GetFlag(FLAGS_resume),
-                                         .device_timing = absl::GetFlag(FLAGS_device_timing),
-                                         .metrics_jsonl = absl::GetFlag(FLAGS_metrics_jsonl),
-                                         .save_parameters = absl::GetFlag(FLAGS_save_parameters),
-                                         .export_hf = absl::GetFlag(FLAGS_export_hf)};
+  const executor::TrainerOptions options{
+      .first_iteration = absl::GetFlag(FLAGS_first_iteration),
+      .iterations = absl::GetFlag(FLAGS_iterations),
+      .resume = absl::GetFlag(FLAGS_resume),
+      .device_timing = absl::GetFlag(FLAGS_device_timing),
+      .profile_iteration = absl::GetFlag(FLAGS_profile_iteration),
+      .profile_dir = absl::GetFlag(FLAGS_profile_dir),
+      .cuda_sync_debug_iteration = absl::GetFlag(FLAGS_cuda_sync_debug_iteration),
+      .metrics_jsonl = absl::GetFlag(FLAGS_metrics_jsonl),
+      .save_parameters = absl::GetFlag(FLAGS_save_parameters),
+      .export_hf = absl::GetFlag(FLAGS_export_hf)};
   executor::Trainer trainer(options, {.config = config,
                                       .env = env,
                                       .coordinates = coordinates,
@@ -535,12 +551,17 @@ ExitStatus PlaceRank(ExecutorStartup& startup) {
       spdlog::get_level() < spdlog::level::warn) {
     spdlog::set_level(spdlog::level::warn);
   }
+  // Before anything touches CUDA: the allocator reads its settings once.
+  const v1::TrainingConfig& training = startup.config->training();
+  const std::string allocator = executor::ConfigureCudaAllocator(
+      !training.has_cuda_expandable_segments() || training.cuda_expandable_segments());
   absl::StatusOr<executor::DeviceChoice> device = executor::ChooseDevice(env.local_rank);
   if (!device.ok()) {
     spdlog::error("{}", device.status().message());
     return kExitFailure;
   }
   startup.device = *std::move(device);
+  if (startup.device.is_cuda) spdlog::info("CUDA caching allocator: {}", allocator);
   std::string nccl = "not built";
 #ifdef VARIPIPE_HAVE_NCCL
   nccl = executor::NcclRuntimeVersion();

@@ -58,6 +58,12 @@ void Register(const metrics::Labels& l) {
                "The planner's predicted time of the last iteration.", l);
   R().GetGauge("varipipe_executor_peak_memory_bytes",
                "Highest device memory allocated since start (CPU: tensor bytes).", l);
+  R().GetGauge("varipipe_executor_peak_reserved_bytes",
+               "Highest device memory the caching allocator reserved since start (allocated "
+               "plus held for reuse; CPU: as peak_memory_bytes).",
+               l);
+  R().GetGauge("varipipe_executor_host_reads",
+               "Times the host waited for the device in the last iteration.", l);
   R().GetGauge("varipipe_executor_parameter_bytes", "Bytes of this rank's parameters (fp32).", l);
   R().GetGauge("varipipe_executor_optimizer_state_bytes",
                "Bytes of this rank's optimizer state (training.zero_stage 1: its shard).", l);
@@ -112,6 +118,8 @@ void RecordIterationMetrics(const IterationMetrics& m) {
   R().GetGauge("varipipe_executor_iteration_seconds", "", l).Set(m.step_seconds);
   R().GetGauge("varipipe_executor_predicted_iteration_seconds", "", l).Set(m.predicted_seconds);
   R().GetGauge("varipipe_executor_peak_memory_bytes", "", l).Set(m.peak_memory_bytes);
+  R().GetGauge("varipipe_executor_peak_reserved_bytes", "", l).Set(m.peak_reserved_bytes);
+  R().GetGauge("varipipe_executor_host_reads", "", l).Set(m.host_reads);
   R().GetGauge("varipipe_executor_parameter_bytes", "", l).Set(m.parameter_bytes);
   R().GetGauge("varipipe_executor_optimizer_state_bytes", "", l).Set(m.optimizer_state_bytes);
 }

@@ -27,6 +27,11 @@ struct IterationMetrics {
   double padded_tokens = 0;
   double predicted_seconds = 0;  // the plan's predicted iteration time
   double peak_memory_bytes = 0;
+  // GPUs: the caching allocator's peak reserved bytes (allocated plus what
+  // it holds for reuse); CPUs: the same as peak_memory_bytes.
+  double peak_reserved_bytes = 0;
+  // Times the host waited for the device in the iteration (host_reads.h).
+  double host_reads = 0;
   // This rank's model state: its parameters (fp32) and its optimizer's
   // state tensors (under training.zero_stage 1 its shard).
   double parameter_bytes = 0;

@@ -17,8 +17,11 @@
 #include "common/plan_contract/instruction_text.h"
 #include "common/plan_contract/micro_batch_rows.h"
 #include "common/status.h"
+#include "executor/data/input_prefetcher.h"
 #include "executor/model/cuda_autocast.h"
+#include "executor/runtime/device_timeline.h"
 #include "executor/runtime/fault_injection.h"
+#include "executor/runtime/host_reads.h"
 #include "executor/runtime/plan_check.h"
 
 namespace varipipe::executor {
@@ -79,7 +82,12 @@ class AutocastScope {
 class IterationRun {
  public:
   IterationRun(PlanInterpreter& interpreter, const v1::ExecutionPlan& plan)
-      : it_(interpreter), plan_(plan), buffers_(plan.num_buffers()) {}
+      : it_(interpreter),
+        plan_(plan),
+        buffers_(plan.num_buffers()),
+        inputs_(interpreter.loader_, plan, interpreter.options_.device,
+                interpreter.options_.prefetch_inputs, interpreter.options_.memory),
+        timeline_(interpreter.options_.device, interpreter.options_.device_timing) {}
 
   absl::StatusOr<IterationStats> Execute() {
     const Clock::time_point start = Clock::now();
@@ -87,9 +95,17 @@ class IterationRun {
     // The format version, global_target_tokens and the weight-gradient
     // order were checked (CheckedPlan): a wrong order never leaves a
     // gradient half accumulated.
-    for (const v1::Instruction& in : plan_.instructions()) {
-      if (in.has_backward() && in.backward().weight_grad_deferred()) {
-        deferred_.insert({in.stage(), in.micro_batch()});
+    for (int i = 0; i < plan_.instructions_size(); ++i) {
+      const v1::Instruction& in = plan_.instructions(i);
+      if (in.has_backward()) {
+        last_backward_[in.stage()] = i;
+        last_gradient_pass_[in.stage()] = i;
+        if (in.backward().weight_grad_deferred()) {
+          deferred_.insert({in.stage(), in.micro_batch()});
+          split_stages_.insert(in.stage());
+        }
+      } else if (in.has_weight_grad()) {
+        last_gradient_pass_[in.stage()] = i;
       }
     }
     for (uint32_t stage : plan_.stages()) {
@@ -103,6 +119,12 @@ class IterationRun {
       stats_.real_tokens += mb.real_input_tokens() + mb.real_target_tokens();
       // Rows, not samples: a packed row holds several samples.
       stats_.padded_tokens += plan_contract::PaddedTokens(mb);
+    }
+    try {
+      PrepareBuckets();
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat("rank ", plan_.rank(), ", iteration ",
+                                              plan_.iteration(), ", gradient buckets: ", e.what()));
     }
     InstructionProgress* progress = it_.options_.progress;
     MemoryAccount* memory = it_.options_.memory;
@@ -143,6 +165,16 @@ class IterationRun {
     if (!weight_grads_.empty()) {  // CheckWeightGradOrder makes this impossible
       return absl::InternalError("the plan ended with deferred weight gradients not applied");
     }
+    try {
+      // A plan without an optimizer step reads its loss here.
+      if (loss_sum_.defined()) stats_.loss = reads_.Read(loss_sum_).item<double>();
+      ResolvePassTimes();
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat("rank ", plan_.rank(), ", iteration ",
+                                              plan_.iteration(), ", end: ", e.what()));
+    }
+    stats_.data_seconds += inputs_.waited_seconds();
+    stats_.host_reads = reads_.count();
     stats_.instructions = plan_.instructions_size();
     stats_.total_seconds = Seconds(Clock::now() - start);
     stats_.overhead_seconds = stats_.total_seconds - stats_.compute_seconds -
@@ -163,6 +195,55 @@ class IterationRun {
   struct Pending {
     std::vector<std::unique_ptr<Transfer>> transfers;
   };
+
+  // The shared parameters (SharedParameterGroup) among `stage`'s: summed
+  // across stages before their data-parallel reduction, so they stay out of
+  // the buckets.
+  std::set<std::string> SharedNames(ModelStage* stage) const {
+    std::set<std::string> names;
+    const torch::OrderedDict<std::string, torch::Tensor> named = stage->named_parameters();
+    for (const SharedParameterGroup& group : it_.options_.shared_parameter_groups) {
+      if (named.find(group.name) != nullptr) names.insert(group.name);
+    }
+    return names;
+  }
+
+  // The stages whose gradients this plan all-reduces over more than one
+  // replica, without ZeRO sharding: their buckets (made at the first such
+  // plan) start this iteration's reduction (gradient_buckets.h).
+  void PrepareBuckets() {
+    if (it_.options_.sharding != nullptr || it_.options_.gradient_bucket_bytes <= 0) return;
+    for (const v1::Instruction& in : plan_.instructions()) {
+      if (!in.has_all_reduce() || in.all_reduce().group_ranks_size() <= 1) continue;
+      const std::vector<int> group(in.all_reduce().group_ranks().begin(),
+                                   in.all_reduce().group_ranks().end());
+      for (uint32_t id : in.all_reduce().stages()) {
+        const auto stage = it_.stages_.find(id);
+        if (stage == it_.stages_.end()) continue;  // AllReduce names it
+        std::unique_ptr<GradientBuckets>& buckets = it_.buckets_[id];
+        if (buckets == nullptr) {
+          buckets = std::make_unique<GradientBuckets>(stage->second->named_parameters(),
+                                                      SharedNames(stage->second),
+                                                      it_.options_.gradient_bucket_bytes);
+        }
+        buckets->BeginIteration(it_.transport_, group);
+        bucketed_[id] = buckets.get();
+      }
+    }
+  }
+
+  GradientBuckets* BucketsOf(uint32_t stage) const {
+    const auto found = bucketed_.find(stage);
+    return found == bucketed_.end() ? nullptr : found->second;
+  }
+
+  // After the stage's last gradient pass of the iteration, its remaining
+  // buckets start.
+  absl::Status MaybeStartBuckets(uint32_t stage) {
+    GradientBuckets* buckets = BucketsOf(stage);
+    if (buckets == nullptr || last_gradient_pass_[stage] != index_) return absl::OkStatus();
+    return buckets->StartAll();
+  }
 
   absl::Status Dispatch(const v1::Instruction& in) {
     switch (in.op_case()) {
@@ -235,13 +316,11 @@ class IterationRun {
   absl::Status LoadInput(const v1::Instruction& in) {
     const v1::LoadInput& load = in.load_input();
     VP_ASSIGN_OR_RETURN(const v1::MicroBatch* mb, MicroBatch(in.micro_batch()));
+    (void)mb;
     for (int k = 0; k < load.buffer_ids_size(); ++k) {
-      const Clock::time_point start = Clock::now();
-      VP_ASSIGN_OR_RETURN(torch::Tensor t,
-                          it_.loader_->Load(*mb, load.contents(k), load.tensors(k)));
-      stats_.data_seconds += Seconds(Clock::now() - start);
+      VP_ASSIGN_OR_RETURN(torch::Tensor t, inputs_.TakeLoad(index_, k));
       VP_RETURN_IF_ERROR(CheckId(load.buffer_ids(k)));
-      buffers_[load.buffer_ids(k)] = t.to(it_.options_.device);
+      buffers_[load.buffer_ids(k)] = ToDevice(t);
       contents_[load.buffer_ids(k)] = load.contents(k);
     }
     return absl::OkStatus();
@@ -252,20 +331,20 @@ class IterationRun {
   // encoder output) as leaves that collect their gradients.
   absl::Status Inputs(const v1::Instruction& in, StageActivations* activations, StageBatch* batch) {
     VP_ASSIGN_OR_RETURN(const v1::MicroBatch* mb, MicroBatch(in.micro_batch()));
-    const Clock::time_point start = Clock::now();
-    VP_ASSIGN_OR_RETURN(RowLengths lengths, it_.loader_->Lengths(*mb));
-    stats_.data_seconds += Seconds(Clock::now() - start);
-    batch->input_lengths = lengths.input.to(it_.options_.device);
-    if (lengths.target.defined()) batch->target_lengths = lengths.target.to(it_.options_.device);
-    // Packed micro-batches: per-position samples and positions.
-    const auto to_device = [&](const torch::Tensor& t) {
-      return t.defined() ? t.to(it_.options_.device) : t;
-    };
-    batch->input_segments = to_device(lengths.input_segments);
-    batch->input_positions = to_device(lengths.input_positions);
-    batch->target_segments = to_device(lengths.target_segments);
-    batch->target_positions = to_device(lengths.target_positions);
+    VP_ASSIGN_OR_RETURN(RowLengths lengths, inputs_.TakeLengths(index_));
+    batch->input_lengths = ToDevice(lengths.input);
+    batch->target_lengths = ToDevice(lengths.target);
+    // Packed micro-batches: per-position samples and positions. Per-sample
+    // attention reads the segments on the host (SegmentMask): they stay
+    // there, so that no pass reads them back from the device.
     batch->per_sample_attention = mb->packed_attention() != v1::BLOCK_DIAGONAL_MASK;
+    const auto segments = [&](const torch::Tensor& t) {
+      return batch->per_sample_attention ? t : ToDevice(t);
+    };
+    batch->input_segments = segments(lengths.input_segments);
+    batch->input_positions = ToDevice(lengths.input_positions);
+    batch->target_segments = segments(lengths.target_segments);
+    batch->target_positions = ToDevice(lengths.target_positions);
     batch->loss_scale = 1.0 / static_cast<double>(plan_.global_target_tokens());
     std::vector<torch::Tensor> received;
     for (uint32_t id : in.forward().input_buffer_ids()) {
@@ -298,35 +377,69 @@ class IterationRun {
     return absl::OkStatus();
   }
 
-  // The clock for a compute pass: with device timing on a GPU, the device's
-  // queued work is finished first, so that a pass's time holds its own
-  // kernels and not its predecessor's.
-  Clock::time_point PassClock() {
-    if (it_.options_.device_timing && it_.options_.device.is_cuda()) {
-      torch::cuda::synchronize(it_.options_.device.index());
+  // A host tensor (pinned on a GPU) on the compute device; the copy is
+  // queued, not waited for.
+  torch::Tensor ToDevice(const torch::Tensor& t) const {
+    if (!t.defined()) return t;
+    return t.to(it_.options_.device, /*non_blocking=*/it_.options_.device.is_cuda());
+  }
+
+  // Which time a compute pass adds to: a micro-batch's forward, backward or
+  // weight gradient (`time` indexes micro_batch_times), or the optimizer.
+  enum class PassKind { kForward, kBackward, kWeight, kOptimizer };
+  struct TimedPass {
+    int start_mark = 0;
+    int end_mark = 0;
+    PassKind kind = PassKind::kForward;
+    size_t time = 0;
+  };
+  // Timeline marks around each compute pass; their times are resolved once,
+  // at the end of the iteration (device_timeline.h).
+  void TimePass(int start_mark, PassKind kind, size_t time) {
+    passes_.push_back({start_mark, timeline_.Mark(), kind, time});
+  }
+  void ResolvePassTimes() {
+    if (passes_.empty()) return;
+    timeline_.Finish();
+    if (timeline_.device_events()) ++stats_.host_reads;  // the one wait for the device
+    for (const TimedPass& pass : passes_) {
+      const double seconds = timeline_.Seconds(pass.start_mark, pass.end_mark);
+      stats_.compute_seconds += seconds;
+      switch (pass.kind) {
+        case PassKind::kForward:
+          stats_.micro_batch_times[pass.time].forward_seconds += seconds;
+          break;
+        case PassKind::kBackward:
+          stats_.micro_batch_times[pass.time].backward_seconds += seconds;
+          break;
+        case PassKind::kWeight:
+          stats_.micro_batch_times[pass.time].weight_seconds += seconds;
+          break;
+        case PassKind::kOptimizer:
+          stats_.optimizer_seconds += seconds;
+          break;
+      }
     }
-    return Clock::now();
   }
 
   // Runs the stage (under CUDA autocast when configured) and times it.
-  StageActivations RunStage(ModelStage* stage, const Saved& saved, double* seconds) {
-    const Clock::time_point start = PassClock();
+  StageActivations RunStage(ModelStage* stage, const Saved& saved, size_t time) {
+    const int start = timeline_.Mark();
     AutocastScope autocast(it_.options_.cuda_autocast_dtype);
     const WeightGradScope weight_grads(saved.weight_grads.get());
     StageActivations out = stage->Forward(saved.in, saved.batch);
-    const double elapsed = Seconds(PassClock() - start);
-    stats_.compute_seconds += elapsed;
-    *seconds += elapsed;
+    TimePass(start, PassKind::kForward, time);
     return out;
   }
 
-  MicroBatchTime& TimeOf(uint32_t stage, uint32_t micro_batch) {
+  // The index of the (stage, micro-batch)'s entry in micro_batch_times.
+  size_t TimeOf(uint32_t stage, uint32_t micro_batch) {
     const auto [entry, inserted] =
         time_index_.try_emplace({stage, micro_batch}, stats_.micro_batch_times.size());
     if (inserted) {
       stats_.micro_batch_times.push_back({.micro_batch = micro_batch, .stage = stage});
     }
-    return stats_.micro_batch_times[entry->second];
+    return entry->second;
   }
 
   absl::Status Forward(const v1::Instruction& in) {
@@ -340,14 +453,16 @@ class IterationRun {
     if (deferred_.count({in.stage(), in.micro_batch()})) {
       saved.weight_grads = std::make_unique<WeightGradStore>();
     }
-    MicroBatchTime& time = TimeOf(in.stage(), in.micro_batch());
-    time.profiled_forward_ms = in.forward().profiled_ms();
-    StageActivations out = RunStage(stage, saved, &time.forward_seconds);
+    const size_t time = TimeOf(in.stage(), in.micro_batch());
+    stats_.micro_batch_times[time].profiled_forward_ms = in.forward().profiled_ms();
+    StageActivations out = RunStage(stage, saved, time);
     const v1::ForwardPass& f = in.forward();
     if (stage->role().has_head) {
       if (!out.loss.defined()) return absl::InternalError("the last stage produced no loss");
       stats_.has_loss = true;
-      stats_.loss += out.loss.item<double>();
+      // Summed on the device in fp64, read once (OptimizerStep or the end).
+      const torch::Tensor loss = out.loss.detach().to(torch::kFloat64);
+      loss_sum_ = loss_sum_.defined() ? loss_sum_ + loss : loss;
     }
     std::vector<torch::Tensor> outputs{out.hidden};
     if (out.memory.defined()) outputs.push_back(out.memory);
@@ -373,14 +488,21 @@ class IterationRun {
     }
     Saved saved = std::move(node.mapped());
     ModelStage* stage = it_.stages_.at(in.stage());
-    MicroBatchTime& time = TimeOf(in.stage(), in.micro_batch());
-    time.profiled_backward_ms = in.backward().profiled_ms();
-    double& backward_seconds = time.backward_seconds;
+    const size_t time = TimeOf(in.stage(), in.micro_batch());
+    stats_.micro_batch_times[time].profiled_backward_ms = in.backward().profiled_ms();
     const v1::BackwardPass& b = in.backward();
     if (b.weight_grad_deferred() != (saved.weight_grads != nullptr)) {
       return absl::InternalError("the forward was not prepared for this split backward");
     }
-    const Clock::time_point start = PassClock();
+    // Counted by the stage's buckets; the iteration's last backward pass
+    // starts each bucket once its gradients are final (not with split
+    // backwards: their weights accumulate in the W passes).
+    GradientBuckets* buckets = BucketsOf(in.stage());
+    if (buckets != nullptr) {
+      buckets->BeginPass(/*start_when_final=*/last_backward_[in.stage()] == index_ &&
+                         split_stages_.count(in.stage()) == 0);
+    }
+    const int start = timeline_.Mark();
     if (stage->role().has_head) {
       saved.out.loss.backward();
     } else {
@@ -398,9 +520,9 @@ class IterationRun {
       }
       torch::autograd::backward(outputs, grads);
     }
-    const double elapsed = Seconds(PassClock() - start);
-    stats_.compute_seconds += elapsed;
-    backward_seconds += elapsed;
+    TimePass(start, PassKind::kBackward, time);
+    if (buckets != nullptr) buckets->EndPass();
+    VP_RETURN_IF_ERROR(MaybeStartBuckets(in.stage()));
     if (saved.weight_grads != nullptr) {
       weight_grad_bytes_ += saved.weight_grads->stored_bytes();
       stats_.weight_grad_peak_bytes = std::max(stats_.weight_grad_peak_bytes, weight_grad_bytes_);
@@ -431,14 +553,13 @@ class IterationRun {
       return absl::FailedPreconditionError(
           "weight_grad without a pending backward (weight_grad_deferred) of this micro-batch");
     }
-    MicroBatchTime& time = TimeOf(in.stage(), in.micro_batch());
-    time.profiled_weight_ms = in.weight_grad().profiled_ms();
+    const size_t time = TimeOf(in.stage(), in.micro_batch());
+    stats_.micro_batch_times[time].profiled_weight_ms = in.weight_grad().profiled_ms();
     weight_grad_bytes_ -= node.mapped()->stored_bytes();
-    const Clock::time_point start = PassClock();
+    const int start = timeline_.Mark();
     node.mapped()->Apply();
-    const double elapsed = Seconds(PassClock() - start);
-    stats_.compute_seconds += elapsed;
-    time.weight_seconds += elapsed;
+    TimePass(start, PassKind::kWeight, time);
+    VP_RETURN_IF_ERROR(MaybeStartBuckets(in.stage()));
     return absl::OkStatus();
   }
 
@@ -460,10 +581,8 @@ class IterationRun {
     if (t.buffer_ids_size() != t.tensors_size()) {
       return absl::InvalidArgumentError("transfer with buffer ids and tensors of different counts");
     }
-    // NCCL runs on its own streams: the tensors a send reads must be
-    // complete on the compute stream first.
-    if (send && it_.options_.device.is_cuda())
-      torch::cuda::synchronize(it_.options_.device.index());
+    // Transports order transfers after the compute stream's queued work
+    // (transport.h): nothing to wait for here.
     Pending pending;
     for (int k = 0; k < t.buffer_ids_size(); ++k) {
       const uint32_t id = t.buffer_ids(k);
@@ -541,7 +660,6 @@ class IterationRun {
       }
       if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
       torch::Tensor flat = p.grad().reshape(-1).to(torch::kFloat32).contiguous();
-      if (it_.options_.device.is_cuda()) torch::cuda::synchronize(it_.options_.device.index());
       VP_RETURN_IF_ERROR(it_.transport_->AllReduceMean(
           std::span<float>(flat.data_ptr<float>(), static_cast<size_t>(flat.numel())),
           group.ranks));
@@ -570,11 +688,24 @@ class IterationRun {
         VP_RETURN_IF_ERROR(sharding->ReduceScatterGradients(id, group, *it_.transport_));
         continue;
       }
+      // Bucketed gradients: their all-reduces started during the backward
+      // passes; what is left here is the shared parameters'.
+      GradientBuckets* buckets = BucketsOf(id);
+      std::set<std::string> rest;
+      if (buckets != nullptr) {
+        VP_RETURN_IF_ERROR(buckets->Finish(absl::Now() + it_.options_.wait_timeout));
+        stats_.buckets += static_cast<int>(buckets->num_buckets());
+        stats_.buckets_started_in_backward += buckets->started_in_backward();
+        rest = SharedNames(stage->second);
+      }
       std::vector<torch::Tensor> grads;
-      for (torch::Tensor& p : stage->second->parameters()) {
+      for (auto& item : stage->second->named_parameters()) {
+        if (buckets != nullptr && rest.count(item.key()) == 0) continue;
+        torch::Tensor& p = item.value();
         if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
         grads.push_back(p.grad());
       }
+      if (grads.empty()) continue;
       // One flat fp32 buffer per stage, on the device (NCCL) or the CPU (Gloo),
       // complete before the transport's stream reads it.
       torch::Tensor flat = torch::cat([&] {
@@ -584,7 +715,6 @@ class IterationRun {
                            }())
                                .to(torch::kFloat32)
                                .contiguous();
-      if (it_.options_.device.is_cuda()) torch::cuda::synchronize(it_.options_.device.index());
       VP_RETURN_IF_ERROR(it_.transport_->AllReduceMean(
           std::span<float>(flat.data_ptr<float>(), static_cast<size_t>(flat.numel())), group));
       // Each replica's loss is already divided by the global token count, so
@@ -607,48 +737,53 @@ class IterationRun {
   absl::Status OptimizerStep() {
     if (it_.optimizer_ == nullptr) return absl::FailedPreconditionError("no optimizer configured");
     VP_RETURN_IF_ERROR(SumSharedGradients());
-    // Global gradient norm: squared norms summed over the pipeline replica.
-    // The optimizer's time is its local work: the norm, then the step (the
-    // norm's all-reduce waits for the replica's slowest stage).
+    // Global gradient norm: squared norms summed over the tensor group (on
+    // the device), then over the pipeline replica (and the ZeRO group) on
+    // the host, after the iteration's one read, which brings the loss sum
+    // along. The optimizer's time is its local work: the norm, then the
+    // step (the norm's all-reduce waits for the replica's slowest stage).
     const Clock::time_point norm_start = Clock::now();
     OptimizerSharding* sharding = it_.options_.sharding;
     if (sharding != nullptr) VP_RETURN_IF_ERROR(sharding->CheckGradientsReduced());
-    float squared = static_cast<float>(it_.optimizer_->LocalSquaredGradNorm());
-    stats_.optimizer_seconds += Seconds(Clock::now() - norm_start);
-    Transport* host =
-        it_.options_.host_transport != nullptr ? it_.options_.host_transport : it_.transport_;
-    if (sharding != nullptr) {  // ZeRO stage 1: the shards' squares add up over the group
-      VP_RETURN_IF_ERROR(host->AllReduceMean(std::span<float>(&squared, 1), sharding->group()));
-      squared *= static_cast<float>(sharding->group().size());
-    }
-    const std::vector<int>& group = it_.options_.pipeline_group;
-    if (group.size() > 1) {
-      VP_RETURN_IF_ERROR(host->AllReduceMean(std::span<float>(&squared, 1), group));
-      squared *= static_cast<float>(group.size());
-    }
+    torch::Tensor local = it_.optimizer_->LocalSquaredGradNormTensor();
     // Tensor ranks hold disjoint parts of the sharded parameters (and count
     // the replicated ones on their first rank only).
     if (const TensorGroup* tensor = it_.options_.tensor_group;
         tensor != nullptr && tensor->size() > 1) {
       try {
-        squared =
-            tensor
-                ->AllReduceSum(torch::full(
-                    {1}, squared,
-                    torch::TensorOptions().dtype(torch::kFloat32).device(it_.options_.device)))
-                .item<float>();
+        local = tensor->AllReduceSum(local.to(torch::kFloat32).reshape({1})).reshape({});
       } catch (const c10::Error& e) {
         return absl::UnavailableError(
             absl::StrCat("gradient norm over the tensor group: ", e.what_without_backtrace()));
       }
     }
+    const torch::Tensor loss =
+        loss_sum_.defined() ? loss_sum_ : torch::zeros({}, local.options().dtype(torch::kFloat64));
+    const torch::Tensor host =
+        reads_.Read(torch::stack({local.to(loss.device(), torch::kFloat64), loss}));
+    float squared = static_cast<float>(host[0].item<double>());
+    if (loss_sum_.defined()) {
+      stats_.loss = host[1].item<double>();
+      loss_sum_ = torch::Tensor();  // read
+    }
+    stats_.optimizer_seconds += Seconds(Clock::now() - norm_start);
+    Transport* host_transport =
+        it_.options_.host_transport != nullptr ? it_.options_.host_transport : it_.transport_;
+    if (sharding != nullptr) {  // ZeRO stage 1: the shards' squares add up over the group
+      VP_RETURN_IF_ERROR(
+          host_transport->AllReduceMean(std::span<float>(&squared, 1), sharding->group()));
+      squared *= static_cast<float>(sharding->group().size());
+    }
+    const std::vector<int>& group = it_.options_.pipeline_group;
+    if (group.size() > 1) {
+      VP_RETURN_IF_ERROR(host_transport->AllReduceMean(std::span<float>(&squared, 1), group));
+      squared *= static_cast<float>(group.size());
+    }
     stats_.grad_norm = std::sqrt(static_cast<double>(squared));
     if (it_.options_.before_optimizer_step) it_.options_.before_optimizer_step(stats_);
-    const Clock::time_point start = PassClock();
+    const int start = timeline_.Mark();
     stats_.learning_rate = it_.optimizer_->Step(plan_.iteration(), stats_.grad_norm);
-    const double elapsed = Seconds(PassClock() - start);
-    stats_.compute_seconds += elapsed;
-    stats_.optimizer_seconds += elapsed;
+    TimePass(start, PassKind::kOptimizer, 0);
     if (sharding != nullptr) {  // every replica's parameters whole again
       const Clock::time_point gather_start = Clock::now();
       VP_RETURN_IF_ERROR(sharding->AllGatherParameters(*it_.transport_));
@@ -668,11 +803,25 @@ class IterationRun {
   // its weight gradients, and the stores of those that ran, until their
   // weight_grad (with the bytes they hold together).
   std::set<std::pair<uint32_t, uint32_t>> deferred_;
+  std::set<uint32_t> split_stages_;  // stages with a split backward
+  // Per stage: the instruction index of its last backward, and of its last
+  // gradient pass (backward or weight_grad).
+  std::map<uint32_t, int> last_backward_;
+  std::map<uint32_t, int> last_gradient_pass_;
+  // This iteration's bucketed stages (PrepareBuckets).
+  std::map<uint32_t, GradientBuckets*> bucketed_;
   std::map<std::pair<uint32_t, uint32_t>, std::unique_ptr<WeightGradStore>> weight_grads_;
   int64_t weight_grad_bytes_ = 0;
   bool shared_summed_ = false;  // SumSharedGradients ran this iteration
   std::map<std::pair<uint32_t, uint32_t>, size_t> time_index_;  // into micro_batch_times
   std::map<std::string, Pending> pending_;
+  InputPrefetcher inputs_;
+  DeviceTimeline timeline_;
+  std::vector<TimedPass> passes_;
+  HostReads reads_;
+  // The last stage's losses of this iteration, summed on the device (fp64)
+  // until read.
+  torch::Tensor loss_sum_;
   IterationStats stats_;
   int index_ = 0;
 };

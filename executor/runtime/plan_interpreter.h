@@ -13,6 +13,13 @@
 // are reduce-scattered instead, the optimizer updates this rank's shard,
 // and OptimizerStep all-gathers the parameters (optimizer_sharding.h).
 //
+// The host runs ahead of the device: inputs are built ahead on a thread and
+// copied without waiting, losses are summed on the device, transfers are
+// ordered after the compute stream by the transport, pass times are device
+// events read at the end, and the iteration reads the device once, for the
+// gradient norm and the loss sum together (host_reads.h; docs/executor.md,
+// "Where the host waits").
+//
 // Nothing is exchanged at run time except the tensors: receive buffers are
 // allocated from the shapes in the plan, and every tensor a rank produces is
 // checked against the shape the plan promised its peer.
@@ -38,6 +45,7 @@
 #include "executor/model/model_stage.h"
 #include "executor/model/weight_grad_store.h"
 #include "executor/runtime/counting_allocator.h"
+#include "executor/runtime/gradient_buckets.h"
 #include "executor/runtime/instruction_progress.h"
 #include "executor/runtime/optimizer_sharding.h"
 #include "executor/runtime/plan_check.h"
@@ -78,13 +86,22 @@ struct InterpreterOptions {
   // Transport for small host-side reductions (the gradient norm over the
   // pipeline): a Gloo transport next to NCCL on GPUs. Null: the main one.
   Transport* host_transport = nullptr;
-  // GPUs: the device finishes its queued work before each timed compute
-  // pass (forward, backward, weight gradient, optimizer step) starts and
-  // before it is read as done, so that MicroBatchTime and compute_seconds
-  // hold the pass's device time rather than its launch time. Costs the
-  // overlap of one pass's launches with the previous pass's kernels. CPUs
-  // ignore it (their times are exact).
+  // GPUs: each timed compute pass (forward, backward, weight gradient,
+  // optimizer step) is bracketed by CUDA events on the compute stream, read
+  // once at the iteration's end (device_timeline.h), so that MicroBatchTime
+  // and compute_seconds hold the passes' device times rather than their
+  // launch times, without draining the device between passes (one more
+  // host wait per iteration). CPUs ignore it (their times are exact).
   bool device_timing = false;
+  // Inputs built ahead (input_prefetcher.h): how many LoadInput buffers and
+  // forward lengths a background thread prepares before the passes that
+  // take them. 0: built when taken, on the interpreter's thread.
+  size_t prefetch_inputs = 16;
+  // Data-parallel gradients (without ZeRO sharding) live in buckets of at
+  // most this many bytes whose all-reduces start during the stage's last
+  // backward pass (gradient_buckets.h). 0: one all-reduce per stage after
+  // all its backward passes, at the AllReduceGradients instruction.
+  int64_t gradient_bucket_bytes = int64_t{25} << 20;
   // Updated before every instruction when set.
   InstructionProgress* progress = nullptr;
   // CPU memory measurement (counting_allocator.h): when set, the iteration
@@ -115,10 +132,8 @@ struct InstructionMemory {
 // Compute time of one micro-batch on one stage: the forward pass, the
 // backward pass including its recomputation, and for a split backward
 // (weight_grad_deferred) its weight_grad apart (backward_seconds is then B
-// alone). Host-side wall time: exact on CPUs; on GPUs it covers kernel
-// launches plus whatever synchronisation the pass needs (the loss read-out
-// on the last stage), or the device's time with InterpreterOptions::
-// device_timing.
+// alone). Host-side wall time: exact on CPUs; on GPUs the kernel launches,
+// or the device's time with InterpreterOptions::device_timing.
 struct MicroBatchTime {
   uint32_t micro_batch = 0;
   uint32_t stage = 0;
@@ -140,9 +155,14 @@ struct IterationStats {
   double learning_rate = 0;
   double grad_norm = 0;
   int instructions = 0;
+  // Times the host waited for the device (host_reads.h): the one read of
+  // the gradient norm and loss, and with device timing the wait for the
+  // last pass's event. The same count on CPUs, where nothing waits.
+  int host_reads = 0;
   // Time inside forward/backward compute and the optimizer, inside Waits and
-  // all-reduce, reading samples and lengths from the dataset, and everything
-  // else (the interpreter's own overhead).
+  // all-reduce, waiting for samples and lengths from the dataset (built
+  // ahead, input_prefetcher.h), and everything else (the interpreter's own
+  // overhead).
   double compute_seconds = 0;
   double communication_seconds = 0;
   double data_seconds = 0;
@@ -154,6 +174,10 @@ struct IterationStats {
   // and step).
   double all_reduce_seconds = 0;
   double optimizer_seconds = 0;
+  // Gradient buckets whose all-reduce started inside a backward pass, and
+  // all buckets reduced (gradient_buckets.h).
+  int buckets_started_in_backward = 0;
+  int buckets = 0;
   // In the order of the first forward of each (stage, micro-batch).
   std::vector<MicroBatchTime> micro_batch_times;
   // With InterpreterOptions::memory: live bytes when the iteration started
@@ -190,6 +214,9 @@ class PlanInterpreter {
   const MicroBatchLoader* loader_;
   TrainingOptimizer* optimizer_;
   InterpreterOptions options_;
+  // Each data-parallel stage's gradient buckets, made at its first
+  // reduction and kept (the gradients live in them).
+  std::map<uint32_t, std::unique_ptr<GradientBuckets>> buckets_;
 };
 
 }  // namespace varipipe::executor

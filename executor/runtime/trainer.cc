@@ -18,6 +18,7 @@
 #include "executor/runtime/counting_allocator.h"
 #include "executor/runtime/executor_metrics.h"
 #include "executor/runtime/fault_injection.h"
+#include "executor/runtime/iteration_trace.h"
 #include "executor/runtime/plan_check.h"
 #include "executor/runtime/training_optimizer.h"
 #include "spdlog/spdlog.h"
@@ -116,7 +117,9 @@ absl::Status Trainer::LoadHuggingFaceWeights() {
   const std::string& init_from = c_.config.training().init_from();
   if (init_from.empty()) return absl::OkStatus();
   const absl::Time start = absl::Now();
-  VP_ASSIGN_OR_RETURN(HuggingFaceCheckpoint checkpoint, HuggingFaceCheckpoint::Open(init_from));
+  absl::StatusOr<HuggingFaceCheckpoint> opened = HuggingFaceCheckpoint::Open(init_from);
+  if (!opened.ok()) return Annotate(opened.status(), "training.init_from");
+  HuggingFaceCheckpoint checkpoint = *std::move(opened);
   VP_RETURN_IF_ERROR(CheckHuggingFaceConfig(checkpoint, spec_));
   VP_RETURN_IF_ERROR(executor::LoadHuggingFaceWeights(checkpoint, spec_, stage_list_));
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
@@ -199,6 +202,10 @@ void Trainer::MakeInterpreter() {
   options.wait_timeout = absl::Seconds(config.training().watchdog_timeout_s());
   options.device = torch::Device(c_.device.name);
   options.device_timing = options_.device_timing;
+  const v1::TrainingConfig& training = config.training();
+  options.gradient_bucket_bytes =
+      static_cast<int64_t>(training.has_gradient_bucket_mib() ? training.gradient_bucket_mib() : 25)
+      << 20;
   const RankLayout ranks = RankLayout::Of(config.parallelism());
   options.pipeline_group = ranks.PipelineGroup(c_.coordinates.dp_rank);
   const int replica_base = ranks.Rank(c_.coordinates.dp_rank, 0);
@@ -265,10 +272,46 @@ absl::Status Trainer::RunIteration(uint64_t iteration) {
   VP_ASSIGN_OR_RETURN(const CheckedPlan plan, FetchPlan(iteration));
   c_.board.BeginIteration(plan.shared());
   const auto start = std::chrono::steady_clock::now();
-  VP_ASSIGN_OR_RETURN(const IterationStats stats, interpreter_->Run(plan));
+  const bool traced = options_.profile_iteration >= 0 &&
+                      static_cast<uint64_t>(options_.profile_iteration) == iteration;
+  if (traced) VP_RETURN_IF_ERROR(StartIterationTrace(c_.device.is_cuda));
+  const bool sync_warnings = c_.device.is_cuda && options_.cuda_sync_debug_iteration >= 0 &&
+                             static_cast<uint64_t>(options_.cuda_sync_debug_iteration) == iteration;
+  if (sync_warnings && SetCudaSyncWarnings(true)) {
+    spdlog::info("iteration {}: LibTorch warns at every synchronising CUDA call", iteration);
+  }
+  absl::StatusOr<IterationStats> ran = interpreter_->Run(plan);
+  if (sync_warnings) SetCudaSyncWarnings(false);
+  if (traced) {
+    // The trace is written even when the iteration failed (what it shows
+    // may explain why); the iteration's own error comes first.
+    const absl::Status traced_status = WriteTrace(iteration);
+    if (ran.ok() && !traced_status.ok()) return traced_status;
+  }
+  VP_ASSIGN_OR_RETURN(const IterationStats stats, std::move(ran));
   VP_ASSIGN_OR_RETURN(const Totals totals, Reduce(stats, start));
   VP_RETURN_IF_ERROR(Report(iteration, plan.plan(), stats, totals));
   return MaybeCheckpoint(iteration + 1);
+}
+
+// Stops the profiler, writes the trace and logs its summary.
+absl::Status Trainer::WriteTrace(uint64_t iteration) {
+  std::error_code error;
+  std::filesystem::create_directories(options_.profile_dir, error);
+  const std::string path =
+      (std::filesystem::absolute(options_.profile_dir) /
+       absl::StrFormat("iteration_%d.rank_%d.trace.json", iteration, c_.env.rank))
+          .string();
+  VP_RETURN_IF_ERROR(StopIterationTrace(path));
+  absl::StatusOr<TraceSummary> summary = SummarizeChromeTrace(path);
+  if (!summary.ok()) {
+    spdlog::warn("iteration {} trace written to {}, but not summarised: {}", iteration, path,
+                 std::string(summary.status().message()));
+    return absl::OkStatus();
+  }
+  spdlog::info("iteration {} trace written to {}; {}", iteration, path,
+               FormatTraceSummary(*summary));
+  return absl::OkStatus();
 }
 
 // The plan of `iteration`, for this rank; nothing of it is used before it
@@ -311,6 +354,7 @@ absl::StatusOr<Trainer::Totals> Trainer::Reduce(const IterationStats& stats,
 absl::Status Trainer::Report(uint64_t iteration, const v1::ExecutionPlan& plan,
                              const IterationStats& stats, const Totals& totals) {
   const int64_t peak_bytes = PeakMemoryBytes(c_.device);
+  const int64_t reserved_bytes = PeakReservedBytes(c_.device);
   // Measured model state (AdamW's moments exist from the first step on).
   const int64_t optimizer_state_bytes = rank_optimizer_.optimizer->StateBytes();
   if (iteration == first_) {
@@ -325,7 +369,9 @@ absl::Status Trainer::Report(uint64_t iteration, const v1::ExecutionPlan& plan,
   c_.board.EndIteration(totals.loss, totals.real_tokens / totals.step_seconds,
                         static_cast<uint64_t>(CurrentMemoryBytes(c_.device)),
                         static_cast<uint64_t>(peak_bytes));
-  VP_RETURN_IF_ERROR(c_.source.Done(Progress(iteration, plan, stats, totals, peak_bytes)));
+  v1::ReportProgressRequest progress = Progress(iteration, plan, stats, totals, peak_bytes);
+  progress.set_peak_reserved_bytes(static_cast<uint64_t>(reserved_bytes));
+  VP_RETURN_IF_ERROR(c_.source.Done(progress));
   RecordIterationMetrics({.iteration = iteration,
                           .step_seconds = totals.step_seconds,
                           .compute_seconds = stats.compute_seconds,
@@ -336,9 +382,11 @@ absl::Status Trainer::Report(uint64_t iteration, const v1::ExecutionPlan& plan,
                           .padded_tokens = totals.padded_tokens,
                           .predicted_seconds = plan.predicted_iteration_ms() / 1e3,
                           .peak_memory_bytes = static_cast<double>(peak_bytes),
+                          .peak_reserved_bytes = static_cast<double>(reserved_bytes),
+                          .host_reads = static_cast<double>(stats.host_reads),
                           .parameter_bytes = static_cast<double>(parameter_bytes_),
                           .optimizer_state_bytes = static_cast<double>(optimizer_state_bytes)});
-  if (c_.env.rank == 0) LogIteration(iteration, plan, stats, totals, peak_bytes);
+  if (c_.env.rank == 0) LogIteration(iteration, plan, stats, totals, peak_bytes, reserved_bytes);
   return absl::OkStatus();
 }
 
@@ -355,6 +403,7 @@ v1::ReportProgressRequest Trainer::Progress(uint64_t iteration, const v1::Execut
   progress.set_loss(totals.loss);
   progress.set_tokens_per_second(totals.real_tokens / totals.step_seconds);
   progress.set_peak_memory_bytes(static_cast<uint64_t>(peak_bytes));
+  progress.set_host_reads(static_cast<uint32_t>(stats.host_reads));
   for (const MicroBatchTime& t : stats.micro_batch_times) {
     v1::MicroBatchTiming* timing = progress.add_timings();
     timing->set_micro_batch(t.micro_batch);
@@ -380,19 +429,21 @@ v1::ReportProgressRequest Trainer::Progress(uint64_t iteration, const v1::Execut
 
 // Rank 0's log line and, with --metrics_jsonl, its JSON line.
 void Trainer::LogIteration(uint64_t iteration, const v1::ExecutionPlan& plan,
-                           const IterationStats& stats, const Totals& totals, int64_t peak_bytes) {
+                           const IterationStats& stats, const Totals& totals, int64_t peak_bytes,
+                           int64_t reserved_bytes) {
   const double tokens_per_second = totals.real_tokens / totals.step_seconds;
   const double peak_mib = static_cast<double>(peak_bytes) / (1024.0 * 1024.0);
+  const double reserved_mib = static_cast<double>(reserved_bytes) / (1024.0 * 1024.0);
   spdlog::info(
       "iteration {}: loss {:.4f}, {:.0f} real tokens/s, padding efficiency {:.1f}%, "
       "step {:.1f} ms (rank 0: compute {:.1f} ms, waits {:.1f} ms, data {:.1f} ms, "
-      "interpreter {:.3f} ms for {} instructions), lr {:.3g}, grad norm {:.3f}, "
-      "peak memory {:.0f} MiB",
+      "interpreter {:.3f} ms for {} instructions, host reads {}), lr {:.3g}, grad norm {:.3f}, "
+      "peak memory {:.0f} MiB (reserved {:.0f} MiB)",
       iteration, totals.loss, tokens_per_second,
       totals.padded_tokens > 0 ? 100.0 * totals.real_tokens / totals.padded_tokens : 0.0,
       totals.step_seconds * 1e3, stats.compute_seconds * 1e3, stats.communication_seconds * 1e3,
-      stats.data_seconds * 1e3, stats.overhead_seconds * 1e3, stats.instructions,
-      stats.learning_rate, stats.grad_norm, peak_mib);
+      stats.data_seconds * 1e3, stats.overhead_seconds * 1e3, stats.instructions, stats.host_reads,
+      stats.learning_rate, stats.grad_norm, peak_mib, reserved_mib);
   if (!metrics_.is_open()) return;
   // Rank 0's measured activation peak (CPU, counting allocator), -1 when
   // not measured.
@@ -410,7 +461,8 @@ void Trainer::LogIteration(uint64_t iteration, const v1::ExecutionPlan& plan,
                   "\"activation_peak_mib\": %.3f, "
                   "\"predicted_activation_peak_mib\": %.3f, \"predicted_ms\": %.3f, "
                   "\"predicted_makespan_ms\": %.3f, \"all_reduce_ms\": %.3f, "
-                  "\"optimizer_ms\": %.3f, \"calibration_version\": %d}",
+                  "\"optimizer_ms\": %.3f, \"calibration_version\": %d, "
+                  "\"host_reads\": %d, \"peak_reserved_mib\": %.1f}",
                   iteration, totals.loss, tokens_per_second,
                   totals.padded_tokens > 0 ? totals.real_tokens / totals.padded_tokens : 0.0,
                   totals.step_seconds * 1e3, stats.compute_seconds * 1e3,
@@ -419,7 +471,7 @@ void Trainer::LogIteration(uint64_t iteration, const v1::ExecutionPlan& plan,
                   activation_peak_mib, plan.predicted_activation_peak_bytes() / (1024.0 * 1024.0),
                   plan.predicted_iteration_ms(), plan.predicted_makespan_ms(),
                   stats.all_reduce_seconds * 1e3, stats.optimizer_seconds * 1e3,
-                  plan.calibration_version())
+                  plan.calibration_version(), stats.host_reads, reserved_mib)
            << std::endl;
 }
 

@@ -45,6 +45,13 @@ struct TrainerOptions {
   uint64_t iterations = 0;  // 0: up to training.iterations
   bool resume = true;
   bool device_timing = true;
+  // --profile_iteration: this iteration runs under LibTorch's profiler and
+  // its trace goes to `profile_dir` (iteration_trace.h); -1: none.
+  int64_t profile_iteration = -1;
+  std::string profile_dir = ".";
+  // --cuda_sync_debug_iteration: LibTorch warns at every synchronising CUDA
+  // call during this iteration; -1: never.
+  int64_t cuda_sync_debug_iteration = -1;
   std::string metrics_jsonl;    // rank 0 appends one JSON line per iteration
   std::string save_parameters;  // prefix of each rank's parameters file
   std::string export_hf;        // Hugging Face checkpoint folder
@@ -99,8 +106,9 @@ class Trainer {
                                      const IterationStats& stats, const Totals& totals,
                                      int64_t peak_bytes) const;
   void LogIteration(uint64_t iteration, const v1::ExecutionPlan& plan, const IterationStats& stats,
-                    const Totals& totals, int64_t peak_bytes);
+                    const Totals& totals, int64_t peak_bytes, int64_t reserved_bytes);
   absl::Status MaybeCheckpoint(uint64_t done);
+  absl::Status WriteTrace(uint64_t iteration);
 
   absl::Status SaveParameters() const;
   absl::Status ExportHuggingFace() const;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "executor/runtime/foreach_step.h"
 
 namespace varipipe::executor {
 
@@ -39,32 +40,49 @@ TrainingOptimizer::TrainingOptimizer(std::vector<torch::Tensor> parameters,
   optimizer_ = std::make_unique<torch::optim::AdamW>(parameters_, options);
 }
 
-double TrainingOptimizer::LocalSquaredGradNorm() const {
-  double sum = 0;
+torch::Tensor TrainingOptimizer::LocalSquaredGradNormTensor() const {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
   for (const torch::Tensor& p : parameters_) {
-    if (p.grad().defined()) sum += p.grad().to(torch::kFloat64).pow(2).sum().item<double>();
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  const torch::Device device =
+      parameters_.empty() ? torch::Device(torch::kCPU) : parameters_.front().device();
+  torch::Tensor sum =
+      torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
+  if (!grads.empty()) {
+    sum = torch::stack(torch::_foreach_norm(grads)).to(torch::kFloat64).pow(2).sum();
   }
   for (const NormExclusion& e : norm_exclusions_) {
     const torch::Tensor& g = parameters_.at(e.parameter).grad();
     if (!g.defined() || e.end <= e.begin) continue;
-    sum -= g.reshape(-1).slice(0, e.begin, e.end).to(torch::kFloat64).pow(2).sum().item<double>();
+    sum = sum - g.reshape(-1).slice(0, e.begin, e.end).to(torch::kFloat64).pow(2).sum();
   }
-  return std::max(sum, 0.0);
+  return sum.clamp_min(0.0);
+}
+
+double TrainingOptimizer::LocalSquaredGradNorm() const {
+  return LocalSquaredGradNormTensor().item<double>();
 }
 
 double TrainingOptimizer::Step(uint64_t iteration, double global_grad_norm) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  for (const torch::Tensor& p : parameters_) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
   const double clip = training_.gradient_clip_norm();
-  if (clip > 0 && global_grad_norm > clip) {
-    const double scale = clip / (global_grad_norm + 1e-6);
-    torch::NoGradGuard no_grad;
-    for (torch::Tensor& p : parameters_) {
-      if (p.grad().defined()) p.grad().mul_(scale);
-    }
+  if (clip > 0 && global_grad_norm > clip && !grads.empty()) {
+    torch::_foreach_mul_(grads, clip / (global_grad_norm + 1e-6));
   }
   const double lr = LearningRateAt(training_, iteration);
   for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
-  optimizer_->step();
-  optimizer_->zero_grad();
+  if (auto* adamw = dynamic_cast<torch::optim::AdamW*>(optimizer_.get())) {
+    ForeachAdamWStep(*adamw);
+  } else {
+    ForeachSgdStep(*dynamic_cast<torch::optim::SGD*>(optimizer_.get()));
+  }
+  if (!grads.empty()) torch::_foreach_zero_(grads);
   return lr;
 }
 

@@ -3,6 +3,12 @@
 // clipping by the global gradient norm (over the whole model, not per stage),
 // with linear warm-up followed by cosine decay of the learning rate. Under
 // ZeRO stage 1 it updates this rank's shards only (optimizer_sharding.h).
+//
+// Every step works on the whole parameter list at once (foreach_step.h: a
+// few multi-tensor kernels on a GPU, not several per parameter), and nothing
+// in it reads the device: the gradient norm stays a device tensor until the
+// caller reads it (host_reads.h), and the clipping factor it returns is a
+// host number.
 #ifndef VARIPIPE_EXECUTOR_RUNTIME_TRAINING_OPTIMIZER_H_
 #define VARIPIPE_EXECUTOR_RUNTIME_TRAINING_OPTIMIZER_H_
 
@@ -50,17 +56,22 @@ class TrainingOptimizer {
   TrainingOptimizer(std::vector<torch::Tensor> parameters, const v1::TrainingConfig& training,
                     OptimizerShard shard = {});
 
-  // Sum of squared gradient entries of this optimizer's parameters; the
-  // caller sums it over the pipeline (and, sharded, the data-parallel
-  // group) to get the global squared norm.
+  // Sum of squared gradient entries of this optimizer's parameters, as a
+  // 0-dim fp64 tensor on their device (fp32 per-parameter norms from one
+  // multi-tensor kernel, squared and summed in fp64; no read). The caller
+  // sums it over the pipeline (and, sharded, the data-parallel group) to get
+  // the global squared norm.
+  torch::Tensor LocalSquaredGradNormTensor() const;
+  // The same, read to the host (one device read; tools and tests).
   double LocalSquaredGradNorm() const;
   void set_norm_exclusions(std::vector<NormExclusion> exclusions) {
     norm_exclusions_ = std::move(exclusions);
   }
 
-  // Scales gradients by min(1, clip / global_norm), applies the update rule
-  // with the iteration's learning rate and zeroes the gradients. Returns the
-  // learning rate used.
+  // Scales gradients by clip / (global_norm + 1e-6) when global_norm > clip,
+  // applies the update rule with the iteration's learning rate and zeroes the
+  // gradients (in place: they stay allocated). Returns the learning rate
+  // used.
   double Step(uint64_t iteration, double global_grad_norm);
 
   // Bytes of the optimizer's state tensors (AdamW: first and second moments

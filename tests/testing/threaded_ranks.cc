@@ -104,6 +104,7 @@ void RunRank(const v1::JobConfig& config,
   if (!options.memory.empty()) interpreter_options.memory = options.memory[rank];
   interpreter_options.sharding = rank_optimizer->sharding.get();
   interpreter_options.device = options.device;
+  interpreter_options.gradient_bucket_bytes = options.gradient_bucket_bytes;
   interpreter_options.host_transport = host_transport;
   interpreter_options.tensor_group = tensor.get();
   for (int k = 0; k < pp; ++k) {

@@ -38,12 +38,11 @@ absl::Status WaitBuffer(AbortState& state, gloo::transport::UnboundBuffer& buffe
   {
     std::lock_guard<std::mutex> lock(state.mu);
     if (state.aborted.load()) return absl::CancelledError(absl::StrCat(what, ": ", state.reason));
-    state.waiting = &buffer;
-    state.waiting_send = send;
+    state.waiting.emplace_back(&buffer, send);
   }
-  const absl::Cleanup done = [&state] {
+  const absl::Cleanup done = [&state, &buffer] {
     std::lock_guard<std::mutex> lock(state.mu);
-    state.waiting = nullptr;
+    std::erase_if(state.waiting, [&buffer](const auto& w) { return w.first == &buffer; });
   };
   const auto left = std::max(absl::Milliseconds(1), deadline - absl::Now());
   try {
@@ -145,20 +144,27 @@ absl::StatusOr<std::unique_ptr<GlooTransport>> GlooTransport::Create(const Optio
   return t;
 }
 
-GlooTransport::~GlooTransport() = default;
+GlooTransport::~GlooTransport() {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    stopping_ = true;
+  }
+  queue_changed_.notify_all();
+  if (collective_thread_.joinable()) collective_thread_.join();
+}
 
 void GlooTransport::Abort(const std::string& reason) {
   std::lock_guard<std::mutex> lock(abort_->mu);
   if (abort_->aborted.load()) return;
   abort_->reason = reason;
   abort_->aborted.store(true);
-  // The driving thread waits on at most one buffer at a time; later waits
-  // see `aborted`.
-  if (abort_->waiting != nullptr) {
-    if (abort_->waiting_send) {
-      abort_->waiting->abortWaitSend();
+  // Each thread waits on at most one buffer at a time; later waits see
+  // `aborted`.
+  for (const auto& [buffer, send] : abort_->waiting) {
+    if (send) {
+      buffer->abortWaitSend();
     } else {
-      abort_->waiting->abortWaitRecv();
+      buffer->abortWaitRecv();
     }
   }
 }
@@ -195,7 +201,10 @@ absl::StatusOr<std::unique_ptr<Transfer>> GlooTransport::StartRecv(int peer, voi
 }
 
 absl::StatusOr<GlooTransport::Group*> GlooTransport::GroupContext(const std::vector<int>& group) {
-  if (const auto it = groups_.find(group); it != groups_.end()) return &it->second;
+  {
+    std::lock_guard<std::mutex> lock(groups_mu_);
+    if (const auto it = groups_.find(group); it != groups_.end()) return &it->second;
+  }
   const auto me = std::find(group.begin(), group.end(), rank());
   if (me == group.end()) {
     return absl::InvalidArgumentError(
@@ -213,6 +222,7 @@ absl::StatusOr<GlooTransport::Group*> GlooTransport::GroupContext(const std::vec
     // group is past that.
     ConnectFullMesh(*context, store, device_,
                     std::min(options_.connect_timeout, options_.collective_timeout));
+    std::lock_guard<std::mutex> lock(groups_mu_);
     return &(groups_[group] = Group{.context = context});
   } catch (const gloo::Exception& e) {
     VP_RETURN_IF_ERROR(Aborted(*abort_, absl::StrCat("gloo group ", absl::StrJoin(group, ","))));
@@ -312,6 +322,78 @@ absl::Status GlooTransport::AllReduceMean(std::span<float> data, const std::vect
   const float scale = 1.0f / static_cast<float>(group.size());
   for (float& x : data) x *= scale;
   return absl::OkStatus();
+}
+
+namespace {
+
+// The state a started collective shares with the collective thread.
+struct PendingCollective {
+  std::mutex mu;
+  std::condition_variable done_changed;
+  bool done = false;    // guarded by mu
+  absl::Status status;  // guarded by mu
+};
+
+class GlooCollectiveTransfer final : public Transfer {
+ public:
+  GlooCollectiveTransfer(std::shared_ptr<PendingCollective> pending, std::string what)
+      : pending_(std::move(pending)), what_(std::move(what)) {}
+  // The collective's own steps are bounded by the collective timeout; this
+  // bounds the wait for it (queued behind others) by the caller's deadline.
+  absl::Status Wait(absl::Time deadline) override {
+    std::unique_lock<std::mutex> lock(pending_->mu);
+    while (!pending_->done) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
+        return absl::DeadlineExceededError(absl::StrCat(what_, " did not complete"));
+      }
+      pending_->done_changed.wait_for(
+          lock, absl::ToChronoMilliseconds(left) + std::chrono::milliseconds(1));
+    }
+    return pending_->status;
+  }
+
+ private:
+  std::shared_ptr<PendingCollective> pending_;
+  std::string what_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Transfer>> GlooTransport::StartAllReduceMean(
+    std::span<float> data, const std::vector<int>& group) {
+  auto pending = std::make_shared<PendingCollective>();
+  const std::string what = absl::StrCat("all-reduce over ranks ", absl::StrJoin(group, ","));
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (stopping_) return absl::FailedPreconditionError(absl::StrCat(what, ": transport closed"));
+    queue_.push_back([this, data, group, pending] {
+      const absl::Status status = AllReduceMean(data, group);
+      {
+        std::lock_guard<std::mutex> done_lock(pending->mu);
+        pending->done = true;
+        pending->status = status;
+      }
+      pending->done_changed.notify_all();
+    });
+    if (!collective_thread_.joinable()) {
+      collective_thread_ = std::thread([this] {
+        while (true) {
+          std::function<void()> next;
+          {
+            std::unique_lock<std::mutex> queue_lock(queue_mu_);
+            queue_changed_.wait(queue_lock, [this] { return stopping_ || !queue_.empty(); });
+            if (queue_.empty()) return;  // stopping, nothing left
+            next = std::move(queue_.front());
+            queue_.pop_front();
+          }
+          next();
+        }
+      });
+    }
+  }
+  queue_changed_.notify_all();
+  return std::unique_ptr<Transfer>(new GlooCollectiveTransfer(pending, what));
 }
 
 absl::Status GlooTransport::ReduceScatterSum(std::span<float> data, const std::vector<int>& group) {

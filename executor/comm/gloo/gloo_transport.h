@@ -9,18 +9,28 @@
 // unbound buffers on a Gloo context per group, connected on first use;
 // ReduceScatterSum and AllGather are its two halves.
 //
-// Every wait is on an unbound buffer of ours, so Abort() can end the one in
+// StartAllReduceMean runs on the transport's collective thread, one
+// collective after another in the order they were started (the data-parallel
+// gradient buckets), while the driving thread goes on; its groups' contexts
+// are not used by the driving thread meanwhile (the interpreter waits for
+// every bucket before its next collective).
+//
+// Every wait is on an unbound buffer of ours, so Abort() can end the ones in
 // progress (Gloo's abortWaitSend/abortWaitRecv) from another thread; the
 // rendezvous polls Options::cancelled.
 #ifndef VARIPIPE_EXECUTOR_COMM_GLOO_GLOO_TRANSPORT_H_
 #define VARIPIPE_EXECUTOR_COMM_GLOO_GLOO_TRANSPORT_H_
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -59,9 +69,10 @@ class GlooTransport final : public Transport {
   struct AbortState {
     std::atomic<bool> aborted{false};
     std::mutex mu;
-    std::string reason;                                 // guarded by mu
-    gloo::transport::UnboundBuffer* waiting = nullptr;  // guarded by mu
-    bool waiting_send = false;                          // guarded by mu
+    std::string reason;  // guarded by mu
+    // The waits in progress (the driving thread's and the collective
+    // thread's), and whether each is a send; guarded by mu.
+    std::vector<std::pair<gloo::transport::UnboundBuffer*, bool>> waiting;
   };
 
   // Connects to every other rank; returns only once every rank has
@@ -75,6 +86,8 @@ class GlooTransport final : public Transport {
   absl::StatusOr<std::unique_ptr<Transfer>> StartSend(int peer, void* data, size_t bytes) override;
   absl::StatusOr<std::unique_ptr<Transfer>> StartRecv(int peer, void* data, size_t bytes) override;
   absl::Status AllReduceMean(std::span<float> data, const std::vector<int>& group) override;
+  absl::StatusOr<std::unique_ptr<Transfer>> StartAllReduceMean(
+      std::span<float> data, const std::vector<int>& group) override;
   absl::Status AllReduceSum(std::span<float> data, const std::vector<int>& group) override;
   absl::Status ReduceScatterSum(std::span<float> data, const std::vector<int>& group) override;
   absl::Status AllGather(std::span<float> data, const std::vector<int>& group) override;
@@ -96,8 +109,16 @@ class GlooTransport final : public Transport {
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
   std::map<int, uint64_t> next_slot_;  // per peer
+  std::mutex groups_mu_;               // guards the map (not the groups' contexts)
   std::map<std::vector<int>, Group> groups_;
   std::shared_ptr<AbortState> abort_ = std::make_shared<AbortState>();
+  // The collective thread (started by the first StartAllReduceMean) and
+  // its queue of collectives, run in order.
+  std::mutex queue_mu_;
+  std::condition_variable queue_changed_;
+  std::deque<std::function<void()>> queue_;  // guarded by queue_mu_
+  bool stopping_ = false;                    // guarded by queue_mu_
+  std::thread collective_thread_;
 };
 
 }  // namespace varipipe::executor

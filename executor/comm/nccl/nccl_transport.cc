@@ -63,22 +63,21 @@ absl::Status WaitEvent(cudaEvent_t event, NcclCommunicator& comm, AbortState& ab
 
 class NcclTransfer final : public Transfer {
  public:
+  // `what` names the operation in errors ("send to rank 3").
   NcclTransfer(cudaEvent_t event, std::shared_ptr<NcclCommunicator> comm,
-               std::shared_ptr<AbortState> abort, int peer, bool send)
-      : event_(event), comm_(std::move(comm)), abort_(std::move(abort)), peer_(peer), send_(send) {}
+               std::shared_ptr<AbortState> abort, std::string what)
+      : event_(event), comm_(std::move(comm)), abort_(std::move(abort)), what_(std::move(what)) {}
   ~NcclTransfer() override { cudaEventDestroy(event_); }
 
   absl::Status Wait(absl::Time deadline) override {
-    return WaitEvent(event_, *comm_, *abort_, deadline,
-                     absl::StrCat(send_ ? "send to" : "receive from", " rank ", peer_));
+    return WaitEvent(event_, *comm_, *abort_, deadline, what_);
   }
 
  private:
   cudaEvent_t event_;
   std::shared_ptr<NcclCommunicator> comm_;
   std::shared_ptr<AbortState> abort_;
-  int peer_;
-  bool send_;
+  std::string what_;
 };
 
 }  // namespace
@@ -206,6 +205,24 @@ void NcclTransport::Abort(const std::string& reason) {
   abort_->aborted.store(true);
 }
 
+namespace {
+
+// Makes `stream` wait for the work queued so far on the compute stream
+// (LibTorch's default stream on this device, the legacy default stream),
+// without the host waiting: a send reads a buffer the last kernels wrote, a
+// receive writes memory the caching allocator may just have taken back from
+// a tensor that queued kernels still read.
+absl::Status AfterComputeStream(cudaStream_t stream) {
+  cudaEvent_t ready;
+  VP_RETURN_IF_ERROR(
+      CudaToStatus(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "event"));
+  const absl::Cleanup destroy = [ready] { cudaEventDestroy(ready); };
+  VP_RETURN_IF_ERROR(CudaToStatus(cudaEventRecord(ready, cudaStreamLegacy), "event record"));
+  return CudaToStatus(cudaStreamWaitEvent(stream, ready, 0), "stream wait");
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Transfer>> NcclTransport::Start(int peer, void* data, size_t bytes,
                                                                bool send) {
   const auto it = channels_.find(peer);
@@ -217,6 +234,7 @@ absl::StatusOr<std::unique_ptr<Transfer>> NcclTransport::Start(int peer, void* d
   const std::string what = absl::StrCat(send ? "ncclSend to rank " : "ncclRecv from rank ", peer);
   VP_RETURN_IF_ERROR(Aborted(*abort_, what));
   if (c.comm->aborted()) return c.comm->AsyncError(what);
+  VP_RETURN_IF_ERROR(AfterComputeStream(c.stream));
   // Enqueuing may report ncclInProgress on a non-blocking communicator; the
   // operation is then issued once the communicator is ready again.
   VP_RETURN_IF_ERROR(c.comm->Check(
@@ -231,7 +249,8 @@ absl::StatusOr<std::unique_ptr<Transfer>> NcclTransport::Start(int peer, void* d
     cudaEventDestroy(event);
     return s;
   }
-  return std::unique_ptr<Transfer>(new NcclTransfer(event, c.comm, abort_, peer, send));
+  return std::unique_ptr<Transfer>(new NcclTransfer(
+      event, c.comm, abort_, absl::StrCat(send ? "send to" : "receive from", " rank ", peer)));
 }
 
 absl::StatusOr<std::unique_ptr<Transfer>> NcclTransport::StartSend(int peer, void* data,
@@ -262,6 +281,7 @@ absl::Status NcclTransport::Collective(const std::string& what, const std::vecto
   // block this one in cudaStreamSynchronize forever.
   const absl::Time deadline = absl::Now() + options_.collective_timeout;
   if (group_comm->aborted()) return group_comm->AsyncError(what);
+  VP_RETURN_IF_ERROR(AfterComputeStream(group_stream));
   VP_RETURN_IF_ERROR(group_comm->Check(
       enqueue(group_comm->get(), group_stream), deadline,
       [abort = abort_] { return abort->aborted.load(); }, what));
@@ -281,6 +301,36 @@ absl::Status NcclTransport::AllReduce(std::span<float> data, const std::vector<i
                       return ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat, op,
                                            comm, stream);
                     });
+}
+
+absl::StatusOr<std::unique_ptr<Transfer>> NcclTransport::StartAllReduceMean(
+    std::span<float> data, const std::vector<int>& group) {
+  const std::string what = absl::StrCat("all-reduce over ranks ", absl::StrJoin(group, ","));
+  if (group.size() <= 1 || data.empty()) {
+    return std::unique_ptr<Transfer>(new FinishedTransfer(absl::OkStatus()));
+  }
+  const auto found = groups_.find(group);
+  if (found == groups_.end() || found->second.comm == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": a group the transport was not built for"));
+  }
+  const std::shared_ptr<NcclCommunicator>& comm = found->second.comm;
+  cudaStream_t stream = found->second.stream;
+  VP_RETURN_IF_ERROR(Aborted(*abort_, what));
+  if (comm->aborted()) return comm->AsyncError(what);
+  VP_RETURN_IF_ERROR(AfterComputeStream(stream));
+  VP_RETURN_IF_ERROR(comm->Check(
+      ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat, ncclAvg, comm->get(), stream),
+      absl::Now() + options_.collective_timeout, [abort = abort_] { return abort->aborted.load(); },
+      what));
+  cudaEvent_t event;
+  VP_RETURN_IF_ERROR(
+      CudaToStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "event"));
+  if (absl::Status s = CudaToStatus(cudaEventRecord(event, stream), "event record"); !s.ok()) {
+    cudaEventDestroy(event);
+    return s;
+  }
+  return std::unique_ptr<Transfer>(new NcclTransfer(event, comm, abort_, what));
 }
 
 absl::Status NcclTransport::AllReduceMean(std::span<float> data, const std::vector<int>& group) {

@@ -67,6 +67,10 @@ class NcclTransport final : public Transport {
   absl::StatusOr<std::unique_ptr<Transfer>> StartSend(int peer, void* data, size_t bytes) override;
   absl::StatusOr<std::unique_ptr<Transfer>> StartRecv(int peer, void* data, size_t bytes) override;
   absl::Status AllReduceMean(std::span<float> data, const std::vector<int>& group) override;
+  // Enqueued on the group's stream after the compute stream's queued work;
+  // the transfer's Wait polls its event.
+  absl::StatusOr<std::unique_ptr<Transfer>> StartAllReduceMean(
+      std::span<float> data, const std::vector<int>& group) override;
   absl::Status AllReduceSum(std::span<float> data, const std::vector<int>& group) override;
   // `data` is device memory on this rank's device (as for AllReduceMean).
   absl::Status ReduceScatterSum(std::span<float> data, const std::vector<int>& group) override;
