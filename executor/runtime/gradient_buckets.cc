@@ -83,7 +83,14 @@ GradientBuckets::GradientBuckets(const torch::OrderedDict<std::string, torch::Te
 GradientBuckets::~GradientBuckets() {
   for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
   for (Bucket& b : buckets_) {
-    if (b.transfer != nullptr) (void)b.transfer->Wait(absl::Now() + absl::Seconds(30));
+    if (b.transfer == nullptr || b.transfer->Wait(absl::Now() + absl::Seconds(30)).ok()) continue;
+    // A reduction that did not end (a failed run) may still write the
+    // bucket: its memory is kept for the rest of the process rather than
+    // handed back.
+    static auto* mu = new std::mutex();
+    static auto* abandoned = new std::vector<torch::Tensor>();
+    std::lock_guard<std::mutex> lock(*mu);
+    abandoned->push_back(b.flat);
   }
 }
 
