@@ -315,8 +315,7 @@ class IterationRun {
 
   absl::Status LoadInput(const v1::Instruction& in) {
     const v1::LoadInput& load = in.load_input();
-    VP_ASSIGN_OR_RETURN(const v1::MicroBatch* mb, MicroBatch(in.micro_batch()));
-    (void)mb;
+    VP_RETURN_IF_ERROR(MicroBatch(in.micro_batch()).status());
     for (int k = 0; k < load.buffer_ids_size(); ++k) {
       VP_ASSIGN_OR_RETURN(torch::Tensor t, inputs_.TakeLoad(index_, k));
       VP_RETURN_IF_ERROR(CheckId(load.buffer_ids(k)));

@@ -283,6 +283,18 @@ TEST(Sampler, RejectsDatasetsThatFillNoMiniBatch) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("do not fill one mini-batch")));
 }
 
+// A small GPT job whose `data` section holds `data` and its batch fields.
+absl::StatusOr<v1::JobConfig> ConfigWithData(const std::string& data) {
+  return ParseJobConfigJson(
+      absl::StrCat(R"({"job_id": "x", "model": {"kind": "GPT", "num_layers": 2, "hidden_size": 64,
+          "num_attention_heads": 2, "vocab_size": 1000},
+          "cluster": {"device_memory_limit_mib": 1024},
+          "data": {)",
+                   data, R"(, "tokens_per_global_batch": 4096, "max_sequence_length": 512},
+          "training": {"iterations": 1}})"),
+      "t");
+}
+
 TEST_F(DatasetTest, OpensEveryFormatFromAConfig) {
   ASSERT_THAT(WriteIndexedFile(Path("in"), Sequences(20, 100), 1000), IsOk());
   std::ofstream(Path("d.jsonl")) << R"({"input": [1, 2], "target": [3]})"
@@ -291,14 +303,7 @@ TEST_F(DatasetTest, OpensEveryFormatFromAConfig) {
        {std::string(R"("format": "SYNTHETIC")"),
         absl::StrCat(R"("format": "JSONL", "path": ")", Path("d.jsonl"), "\""),
         absl::StrCat(R"("format": "MEGATRON_INDEXED", "path": ")", Path("in"), "\"")}) {
-    absl::StatusOr<v1::JobConfig> config = ParseJobConfigJson(
-        absl::StrCat(R"({"job_id": "x", "model": {"kind": "GPT", "num_layers": 2, "hidden_size": 64,
-            "num_attention_heads": 2, "vocab_size": 1000},
-            "cluster": {"device_memory_limit_mib": 1024},
-            "data": {)",
-                     data, R"(, "tokens_per_global_batch": 4096, "max_sequence_length": 512},
-            "training": {"iterations": 1}})"),
-        "t");
+    absl::StatusOr<v1::JobConfig> config = ConfigWithData(data);
     ASSERT_THAT(config, IsOk());
     ApplyJobConfigDefaults(*config);
     absl::StatusOr<std::unique_ptr<SampleDataset>> d = OpenSampleDataset(*config);
@@ -313,14 +318,7 @@ TEST_F(DatasetTest, MissingFilesAreNamedWithTheirField) {
   ASSERT_THAT(WriteIndexedFile(Path("in"), Sequences(20, 100), 1000), IsOk());
   ASSERT_THAT(WriteIndexedFile(Path("short"), Sequences(19, 100), 1000), IsOk());
   const auto open = [](const std::string& data) {
-    absl::StatusOr<v1::JobConfig> config = ParseJobConfigJson(
-        absl::StrCat(R"({"job_id": "x", "model": {"kind": "GPT", "num_layers": 2, "hidden_size": 64,
-            "num_attention_heads": 2, "vocab_size": 1000},
-            "cluster": {"device_memory_limit_mib": 1024},
-            "data": {)",
-                     data, R"(, "tokens_per_global_batch": 4096, "max_sequence_length": 512},
-            "training": {"iterations": 1}})"),
-        "t");
+    absl::StatusOr<v1::JobConfig> config = ConfigWithData(data);
     EXPECT_THAT(config, IsOk());
     ApplyJobConfigDefaults(*config);
     return OpenSampleDataset(*config).status();
