@@ -128,7 +128,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 "$bin/varipipe-planner" --config "$out/job.json" --listen 127.0.0.1:0 \
   --port_file "$out/planner.port" --store_file "$out/store" --progress_interval_s 0 \
-  2> "$out/planner.log" &
+  --keep_serving 2> "$out/planner.log" &
 planner_pid=$!
 for _ in $(seq 1 200); do
   [[ -s "$out/planner.port" && -s "$out/store" ]] && break

@@ -121,9 +121,17 @@ absl::StatusOr<TextEncoding> OpenTextEncoding(int64_t vocab) {
                                                    ": the model could not embed every token"));
   }
   encoding.vocab = vocab == 0 ? pieces : vocab;
-  spdlog::info("tokenizer {}: {} pieces, bos {}, eos {}; {} rules ({})", tokenizer.path(), pieces,
-               tokenizer.bos_id(), tokenizer.eos_id(), varipipe::TextFamilyName(family),
-               absl::GetFlag(FLAGS_family) == "auto" ? "chosen by --family auto" : "--family");
+  spdlog::info("tokenizer {}: {} pieces, bos {}, eos {}", tokenizer.path(), pieces,
+               tokenizer.bos_id(), tokenizer.eos_id());
+  // One line: the rules and, under --family auto, why (a switch to T5's
+  // rules is a warning: a decoder-only model would lose its BOS).
+  const std::string choice =
+      varipipe::DescribeTextFamilyChoice(absl::GetFlag(FLAGS_family), family, tokenizer);
+  if (absl::GetFlag(FLAGS_family) == "auto" && family == varipipe::TextFamily::kT5) {
+    spdlog::warn("{}", choice);
+  } else {
+    spdlog::info("{}", choice);
+  }
   return encoding;
 }
 

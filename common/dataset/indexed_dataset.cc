@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/dataset/token_range.h"
 #include "common/status.h"
 
 namespace varipipe {
@@ -366,6 +367,20 @@ absl::Status IndexedSampleDataset::ReadSample(uint64_t index, std::vector<int64_
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status IndexedSampleDataset::CheckTokenIds(const TokenScanOptions& options) const {
+  // OpenSampleDataset opens the inputs from data.path, the targets from
+  // data.target_path: the errors name the field to change. Both files are
+  // checked, so one message says all that is wrong.
+  const absl::Status inputs =
+      Annotate(CheckTokenRange(*inputs_, vocab_size_, options), "data.path");
+  if (targets_ == nullptr || absl::IsCancelled(inputs)) return inputs;
+  const absl::Status targets =
+      Annotate(CheckTokenRange(*targets_, vocab_size_, options), "data.target_path");
+  if (inputs.ok()) return targets;
+  if (targets.ok()) return inputs;
+  return absl::Status(inputs.code(), absl::StrCat(inputs.message(), "\n  ", targets.message()));
 }
 
 std::string IndexedSampleDataset::Describe() const {

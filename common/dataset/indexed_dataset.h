@@ -33,6 +33,9 @@ class IndexedFile {
   uint32_t Length(uint64_t sequence) const { return static_cast<uint32_t>(sizes_[sequence]); }
   // Appends sequence `sequence`'s tokens to `out`.
   void Read(uint64_t sequence, std::vector<int64_t>* out) const;
+  // Sequence `sequence`'s Length() * element_size() bytes in the mapped
+  // .bin file (checked to lie inside it when opening).
+  const uint8_t* SequenceBytes(uint64_t sequence) const { return data_ + pointers_[sequence]; }
   // Bytes per token in the .bin file, and Megatron's dtype code.
   int element_size() const { return element_size_; }
   int dtype_code() const { return dtype_code_; }
@@ -110,6 +113,8 @@ class IndexedSampleDataset final : public SampleDataset {
   absl::Status ReadSample(uint64_t index, std::vector<int64_t>* input,
                           std::vector<int64_t>* target) const override;
   std::string Describe() const override;
+  // Both files' token-id ranges (token_range.h; cached beside each index).
+  absl::Status CheckTokenIds(const TokenScanOptions& options) const override;
 
  private:
   std::unique_ptr<IndexedFile> inputs_;

@@ -13,6 +13,10 @@ std::string SyntheticMixtureName(v1::SyntheticMixtureKind kind) {
   return kind == v1::DOCUMENTS ? "documents" : "flan";
 }
 
+absl::Status SampleDataset::CheckTokenIds(const TokenScanOptions& /*options*/) const {
+  return absl::OkStatus();
+}
+
 std::vector<SampleLengths> SampleDataset::AllLengths() const {
   std::vector<SampleLengths> lengths(size());
   for (uint64_t i = 0; i < lengths.size(); ++i) lengths[i] = Lengths(i);

@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/dataset/synthetic_mixture.h"
+#include "common/dataset/token_range.h"
 #include "varipipe/v1/config.pb.h"
 
 namespace varipipe {
@@ -36,6 +37,11 @@ class SampleDataset {
                                   std::vector<int64_t>* target) const = 0;
   // Where the data comes from, for messages.
   virtual std::string Describe() const = 0;
+  // Fails (INVALID_ARGUMENT, naming the file, the id, a sample holding it
+  // and model.vocab_size) when any token id lies outside [0, vocab_size),
+  // so bad data is refused at start-up instead of when a sample is read.
+  // OK by default: JSONL is checked when loaded, synthetic ids are in range.
+  virtual absl::Status CheckTokenIds(const TokenScanOptions& options) const;
 
   // All lengths (convenience for samplers and planners).
   std::vector<SampleLengths> AllLengths() const;

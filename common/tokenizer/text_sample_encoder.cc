@@ -36,6 +36,24 @@ absl::StatusOr<TextFamily> ParseTextFamily(const std::string& name,
       absl::StrCat("unknown tokenizer family \"", name, "\" (auto, llama or t5)"));
 }
 
+std::string DescribeTextFamilyChoice(const std::string& name, TextFamily family,
+                                     const SentencePieceTokenizer& tokenizer) {
+  const bool llama = family == TextFamily::kLlama;
+  const std::string why =
+      name != "auto" ? absl::StrCat("--family ", name)
+      : llama        ? absl::StrCat("chosen by --family auto: ", tokenizer.path(),
+                                    " has a BOS token, id ", tokenizer.bos_id())
+                     : absl::StrCat("chosen by --family auto: ", tokenizer.path(),
+                                    " has no BOS token, like T5's spiece.model (spm_train "
+                                    "--bos_id=-1 trains such a model)");
+  const char* rules =
+      llama ? "BOS before each sample, EOS after its response or text (decoder-only)"
+            : "no BOS, EOS after the prompt and after the response, no \"text\" lines "
+              "(encoder-decoder)";
+  return absl::StrCat(TextFamilyName(family), " rules (", why, "): ", rules,
+                      name == "auto" && !llama ? "; --family llama for a decoder-only model" : "");
+}
+
 absl::StatusOr<TextSampleEncoder> TextSampleEncoder::Create(const SentencePieceTokenizer* tokenizer,
                                                             TextFamily family, TextFields fields) {
   if (tokenizer->eos_id() < 0) {

@@ -36,6 +36,11 @@ const char* TextFamilyName(TextFamily family);
 absl::StatusOr<TextFamily> ParseTextFamily(const std::string& name,
                                            const SentencePieceTokenizer& tokenizer);
 
+// One line saying which rules `family` applies and, when `name` was "auto",
+// why the tokenizer chose them (and how to choose the other family).
+std::string DescribeTextFamilyChoice(const std::string& name, TextFamily family,
+                                     const SentencePieceTokenizer& tokenizer);
+
 // The JSON field names of a line.
 struct TextFields {
   std::string prompt = "prompt";

@@ -911,8 +911,9 @@ train() {
   local job_id iterations
   job_id=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["job_id"])' "$dir/job.json")
   iterations=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["training"]["iterations"])' "$dir/job.json")
+  # --keep_serving: varipipe-ctl status reads the daemon after the executor.
   "$bin/varipipe-planner" --config "$dir/job.json" --listen 127.0.0.1:0 --port_file "$dir/planner.port" \
-    --store_file "$dir/store" --progress_interval_s 0 2> "$dir/planner.log" &
+    --store_file "$dir/store" --progress_interval_s 0 --keep_serving 2> "$dir/planner.log" &
   planner_pid=$!
   # shellcheck disable=SC2064  # the pid is known now
   trap "kill $planner_pid 2> /dev/null || true" EXIT

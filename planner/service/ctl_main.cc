@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "common/auth/job_token.h"
 #include "common/binary_main.h"
+#include "common/config/cost_model_device.h"
 #include "common/grpc/client_channel.h"
 #include "common/plan_contract/instruction_text.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -51,6 +52,9 @@ constexpr char kUsage[] =
     "Calls carry the job token from --token_file, or from the file beside a daemon's\n"
     "--store_file (--store_file FILE reads FILE.token); --tls_ca, --tls_cert and --tls_key\n"
     "for a daemon that serves TLS (docs/security.md).";
+
+// A median prediction error above this gets a hint in `status`.
+constexpr double kFarOffPredictionError = 0.5;
 
 int Fail(const std::string& what, const grpc::Status& s) {
   std::fprintf(stderr, "varipipe-ctl: %s: %s (%d)\n", what.c_str(), s.error_message().c_str(),
@@ -136,7 +140,27 @@ int ExecutorStatus(const std::string& address) {
   return serving ? varipipe::kExitOk : varipipe::kExitFailure;
 }
 
-int PlannerStatusCommand(varipipe::v1::StatusService::Stub& status, const std::string& job) {
+// The job's cost model and, when the predictions are far off, why they may
+// be (common/config/cost_model_device.h). Nothing when GetJob fails.
+void PrintCostModel(varipipe::v1::PlanService::Stub& plans, const std::string& job,
+                    const varipipe::v1::PlannerStatus& planner) {
+  varipipe::v1::GetJobRequest request;
+  request.set_job_id(job);
+  varipipe::v1::GetJobResponse response;
+  if (!plans.GetJob(Context().get(), request, &response).ok()) return;
+  const varipipe::CostModelDevice device = varipipe::CostModelDeviceOf(response.config());
+  std::printf("  cost model: %s\n", device.source.c_str());
+  if (planner.prediction_error_iterations() > 0 &&
+      planner.prediction_error_p50() > kFarOffPredictionError) {
+    std::printf(
+        "  the predictions are off by %.0f%%: does the cost model describe the executors' "
+        "device? %s\n",
+        100 * planner.prediction_error_p50(), varipipe::HowToProfile().c_str());
+  }
+}
+
+int PlannerStatusCommand(varipipe::v1::StatusService::Stub& status,
+                         varipipe::v1::PlanService::Stub& plans, const std::string& job) {
   varipipe::v1::PlannerStatus planner;
   grpc::Status s = status.GetPlannerStatus(Context().get(), {}, &planner);
   if (!s.ok()) return Fail("planner status", s);
@@ -166,6 +190,7 @@ int PlannerStatusCommand(varipipe::v1::StatusService::Stub& status, const std::s
   } else {
     std::printf("  prediction error: no iteration reported yet\n");
   }
+  PrintCostModel(plans, job, planner);
   std::printf("  calibration version %llu (%llu iterations): %s\n",
               static_cast<unsigned long long>(planner.calibration().version()),
               static_cast<unsigned long long>(planner.calibration().iterations()),
@@ -247,7 +272,7 @@ int main(int argc, char** argv) {
   auto plans = varipipe::v1::PlanService::NewStub(channel);
   auto status = varipipe::v1::StatusService::NewStub(channel);
   const std::string job = absl::GetFlag(FLAGS_job);
-  if (args[0] == "status") return PlannerStatusCommand(*status, job);
+  if (args[0] == "status") return PlannerStatusCommand(*status, *plans, job);
   if (args[0] == "plan") return PlanCommand(*plans, job);
   return TraceCommand(*status, job);
 }

@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/auth/job_token.h"
+#include "common/config/cost_model_device.h"
 #include "common/config/job_config.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -260,11 +261,19 @@ absl::Status PlannerDaemon::BuildPlanner() {
   VP_RETURN_IF_ERROR(CheckCancelled());
   VP_ASSIGN_OR_RETURN(dataset_, OpenSampleDataset(config));
   spdlog::info("dataset: {}", dataset_->Describe());
+  // Ids outside model.vocab_size fail here, not when an executor reads them
+  // (a scan per data file, cached beside its index).
+  SetStep("checking the dataset's token ids");
+  TokenScanOptions scan;
+  scan.cancelled = [this] { return !CheckCancelled().ok(); };
+  VP_RETURN_IF_ERROR(dataset_->CheckTokenIds(scan));
   const SamplerOptions sampler = SamplerOptionsFromConfig(config);
   VP_ASSIGN_OR_RETURN(sampler_, MiniBatchSampler::Create(dataset_->AllLengths(), sampler));
   SetStep("building the planner (cost models)");
   VP_RETURN_IF_ERROR(CheckCancelled());
+  cost_model_device_ = CostModelDeviceOf(config);
   VP_ASSIGN_OR_RETURN(planner::Planner planner, planner::Planner::Create(config));
+  WarnAboutTheCostModelsDevice();
   if (EffectiveLayoutMode(config.parallelism().stage_layout()) == v1::AUTO) {
     SetStep("choosing the stage layout (parallelism.stage_layout AUTO)");
     VP_RETURN_IF_ERROR(CheckCancelled());
@@ -390,6 +399,21 @@ void PlannerDaemon::WakeWaitingCalls(const absl::Notification& calls_ended) {
   } while (!calls_ended.WaitForNotificationWithTimeout(kRound));
 }
 
+bool PlannerDaemon::WaitUntilJobComplete() {
+  const uint64_t iterations = config_.training().iterations();
+  while (!stop_.WaitForNotificationWithTimeout(kJobCompletePoll)) {
+    absl::StatusOr<StoreLease> store = AcquireStore();
+    if (!store.ok()) continue;
+    // min_progress counts only once every rank reported (Counters()).
+    absl::StatusOr<StoreCounters> c = (*store)->Counters();
+    if (!c.ok() || c->min_progress < iterations) continue;
+    spdlog::info("job complete: all {} executor ranks reported iteration {}, the last of {}",
+                 store_options_.world_size, iterations - 1, iterations);
+    return true;
+  }
+  return false;
+}
+
 void PlannerDaemon::WaitUntilAllPublished() {
   while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
     absl::StatusOr<StoreLease> store = AcquireStore();
@@ -492,9 +516,31 @@ absl::Status PlannerDaemon::RefreshCalibration(RedisInstructionStore& store) {
   return absl::OkStatus();
 }
 
+void PlannerDaemon::WarnAboutTheCostModelsDevice() const {
+  if (!cost_model_device_.analytic) return;
+  spdlog::warn(
+      "no profile: planning with {}, whose times and memory hold only for executors on that "
+      "GPU; executors on another device (a CPU run in particular) get predictions that are "
+      "far off and say so at start-up. {}",
+      cost_model_device_.source, HowToProfile());
+}
+
+void PlannerDaemon::WarnOnFarOffPrediction(const v1::ReportProgressRequest& report) {
+  const double ratio = report.iteration_ms() / report.predicted_iteration_ms();
+  if (ratio < 1.0 / kFarOffPrediction || ratio > kFarOffPrediction) {
+    if (far_off_warned_.exchange(true)) return;
+    spdlog::warn(
+        "iteration {} took {:.1f} ms on rank 0 against {:.3f} ms predicted ({:.3g}x): {} does "
+        "not describe the executors' device. {}",
+        report.iteration(), report.iteration_ms(), report.predicted_iteration_ms(), ratio,
+        cost_model_device_.source, HowToProfile());
+  }
+}
+
 absl::Status PlannerDaemon::LearnFromReport(RedisInstructionStore& store,
                                             const v1::ReportProgressRequest& report) {
   if (report.rank() == 0 && report.predicted_iteration_ms() > 0 && report.iteration_ms() > 0) {
+    WarnOnFarOffPrediction(report);
     VP_RETURN_IF_ERROR(store.calibration().RecordPrediction(
         {report.iteration(), report.predicted_iteration_ms(), report.iteration_ms()}));
   }

@@ -36,6 +36,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/config/cost_model_device.h"
 #include "common/dataset/minibatch_sampler.h"
 #include "common/dataset/sample_dataset.h"
 #include "common/grpc/call_token.h"
@@ -94,6 +95,11 @@ class PlannerDaemon {
   static constexpr absl::Duration kFlushGrace = absl::Milliseconds(200);
   // Iterations the status's prediction error percentiles cover.
   static constexpr size_t kPredictionErrorIterations = 20;
+  // A measured iteration this many times longer (or shorter) than predicted
+  // means the cost model describes another device: warned once.
+  static constexpr double kFarOffPrediction = 10;
+  // How often WaitUntilJobComplete() reads the store.
+  static constexpr absl::Duration kJobCompletePoll = absl::Milliseconds(250);
 
   // Bind() then Initialize(): a daemon ready to serve.
   static absl::StatusOr<std::unique_ptr<PlannerDaemon>> Start(const v1::JobConfig& config,
@@ -140,6 +146,11 @@ class PlannerDaemon {
   };
   // Blocks until every iteration of the job is published or Shutdown().
   void WaitUntilAllPublished();
+  // Blocks until every executor rank of the job reported (acknowledged) the
+  // job's last iteration, read from the shared store (so each of several
+  // daemons sharing a job sees it), then logs "job complete" and returns
+  // true; false once Shutdown() began first.
+  bool WaitUntilJobComplete();
 
   int port() const { return port_; }
   const std::string& planner_id() const { return planner_id_; }
@@ -206,6 +217,10 @@ class PlannerDaemon {
   void WorkerLoop(int worker);
   void ProgressLoop();
   absl::Status PlanAndPublish(RedisInstructionStore& store, uint64_t iteration);
+  // Start-up: a warning when the analytic model (no profile) plans the job.
+  void WarnAboutTheCostModelsDevice() const;
+  // Once per daemon: rank 0's iteration far from its prediction.
+  void WarnOnFarOffPrediction(const v1::ReportProgressRequest& report);
   // A new pooled connection: records its Redis client id.
   void AddToPool(std::unique_ptr<RedisInstructionStore> store) ABSL_LOCKS_EXCLUDED(mu_);
   // During Shutdown(), until `calls_ended`: wakes the calls blocked in the
@@ -228,6 +243,7 @@ class PlannerDaemon {
   std::unique_ptr<SampleDataset> dataset_;
   std::unique_ptr<MiniBatchSampler> sampler_;
   std::unique_ptr<planner::Planner> planner_;
+  CostModelDevice cost_model_device_;
   LayerLayout stage_layout_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<PlanServiceImpl> plan_service_;
@@ -240,6 +256,7 @@ class PlannerDaemon {
   std::vector<std::thread> workers_;
   std::thread progress_thread_;
   std::atomic<bool> shut_down_{false};
+  std::atomic<bool> far_off_warned_{false};
   std::atomic<int> waiting_calls_{0};
   // Start-up: what Initialize() is doing (a string literal), whether it was
   // asked to stop, and whether it is done: ready_ is set (release) once the

@@ -61,6 +61,11 @@ ABSL_FLAG(std::string, metrics_listen, "",
 ABSL_FLAG(bool, exit_when_done, false,
           "Exit once every iteration of the job is published (instead of serving until "
           "SIGTERM).");
+ABSL_FLAG(bool, keep_serving, false,
+          "Keep serving after the job is complete (every executor rank reported its last "
+          "iteration), e.g. for varipipe-ctl status, trace and plan, until SIGTERM. Without it "
+          "the daemon logs \"job complete\" and exits 0 then; each of several daemons sharing "
+          "a job does so on its own.");
 
 namespace {
 
@@ -75,7 +80,9 @@ constexpr char kUsage[] =
     "With an empty store.redis_address the daemon starts a private redis-server\n"
     "(single-machine mode). Several daemons (on several hosts) with the same config and\n"
     "store share a job. Calls must carry the job's token (docs/security.md).\n"
-    "SIGTERM or SIGINT stops it gracefully.";
+    "Once every executor rank reported the job's last iteration the daemon logs\n"
+    "\"job complete\" and exits 0 (--keep_serving: serves on). SIGTERM or SIGINT\n"
+    "stops it gracefully.";
 
 // How long a stop requested during start-up may take: Initialize() stops at
 // its next step, but one step may block longer (an unreachable Redis, a large
@@ -189,21 +196,27 @@ absl::Status WriteStoreFiles(const varipipe::service::PlannerDaemon& daemon) {
       file, absl::StrCat(daemon.store_address(), " ", daemon.store_password(), "\n"));
 }
 
-// Serves until a signal (or, with --exit_when_done, until every planned
-// iteration is published), then shuts down.
+// Serves until a signal or the end the flags choose: every iteration
+// published (--exit_when_done), else the job complete (unless
+// --keep_serving, which only logs it); then shuts down.
 void Serve(varipipe::ShutdownSignal& shutdown, varipipe::service::PlannerDaemon& daemon) {
-  if (absl::GetFlag(FLAGS_exit_when_done)) {
-    std::thread waiter([&] {
+  std::thread waiter([&] {
+    if (absl::GetFlag(FLAGS_exit_when_done)) {
       daemon.WaitUntilAllPublished();
       shutdown.Request();
-    });
-    shutdown.WaitFor(absl::InfiniteDuration());
-    daemon.Shutdown();
-    waiter.join();
-  } else {
-    shutdown.WaitFor(absl::InfiniteDuration());
-    daemon.Shutdown();
-  }
+      return;
+    }
+    if (!daemon.WaitUntilJobComplete()) return;  // shut down first
+    if (absl::GetFlag(FLAGS_keep_serving)) {
+      spdlog::info("serving on (--keep_serving) until SIGTERM");
+      return;
+    }
+    spdlog::info("exiting (--keep_serving keeps the daemon serving after the job)");
+    shutdown.Request();
+  });
+  shutdown.WaitFor(absl::InfiniteDuration());
+  daemon.Shutdown();
+  waiter.join();
 }
 
 }  // namespace
@@ -229,6 +242,11 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_check_config)) {
     std::printf("%s\n", varipipe::JobConfigToJson(*config).c_str());
     return varipipe::kExitOk;
+  }
+  if (absl::GetFlag(FLAGS_exit_when_done) && absl::GetFlag(FLAGS_keep_serving)) {
+    std::fprintf(stderr,
+                 "varipipe-planner: --exit_when_done and --keep_serving contradict each other\n");
+    return varipipe::kExitUsage;
   }
   varipipe::ShutdownSignal shutdown;
   absl::StatusOr<varipipe::service::DaemonOptions> options = DaemonOptionsFromFlags();

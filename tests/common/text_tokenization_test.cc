@@ -201,7 +201,7 @@ TEST_F(TextTokenization, LlamaRulesBosBeforeThePromptEosAfterTheResponse) {
   const CommandResult result =
       Convert(jsonl, absl::StrCat("--tokenizer '", Model("llama"), "' --progress_interval_s 0"));
   ASSERT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_THAT(result.output, HasSubstr("llama rules (chosen by --family auto)"));
+  EXPECT_THAT(result.output, HasSubstr("llama rules (chosen by --family auto: "));
   EXPECT_THAT(result.output, HasSubstr("tokenized 21 samples"));  // progress after every line
   EXPECT_THAT(result.output, HasSubstr("converted 21 samples"));
   EXPECT_THAT(result.output, HasSubstr("\"vocab_size\": 120 or more"));
@@ -337,6 +337,31 @@ TEST_F(TextTokenization, VocabularySizeChoosesTheTokenWidthAndMustHoldEveryPiece
   const CommandResult fits = Convert(line, absl::StrCat("--tokenizer '", Model("llama"), "'"));
   ASSERT_EQ(fits.exit_code, 0) << fits.output;
   EXPECT_THAT(fits.output, HasSubstr("(uint16 tokens)"));
+}
+
+// --family auto switching to T5's rules says why, on one line, and how to
+// get the other family; an explicit --family names itself.
+TEST_F(TextTokenization, FamilyAutoSaysWhyInOneLine) {
+  const std::string line = "{\"prompt\": \"the fox\", \"response\": \"the dog\"}\n";
+  const CommandResult t5 = Convert(line, absl::StrCat("--tokenizer '", Model("t5"), "'"));
+  ASSERT_EQ(t5.exit_code, 0) << t5.output;
+  const std::string why = absl::StrCat("t5 rules (chosen by --family auto: ", Model("t5"),
+                                       " has no BOS token");
+  const size_t at = t5.output.find(why);
+  ASSERT_NE(at, std::string::npos) << t5.output;
+  const std::string said = t5.output.substr(at, t5.output.find('\n', at) - at);
+  EXPECT_THAT(said, HasSubstr("spm_train --bos_id=-1")) << said;
+  EXPECT_THAT(said, HasSubstr("--family llama for a decoder-only model")) << said;
+  EXPECT_THAT(t5.output, HasSubstr("[warning]")) << t5.output;
+  const CommandResult llama = Convert(line, absl::StrCat("--tokenizer '", Model("llama"), "'"));
+  ASSERT_EQ(llama.exit_code, 0) << llama.output;
+  EXPECT_THAT(llama.output, HasSubstr(absl::StrCat("llama rules (chosen by --family auto: ",
+                                                   Model("llama"), " has a BOS token, id 1)")));
+  const CommandResult chosen =
+      Convert(line, absl::StrCat("--tokenizer '", Model("t5"), "' --family t5"));
+  ASSERT_EQ(chosen.exit_code, 0) << chosen.output;
+  EXPECT_THAT(chosen.output, HasSubstr("t5 rules (--family t5): no BOS"));
+  EXPECT_THAT(chosen.output, Not(HasSubstr("chosen by --family auto")));
 }
 
 }  // namespace

@@ -115,7 +115,8 @@ TEST(OnlineCalibration, BringsATenfoldCostModelWithinTwentyPercent) {
 
   const std::string password = (*redis)->password();
   const std::string planner = StartPlannerDaemon(
-      dir, "planner", password, "--config job.json --progress_interval_s 0 --store_file store");
+      dir, "planner", password,
+      "--config job.json --progress_interval_s 0 --store_file store --keep_serving");
   ASSERT_FALSE(planner.empty()) << ReadFile(dir / "planner.log");
   const CommandResult run = LaunchRanks(
       dir, 4, password,
@@ -169,7 +170,8 @@ TEST(OnlineCalibration, BringsATenfoldCostModelWithinTwentyPercent) {
 
   // A daemon started later on the same store continues with the state.
   const std::string second = StartPlannerDaemon(
-      dir, "second", password, "--config job.json --progress_interval_s 0 --store_file store2");
+      dir, "second", password,
+      "--config job.json --progress_interval_s 0 --store_file store2 --keep_serving");
   ASSERT_FALSE(second.empty()) << ReadFile(dir / "second.log");
   const CommandResult again =
       RunCommand(absl::StrCat("cd '", dir.string(), "' && ", Bin("varipipe-ctl"), " --planner ",

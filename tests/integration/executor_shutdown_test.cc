@@ -232,7 +232,8 @@ TEST_F(ExecutorShutdown, SigtermEndsARankWaitingForAPlan) {
 
 // Rank 0 fails at start-up (its --metrics_jsonl is a directory; only rank 0
 // writes metrics), after the rendezvous. Rank 1 then fails on the transfer
-// with it, and names rank 0 by its own error: rank 0 reported it.
+// with it, and names rank 0 by its own error (rank 0 reported it) first,
+// then its own transfer.
 TEST_F(ExecutorShutdown, AStartUpFailureIsNamedNotBlamed) {
   WriteJob("startup", 2, 1, 10);
   WritePlans(10);
@@ -244,9 +245,11 @@ TEST_F(ExecutorShutdown, AStartUpFailureIsNamedNotBlamed) {
   EXPECT_EQ(RankExit(dir_, 0), 1) << logs;
   EXPECT_EQ(RankExit(dir_, 1), 1) << logs;
   const std::string rank1 = ReadFile(dir_ / "rank1.log");
-  EXPECT_THAT(rank1, AllOf(HasSubstr("other ranks: rank 0 failed:"),
-                           HasSubstr("cannot open for appending")))
+  EXPECT_THAT(rank1, AllOf(HasSubstr("ended because rank 0 failed:"),
+                           HasSubstr("cannot open for appending"),
+                           HasSubstr("(this rank was at: ")))
       << logs;
+  EXPECT_LT(rank1.find("cannot open for appending"), rank1.find("(this rank was at: ")) << logs;
   EXPECT_THAT(rank1, Not(HasSubstr("stopped without reporting an error"))) << logs;
 }
 

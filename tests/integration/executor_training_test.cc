@@ -661,10 +661,12 @@ TEST_P(ServicePath, ExecutorsTrainFromThePlannerService) {
   const std::string cd =
       absl::StrCat("cd '", dir.string(), "' && export VARIPIPE_TEST_REDIS_PASSWORD='",
                    embedded ? "" : external->password(), "' && ");
-  // The daemon runs in the background until the executors are done.
+  // The daemon runs in the background until killed: --keep_serving keeps
+  // it (and an embedded Redis) up after the job is complete.
   ASSERT_EQ(RunCommand(cd + "(timeout 300 " + Bin("varipipe-planner") +
                        " --config job.json --listen 127.0.0.1:0 --port_file port"
-                       " --store_file store > planner.log 2>&1 & echo $! > planner.pid)")
+                       " --store_file store --keep_serving > planner.log 2>&1 &"
+                       " echo $! > planner.pid)")
                 .exit_code,
             0);
   std::string port;
