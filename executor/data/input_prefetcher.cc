@@ -72,7 +72,8 @@ void InputPrefetcher::BuildItem(Item& item) const {
       if (lengths.ok()) {
         for (torch::Tensor* t :
              {&lengths->input, &lengths->target, &lengths->input_segments,
-              &lengths->input_positions, &lengths->target_segments, &lengths->target_positions}) {
+              &lengths->input_positions, &lengths->target_segments, &lengths->target_positions,
+              &lengths->labelled_positions}) {
           *t = Pinned(*t, pin_);
         }
       }

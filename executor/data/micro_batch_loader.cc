@@ -65,12 +65,20 @@ absl::StatusOr<RowLengths> MicroBatchLoader::Lengths(const v1::MicroBatch& micro
     }
   }
   auto input = lengths.input.accessor<int64_t, 1>();
+  // Labels are [b, padded]: position p - 1 (GPT) or p (T5) of a sample
+  // predicts its token p (as Load's LABELS).
+  const int64_t label_width = t5 ? micro_batch.target_len() : micro_batch.input_len();
+  std::vector<int64_t> labelled;
   for (int64_t r = 0; r < b; ++r) {
     for (size_t k = 0; k < rows[r].size(); ++k) {
       const Placed& p = rows[r][k];
       const uint32_t sequence = t5 ? p.lengths.input : p.lengths.input + p.lengths.target;
       input[r] += sequence;
       if (t5) lengths.target.accessor<int64_t, 1>()[r] += p.lengths.target;
+      const LossSpan span = LossTokenSpan(p.lengths, t5);
+      const int64_t first = r * label_width + (t5 ? static_cast<int64_t>(p.target_offset)
+                                                  : static_cast<int64_t>(p.input_offset) - 1);
+      for (uint32_t q = span.begin; q < span.end; ++q) labelled.push_back(first + q);
       if (!packed) continue;
       // Segment k of the row, positions restarting at 0.
       const auto fill = [&](torch::Tensor& segments, torch::Tensor& positions, uint32_t offset,
@@ -86,6 +94,8 @@ absl::StatusOr<RowLengths> MicroBatchLoader::Lengths(const v1::MicroBatch& micro
                    p.lengths.target);
     }
   }
+  // Samples follow each other in a row, rows in order: ascending.
+  lengths.labelled_positions = torch::tensor(labelled, torch::kInt64);
   return lengths;
 }
 

@@ -38,6 +38,12 @@ struct RowLengths {
   torch::Tensor input_positions;   // packed: int64 [b, input_len]
   torch::Tensor target_segments;   // packed T5: int64 [b, target_len]
   torch::Tensor target_positions;  // packed T5: int64 [b, target_len]
+  // The positions the loss covers (the LABELS tensor's entries >= 0), as
+  // flat indices into [b, padded] (GPT: input_len, T5: target_len),
+  // ascending: int64 [labelled tokens]. From the plan's lengths alone
+  // (LossTokenSpan), so the head gathers its rows without reading the
+  // labels back from the device.
+  torch::Tensor labelled_positions;
 };
 
 class MicroBatchLoader {

@@ -2,7 +2,9 @@
 
 #include <torch/version.h>
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 #include <limits>
 #include <vector>
 
@@ -49,64 +51,19 @@ torch::Tensor SegmentCrossAttentionMask(const torch::Tensor& query_segments,
   return mask.unsqueeze(1);
 }
 
-torch::Tensor SegmentMask(const torch::Tensor& query_segments, const torch::Tensor& key_segments,
-                          bool causal) {
-  const int64_t b = query_segments.size(0);
-  const int64_t sq = query_segments.size(1);
-  const int64_t sk = key_segments.size(1);
-  const int64_t n = std::max(sq, sk);
-  // On the CPU, where PerSampleAttention reads it: one copy per stage
-  // forward rather than one per layer.
-  torch::Tensor mask = torch::full({b, 3, n}, -1, torch::TensorOptions().dtype(torch::kInt64));
-  mask.select(1, 0).narrow(1, 0, sq).copy_(query_segments.to(torch::kCPU));
-  mask.select(1, 1).narrow(1, 0, sk).copy_(key_segments.to(torch::kCPU));
-  mask.select(1, 2).fill_(causal ? 1 : 0);
-  return mask;
-}
-
-bool IsSegmentMask(const torch::Tensor& mask) {
-  return mask.defined() && mask.scalar_type() == torch::kInt64 && mask.dim() == 3 &&
-         mask.size(1) == 3;
-}
-
 namespace {
 
-// One sample's contiguous run of positions in a row.
-struct Run {
-  int64_t segment = -1;
-  int64_t begin = 0;
-  int64_t length = 0;
-};
-
-// The runs of one row's segment ids (-1 ends the real positions), checked
-// to be contiguous.
-std::vector<Run> RunsOf(const int64_t* ids, int64_t n) {
-  std::vector<Run> runs;
-  for (int64_t i = 0; i < n && ids[i] >= 0; ++i) {
-    if (runs.empty() || runs.back().segment != ids[i]) {
-      for (const Run& r : runs) {
-        TORCH_CHECK(r.segment != ids[i], "packed row: sample ", ids[i],
-                    " is not one contiguous run of positions");
-      }
-      runs.push_back({ids[i], i, 0});
-    }
-    ++runs.back().length;
-  }
-  return runs;
-}
-
-}  // namespace
-
-namespace {
-
-// The lengths that split `size` positions into `runs` (which start at 0 and
-// follow each other) and the rest.
-std::vector<int64_t> SplitSizes(const std::vector<Run>& runs, int64_t size) {
+// Split sizes for positions [0, size) of one row: one run per entry of
+// `runs` (begin, length), which follow each other from 0 in that order, and
+// the rest.
+std::vector<int64_t> SplitSizes(const std::vector<std::pair<int64_t, int64_t>>& runs,
+                                int64_t size) {
   std::vector<int64_t> sizes;
   int64_t covered = 0;
-  for (const Run& r : runs) {
-    sizes.push_back(r.length);
-    covered += r.length;
+  for (const auto& [begin, length] : runs) {
+    TORCH_CHECK(begin == covered, "packed row: a sample does not follow the previous one");
+    sizes.push_back(length);
+    covered += length;
   }
   if (covered < size) sizes.push_back(size - covered);
   return sizes;
@@ -115,15 +72,15 @@ std::vector<int64_t> SplitSizes(const std::vector<Run>& runs, int64_t size) {
 }  // namespace
 
 torch::Tensor PerSampleAttention(const torch::Tensor& q, const torch::Tensor& k,
-                                 const torch::Tensor& v, const torch::Tensor& segments,
+                                 const torch::Tensor& v, const VariableLengthLayout& layout,
                                  const torch::Tensor& bias, const AttentionCore& core) {
   const int64_t b = q.size(0);
   const int64_t sq = q.size(1);
   const int64_t sk = k.size(1);
-  // SegmentMask keeps the segments on the CPU: no device copy per layer.
-  const torch::Tensor ids = segments.to(torch::kCPU).contiguous();
-  const int64_t n = ids.size(2);
-  const bool causal = ids.index({0, 2, 0}).item<int64_t>() == 1;
+  TORCH_CHECK(b == layout.rows() && sq == layout.query_length() && sk == layout.key_length(),
+              "per-sample attention: q ", q.sizes(), ", k ", k.sizes(), " for a layout of ",
+              layout.rows(), " rows of ", layout.query_length(), " and ", layout.key_length(),
+              " positions");
   // Each tensor is split once per row and once per sample along the
   // sequence (views whose backward concatenates), so the backward does work
   // in the size of the tensors, not once per sample.
@@ -132,25 +89,22 @@ torch::Tensor PerSampleAttention(const torch::Tensor& q, const torch::Tensor& k,
   const std::vector<torch::Tensor> v_rows = v.unbind(0);
   std::vector<torch::Tensor> bias_rows;
   if (bias.defined()) bias_rows = bias.unbind(0);
+  const std::vector<VariableLengthLayout::Sample>& samples = layout.samples();
   std::vector<torch::Tensor> rows;
+  size_t first = 0;  // the row's first sample
   for (int64_t row = 0; row < b; ++row) {
-    const int64_t* row_ids = ids.data_ptr<int64_t>() + row * 3 * n;
-    const std::vector<Run> queries = RunsOf(row_ids, std::min(n, sq));
-    const std::vector<Run> keys = RunsOf(row_ids + n, std::min(n, sk));
-    int64_t covered = 0;
-    for (const Run& query : queries) {
-      TORCH_CHECK(query.begin == covered, "packed row ", row, ": sample ", query.segment,
-                  " does not follow the previous one");
-      covered += query.length;
+    size_t end = first;
+    while (end < samples.size() && samples[end].row == row) ++end;
+    // Queries in sample order; keys in position order (a row's two sides
+    // may order its samples differently).
+    std::vector<std::pair<int64_t, int64_t>> query_runs, key_runs;
+    for (size_t i = first; i < end; ++i) {
+      query_runs.emplace_back(samples[i].query_begin, samples[i].query_length);
+      key_runs.emplace_back(samples[i].key_begin, samples[i].key_length);
     }
-    covered = 0;
-    for (const Run& key : keys) {
-      TORCH_CHECK(key.begin == covered, "packed row ", row, ": sample ", key.segment,
-                  " does not follow the previous one");
-      covered += key.length;
-    }
-    const std::vector<int64_t> query_sizes = SplitSizes(queries, sq);
-    const std::vector<int64_t> key_sizes = SplitSizes(keys, sk);
+    std::sort(key_runs.begin(), key_runs.end());
+    const std::vector<int64_t> query_sizes = SplitSizes(query_runs, sq);
+    const std::vector<int64_t> key_sizes = SplitSizes(key_runs, sk);
     const std::vector<torch::Tensor> q_pieces = q_rows[row].split_with_sizes(query_sizes, 0);
     const std::vector<torch::Tensor> k_pieces = k_rows[row].split_with_sizes(key_sizes, 0);
     const std::vector<torch::Tensor> v_pieces = v_rows[row].split_with_sizes(key_sizes, 0);
@@ -161,41 +115,40 @@ torch::Tensor PerSampleAttention(const torch::Tensor& q, const torch::Tensor& k,
       bias_pieces = bias_rows[bias_rows.size() == 1 ? 0 : row].split_with_sizes(query_sizes, 1);
     }
     std::vector<torch::Tensor> pieces;
-    for (size_t i = 0; i < queries.size(); ++i) {
-      const Run& query = queries[i];
-      size_t j = 0;
-      while (j < keys.size() && keys[j].segment != query.segment) ++j;
-      TORCH_CHECK(j < keys.size(), "packed row ", row, ": sample ", query.segment,
-                  " has queries but no keys");
-      const Run& key = keys[j];
-      TORCH_CHECK(!causal || key.length == query.length, "packed row ", row, ": sample ",
-                  query.segment, " attends causally to keys of another length");
-      // Causal: an undefined mask (the cores' convention); otherwise all
-      // of the sample's keys.
-      const torch::Tensor mask =
-          causal ? torch::Tensor()
-                 : torch::ones({1, 1, query.length, key.length},
-                               torch::TensorOptions().dtype(torch::kBool).device(q.device()));
-      torch::Tensor sample_bias;
+    for (size_t i = first; i < end; ++i) {
+      const VariableLengthLayout::Sample& sample = samples[i];
+      const size_t j = static_cast<size_t>(
+          std::find(key_runs.begin(), key_runs.end(),
+                    std::make_pair(sample.key_begin, sample.key_length)) -
+          key_runs.begin());
+      // Causal, or all of the sample's keys.
+      AttentionInput input =
+          layout.causal()
+              ? AttentionInput::Causal()
+              : AttentionInput::DenseMask(torch::ones(
+                    {1, 1, sample.query_length, sample.key_length},
+                    torch::TensorOptions().dtype(torch::kBool).device(q.device())));
       if (bias.defined()) {
-        sample_bias = bias_pieces[i].split_with_sizes(key_sizes, 2)[j].unsqueeze(0);
+        input = input.WithBias(
+            bias_pieces[i - first].split_with_sizes(key_sizes, 2)[j].unsqueeze(0));
       }
-      pieces.push_back(core(q_pieces[i].unsqueeze(0), k_pieces[j].unsqueeze(0),
-                            v_pieces[j].unsqueeze(0), mask, sample_bias));
+      pieces.push_back(core(q_pieces[i - first].unsqueeze(0), k_pieces[j].unsqueeze(0),
+                            v_pieces[j].unsqueeze(0), input));
     }
-    if (query_sizes.size() > queries.size()) {  // padding after the samples
+    if (query_sizes.size() > end - first) {  // padding after the samples
       const torch::TensorOptions options = pieces.empty() ? q.options() : pieces.back().options();
       pieces.push_back(torch::zeros({1, query_sizes.back(), q.size(2)}, options));
     }
     rows.push_back(torch::cat(pieces, 1));
+    first = end;
   }
   return torch::cat(rows, 0);
 }
 
-torch::Tensor SelfAttentionMaskFor(v1::AttentionKernel kernel, const torch::Tensor& lengths,
-                                   int64_t padded, bool causal) {
-  if (kernel == v1::FUSED && causal) return {};
-  return SelfAttentionMask(lengths, padded, causal);
+AttentionInput SelfAttentionMaskFor(v1::AttentionKernel kernel, const torch::Tensor& lengths,
+                                    int64_t padded, bool causal) {
+  if (kernel == v1::FUSED && causal) return AttentionInput::Causal();
+  return AttentionInput::DenseMask(SelfAttentionMask(lengths, padded, causal));
 }
 
 namespace {

@@ -10,6 +10,7 @@
 
 #include <functional>
 
+#include "executor/model/attention_input.h"
 #include "varipipe/v1/config.pb.h"
 
 namespace varipipe::executor {
@@ -37,42 +38,31 @@ torch::Tensor SegmentSelfAttentionMask(const torch::Tensor& segments, bool causa
 torch::Tensor SegmentCrossAttentionMask(const torch::Tensor& query_segments,
                                         const torch::Tensor& key_segments);
 
-// Packed rows under per-sample attention (the variable-length kernel): the
-// mask is the rows' segments themselves rather than a dense [b, 1, sq, sk]
-// mask, int64 [b, 3, n] with n = max(sq, sk): row 0 holds each query
-// position's sample (-1 for padding and beyond sq), row 1 each key
-// position's (-1 likewise), row 2 is all 1 when attention is causal. Every
-// sample occupies one contiguous run of positions; padding comes last.
-// `query_segments` [b, sq], `key_segments` [b, sk] as StageBatch's.
-torch::Tensor SegmentMask(const torch::Tensor& query_segments, const torch::Tensor& key_segments,
-                          bool causal);
-// Whether `mask` is a SegmentMask (else a dense boolean mask, or undefined).
-bool IsSegmentMask(const torch::Tensor& mask);
-
 // An attention core: q [b, sq, heads*d], k, v [b, sk, heads*d] under a
-// dense or undefined (causal) mask and an optional score bias, as
-// MaskedAttention and FusedAttention.
+// causal or dense-mask input, with its optional score bias.
 using AttentionCore = std::function<torch::Tensor(const torch::Tensor& q, const torch::Tensor& k,
-                                                  const torch::Tensor& v, const torch::Tensor& mask,
-                                                  const torch::Tensor& bias)>;
+                                                  const torch::Tensor& v,
+                                                  const AttentionInput& input)>;
 
-// Attention computed per sample of packed rows: `core` runs once per sample
-// over that sample's own queries and keys (causal or full, as `segments`
-// says), so its cost and memory are the sum over samples of their lengths
-// squared rather than the row length squared. T5V11's `bias` [B, heads, sq,
-// sk] is sliced per sample (relative positions do not change within a
-// sample). Outputs at padding queries are zero (they reach no loss). At
-// real queries the values equal `core` under the block-diagonal masks
-// (SegmentSelfAttentionMask, SegmentCrossAttentionMask) up to rounding.
+// Attention computed per sample of packed rows (`layout`,
+// variable_length_layout.h): `core` runs once per sample over that sample's
+// own queries and keys (causal or full, as the layout says), so its cost and
+// memory are the sum over samples of their lengths squared rather than the
+// row length squared. T5V11's `bias` [B, heads, sq, sk] is sliced per sample
+// (relative positions do not change within a sample). Outputs at padding
+// queries are zero (they reach no loss). At real queries the values equal
+// `core` under the block-diagonal masks (SegmentSelfAttentionMask,
+// SegmentCrossAttentionMask) up to rounding. The reference for the
+// variable-length kernels (variable_length_attention.h), and the path of
+// devices and models they do not serve.
 torch::Tensor PerSampleAttention(const torch::Tensor& q, const torch::Tensor& k,
-                                 const torch::Tensor& v, const torch::Tensor& segments,
+                                 const torch::Tensor& v, const VariableLengthLayout& layout,
                                  const torch::Tensor& bias, const AttentionCore& core);
 
-// The self-attention mask a layer running `kernel` needs: with FUSED and
-// `causal`, none (an undefined tensor, meaning causal; see MaskedAttention),
-// so the fused kernel runs without an s x s mask (FlashAttention); otherwise
-// SelfAttentionMask.
-torch::Tensor SelfAttentionMaskFor(v1::AttentionKernel kernel, const torch::Tensor& lengths,
+// The self-attention input a layer running `kernel` needs: with FUSED and
+// `causal`, Causal (no mask; see MaskedAttention), so the fused kernel runs
+// without an s x s mask (FlashAttention); otherwise SelfAttentionMask.
+AttentionInput SelfAttentionMaskFor(v1::AttentionKernel kernel, const torch::Tensor& lengths,
                                    int64_t padded, bool causal);
 
 // Scaled dot-product attention of q [b, sq, heads*d], k, v [b, sk, heads*d]

@@ -5,9 +5,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/loss_head_chunk.h"
 #include "common/status.h"
 #include "executor/model/attention_mask.h"
-#include "executor/model/deferred_linear.h"
+#include "executor/model/chunked_loss_head.h"
 #include "executor/model/initializer.h"
 #include "executor/model/relative_position_bias.h"
 #include "executor/model/rotary.h"
@@ -276,34 +277,50 @@ torch::Tensor ModelStage::FinalNorm(const torch::Tensor& x, const torch::Tensor&
   return torch::layer_norm(x, {spec_.hidden_size}, weight, bias, 1e-5);
 }
 
-torch::Tensor ModelStage::PackedSelfMask(const torch::Tensor& segments, bool causal,
-                                         bool per_sample) {
-  if (per_sample) return SegmentMask(segments, segments, causal);
-  return SegmentSelfAttentionMask(segments, causal);
+AttentionInput ModelStage::PackedSelfInput(const torch::Tensor& segments, bool causal,
+                                           bool per_sample) {
+  if (per_sample) {
+    return AttentionInput::VariableLength(
+        VariableLengthLayout::FromSegments(segments, segments, causal));
+  }
+  return AttentionInput::DenseMask(SegmentSelfAttentionMask(segments, causal));
 }
 
-torch::Tensor ModelStage::TokenLoss(const torch::Tensor& logits,
-                                    const torch::Tensor& labels) const {
-  const torch::Tensor flat = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32);
-  if (tensor_->size() > 1) {
-    return VocabParallelCrossEntropy(flat, labels.reshape({-1}), vocab_begin_, *tensor_).sum();
-  }
-  return torch::nn::functional::cross_entropy(
-      flat, labels.reshape({-1}),
-      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kSum));
+torch::Tensor LabelledPositionsOf(const torch::Tensor& labels) {
+  return (labels.reshape({-1}) >= 0).nonzero().reshape({-1});
+}
+
+int64_t ModelStage::loss_chunk_tokens() const {
+  if (loss_chunk_tokens_ > 0) return loss_chunk_tokens_;
+  return DefaultLossChunkTokens(head_weight_.defined() ? head_weight_.size(0) : spec_.vocab_size);
+}
+
+torch::Tensor ModelStage::HeadLoss(const torch::Tensor& hidden, const StageBatch& batch) const {
+  const torch::Tensor positions = batch.labelled_positions.defined()
+                                      ? batch.labelled_positions
+                                      : LabelledPositionsOf(batch.labels);
+  // The labelled rows only (the norm is per position, so gathering first is
+  // exact); their gradient is scattered back by index_select's backward.
+  const torch::Tensor rows = hidden.reshape({-1, hidden.size(-1)}).index_select(0, positions);
+  const torch::Tensor labels = batch.labels.reshape({-1}).index_select(0, positions);
+  // Column-parallel over the vocabulary: this rank's logits, a chunk at a
+  // time.
+  return ChunkedLinearCrossEntropy(
+      CopyToTensorRegion(FinalNorm(rows, final_ln_weight_, final_ln_bias_), *tensor_), head_weight_,
+      labels, vocab_begin_, *tensor_, loss_chunk_tokens());
 }
 
 torch::Tensor ModelStage::RunLayers(size_t first, int64_t count, torch::Tensor hidden,
-                                    const torch::Tensor& self_mask, const torch::Tensor& memory,
-                                    const torch::Tensor& cross_mask,
+                                    const AttentionInput& self_input, const torch::Tensor& memory,
+                                    const AttentionInput& cross_input,
                                     const torch::Tensor& position) {
   if (count == 0) return hidden;
   const int64_t length = hidden.size(1);
   const bool sequence_parallel = tensor_->sequence_parallel();
   if (sequence_parallel) hidden = ScatterToSequence(hidden, *tensor_);
   for (int64_t i = 0; i < count; ++i) {
-    hidden = layers_[first + static_cast<size_t>(i)]->Forward(hidden, self_mask, memory, cross_mask,
-                                                              position, length);
+    hidden = layers_[first + static_cast<size_t>(i)]->Forward(hidden, self_input, memory,
+                                                              cross_input, position, length);
   }
   // What follows (the next stage, a norm, the head) holds whole sequences,
   // the same on every tensor rank.
@@ -325,8 +342,10 @@ StageActivations ModelStage::Forward(const StageActivations& in, const StageBatc
   }
   if (role_.encoder_layers.size() > 0) {
     const bool causal = !spec_.encoder_decoder;
-    const torch::Tensor mask =
-        packed ? PackedSelfMask(batch.input_segments, causal, batch.per_sample_attention)
+    // One input (and for packed rows one layout) for all of the stage's
+    // layers.
+    const AttentionInput self_input =
+        packed ? PackedSelfInput(batch.input_segments, causal, batch.per_sample_attention)
                : SelfAttentionMaskFor(spec_.attention_kernel, batch.input_lengths, hidden.size(1),
                                       causal);
     // LLAMA: each token's rotary angles; T5V11: the encoder's bidirectional
@@ -335,7 +354,8 @@ StageActivations ModelStage::Forward(const StageActivations& in, const StageBatc
     const torch::Tensor position =
         LayerPositions(batch.input_positions, hidden, encoder_relative_bias_,
                        /*bidirectional=*/true);
-    hidden = RunLayers(next_layer, role_.encoder_layers.size(), hidden, mask, {}, {}, position);
+    hidden = RunLayers(next_layer, role_.encoder_layers.size(), hidden, self_input, {},
+                       AttentionInput(), position);
     next_layer += static_cast<size_t>(role_.encoder_layers.size());
   }
   if (role_.ends_encoder) hidden = FinalNorm(hidden, encoder_ln_weight_, encoder_ln_bias_);
@@ -347,31 +367,29 @@ StageActivations ModelStage::Forward(const StageActivations& in, const StageBatc
       hidden = Embed(batch.decoder_tokens, spec_.t5v11 ? word_embedding_ : decoder_word_embedding_,
                      decoder_position_embedding_, batch.target_positions);
     }
-    const torch::Tensor self_mask =
-        packed ? PackedSelfMask(batch.target_segments, /*causal=*/true, batch.per_sample_attention)
+    const AttentionInput self_input =
+        packed ? PackedSelfInput(batch.target_segments, /*causal=*/true, batch.per_sample_attention)
                : SelfAttentionMaskFor(spec_.attention_kernel, batch.target_lengths, hidden.size(1),
                                       /*causal=*/true);
-    const torch::Tensor cross_mask =
-        packed ? (batch.per_sample_attention
-                      ? SegmentMask(batch.target_segments, batch.input_segments, /*causal=*/false)
-                      : SegmentCrossAttentionMask(batch.target_segments, batch.input_segments))
-               : CrossAttentionMask(batch.input_lengths, hidden.size(1), memory.size(1));
+    // Each target's queries over its own sample's encoder keys.
+    const AttentionInput cross_input =
+        !packed ? AttentionInput::DenseMask(
+                      CrossAttentionMask(batch.input_lengths, hidden.size(1), memory.size(1)))
+        : batch.per_sample_attention
+            ? AttentionInput::VariableLength(VariableLengthLayout::FromSegments(
+                  batch.target_segments, batch.input_segments, /*causal=*/false))
+            : AttentionInput::DenseMask(
+                  SegmentCrossAttentionMask(batch.target_segments, batch.input_segments));
     // T5V11: the decoder's causal position bias.
     const torch::Tensor position =
         LayerPositions(batch.target_positions, hidden, decoder_relative_bias_,
                        /*bidirectional=*/false);
-    hidden = RunLayers(next_layer, role_.decoder_layers.size(), hidden, self_mask, memory,
-                       cross_mask, position);
+    hidden = RunLayers(next_layer, role_.decoder_layers.size(), hidden, self_input, memory,
+                       cross_input, position);
     out.memory = memory;
   }
   out.hidden = hidden;
-  if (role_.has_head) {
-    // Column-parallel over the vocabulary: this rank's logits.
-    const torch::Tensor logits = DeferredLinear(
-        CopyToTensorRegion(FinalNorm(hidden, final_ln_weight_, final_ln_bias_), *tensor_),
-        head_weight_);
-    out.loss = TokenLoss(logits, batch.labels) * batch.loss_scale;
-  }
+  if (role_.has_head) out.loss = HeadLoss(hidden, batch) * batch.loss_scale;
   return out;
 }
 

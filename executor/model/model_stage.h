@@ -88,6 +88,13 @@ struct StageBatch {
   torch::Tensor decoder_tokens;  // T5: [b, t] decoder input (targets shifted right)
   torch::Tensor target_lengths;  // T5: [b]
   torch::Tensor labels;          // last stage: [b, s or t], -1 where no loss
+  // Last stage: the flat indices (into labels viewed as [b * (s or t)]),
+  // ascending, of the positions whose label is >= 0, on the labels' device;
+  // the head runs on these positions only. Built on the host (RowLengths'
+  // labelled_positions, from the plan's lengths) so that no pass reads the
+  // labels back from the device; undefined: derived from `labels`
+  // (LabelledPositionsOf, a read of the labels on a GPU).
+  torch::Tensor labelled_positions;
   // Packed rows (several samples per row; undefined when unpacked): each
   // position's sample within its row (-1 padding) and its position inside
   // that sample, for the input (GPT sequence, T5 encoder) and T5 target rows
@@ -105,6 +112,10 @@ struct StageBatch {
   // global mini-batch), so the micro-batch losses add up to the global mean.
   double loss_scale = 1.0;
 };
+
+// The flat indices, ascending, of the positions of `labels` [b, s] whose
+// label is >= 0, on the labels' device (int64 [n]).
+torch::Tensor LabelledPositionsOf(const torch::Tensor& labels);
 
 // Activations between stages. `hidden` is [b, s, hidden]; `memory` is the
 // encoder output [b, s_enc, hidden] on T5 decoder stages, undefined
@@ -147,14 +158,23 @@ class ModelStage : public torch::nn::Module {
   // layer at a time, in backward (TransformerLayer::set_recompute_full).
   void SetFullRecompute(bool on);
 
+  // The head's token chunk (chunked_loss_head.h) for the following forward
+  // passes; 0: DefaultLossChunkTokens of the rank's vocabulary rows
+  // (common/loss_head_chunk.h), the default.
+  void set_loss_chunk_tokens(int64_t tokens) { loss_chunk_tokens_ = tokens; }
+  // The chunk the head runs with.
+  int64_t loss_chunk_tokens() const;
+
  private:
   // The constructor's parameters before and after the layers (this tensor
   // rank's part of each).
   void RegisterEmbeddings();
   void RegisterHead();
-  // Packed rows' self-attention mask: segments for per-sample attention, or
-  // the dense block-diagonal one (StageBatch::per_sample_attention).
-  static torch::Tensor PackedSelfMask(const torch::Tensor& segments, bool causal, bool per_sample);
+  // Packed rows' self-attention input: the rows' variable-length layout for
+  // per-sample attention, or the dense block-diagonal mask
+  // (StageBatch::per_sample_attention).
+  static AttentionInput PackedSelfInput(const torch::Tensor& segments, bool causal,
+                                        bool per_sample);
   // Token plus position embeddings; `positions` [b, s] for packed rows,
   // else 0..s-1 in every row.
   torch::Tensor Embed(const torch::Tensor& tokens, const torch::Tensor& word,
@@ -169,14 +189,16 @@ class ModelStage : public torch::nn::Module {
   torch::Tensor FinalNorm(const torch::Tensor& x, const torch::Tensor& weight,
                           const torch::Tensor& bias) const;
 
-  // The loss of the head's logits: cross-entropy, vocabulary-parallel under
-  // tensor parallelism.
-  torch::Tensor TokenLoss(const torch::Tensor& logits, const torch::Tensor& labels) const;
+  // The summed token loss of the last stage's `hidden` [b, s, h]: the final
+  // norm, LM head and cross-entropy (vocabulary-parallel under tensor
+  // parallelism) on the labelled positions only, a chunk of tokens at a time
+  // (chunked_loss_head.h).
+  torch::Tensor HeadLoss(const torch::Tensor& hidden, const StageBatch& batch) const;
   // Runs layers [first, first + count) of layers_ on `hidden`, each stack's
   // layers on the rank's sequence part with sequence parallelism.
   torch::Tensor RunLayers(size_t first, int64_t count, torch::Tensor hidden,
-                          const torch::Tensor& self_mask, const torch::Tensor& memory,
-                          const torch::Tensor& cross_mask, const torch::Tensor& position);
+                          const AttentionInput& self_input, const torch::Tensor& memory,
+                          const AttentionInput& cross_input, const torch::Tensor& position);
 
   ModelSpec spec_;
   StageRole role_;
@@ -192,6 +214,7 @@ class ModelStage : public torch::nn::Module {
   // has_head; LLAMA: RMSNorm (no bias), and head_weight_ is word_embedding_
   // when tied.
   torch::Tensor final_ln_weight_, final_ln_bias_, head_weight_;
+  int64_t loss_chunk_tokens_ = 0;  // set_loss_chunk_tokens
   std::vector<std::shared_ptr<TransformerLayer>> layers_;
 };
 

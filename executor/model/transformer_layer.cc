@@ -11,6 +11,7 @@
 #include "executor/model/rotary.h"
 #include "executor/model/tensor_parallel_ops.h"
 #include "executor/model/tensor_shard.h"
+#include "executor/model/variable_length_attention.h"
 #include "executor/model/weight_grad_store.h"
 
 namespace varipipe::executor {
@@ -166,23 +167,20 @@ using torch::autograd::tensor_list;
 // backward re-runs TransformerLayer::Compute with autograd on detached
 // inputs and back-propagates through it, which accumulates the parameters'
 // gradients directly (as PyTorch's reentrant checkpoint does) and gives the
-// inputs' gradients. The masks travel in saved_data (LibTorch's Functions
-// take no undefined tensor as an input); `memory` is an input only for
-// decoder layers (CheckpointedDecoderLayer), and a T5V11 position bias is an
-// input (it has a gradient), a LLAMA rotary table saved data. The self mask
-// is passed by pointer because it may be undefined (causal,
-// SelfAttentionMaskFor).
-void SaveForRecompute(AutogradContext* ctx, TransformerLayer* layer, const torch::Tensor& self_mask,
-                      const torch::Tensor& cross_mask, const torch::Tensor& rotary,
-                      int64_t length) {
+// inputs' gradients. The attention inputs travel in saved_data
+// (AttentionInput::SaveTo) and are passed to the Functions by pointer (they
+// are not tensors); `memory` is an input only for decoder layers
+// (CheckpointedDecoderLayer), and a T5V11 position bias is an input (it has a
+// gradient), a LLAMA rotary table saved data.
+void SaveForRecompute(AutogradContext* ctx, TransformerLayer* layer,
+                      const AttentionInput& self_input, const AttentionInput& cross_input,
+                      const torch::Tensor& rotary, int64_t length) {
   ctx->saved_data["layer"] = reinterpret_cast<int64_t>(layer);
   ctx->saved_data["length"] = length;
   ctx->saved_data["has_rotary"] = rotary.defined();
   if (rotary.defined()) ctx->saved_data["rotary"] = rotary;
-  ctx->saved_data["has_self_mask"] = self_mask.defined();
-  if (self_mask.defined()) ctx->saved_data["self_mask"] = self_mask;
-  ctx->saved_data["has_cross_mask"] = cross_mask.defined();
-  if (cross_mask.defined()) ctx->saved_data["cross_mask"] = cross_mask;
+  self_input.SaveTo(ctx, "self");
+  cross_input.SaveTo(ctx, "cross");
   SaveForwardPrecision(ctx);
   // A split backward's store: the re-run layer's linears record into it.
   ctx->saved_data["weight_grad_store"] = reinterpret_cast<int64_t>(CurrentWeightGradStore());
@@ -194,12 +192,8 @@ void SaveForRecompute(AutogradContext* ctx, TransformerLayer* layer, const torch
 void Recompute(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& memory,
                const torch::Tensor& position, const torch::Tensor& grad) {
   auto* layer = reinterpret_cast<TransformerLayer*>(ctx->saved_data["layer"].toInt());
-  const torch::Tensor self_mask = ctx->saved_data["has_self_mask"].toBool()
-                                      ? ctx->saved_data["self_mask"].toTensor()
-                                      : torch::Tensor();
-  const torch::Tensor cross_mask = ctx->saved_data["has_cross_mask"].toBool()
-                                       ? ctx->saved_data["cross_mask"].toTensor()
-                                       : torch::Tensor();
+  const AttentionInput self_input = AttentionInput::LoadFrom(ctx, "self");
+  const AttentionInput cross_input = AttentionInput::LoadFrom(ctx, "cross");
   const torch::Tensor rotary = ctx->saved_data["has_rotary"].toBool()
                                    ? ctx->saved_data["rotary"].toTensor()
                                    : torch::Tensor();
@@ -209,7 +203,7 @@ void Recompute(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor
     const RecomputePrecisionScope precision(ctx);
     const WeightGradScope store(
         reinterpret_cast<WeightGradStore*>(ctx->saved_data["weight_grad_store"].toInt()));
-    out = layer->Compute(x, self_mask, memory, cross_mask, position.defined() ? position : rotary,
+    out = layer->Compute(x, self_input, memory, cross_input, position.defined() ? position : rotary,
                          ctx->saved_data["length"].toInt());
   }
   torch::autograd::backward({out}, {grad});
@@ -219,11 +213,11 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
  public:
   // `rotary` by pointer: it is undefined for MEGATRON layers.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
-                               TransformerLayer* layer, const torch::Tensor* self_mask,
+                               TransformerLayer* layer, const AttentionInput* self_input,
                                const torch::Tensor* rotary, int64_t length) {
     ctx->save_for_backward({x});
-    SaveForRecompute(ctx, layer, *self_mask, torch::Tensor(), *rotary, length);
-    return layer->Compute(x, *self_mask, torch::Tensor(), torch::Tensor(), *rotary, length);
+    SaveForRecompute(ctx, layer, *self_input, AttentionInput(), *rotary, length);
+    return layer->Compute(x, *self_input, torch::Tensor(), AttentionInput(), *rotary, length);
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     const torch::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
@@ -236,11 +230,11 @@ class CheckpointedDecoderLayer : public torch::autograd::Function<CheckpointedDe
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& memory, TransformerLayer* layer,
-                               const torch::Tensor* self_mask, const torch::Tensor& cross_mask,
+                               const AttentionInput* self_input, const AttentionInput* cross_input,
                                int64_t length) {
     ctx->save_for_backward({x, memory});
-    SaveForRecompute(ctx, layer, *self_mask, cross_mask, torch::Tensor(), length);
-    return layer->Compute(x, *self_mask, memory, cross_mask, torch::Tensor(), length);
+    SaveForRecompute(ctx, layer, *self_input, *cross_input, torch::Tensor(), length);
+    return layer->Compute(x, *self_input, memory, *cross_input, torch::Tensor(), length);
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
@@ -257,10 +251,10 @@ class CheckpointedBiasedLayer : public torch::autograd::Function<CheckpointedBia
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& bias, TransformerLayer* layer,
-                               const torch::Tensor* self_mask, int64_t length) {
+                               const AttentionInput* self_input, int64_t length) {
     ctx->save_for_backward({x, bias});
-    SaveForRecompute(ctx, layer, *self_mask, torch::Tensor(), torch::Tensor(), length);
-    return layer->Compute(x, *self_mask, torch::Tensor(), torch::Tensor(), bias, length);
+    SaveForRecompute(ctx, layer, *self_input, AttentionInput(), torch::Tensor(), length);
+    return layer->Compute(x, *self_input, torch::Tensor(), AttentionInput(), bias, length);
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
@@ -277,11 +271,11 @@ class CheckpointedBiasedDecoderLayer
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& memory, const torch::Tensor& bias,
-                               TransformerLayer* layer, const torch::Tensor* self_mask,
-                               const torch::Tensor& cross_mask, int64_t length) {
+                               TransformerLayer* layer, const AttentionInput* self_input,
+                               const AttentionInput* cross_input, int64_t length) {
     ctx->save_for_backward({x, memory, bias});
-    SaveForRecompute(ctx, layer, *self_mask, cross_mask, torch::Tensor(), length);
-    return layer->Compute(x, *self_mask, memory, cross_mask, bias, length);
+    SaveForRecompute(ctx, layer, *self_input, *cross_input, torch::Tensor(), length);
+    return layer->Compute(x, *self_input, memory, *cross_input, bias, length);
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
@@ -296,40 +290,48 @@ class CheckpointedBiasedDecoderLayer
 
 }  // namespace
 
-torch::Tensor TransformerLayer::Forward(const torch::Tensor& x, const torch::Tensor& self_mask,
+torch::Tensor TransformerLayer::Forward(const torch::Tensor& x, const AttentionInput& self_input,
                                         const torch::Tensor& memory,
-                                        const torch::Tensor& cross_mask,
+                                        const AttentionInput& cross_input,
                                         const torch::Tensor& position, int64_t length) {
   if (length == 0) length = x.size(1);
   if (recompute_full_ && torch::GradMode::is_enabled()) {
     if (t5v11_ && memory.defined()) {
-      return CheckpointedBiasedDecoderLayer::apply(x, memory, position, this, &self_mask,
-                                                   cross_mask, length);
+      return CheckpointedBiasedDecoderLayer::apply(x, memory, position, this, &self_input,
+                                                   &cross_input, length);
     }
-    if (t5v11_) return CheckpointedBiasedLayer::apply(x, position, this, &self_mask, length);
+    if (t5v11_) return CheckpointedBiasedLayer::apply(x, position, this, &self_input, length);
     if (memory.defined()) {
-      return CheckpointedDecoderLayer::apply(x, memory, this, &self_mask, cross_mask, length);
+      return CheckpointedDecoderLayer::apply(x, memory, this, &self_input, &cross_input, length);
     }
-    return CheckpointedLayer::apply(x, this, &self_mask, &position, length);
+    return CheckpointedLayer::apply(x, this, &self_input, &position, length);
   }
-  return Compute(x, self_mask, memory, cross_mask, position, length);
+  return Compute(x, self_input, memory, cross_input, position, length);
 }
 
 torch::Tensor TransformerLayer::Attention(const torch::Tensor& q, const torch::Tensor& k,
-                                          const torch::Tensor& v, const torch::Tensor& mask,
-                                          const torch::Tensor& bias) const {
+                                          const torch::Tensor& v,
+                                          const AttentionInput& input) const {
   // T5V11 scores are not divided by sqrt(d).
   const bool scaled = !t5v11_;
-  if (IsSegmentMask(mask)) {
-    // Packed rows under per-sample attention: the same core, sample by
-    // sample.
-    return PerSampleAttention(
-        q, k, v, mask, bias,
-        [this](const torch::Tensor& sq, const torch::Tensor& sk, const torch::Tensor& sv,
-               const torch::Tensor& sample_mask, const torch::Tensor& sample_bias) {
-          return Attention(sq, sk, sv, sample_mask, sample_bias);
-        });
+  const torch::Tensor& bias = input.bias();
+  if (input.kind() == AttentionInput::Kind::kVariableLength) {
+    // Packed rows: one variable-length kernel call where one serves the
+    // device, dtype and model; otherwise the same core, sample by sample.
+    const int64_t head_dim = q.size(2) / heads_;
+    if (const VariableLengthKernel* kernel =
+            VariableLengthKernelFor(q, head_dim, bias.defined(), fused_attention_)) {
+      const double scale = scaled ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : 1.0;
+      return VariableLengthAttention(q, k, v, input.layout_ptr(), heads_, scale, *kernel);
+    }
+    return PerSampleAttention(q, k, v, input.layout(), bias,
+                              [this](const torch::Tensor& sq, const torch::Tensor& sk,
+                                     const torch::Tensor& sv, const AttentionInput& sample) {
+                                return Attention(sq, sk, sv, sample);
+                              });
   }
+  const torch::Tensor mask =
+      input.kind() == AttentionInput::Kind::kDenseMask ? input.mask() : torch::Tensor();
   // The fused kernel keeps no score tensors: selective recomputation has
   // nothing to drop.
   if (fused_attention_) return FusedAttention(q, k, v, mask, heads_, bias, scaled);
@@ -354,7 +356,8 @@ torch::Tensor RepeatKeyValueHeads(const torch::Tensor& x, int64_t kv_heads, int6
 
 }  // namespace
 
-torch::Tensor TransformerLayer::ComputeLlama(const torch::Tensor& x, const torch::Tensor& self_mask,
+torch::Tensor TransformerLayer::ComputeLlama(const torch::Tensor& x,
+                                             const AttentionInput& self_input,
                                              const torch::Tensor& rotary, int64_t length) {
   TORCH_CHECK(rotary.defined(), "a LLAMA layer needs its positions' rotary table");
   const torch::Tensor n = Enter(RmsNorm(x, Replicated(attn_norm_weight_), norm_epsilon_), length);
@@ -363,7 +366,7 @@ torch::Tensor TransformerLayer::ComputeLlama(const torch::Tensor& x, const torch
   const torch::Tensor v = DeferredLinear(n, v_weight_);
   const torch::Tensor y =
       x + RowParallel(Attention(q, RepeatKeyValueHeads(k, kv_heads_, heads_),
-                                RepeatKeyValueHeads(v, kv_heads_, heads_), self_mask),
+                                RepeatKeyValueHeads(v, kv_heads_, heads_), self_input),
                       o_weight_);
   // SwiGLU MLP (Shazeer 2020): silu(m W_gate) * (m W_up), then W_down.
   const torch::Tensor m = Enter(RmsNorm(y, Replicated(mlp_norm_weight_), norm_epsilon_), length);
@@ -373,15 +376,16 @@ torch::Tensor TransformerLayer::ComputeLlama(const torch::Tensor& x, const torch
 }
 
 // T5V11 (docs/models.md, "The T5V11 layers").
-torch::Tensor TransformerLayer::ComputeT5V11(const torch::Tensor& x, const torch::Tensor& self_mask,
+torch::Tensor TransformerLayer::ComputeT5V11(const torch::Tensor& x,
+                                             const AttentionInput& self_input,
                                              const torch::Tensor& memory,
-                                             const torch::Tensor& cross_mask,
+                                             const AttentionInput& cross_input,
                                              const torch::Tensor& bias, int64_t length) {
   TORCH_CHECK(bias.defined(), "a T5V11 layer needs its stack's position bias");
   const torch::Tensor n = Enter(RmsNorm(x, Replicated(attn_norm_weight_), norm_epsilon_), length);
   torch::Tensor y =
       x + RowParallel(Attention(DeferredLinear(n, q_weight_), DeferredLinear(n, k_weight_),
-                                DeferredLinear(n, v_weight_), self_mask, bias),
+                                DeferredLinear(n, v_weight_), self_input.WithBias(bias)),
                       o_weight_);
   if (cross_attention_) {
     // Queries from the decoder, keys and values from the encoder output; no
@@ -391,7 +395,7 @@ torch::Tensor TransformerLayer::ComputeT5V11(const torch::Tensor& x, const torch
     const torch::Tensor encoded = CopyToTensorRegion(memory, *tensor_);
     y = y +
         RowParallel(Attention(DeferredLinear(c, xq_weight_), DeferredLinear(encoded, xk_weight_),
-                              DeferredLinear(encoded, xv_weight_), cross_mask),
+                              DeferredLinear(encoded, xv_weight_), cross_input),
                     xo_weight_);
   }
   // Gated GELU (Shazeer 2020), GELU in its tanh form as T5 v1.1's gelu_new.
@@ -402,15 +406,16 @@ torch::Tensor TransformerLayer::ComputeT5V11(const torch::Tensor& x, const torch
 }
 
 torch::Tensor TransformerLayer::ComputeMegatron(const torch::Tensor& x,
-                                                const torch::Tensor& self_mask,
+                                                const AttentionInput& self_input,
                                                 const torch::Tensor& memory,
-                                                const torch::Tensor& cross_mask, int64_t length) {
+                                                const AttentionInput& cross_input, int64_t length) {
   // Self-attention branch.
   const torch::Tensor a =
       Enter(LayerNorm(x, Replicated(ln1_weight_), Replicated(ln1_bias_)), length);
   const std::vector<torch::Tensor> parts = DeferredLinear(a, qkv_weight_, qkv_bias_).chunk(3, -1);
   torch::Tensor y =
-      x + RowParallel(Attention(parts[0], parts[1], parts[2], self_mask), proj_weight_, proj_bias_);
+      x + RowParallel(Attention(parts[0], parts[1], parts[2], self_input), proj_weight_,
+                      proj_bias_);
   // Cross-attention branch (T5 decoder): queries from the decoder, keys and
   // values from the encoder output.
   if (cross_attention_) {
@@ -419,7 +424,7 @@ torch::Tensor TransformerLayer::ComputeMegatron(const torch::Tensor& x,
     const torch::Tensor q = DeferredLinear(c, xq_weight_, xq_bias_);
     const std::vector<torch::Tensor> kv =
         DeferredLinear(CopyToTensorRegion(memory, *tensor_), xkv_weight_, xkv_bias_).chunk(2, -1);
-    y = y + RowParallel(Attention(q, kv[0], kv[1], cross_mask), xproj_weight_, xproj_bias_);
+    y = y + RowParallel(Attention(q, kv[0], kv[1], cross_input), xproj_weight_, xproj_bias_);
   }
   // MLP branch.
   const torch::Tensor m =
@@ -428,14 +433,14 @@ torch::Tensor TransformerLayer::ComputeMegatron(const torch::Tensor& x,
   return y + RowParallel(hidden, fc2_weight_, fc2_bias_);
 }
 
-torch::Tensor TransformerLayer::Compute(const torch::Tensor& x, const torch::Tensor& self_mask,
+torch::Tensor TransformerLayer::Compute(const torch::Tensor& x, const AttentionInput& self_input,
                                         const torch::Tensor& memory,
-                                        const torch::Tensor& cross_mask,
+                                        const AttentionInput& cross_input,
                                         const torch::Tensor& position, int64_t length) {
   if (length == 0) length = x.size(1);
-  if (llama_) return ComputeLlama(x, self_mask, position, length);
-  if (t5v11_) return ComputeT5V11(x, self_mask, memory, cross_mask, position, length);
-  return ComputeMegatron(x, self_mask, memory, cross_mask, length);
+  if (llama_) return ComputeLlama(x, self_input, position, length);
+  if (t5v11_) return ComputeT5V11(x, self_input, memory, cross_input, position, length);
+  return ComputeMegatron(x, self_input, memory, cross_input, length);
 }
 
 }  // namespace varipipe::executor

@@ -22,6 +22,7 @@
 
 #include <torch/torch.h>
 
+#include "executor/model/attention_input.h"
 #include "executor/model/initializer.h"
 #include "executor/model/model_spec.h"
 #include "executor/model/tensor_group.h"
@@ -38,17 +39,20 @@ class TransformerLayer : public torch::nn::Module {
   TransformerLayer(const ModelSpec& spec, ModelComponent component, int64_t index,
                    int64_t total_layers, const TensorGroup* tensor = nullptr);
 
-  // x [b, s, hidden]; self_mask [b, 1, s, s] or undefined for causal
-  // (attention_mask.h, SelfAttentionMaskFor); for decoder layers `memory`
-  // [b, s_enc, hidden] and cross_mask [b, 1, s, s_enc]. `position`: LLAMA
+  // x [b, s, hidden]; `self_input` says which keys each position sees
+  // (attention_input.h: causal, a dense mask [b, 1, s, s], or packed rows'
+  // variable-length layout); for decoder layers `memory` [b, s_enc, hidden]
+  // and `cross_input` (a dense mask [b, 1, s, s_enc] or a layout from the
+  // target rows to the input rows). `position`: LLAMA
   // layers need the positions' RotaryTable (rotary.h), T5V11 layers their
   // stack's RelativePositionBias [B, heads, s, s] (relative_position_bias.h;
   // its gradient flows back to the stage's table); MEGATRON layers none.
   // With sequence parallelism x is the rank's part [b, ceil(s / t), hidden]
   // of the sequence (tensor_parallel_ops.h) and `length` is s; otherwise
   // `length` is unused. `memory` is always whole.
-  torch::Tensor Forward(const torch::Tensor& x, const torch::Tensor& self_mask,
-                        const torch::Tensor& memory = {}, const torch::Tensor& cross_mask = {},
+  torch::Tensor Forward(const torch::Tensor& x, const AttentionInput& self_input,
+                        const torch::Tensor& memory = {},
+                        const AttentionInput& cross_input = AttentionInput(),
                         const torch::Tensor& position = {}, int64_t length = 0);
 
   // Selective recomputation: the attention cores (self and cross) keep no
@@ -67,8 +71,8 @@ class TransformerLayer : public torch::nn::Module {
 
   // The layer's computation as an autograd graph, whatever the recompute
   // setting (Forward and the full recomputation call it).
-  torch::Tensor Compute(const torch::Tensor& x, const torch::Tensor& self_mask,
-                        const torch::Tensor& memory, const torch::Tensor& cross_mask,
+  torch::Tensor Compute(const torch::Tensor& x, const AttentionInput& self_input,
+                        const torch::Tensor& memory, const AttentionInput& cross_input,
                         const torch::Tensor& position, int64_t length);
 
  private:
@@ -84,20 +88,22 @@ class TransformerLayer : public torch::nn::Module {
   void RegisterMegatron(const ModelSpec& spec, Initializer& init, double output_stddev);
   void RegisterLlama(const ModelSpec& spec, Initializer& init, double output_stddev);
   void RegisterT5V11(const ModelSpec& spec, Initializer& init, double output_stddev);
-  torch::Tensor ComputeMegatron(const torch::Tensor& x, const torch::Tensor& self_mask,
-                                const torch::Tensor& memory, const torch::Tensor& cross_mask,
+  torch::Tensor ComputeMegatron(const torch::Tensor& x, const AttentionInput& self_input,
+                                const torch::Tensor& memory, const AttentionInput& cross_input,
                                 int64_t length);
-  torch::Tensor ComputeLlama(const torch::Tensor& x, const torch::Tensor& self_mask,
+  torch::Tensor ComputeLlama(const torch::Tensor& x, const AttentionInput& self_input,
                              const torch::Tensor& rotary, int64_t length);
-  torch::Tensor ComputeT5V11(const torch::Tensor& x, const torch::Tensor& self_mask,
-                             const torch::Tensor& memory, const torch::Tensor& cross_mask,
+  torch::Tensor ComputeT5V11(const torch::Tensor& x, const AttentionInput& self_input,
+                             const torch::Tensor& memory, const AttentionInput& cross_input,
                              const torch::Tensor& bias, int64_t length);
   torch::Tensor LayerNorm(const torch::Tensor& x, const torch::Tensor& weight,
                           const torch::Tensor& bias) const;
-  // The attention core the settings choose (fused, recomputed or explicit);
-  // T5V11 adds `bias` to the scores and does not scale them.
+  // The attention core the input and the settings choose: for packed rows
+  // the variable-length kernel where one serves (variable_length_attention.h)
+  // else PerSampleAttention; otherwise fused, recomputed or explicit. T5V11
+  // adds the input's bias to the scores and does not scale them.
   torch::Tensor Attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                          const torch::Tensor& mask, const torch::Tensor& bias = {}) const;
+                          const AttentionInput& input) const;
 
   const TensorGroup* tensor_;
   int64_t hidden_;

@@ -2,7 +2,8 @@
 // et al. 2019, section 3, "input embedding" and the fused output loss): a
 // tensor rank holds the rows [begin, begin + rows) of the embedding and LM
 // head (tensor_shard.h's RangeOfPart), and no rank ever holds the logits of
-// the whole vocabulary.
+// the whole vocabulary. The head's vocabulary-parallel cross-entropy is
+// chunked_loss_head.h's.
 #ifndef VARIPIPE_EXECUTOR_MODEL_VOCAB_PARALLEL_H_
 #define VARIPIPE_EXECUTOR_MODEL_VOCAB_PARALLEL_H_
 
@@ -23,16 +24,6 @@ namespace varipipe::executor {
 // parallelism).
 torch::Tensor VocabParallelEmbedding(const torch::Tensor& tokens, const torch::Tensor& weight,
                                      int64_t begin, const TensorGroup& group);
-
-// Cross-entropy of `logits` [n, rows] (this rank's vocabulary columns
-// begin .. begin + rows - 1, fp32) against `labels` [n] (-1: no loss):
-// per-token losses [n], 0 where the label is -1, the same on every rank.
-// The log-sum-exp over the whole vocabulary combines the ranks'
-// log-sum-exps (all-gathered, n values per rank) and the target logit comes
-// from the rank holding it (all-reduced); backward is softmax minus one-hot
-// on each rank's columns, with no communication.
-torch::Tensor VocabParallelCrossEntropy(const torch::Tensor& logits, const torch::Tensor& labels,
-                                        int64_t begin, const TensorGroup& group);
 
 }  // namespace varipipe::executor
 

@@ -11,8 +11,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/loss_head_chunk.h"
 #include "common/median.h"
 #include "executor/model/attention_mask.h"
+#include "executor/model/chunked_loss_head.h"
 #include "executor/model/cuda_autocast.h"
 #include "executor/model/initializer.h"
 #include "executor/model/relative_position_bias.h"
@@ -242,7 +244,7 @@ void BuildLayer(const ModelSpec& spec, const ProfilePoint& p, torch::Device devi
   if (!decoder) {
     r.forward = [layer = r.layer, x, full_lengths, s, causal, spec, position] {
       return layer->Forward(x, SelfAttentionMaskFor(spec.attention_kernel, full_lengths, s, causal),
-                            {}, {}, position(x.device()), s);
+                            {}, AttentionInput(), position(x.device()), s);
     };
     return;
   }
@@ -253,7 +255,8 @@ void BuildLayer(const ModelSpec& spec, const ProfilePoint& p, torch::Device devi
   r.forward = [layer = r.layer, x, memory, full_lengths, encoder_lengths, s, e,
                kernel = spec.attention_kernel, position] {
     return layer->Forward(x, SelfAttentionMaskFor(kernel, full_lengths, s, /*causal=*/true), memory,
-                          CrossAttentionMask(encoder_lengths, s, e), position(x.device()), s);
+                          AttentionInput::DenseMask(CrossAttentionMask(encoder_lengths, s, e)),
+                          position(x.device()), s);
   };
 }
 
@@ -272,8 +275,9 @@ void BuildAttentionCore(const ModelSpec& spec, const ProfilePoint& p, torch::Dev
   torch::Tensor v = Activation(p, s, width, device);
   r.inputs = {q, k, v};
   const bool causal = !spec.encoder_decoder;
-  const torch::Tensor mask =
+  const AttentionInput input =
       SelfAttentionMaskFor(spec.attention_kernel, FullLengths(p, s, device), s, causal);
+  const torch::Tensor mask = input.is_causal() ? torch::Tensor() : input.mask();
   const bool fused = spec.attention_kernel == v1::FUSED;
   r.forward = [q, k, v, mask, fused, heads, scaled = !spec.t5v11] {
     return fused ? FusedAttention(q, k, v, mask, heads, {}, scaled)
@@ -298,7 +302,10 @@ void BuildEmbedding(const ModelSpec& spec, const ProfilePoint& p, torch::Device 
   };
 }
 
-// The final norm, the LM head and the summed token loss.
+// The final norm, the LM head and the summed token loss, as a stage runs
+// them (ModelStage's head: chunked, DefaultLossChunkTokens): the point's
+// b * s positions are all labelled, so the planner reads the grid at a
+// micro-batch's labelled tokens.
 void BuildPostprocess(const ModelSpec& spec, const ProfilePoint& p, torch::Device device,
                       const ComponentCache& cache, const TensorGroup& tp, Runnable& r) {
   const int64_t h = spec.hidden_size;
@@ -316,15 +323,15 @@ void BuildPostprocess(const ModelSpec& spec, const ProfilePoint& p, torch::Devic
   const bool rms = spec.llama || spec.t5v11;
   const double epsilon = spec.norm_epsilon;
   const int64_t begin = RangeOfPart(spec.vocab_size, tp.size(), tp.index()).begin;
-  r.forward = [x, weight, bias, head, labels, h, rms, epsilon, begin, &tp] {
+  const int64_t chunk = DefaultLossChunkTokens(head.size(0));
+  r.forward = [x, weight, bias, head, labels, h, rms, epsilon, begin, chunk, &tp] {
+    const torch::Tensor rows = x.reshape({-1, h});
     const torch::Tensor normed =
-        rms ? RmsNorm(x, weight, epsilon) : torch::layer_norm(x, {h}, weight, bias, 1e-5);
-    // The rank's logits (vocabulary-parallel under tensor parallelism).
-    const torch::Tensor logits = torch::linear(CopyToTensorRegion(normed, tp), head);
-    const torch::Tensor flat = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32);
-    if (tp.size() > 1) return VocabParallelCrossEntropy(flat, labels, begin, tp).sum();
-    return torch::nn::functional::cross_entropy(
-        flat, labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+        rms ? RmsNorm(rows, weight, epsilon) : torch::layer_norm(rows, {h}, weight, bias, 1e-5);
+    // The rank's logits, a chunk at a time (vocabulary-parallel under
+    // tensor parallelism).
+    return ChunkedLinearCrossEntropy(CopyToTensorRegion(normed, tp), head, labels, begin, tp,
+                                     chunk);
   };
 }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -26,6 +27,7 @@
 #include "common/auth/job_token.h"
 #include "common/binary_main.h"
 #include "common/checkpoint/hf_checkpoint.h"
+#include "common/config/cost_model_device.h"
 #include "common/config/job_config.h"
 #include "common/config/layer_layout.h"
 #include "common/config/rank_layout.h"
@@ -65,8 +67,9 @@
 
 ABSL_FLAG(std::string, config, "", "Job config (JSON, varipipe.v1.JobConfig). Required.");
 ABSL_FLAG(bool, check_launch, false,
-          "Check the launch environment, config and device, print this rank's place in the "
-          "job, and exit 0.");
+          "Check the launch environment, config, device and data (token ids within "
+          "model.vocab_size; local rank 0 of each host), print this rank's place in the job, "
+          "and exit 0.");
 ABSL_FLAG(std::string, plans, "",
           "Directory of execution plans (DIR/iteration_NNNNNN/rank_NNNNN.json, as "
           "varipipe-plan --emit-plans writes them). One of --plans and --planner is required "
@@ -141,6 +144,10 @@ ABSL_FLAG(int64_t, cuda_sync_debug_iteration, -1,
           "GPUs: during this iteration LibTorch's CUDA synchronisation debug mode warns (on "
           "standard error, 'called a synchronizing CUDA operation') at every call that makes the "
           "host wait for the device; count them against the iteration's 'host reads'. -1: none.");
+ABSL_FLAG(int64_t, loss_chunk_tokens, 0,
+          "Labelled tokens the LM head computes the logits of at a time (its chunked "
+          "linear + cross-entropy). 0: the default, max(1024, 256 MiB / (4 * the rank's "
+          "vocabulary rows)), which the planner's memory model prices.");
 ABSL_FLAG(std::string, profile_dir, ".",
           "Directory of --profile_iteration's traces (created when missing).");
 ABSL_FLAG(std::string, transport, "auto",
@@ -338,7 +345,8 @@ absl::Status Train(const v1::JobConfig& config, const executor::LaunchEnv& env,
       .cuda_sync_debug_iteration = absl::GetFlag(FLAGS_cuda_sync_debug_iteration),
       .metrics_jsonl = absl::GetFlag(FLAGS_metrics_jsonl),
       .save_parameters = absl::GetFlag(FLAGS_save_parameters),
-      .export_hf = absl::GetFlag(FLAGS_export_hf)};
+      .export_hf = absl::GetFlag(FLAGS_export_hf),
+      .loss_chunk_tokens = absl::GetFlag(FLAGS_loss_chunk_tokens)};
   executor::Trainer trainer(options, {.config = config,
                                       .env = env,
                                       .coordinates = coordinates,
@@ -370,8 +378,9 @@ class PeerFailure {
 
 // Reports how this rank's training ended to its peers and returns the
 // status main reports: done; stopped on purpose (CANCELLED); ended by a
-// peer's failure (ABORTED, naming it); or its own failure, with what the
-// other ranks were doing when the failure may be theirs. `ttl` is the
+// peer's failure (ABORTED, the peer's cause first, then where this rank
+// was), whether the watch saw it or a failed transfer made this rank look;
+// or its own failure, with what the other ranks were doing. `ttl` is the
 // heartbeats' time to live.
 absl::Status ReportEnd(const absl::Status& status, const ShutdownSignal& shutdown,
                        const PeerFailure& peer_failure, absl::Duration ttl,
@@ -400,6 +409,18 @@ absl::Status ReportEnd(const absl::Status& status, const ShutdownSignal& shutdow
     const std::string message =
         absl::StrCat("ended because ", failure, "\n  (this rank was at: ", status.message(), ")");
     liveness.ReportFailure(message, /*first_candidate=*/false);
+    transports.Close();
+    return absl::AbortedError(message);
+  }
+  if (absl::StartsWith(diagnosis, "rank ")) {
+    // This rank's transfer failed because a peer failed, went silent or
+    // never joined (a closed connection can arrive before the watch sees
+    // the peer's report): the same order, the peer's cause first. A
+    // candidate still, for a silent peer that reported nothing (SET NX keeps
+    // a reported first failure).
+    const std::string message = absl::StrCat("ended because ", diagnosis,
+                                             "\n  (this rank was at: ", status.message(), ")");
+    liveness.ReportFailure(message);
     transports.Close();
     return absl::AbortedError(message);
   }
@@ -539,6 +560,16 @@ ExitStatus ConnectToPlanners(ExecutorStartup& startup) {
   return std::nullopt;
 }
 
+// Rank 0 warns when the job's cost model describes another kind of device
+// than its own (a CPU run planned with a GPU's analytic model): the
+// planner's predictions, and its memory limits, are then far off.
+void WarnIfPlannedForAnotherDevice(const ExecutorStartup& startup) {
+  if (startup.env.rank != 0) return;
+  const std::string mismatch =
+      CostModelDeviceMismatch(CostModelDeviceOf(*startup.config), startup.device.name);
+  if (!mismatch.empty()) spdlog::warn("{}", mismatch);
+}
+
 // This rank's coordinates and device, logged with the library versions.
 ExitStatus PlaceRank(ExecutorStartup& startup) {
   const executor::LaunchEnv& env = startup.env;
@@ -572,7 +603,26 @@ ExitStatus PlaceRank(ExecutorStartup& startup) {
       startup.config->job_id(), env.rank, env.world_size, env.launcher, env.local_rank,
       startup.coordinates.dp_rank, startup.coordinates.pp_rank, startup.coordinates.tensor_index,
       startup.device.name, executor::TorchVersion(), nccl);
+  WarnIfPlannedForAnotherDevice(startup);
   return std::nullopt;
+}
+
+// --check_launch's data check: the token ids of every data file lie within
+// model.vocab_size, as the planner daemons check at start-up (reusing the
+// cache beside each index they or an earlier check wrote). Local rank 0
+// checks for its host; the other ranks would read the same files.
+int CheckLaunchData(const ExecutorStartup& startup) {
+  if (startup.env.local_rank != 0) return kExitOk;
+  absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(*startup.config);
+  absl::Status checked = dataset.status();
+  if (checked.ok()) checked = (*dataset)->CheckTokenIds({});
+  if (!checked.ok()) {
+    return StartupError(checked,
+                        absl::IsInvalidArgument(checked) ? kExitUsage : kExitFailure);
+  }
+  spdlog::info("dataset: {}: token ids within model.vocab_size {}", (*dataset)->Describe(),
+               startup.config->model().vocab_size());
+  return kExitOk;
 }
 
 // The plan files when no planner serves plans, and the stage layout an
@@ -681,7 +731,7 @@ int main(int argc, char** argv) {
                           varipipe::ConnectToPlanners, varipipe::PlaceRank}) {
     if (const varipipe::ExitStatus failed = step(startup)) return *failed;
   }
-  if (absl::GetFlag(FLAGS_check_launch)) return varipipe::kExitOk;
+  if (absl::GetFlag(FLAGS_check_launch)) return varipipe::CheckLaunchData(startup);
   if (const varipipe::ExitStatus failed = varipipe::OpenPlanSource(startup)) return *failed;
   return varipipe::Run(startup, shutdown);
 }

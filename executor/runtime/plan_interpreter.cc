@@ -334,8 +334,9 @@ class IterationRun {
     batch->input_lengths = ToDevice(lengths.input);
     batch->target_lengths = ToDevice(lengths.target);
     // Packed micro-batches: per-position samples and positions. Per-sample
-    // attention reads the segments on the host (SegmentMask): they stay
-    // there, so that no pass reads them back from the device.
+    // attention builds its layout from the segments on the host
+    // (VariableLengthLayout): they stay there, so that no pass reads them
+    // back from the device.
     batch->per_sample_attention = mb->packed_attention() != v1::BLOCK_DIAGONAL_MASK;
     const auto segments = [&](const torch::Tensor& t) {
       return batch->per_sample_attention ? t : ToDevice(t);
@@ -344,6 +345,10 @@ class IterationRun {
     batch->input_positions = ToDevice(lengths.input_positions);
     batch->target_segments = segments(lengths.target_segments);
     batch->target_positions = ToDevice(lengths.target_positions);
+    // The head's rows, known on the host (no read of the labels back).
+    if (it_.stages_.at(in.stage())->role().has_head) {
+      batch->labelled_positions = ToDevice(lengths.labelled_positions);
+    }
     batch->loss_scale = 1.0 / static_cast<double>(plan_.global_target_tokens());
     std::vector<torch::Tensor> received;
     for (uint32_t id : in.forward().input_buffer_ids()) {

@@ -64,6 +64,7 @@ absl::Status Trainer::Run() {
   }
   VP_RETURN_IF_ERROR(SaveParameters());
   VP_RETURN_IF_ERROR(ExportHuggingFace());
+  if (c_.env.rank == 0) LogSummary();
   spdlog::info("done");
   return absl::OkStatus();
 }
@@ -91,6 +92,7 @@ absl::Status Trainer::BuildStages() {
   for (uint32_t s = c_.coordinates.pp_rank; s < pp_ * chunks_; s += pp_) {
     auto stage = std::make_unique<ModelStage>(spec_, roles_[s], tensor_);
     stage->to(torch_device);
+    stage->set_loss_chunk_tokens(options_.loss_chunk_tokens);
     for (const torch::Tensor& p : stage->parameters()) parameter_count += p.numel();
     spdlog::info("{} ({} parameters so far)", roles_[s].DebugString(), parameter_count);
     by_id_[s] = stage.get();
@@ -372,6 +374,18 @@ absl::Status Trainer::Report(uint64_t iteration, const v1::ExecutionPlan& plan,
   v1::ReportProgressRequest progress = Progress(iteration, plan, stats, totals, peak_bytes);
   progress.set_peak_reserved_bytes(static_cast<uint64_t>(reserved_bytes));
   VP_RETURN_IF_ERROR(c_.source.Done(progress));
+  if (record_.iterations == 0) {
+    record_.first = iteration;
+    record_.first_loss = totals.loss;
+  } else {
+    record_.warm_tokens += totals.real_tokens;
+    record_.warm_seconds += totals.step_seconds;
+  }
+  ++record_.iterations;
+  record_.last = iteration;
+  record_.last_loss = totals.loss;
+  record_.tokens += totals.real_tokens;
+  record_.seconds += totals.step_seconds;
   RecordIterationMetrics({.iteration = iteration,
                           .step_seconds = totals.step_seconds,
                           .compute_seconds = stats.compute_seconds,
@@ -520,23 +534,84 @@ absl::Status Trainer::SaveParameters() const {
 // --export_hf: the trained model as a Hugging Face checkpoint. Every
 // pipeline rank of data-parallel replica 0 writes the shards of its own
 // stages, rank 0 the config and index (the files equal a single process's
-// export).
-absl::Status Trainer::ExportHuggingFace() const {
-  const std::string& out = options_.export_hf;
-  if (out.empty() || c_.coordinates.dp_rank != 0) return absl::OkStatus();
-  std::error_code ec;
-  std::filesystem::create_directories(out, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat(out, ": cannot create: ", ec.message()));
-  const v1::DType dtype =
-      c_.config.model().dtype() == v1::DTYPE_UNSPECIFIED ? v1::FLOAT32 : c_.config.model().dtype();
-  VP_RETURN_IF_ERROR(ExportHuggingFaceShards(out, spec_, stage_list_, dtype));
-  // Started from a Hugging Face checkpoint: its config.json and tokenizer.
-  if (c_.env.rank == 0) {
-    VP_RETURN_IF_ERROR(ExportHuggingFaceIndex(out, spec_, dtype, c_.config.training().init_from()));
+// export). Then a barrier over every rank: once past it, every part is
+// written, and rank 0 opens the directory and finds every tensor the index
+// names in its shard before calling the export complete.
+absl::Status Trainer::ExportHuggingFace() {
+  if (options_.export_hf.empty()) return absl::OkStatus();
+  const std::string out = std::filesystem::absolute(options_.export_hf).lexically_normal().string();
+  if (c_.coordinates.dp_rank == 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(out, ec);
+    if (ec) return absl::UnavailableError(absl::StrCat(out, ": cannot create: ", ec.message()));
+    const v1::DType dtype = c_.config.model().dtype() == v1::DTYPE_UNSPECIFIED
+                                ? v1::FLOAT32
+                                : c_.config.model().dtype();
+    VP_RETURN_IF_ERROR(ExportHuggingFaceShards(out, spec_, stage_list_, dtype));
+    // Started from a Hugging Face checkpoint: its config.json and tokenizer.
+    if (c_.env.rank == 0) {
+      VP_RETURN_IF_ERROR(
+          ExportHuggingFaceIndex(out, spec_, dtype, c_.config.training().init_from()));
+    }
+    spdlog::info("exported this rank's stages as a Hugging Face checkpoint in {} ({})", out,
+                 v1::DType_Name(dtype));
   }
-  spdlog::info("exported this rank's stages as a Hugging Face checkpoint in {} ({})", out,
-               v1::DType_Name(dtype));
+  std::vector<float> barrier{1.0f};
+  VP_RETURN_IF_ERROR(host_->AllReduceMean(barrier, world_));
+  if (c_.env.rank != 0) return absl::OkStatus();
+  absl::StatusOr<HuggingFaceCheckpoint> written = HuggingFaceCheckpoint::Open(out);
+  if (!written.ok()) return Annotate(written.status(), "--export_hf: the export is incomplete");
+  const std::vector<std::string> names = written->TensorNames();
+  for (const std::string& name : names) {
+    if (absl::StatusOr<HuggingFaceCheckpoint::Located> found = written->Find(name); !found.ok()) {
+      return Annotate(found.status(), "--export_hf: the export is incomplete");
+    }
+  }
+  export_complete_ =
+      absl::StrCat("export complete (every rank's part written: ", names.size(), " tensors in ",
+                   written->sharded() ? written->opened_files().size() : 1, " files)");
   return absl::OkStatus();
+}
+
+// The end of a run on rank 0: what ran, how it went, where its outputs are.
+void Trainer::LogSummary() const {
+  const auto absolute = [](const std::string& path) {
+    return std::filesystem::absolute(path).lexically_normal().string();
+  };
+  const RunRecord& r = record_;
+  if (r.iterations == 0) {
+    spdlog::info("run summary: no iteration ran in this launch (iterations {} to {} are done)",
+                 first_, last_);
+  } else {
+    spdlog::info("run summary: iterations {} to {} ({} in this launch, {:.1f} s of steps)",
+                 r.first, r.last, r.iterations, r.seconds);
+    spdlog::info("  loss            {:.4f} (iteration {}) -> {:.4f} (iteration {})",
+                 r.first_loss, r.first, r.last_loss, r.last);
+    const bool warm = r.iterations > 1 && r.warm_seconds > 0;
+    spdlog::info("  real tokens/s   {:.0f} (iterations {} to {}{})",
+                 warm ? r.warm_tokens / r.warm_seconds : r.tokens / std::max(r.seconds, 1e-9),
+                 warm ? r.first + 1 : r.first, r.last,
+                 warm ? "; the first warms up" : "");
+  }
+  const std::string& checkpoint_dir = c_.config.training().checkpoint_dir();
+  if (checkpoint_dir.empty()) {
+    spdlog::info("  checkpoints     none (training.checkpoint_dir is not set)");
+  } else {
+    const std::vector<uint64_t> held = checkpoints_->List();
+    spdlog::info("  checkpoints     {} ({})", absolute(checkpoint_dir),
+                 held.empty() ? std::string("none written")
+                              : absl::StrCat("newest after ", held.back(), " iterations"));
+  }
+  if (!options_.export_hf.empty()) {
+    spdlog::info("  Hugging Face    {}: {}", absolute(options_.export_hf), export_complete_);
+  }
+  if (!options_.save_parameters.empty()) {
+    spdlog::info("  parameters      {}.rank_NNNNN.pt (one per rank)",
+                 absolute(options_.save_parameters));
+  }
+  if (!options_.metrics_jsonl.empty()) {
+    spdlog::info("  metrics         {}", absolute(options_.metrics_jsonl));
+  }
 }
 
 }  // namespace varipipe::executor

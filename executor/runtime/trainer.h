@@ -55,6 +55,8 @@ struct TrainerOptions {
   std::string metrics_jsonl;    // rank 0 appends one JSON line per iteration
   std::string save_parameters;  // prefix of each rank's parameters file
   std::string export_hf;        // Hugging Face checkpoint folder
+  // --loss_chunk_tokens: ModelStage::set_loss_chunk_tokens; 0: the default.
+  int64_t loss_chunk_tokens = 0;
 };
 
 // Where the rank runs and whom it serves; every reference outlives Run.
@@ -87,6 +89,20 @@ class Trainer {
     double padded_tokens = 0;
     double step_seconds = 0;
   };
+  // This launch's iterations, for the summary (every rank keeps it).
+  struct RunRecord {
+    uint64_t iterations = 0;  // run in this launch
+    uint64_t first = 0;
+    uint64_t last = 0;
+    double first_loss = 0;
+    double last_loss = 0;
+    // Real tokens and step seconds: all iterations, and those after the
+    // launch's first (which warms up).
+    double tokens = 0;
+    double seconds = 0;
+    double warm_tokens = 0;
+    double warm_seconds = 0;
+  };
 
   absl::Status BuildStages();
   absl::Status LoadHuggingFaceWeights();
@@ -111,7 +127,9 @@ class Trainer {
   absl::Status WriteTrace(uint64_t iteration);
 
   absl::Status SaveParameters() const;
-  absl::Status ExportHuggingFace() const;
+  absl::Status ExportHuggingFace();
+  // Rank 0, at the end: what ran and where its outputs are (absolute).
+  void LogSummary() const;
 
   const TrainerOptions options_;
   const TrainerContext c_;
@@ -140,6 +158,10 @@ class Trainer {
   uint64_t first_ = 0;
   uint64_t last_ = 0;
   std::unique_ptr<RankCheckpoints> checkpoints_;
+  RunRecord record_;
+  // --export_hf, once every rank's part is written (rank 0): what rank 0
+  // found there.
+  std::string export_complete_;
 };
 
 }  // namespace varipipe::executor

@@ -5,12 +5,17 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/loss_head_chunk.h"
 
 namespace varipipe::planner {
 namespace {
 
 constexpr double kMaskBytes = 1;  // dropout masks are stored as bytes
 constexpr double kStatBytes = 4;  // FlashAttention's row statistics are fp32
+// What the loss head keeps per labelled token beside its rows: its
+// position and label (int64), the label's column (int64) and whether this
+// rank holds it, its fp32 log-sum-exp and label mask.
+constexpr double kHeadTokenBytes = 8 + 8 + 8 + 1 + 4 + 4;
 // One step of a tensor group's ring collective: a kernel launch and a hop on
 // the node's link (NVLink-class latency).
 constexpr double kTensorStepLatencyUs = 5;
@@ -362,17 +367,34 @@ CostValues PostprocessCost(const ModelDims& d, const Hardware& hw, double t, dou
 
 CostValues LocalPostprocessCost(const ModelDims& d, const Hardware& hw, double t, double b,
                                 double s) {
-  const double logits = 4.0 * b * s * d.vocab / t;  // fp32 logits for the loss
-  const double flops = 2 * b * s * d.hidden * static_cast<double>(d.vocab) / t;
+  // The head runs on the labelled positions only, a chunk at a time
+  // (executor/model/chunked_loss_head.h): n labelled tokens, here every
+  // position of the point (as the profiler measures it), over the rank's
+  // vocabulary rows V_r in chunks of c = DefaultLossChunkTokens(V_r).
+  const double n = b * s;
+  const double rows = VocabRows(d, t);
+  const double chunk =
+      std::min(n, static_cast<double>(DefaultLossChunkTokens(static_cast<int64_t>(rows))));
+  const double B = d.dtype_bytes;
+  const bool cast = d.dtype_bytes < 4;   // logits computed below fp32 and cast
+  const double logits = 4.0 * n * rows;  // fp32 logits, never held at once
+  const double flops = 2 * n * d.hidden * rows;
   const double overhead_ms = hw.layer_overhead_us * 1e-3;
-  // Final LayerNorm (LLAMA, T5V11: RMSNorm), LM head GEMM, softmax
-  // cross-entropy over the logits; the same for every architecture, tied
-  // head or not (T5: over the target tokens).
-  const double forward_ms = MatrixMs(hw, d, flops, b * s) + MemoryMs(hw, 3 * logits) + overhead_ms;
-  const double backward_ms =
-      MatrixMs(hw, d, 2 * flops, b * s) + MemoryMs(hw, 3 * logits) + overhead_ms;
-  const double stored = logits + 2.0 * d.dtype_bytes * b * s * d.hidden;  // logits, LN/head input
-  return {forward_ms, backward_ms, stored, stored + logits};
+  // Final LayerNorm (LLAMA, T5V11: RMSNorm) and, per chunk, the head GEMM
+  // and the fp32 log-sum-exp (forward); the GEMM again, softmax minus one-hot
+  // and the input and weight gradient GEMMs (backward: three GEMMs). The
+  // same for every architecture, tied head or not (T5: the target tokens).
+  const double forward_ms = MatrixMs(hw, d, flops, n) + MemoryMs(hw, 3 * logits) + overhead_ms;
+  const double backward_ms = MatrixMs(hw, d, 3 * flops, n) + MemoryMs(hw, 4 * logits) + overhead_ms;
+  // Kept: the input [b, s, h] and the labels of every position; per
+  // labelled token its gathered rows (the norm's input and the head's) and
+  // kHeadTokenBytes.
+  const double stored = (B * d.hidden + 8) * b * s + (2.0 * B * d.hidden + kHeadTokenBytes) * n;
+  // At the backward's peak: one chunk's logits in fp32 (and below fp32 the
+  // GEMM's output and the gradient cast back). The weight gradient's
+  // transient, as every layer's, is the model state's (fp32 gradients).
+  const double transient = chunk * rows * (4 + (cast ? 2 * B : 0));
+  return {forward_ms, backward_ms, stored, stored + transient};
 }
 
 std::vector<uint32_t> PowersOfTwo(uint32_t from, uint32_t up_to) {

@@ -141,6 +141,8 @@ absl::StatusOr<MicroBatchCostModel> MicroBatchCostModel::Create(const CostModel&
   m.attention_core_ = model.Grid(Component::kAttentionCore, Recompute::kNone, tensor_parallel);
   m.fused_attention_ = model.profiled_dims().has_value() &&
                        model.profiled_dims()->attention_kernel == AttentionKernel::kFused;
+  m.variable_length_kernel_ = m.fused_attention_ && model.profiled_dims()->dtype_bytes == 2;
+  m.biased_self_attention_ = model.profiled_dims().has_value() && model.profiled_dims()->t5v11();
   m.shared_b_axis_ = true;
   for (const ProfileGrid* g : {m.decoder_, m.embedding_, m.postprocess_}) {
     if (g != nullptr && m.encoder_ != nullptr &&
@@ -247,17 +249,25 @@ bool MicroBatchCostModel::Evaluate(uint32_t b, uint32_t input_len, uint32_t targ
 }
 
 bool MicroBatchCostModel::CoreDifference(uint32_t rows, double full,
-                                         const std::vector<double>& lengths,
+                                         const std::vector<double>& lengths, bool one_launch,
                                          CostValues* delta) const {
   CostValues whole;
   if (!attention_core_->Lookup(rows, full, &whole)) return false;
   CostValues sum;
+  double area = 0;  // sum of l_i^2
   for (double l : lengths) {
     CostValues one;
     if (!attention_core_->Lookup(1, l, &one)) return false;
     sum.forward_ms += one.forward_ms;
     sum.backward_ms += one.backward_ms;
     sum.stored_bytes += one.stored_bytes;
+    area += l * l;
+  }
+  CostValues launch;
+  if (one_launch && rows > 0 &&
+      attention_core_->Lookup(rows, std::sqrt(area / rows), &launch)) {
+    sum.forward_ms = launch.forward_ms;
+    sum.backward_ms = launch.backward_ms;
   }
   delta->forward_ms += sum.forward_ms - whole.forward_ms;
   delta->backward_ms += sum.backward_ms - whole.backward_ms;
@@ -278,18 +288,23 @@ bool MicroBatchCostModel::PerSampleDeltas(const PackedSamples& packed, uint32_t 
   if (attention_core_ == nullptr || packed.rows == 0) return false;
   std::vector<double> lengths;
   for (const PackedSamples::Lengths& s : packed.samples) lengths.push_back(s.input);
-  if (!CoreDifference(packed.rows, input_len, lengths, encoder_delta)) return false;
+  const bool one_launch_self = variable_length_kernel_ && !biased_self_attention_;
+  if (!CoreDifference(packed.rows, input_len, lengths, one_launch_self, encoder_delta)) {
+    return false;
+  }
   if (layout_.encoder_decoder) {
     lengths.clear();
     for (const PackedSamples::Lengths& s : packed.samples) lengths.push_back(s.target);
-    if (!CoreDifference(packed.rows, target_len, lengths, decoder_delta)) return false;
+    if (!CoreDifference(packed.rows, target_len, lengths, one_launch_self, decoder_delta)) {
+      return false;
+    }
     // Cross-attention: t_i x s_i scores, priced as a square of that area.
     lengths.clear();
     for (const PackedSamples::Lengths& s : packed.samples) {
       lengths.push_back(std::sqrt(static_cast<double>(s.input) * s.target));
     }
     if (!CoreDifference(packed.rows, std::sqrt(static_cast<double>(input_len) * target_len),
-                        lengths, decoder_delta)) {
+                        lengths, variable_length_kernel_, decoder_delta)) {
       return false;
     }
   }

@@ -202,9 +202,13 @@ class MicroBatchCostModel {
   bool PricePerSample(const PackedSamples& packed, uint32_t input_len, uint32_t target_len,
                       CostValues* encoder, CostValues* decoder) const;
   // What replacing the core over `rows` rows of `full` tokens by the cores
-  // of `lengths` (one per sample) adds to a layer, under recompute_.
+  // of `lengths` (one per sample) adds to a layer, under recompute_. With
+  // `one_launch` the samples' cores are one launch: its time is
+  // the core over `rows` rows of side sqrt(sum l_i^2 / rows) (the same
+  // score area, so the same FLOPs, and one launch's overhead); stored bytes
+  // are the samples' sum either way.
   bool CoreDifference(uint32_t rows, double full, const std::vector<double>& lengths,
-                      CostValues* delta) const;
+                      bool one_launch, CostValues* delta) const;
 
   StageLayout layout_;
   uint32_t total_encoder_layers_ = 0;
@@ -219,6 +223,13 @@ class MicroBatchCostModel {
   // A fused kernel keeps no scores: selective recomputation changes nothing
   // in its core.
   bool fused_attention_ = false;
+  // The executor runs packed rows' attention as one variable-length kernel
+  // call per layer (FlashAttention: the FUSED kernel, a 2-byte compute
+  // dtype; docs/executor.md), but for attention with a position bias
+  // (T5V11's self-attention, biased_self_attention_), which runs one call
+  // per sample.
+  bool variable_length_kernel_ = false;
+  bool biased_self_attention_ = false;
   // All grids share the encoder grid's b axis: one LocateBatch serves every
   // component.
   bool shared_b_axis_ = false;

@@ -8,6 +8,10 @@ double BackwardSplitRule::HeadTokens(const StageLayers& stage) const {
   return dims_.encoder_decoder() ? stage.target_len : stage.input_len;
 }
 
+double BackwardSplitRule::HeadForwardFlops(const StageLayers& stage) const {
+  return stage.head ? HeadTokens(stage) * 2.0 * dims_.hidden * dims_.vocab : 0.0;
+}
+
 double BackwardSplitRule::WeightGemmShare(const StageLayers& stage) const {
   const double h = dims_.hidden;
   const double i = static_cast<double>(dims_.attention_width());
@@ -19,10 +23,10 @@ double BackwardSplitRule::WeightGemmShare(const StageLayers& stage) const {
     // output projection 2ih, SwiGLU gate, up and down 6hf; the core 4 s i.
     // Decoder-only: no decoder layers.
     const double k = static_cast<double>(dims_.kv_width());
-    const double weight = stage.encoder_layers * in * (4 * h * i + 4 * h * k + 6 * h * f) +
-                          (stage.head ? HeadTokens(stage) * 2 * h * dims_.vocab : 0.0);
+    const double weight = stage.encoder_layers * in * (4 * h * i + 4 * h * k + 6 * h * f);
     const double attention = stage.encoder_layers * in * 4 * in * i;
-    return weight + attention > 0 ? weight / (weight + attention) : 0.0;
+    const double total = weight + attention + HeadForwardFlops(stage);
+    return total > 0 ? weight / total : 0.0;
   }
   // Per sample, summed over the stage's layers. T5V11's gated GELU has three
   // MLP matrices (gate, up, down: 6hf per token; MEGATRON's fc1 and fc2:
@@ -30,11 +34,11 @@ double BackwardSplitRule::WeightGemmShare(const StageLayers& stage) const {
   // small and computed with B.
   const double mlp = dims_.gated_mlp() ? 6 * h * f : 4 * h * f;
   const double weight = stage.encoder_layers * in * (8 * h * i + mlp) +
-                        stage.decoder_layers * (tgt * (12 * h * i + mlp) + in * 4 * h * i) +
-                        (stage.head ? HeadTokens(stage) * 2 * h * dims_.vocab : 0.0);
+                        stage.decoder_layers * (tgt * (12 * h * i + mlp) + in * 4 * h * i);
   const double attention =
       stage.encoder_layers * in * 4 * in * i + stage.decoder_layers * tgt * 4 * (tgt + in) * i;
-  return weight + attention > 0 ? weight / (weight + attention) : 0.0;
+  const double total = weight + attention + HeadForwardFlops(stage);
+  return total > 0 ? weight / total : 0.0;
 }
 
 double BackwardSplitRule::KeptBytes(const StageLayers& stage) const {
@@ -48,8 +52,7 @@ double BackwardSplitRule::KeptBytes(const StageLayers& stage) const {
     // gradients i + 2k, output projection i + h, gate/up input h (one
     // tensor) and output gradients 2f, down projection f + h.
     const double k = static_cast<double>(dims_.kv_width());
-    double values = stage.encoder_layers * in * (4 * h + 2 * i + 2 * k + 3 * f);
-    if (stage.head) values += HeadTokens(stage) * (h + dims_.vocab);
+    const double values = stage.encoder_layers * in * (4 * h + 2 * i + 2 * k + 3 * f);
     return values * stage.samples * dims_.dtype_bytes;
   }
   // T5V11 (separate q, k and v reading one normed input, as one QKV GEMM
@@ -61,7 +64,6 @@ double BackwardSplitRule::KeptBytes(const StageLayers& stage) const {
   if (stage.decoder_layers > 0) {
     values += stage.decoder_layers * (tgt * (6 * h + 6 * i + mlp) + in * 2 * i) + in * h;
   }
-  if (stage.head) values += HeadTokens(stage) * (h + dims_.vocab);
   return values * stage.samples * dims_.dtype_bytes;
 }
 

@@ -26,9 +26,12 @@
 // bytes of Qi et al., Table 1); a T5 decoder layer adds h + i (query) and
 // i + h (output projection) per target token and 2i (key and value
 // gradients) per encoder token, and its stage keeps the encoder output (h
-// per encoder token) once for all its layers. The LM head is a linear layer
-// too: 2hV weight FLOPs and h + V kept values per token (vocabulary V) on
-// the last stage (tied to the embedding or not). A LLAMA layer (K/V width k =
+// per encoder token) once for all its layers. The LM head (vocabulary V,
+// tied or not) computes its weight gradient in B (executor/model/
+// chunked_loss_head.h: it recomputes its logits a chunk at a time and
+// keeps nothing [tokens, V]-sized for W): its forward's 2hV FLOPs per token
+// count in the forward's total (the share's denominator) and it keeps
+// nothing for W. A LLAMA layer (K/V width k =
 // key/value heads * kv_channels, SwiGLU) takes 4hi + 4hk + 6hf weight FLOPs
 // (Q 2hi, K and V 4hk, output projection 2ih, gate, up and down 6hf) and
 // keeps 4h + 2i + 2k + 3f values per token (q/k/v input h, shared by the
@@ -69,8 +72,9 @@ class BackwardSplitRule {
  public:
   explicit BackwardSplitRule(const ModelDims& dims) : dims_(dims) {}
 
-  // W's share of the stage's forward time: its weight-GEMM FLOPs over its
-  // weight-GEMM plus attention-core FLOPs (0 with no layer).
+  // W's share of the stage's forward time: its layers' weight-GEMM FLOPs
+  // over those plus the attention-core FLOPs and the LM head's forward
+  // FLOPs (0 with no layer).
   double WeightGemmShare(const StageLayers& stage) const;
 
   // The bytes B keeps for W (inputs and output gradients of the linear
@@ -84,6 +88,8 @@ class BackwardSplitRule {
  private:
   // Tokens per sample the LM head runs over.
   double HeadTokens(const StageLayers& stage) const;
+  // The LM head's forward FLOPs per sample (0 without it).
+  double HeadForwardFlops(const StageLayers& stage) const;
 
   ModelDims dims_;
 };

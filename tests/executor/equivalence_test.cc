@@ -29,7 +29,10 @@
 // shapes, split backwards, packed rows and a tied head, against the
 // reference's own LLAMA path; T5V11 cells (relative position bias, shared
 // embedding and bias tables replicated across stages) the same against its
-// T5V11 path. "Layout" cells run uneven stage layouts
+// T5V11 path. "LabelledHead" cells run the head (on the labelled positions
+// only, chunked_loss_head.h) over chunks of a few tokens, smaller than a
+// micro-batch: packed rows of GPT, LLAMA, T5 and T5V11, tied heads, split
+// backwards, and tensor parallelism 2. "Layout" cells run uneven stage layouts
 // (parallelism.stage_layout): GPT 3+1 and 1+3, interleaved, split-backward,
 // packed; T5 with its encoder over three stages and its decoder over one,
 // and the reverse; a tied LLAMA head and T5V11 across uneven stages.
@@ -86,6 +89,10 @@ struct Cell {
   uint32_t tp = 1;  // parallelism.tensor
   bool sp = false;  // parallelism.sequence_parallel
   uint32_t zero_stage = 0;  // training.zero_stage
+  // "LabelledHead" cells: the head's token chunk (ModelStage::
+  // set_loss_chunk_tokens), smaller than a micro-batch's labelled tokens;
+  // 0: the default (one chunk at these sizes).
+  int64_t loss_chunk = 0;
 };
 
 std::string ScheduleName(const Cell& c) {
@@ -128,6 +135,7 @@ std::string CellName(const Cell& c) {
                       : c.llama ? "Llama"
                                 : "Gpt",
                       c.tied ? "Tied" : "",
+                      c.loss_chunk > 0 ? absl::StrCat("LabelledHead", c.loss_chunk) : "",
                       c.method != v1::PACKING                         ? ""
                       : c.packed_attention == v1::BLOCK_DIAGONAL_MASK ? "PackedMask"
                                                                       : "PackedVarlen",
@@ -310,6 +318,32 @@ std::vector<Cell> Matrix() {
   // ZeRO stage 1 over each tensor index's data-parallel group: the shards
   // of each tensor rank's parts.
   tp2(Cell{.zero_stage = 1}, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 1, 2, true);
+  // The head on the labelled positions only, over several chunks of a few
+  // tokens (chunked_loss_head.h): packed rows of each architecture, tied
+  // LLAMA heads, split backwards (the head's weight gradient in B), full
+  // recomputation, and the vocabulary-parallel head under tensor
+  // parallelism 2 (with sequence parallelism: the head on gathered rows).
+  const auto labelled = [&add](Cell c, int64_t chunk, v1::ScheduleKind schedule,
+                               v1::RecomputeMode recompute, uint32_t pp, uint32_t dp) -> Cell& {
+    c.loss_chunk = chunk;
+    c.method = v1::PACKING;
+    return add(c, schedule, recompute, pp, dp);
+  };
+  labelled(Cell{}, 5, v1::ONE_F_ONE_B, v1::RECOMPUTE_FULL, 2, 1);
+  labelled(Cell{.llama = true, .tied = true}, 3, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 1, 1);
+  labelled(Cell{.llama = true, .tied = true}, 3, v1::ADAPTIVE, v1::RECOMPUTE_SELECTIVE, 2, 2);
+  labelled(Cell{.t5 = true}, 4, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 2, 1);
+  labelled(Cell{.t5 = true, .t5v11 = true}, 4, v1::ONE_F_ONE_B, v1::RECOMPUTE_SELECTIVE, 2, 1);
+  labelled(Cell{.tp = 2, .sp = true}, 5, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 2, 1);
+  labelled(Cell{.llama = true, .tied = true, .tp = 2}, 3, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 1,
+           1);
+  labelled(Cell{.t5 = true, .t5v11 = true, .tp = 2, .sp = true}, 4, v1::ONE_F_ONE_B,
+           v1::RECOMPUTE_FULL, 2, 1);
+  // Split backwards (unpacked: the zero-bubble cells' rows).
+  add(Cell{.loss_chunk = 3}, v1::ZERO_BUBBLE_H1, v1::RECOMPUTE_NONE, 2, 1);
+  add(Cell{.t5 = true, .loss_chunk = 4}, v1::ADAPTIVE_ZERO_BUBBLE, v1::RECOMPUTE_NONE, 2, 1);
+  add(Cell{.llama = true, .tied = true, .tp = 2, .sp = true, .loss_chunk = 3}, v1::ZERO_BUBBLE_H1,
+      v1::RECOMPUTE_NONE, 2, 1);
   return cells;
 }
 
@@ -335,7 +369,7 @@ int SharedReplicas(const v1::JobConfig& config) {
 std::vector<RankRun> RunPlans(const v1::JobConfig& config,
                               const std::vector<std::vector<v1::ExecutionPlan>>& plans,
                               const SampleDataset& dataset, torch::Device device = torch::kCPU,
-                              bool stage_through_host = false) {
+                              bool stage_through_host = false, int64_t loss_chunk_tokens = 0) {
   absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
   EXPECT_THAT(redis, IsOk());
   if (!redis.ok()) return {};
@@ -347,6 +381,7 @@ std::vector<RankRun> RunPlans(const v1::JobConfig& config,
   options.capture_gradients = true;
   options.device = device;
   options.stage_through_host = stage_through_host;
+  options.loss_chunk_tokens = loss_chunk_tokens;
   return RunThreadedRanks(config, plans, dataset, options);
 }
 
@@ -358,7 +393,8 @@ std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& c
                                                           const std::string& name,
                                                           std::vector<RankRun>* runs = nullptr,
                                                           torch::Device device = torch::kCPU,
-                                                          bool stage_through_host = false) {
+                                                          bool stage_through_host = false,
+                                                          int64_t loss_chunk_tokens = 0) {
   const int iterations = static_cast<int>(config.training().iterations());
   const uint32_t dp = config.parallelism().data();
   // Ranks r * tp .. r * tp + tp - 1 run plan r, each on its part of the
@@ -398,7 +434,8 @@ std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& c
     plans.push_back(*std::move(p));
   }
 
-  const std::vector<RankRun> ranks = RunPlans(config, plans, **dataset, device, stage_through_host);
+  const std::vector<RankRun> ranks =
+      RunPlans(config, plans, **dataset, device, stage_through_host, loss_chunk_tokens);
   if (runs != nullptr) *runs = ranks;
   for (size_t r = 0; r < ranks.size(); ++r) {
     EXPECT_THAT(ranks[r].status, IsOk()) << "rank " << r;
@@ -516,7 +553,7 @@ std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& c
 // within 1e-6 relative.
 void CompareWithWholeBackwards(const v1::JobConfig& config,
                                const std::vector<std::vector<v1::ExecutionPlan>>& plans,
-                               const std::vector<RankRun>& split) {
+                               const std::vector<RankRun>& split, int64_t loss_chunk_tokens) {
   std::vector<std::vector<v1::ExecutionPlan>> whole_plans;
   int split_backwards = 0;
   for (const std::vector<v1::ExecutionPlan>& iteration : plans) {
@@ -527,7 +564,8 @@ void CompareWithWholeBackwards(const v1::JobConfig& config,
   EXPECT_GE(split_backwards, 1);
   absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(config);
   ASSERT_THAT(dataset, IsOk());
-  const std::vector<RankRun> whole = RunPlans(config, whole_plans, **dataset);
+  const std::vector<RankRun> whole =
+      RunPlans(config, whole_plans, **dataset, torch::kCPU, false, loss_chunk_tokens);
   ASSERT_EQ(whole.size(), split.size());
   double worst = 0;
   std::string worst_name;
@@ -586,10 +624,10 @@ TEST_P(Equivalence, ThreeSgdStepsMatchTheReference) {
   ASSERT_THAT(config, IsOk());
   std::vector<RankRun> split;
   const std::vector<std::vector<v1::ExecutionPlan>> plans =
-      RunAndCompare(*config, CellName(c), &split);
+      RunAndCompare(*config, CellName(c), &split, torch::kCPU, false, c.loss_chunk);
   ASSERT_EQ(plans.size(), size_t{kIterations});
   if (c.schedule == v1::ZERO_BUBBLE_H1 || c.schedule == v1::ADAPTIVE_ZERO_BUBBLE) {
-    CompareWithWholeBackwards(*config, plans, split);
+    CompareWithWholeBackwards(*config, plans, split, c.loss_chunk);
   }
   for (const std::vector<v1::ExecutionPlan>& iteration : plans) {
     ASSERT_EQ(iteration.size(), size_t{c.pp} * c.dp);
@@ -621,7 +659,8 @@ TEST_P(CudaEquivalence, ThreeSgdStepsMatchTheReference) {
   absl::StatusOr<v1::JobConfig> config = CellConfig(c);
   ASSERT_THAT(config, IsOk());
   const std::vector<std::vector<v1::ExecutionPlan>> plans =
-      RunAndCompare(*config, "Cuda" + CellName(c), nullptr, torch::Device(torch::kCUDA, 0));
+      RunAndCompare(*config, "Cuda" + CellName(c), nullptr, torch::Device(torch::kCUDA, 0),
+                    /*stage_through_host=*/false, c.loss_chunk);
   EXPECT_EQ(plans.size(), size_t{kIterations});
 }
 
@@ -656,6 +695,13 @@ std::vector<Cell> CudaCells() {
   several(true, false, v1::ONE_F_ONE_B, 2, 1);
   several(false, true, v1::ZERO_BUBBLE_H1, 2, 1);
   several(false, false, v1::ONE_F_ONE_B, 2, 1).method = v1::PACKING;
+  // The labelled-positions head over several chunks, tied and not.
+  several(false, true, v1::ONE_F_ONE_B, 1, 1).loss_chunk = 3;
+  Cell& tied = several(false, true, v1::ONE_F_ONE_B, 1, 1);
+  tied.tied = true;
+  tied.method = v1::PACKING;
+  tied.loss_chunk = 3;
+  several(true, false, v1::ONE_F_ONE_B, 1, 1).loss_chunk = 4;
   return cells;
 }
 

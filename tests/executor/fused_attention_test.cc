@@ -49,10 +49,11 @@ double MaxDifference(const torch::Tensor& a, const torch::Tensor& b) {
 
 TEST(AttentionKernelMask, FusedCausalLayersGetNoMask) {
   const torch::Tensor lengths = torch::tensor({3, 5}, torch::kInt64);
-  EXPECT_FALSE(SelfAttentionMaskFor(v1::FUSED, lengths, 5, /*causal=*/true).defined());
+  EXPECT_TRUE(SelfAttentionMaskFor(v1::FUSED, lengths, 5, /*causal=*/true).is_causal());
   // Non-causal (T5 encoder) layers still need the key-padding mask.
-  EXPECT_TRUE(SelfAttentionMaskFor(v1::FUSED, lengths, 5, /*causal=*/false).defined());
-  EXPECT_TRUE(torch::equal(SelfAttentionMaskFor(v1::EXPLICIT, lengths, 5, /*causal=*/true),
+  EXPECT_EQ(SelfAttentionMaskFor(v1::FUSED, lengths, 5, /*causal=*/false).kind(),
+            AttentionInput::Kind::kDenseMask);
+  EXPECT_TRUE(torch::equal(SelfAttentionMaskFor(v1::EXPLICIT, lengths, 5, /*causal=*/true).mask(),
                            SelfAttentionMask(lengths, 5, /*causal=*/true)));
 }
 
@@ -80,7 +81,7 @@ struct LayerRun {
   std::vector<torch::Tensor> grads;
 };
 
-LayerRun RunLayer(TransformerLayer& layer, const torch::Tensor& x0, const torch::Tensor& mask) {
+LayerRun RunLayer(TransformerLayer& layer, const torch::Tensor& x0, const AttentionInput& mask) {
   layer.zero_grad();
   for (torch::Tensor& p : layer.parameters()) p.mutable_grad() = torch::Tensor();
   torch::Tensor x = x0.clone().requires_grad_(true);
@@ -108,8 +109,8 @@ TEST(AttentionKernelLayer, NoMaskMatchesTheCausalMaskInEveryRecomputeMode) {
     SCOPED_TRACE(absl::StrCat("selective ", selective, " full ", full));
     layer.set_recompute_attention(selective);
     layer.set_recompute_full(full);
-    const LayerRun with_mask = RunLayer(layer, x, mask);
-    const LayerRun without = RunLayer(layer, x, torch::Tensor());
+    const LayerRun with_mask = RunLayer(layer, x, AttentionInput::DenseMask(mask));
+    const LayerRun without = RunLayer(layer, x, AttentionInput::Causal());
     EXPECT_EQ(MaxDifference(with_mask.out, without.out), 0);
     EXPECT_EQ(MaxDifference(with_mask.input_grad, without.input_grad), 0);
     ASSERT_EQ(with_mask.grads.size(), without.grads.size());

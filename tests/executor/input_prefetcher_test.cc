@@ -90,12 +90,45 @@ TEST(InputPrefetcherTest, GivesWhatTheLoaderGivesInPlanOrder) {
             ExpectSame(got->input_positions, want->input_positions, what);
             ExpectSame(got->target_segments, want->target_segments, what);
             ExpectSame(got->target_positions, want->target_positions, what);
+            ExpectSame(got->labelled_positions, want->labelled_positions, what);
             ++forwards;
           }
         }
         EXPECT_GT(loads, 0) << cell;
         EXPECT_EQ(forwards, s.plan.micro_batches_size()) << cell;
       }
+    }
+  }
+}
+
+// The head's rows come from the plan's lengths alone: RowLengths'
+// labelled_positions are exactly the positions whose LABELS entry is >= 0,
+// for GPT and T5, packed and unpacked, every micro-batch.
+TEST(MicroBatchLoaderTest, LabelledPositionsAreThePositionsWithALabel) {
+  for (bool t5 : {false, true}) {
+    for (v1::PartitionMethod method : {v1::DYNAMIC_PROGRAMMING, v1::PACKING}) {
+      const PlannedJob s = Plan(t5, method);
+      const MicroBatchLoader loader(s.dataset.get(), SamplerOptionsFromConfig(s.config));
+      int checked = 0;
+      for (const v1::Instruction& in : s.plan.instructions()) {
+        if (!in.has_load_input()) continue;
+        const v1::MicroBatch& mb = s.plan.micro_batches(static_cast<int>(in.micro_batch()));
+        for (int k = 0; k < in.load_input().buffer_ids_size(); ++k) {
+          if (in.load_input().contents(k) != v1::LoadInput::LABELS) continue;
+          absl::StatusOr<torch::Tensor> labels =
+              loader.Load(mb, v1::LoadInput::LABELS, in.load_input().tensors(k));
+          absl::StatusOr<RowLengths> lengths = loader.Lengths(mb);
+          ASSERT_THAT(labels, IsOk());
+          ASSERT_THAT(lengths, IsOk());
+          const torch::Tensor want = (labels->reshape({-1}) >= 0).nonzero().reshape({-1});
+          EXPECT_TRUE(torch::equal(lengths->labelled_positions, want))
+              << (t5 ? "T5 " : "GPT ") << v1::PartitionMethod_Name(method) << " micro-batch "
+              << mb.id() << ": " << lengths->labelled_positions << " vs " << want;
+          EXPECT_GT(want.numel(), 0);
+          ++checked;
+        }
+      }
+      EXPECT_GT(checked, 0);
     }
   }
 }

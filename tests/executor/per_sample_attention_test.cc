@@ -53,18 +53,19 @@ Result Attend(const torch::Tensor& q0, const torch::Tensor& k0, const torch::Ten
   torch::Tensor bias = bias0.defined() ? bias0.clone().requires_grad_(true) : torch::Tensor();
   const bool scaled = !bias.defined();
   const AttentionCore core = [&](const torch::Tensor& cq, const torch::Tensor& ck,
-                                 const torch::Tensor& cv, const torch::Tensor& mask,
-                                 const torch::Tensor& cbias) {
-    return MaskedAttention(cq, ck, cv, mask, kHeads, cbias, scaled);
+                                 const torch::Tensor& cv, const AttentionInput& input) {
+    return MaskedAttention(cq, ck, cv, input.is_causal() ? torch::Tensor() : input.mask(), kHeads,
+                           input.bias(), scaled);
   };
   torch::Tensor out;
   if (per_sample) {
-    out =
-        PerSampleAttention(q, k, v, SegmentMask(query_segments, key_segments, causal), bias, core);
+    out = PerSampleAttention(
+        q, k, v, *VariableLengthLayout::FromSegments(query_segments, key_segments, causal), bias,
+        core);
   } else {
     const torch::Tensor mask = self ? SegmentSelfAttentionMask(query_segments, causal)
                                     : SegmentCrossAttentionMask(query_segments, key_segments);
-    out = core(q, k, v, mask, bias);
+    out = core(q, k, v, AttentionInput::DenseMask(mask).WithBias(bias));
   }
   const torch::Tensor real = out * real_queries.unsqueeze(-1);
   torch::Tensor weights = torch::arange(real.numel(), torch::kFloat32).reshape(real.sizes());
@@ -137,12 +138,13 @@ TEST(PerSampleAttention, RefusesSamplesThatAreNotContiguous) {
   torch::Tensor segments = torch::tensor({0, 0, 1, 0, -1}, torch::kInt64).unsqueeze(0);
   const torch::Tensor x = torch::randn({1, 5, kWidth});
   const AttentionCore core = [](const torch::Tensor& q, const torch::Tensor& k,
-                                const torch::Tensor& v, const torch::Tensor& mask,
-                                const torch::Tensor& bias) {
-    return MaskedAttention(q, k, v, mask, kHeads, bias);
+                                const torch::Tensor& v, const AttentionInput& input) {
+    return MaskedAttention(q, k, v, {}, kHeads, input.bias());
   };
-  EXPECT_THROW(PerSampleAttention(x, x, x, SegmentMask(segments, segments, true), {}, core),
-               c10::Error);
+  EXPECT_THROW(
+      PerSampleAttention(x, x, x, *VariableLengthLayout::FromSegments(segments, segments, true), {},
+                         core),
+      c10::Error);
 }
 
 // A packed GPT stage (one row of 512 positions holding samples of 16 to 160

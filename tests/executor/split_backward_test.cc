@@ -138,9 +138,11 @@ StageBatch RandomBatch(const ModelSpec& spec, int64_t rows, std::mt19937& rng) {
   return batch;
 }
 
+// The layers' linear weights, whose gradients W computes. The LM head's is
+// B's (chunked_loss_head.h).
 bool IsLinearWeight(const std::string& name) {
   for (const char* suffix : {"qkv_weight", "proj_weight", "xq_weight", "xkv_weight", "xproj_weight",
-                             "fc1_weight", "fc2_weight", "head_weight"}) {
+                             "fc1_weight", "fc2_weight"}) {
     if (absl::EndsWith(name, absl::StrCat(".", suffix)) || name == suffix) return true;
   }
   return false;
@@ -148,7 +150,7 @@ bool IsLinearWeight(const std::string& name) {
 
 // What B keeps for W on `role`'s stage, in fp32 values: every linear layer's
 // input and output gradient (the encoder output, input of every
-// cross-attention key/value projection, once).
+// cross-attention key/value projection, once); nothing for the LM head.
 int64_t KeptValues(const ModelSpec& spec, const StageRole& role, int64_t rows, int64_t s) {
   const int64_t h = spec.hidden_size;
   const int64_t inner = spec.num_attention_heads * spec.kv_channels;
@@ -164,7 +166,6 @@ int64_t KeptValues(const ModelSpec& spec, const StageRole& role, int64_t rows, i
         role.decoder_layers.size() * (tokens * ((h + inner) + (inner + h)) + rows * s * 2 * inner);
     values += rows * s * h;
   }
-  if (role.has_head) values += tokens * (h + spec.vocab_size);
   return values;
 }
 

@@ -154,6 +154,73 @@ TEST(PackedAttentionCost, T5DecoderLayersPriceSelfAndCrossAttentionPerSample) {
   EXPECT_LT(per_sample.stored_bytes, row.stored_bytes);
 }
 
+// On the fused kernel in a 2-byte dtype the executor runs a packed row's
+// attention as one variable-length call per layer (docs/executor.md): the
+// samples' cores are priced as one launch over the same score area, not one
+// launch each; T5V11 (a position bias: no variable-length kernel) keeps one
+// launch per sample in its self-attention.
+TEST(PackedAttentionCost, FusedKernelPricesPackedRowsAsOneLaunch) {
+  ModelDims dims = varipipe::testing::Gpt67bDims();
+  dims.attention_kernel = AttentionKernel::kFused;
+  ASSERT_EQ(dims.dtype_bytes, 2u);
+  const Fixture f = Make(dims);
+  // One row of 2,048 tokens: sixteen samples of 128, so one launch over
+  // 16 x 128^2 scores is a 512 x 512 square.
+  PackedSamples packed{.rows = 1, .samples = {}};
+  for (int i = 0; i < 16; ++i) packed.samples.push_back({128, 0});
+  absl::StatusOr<MicroBatchCostModel> cost =
+      MicroBatchCostModel::Create(f.model, f.layout, Recompute::kNone, 1);
+  ASSERT_THAT(cost, IsOk());
+  MicroBatchCost row, varlen;
+  ASSERT_TRUE(cost->Evaluate(1, 2048, 0, &row));
+  ASSERT_TRUE(cost->Evaluate(1, 2048, 0, &packed, &varlen));
+  const CostValues launch = Core(dims, 1, 512);
+  const CostValues whole = Core(dims, 1, 2048);
+  const double layers = dims.encoder_layers;
+  EXPECT_NEAR(varlen.forward_ms, row.forward_ms + layers * (launch.forward_ms - whole.forward_ms),
+              1e-9 * row.time_ms);
+  EXPECT_NEAR(varlen.backward_ms,
+              row.backward_ms + layers * (launch.backward_ms - whole.backward_ms),
+              1e-9 * row.time_ms);
+  // Sixteen launches cost more than one over the same scores.
+  Delta per_launch;
+  AddCore(dims, Recompute::kNone, 1, 2048, std::vector<double>(16, 128), &per_launch);
+  EXPECT_LT(varlen.forward_ms, row.forward_ms + layers * per_launch.forward);
+  // Stored bytes: the samples' log-sum-exps either way.
+  EXPECT_NEAR(varlen.stored_bytes, row.stored_bytes + layers * per_launch.stored,
+              1e-9 * row.stored_bytes);
+
+  // T5V11 on the same kernel: self-attention (a position bias) one launch
+  // per sample, cross-attention one launch.
+  ModelDims t5v11 = varipipe::testing::SmallT5Dims();
+  t5v11.architecture = Architecture::kT5V11;
+  t5v11.relative_attention_buckets = 32;
+  t5v11.attention_kernel = AttentionKernel::kFused;
+  const Fixture g = Make(t5v11);
+  absl::StatusOr<MicroBatchCostModel> biased =
+      MicroBatchCostModel::Create(g.model, g.layout, Recompute::kNone, 1);
+  ASSERT_THAT(biased, IsOk());
+  // Four samples of 256 inputs and 64 targets in one row.
+  const PackedSamples t5_packed{.rows = 1,
+                                .samples = {{256, 64}, {256, 64}, {256, 64}, {256, 64}}};
+  MicroBatchCost t5_row, t5_per_sample;
+  ASSERT_TRUE(biased->Evaluate(1, 1024, 256, &t5_row));
+  ASSERT_TRUE(biased->Evaluate(1, 1024, 256, &t5_packed, &t5_per_sample));
+  Delta encoder;
+  AddCore(t5v11, Recompute::kNone, 1, 1024, {256, 256, 256, 256}, &encoder);
+  Delta decoder;
+  AddCore(t5v11, Recompute::kNone, 1, 256, {64, 64, 64, 64}, &decoder);
+  // Cross-attention's four 128 x 128 squares as one launch of side 256.
+  const CostValues cross_launch = Core(t5v11, 1, 256);
+  const CostValues cross_whole = Core(t5v11, 1, std::sqrt(1024.0 * 256));
+  decoder.forward += cross_launch.forward_ms - cross_whole.forward_ms;
+  decoder.backward += cross_launch.backward_ms - cross_whole.backward_ms;
+  EXPECT_NEAR(t5_per_sample.time_ms,
+              t5_row.time_ms + t5v11.encoder_layers * (encoder.forward + encoder.backward) +
+                  t5v11.decoder_layers * (decoder.forward + decoder.backward),
+              1e-9 * t5_row.time_ms);
+}
+
 TEST(PackedAttentionCost, WithoutACoreGridPackedRowsCostTheirPaddedLength) {
   Fixture f = Make(varipipe::testing::Gpt67bDims());
   CostModel without;

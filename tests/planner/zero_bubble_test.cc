@@ -63,7 +63,9 @@ std::vector<Linear> LayerLinears(const ModelDims& d, bool decoder) {
 // FLOPs are the weight GEMMs (2 * in * out per token), the attention core
 // 4 * s * i per token and attended position count s, and B keeps every
 // linear layer's input and output gradient (the encoder output once per
-// stage), the LM head included. Dimensions off GPT's proportions (i != h,
+// stage); the LM head's weight gradient is B's (chunked_loss_head.h): its
+// forward FLOPs join the denominator and it keeps nothing for W. Dimensions
+// off GPT's proportions (i != h,
 // f != 4i) so that no shortcut formula passes.
 TEST(ZeroBubbleSplit, FollowsTheLinearLayersOfTheModel) {
   const ModelDims t5{.kind = ModelKind::kT5,
@@ -85,7 +87,7 @@ TEST(ZeroBubbleSplit, FollowsTheLinearLayersOfTheModel) {
                             .decoder_layers = decoder ? 2u : 0u,
                             .head = decoder};
     const double own = decoder ? stage.target_len : stage.input_len;
-    double weight = 0, kept = 0;
+    double weight = 0, kept = 0, head = 0;
     for (const Linear& l : LayerLinears(t5, decoder)) {
       const double tokens = l.over_encoder_tokens ? stage.input_len : own;
       weight += 2 * l.in * l.out * tokens;
@@ -95,18 +97,17 @@ TEST(ZeroBubbleSplit, FollowsTheLinearLayersOfTheModel) {
     kept *= 2;
     if (decoder) {
       kept += t5.hidden * stage.input_len;  // the encoder output, once
-      // The LM head over the target tokens.
-      weight += 2.0 * t5.hidden * t5.vocab * own;
-      kept += (t5.hidden + t5.vocab) * own;
+      // The LM head's forward over the target tokens.
+      head = 2.0 * t5.hidden * t5.vocab * own;
     }
     const double attention =
         2 * own * 4 * i * (decoder ? stage.target_len + stage.input_len : stage.input_len);
     SCOPED_TRACE(decoder ? "decoder stage" : "encoder stage");
-    EXPECT_NEAR(rule.WeightGemmShare(stage), weight / (weight + attention), 1e-12);
+    EXPECT_NEAR(rule.WeightGemmShare(stage), weight / (weight + attention + head), 1e-12);
     EXPECT_NEAR(rule.KeptBytes(stage), kept * stage.samples * 2, 1e-6 * kept);
     StageOpCost c{.forward_ms = 10, .backward_ms = 20};
     rule.Split(stage, &c);
-    EXPECT_NEAR(c.weight_ms, 10 * weight / (weight + attention), 1e-9);
+    EXPECT_NEAR(c.weight_ms, 10 * weight / (weight + attention + head), 1e-9);
     EXPECT_NEAR(c.input_grad_ms(), 20 - c.weight_ms, 1e-9);
     EXPECT_DOUBLE_EQ(c.weight_stored_bytes, rule.KeptBytes(stage));
   }
@@ -146,7 +147,7 @@ TEST(ZeroBubbleSplit, FollowsTheLinearLayersOfALlamaLayer) {
     SCOPED_TRACE(head ? "with the LM head" : "layers only");
     const StageLayers stage{.samples = 3, .input_len = 700, .encoder_layers = 2, .head = head};
     const double tokens = stage.input_len;
-    double weight = 0, kept = 0;
+    double weight = 0, kept = 0, head_flops = 0;
     for (const Linear& l : linears) {
       weight += 2 * l.in * l.out * tokens;
       kept += (l.in + l.out) * tokens;
@@ -154,12 +155,9 @@ TEST(ZeroBubbleSplit, FollowsTheLinearLayersOfALlamaLayer) {
     kept -= 3 * h * tokens;  // h was counted three times for q/k/v and twice for gate/up
     weight *= 2;             // two layers
     kept *= 2;
-    if (head) {
-      weight += 2.0 * h * llama.vocab * tokens;
-      kept += (h + llama.vocab) * tokens;
-    }
+    if (head) head_flops = 2.0 * h * llama.vocab * tokens;  // B's; nothing kept for W
     const double attention = 2 * tokens * 4 * A * stage.input_len;
-    EXPECT_NEAR(rule.WeightGemmShare(stage), weight / (weight + attention), 1e-12);
+    EXPECT_NEAR(rule.WeightGemmShare(stage), weight / (weight + attention + head_flops), 1e-12);
     EXPECT_NEAR(rule.KeptBytes(stage), kept * stage.samples * 2, 1e-9 * kept);
   }
   // Grouped-query attention: K and V's GEMMs and gradients shrink.
@@ -211,7 +209,7 @@ TEST(ZeroBubbleSplit, FollowsTheLinearLayersOfAT5V11Layer) {
       linears.push_back({h, A, true});  // xv
       linears.push_back({A, h});        // xo
     }
-    double weight = 0, kept = 0;
+    double weight = 0, kept = 0, head = 0;
     for (const Linear& l : linears) {
       const double tokens = l.over_encoder_tokens ? enc : own;
       weight += 2 * l.in * l.out * tokens;
@@ -222,12 +220,11 @@ TEST(ZeroBubbleSplit, FollowsTheLinearLayersOfAT5V11Layer) {
     weight *= 2;          // two layers
     kept *= 2;
     if (decoder) {
-      kept += h * enc;  // the encoder output, once
-      weight += 2.0 * h * t5v11.vocab * own;
-      kept += (h + t5v11.vocab) * own;
+      kept += h * enc;                     // the encoder output, once
+      head = 2.0 * h * t5v11.vocab * own;  // the LM head's forward: B's
     }
     const double attention = 2 * own * 4 * A * (decoder ? stage.target_len + enc : enc);
-    EXPECT_NEAR(rule.WeightGemmShare(stage), weight / (weight + attention), 1e-12);
+    EXPECT_NEAR(rule.WeightGemmShare(stage), weight / (weight + attention + head), 1e-12);
     EXPECT_NEAR(rule.KeptBytes(stage), kept * stage.samples * 2, 1e-9 * kept);
   }
   // The MLP's third matrix: against a MEGATRON layer of the same widths, W

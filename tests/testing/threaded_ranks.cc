@@ -75,6 +75,7 @@ void RunRank(const v1::JobConfig& config,
   for (int s = plan_rank % pp; s < pp * chunks; s += pp) {
     stages.push_back(std::make_unique<ModelStage>(spec, roles[s], tensor));
     stages.back()->to(options.device);
+    stages.back()->set_loss_chunk_tokens(options.loss_chunk_tokens);
     by_id[static_cast<uint32_t>(s)] = stages.back().get();
     stage_list.push_back(stages.back().get());
     for (const torch::Tensor& p : stages.back()->parameters()) trainable.push_back(p);

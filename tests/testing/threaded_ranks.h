@@ -61,6 +61,8 @@ struct ThreadedRanksOptions {
   // (always on a GPU, where the ranks share it; on the CPU when set, to run
   // the same path without one).
   bool stage_through_host = false;
+  // ModelStage::set_loss_chunk_tokens of every stage; 0: the default.
+  int64_t loss_chunk_tokens = 0;
 };
 
 struct RankRun {

@@ -22,6 +22,7 @@ executor::StageBatch WholeModelBatch(const MicroBatchLoader& loader, const v1::M
   batch.input_positions = lengths.input_positions;
   batch.target_segments = lengths.target_segments;
   batch.target_positions = lengths.target_positions;
+  batch.labelled_positions = lengths.labelled_positions;
   batch.input_tokens = *loader.Load(mb, v1::LoadInput::INPUT_TOKENS, tokens(mb.input_len()));
   if (t5) {
     batch.decoder_tokens =
