@@ -1,7 +1,9 @@
 // No rank ever hangs, with real processes: four executors (pp = 2, dp = 2,
 // Gloo on loopback, a real redis-server) fail at every point of a launch,
-// with every kind of fault, and every peer ends promptly naming the failed
-// rank; the relaunch (a fresh run id, as torchrun and mpirun give) resumes
+// with every kind of fault, and every peer ends on the news of the failure
+// (a closed connection, the failed rank's report, its lapsed heartbeat),
+// never by a wait running out its watchdog, naming the failed rank; the
+// relaunch (a fresh run id, as torchrun and mpirun give) resumes
 // from the last checkpoint every rank holds and ends with parameters
 // byte-identical to an uninterrupted run's.
 // - FaultMatrix.*: one test per fault point (before and after the
@@ -13,8 +15,14 @@
 //   prints the time from the fault to the last peer's exit.
 // - CorruptPlans.*: rank 0's plan of iteration 0 corrupted ten ways; rank 0
 //   refuses it, and every rank (the other replica, which has not reached its
-//   first data-parallel all-reduce, included) ends within the watchdog
-//   timeout + 5 s naming rank 0.
+//   first data-parallel all-reduce, included) ends naming rank 0, no wait
+//   running out its watchdog.
+// Nothing here asserts on wall-clock time, which a loaded machine stretches
+// (docs/development.md, "No test may depend on timing"): "promptly" is what
+// ended each wait. The watchdog is long (a minute), so that no wait of a
+// healthy launch runs out under any load, and a wait that was not ended by
+// the failure runs out and says so in the rank's log ("... did not
+// complete", a Gloo "timed out"), which the test finds.
 #include <signal.h>
 #include <stdlib.h>
 #include <torch/torch.h>
@@ -34,6 +42,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -65,12 +75,13 @@ using ::varipipe::testing::WaitForRanks;
 
 constexpr int kRanks = 4;  // pp = 2, dp = 2
 constexpr int kIterations = 4;
-// Short enough that a missed end would show; the bound of the issue is the
-// watchdog + 5 s.
-constexpr int kWatchdogSeconds = 10;
-constexpr double kBoundSeconds = kWatchdogSeconds + 5.0;
-// What four ranks may take to start and meet on a loaded 2-core machine.
-constexpr double kStartUpSeconds = 30.0;
+// Far beyond any wait of a healthy launch, however loaded the machine: a
+// wait that runs out is one the failure did not end.
+constexpr int kWatchdogSeconds = 60;
+// Only ends a test that would otherwise hang: a rank that waited its whole
+// watchdog and then diagnosed its peers (ttl + 2 s, then ttl + 1 s) ends
+// well within it, and the logs then name the wait that ran out.
+constexpr absl::Duration kHangLimit = absl::Minutes(4);
 
 // A small GPT on the synthetic data, its Redis external; checkpoints every
 // iteration into DIR/ckpt.
@@ -149,6 +160,27 @@ std::string LastLine(const std::string& log) {
   return log.substr(begin, end + 1 - begin);
 }
 
+// The first wait in `log` that ended by running out its time instead of by
+// an event: a transfer, collective or group set-up that "did not complete"
+// by its deadline (the plan interpreter's "... did not complete (watchdog
+// timeout 1m): " prefix names the wait, whatever ended it, and is not one),
+// or a Gloo connection or rendezvous that timed out. Empty when none did.
+std::string WaitThatRanOut(const std::string& log) {
+  constexpr absl::string_view kDidNotComplete = "did not complete";
+  for (const absl::string_view line : absl::StrSplit(log, '\n')) {
+    for (size_t at = line.find(kDidNotComplete); at != absl::string_view::npos;
+         at = line.find(kDidNotComplete, at + 1)) {
+      if (!absl::StartsWith(line.substr(at + kDidNotComplete.size()), " (watchdog timeout ")) {
+        return std::string(line);
+      }
+    }
+    if (absl::StrContains(line, "timed out") || absl::StrContains(line, "Timed out")) {
+      return std::string(line);
+    }
+  }
+  return "";
+}
+
 // Whether `log` (a peer's) names `rank` as the one that failed.
 bool NamesFailedRank(const std::string& log, int rank) {
   return absl::StrContains(log, absl::StrCat("rank ", rank, " failed")) ||
@@ -165,6 +197,10 @@ class FaultInjection : public ::testing::Test {
   void TearDown() override {
     for (const std::filesystem::path& dir : launched_) {
       for (int r = 0; r < kRanks; ++r) {
+        // Only a rank still running: the pid of one that exited may belong
+        // to another process by now (pids wrap around quickly on a machine
+        // busy starting processes), another test's rank, say.
+        if (RankExit(dir, r).has_value()) continue;
         Signal(dir, absl::StrCat("rank", r), SIGCONT);
         Signal(dir, absl::StrCat("rank", r), SIGKILL);
       }
@@ -234,9 +270,9 @@ class FaultInjection : public ::testing::Test {
                                            ",iteration=", iteration));
       Start(dir, Flags(dir, zero_stage, cell + "-fault"));
     }
-    const Ends ends = WatchEnds(dir, absl::Minutes(3));
+    const Ends ends = WatchEnds(dir, kHangLimit);
     const std::string logs = RankLogs(dir, kRanks);
-    ASSERT_TRUE(ends.all()) << "a rank still runs 3 minutes after the fault\n" << logs;
+    ASSERT_TRUE(ends.all()) << "a rank still runs " << kHangLimit << " after the fault\n" << logs;
     const std::string faulty_log = ReadFile(dir / absl::StrCat("rank", rank, ".log"));
     const std::optional<absl::Time> fault_at = FaultTime(faulty_log);
     ASSERT_TRUE(fault_at.has_value()) << "the fault never fired\n" << logs;
@@ -245,6 +281,9 @@ class FaultInjection : public ::testing::Test {
     for (int r = 0; r < kRanks; ++r) {
       const std::string log = ReadFile(dir / absl::StrCat("rank", r, ".log"));
       EXPECT_NE(RankExit(dir, r), 0) << "rank " << r << "\n" << logs;
+      EXPECT_EQ(WaitThatRanOut(log), "")
+          << "a wait of rank " << r << " ran out its time: the failure did not end it\n"
+          << logs;
       if (*ends.at[r] > last) {
         last = *ends.at[r];
         last_rank = r;
@@ -258,12 +297,13 @@ class FaultInjection : public ::testing::Test {
                               : action == "sigterm" ? 128 + SIGTERM
                                                     : 1;
     EXPECT_EQ(RankExit(dir, rank), expected_exit) << logs;
+    // Printed, not asserted: load stretches it (what ended each wait is
+    // asserted above).
     const double seconds = absl::ToDoubleSeconds(last - *fault_at);
     std::printf("  rank %d's last line: %s\n", last_rank,
                 LastLine(ReadFile(dir / absl::StrCat("rank", last_rank, ".log"))).c_str());
     std::printf("cell %-22s %-7s rank %d faulted; last peer (rank %d) exited %.2f s later\n",
                 point.c_str(), action.c_str(), rank, last_rank, seconds);
-    EXPECT_LT(seconds, kBoundSeconds) << logs;
     // The relaunch: a fresh run id, no fault; resumes from the newest
     // checkpoint every rank holds.
     RunClean(dir, Flags(dir, zero_stage, cell + "-relaunch", "--save_parameters params"));
@@ -391,16 +431,18 @@ TEST_F(FaultInjection, CorruptPlansOfRankZeroEndEveryRank) {
     std::ofstream(file, std::ios::trunc) << corrupted;
     const absl::Time start = absl::Now();
     Start(dir, absl::StrCat("--config job.json --plans plans --run_id corrupt-", corruption.name));
-    const Ends ends = WatchEnds(dir, absl::Minutes(3));
+    const Ends ends = WatchEnds(dir, kHangLimit);
     const std::string logs = RankLogs(dir, kRanks);
-    ASSERT_TRUE(ends.all()) << "a rank still runs 3 minutes after the start\n" << logs;
-    // Rank 0 refuses the plan once the ranks met (its exit follows its
-    // report by at most the diagnosis of its peers); the last rank must end
-    // within the bound of it, and the whole launch within the bound plus
-    // start-up (the other replica used to wait for ever).
+    ASSERT_TRUE(ends.all()) << "a rank still runs " << kHangLimit << " after the start\n" << logs;
+    // Rank 0 refuses the plan once the ranks met; every other rank must end
+    // on the news of it (the other replica used to wait for ever), none by
+    // a wait that ran out its watchdog.
     absl::Time last = *ends.at[0];
     for (int r = 0; r < kRanks; ++r) {
       EXPECT_NE(RankExit(dir, r), 0) << logs;
+      EXPECT_EQ(WaitThatRanOut(ReadFile(dir / absl::StrCat("rank", r, ".log"))), "")
+          << "a wait of rank " << r << " ran out its time: rank 0's refusal did not end it\n"
+          << logs;
       last = std::max(last, *ends.at[r]);
       if (r > 0) {
         EXPECT_TRUE(NamesFailedRank(ReadFile(dir / absl::StrCat("rank", r, ".log")), 0))
@@ -413,8 +455,6 @@ TEST_F(FaultInjection, CorruptPlansOfRankZeroEndEveryRank) {
         "corrupt plan %-17s: all four ranks exited %.2f s after the launch (rank 0 %.2f s)\n",
         corruption.name, absl::ToDoubleSeconds(last - start),
         absl::ToDoubleSeconds(*ends.at[0] - start));
-    EXPECT_LT(absl::ToDoubleSeconds(last - *ends.at[0]), kBoundSeconds) << logs;
-    EXPECT_LT(absl::ToDoubleSeconds(last - start), kBoundSeconds + kStartUpSeconds) << logs;
   }
 }
 
