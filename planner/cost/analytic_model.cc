@@ -317,7 +317,7 @@ CostValues AttentionCoreCost(const ModelDims& d, const Hardware& hw, double t, d
 
 CostValues LocalEmbeddingCost(const ModelDims& d, const Hardware& hw, double b, double s);
 CostValues LocalPostprocessCost(const ModelDims& d, const Hardware& hw, double t, double b,
-                                double s);
+                                double s, double n);
 
 // Vocabulary-parallel (t > 1): the ranks' partial rows are all-reduced in
 // the forward pass (g).
@@ -352,26 +352,25 @@ CostValues LocalEmbeddingCost(const ModelDims& d, const Hardware& hw, double b, 
   return {forward_ms, backward_ms, stored, stored + out};
 }
 
-// The vocabulary-parallel head and loss (t > 1): f on the head's input in
-// the backward pass (b * s * h values); the loss all-gathers one
-// log-sum-exp and all-reduces one target logit per token (an all-reduce of
-// 2 * b * s values bounds both).
+// The vocabulary-parallel head and loss (t > 1) over n labelled tokens: f
+// on the head's gathered input in the backward pass (n * h values); the
+// loss all-gathers one log-sum-exp and all-reduces one target logit per
+// labelled token (an all-reduce of 2 * n values bounds both).
 CostValues PostprocessCost(const ModelDims& d, const Hardware& hw, double t, double b, double s,
-                           const TensorLink& link) {
-  CostValues c = LocalPostprocessCost(d, hw, t, b, s);
+                           double n, const TensorLink& link) {
+  CostValues c = LocalPostprocessCost(d, hw, t, b, s, n);
   const uint32_t tp = static_cast<uint32_t>(t);
-  c.forward_ms += TensorAllReduceMs(link, tp, kTensorCollectiveBytes * 2 * b * s);
-  c.backward_ms += TensorAllReduceMs(link, tp, kTensorCollectiveBytes * b * s * d.hidden);
+  c.forward_ms += TensorAllReduceMs(link, tp, kTensorCollectiveBytes * 2 * n);
+  c.backward_ms += TensorAllReduceMs(link, tp, kTensorCollectiveBytes * n * d.hidden);
   return c;
 }
 
 CostValues LocalPostprocessCost(const ModelDims& d, const Hardware& hw, double t, double b,
-                                double s) {
-  // The head runs on the labelled positions only, a chunk at a time
-  // (executor/model/chunked_loss_head.h): n labelled tokens, here every
-  // position of the point (as the profiler measures it), over the rank's
-  // vocabulary rows V_r in chunks of c = DefaultLossChunkTokens(V_r).
-  const double n = b * s;
+                                double s, double n) {
+  // The head runs on the n labelled positions only, a chunk at a time
+  // (executor/model/chunked_loss_head.h; a grid point has n = b * s, as the
+  // profiler measures it), over the rank's vocabulary rows V_r in chunks of
+  // c = DefaultLossChunkTokens(V_r).
   const double rows = VocabRows(d, t);
   const double chunk =
       std::min(n, static_cast<double>(DefaultLossChunkTokens(static_cast<int64_t>(rows))));
@@ -576,12 +575,21 @@ CostValues AnalyticComponentCost(const ModelDims& dims, const Hardware& hw, Comp
     case Component::kEmbedding:
       return EmbeddingCost(dims, hw, t, b, s, link);
     case Component::kPostprocess:
-      return PostprocessCost(dims, hw, t, b, s, link);
+      return PostprocessCost(dims, hw, t, b, s, b * s, link);
     case Component::kAttentionCore:
       (void)recompute;  // tabulated without recomputation (cost_model.h)
       return AttentionCoreCost(dims, hw, t, b, s);
   }
   return {};
+}
+
+CostValues AnalyticHeadCost(const ModelDims& dims, const Hardware& hw, uint32_t tensor_parallel,
+                            double b, double s, double labelled, const TensorLink& link) {
+  return PostprocessCost(dims, hw, tensor_parallel, b, s, labelled, link);
+}
+
+double HeadLabelledTokenBytes(const ModelDims& d) {
+  return 2.0 * d.dtype_bytes * d.hidden + kHeadTokenBytes;
 }
 
 absl::StatusOr<CostModel> BuildAnalyticCostModel(const ModelDims& dims, const Hardware& hw,

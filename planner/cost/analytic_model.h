@@ -54,6 +54,18 @@ CostValues AnalyticComponentCost(const ModelDims& dims, const Hardware& hw, Comp
                                  Recompute recompute, uint32_t tensor_parallel, double b, double s,
                                  double encoder_s, const TensorLink& link = {});
 
+// The postprocess (final norm, LM head and loss) of `b` rows of `s`
+// positions of which `labelled` carry a label: AnalyticComponentCost's
+// kPostprocess is this with labelled = b * s. Time and transient depend on
+// `labelled` only; stored = (B h + 8) b s + HeadLabelledTokenBytes * labelled.
+CostValues AnalyticHeadCost(const ModelDims& dims, const Hardware& hw, uint32_t tensor_parallel,
+                            double b, double s, double labelled, const TensorLink& link = {});
+
+// Bytes the head stores per labelled token: its gathered rows (the norm's
+// input and the head's), 2 B h, and the token's position, label, column,
+// log-sum-exp and masks.
+double HeadLabelledTokenBytes(const ModelDims& dims);
+
 // Milliseconds of one ring all-reduce of `bytes` over `t` ranks on `link`
 // (0 for one rank or a free link).
 double TensorAllReduceMs(const TensorLink& link, uint32_t t, double bytes);

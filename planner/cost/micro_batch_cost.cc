@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "planner/cost/analytic_model.h"
 
 namespace varipipe::planner {
 namespace {
@@ -139,6 +140,9 @@ absl::StatusOr<MicroBatchCostModel> MicroBatchCostModel::Create(const CostModel&
     m.decoder_ = model.Grid(Component::kDecoderLayer, recompute, tensor_parallel);
   }
   m.attention_core_ = model.Grid(Component::kAttentionCore, Recompute::kNone, tensor_parallel);
+  if (model.profiled_dims().has_value()) {
+    m.head_token_bytes_ = HeadLabelledTokenBytes(*model.profiled_dims());
+  }
   m.fused_attention_ = model.profiled_dims().has_value() &&
                        model.profiled_dims()->attention_kernel == AttentionKernel::kFused;
   m.variable_length_kernel_ = m.fused_attention_ && model.profiled_dims()->dtype_bytes == 2;
@@ -351,14 +355,17 @@ bool MicroBatchCostModel::PricePerSample(const PackedSamples& packed, uint32_t i
 }
 
 bool MicroBatchCostModel::Evaluate(uint32_t b, uint32_t input_len, uint32_t target_len,
-                                   const PackedSamples* packed, MicroBatchCost* out) const {
-  if (packed == nullptr || attention_core_ == nullptr) {
-    return Evaluate(b, input_len, target_len, out);
-  }
+                                   const PackedSamples* packed, double labelled_tokens,
+                                   MicroBatchCost* out) const {
   Row row;
+  if (!PrepareRow(input_len, target_len, &row)) return false;
+  if (packed == nullptr || attention_core_ == nullptr) {
+    return Evaluate(row, b, labelled_tokens, out);
+  }
   Components c;
-  if (!PrepareRow(input_len, target_len, &row) || !LookupComponents(row, b, &c)) return false;
+  if (!LookupComponents(row, b, &c)) return false;
   PricePerSample(*packed, input_len, target_len, &c.encoder, &c.decoder);
+  PriceLabelled(b, row.head_len_, labelled_tokens, &c.postprocess);
   return Combine(c.encoder, c.decoder, c.encoder_embedding, c.decoder_embedding, c.postprocess,
                  row.encoder_bias_, row.decoder_bias_, out);
 }
@@ -370,6 +377,7 @@ MicroBatchCostModel::StackBias MicroBatchCostModel::BiasOf(uint32_t s) const {
 
 bool MicroBatchCostModel::PrepareRow(uint32_t input_len, uint32_t target_len, Row* row) const {
   row->model_ = this;
+  row->head_len_ = layout_.encoder_decoder ? target_len : input_len;
   row->encoder_bias_ = BiasOf(input_len);
   row->decoder_bias_ = layout_.encoder_decoder ? BiasOf(target_len) : StackBias();
   if (!encoder_->Row(input_len, 0, &row->encoder_)) return false;
@@ -419,10 +427,29 @@ bool MicroBatchCostModel::LookupComponents(const Row& row, uint32_t b, Component
   return true;
 }
 
-bool MicroBatchCostModel::Evaluate(const Row& row, uint32_t b, MicroBatchCost* out) const {
+void MicroBatchCostModel::PriceLabelled(uint32_t b, uint32_t head_len, double labelled,
+                                        CostValues* head) const {
+  const double positions = static_cast<double>(b) * head_len;
+  if (labelled < 0 || labelled >= positions) return;
+  // Every position of (b, n / b) is labelled: n tokens through the head.
+  CostValues equivalent;
+  if (!postprocess_->Lookup(b, labelled / b, &equivalent)) return;
+  head->forward_ms = std::min(head->forward_ms, equivalent.forward_ms);
+  head->backward_ms = std::min(head->backward_ms, equivalent.backward_ms);
+  const double transient = std::min(head->peak_bytes - head->stored_bytes,
+                                    equivalent.peak_bytes - equivalent.stored_bytes);
+  // stored(b, s, n) = stored(b, s, b s) - bytes per labelled token * (b s - n).
+  head->stored_bytes =
+      std::max(0.0, head->stored_bytes - head_token_bytes_ * (positions - labelled));
+  head->peak_bytes = head->stored_bytes + transient;
+}
+
+bool MicroBatchCostModel::Evaluate(const Row& row, uint32_t b, double labelled_tokens,
+                                   MicroBatchCost* out) const {
   Components c;
-  return LookupComponents(row, b, &c) &&
-         Combine(c.encoder, c.decoder, c.encoder_embedding, c.decoder_embedding, c.postprocess,
+  if (!LookupComponents(row, b, &c)) return false;
+  PriceLabelled(b, row.head_len_, labelled_tokens, &c.postprocess);
+  return Combine(c.encoder, c.decoder, c.encoder_embedding, c.decoder_embedding, c.postprocess,
                  row.encoder_bias_, row.decoder_bias_, out);
 }
 

@@ -22,6 +22,18 @@
 // again in the backward. Without the grid a packed row is priced as one
 // sequence of its padded length (an upper bound).
 //
+// The postprocess (final norm, LM head and loss) runs on the labelled
+// tokens only (docs/models.md "The loss head"); its grid is measured with
+// every position labelled. Given n labelled tokens of b rows padded to s
+// (GPT: s the sequence, T5: the target), the head's times and transient
+// are read at the equivalent point (b, n / b), whose b * (n / b) = n
+// positions are all labelled, and its stored bytes are those at (b, s) less
+// HeadLabelledTokenBytes (analytic_model.h) per unlabelled position
+// (kept as at (b, s) when the cost model has no profiled dims). For the
+// analytic model this is AnalyticHeadCost exactly where n / b is a grid
+// length; below the grid's shortest length the point is clamped (an upper
+// bound). Callers without per-sample counts pass kEveryPosition (n = b s).
+//
 // Thread safety: immutable; const methods may run concurrently. Rows are
 // caller-owned scratch objects.
 #ifndef VARIPIPE_PLANNER_COST_MICRO_BATCH_COST_H_
@@ -86,6 +98,9 @@ enum class PackedAttentionPricing { kBlockDiagonalMask, kPerSample, kFastest };
 
 class MicroBatchCostModel {
  public:
+  // A labelled-token count meaning every position carries a label.
+  static constexpr double kEveryPosition = -1;
+
   // REQUIRES: `model` outlives the result. Fails when a grid the layout
   // needs is missing.
   static absl::StatusOr<MicroBatchCostModel> Create(const CostModel& model,
@@ -98,7 +113,14 @@ class MicroBatchCostModel {
   // The same for packed rows (b == packed.rows) computing attention per
   // sample; packed == nullptr is the call above.
   bool Evaluate(uint32_t b, uint32_t input_len, uint32_t target_len, const PackedSamples* packed,
-                MicroBatchCost* out) const;
+                MicroBatchCost* out) const {
+    return Evaluate(b, input_len, target_len, packed, kEveryPosition, out);
+  }
+  // The same with `labelled_tokens` of the micro-batch's positions carrying
+  // a label (LabelledTokens in planner/microbatch/micro_batch.h; the head's
+  // pricing above); kEveryPosition: all of them.
+  bool Evaluate(uint32_t b, uint32_t input_len, uint32_t target_len, const PackedSamples* packed,
+                double labelled_tokens, MicroBatchCost* out) const;
   // Whether packed rows are priced per sample (the cost model has an
   // attention-core grid); otherwise `packed` arguments change nothing.
   bool prices_per_sample_attention() const { return attention_core_ != nullptr; }
@@ -126,6 +148,7 @@ class MicroBatchCostModel {
     ProfileGrid::BatchRow encoder_embedding_;
     ProfileGrid::BatchRow decoder_embedding_;
     ProfileGrid::BatchRow postprocess_;
+    uint32_t head_len_ = 0;  // the postprocess's length (GPT: input, T5: target)
     // The position bias of the row's encoder (GPT: sequence) and decoder
     // lengths.
     StackBias encoder_bias_;
@@ -133,7 +156,11 @@ class MicroBatchCostModel {
   };
   bool PrepareRow(uint32_t input_len, uint32_t target_len, Row* row) const;
   // Same result as Evaluate(b, input_len, target_len) for the row's lengths.
-  bool Evaluate(const Row& row, uint32_t b, MicroBatchCost* out) const;
+  bool Evaluate(const Row& row, uint32_t b, MicroBatchCost* out) const {
+    return Evaluate(row, b, kEveryPosition, out);
+  }
+  // The same with `labelled_tokens` labelled positions (see above).
+  bool Evaluate(const Row& row, uint32_t b, double labelled_tokens, MicroBatchCost* out) const;
 
   // Per-stage costs of `b` samples padded to (input_len, target_len) when
   // the model is split into `stages` = devices * chunks stages (the
@@ -188,6 +215,10 @@ class MicroBatchCostModel {
     CostValues postprocess;
   };
   bool LookupComponents(const Row& row, uint32_t b, Components* c) const;
+  // Reprices `head`, the postprocess of `b` rows of `head_len` positions,
+  // for `labelled` labelled tokens (the header's rule); unchanged for
+  // kEveryPosition, b * head_len or more, or an infeasible equivalent point.
+  void PriceLabelled(uint32_t b, uint32_t head_len, double labelled, CostValues* head) const;
   // The change per-sample attention over `packed` makes to one encoder
   // layer (GPT: layer) and one decoder layer at the padded lengths. False
   // when there is no attention-core grid or a core lookup is infeasible.
@@ -220,6 +251,8 @@ class MicroBatchCostModel {
   const ProfileGrid* embedding_ = nullptr;  // optional
   const ProfileGrid* postprocess_ = nullptr;
   const ProfileGrid* attention_core_ = nullptr;  // optional, RECOMPUTE_NONE
+  // HeadLabelledTokenBytes of the profiled dims; 0 without them.
+  double head_token_bytes_ = 0;
   // A fused kernel keeps no scores: selective recomputation changes nothing
   // in its core.
   bool fused_attention_ = false;

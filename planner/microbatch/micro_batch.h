@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "common/dataset/loss_tokens.h"
 #include "common/dataset/synthetic_mixture.h"
 
 namespace varipipe::planner {
@@ -47,6 +48,16 @@ struct MicroBatchGroup {
   // Tokens the micro-batch computes on, padding included.
   uint64_t ComputedTokens() const { return size() * (uint64_t{input_len} + target_len); }
 };
+
+// The labelled tokens of `group`, the positions its loss head runs on:
+// sum over its samples of LossTokens (GPT supervised: the targets; T5: every
+// target token). MicroBatchCostModel::Evaluate prices the head on these.
+inline uint64_t LabelledTokens(const MicroBatchGroup& group, std::span<const SampleLengths> samples,
+                               bool encoder_decoder) {
+  uint64_t n = 0;
+  for (uint32_t position : group.samples) n += LossTokens(samples[position], encoder_decoder);
+  return n;
+}
 
 // Rounds `length` up to a multiple of `multiple` (>= 1).
 inline uint32_t RoundUpLength(uint32_t length, uint32_t multiple) {
