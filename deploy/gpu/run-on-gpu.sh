@@ -71,7 +71,7 @@ CHECKS=(
   "gpu-fp32-vs-cpu|gpu|one rank, fp32, the quickstart's multi-task job: losses on cuda:0 (TF32 off) match the CPU run of the same plans"
   "gpu-bf16-train|gpu|the quickstart's multi-task job, one rank on cuda:0 under torchrun, bf16 autocast, 30 iterations: the loss falls"
   "host-syncs|gpu|one steady-state iteration of the quickstart's multi-task job (bf16, one rank) under LibTorch's CUDA synchronisation debug mode: synchronising calls against the executor's 'host reads' (target: at most 2), and the profiler's trace of the next iteration summarised by kernel kind"
-  "gpu-tests|gpu|the equivalence cells on cuda:0 (equivalence_test Cuda/*: GPT, T5, LLAMA, each recompute mode, packed, one rank; and cells whose 2 or 4 ranks share the GPU over Gloo; fp32, TF32 off) against the reference"
+  "gpu-tests|gpu|the equivalence cells on cuda:0 (equivalence_test Cuda/*: GPT, T5, LLAMA, each recompute mode, packed, one rank; and cells whose 2 or 4 ranks share the GPU over Gloo; fp32, TF32 off) against the reference; the flash variable-length kernel against the reference kernel (variable_length_attention_test, dispatcher_call_test)"
   "speed|gpu|tokens/s, MFU and interpreter overhead of the default search, packing (under the planner's kernel and under the mask) and token-based, GPT-1.3B-like stack, bf16, maximum length 8,192, FLAN-like and documents mixtures"
   "profile|gpu|varipipe-profile on a hidden-4096 layer up to 8,192 tokens: the cost model (varipipe-plan accepts it) and the layer's MFU from device times"
   "predict|gpu|predicted against measured iteration time of a hidden-4096 GPT job: the analytic model, the profiled cost model, and the profiled model with online calibration (varipipe-ctl status: prediction error p50, p90)"
@@ -1248,14 +1248,17 @@ PY
 
 # The equivalence cells on the GPU (equivalence_test's Cuda/*: one rank per
 # model and recompute mode, packed rows too; fp32 against the reference),
-# GPU visible, TF32 off.
+# and the variable-length attention cells (the flash kernel against the
+# reference kernel in bf16; the flash operators' schemas of the linked
+# LibTorch against the arguments the executor passes), GPU visible, TF32 off.
 check_gpu_tests() {
   local rc=0
-  say "building equivalence_test"
+  say "building equivalence_test, variable_length_attention_test, dispatcher_call_test"
   timeout "$(left)" cmake --build "$build" -j "$jobs" --target equivalence_test \
-    > "$logs/build-equivalence.log" 2>&1 ||
+    variable_length_attention_test dispatcher_call_test > "$logs/build-equivalence.log" 2>&1 ||
     { note "building equivalence_test failed: $(first_error "$logs/build-equivalence.log")"; return 1; }
-  NVIDIA_TF32_OVERRIDE=0 timeout "$(left)" ctest --test-dir "$build" -R '^equivalence_test\.Cuda/' -j 4 \
+  NVIDIA_TF32_OVERRIDE=0 timeout "$(left)" ctest --test-dir "$build" \
+    -R '^(equivalence_test\.Cuda/|variable_length_attention_test\.|dispatcher_call_test\.)' -j 4 \
     --output-on-failure --no-tests=error > "$1/ctest.log" 2>&1 || rc=$?
   cat "$1/ctest.log"
   [[ $rc -eq 0 ]] || gloo_crash_facts "$build/tests/equivalence_test" \
