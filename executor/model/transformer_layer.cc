@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "executor/model/attention_mask.h"
+#include "executor/model/cuda_autocast.h"
 #include "executor/model/deferred_linear.h"
 #include "executor/model/recompute_precision.h"
 #include "executor/model/recomputed_attention.h"
@@ -319,10 +320,19 @@ torch::Tensor TransformerLayer::Attention(const torch::Tensor& q, const torch::T
     // Packed rows: one variable-length kernel call where one serves the
     // device, dtype and model; otherwise the same core, sample by sample.
     const int64_t head_dim = q.size(2) / heads_;
+    // Under CUDA autocast the kernel runs in the autocast dtype, as the
+    // fused kernel of unpacked rows does (LLAMA's rotary positions leave q
+    // and k in fp32).
+    const bool autocast = q.is_cuda() && CudaAutocastEnabled();
+    const auto compute = [&](const torch::Tensor& t) {
+      return autocast ? t.to(CudaAutocastDtype()) : t;
+    };
+    const torch::Tensor cq = compute(q);
     if (const VariableLengthKernel* kernel =
-            VariableLengthKernelFor(q, head_dim, bias.defined(), fused_attention_)) {
+            VariableLengthKernelFor(cq, head_dim, bias.defined(), fused_attention_)) {
       const double scale = scaled ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : 1.0;
-      return VariableLengthAttention(q, k, v, input.layout_ptr(), heads_, scale, *kernel);
+      return VariableLengthAttention(cq, compute(k), compute(v), input.layout_ptr(), heads_,
+                                     scale, *kernel);
     }
     return PerSampleAttention(q, k, v, input.layout(), bias,
                               [this](const torch::Tensor& sq, const torch::Tensor& sk,
