@@ -11,13 +11,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-// The dtype the head's matrix products run in (as DeferredLinear's): the
-// CUDA autocast dtype when autocast is on and x is on a GPU, else x's own.
-torch::ScalarType ComputeDtype(const torch::Tensor& x) {
-  if (x.is_cuda() && CudaAutocastEnabled()) return CudaAutocastDtype();
-  return x.scalar_type();
-}
-
 // Rows [start, start + count) of `t`.
 torch::Tensor Chunk(const torch::Tensor& t, int64_t start, int64_t count) {
   return t.narrow(0, start, count);

@@ -47,6 +47,14 @@ inline void SetCudaAutocastDtype(at::ScalarType dtype) {
 #endif
 }
 
+// The dtype a matrix product (torch::linear, the attention kernels) runs in
+// for `x`: the CUDA autocast dtype when autocast is on and x is on a GPU,
+// else x's own.
+inline at::ScalarType ComputeDtype(const at::Tensor& x) {
+  if (x.is_cuda() && CudaAutocastEnabled()) return CudaAutocastDtype();
+  return x.scalar_type();
+}
+
 }  // namespace varipipe::executor
 
 #endif  // VARIPIPE_EXECUTOR_MODEL_CUDA_AUTOCAST_H_

@@ -10,13 +10,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-// The dtype torch::linear computes in for `x`: the CUDA autocast dtype when
-// autocast is on and x is on a GPU, else x's own.
-torch::ScalarType ComputeDtype(const torch::Tensor& x) {
-  if (x.is_cuda() && CudaAutocastEnabled()) return CudaAutocastDtype();
-  return x.scalar_type();
-}
-
 // LibTorch's Functions take no undefined tensor as an input, so the layer
 // without a bias (the LM head) is the overload without one.
 class LinearWithDeferredWeight : public torch::autograd::Function<LinearWithDeferredWeight> {

@@ -323,10 +323,7 @@ torch::Tensor TransformerLayer::Attention(const torch::Tensor& q, const torch::T
     // Under CUDA autocast the kernel runs in the autocast dtype, as the
     // fused kernel of unpacked rows does (LLAMA's rotary positions leave q
     // and k in fp32).
-    const bool autocast = q.is_cuda() && CudaAutocastEnabled();
-    const auto compute = [&](const torch::Tensor& t) {
-      return autocast ? t.to(CudaAutocastDtype()) : t;
-    };
+    const auto compute = [&](const torch::Tensor& t) { return t.to(ComputeDtype(q)); };
     const torch::Tensor cq = compute(q);
     if (const VariableLengthKernel* kernel =
             VariableLengthKernelFor(cq, head_dim, bias.defined(), fused_attention_)) {
