@@ -45,28 +45,49 @@ absl::Status Trainer::Run() {
   if (first_ >= last_ && c_.env.rank == 0) {
     spdlog::info("nothing to run: iterations {} to {} are done", first_, last_);
   }
-  for (uint64_t iteration = first_; iteration < last_; ++iteration) {
-    if (c_.shutdown.Requested()) {
-      return absl::CancelledError(absl::StrCat("between iterations, before iteration ", iteration));
-    }
-    if (c_.transports.aborted()) {
-      return absl::AbortedError(absl::StrCat("between iterations, before iteration ", iteration));
-    }
-    SetFaultIteration(iteration);
-    if (absl::Status status = RunIteration(iteration); !status.ok()) {
-      return absl::Status(status.code(),
-                          absl::StrCat("iteration ", iteration, " failed: ", status.message()));
-    }
-    if (absl::Status status = MaybeInjectFault(FaultPoint::kBetweenIterations); !status.ok()) {
-      return absl::Status(status.code(),
-                          absl::StrCat("after iteration ", iteration, ": ", status.message()));
-    }
-  }
+  VP_RETURN_IF_ERROR(RunIterations());
   VP_RETURN_IF_ERROR(SaveParameters());
   VP_RETURN_IF_ERROR(ExportHuggingFace());
   if (c_.env.rank == 0) LogSummary();
   spdlog::info("done");
   return absl::OkStatus();
+}
+
+// The iterations; each one's report runs on the reporter's thread while the
+// next one runs, and a failed report ends training at the next boundary.
+// On a failure nothing after the failed iteration is reported, and the
+// report in progress ends with report_ (aborted).
+absl::Status Trainer::RunIterations() {
+  reporter_ = std::make_unique<IterationReporter>(/*max_pending=*/2);
+  absl::Status status = [this]() -> absl::Status {
+    for (uint64_t iteration = first_; iteration < last_; ++iteration) {
+      if (c_.shutdown.Requested()) {
+        return absl::CancelledError(
+            absl::StrCat("between iterations, before iteration ", iteration));
+      }
+      if (c_.transports.aborted()) {
+        return absl::AbortedError(absl::StrCat("between iterations, before iteration ", iteration));
+      }
+      SetFaultIteration(iteration);
+      if (absl::Status status = RunIteration(iteration); !status.ok()) {
+        return absl::Status(status.code(),
+                            absl::StrCat("iteration ", iteration, " failed: ", status.message()));
+      }
+      if (absl::Status status = MaybeInjectFault(FaultPoint::kBetweenIterations); !status.ok()) {
+        return absl::Status(status.code(),
+                            absl::StrCat("after iteration ", iteration, ": ", status.message()));
+      }
+    }
+    // Every report made (the planner daemons count the last one to end the
+    // job) before anything else happens.
+    return reporter_->Flush();
+  }();
+  if (!status.ok()) {
+    reporter_->Discard();
+    report_->Abort(std::string(status.message()));
+  }
+  reporter_.reset();
+  return status;
 }
 
 // The data, the model and this rank's stages (looped placement: stage s
@@ -187,6 +208,14 @@ absl::Status Trainer::Meet() {
     host_ = c_.transports.Add(std::move(created));
     spdlog::info("host transport: {}", host_->Describe());
   }
+  {
+    TransportOptions report_options = transport_options;
+    report_options.prefix += "/report";
+    report_options.cuda_device = -1;
+    report_options.gloo_on_gpu = false;
+    VP_ASSIGN_OR_RETURN(created, CreateTransport(report_options));
+    report_ = c_.transports.Add(std::move(created));
+  }
   VP_RETURN_IF_ERROR(MaybeInjectFault(FaultPoint::kAfterRendezvous));
   for (int r = 0; r < c_.env.world_size; ++r) world_.push_back(r);
   // The plan interpreter talks in pipeline ranks (the identity without
@@ -269,11 +298,12 @@ absl::Status Trainer::Resume() {
   return absl::OkStatus();
 }
 
-// One iteration: run the plan, reduce the metrics, report, checkpoint.
+// One iteration: fetch and run the plan, hand its report to the reporter,
+// checkpoint.
 absl::Status Trainer::RunIteration(uint64_t iteration) {
+  const auto start = std::chrono::steady_clock::now();
   VP_ASSIGN_OR_RETURN(const CheckedPlan plan, FetchPlan(iteration));
   c_.board.BeginIteration(plan.shared());
-  const auto start = std::chrono::steady_clock::now();
   const bool traced = options_.profile_iteration >= 0 &&
                       static_cast<uint64_t>(options_.profile_iteration) == iteration;
   if (traced) VP_RETURN_IF_ERROR(StartIterationTrace(c_.device.is_cuda));
@@ -290,10 +320,27 @@ absl::Status Trainer::RunIteration(uint64_t iteration) {
     const absl::Status traced_status = WriteTrace(iteration);
     if (ran.ok() && !traced_status.ok()) return traced_status;
   }
-  VP_ASSIGN_OR_RETURN(const IterationStats stats, std::move(ran));
-  VP_ASSIGN_OR_RETURN(const Totals totals, Reduce(stats, start));
-  VP_RETURN_IF_ERROR(Report(iteration, plan.plan(), stats, totals));
+  VP_ASSIGN_OR_RETURN(IterationStats stats, std::move(ran));
+  auto report = std::make_shared<RanIteration>(RanIteration{
+      .iteration = iteration,
+      .plan = plan.shared(),
+      .stats = std::move(stats),
+      .step_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+      .peak_bytes = PeakMemoryBytes(c_.device),
+      .reserved_bytes = PeakReservedBytes(c_.device),
+      .current_bytes = CurrentMemoryBytes(c_.device),
+      // Measured model state (AdamW's moments exist from the first step on).
+      .optimizer_state_bytes = rank_optimizer_.optimizer->StateBytes()});
+  VP_RETURN_IF_ERROR(reporter_->Submit([this, report] { return ReduceAndReport(*report); }));
   return MaybeCheckpoint(iteration + 1);
+}
+
+// The reporter's job (iteration_reporter.h): nothing here touches the
+// model, the optimizer or the device.
+absl::Status Trainer::ReduceAndReport(const RanIteration& ran) {
+  VP_ASSIGN_OR_RETURN(const Totals totals, Reduce(ran.stats, ran.step_seconds));
+  return Report(ran, totals);
 }
 
 // Stops the profiler, writes the trace and logs its summary.
@@ -335,30 +382,30 @@ absl::StatusOr<CheckedPlan> Trainer::FetchPlan(uint64_t iteration) {
 // replica counts the replica's tokens. A tensor group's ranks hold the same
 // loss and tokens: its first rank counts them.
 absl::StatusOr<Trainer::Totals> Trainer::Reduce(const IterationStats& stats,
-                                                std::chrono::steady_clock::time_point start) {
+                                                double step_seconds) {
   const bool first_tensor_rank = c_.coordinates.tensor_index == 0;
   const bool counts_tokens = c_.coordinates.pp_rank == 0 && first_tensor_rank;
   std::vector<float> totals{first_tensor_rank ? static_cast<float>(stats.loss) : 0.0f,
                             counts_tokens ? static_cast<float>(stats.real_tokens) : 0.0f,
                             counts_tokens ? static_cast<float>(stats.padded_tokens) : 0.0f};
-  VP_RETURN_IF_ERROR(host_->AllReduceMean(totals, world_));
+  VP_RETURN_IF_ERROR(report_->AllReduceMean(totals, world_));
   const double n = static_cast<double>(c_.env.world_size);
   return Totals{
       .loss = totals[0] * n,
       .real_tokens = totals[1] * n,
       .padded_tokens = totals[2] * n,
-      .step_seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+      .step_seconds = step_seconds};
 }
 
 // The status board, the planner daemon (progress and calibration), the
 // metrics and rank 0's log.
-absl::Status Trainer::Report(uint64_t iteration, const v1::ExecutionPlan& plan,
-                             const IterationStats& stats, const Totals& totals) {
-  const int64_t peak_bytes = PeakMemoryBytes(c_.device);
-  const int64_t reserved_bytes = PeakReservedBytes(c_.device);
-  // Measured model state (AdamW's moments exist from the first step on).
-  const int64_t optimizer_state_bytes = rank_optimizer_.optimizer->StateBytes();
+absl::Status Trainer::Report(const RanIteration& ran, const Totals& totals) {
+  const uint64_t iteration = ran.iteration;
+  const v1::ExecutionPlan& plan = *ran.plan;
+  const IterationStats& stats = ran.stats;
+  const int64_t peak_bytes = ran.peak_bytes;
+  const int64_t reserved_bytes = ran.reserved_bytes;
+  const int64_t optimizer_state_bytes = ran.optimizer_state_bytes;
   if (iteration == first_) {
     spdlog::info(
         "measured model state per rank: parameters {} bytes, optimizer state {} bytes "
@@ -369,7 +416,7 @@ absl::Status Trainer::Report(uint64_t iteration, const v1::ExecutionPlan& plan,
   c_.board.SetModelState(static_cast<uint64_t>(parameter_bytes_),
                          static_cast<uint64_t>(optimizer_state_bytes));
   c_.board.EndIteration(totals.loss, totals.real_tokens / totals.step_seconds,
-                        static_cast<uint64_t>(CurrentMemoryBytes(c_.device)),
+                        static_cast<uint64_t>(ran.current_bytes),
                         static_cast<uint64_t>(peak_bytes));
   v1::ReportProgressRequest progress = Progress(iteration, plan, stats, totals, peak_bytes);
   progress.set_peak_reserved_bytes(static_cast<uint64_t>(reserved_bytes));

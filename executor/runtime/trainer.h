@@ -1,9 +1,10 @@
 // One rank's training run (varipipe-executor): the rank's model stages and
 // optimizer, its transports, then its iterations one by one. Each iteration
-// fetches and checks its plan, runs it, reduces the iteration's totals over
-// every rank, reports them (status board, planner daemon, metrics, log) and
-// writes a checkpoint when one is due. The launch (rendezvous, heartbeats,
-// peer watch) is the caller's (executor_main.cc).
+// fetches and checks its plan, runs it and writes a checkpoint when one is
+// due; reducing its totals over every rank and reporting them (status board,
+// planner daemon, metrics, log) run on the reporter's thread while the next
+// iteration starts (iteration_reporter.h). The launch (rendezvous,
+// heartbeats, peer watch) is the caller's (executor_main.cc).
 #ifndef VARIPIPE_EXECUTOR_RUNTIME_TRAINER_H_
 #define VARIPIPE_EXECUTOR_RUNTIME_TRAINER_H_
 
@@ -28,6 +29,7 @@
 #include "executor/runtime/checkpoint.h"
 #include "executor/runtime/device.h"
 #include "executor/runtime/executor_status_service.h"
+#include "executor/runtime/iteration_reporter.h"
 #include "executor/runtime/launch_env.h"
 #include "executor/runtime/optimizer_sharding.h"
 #include "executor/runtime/plan_interpreter.h"
@@ -112,12 +114,30 @@ class Trainer {
   absl::Status OpenMetrics();
   absl::Status Resume();
 
+  absl::Status RunIterations();
   absl::Status RunIteration(uint64_t iteration);
   absl::StatusOr<CheckedPlan> FetchPlan(uint64_t iteration);
-  absl::StatusOr<Totals> Reduce(const IterationStats& stats,
-                                std::chrono::steady_clock::time_point start);
-  absl::Status Report(uint64_t iteration, const v1::ExecutionPlan& plan,
-                      const IterationStats& stats, const Totals& totals);
+  // What the training thread knows of an iteration once it ran; the
+  // reporter's thread makes the report from it alone.
+  struct RanIteration {
+    uint64_t iteration = 0;
+    std::shared_ptr<const v1::ExecutionPlan> plan;
+    IterationStats stats;
+    // From the iteration's start (before its plan was fetched) until its
+    // last pass and optimizer step were queued.
+    double step_seconds = 0;
+    // Read by the training thread when the iteration returned (host-side
+    // counters: no device wait).
+    int64_t peak_bytes = 0;
+    int64_t reserved_bytes = 0;
+    int64_t current_bytes = 0;
+    int64_t optimizer_state_bytes = 0;
+  };
+  // The reporter's job for one iteration: Reduce, then Report.
+  absl::Status ReduceAndReport(const RanIteration& ran);
+  // Over report_, on the reporter's thread.
+  absl::StatusOr<Totals> Reduce(const IterationStats& stats, double step_seconds);
+  absl::Status Report(const RanIteration& ran, const Totals& totals);
   v1::ReportProgressRequest Progress(uint64_t iteration, const v1::ExecutionPlan& plan,
                                      const IterationStats& stats, const Totals& totals,
                                      int64_t peak_bytes) const;
@@ -150,15 +170,20 @@ class Trainer {
   // views (tensor_rank_transport.h), which the interpreter uses.
   Transport* transport_ = nullptr;
   Transport* host_ = nullptr;  // small host-side reductions
+  // The iteration totals' all-reduce, driven by reporter_'s thread alone
+  // (a Gloo transport of its own, so that its collectives never interleave
+  // with the training thread's).
+  Transport* report_ = nullptr;
+  std::unique_ptr<IterationReporter> reporter_;
   std::unique_ptr<Transport> plan_transport_;
   std::unique_ptr<Transport> plan_host_;
   std::unique_ptr<PlanInterpreter> interpreter_;
   std::vector<int> world_;
-  std::ofstream metrics_;
+  std::ofstream metrics_;  // the reporter's thread writes it
   uint64_t first_ = 0;
   uint64_t last_ = 0;
   std::unique_ptr<RankCheckpoints> checkpoints_;
-  RunRecord record_;
+  RunRecord record_;  // the reporter's thread writes it; read after Flush
   // --export_hf, once every rank's part is written (rank 0): what rank 0
   // found there.
   std::string export_complete_;
