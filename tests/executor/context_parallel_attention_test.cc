@@ -1,0 +1,101 @@
+#include "executor/model/context_parallel_attention.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+namespace varipipe::executor {
+namespace {
+
+// Each sample's causal attention, whole: the result context parallelism
+// must reproduce. q, k, v [packed, heads, d].
+torch::Tensor WholeSampleAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                   const torch::Tensor& v, const std::vector<int64_t>& offsets,
+                                   double scale) {
+  std::vector<torch::Tensor> out;
+  for (size_t s = 0; s + 1 < offsets.size(); ++s) {
+    const int64_t l = offsets[s + 1] - offsets[s];
+    const torch::Tensor qs = q.slice(0, offsets[s], offsets[s + 1]).transpose(0, 1);
+    const torch::Tensor ks = k.slice(0, offsets[s], offsets[s + 1]).transpose(0, 1);
+    const torch::Tensor vs = v.slice(0, offsets[s], offsets[s + 1]).transpose(0, 1);
+    const torch::Tensor hidden = torch::ones({l, l}, torch::kBool).triu(1);
+    const torch::Tensor scores =
+        (torch::matmul(qs, ks.transpose(1, 2)) * scale).masked_fill(hidden, -INFINITY);
+    out.push_back(torch::matmul(torch::softmax(scores, -1), vs).transpose(0, 1));
+  }
+  return torch::cat(out, 0);
+}
+
+// The group's ranks in one process: each rank's local keys padded to the
+// all-gather count and laid rank after rank, as the all-gather returns them
+// (its backward, a reduce-scatter, sums each slot's gradients over the
+// ranks, as autograd does here).
+torch::Tensor Gathered(const torch::Tensor& x, const std::vector<ContextParallelSplit>& ranks,
+                       const std::vector<ContextParallelIndex>& index) {
+  std::vector<torch::Tensor> parts;
+  const int64_t count = ranks[0].all_gather_count();
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const torch::Tensor local = x.index_select(0, index[r].local_tokens);
+    parts.push_back(torch::constant_pad_nd(local, {0, 0, 0, 0, 0, count - local.size(0)}));
+  }
+  return torch::cat(parts, 0);
+}
+
+TEST(ContextParallelAttentionTest, RanksTogetherEqualWholeSamplesWithGradients) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  torch::manual_seed(seed);
+  const int64_t heads = 2;
+  const int64_t d = 8;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  for (int round = 0; round < 12; ++round) {
+    const int c = round % 2 == 0 ? 2 : 4;
+    std::vector<int64_t> lengths(1 + rng() % 4);
+    for (int64_t& l : lengths) l = 1 + static_cast<int64_t>(rng() % 40);
+    SCOPED_TRACE(testing::Message() << "round " << round << ", c " << c);
+    std::vector<ContextParallelSplit> ranks;
+    std::vector<ContextParallelIndex> index;
+    for (int i = 0; i < c; ++i) {
+      ranks.push_back(*ContextParallelSplit::Of(lengths, c, i));
+      index.push_back(ContextParallelIndex::Of(ranks.back(), torch::kCPU));
+    }
+    const int64_t total = ranks[0].total_tokens();
+    const auto options = torch::TensorOptions().dtype(torch::kDouble);
+    const torch::Tensor q = torch::randn({total, heads, d}, options).requires_grad_();
+    const torch::Tensor k = torch::randn({total, heads, d}, options).requires_grad_();
+    const torch::Tensor v = torch::randn({total, heads, d}, options).requires_grad_();
+    const torch::Tensor weight = torch::randn({total, heads, d}, options);
+
+    const torch::Tensor whole = WholeSampleAttention(q, k, v, ranks[0].sample_offsets(), scale);
+    const auto whole_grads = torch::autograd::grad({(whole * weight).sum()}, {q, k, v});
+
+    const torch::Tensor k_gathered = Gathered(k, ranks, index);
+    const torch::Tensor v_gathered = Gathered(v, ranks, index);
+    // The gathered buffer holds every packed token where gathered_index says.
+    EXPECT_TRUE(torch::equal(k_gathered.index_select(0, index[0].gathered_index), k));
+    torch::Tensor split_out = torch::zeros({total, heads, d}, options);
+    for (int i = 0; i < c; ++i) {
+      const torch::Tensor out = ReferenceContextParallelAttention(
+          q.index_select(0, index[i].local_tokens), GatherKeyPrefixes(k_gathered, index[i]),
+          GatherKeyPrefixes(v_gathered, index[i]), ranks[i], scale);
+      split_out = split_out.index_add(0, index[i].local_tokens, out);
+    }
+    const auto split_grads = torch::autograd::grad({(split_out * weight).sum()}, {q, k, v});
+    // fp32 inside the attention: fp32 tolerances.
+    EXPECT_TRUE(torch::allclose(split_out, whole, 1e-5, 1e-5))
+        << (split_out - whole).abs().max().item<double>();
+    const char* names[] = {"q", "k", "v"};
+    for (int g = 0; g < 3; ++g) {
+      EXPECT_TRUE(torch::allclose(split_grads[g], whole_grads[g], 1e-4, 1e-5))
+          << names[g] << " gradient differs by "
+          << (split_grads[g] - whole_grads[g]).abs().max().item<double>();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace varipipe::executor
