@@ -27,7 +27,7 @@ constexpr FaultPoint kPoints[] = {
     FaultPoint::kBeforeAllReduce,     FaultPoint::kInSend,
     FaultPoint::kInReceive,           FaultPoint::kInAllReduce,
     FaultPoint::kInShardedCollective, FaultPoint::kInCheckpointWrite,
-    FaultPoint::kBetweenIterations,
+    FaultPoint::kBetweenIterations,   FaultPoint::kInReport,
 };
 
 struct Fault {
@@ -86,6 +86,8 @@ absl::string_view FaultPointName(FaultPoint point) {
       return "in_checkpoint_write";
     case FaultPoint::kBetweenIterations:
       return "between_iterations";
+    case FaultPoint::kInReport:
+      return "in_report";
   }
   return "?";
 }
@@ -152,7 +154,9 @@ void SetFirstFaultIteration(uint64_t iteration) {
   state.first_iteration = iteration;
 }
 
-absl::Status MaybeInjectFault(FaultPoint point) {
+absl::Status MaybeInjectFault(FaultPoint point) { return MaybeInjectFault(point, std::nullopt); }
+
+absl::Status MaybeInjectFault(FaultPoint point, std::optional<uint64_t> at_iteration) {
   State& state = GetState();
   Fault fault;
   uint64_t iteration = 0;
@@ -160,8 +164,8 @@ absl::Status MaybeInjectFault(FaultPoint point) {
     absl::MutexLock lock(&state.mu);
     if (!state.fault.has_value() || state.fault->point != point) return absl::OkStatus();
     if (InsideIteration(point)) {
-      if (!state.iteration.has_value()) return absl::OkStatus();
-      iteration = *state.iteration;
+      if (!at_iteration.has_value() && !state.iteration.has_value()) return absl::OkStatus();
+      iteration = at_iteration.has_value() ? *at_iteration : *state.iteration;
       if (iteration != state.fault->iteration.value_or(state.first_iteration)) {
         return absl::OkStatus();
       }

@@ -7,7 +7,8 @@
 //
 //   P: before_rendezvous, after_rendezvous, before_all_reduce, in_send,
 //      in_receive, in_all_reduce, in_sharded_collective, in_checkpoint_write,
-//      between_iterations
+//      between_iterations, in_report (the reporter's job for iteration I,
+//      before its all-reduce: iteration_reporter.h)
 //   A: kill (SIGKILL, no report), sigterm (the process signals itself and
 //      stops as on a real SIGTERM), error (the point fails with INTERNAL
 //      "injected failure ...")
@@ -21,6 +22,7 @@
 #define VARIPIPE_EXECUTOR_RUNTIME_FAULT_INJECTION_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -38,6 +40,7 @@ enum class FaultPoint {
   kInShardedCollective,
   kInCheckpointWrite,
   kBetweenIterations,
+  kInReport,
 };
 
 // The name a point has in VARIPIPE_FAULT_INJECTION ("in_send").
@@ -59,6 +62,10 @@ void SetFirstFaultIteration(uint64_t iteration);
 // kill never returns, sigterm raises SIGTERM and returns OK (the shutdown
 // signal then aborts the rank's waits), error returns INTERNAL.
 absl::Status MaybeInjectFault(FaultPoint point);
+// The same for a point reached on another thread on behalf of iteration
+// `iteration` (the reporter's), matched against it instead of the current
+// one.
+absl::Status MaybeInjectFault(FaultPoint point, std::optional<uint64_t> iteration);
 
 }  // namespace varipipe::executor
 

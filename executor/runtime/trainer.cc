@@ -339,8 +339,15 @@ absl::Status Trainer::RunIteration(uint64_t iteration) {
 // The reporter's job (iteration_reporter.h): nothing here touches the
 // model, the optimizer or the device.
 absl::Status Trainer::ReduceAndReport(const RanIteration& ran) {
-  VP_ASSIGN_OR_RETURN(const Totals totals, Reduce(ran.stats, ran.step_seconds));
-  return Report(ran, totals);
+  absl::Status status = MaybeInjectFault(FaultPoint::kInReport, ran.iteration);
+  if (status.ok()) {
+    absl::StatusOr<Totals> totals = Reduce(ran.stats, ran.step_seconds);
+    status = totals.ok() ? Report(ran, *totals) : totals.status();
+  }
+  if (status.ok()) return status;
+  // It surfaces at a later iteration's boundary: say whose report it was.
+  return absl::Status(status.code(), absl::StrCat("the report of iteration ", ran.iteration,
+                                                  " failed: ", status.message()));
 }
 
 // Stops the profiler, writes the trace and logs its summary.

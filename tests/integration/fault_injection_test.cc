@@ -358,6 +358,10 @@ TEST_F(FaultInjection, InsideZeroStage1Collectives) {
 }
 TEST_F(FaultInjection, WhileWritingACheckpoint) { RunPoint("in_checkpoint_write", 1, 2); }
 TEST_F(FaultInjection, BetweenIterations) { RunPoint("between_iterations", 3, 1); }
+// The iteration's report runs on the reporter's thread while the next
+// iteration runs: a rank whose report fails or dies there still ends every
+// peer (their reports wait for its totals).
+TEST_F(FaultInjection, InTheIterationReport) { RunPoint("in_report", 2, 1); }
 
 // Rank 0's plan of iteration 0, corrupted.
 struct Corruption {
