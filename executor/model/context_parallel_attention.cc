@@ -6,9 +6,32 @@
 namespace varipipe::executor {
 namespace {
 
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
 torch::Tensor ToTensor(const std::vector<int64_t>& values, torch::Device device) {
   return torch::tensor(at::ArrayRef<int64_t>(values), torch::kLong).to(device);
 }
+
+// Forward: pad to `count` rows, all-gather along rows. Backward:
+// reduce-scatter along rows, this rank's first `local` rows.
+class GatherContext : public torch::autograd::Function<GatherContext> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t count,
+                               const TensorGroup* group) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+    ctx->saved_data["local"] = x.size(0);
+    std::vector<int64_t> padding(2 * x.dim(), 0);
+    padding.back() = count - x.size(0);  // rows appended after the last
+    return group->AllGather(torch::constant_pad_nd(x, padding), 0);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad) {
+    const auto* group = reinterpret_cast<const TensorGroup*>(ctx->saved_data["group"].toInt());
+    const int64_t local = ctx->saved_data["local"].toInt();
+    const torch::Tensor mine = group->ReduceScatter(grad[0].contiguous(), 0);
+    return {mine.narrow(0, 0, local), torch::Tensor(), torch::Tensor()};
+  }
+};
 
 }  // namespace
 
@@ -18,6 +41,18 @@ ContextParallelIndex ContextParallelIndex::Of(const ContextParallelSplit& split,
           .local_positions = ToTensor(split.local_positions(), device),
           .key_index = ToTensor(split.key_index(), device),
           .gathered_index = ToTensor(split.gathered_index(), device)};
+}
+
+torch::Tensor AllGatherContext(const torch::Tensor& x, const ContextParallelSplit& split,
+                               const TensorGroup* group) {
+  TORCH_CHECK(group != nullptr && group->size() == split.group_size() &&
+                  group->index() == split.index(),
+              "context-parallel all-gather: the group (", group == nullptr ? 0 : group->size(),
+              " ranks) is not the split's (", split.group_size(), " ranks, index ", split.index(),
+              ")");
+  TORCH_CHECK(x.size(0) == split.local_count(), "context-parallel all-gather of ", x.size(0),
+              " rows for ", split.local_count(), " local tokens");
+  return GatherContext::apply(x, split.all_gather_count(), group);
 }
 
 torch::Tensor GatherKeyPrefixes(const torch::Tensor& gathered, const ContextParallelIndex& index) {

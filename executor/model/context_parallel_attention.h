@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include "common/plan_contract/context_parallel_split.h"
+#include "executor/model/tensor_group.h"
 
 namespace varipipe::executor {
 
@@ -29,6 +30,15 @@ struct ContextParallelIndex {
 
   static ContextParallelIndex Of(const ContextParallelSplit& split, torch::Device device);
 };
+
+// x [local, ...] -> [group size * all_gather_count, ...]: every rank's local
+// rows, each padded to split.all_gather_count(), rank after rank (the
+// layout gathered_index() addresses). Differentiable: the backward
+// reduce-scatters the gathered gradient (each slot summed over the group,
+// every rank having used every other's keys) and keeps this rank's rows.
+// `group` is the context-parallel group (its index is split.index()).
+torch::Tensor AllGatherContext(const torch::Tensor& x, const ContextParallelSplit& split,
+                               const TensorGroup* group);
 
 // `gathered` [group * all_gather_count, heads, d] (the all-gather of every
 // rank's local keys or values, each padded to all_gather_count) -> the
