@@ -477,9 +477,13 @@ void Search::CostStages(std::span<const size_t> ready) {
     for (size_t g = 0; g < groups.size(); ++g) {
       const MicroBatchGroup& group = groups[g];
       const std::optional<PackedSamples> packed = PerSampleRows(group, *cand.micro_batching);
+      // The head on the group's labelled tokens, as the micro-batching
+      // priced it.
+      const double labelled = static_cast<double>(
+          LabelledTokens(group, cand.micro_batching->samples, dims_.encoder_decoder()));
       if (!cost.EvaluateStages(static_cast<uint32_t>(group.size()), group.input_len,
-                               group.target_len, packed ? &*packed : nullptr, cand.chunks,
-                               dims_.hidden, dims_.dtype_bytes, &stage_costs)) {
+                               group.target_len, packed ? &*packed : nullptr, labelled,
+                               cand.chunks, dims_.hidden, dims_.dtype_bytes, &stage_costs)) {
         out.error = "a micro-batch lies beyond the cost model";
         return;
       }
@@ -777,9 +781,11 @@ ReplicaPlan Search::ReplicaOf(const Candidate& best, uint32_t r, absl::Status* s
     // What the profiled model predicts for each stage (executors report it
     // beside their measurement: calibration.h).
     if (profiled.ok() &&
-        profiled->EvaluateStages(static_cast<uint32_t>(group.size()), group.input_len,
-                                 group.target_len, packed ? &*packed : nullptr, best.chunks,
-                                 dims_.hidden, dims_.dtype_bytes, &stage_costs)) {
+        profiled->EvaluateStages(
+            static_cast<uint32_t>(group.size()), group.input_len, group.target_len,
+            packed ? &*packed : nullptr,
+            static_cast<double>(LabelledTokens(group, mbr.samples, dims_.encoder_decoder())),
+            best.chunks, dims_.hidden, dims_.dtype_bytes, &stage_costs)) {
       for (uint32_t s = 0; s < stage_costs.size(); ++s) {
         const StageOpCost& sc = stage_costs[s];
         StageOpCost split{.forward_ms = sc.forward_ms, .backward_ms = sc.backward_ms};

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
@@ -22,6 +23,8 @@
 #include "executor/model/tensor_parallel_ops.h"
 #include "executor/model/tensor_shard.h"
 #include "executor/model/transformer_layer.h"
+#include "executor/model/variable_length_attention.h"
+#include "executor/model/variable_length_layout.h"
 #include "executor/model/vocab_parallel.h"
 #include "executor/runtime/counting_allocator.h"
 
@@ -263,7 +266,14 @@ void BuildLayer(const ModelSpec& spec, const ProfilePoint& p, torch::Device devi
 // The core alone (QK^T, masking, softmax, P.V in the model's kernel) over
 // the layer's Q, K and V, which the layer keeps whether the core runs over
 // the row or per sample: nothing is charged for them. GPT: causal; T5:
-// full, as the encoder's.
+// full, as the encoder's. The kernel is the one packed rows' attention runs
+// on this device (TransformerLayer::Attention): where a variable-length
+// kernel serves the device, dtype and model (CUDA, 16-bit autocast, FUSED,
+// no score bias), one call over the point's b samples of s tokens, so the
+// planner prices a micro-batch's samples as one launch of the same score
+// area (micro_batch_cost.h); otherwise (CPUs, fp32, T5V11's biased
+// self-attention) the core a sample runs alone, whose (1, l) points the
+// planner sums per sample.
 void BuildAttentionCore(const ModelSpec& spec, const ProfilePoint& p, torch::Device device,
                         const TensorGroup& tp, Runnable& r) {
   const int64_t s = p.seq_len;
@@ -279,7 +289,20 @@ void BuildAttentionCore(const ModelSpec& spec, const ProfilePoint& p, torch::Dev
       SelfAttentionMaskFor(spec.attention_kernel, FullLengths(p, s, device), s, causal);
   const torch::Tensor mask = input.is_causal() ? torch::Tensor() : input.mask();
   const bool fused = spec.attention_kernel == v1::FUSED;
-  r.forward = [q, k, v, mask, fused, heads, scaled = !spec.t5v11] {
+  // Every row one sample of s tokens, as packed rows' layouts hold them.
+  const c10::intrusive_ptr<VariableLengthLayout> layout = VariableLengthLayout::FromSegments(
+      torch::zeros({p.micro_batch, s}, torch::kInt64),
+      torch::zeros({p.micro_batch, s}, torch::kInt64), causal);
+  r.forward = [q, k, v, mask, fused, heads, layout, head_dim = spec.kv_channels,
+               biased = spec.t5v11, scaled = !spec.t5v11] {
+    // Chosen inside the forward: under autocast, in the compute dtype.
+    const torch::Tensor cq = q.to(ComputeDtype(q));
+    if (const VariableLengthKernel* kernel =
+            VariableLengthKernelFor(cq, head_dim, biased, fused)) {
+      const double scale = scaled ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : 1.0;
+      return VariableLengthAttention(cq, k.to(cq.scalar_type()), v.to(cq.scalar_type()), layout,
+                                     heads, scale, *kernel);
+    }
     return fused ? FusedAttention(q, k, v, mask, heads, {}, scaled)
                  : MaskedAttention(q, k, v, mask, heads, {}, scaled);
   };

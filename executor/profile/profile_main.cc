@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "common/binary_main.h"
 #include "common/config/job_config.h"
+#include "common/cost_model_format.h"
 #include "common/monotone_grid.h"
 #include "common/redis/redis_client.h"
 #include "common/redis/redis_server_process.h"
@@ -636,7 +637,7 @@ int ProfileGrids(const ProfileInputs& inputs,
   const std::vector<Grid> grids = Grids(config, quick);
   const std::vector<PointKey> todo = PointsToMeasure(grids, modes, TokenCap(config));
   const std::string header =
-      absl::StrCat("# varipipe-profile v1 ", inputs.device,
+      absl::StrCat("# varipipe-profile v", kCostModelFormatVersion, " ", inputs.device,
                    " threads=", absl::GetFlag(FLAGS_threads), " repeats=", inputs.settings.repeats,
                    " quick=", quick, " tensor=", inputs.spec.tensor_parallel,
                    inputs.spec.sequence_parallel ? " sequence_parallel" : "",
@@ -666,7 +667,7 @@ int ProfileGrids(const ProfileInputs& inputs,
     return kExitOk;
   }
   v1::CostModelFile file;
-  file.set_format_version(1);
+  file.set_format_version(kCostModelFormatVersion);
   file.set_description(absl::StrCat(
       "varipipe-profile on ", inputs.device, " (LibTorch ", executor::TorchVersion(), ", ",
       absl::GetFlag(FLAGS_threads), " threads), ",

@@ -563,6 +563,26 @@ double ComponentParameters(const ModelDims& d, Component component, uint32_t tp,
   return 0;
 }
 
+double LinearParameters(const ModelDims& d, Component component, uint32_t tp) {
+  const double h = d.hidden;
+  // Norm weights (and LayerNorm biases) per layer: LLAMA two RMSNorms, T5V11
+  // two (encoder) or three (decoder) RMSNorms, MEGATRON two (three) LayerNorms.
+  const double encoder_norms = d.llama() || d.t5v11() ? 2 * h : 4 * h;
+  const double decoder_norms = d.t5v11() ? 3 * h : 6 * h;
+  switch (component) {
+    case Component::kEncoderLayer:
+      return ComponentParameters(d, component, tp, 0) - encoder_norms;
+    case Component::kDecoderLayer:
+      return d.encoder_decoder() ? ComponentParameters(d, component, tp, 0) - decoder_norms : 0;
+    case Component::kPostprocess:
+      return VocabRows(d, tp) * h;
+    case Component::kEmbedding:
+    case Component::kAttentionCore:
+      return 0;
+  }
+  return 0;
+}
+
 CostValues AnalyticComponentCost(const ModelDims& dims, const Hardware& hw, Component component,
                                  Recompute recompute, uint32_t tensor_parallel, double b, double s,
                                  double encoder_s, const TensorLink& link) {

@@ -94,6 +94,13 @@ double DecoderLayerStoredBytes(const ModelDims& dims, Recompute recompute, doubl
 double ComponentParameters(const ModelDims& dims, Component component, uint32_t tp,
                            uint32_t positions);
 
+// The weights and biases of the component's linear layers at degree tp:
+// what the executor keeps one compute-dtype copy of under mixed precision
+// (memory_model.h, StageLayout::compute_copy_bytes). A layer's parameters
+// less its norms; the LM head's weight [V_r, h], tied or not (postprocess);
+// none for the embedding (a lookup) and the attention core.
+double LinearParameters(const ModelDims& dims, Component component, uint32_t tp);
+
 // The tabulated model: grids for every component the model kind needs, all
 // three recompute modes, each requested tensor-parallel degree, and the
 // attention core (RECOMPUTE_NONE) that prices packed rows per sample.

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/cost_model_format.h"
 #include "common/status.h"
 #include "google/protobuf/util/json_util.h"
 #include "planner/cost/analytic_model.h"
@@ -188,9 +189,17 @@ absl::Status SetOptimizerAndParameters(const v1::CostModelFile& file, const std:
 
 absl::StatusOr<CostModel> CostModelFromProto(const v1::CostModelFile& file,
                                              const std::string& source) {
-  if (file.format_version() != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": format_version must be 1 (got ", file.format_version(), ")"));
+  if (file.format_version() == 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        source, ": cost model of format_version 1, expected ", kCostModelFormatVersion,
+        ": it was profiled before packed rows' attention ran as one variable-length kernel and "
+        "the loss head only on labelled tokens, and its attention-core and head grids measure "
+        "kernels the executor no longer runs; re-profile with varipipe-profile"));
+  }
+  if (file.format_version() != kCostModelFormatVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": format_version must be ",
+                                                   kCostModelFormatVersion, " (got ",
+                                                   file.format_version(), ")"));
   }
   CostModel model;
   model.set_description(file.description());
@@ -213,7 +222,7 @@ absl::StatusOr<CostModel> CostModelFromProto(const v1::CostModelFile& file,
 
 v1::CostModelFile CostModelToProto(const CostModel& model) {
   v1::CostModelFile file;
-  file.set_format_version(1);
+  file.set_format_version(kCostModelFormatVersion);
   file.set_description(model.description());
   if (model.profiled_dims().has_value()) {
     const ModelDims& d = *model.profiled_dims();

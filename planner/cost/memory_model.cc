@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "planner/cost/analytic_model.h"
 #include "planner/cost/model_dims.h"
 
 namespace varipipe::planner {
@@ -63,6 +64,14 @@ absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipe
     layout.position_bias_split_bytes = 4.0 * dims.heads;  // fp32, from the fp32 table
     layout.position_bias_replicated_bytes = 8;            // int64 bucket ids
     layout.position_bias_fused = dims.attention_kernel == AttentionKernel::kFused;
+  }
+  if (dims.dtype_bytes < 4) {
+    layout.compute_copy_bytes = dims.dtype_bytes;
+    layout.encoder_layer_linear =
+        LinearParameters(dims, Component::kEncoderLayer, tensor_parallel);
+    layout.decoder_layer_linear =
+        LinearParameters(dims, Component::kDecoderLayer, tensor_parallel);
+    layout.head_linear = LinearParameters(dims, Component::kPostprocess, tensor_parallel);
   }
   const LayerCounts counts{.encoder_decoder = dims.encoder_decoder(),
                            .encoder_layers = layout.encoder_layers,
@@ -138,18 +147,23 @@ double MaxParametersPerDevice(const CostModel& model, const StageLayout& layout)
 absl::StatusOr<double> AvailableActivationBytes(const CostModel& model, const StageLayout& layout,
                                                 ZeroStage zero, uint32_t data_parallel,
                                                 double device_memory_limit_bytes) {
-  const double parameters = MaxParametersPerDevice(model, layout);
-  const double state = ModelStatePerDevice(parameters, zero, data_parallel).total();
-  const double available = device_memory_limit_bytes - state;
-  if (available <= 0) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "model state alone needs %.2f GiB per device (%.3g parameters on the busiest device, "
-        "ZeRO stage %d, data parallel %d) but the device memory limit is %.2f GiB; use more "
-        "pipeline stages, a higher ZeRO stage or a larger cluster.device_memory_limit_mib",
-        state / (1 << 30), parameters, static_cast<int>(zero), data_parallel,
-        device_memory_limit_bytes / (1 << 30)));
+  // The busiest device: the one with the least room.
+  absl::StatusOr<std::vector<double>> rooms = AvailableActivationBytesPerDevice(
+      model, layout, zero, data_parallel, device_memory_limit_bytes);
+  if (!rooms.ok()) return rooms.status();
+  return *std::min_element(rooms->begin(), rooms->end());
+}
+
+std::vector<double> ComputeCopyBytesPerDevice(const StageLayout& layout) {
+  std::vector<double> bytes(layout.devices, 0);
+  if (layout.compute_copy_bytes == 0) return bytes;
+  for (uint32_t d = 0; d < layout.devices; ++d) {
+    bytes[d] = layout.compute_copy_bytes *
+               (layout.DeviceEncoderLayers(d) * layout.encoder_layer_linear +
+                layout.DeviceDecoderLayers(d) * layout.decoder_layer_linear +
+                (d + 1 == layout.devices ? layout.head_linear : 0.0));
   }
-  return available;
+  return bytes;
 }
 
 std::vector<double> ParametersPerDevice(const CostModel& model, const StageLayout& layout) {
@@ -187,16 +201,21 @@ absl::StatusOr<std::vector<double>> AvailableActivationBytesPerDevice(
     const CostModel& model, const StageLayout& layout, ZeroStage zero, uint32_t data_parallel,
     double device_memory_limit_bytes) {
   std::vector<double> available = ParametersPerDevice(model, layout);
+  const std::vector<double> copies = ComputeCopyBytesPerDevice(layout);
   for (size_t d = 0; d < available.size(); ++d) {
     const double parameters = available[d];
-    const double state = ModelStatePerDevice(parameters, zero, data_parallel).total();
+    const double state =
+        ModelStatePerDevice(parameters, zero, data_parallel).total() + copies[d];
     available[d] = device_memory_limit_bytes - state;
     if (available[d] <= 0) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "model state alone needs %.2f GiB on pipeline device %d (%.3g parameters, ZeRO stage "
-          "%d, data parallel %d) but the device memory limit is %.2f GiB; use more pipeline "
+          "%d, data parallel %d%s) but the device memory limit is %.2f GiB; use more pipeline "
           "stages, a higher ZeRO stage or a larger cluster.device_memory_limit_mib",
           state / (1 << 30), d, parameters, static_cast<int>(zero), data_parallel,
+          copies[d] > 0 ? absl::StrFormat(", %.2f GiB of it the compute-dtype weight copy",
+                                          copies[d] / (1 << 30))
+                        : "",
           device_memory_limit_bytes / (1 << 30)));
     }
   }

@@ -9,6 +9,14 @@
 // across the data-parallel replicas, stage 2 would also shard the gradients,
 // stage 3 also the parameters (Rajbhandari et al. 2020); the executor
 // implements stage 1.
+//
+// Under mixed precision (a 16-bit model.dtype) each stage also keeps one
+// compute-dtype copy of its linear layers' weights and biases (the LM
+// head's weight where the stage holds the head, tied or not) for the whole
+// iteration, cast once per optimizer step and read by every micro-batch:
+// dtype_bytes x those parameters (StageLayout::compute_copy_bytes), static
+// memory beside the fp32 state. None in fp32. No micro-batch keeps a cast
+// of its own.
 #ifndef VARIPIPE_PLANNER_COST_MEMORY_MODEL_H_
 #define VARIPIPE_PLANNER_COST_MEMORY_MODEL_H_
 
@@ -105,6 +113,14 @@ struct StageLayout {
   double position_bias_split_bytes = 0;
   double position_bias_replicated_bytes = 0;
   bool position_bias_fused = false;  // the fused attention kernel
+  // The compute-dtype weight copy (see the header): bytes per parameter
+  // (dims.dtype_bytes below 4, else 0) and the linear parameters of one
+  // layer of each kind and of the LM head on one tensor rank
+  // (LinearParameters, analytic_model.h).
+  double compute_copy_bytes = 0;
+  double encoder_layer_linear = 0;
+  double decoder_layer_linear = 0;
+  double head_linear = 0;
   // The gradient of one stack's position bias, fp32 [1, heads, s, s]: the
   // stage's backward sums every layer's share into it, so it is alive
   // beside each layer's own backward transient (a peak term, not stored).
@@ -150,8 +166,8 @@ double ModelParameters(const CostModel& model, const StageLayout& layout);
 // Parameters on the device that holds the most (the memory bottleneck).
 double MaxParametersPerDevice(const CostModel& model, const StageLayout& layout);
 
-// Device memory left for activations: limit - model state of the busiest
-// device. ResourceExhausted (naming both numbers) when the model state alone
+// Device memory left for activations: limit - model state (and the
+// compute-dtype weight copy) of the busiest device. ResourceExhausted (naming both numbers) when the model state alone
 // does not fit.
 absl::StatusOr<double> AvailableActivationBytes(const CostModel& model, const StageLayout& layout,
                                                 ZeroStage zero, uint32_t data_parallel,
@@ -164,7 +180,13 @@ absl::StatusOr<double> AvailableActivationBytes(const CostModel& model, const St
 // parameters of StageLayout (replicas included).
 std::vector<double> ParametersPerDevice(const CostModel& model, const StageLayout& layout);
 
-// Each device's own room for activations: limit - its own model state.
+// The compute-dtype weight copy each pipeline device keeps (the header):
+// compute_copy_bytes x (its layers' linear parameters + the head's weight
+// on the last device). All zero in fp32.
+std::vector<double> ComputeCopyBytesPerDevice(const StageLayout& layout);
+
+// Each device's own room for activations: limit - its own model state
+// (and its compute-dtype weight copy).
 // ResourceExhausted (naming the device) when a device's model state alone
 // does not fit.
 absl::StatusOr<std::vector<double>> AvailableActivationBytesPerDevice(

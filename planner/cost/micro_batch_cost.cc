@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "planner/cost/analytic_model.h"
@@ -12,6 +13,24 @@ namespace {
 // Accumulates one device's components.
 class DeviceSum {
  public:
+  DeviceSum() = default;
+  explicit DeviceSum(const MicroBatchCostModel::PendingDevice& p)
+      : forward_ms_(p.forward_ms),
+        backward_ms_(p.backward_ms),
+        stored_(p.stored),
+        transient_(p.transient),
+        bias_gradient_(p.bias_gradient) {}
+  // REQUIRES: no postprocess added.
+  MicroBatchCostModel::PendingDevice Pending(double scale, double depth, int slot) const {
+    return {.forward_ms = forward_ms_,
+            .backward_ms = backward_ms_,
+            .stored = stored_,
+            .transient = transient_,
+            .bias_gradient = bias_gradient_,
+            .scale = scale,
+            .depth = depth,
+            .slot = slot};
+  }
   void Add(const CostValues& v, double count) {
     if (count == 0) return;
     forward_ms_ += count * v.forward_ms;
@@ -143,6 +162,25 @@ absl::StatusOr<MicroBatchCostModel> MicroBatchCostModel::Create(const CostModel&
   if (model.profiled_dims().has_value()) {
     m.head_token_bytes_ = HeadLabelledTokenBytes(*model.profiled_dims());
   }
+  if (m.postprocess_ != nullptr && !m.postprocess_->three_d()) {
+    // Prefix minima over the length axis of each b-axis point (kLeastHead).
+    const ProfileGrid& g = *m.postprocess_;
+    const size_t lengths = g.seq_lens().size();
+    const double inf = std::numeric_limits<double>::infinity();
+    m.least_head_.assign(g.micro_batch_sizes().size() * lengths, {inf, inf, inf});
+    for (size_t kb = 0; kb < g.micro_batch_sizes().size(); ++kb) {
+      std::array<double, 3> least{inf, inf, inf};
+      for (size_t ks = 0; ks < lengths; ++ks) {
+        const CostValues& v = g.At(kb, 0, ks);
+        if (std::isfinite(v.forward_ms) && std::isfinite(v.backward_ms) &&
+            std::isfinite(v.peak_bytes) && std::isfinite(v.stored_bytes)) {
+          least = {std::min(least[0], v.forward_ms), std::min(least[1], v.backward_ms),
+                   std::min(least[2], v.peak_bytes - v.stored_bytes)};
+        }
+        m.least_head_[kb * lengths + ks] = least;
+      }
+    }
+  }
   m.fused_attention_ = model.profiled_dims().has_value() &&
                        model.profiled_dims()->attention_kernel == AttentionKernel::kFused;
   m.variable_length_kernel_ = m.fused_attention_ && model.profiled_dims()->dtype_bytes == 2;
@@ -182,34 +220,33 @@ void MicroBatchCostModel::SetDeviceRoom(const std::vector<double>& room, double 
       layout_.encoder_decoder && c > 1 ? scale(class_devices_[kFirstDecoderDevice]) : last_scale_;
 }
 
-bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& decoder,
-                                  const CostValues& encoder_embedding,
-                                  const CostValues& decoder_embedding,
-                                  const CostValues& postprocess, const StackBias& encoder_bias,
-                                  const StackBias& decoder_bias, MicroBatchCost* out) const {
+void MicroBatchCostModel::CombineBesidesHead(const CostValues& encoder, const CostValues& decoder,
+                                             const CostValues& encoder_embedding,
+                                             const CostValues& decoder_embedding,
+                                             const StackBias& encoder_bias,
+                                             const StackBias& decoder_bias, MicroBatchCost* others,
+                                             PendingDevice* pending) const {
   const StageLayout& l = layout_;
-  *out = MicroBatchCost();
+  *others = MicroBatchCost();
   if (!l.encoder_decoder) {
     if (l.devices == 1) {
       DeviceSum only;
       only.Add(encoder, l.encoder_layers);
       only.Add(encoder_embedding, 1);
-      only.AddPostprocess(postprocess);
       only.AddBias(encoder_bias);
-      only.MergeInto(out, first_scale_, 1, kFirstDevice);
-      return true;
+      *pending = only.Pending(first_scale_, 1, kFirstDevice);
+      return;
     }
     DeviceSum first;
     first.Add(encoder, class_layers_[kFirstDevice]);
     first.Add(encoder_embedding, 1);
     first.AddBias(encoder_bias);
-    first.MergeInto(out, first_scale_, depth_[kFirstDevice], kFirstDevice);
+    first.MergeInto(others, first_scale_, depth_[kFirstDevice], kFirstDevice);
     DeviceSum last;
     last.Add(encoder, class_layers_[kLastDevice]);
-    last.AddPostprocess(postprocess);
     last.AddBias(encoder_bias);
-    last.MergeInto(out, last_scale_, depth_[kLastDevice], kLastDevice);
-    return true;
+    *pending = last.Pending(last_scale_, depth_[kLastDevice], kLastDevice);
+    return;
   }
   if (l.shared_device()) {
     DeviceSum only;
@@ -217,32 +254,53 @@ bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& d
     only.Add(encoder_embedding, 1);
     only.Add(decoder, l.decoder_layers);
     only.Add(decoder_embedding, 1);
-    only.AddPostprocess(postprocess);
     only.AddBias(encoder_bias);
     only.AddBias(decoder_bias);
-    only.MergeInto(out, first_scale_, 1, kFirstDevice);
-    return true;
+    *pending = only.Pending(first_scale_, 1, kFirstDevice);
+    return;
   }
   DeviceSum first_encoder;
   first_encoder.Add(encoder, class_layers_[kFirstDevice]);
   first_encoder.Add(encoder_embedding, 1);
   first_encoder.AddBias(encoder_bias);
-  first_encoder.MergeInto(out, first_scale_, depth_[kFirstDevice], kFirstDevice);
+  first_encoder.MergeInto(others, first_scale_, depth_[kFirstDevice], kFirstDevice);
   const bool one_decoder_device = l.devices - l.encoder_devices == 1;
   DeviceSum first_decoder;
   first_decoder.Add(decoder, class_layers_[kFirstDecoderDevice]);
   first_decoder.Add(decoder_embedding, 1);
-  if (one_decoder_device) first_decoder.AddPostprocess(postprocess);
   first_decoder.AddBias(decoder_bias);
-  first_decoder.MergeInto(out, first_decoder_scale_, depth_[kFirstDecoderDevice],
-                          kFirstDecoderDevice);
-  if (!one_decoder_device) {
-    DeviceSum last;
-    last.Add(decoder, class_layers_[kLastDevice]);
-    last.AddPostprocess(postprocess);
-    last.AddBias(decoder_bias);
-    last.MergeInto(out, last_scale_, depth_[kLastDevice], kLastDevice);
+  if (one_decoder_device) {
+    *pending = first_decoder.Pending(first_decoder_scale_, depth_[kFirstDecoderDevice],
+                                     kFirstDecoderDevice);
+    return;
   }
+  first_decoder.MergeInto(others, first_decoder_scale_, depth_[kFirstDecoderDevice],
+                          kFirstDecoderDevice);
+  DeviceSum last;
+  last.Add(decoder, class_layers_[kLastDevice]);
+  last.AddBias(decoder_bias);
+  *pending = last.Pending(last_scale_, depth_[kLastDevice], kLastDevice);
+}
+
+void MicroBatchCostModel::FinishWithHead(const MicroBatchCost& others,
+                                         const PendingDevice& pending,
+                                         const CostValues& postprocess, MicroBatchCost* out) {
+  *out = others;
+  DeviceSum device(pending);
+  device.AddPostprocess(postprocess);
+  device.MergeInto(out, pending.scale, pending.depth, pending.slot);
+}
+
+bool MicroBatchCostModel::Combine(const CostValues& encoder, const CostValues& decoder,
+                                  const CostValues& encoder_embedding,
+                                  const CostValues& decoder_embedding,
+                                  const CostValues& postprocess, const StackBias& encoder_bias,
+                                  const StackBias& decoder_bias, MicroBatchCost* out) const {
+  MicroBatchCost others;
+  PendingDevice pending;
+  CombineBesidesHead(encoder, decoder, encoder_embedding, decoder_embedding, encoder_bias,
+                     decoder_bias, &others, &pending);
+  FinishWithHead(others, pending, postprocess, out);
   return true;
 }
 
@@ -430,10 +488,34 @@ bool MicroBatchCostModel::LookupComponents(const Row& row, uint32_t b, Component
 void MicroBatchCostModel::PriceLabelled(uint32_t b, uint32_t head_len, double labelled,
                                         CostValues* head) const {
   const double positions = static_cast<double>(b) * head_len;
-  if (labelled < 0 || labelled >= positions) return;
+  if (labelled != kLeastHead && (labelled < 0 || labelled >= positions)) return;
+  ProfileGrid::BatchPosition at;
+  if (!postprocess_->LocateBatch(b, &at)) return;  // beyond the grid: no cost at all
+  if (labelled == kLeastHead) {
+    // Between grid points the equivalent point is linear in its length, so
+    // the least over [0, head_len] lies at a length point below head_len or
+    // at head_len itself (*head); below the first point it is clamped.
+    const std::vector<uint32_t>& lengths = postprocess_->seq_lens();
+    const int below =
+        static_cast<int>(std::lower_bound(lengths.begin(), lengths.end(), head_len) -
+                         lengths.begin()) -
+        1;
+    double transient = head->peak_bytes - head->stored_bytes;
+    if (below >= 0 && !least_head_.empty()) {
+      const std::array<double, 3>& lo = least_head_[at.lo * lengths.size() + below];
+      const std::array<double, 3>& hi = least_head_[at.hi * lengths.size() + below];
+      const auto mix = [&](int k) { return at.w == 0 ? lo[k] : (1 - at.w) * lo[k] + at.w * hi[k]; };
+      head->forward_ms = std::min(head->forward_ms, mix(0));
+      head->backward_ms = std::min(head->backward_ms, mix(1));
+      transient = std::min(transient, mix(2));
+    }
+    head->stored_bytes = std::max(0.0, head->stored_bytes - head_token_bytes_ * positions);
+    head->peak_bytes = head->stored_bytes + transient;
+    return;
+  }
   // Every position of (b, n / b) is labelled: n tokens through the head.
   CostValues equivalent;
-  if (!postprocess_->Lookup(b, labelled / b, &equivalent)) return;
+  if (!postprocess_->Lookup(at, labelled / b, &equivalent)) return;
   head->forward_ms = std::min(head->forward_ms, equivalent.forward_ms);
   head->backward_ms = std::min(head->backward_ms, equivalent.backward_ms);
   const double transient = std::min(head->peak_bytes - head->stored_bytes,
@@ -453,9 +535,28 @@ bool MicroBatchCostModel::Evaluate(const Row& row, uint32_t b, double labelled_t
                  row.encoder_bias_, row.decoder_bias_, out);
 }
 
+bool MicroBatchCostModel::PrepareBatch(const Row& row, uint32_t b, Batch* batch) const {
+  Components c;
+  if (!LookupComponents(row, b, &c)) return false;
+  CombineBesidesHead(c.encoder, c.decoder, c.encoder_embedding, c.decoder_embedding,
+                     row.encoder_bias_, row.decoder_bias_, &batch->others_, &batch->pending_);
+  batch->postprocess_ = c.postprocess;
+  batch->b_ = b;
+  batch->head_len_ = row.head_len_;
+  return true;
+}
+
+bool MicroBatchCostModel::Evaluate(const Batch& batch, double labelled_tokens,
+                                   MicroBatchCost* out) const {
+  CostValues head = batch.postprocess_;
+  PriceLabelled(batch.b_, batch.head_len_, labelled_tokens, &head);
+  FinishWithHead(batch.others_, batch.pending_, head, out);
+  return true;
+}
+
 bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_t target_len,
-                                         const PackedSamples* packed, uint32_t chunks,
-                                         uint32_t hidden, uint32_t dtype_bytes,
+                                         const PackedSamples* packed, double labelled_tokens,
+                                         uint32_t chunks, uint32_t hidden, uint32_t dtype_bytes,
                                          std::vector<StageOpCost>* out) const {
   CostValues encoder;
   CostValues decoder;
@@ -473,6 +574,7 @@ bool MicroBatchCostModel::EvaluateStages(uint32_t b, uint32_t input_len, uint32_
     }
   }
   if (packed != nullptr) PricePerSample(*packed, input_len, target_len, &encoder, &decoder);
+  PriceLabelled(b, t5 ? target_len : input_len, labelled_tokens, &postprocess);
   const uint32_t stages = layout_.devices * chunks;
   out->assign(stages, StageOpCost());
   const double encoder_act = static_cast<double>(b) * input_len * hidden * dtype_bytes;

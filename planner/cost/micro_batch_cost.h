@@ -100,6 +100,14 @@ class MicroBatchCostModel {
  public:
   // A labelled-token count meaning every position carries a label.
   static constexpr double kEveryPosition = -1;
+  // A labelled-token count asking for a lower bound of the head over every
+  // count n in [0, b s]: its stored bytes at n = 0, and each time and the
+  // transient at most their least over the grid's length points below s
+  // (and s itself), where the equivalent point's linear interpolation has
+  // its minimum; between b-axis points each is bounded by interpolating
+  // the two sizes' least values (linear in b). So the micro-batch's cost at
+  // kLeastHead is at most its cost at any labelled count (the DP's bounds).
+  static constexpr double kLeastHead = -2;
 
   // REQUIRES: `model` outlives the result. Fails when a grid the layout
   // needs is missing.
@@ -162,6 +170,35 @@ class MicroBatchCostModel {
   // The same with `labelled_tokens` labelled positions (see above).
   bool Evaluate(const Row& row, uint32_t b, double labelled_tokens, MicroBatchCost* out) const;
 
+  // The device holding the postprocess, summed without it, and how it
+  // merges (its class's memory scale, depth and slot).
+  struct PendingDevice {
+    double forward_ms = 0;
+    double backward_ms = 0;
+    double stored = 0;
+    double transient = 0;
+    double bias_gradient = 0;
+    double scale = 1;
+    double depth = 1;
+    int slot = 0;
+  };
+  // A row's components at one micro-batch size, looked up and combined
+  // once but for the head, for many labelled counts (the DP's runs of one
+  // padded length and size differ only in their labelled tokens).
+  class Batch {
+   private:
+    friend class MicroBatchCostModel;
+    MicroBatchCost others_;  // the devices without the postprocess
+    PendingDevice pending_;
+    CostValues postprocess_;
+    uint32_t b_ = 0;
+    uint32_t head_len_ = 0;
+  };
+  // False when b lies beyond the grids.
+  bool PrepareBatch(const Row& row, uint32_t b, Batch* batch) const;
+  // Same result as Evaluate(row, b, labelled_tokens, out).
+  bool Evaluate(const Batch& batch, double labelled_tokens, MicroBatchCost* out) const;
+
   // Per-stage costs of `b` samples padded to (input_len, target_len) when
   // the model is split into `stages` = devices * chunks stages (the
   // layout's layers, StageLayout::StageEncoderLayers; looped placement; T5:
@@ -173,7 +210,14 @@ class MicroBatchCostModel {
   }
   bool EvaluateStages(uint32_t b, uint32_t input_len, uint32_t target_len,
                       const PackedSamples* packed, uint32_t chunks, uint32_t hidden,
-                      uint32_t dtype_bytes, std::vector<StageOpCost>* out) const;
+                      uint32_t dtype_bytes, std::vector<StageOpCost>* out) const {
+    return EvaluateStages(b, input_len, target_len, packed, kEveryPosition, chunks, hidden,
+                          dtype_bytes, out);
+  }
+  // The same with the head priced at `labelled_tokens` (Evaluate above).
+  bool EvaluateStages(uint32_t b, uint32_t input_len, uint32_t target_len,
+                      const PackedSamples* packed, double labelled_tokens, uint32_t chunks,
+                      uint32_t hidden, uint32_t dtype_bytes, std::vector<StageOpCost>* out) const;
 
   // Per-device memory (DynaPipe section 4, memory limits): `room[d]` is
   // pipeline device d's activation room (its limit minus its own model
@@ -204,6 +248,15 @@ class MicroBatchCostModel {
                const CostValues& encoder_embedding, const CostValues& decoder_embedding,
                const CostValues& postprocess, const StackBias& encoder_bias,
                const StackBias& decoder_bias, MicroBatchCost* out) const;
+  // Combine in two steps: every device but the one holding the postprocess
+  // merged into *others, that one summed into *pending; then the
+  // postprocess added to it and merged (Combine's result, in its order).
+  void CombineBesidesHead(const CostValues& encoder, const CostValues& decoder,
+                          const CostValues& encoder_embedding, const CostValues& decoder_embedding,
+                          const StackBias& encoder_bias, const StackBias& decoder_bias,
+                          MicroBatchCost* others, PendingDevice* pending) const;
+  static void FinishWithHead(const MicroBatchCost& others, const PendingDevice& pending,
+                             const CostValues& postprocess, MicroBatchCost* out);
   // The position bias of a stack of sequence length s.
   StackBias BiasOf(uint32_t s) const;
   // Each component's costs at `row`'s lengths for `b` rows.
@@ -216,8 +269,9 @@ class MicroBatchCostModel {
   };
   bool LookupComponents(const Row& row, uint32_t b, Components* c) const;
   // Reprices `head`, the postprocess of `b` rows of `head_len` positions,
-  // for `labelled` labelled tokens (the header's rule); unchanged for
-  // kEveryPosition, b * head_len or more, or an infeasible equivalent point.
+  // for `labelled` labelled tokens (the header's rule; kLeastHead: its
+  // least); unchanged for kEveryPosition, b * head_len or more, or an
+  // infeasible equivalent point.
   void PriceLabelled(uint32_t b, uint32_t head_len, double labelled, CostValues* head) const;
   // The change per-sample attention over `packed` makes to one encoder
   // layer (GPT: layer) and one decoder layer at the padded lengths. False
@@ -253,6 +307,10 @@ class MicroBatchCostModel {
   const ProfileGrid* attention_core_ = nullptr;  // optional, RECOMPUTE_NONE
   // HeadLabelledTokenBytes of the profiled dims; 0 without them.
   double head_token_bytes_ = 0;
+  // kLeastHead: at [b index * s points + s index] the least forward,
+  // backward and transient of the postprocess grid's points (b, s_0..s_k)
+  // (+infinity where all are infeasible).
+  std::vector<std::array<double, 3>> least_head_;
   // A fused kernel keeps no scores: selective recomputation changes nothing
   // in its core.
   bool fused_attention_ = false;

@@ -170,6 +170,20 @@ bool ProfileGrid::LocateBatch(uint32_t b, BatchPosition* p) const {
   return true;
 }
 
+bool ProfileGrid::Lookup(const BatchPosition& b, double s, CostValues* out) const {
+  AxisPosition ps;
+  if (three_d() || !Locate(s_, s, &ps)) return false;
+  CostValues sum;
+  if (!Accumulate(At(b.lo, 0, ps.lo), (1 - b.w) * (1 - ps.w), &sum) ||
+      !Accumulate(At(b.lo, 0, ps.hi), (1 - b.w) * ps.w, &sum) ||
+      !Accumulate(At(b.hi, 0, ps.lo), b.w * (1 - ps.w), &sum) ||
+      !Accumulate(At(b.hi, 0, ps.hi), b.w * ps.w, &sum)) {
+    return false;
+  }
+  *out = sum;
+  return true;
+}
+
 bool ProfileGrid::BatchRow::Lookup(double b, CostValues* out) const {
   AxisPosition pb;
   if (!Locate(*b_, b, &pb)) return false;

@@ -89,6 +89,9 @@ class ProfileGrid {
     double w = 0;
   };
   bool LocateBatch(uint32_t b, BatchPosition* p) const;
+  // Lookup(b, s) for the b of a LocateBatch position (2-D grids): the
+  // same result without locating b again.
+  bool Lookup(const BatchPosition& b, double s, CostValues* out) const;
 
   // The grid interpolated at fixed sequence length(s), for many lookups over
   // b: DP inner loops evaluate one row per distinct length.

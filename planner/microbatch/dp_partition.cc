@@ -34,12 +34,9 @@ struct RunTable {
   bool depth_memory = false;
   std::vector<std::vector<double>> time_chunks;
   std::vector<std::vector<double>> memory_chunks;
-  // Decoder-only tables: run [i, j] costs lookup_time[row][j - i], row the
-  // cache row (RowCache) of the run's padded length (RunCosts); row_slot
-  // maps a padded length / multiple to its row. Empty otherwise.
-  std::vector<std::vector<double>> lookup_time;
-  const std::vector<int>* row_slot = nullptr;
-  std::vector<int> row_at;  // the cache row of each position's own length
+  // Labelled tokens of the order's positions [0, i): run [i, j) has
+  // labelled[j] - labelled[i] (the head's price, LabelledTokens).
+  std::vector<double> labelled;
   // Each sample alone (also when over a limit), for errors and pruning.
   std::vector<MicroBatchCost> single;
   std::vector<bool> single_known;
@@ -117,6 +114,19 @@ void PrepareRows(const DpProblem& p, RowCache& cache) {
               [&](size_t k) { cache.ok[k] = p.cost->PrepareRow(lengths[k], 0, &cache.rows[k]); });
 }
 
+// Labelled tokens of the order's first i positions, i = 0..n (RunTable).
+std::vector<double> LabelledPrefix(const DpProblem& p) {
+  std::vector<double> prefix(p.order.size() + 1, 0);
+  for (size_t i = 0; i < p.order.size(); ++i) {
+    const uint32_t position = p.order[i];
+    prefix[i + 1] = prefix[i] + static_cast<double>(
+                                    p.labelled.empty()
+                                        ? LossTokens(p.samples[position], p.policy.encoder_decoder)
+                                        : p.labelled[position]);
+  }
+  return prefix;
+}
+
 // Phase 0: each sample alone (for errors, feasibility and the run cap).
 void CostSingles(const DpProblem& p, const RowCache& cache, RunTable& runs) {
   const size_t n = p.order.size();
@@ -131,7 +141,9 @@ void CostSingles(const DpProblem& p, const RowCache& cache, RunTable& runs) {
       const MicroBatchCostModel::Row* row =
           cache.rows.empty() ? nullptr : cache.Find(in, p.policy.multiple);
       if (row == nullptr && p.cost->PrepareRow(in, tg, &own)) row = &own;
-      known[i] = row != nullptr && p.cost->Evaluate(*row, 1, &runs.single[i]);
+      known[i] = row != nullptr &&
+                 p.cost->Evaluate(*row, 1, runs.labelled[i + 1] - runs.labelled[i],
+                                  &runs.single[i]);
     }
   });
   runs.single_known.assign(known.begin(), known.end());
@@ -143,8 +155,11 @@ void CostSingles(const DpProblem& p, const RowCache& cache, RunTable& runs) {
 // b_k < b_k+1 each device class's time A(b) is linear in b, so A(b) / b is
 // monotone there and at least min(A(b_k) / b_k, A(b_k+1) / b_k+1); t is the
 // largest class time, so t(b) / b is at least the largest of these over the
-// classes. Every sample of a run is at most the run's padded length, so a
-// sample at l pays at least min over present L >= l of a(L).
+// classes. The head is at its least over labelled counts (kLeastHead): the
+// least of functions linear in b, concave, so still above its chord between
+// grid sizes, and no run's head costs less. Every sample of a run is at most
+// the run's padded length, so a sample at l pays at least min over present
+// L >= l of a(L).
 double SumLowerBound(const DpProblem& p, const RowCache& cache) {
   const std::vector<uint32_t>* axis = p.cost->BatchAxis();
   if (p.policy.encoder_decoder || axis == nullptr || axis->empty() || cache.rows.empty()) return 0;
@@ -160,7 +175,10 @@ double SumLowerBound(const DpProblem& p, const RowCache& cache) {
     std::vector<std::array<double, 3>> per_sample;  // class time / b at each grid size
     MicroBatchCost cost;
     for (uint32_t b : *axis) {
-      if (!p.cost->Evaluate(*row, b, &cost)) break;  // beyond the grid: never a run
+      // The least head of any labelled count: a bound for every run.
+      if (!p.cost->Evaluate(*row, b, MicroBatchCostModel::kLeastHead, &cost)) {
+        break;  // beyond the grid: never a run
+      }
       std::array<double, 3> share{};
       for (int c = 0; c < 3; ++c) share[c] = cost.class_time_ms[c] / b;
       per_sample.push_back(share);
@@ -206,39 +224,47 @@ struct TableLimits {
   double run_cap = kInf;
 };
 
-// Decoder-only runs cost t(b, L) for b samples padded to the longest, L:
-// one table per padded length of the run costs b = 1, 2, ... until the
-// first that breaks a limit (memory and time grow with b). A run of the
-// table is then a lookup: far fewer cost evaluations than runs when many
-// samples share a padded length (large or documents-like batches).
-struct RunCosts {
-  std::vector<std::vector<double>> time;    // by cache row, then b - 1
-  std::vector<std::vector<double>> memory;  // the table's measure
+// The memory measure of the table's limits, and whether `cost` is within
+// them.
+bool WithinLimits(const DpProblem& p, const TableLimits& limits, const MicroBatchCost& cost,
+                  double* held) {
+  *held = limits.depth ? cost.depth_stored_bytes : cost.stored_bytes;
+  return *held <= limits.memory && cost.peak_bytes <= p.peak_limit_bytes &&
+         cost.time_ms <= limits.run_cap;
+}
 
-  // Fills the costs of every row; `n` bounds b.
+// Decoder-only runs cost t(b, L, n) for b samples padded to the longest, L,
+// with n labelled tokens: the components of each padded length at b = 1,
+// 2, ... are looked up once (MicroBatchCostModel::Batch), until the first
+// b whose least head (kLeastHead, a bound for every n) breaks a limit
+// (memory and time grow with b). A run then reprices only the head at its
+// own n: far fewer grid lookups than runs when many samples share a padded
+// length (large or documents-like batches).
+struct RunCosts {
+  std::vector<std::vector<MicroBatchCostModel::Batch>> batches;  // by cache row, then b - 1
+
+  // Fills the batches of every row; `n` bounds b.
   void Build(const DpProblem& p, const RowCache& cache, const TableLimits& limits, size_t n) {
-    time.assign(cache.rows.size(), {});
-    memory.assign(cache.rows.size(), {});
+    batches.assign(cache.rows.size(), {});
     ParallelFor(cache.rows.size(), p.threads, [&](size_t k) {
       if (!cache.ok[k]) return;
       // Filled locally and moved in once: neighbouring rows' vector headers
       // share cache lines, and growing them in place from two threads makes
       // those lines bounce between cores.
-      std::vector<double> row_time;
-      std::vector<double> row_memory;
-      MicroBatchCost cost;
+      std::vector<MicroBatchCostModel::Batch> row;
+      row.reserve(std::min<size_t>(n, 4096));
+      MicroBatchCostModel::Batch batch;
+      MicroBatchCost least;
+      double held = 0;
       for (uint32_t b = 1; b <= n; ++b) {
-        if (!p.cost->Evaluate(cache.rows[k], b, &cost)) break;
-        const double held = limits.depth ? cost.depth_stored_bytes : cost.stored_bytes;
-        if (held > limits.memory || cost.peak_bytes > p.peak_limit_bytes ||
-            cost.time_ms > limits.run_cap) {
+        if (!p.cost->PrepareBatch(cache.rows[k], b, &batch) ||
+            !p.cost->Evaluate(batch, MicroBatchCostModel::kLeastHead, &least) ||
+            !WithinLimits(p, limits, least, &held)) {
           break;
         }
-        row_time.push_back(cost.time_ms);
-        row_memory.push_back(held);
+        row.push_back(batch);
       }
-      time[k] = std::move(row_time);
-      memory[k] = std::move(row_memory);
+      batches[k] = std::move(row);
     });
   }
 };
@@ -253,11 +279,13 @@ std::vector<int> RowsByPosition(const DpProblem& p, const RowCache& cache) {
   return rows;
 }
 
-// Phase 1 with RunCosts: runs [i, j] while j - i + 1 is within the costs of
-// the run's row. Widths first, so the chunk's storage is allocated once at
-// its exact size.
-void LookUpRunsFrom(const std::vector<int>& row_at, const RunCosts& costs, size_t begin, size_t end,
-                    std::vector<uint32_t>& width, std::vector<size_t>& offset,
+// Phase 1 with RunCosts: runs [i, j] while j - i + 1 is within the batches
+// of the run's row and the run, at its labelled tokens, within the limits
+// (the first violation ends them). Storage for the widest possible runs is
+// reserved once.
+void LookUpRunsFrom(const DpProblem& p, const TableLimits& limits, const std::vector<int>& row_at,
+                    const RunCosts& costs, const std::vector<double>& labelled, size_t begin,
+                    size_t end, std::vector<uint32_t>& width, std::vector<size_t>& offset,
                     std::vector<double>& time, std::vector<double>& memory) {
   const size_t n = row_at.size();
   size_t total = 0;
@@ -266,26 +294,35 @@ void LookUpRunsFrom(const std::vector<int>& row_at, const RunCosts& costs, size_
     size_t j = i;
     for (; j < n; ++j) {
       row = std::max(row, row_at[j]);
-      if (j - i + 1 > costs.time[row].size()) break;
+      if (j - i + 1 > costs.batches[row].size()) break;
     }
-    width[i] = static_cast<uint32_t>(j - i);
-    total += width[i];
+    total += j - i;
   }
   time.reserve(total);
   memory.reserve(total);
+  MicroBatchCost cost;
+  double held = 0;
   for (size_t i = begin; i < end; ++i) {
     offset[i] = time.size();
     int row = -1;
-    for (size_t j = i; j < i + width[i]; ++j) {
+    size_t j = i;
+    for (; j < n; ++j) {
       row = std::max(row, row_at[j]);
-      time.push_back(costs.time[row][j - i]);
-      memory.push_back(costs.memory[row][j - i]);
+      if (j - i + 1 > costs.batches[row].size() ||
+          !p.cost->Evaluate(costs.batches[row][j - i], labelled[j + 1] - labelled[i], &cost) ||
+          !WithinLimits(p, limits, cost, &held)) {
+        break;
+      }
+      time.push_back(cost.time_ms);
+      memory.push_back(held);
     }
+    width[i] = static_cast<uint32_t>(j - i);
   }
 }
 
 void BuildRunsFrom(const DpProblem& p, const RowCache& cache, const TableLimits& limits,
-                   size_t begin, size_t end, std::vector<uint32_t>& width,
+                   const std::vector<double>& runs_labelled, size_t begin, size_t end,
+                   std::vector<uint32_t>& width,
                    std::vector<size_t>& offset, std::vector<double>& time,
                    std::vector<double>& memory) {
   const size_t n = p.order.size();
@@ -307,10 +344,10 @@ void BuildRunsFrom(const DpProblem& p, const RowCache& cache, const TableLimits&
         if (row == nullptr && p.cost->PrepareRow(input_len, target_len, &own)) row = &own;
         if (row == nullptr) break;
       }
-      if (!p.cost->Evaluate(*row, static_cast<uint32_t>(j - i + 1), &cost)) break;
-      const double held = limits.depth ? cost.depth_stored_bytes : cost.stored_bytes;
-      if (held > limits.memory || cost.peak_bytes > p.peak_limit_bytes ||
-          cost.time_ms > limits.run_cap) {
+      double held = 0;
+      if (!p.cost->Evaluate(*row, static_cast<uint32_t>(j - i + 1),
+                            runs_labelled[j + 1] - runs_labelled[i], &cost) ||
+          !WithinLimits(p, limits, cost, &held)) {
         break;
       }
       time.push_back(cost.time_ms);
@@ -341,7 +378,6 @@ void BuildRuns(const DpProblem& p, const TableLimits& limits, const RowCache& ca
   const bool lookup = !cache.rows.empty();
   RunCosts costs;
   if (lookup) costs.Build(p, cache, limits, n);
-  runs.row_slot = lookup ? &cache.slot : nullptr;
   const std::vector<int> row_at = lookup ? RowsByPosition(p, cache) : std::vector<int>();
   ParallelFor(chunks, p.threads, [&](size_t k) {
     // Each chunk grows a local vector (its storage taken over from the
@@ -359,17 +395,15 @@ void BuildRuns(const DpProblem& p, const TableLimits& limits, const RowCache& ca
       memory.reserve(starts * std::min<size_t>(n, 128));
     }
     if (lookup) {
-      LookUpRunsFrom(row_at, costs, k * n / chunks, (k + 1) * n / chunks, runs.width, offset, time,
-                     memory);
+      LookUpRunsFrom(p, limits, row_at, costs, runs.labelled, k * n / chunks, (k + 1) * n / chunks,
+                     runs.width, offset, time, memory);
     } else {
-      BuildRunsFrom(p, cache, limits, k * n / chunks, (k + 1) * n / chunks, runs.width, offset,
-                    time, memory);
+      BuildRunsFrom(p, cache, limits, runs.labelled, k * n / chunks, (k + 1) * n / chunks,
+                    runs.width, offset, time, memory);
     }
     runs.time_chunks[k].swap(time);
     runs.memory_chunks[k].swap(memory);
   });
-  runs.lookup_time = std::move(costs.time);
-  runs.row_at = row_at;
   runs.time_at.resize(n);
   runs.memory_at.resize(n);
   for (size_t k = 0; k < chunks; ++k) {
@@ -446,59 +480,46 @@ absl::StatusOr<BudgetRuns> UsableRuns(const DpProblem& p, const RunTable& runs, 
   return out;
 }
 
-// The distinct run times of a decoder-only table: each usable run's (row,
-// b) is marked (per chunk of starts, then merged) and the marked costs are
-// collected, instead of sorting every run's time (the same set, in linear
-// time).
-std::vector<double> MarkedTimes(const DpProblem& p, const RunTable& runs,
-                                const BudgetRuns& usable) {
-  const size_t n = usable.width.size();
-  const size_t chunks = p.threads > 1 ? std::min<size_t>(n, 2 * static_cast<size_t>(p.threads)) : 1;
-  std::vector<std::vector<std::vector<char>>> used(chunks);
-  ParallelFor(chunks, p.threads, [&](size_t c) {
-    used[c].resize(runs.lookup_time.size());
-    for (size_t r = 0; r < used[c].size(); ++r) used[c][r].assign(runs.lookup_time[r].size(), 0);
-    for (size_t i = c * n / chunks; i < (c + 1) * n / chunks; ++i) {
-      int row = -1;
-      for (uint32_t k = 0; k < usable.width[i]; ++k) {
-        row = std::max(row, runs.row_at[i + k]);
-        used[c][row][k] = 1;
-      }
-    }
-  });
-  std::vector<double> values;
-  for (size_t r = 0; r < runs.lookup_time.size(); ++r) {
-    for (size_t b = 0; b < runs.lookup_time[r].size(); ++b) {
-      bool marked = false;
-      for (size_t c = 0; c < chunks && !marked; ++c) marked = used[c][r][b] != 0;
-      const double t = runs.lookup_time[r][b];
-      if (marked && t >= usable.tmax_floor) values.push_back(t);
-    }
-  }
-  return values;
-}
-
-// Phase 2: tmax candidates, the distinct usable run times from the floor up;
-// the largest value within each interval stands for all of them.
+// Phase 2: tmax candidates from the usable run times from the floor up.
+// Exact (interval 0): every distinct time. With an interval w the times are
+// binned into [floor + k w, floor + (k + 1) w) and each bin's largest time
+// stands for the bin's (all within (candidate - w, candidate]): linear in
+// the runs, where a run's time depends on its samples' labelled tokens and
+// nearly every run's time is distinct. Too many bins for the runs: the
+// sorted times, each candidate the largest within w of the first it stands
+// for.
 std::vector<double> TmaxCandidates(const DpProblem& p, const RunTable& runs,
                                    const BudgetRuns& usable) {
   std::vector<double> values;
-  if (runs.row_slot != nullptr) {
-    values = MarkedTimes(p, runs, usable);
-  } else {
-    for (size_t i = 0; i < usable.width.size(); ++i) {
-      const double* t = runs.time_at[i];
-      for (uint32_t k = 0; k < usable.width[i]; ++k) {
-        if (t[k] >= usable.tmax_floor) values.push_back(t[k]);
+  double largest = usable.tmax_floor;
+  for (size_t i = 0; i < usable.width.size(); ++i) {
+    const double* t = runs.time_at[i];
+    for (uint32_t k = 0; k < usable.width[i]; ++k) {
+      if (t[k] >= usable.tmax_floor) {
+        values.push_back(t[k]);
+        largest = std::max(largest, t[k]);
       }
     }
   }
+  const double w = p.tmax_interval_ms;
+  const double bins = w > 0 ? std::floor((largest - usable.tmax_floor) / w) + 1 : kInf;
+  std::vector<double> candidates;
+  if (bins <= 4.0 * static_cast<double>(values.size()) + 1024) {
+    std::vector<double> most(static_cast<size_t>(bins), -1);
+    for (double v : values) {
+      const size_t k = std::min(static_cast<size_t>((v - usable.tmax_floor) / w), most.size() - 1);
+      most[k] = std::max(most[k], v);
+    }
+    for (double v : most) {
+      if (v >= 0) candidates.push_back(v);
+    }
+    return candidates;
+  }
   std::sort(values.begin(), values.end());
   values.erase(std::unique(values.begin(), values.end()), values.end());
-  std::vector<double> candidates;
   for (size_t k = 0; k < values.size();) {
     size_t last = k;
-    while (last + 1 < values.size() && values[last + 1] <= values[k] + p.tmax_interval_ms) ++last;
+    while (last + 1 < values.size() && values[last + 1] <= values[k] + w) ++last;
     candidates.push_back(values[last]);
     k = last + 1;
   }
@@ -661,7 +682,8 @@ BestPartition SearchCandidates(const DpProblem& p, CandidateSolver& solver,
 }
 
 // Phase 4: the runs of the best partition, front to back, with their costs.
-void BuildSolution(const DpProblem& p, const BestPartition& best, DpSolution& solution) {
+void BuildSolution(const DpProblem& p, const RunTable& runs, const BestPartition& best,
+                   DpSolution& solution) {
   std::vector<std::pair<uint32_t, uint32_t>> cuts;
   for (size_t end = p.order.size(); end > 0; end = best.prev[end]) {
     cuts.emplace_back(best.prev[end], static_cast<uint32_t>(end));
@@ -672,7 +694,8 @@ void BuildSolution(const DpProblem& p, const BestPartition& best, DpSolution& so
     group.samples.assign(p.order.begin() + begin, p.order.begin() + end);
     PadToLongest(p.samples, p.policy, group);
     MicroBatchCost cost;
-    p.cost->Evaluate(static_cast<uint32_t>(group.size()), group.input_len, group.target_len, &cost);
+    p.cost->Evaluate(static_cast<uint32_t>(group.size()), group.input_len, group.target_len,
+                     nullptr, runs.labelled[end] - runs.labelled[begin], &cost);
     solution.groups.push_back(std::move(group));
     solution.costs.push_back(cost);
   }
@@ -717,7 +740,7 @@ absl::StatusOr<DpSolution> SolveBudget(const DpProblem& p, const RunTable& runs,
     }
     return pruned(floor_bound);
   }
-  BuildSolution(p, best, solution);
+  BuildSolution(p, runs, best, solution);
   return solution;
 }
 
@@ -832,6 +855,7 @@ double TableRunCap(const DpProblem& p, std::span<const DpBudget> budgets, const 
       probe.memory_chunks = std::move(p.workspace->probe_memory_chunks);
     }
     probe.single = runs.single;
+    probe.labelled = runs.labelled;
     probe.single_known = runs.single_known;
     TableLimits small = limits;
     small.run_cap = max_single;
@@ -895,8 +919,6 @@ void BuildTable(const DpProblem& p, std::span<const DpBudget> budgets, const Row
     any_feasible = true;
   }
   if (!any_feasible) {
-    runs.row_slot = nullptr;
-    runs.lookup_time.clear();
     runs.width.assign(p.order.size(), 0);
     runs.time_at.assign(p.order.size(), nullptr);
     runs.memory_at.assign(p.order.size(), nullptr);
@@ -1018,6 +1040,7 @@ std::vector<absl::StatusOr<DpSolution>> SolveMicroBatchDpBudgets(
     runs.time_chunks = std::move(ws->time_chunks);
     runs.memory_chunks = std::move(ws->memory_chunks);
   }
+  runs.labelled = LabelledPrefix(p);
   CostSingles(p, cache, runs);
   std::vector<absl::StatusOr<DpSolution>> solved = SolveAll(p, budgets, cache, runs);
   if (ws != nullptr) {

@@ -17,11 +17,15 @@
 // (candidate - w, candidate], so the objective is within (c - 1) * w / v of
 // the optimum; w = 0 is exact.
 //
+// A run's cost t(M) prices the loss head at the run's labelled tokens, the
+// sum of its samples' (DpProblem::labelled), so it depends on which samples
+// the run holds, not only on its size and padded lengths.
+//
 // Speed (docs/benchmarks.md): per-range maxima of the lengths are kept while
 // a run grows; costs are evaluated on a per-length row of the cost grid,
-// prepared once per padded length (decoder-only: the cost of b samples at
-// padded length L is computed once per (L, b) and runs are looked up); runs
-// stop growing at the first memory
+// prepared once per padded length (decoder-only: the components of b
+// samples at padded length L are looked up once per (L, b) and each run
+// reprices only its head); runs stop growing at the first memory
 // violation (costs grow with the run) and at a cap no run of the optimum
 // exceeds ((upper bound of the objective - lower bound of sum t / |D|) *
 // v / (c - 1)); the candidates are searched by branch and bound: f(N; tmax)
@@ -57,6 +61,11 @@ struct DpProblem {
   std::span<const SampleLengths> samples;     // the mini-batch
   std::span<const uint32_t> order;            // positions in `samples`, partition order
   std::span<const uint64_t> sample_ids = {};  // parallel to `samples`, for errors; may be empty
+  // Parallel to `samples`: each one's labelled tokens, the positions the
+  // loss head runs on (a packed row: its samples' sum). Empty: LossTokens
+  // of each sample. A run's head is priced at its samples' sum
+  // (MicroBatchCostModel::Evaluate).
+  std::span<const uint64_t> labelled = {};
   // Padded lengths never exceed policy.max_input / max_target; a sample of
   // the order over them is InvalidArgument.
   LengthPolicy policy;

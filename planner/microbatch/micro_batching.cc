@@ -97,7 +97,8 @@ absl::Status TruncateForMemory(const MicroBatchCostModel& cost, const MicroBatch
   const auto fits = [&](const SampleLengths& s) {
     MicroBatchCost c;
     return cost.Evaluate(1, PaddedInputLength(SequenceLength(s, policy), policy),
-                         PaddedTargetLength(s.target, policy), &c) &&
+                         PaddedTargetLength(s.target, policy), nullptr,
+                         static_cast<double>(LossTokens(s, policy.encoder_decoder)), &c) &&
            c.peak_bytes <= limit && (whole_device ? c.stored_bytes <= limit : fits_depth(c));
   };
   for (uint32_t i = 0; i < samples.size(); ++i) {
@@ -157,15 +158,17 @@ LengthPolicy PolicyOf(const MicroBatchingOptions& o) {
 }
 
 // The cost of every group of a baseline partition under one recompute
-// mode, each distinct shape evaluated once (a partition into single samples
-// repeats shapes); an error names the first group beyond the model.
+// mode, each distinct shape (size, padded lengths, labelled tokens)
+// evaluated once (a partition into single samples repeats shapes); an
+// error names the first group beyond the model. The head is priced at the
+// group's labelled tokens (LabelledTokens).
 // Packed rows under per-sample attention depend on their samples, not only
 // their shape: each is evaluated on its own.
 absl::StatusOr<std::vector<MicroBatchCost>> CostGroups(const MicroBatchCostModel& cost,
                                                        const std::vector<MicroBatchGroup>& groups,
                                                        std::span<const SampleLengths> samples,
                                                        const MicroBatchingOptions& o) {
-  absl::flat_hash_map<std::tuple<uint64_t, uint32_t, uint32_t>, MicroBatchCost> by_shape;
+  absl::flat_hash_map<std::tuple<uint64_t, uint32_t, uint32_t, uint64_t>, MicroBatchCost> by_shape;
   std::vector<MicroBatchCost> costs;
   costs.reserve(groups.size());
   const bool per_sample = o.packed_attention != PackedAttentionPricing::kBlockDiagonalMask &&
@@ -175,17 +178,19 @@ absl::StatusOr<std::vector<MicroBatchCost>> CostGroups(const MicroBatchCostModel
     const std::optional<PackedSamples> packed =
         per_sample ? PackedSamplesOf(group, samples, PolicyOf(o), o.packed_attention)
                    : std::nullopt;
+    const uint64_t labelled = LabelledTokens(group, samples, o.dims.encoder_decoder());
     MicroBatchCost own;
     MicroBatchCost* slot = &own;
     bool evaluate = true;
     if (!packed) {
-      auto [it, added] =
-          by_shape.try_emplace(std::make_tuple(group.size(), group.input_len, group.target_len));
+      auto [it, added] = by_shape.try_emplace(
+          std::make_tuple(group.size(), group.input_len, group.target_len, labelled));
       slot = &it->second;
       evaluate = added;
     }
     if (evaluate && !cost.Evaluate(static_cast<uint32_t>(group.size()), group.input_len,
-                                   group.target_len, packed ? &*packed : nullptr, slot)) {
+                                   group.target_len, packed ? &*packed : nullptr,
+                                   static_cast<double>(labelled), slot)) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "micro-batch %d (%d x %d%s tokens) lies beyond the cost model's grid", g, group.size(),
           group.input_len, group.target_len ? absl::StrCat("+", group.target_len) : ""));
@@ -299,12 +304,15 @@ absl::Status PrepareSamples(const CostModel& model, const StageLayout& layout,
                  policy.encoder_decoder ? o.max_target_len : 0);
     for (const std::vector<uint32_t>& row : result.packed_rows) {
       SampleLengths total{.input = 0, .target = 0};
+      uint64_t labelled = 0;
       for (uint32_t position : row) {
         const SampleLengths& s = result.samples[position];
         total.input += SequenceLength(s, policy);
         if (policy.encoder_decoder) total.target += s.target;
+        labelled += LossTokens(s, policy.encoder_decoder);
       }
       result.row_lengths.push_back(total);
+      result.row_labelled.push_back(labelled);
     }
     result.row_order = OrderSamples(result.row_lengths, policy, o.order);
   }
@@ -380,6 +388,8 @@ void SolvePairsDp(const MicroBatchCostModel& cost, const MicroBatchingOptions& o
   const DpProblem problem{.samples = rows ? result.row_lengths : result.samples,
                           .order = rows ? result.row_order : result.order,
                           .sample_ids = rows ? std::span<const uint64_t>() : o.sample_ids,
+                          .labelled = rows ? std::span<const uint64_t>(result.row_labelled)
+                                           : std::span<const uint64_t>(),
                           .policy = PolicyOf(o),
                           .cost = &cost,
                           .pipeline_stages = o.pipeline,

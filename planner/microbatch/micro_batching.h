@@ -170,6 +170,9 @@ struct MicroBatchingResult {
   // holds several. Empty otherwise.
   std::vector<std::vector<uint32_t>> packed_rows;
   std::vector<SampleLengths> row_lengths;
+  // Parallel to row_lengths: each row's labelled tokens, its samples' sum
+  // (LabelledTokens: what the row's loss head runs on).
+  std::vector<uint64_t> row_labelled;
   std::vector<uint32_t> row_order;
   std::vector<MicroBatchingCandidate> candidates;
   int chosen = -1;

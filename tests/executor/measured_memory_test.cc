@@ -19,6 +19,11 @@
 // alive, which the simulator counts (memory_ledger.h).
 // The zero-bubble cases check what split backwards keep for their weight
 // gradients (docs/cost-model.md, "Split backward").
+// The tiny jobs' data is the FLAN-like mixture: a GPT sample's loss covers
+// its target only, so most positions are unlabelled and the plans price the
+// head on the labelled tokens (docs/cost-model.md, "The head on labelled
+// tokens"); the LabelledHead cases name that path, at 5 and at 14 micro-
+// batches.
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -344,6 +349,15 @@ INSTANTIATE_TEST_SUITE_P(
                    .t5 = true,
                    .many = true,
                    .dynamic = true},
+        // The head on labelled tokens (most positions unlabelled), at 5
+        // and at 14 micro-batches.
+        MemoryCase{.recompute = v1::RECOMPUTE_NONE,
+                   .schedule = v1::ADAPTIVE,
+                   .name = "LabelledHeadNoneAdaptive"},
+        MemoryCase{.recompute = v1::RECOMPUTE_FULL,
+                   .schedule = v1::ONE_F_ONE_B,
+                   .name = "ManyLabelledHeadFull1F1B",
+                   .many = true},
         MemoryCase{v1::RECOMPUTE_SELECTIVE, v1::ONE_F_ONE_B, "Selective1F1B"},
         MemoryCase{v1::RECOMPUTE_NONE, v1::ONE_F_ONE_B, "None1F1B"},
         MemoryCase{v1::RECOMPUTE_FULL, v1::ONE_F_ONE_B, "Full1F1B"},

@@ -4,10 +4,12 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/config/job_config.h"
+#include "common/cost_model_format.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
@@ -96,7 +98,7 @@ TEST_F(CostModelIoTest, DynaPipeImportAgreesWithJsonHoldingTheSameNumbers) {
 
   // The same numbers in the project's JSON format.
   v1::CostModelFile file;
-  file.set_format_version(1);
+  file.set_format_version(kCostModelFormatVersion);
   for (Recompute mode : {Recompute::kNone, Recompute::kFull}) {
     for (const char* part : {"encoder", "decoder", "postprocess"}) {
       v1::CostGrid* g = file.add_grids();
@@ -268,7 +270,7 @@ TEST_F(CostModelIoTest, JsonRoundTripAndErrors) {
                        HasSubstr("measured with the EXPLICIT attention kernel but the job's "
                                  "model.attention_kernel is FUSED")));
 
-  Write("bad.json", R"({"format_version": 1, "grids": [{"component": "ENCODER_LAYER",
+  Write("bad.json", R"({"format_version": 2, "grids": [{"component": "ENCODER_LAYER",
       "recompute": "RECOMPUTE_NONE", "micro_batch_sizes": [1, 2], "seq_lens": [16],
       "forward_ms": [1], "backward_ms": [1, 2], "stored_activation_mib": [1, 1],
       "peak_activation_mib": [1, 1]}]})");
@@ -276,16 +278,39 @@ TEST_F(CostModelIoTest, JsonRoundTripAndErrors) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("bad.json: grids[0].forward_ms"),
                              HasSubstr("1 values for a grid of 2 points"))));
-  Write("nan.json", R"({"format_version": 1, "grids": [{"component": "ENCODER_LAYER",
+  Write("nan.json", R"({"format_version": 2, "grids": [{"component": "ENCODER_LAYER",
       "recompute": "RECOMPUTE_NONE", "micro_batch_sizes": [1], "seq_lens": [16],
       "forward_ms": ["NaN"], "backward_ms": [1], "stored_activation_mib": [1],
       "peak_activation_mib": [1]}]})");
   EXPECT_THAT(LoadCostModel((dir_ / "nan.json").string()),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("nan.json: grids[0]"), HasSubstr("zero or positive"))));
-  Write("v2.json", R"({"format_version": 2})");
-  EXPECT_THAT(LoadCostModel((dir_ / "v2.json").string()),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("format_version must be 1")));
+  Write("v3.json", R"({"format_version": 3})");
+  EXPECT_THAT(LoadCostModel((dir_ / "v3.json").string()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("v3.json: format_version must be 2 (got 3)")));
+}
+
+// A profile written before packed rows' attention ran as one
+// variable-length kernel and the head only on labelled tokens (version 1)
+// is refused, naming the file, both versions and what to do.
+TEST_F(CostModelIoTest, RefusesProfilesOfTheFirstVersion) {
+  Write("old.json", R"({"format_version": 1, "grids": [{"component": "ENCODER_LAYER",
+      "recompute": "RECOMPUTE_NONE", "micro_batch_sizes": [1], "seq_lens": [16],
+      "forward_ms": [1], "backward_ms": [1], "stored_activation_mib": [1],
+      "peak_activation_mib": [1]}]})");
+  EXPECT_THAT(LoadCostModel((dir_ / "old.json").string()),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("old.json: cost model of format_version 1, expected 2"),
+                             HasSubstr("re-profile with varipipe-profile"))));
+  // What the planner writes, it reads.
+  CostModel model;
+  ASSERT_THAT(SaveCostModelJson(model, (dir_ / "new.json").string()), IsOk());
+  std::ifstream in(dir_ / "new.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_THAT(text.str(), HasSubstr("\"format_version\": 2"));
+  EXPECT_THAT(LoadCostModel((dir_ / "new.json").string()), IsOk());
 }
 
 // A profile records the architecture, key/value heads and head tying; a
@@ -351,7 +376,7 @@ TEST_F(CostModelIoTest, ArchitectureAndKeyValueHeadsAreChecked) {
 
   // A hand-written LLAMA file takes the job config's defaults: LLAMA's
   // ffn width and multi-head attention.
-  Write("sparse.json", R"({"format_version": 1, "model": {"kind": "GPT",
+  Write("sparse.json", R"({"format_version": 2, "model": {"kind": "GPT",
       "architecture": "LLAMA", "num_layers": 32, "hidden_size": 4096,
       "num_attention_heads": 32, "vocab_size": 32000}})");
   absl::StatusOr<CostModel> sparse = LoadCostModel((dir_ / "sparse.json").string());
@@ -453,7 +478,7 @@ TEST_F(CostModelIoTest, T5V11ArchitectureIsChecked) {
 // Transfer and optimizer costs measured by varipipe-profile survive a round
 // trip in the file's units, and bad values are refused naming the field.
 TEST_F(CostModelIoTest, CommunicationAndOptimizerCosts) {
-  Write("measured.json", R"({"format_version": 1,
+  Write("measured.json", R"({"format_version": 2,
       "grids": [{"component": "ENCODER_LAYER", "recompute": "RECOMPUTE_NONE",
         "micro_batch_sizes": [1], "seq_lens": [16], "forward_ms": [1], "backward_ms": [2],
         "stored_activation_mib": [1], "peak_activation_mib": [1]},
@@ -477,17 +502,17 @@ TEST_F(CostModelIoTest, CommunicationAndOptimizerCosts) {
   EXPECT_DOUBLE_EQ(file.communication().all_reduce_bandwidth_gbps(), 0.5);
   EXPECT_DOUBLE_EQ(file.optimizer().ms_per_million_parameters(), 1.5);
 
-  Write("negative.json", R"({"format_version": 1,
+  Write("negative.json", R"({"format_version": 2,
       "communication": {"p2p_latency_us": -1, "p2p_bandwidth_gbps": 1,
         "all_reduce_bandwidth_gbps": 1}})");
   EXPECT_THAT(LoadCostModel((dir_ / "negative.json").string()),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("negative.json: communication.p2p_latency_us")));
-  Write("zero.json", R"({"format_version": 1,
+  Write("zero.json", R"({"format_version": 2,
       "communication": {"p2p_bandwidth_gbps": 0, "all_reduce_bandwidth_gbps": 1}})");
   EXPECT_THAT(LoadCostModel((dir_ / "zero.json").string()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bandwidths must be positive")));
-  Write("optimizer.json", R"({"format_version": 1, "optimizer": {"fixed_ms": "Infinity"}})");
+  Write("optimizer.json", R"({"format_version": 2, "optimizer": {"fixed_ms": "Infinity"}})");
   EXPECT_THAT(LoadCostModel((dir_ / "optimizer.json").string()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("optimizer.fixed_ms")));
 }
@@ -495,7 +520,7 @@ TEST_F(CostModelIoTest, CommunicationAndOptimizerCosts) {
 // A measured grid that dips (noise) is raised to its running maxima, the
 // rule the DP needs, and the description names the first raised cell.
 TEST_F(CostModelIoTest, NonMonotoneGridsAreRepairedAndReported) {
-  Write("dip.json", R"({"format_version": 1,
+  Write("dip.json", R"({"format_version": 2,
       "grids": [{"component": "ENCODER_LAYER", "recompute": "RECOMPUTE_NONE",
         "micro_batch_sizes": [1, 2], "seq_lens": [64, 128],
         "forward_ms": [1, 2, 0.9, 4], "backward_ms": [2, 4, 4, 8],

@@ -1,5 +1,8 @@
 // The micro-batching DP against brute force over every consecutive
-// partition, on random mini-batches and random analytic cost models.
+// partition, on random mini-batches and random analytic cost models. Each
+// run's loss head is priced at its labelled tokens: the samples' loss
+// tokens (GPT: the targets), a FLAN-like mix whose long inputs carry no
+// labels, or explicit counts (DpProblem::labelled, as packed rows pass).
 #include "planner/microbatch/dp_partition.h"
 
 #include <algorithm>
@@ -7,6 +10,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -38,7 +42,14 @@ struct RandomCase {
   uint32_t data_parallel = 1;
 };
 
-RandomCase MakeCase(std::mt19937& rng, bool t5, int n) {
+// Where the labelled counts of a case come from.
+enum class Labels {
+  kLossTokens,  // LossTokens of each sample (DpProblem::labelled empty)
+  kFlanLike,    // long unlabelled inputs, short targets (T5: short targets)
+  kExplicit,    // random counts in [0, sequence], DpProblem::labelled
+};
+
+RandomCase MakeCase(std::mt19937& rng, bool t5, int n, Labels labels = Labels::kLossTokens) {
   RandomCase c;
   const uint32_t heads = 1u << (rng() % 4);
   c.dims = {.kind = t5 ? ModelKind::kT5 : ModelKind::kGpt,
@@ -71,7 +82,12 @@ RandomCase MakeCase(std::mt19937& rng, bool t5, int n) {
   c.data_parallel = 1 + rng() % 4;
   for (int i = 0; i < n; ++i) {
     // Lengths up to the grid's maximum (after rounding).
-    if (t5) {
+    if (labels == Labels::kFlanLike) {
+      // Inputs of 64-400 tokens, targets of 1-24: most positions unlabelled.
+      const uint32_t target = 1 + static_cast<uint32_t>(rng() % 24);
+      const uint32_t input = 64 + static_cast<uint32_t>(rng() % (t5 ? 337 : 337 - target));
+      c.samples.push_back({input, target});
+    } else if (t5) {
       c.samples.push_back(
           {1 + static_cast<uint32_t>(rng() % 400), 1 + static_cast<uint32_t>(rng() % 200)});
     } else {
@@ -87,6 +103,12 @@ struct BruteResult {
   double objective = kInf;
 };
 
+// The labelled tokens of `position` as the DP reads them.
+uint64_t LabelledOf(const DpProblem& p, uint32_t position) {
+  return p.labelled.empty() ? LossTokens(p.samples[position], p.policy.encoder_decoder)
+                            : p.labelled[position];
+}
+
 BruteResult BruteForce(const DpProblem& p) {
   const size_t n = p.order.size();
   BruteResult best;
@@ -100,9 +122,12 @@ BruteResult BruteForce(const DpProblem& p) {
       MicroBatchGroup g;
       g.samples.assign(p.order.begin() + begin, p.order.begin() + end);
       PadToLongest(p.samples, p.policy, g);
+      uint64_t labelled = 0;
+      for (uint32_t position : g.samples) labelled += LabelledOf(p, position);
       MicroBatchCost cost;
       feasible =
-          p.cost->Evaluate(static_cast<uint32_t>(g.size()), g.input_len, g.target_len, &cost) &&
+          p.cost->Evaluate(static_cast<uint32_t>(g.size()), g.input_len, g.target_len, nullptr,
+                           static_cast<double>(labelled), &cost) &&
           cost.stored_bytes <= p.stored_limit_bytes && cost.peak_bytes <= p.peak_limit_bytes;
       max_t = std::max(max_t, cost.time_ms);
       sum_t += cost.time_ms;
@@ -123,6 +148,15 @@ void ExpectValidSolution(const DpProblem& p, const DpSolution& s) {
   double sum_t = 0;
   for (size_t g = 0; g < s.groups.size(); ++g) {
     flat.insert(flat.end(), s.groups[g].samples.begin(), s.groups[g].samples.end());
+    // Each cost is the group's, its head at its labelled tokens.
+    uint64_t labelled = 0;
+    for (uint32_t position : s.groups[g].samples) labelled += LabelledOf(p, position);
+    MicroBatchCost own;
+    ASSERT_TRUE(p.cost->Evaluate(static_cast<uint32_t>(s.groups[g].size()), s.groups[g].input_len,
+                                 s.groups[g].target_len, nullptr, static_cast<double>(labelled),
+                                 &own));
+    EXPECT_EQ(own.time_ms, s.costs[g].time_ms);
+    EXPECT_EQ(own.stored_bytes, s.costs[g].stored_bytes);
     EXPECT_LE(s.costs[g].stored_bytes, p.stored_limit_bytes);
     EXPECT_LE(s.costs[g].peak_bytes, p.peak_limit_bytes);
     max_t = std::max(max_t, s.costs[g].time_ms);
@@ -134,17 +168,44 @@ void ExpectValidSolution(const DpProblem& p, const DpSolution& s) {
               1e-9 * s.objective_ms);
 }
 
-class DpAgainstBruteForce : public ::testing::TestWithParam<bool> {};
+std::string LabelsName(Labels labels) {
+  switch (labels) {
+    case Labels::kLossTokens:
+      return "LossTokens";
+    case Labels::kFlanLike:
+      return "FlanLike";
+    case Labels::kExplicit:
+      return "ExplicitCounts";
+  }
+  return "";
+}
+
+class DpAgainstBruteForce : public ::testing::TestWithParam<std::tuple<bool, Labels>> {};
 
 TEST_P(DpAgainstBruteForce, FindsTheOptimum) {
-  const bool t5 = GetParam();
-  std::mt19937 rng(
-      varipipe::testing::TestSeed(t5 ? "DpAgainstBruteForce/T5" : "DpAgainstBruteForce/GPT"));
+  const auto [t5, labels] = GetParam();
+  const std::string name =
+      absl::StrCat("DpAgainstBruteForce/", t5 ? "T5" : "GPT", LabelsName(labels));
+  std::mt19937 rng(varipipe::testing::TestSeed(name.c_str()));
   int compared = 0;
   int infeasible = 0;
+  // Optima whose partition differs from the one found with every position
+  // labelled (the head's price changes the choice).
+  int changed = 0;
   for (int trial = 0; trial < 1500; ++trial) {
     SCOPED_TRACE(::testing::Message() << "trial " << trial);
-    RandomCase c = MakeCase(rng, t5, 1 + static_cast<int>(rng() % 12));
+    RandomCase c = MakeCase(rng, t5, 1 + static_cast<int>(rng() % 12), labels);
+    std::vector<uint64_t> explicit_labelled;
+    if (labels == Labels::kExplicit) {
+      for (const SampleLengths& s : c.samples) {
+        const uint32_t positions = t5 ? s.target : s.input + s.target;
+        // Some unlabelled, some fully labelled, the rest anywhere between.
+        const uint32_t pick = rng() % 4;
+        explicit_labelled.push_back(pick == 0   ? 0
+                                    : pick == 1 ? positions
+                                                : rng() % (positions + 1));
+      }
+    }
     absl::StatusOr<MicroBatchCostModel> cost =
         MicroBatchCostModel::Create(c.model, c.layout, static_cast<Recompute>(rng() % 3), 1);
     ASSERT_THAT(cost, IsOk());
@@ -166,6 +227,7 @@ TEST_P(DpAgainstBruteForce, FindsTheOptimum) {
                 .stored_limit_bytes = limit * 0.8,
                 .peak_limit_bytes = limit,
                 .tmax_interval_ms = 0};
+    p.labelled = explicit_labelled;
     const BruteResult brute = BruteForce(p);
     absl::StatusOr<DpSolution> dp = SolveMicroBatchDp(p);
     if (brute.objective == kInf) {
@@ -177,6 +239,25 @@ TEST_P(DpAgainstBruteForce, FindsTheOptimum) {
     EXPECT_NEAR(dp->objective_ms, brute.objective, 1e-9 * brute.objective);
     ExpectValidSolution(p, *dp);
     ++compared;
+    {
+      // The same problem with every position labelled.
+      std::vector<uint64_t> every;
+      for (const SampleLengths& s : c.samples) {
+        every.push_back(uint64_t{2} * (t5 ? 512 : 1024));  // >= any padded run's positions
+      }
+      DpProblem all = p;
+      all.labelled = every;
+      absl::StatusOr<DpSolution> unlabelled = SolveMicroBatchDp(all);
+      if (unlabelled.ok() && !unlabelled->pruned) {
+        std::vector<std::vector<uint32_t>> a;
+        std::vector<std::vector<uint32_t>> b;
+        for (const MicroBatchGroup& g : dp->groups) a.push_back(g.samples);
+        for (const MicroBatchGroup& g : unlabelled->groups) b.push_back(g.samples);
+        changed += a != b;
+        // Labels only lower the head's price.
+        EXPECT_LE(dp->objective_ms, unlabelled->objective_ms * (1 + 1e-12));
+      }
+    }
 
     // A cutoff above the optimum still finds it; at the optimum nothing
     // strictly better exists, so the pair is pruned with a valid lower bound.
@@ -202,13 +283,23 @@ TEST_P(DpAgainstBruteForce, FindsTheOptimum) {
     EXPECT_GE(bucketed->objective_ms, brute.objective * (1 - 1e-9));
     ExpectValidSolution(p, *bucketed);
   }
-  std::printf("compared %d optimal partitions with brute force; %d cases infeasible\n", compared,
-              infeasible);
+  std::printf(
+      "compared %d optimal partitions with brute force; %d cases infeasible; %d partitions "
+      "differ from pricing every position\n",
+      compared, infeasible, changed);
   EXPECT_GT(compared, 600);
+  if (labels != Labels::kLossTokens || !t5) EXPECT_GT(changed, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, DpAgainstBruteForce, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "T5" : "GPT"; });
+INSTANTIATE_TEST_SUITE_P(Models, DpAgainstBruteForce,
+                         ::testing::Combine(::testing::Bool(),
+                                            ::testing::Values(Labels::kLossTokens,
+                                                              Labels::kFlanLike,
+                                                              Labels::kExplicit)),
+                         [](const auto& info) {
+                           return absl::StrCat(std::get<0>(info.param) ? "T5" : "GPT",
+                                               LabelsName(std::get<1>(info.param)));
+                         });
 
 // Everything a solution reports, to compare solves exactly.
 std::string Describe(const absl::StatusOr<DpSolution>& s) {

@@ -4,7 +4,10 @@
 // position. Checked against AnalyticHeadCost at grid points; a GPT
 // supervised micro-batch's head grows with its targets, not its inputs; T5
 // with unpadded targets and every caller without counts are unchanged.
+// kLeastHead bounds every labelled count from below (the DP's bounds); a
+// prepared Batch and EvaluateStages price the head as Evaluate does.
 #include <cstdint>
+#include <random>
 #include <vector>
 
 #include "common/dataset/synthetic_mixture.h"
@@ -15,6 +18,7 @@
 #include "planner/cost/micro_batch_cost.h"
 #include "planner/microbatch/micro_batch.h"
 #include "tests/testing/paper_models.h"
+#include "tests/testing/seed.h"
 #include "tests/testing/status_matchers.h"
 
 namespace varipipe::planner {
@@ -157,6 +161,94 @@ TEST(LabelledHeadCost, T5LabelsEveryTargetToken) {
   const MicroBatchCost shorter = Price(*m, g, LabelledTokens(g, padded, true));
   EXPECT_LT(shorter.time_ms, before.time_ms);
   EXPECT_LT(shorter.stored_bytes, before.stored_bytes);
+}
+
+
+TEST(LabelledHeadCost, LeastHeadBoundsEveryLabelledCount) {
+  std::mt19937 rng(varipipe::testing::TestSeed("LabelledHeadCost.LeastHeadBoundsEveryLabelledCount"));
+  int checked = 0;
+  for (const ModelDims& dims : {varipipe::testing::Gpt67bDims(), varipipe::testing::SmallT5Dims()}) {
+    const Fixture f = Make(dims);
+    // One device, and the head on the last of several (T5: on the only
+    // decoder device, and on the last of two).
+    for (const auto& [pipeline, mode] : {std::pair{1u, Recompute::kNone},
+                                         std::pair{2u, Recompute::kFull},
+                                         std::pair{3u, Recompute::kNone}}) {
+      absl::StatusOr<StageLayout> layout = MakeStageLayout(dims, pipeline, 1);
+      ASSERT_THAT(layout, IsOk());
+      absl::StatusOr<MicroBatchCostModel> m = MicroBatchCostModel::Create(f.model, *layout, mode, 1);
+      ASSERT_THAT(m, IsOk());
+      for (int trial = 0; trial < 200; ++trial) {
+        const uint32_t b = 1 + rng() % 16;
+        const uint32_t input = 1 + rng() % 2048;
+        const uint32_t target = dims.encoder_decoder() ? 1 + rng() % 2048 : 0;
+        const uint32_t head_len = dims.encoder_decoder() ? target : input;
+        MicroBatchCostModel::Row row;
+        ASSERT_TRUE(m->PrepareRow(input, target, &row));
+        MicroBatchCost least;
+        ASSERT_TRUE(m->Evaluate(row, b, MicroBatchCostModel::kLeastHead, &least));
+        MicroBatchCostModel::Batch batch;
+        ASSERT_TRUE(m->PrepareBatch(row, b, &batch));
+        for (double n : {0.0, 1.0, static_cast<double>(rng() % (b * head_len + 1)),
+                         static_cast<double>(b) * head_len, MicroBatchCostModel::kEveryPosition}) {
+          MicroBatchCost priced;
+          ASSERT_TRUE(m->Evaluate(row, b, n, &priced));
+          EXPECT_LE(least.time_ms, priced.time_ms * (1 + 1e-12)) << b << " x " << head_len;
+          EXPECT_LE(least.stored_bytes, priced.stored_bytes * (1 + 1e-12));
+          EXPECT_LE(least.peak_bytes, priced.peak_bytes * (1 + 1e-12));
+          // A prepared batch gives the same cost.
+          MicroBatchCost prepared;
+          ASSERT_TRUE(m->Evaluate(batch, n, &prepared));
+          EXPECT_EQ(prepared.time_ms, priced.time_ms);
+          EXPECT_EQ(prepared.forward_ms, priced.forward_ms);
+          EXPECT_EQ(prepared.stored_bytes, priced.stored_bytes);
+          EXPECT_EQ(prepared.peak_bytes, priced.peak_bytes);
+          EXPECT_EQ(prepared.depth_stored_bytes, priced.depth_stored_bytes);
+          EXPECT_EQ(prepared.class_stored_bytes, priced.class_stored_bytes);
+          EXPECT_EQ(prepared.class_transient_bytes, priced.class_transient_bytes);
+          ++checked;
+        }
+        // The bound is attained at some count (no looser than it must be):
+        // below the head's unlabelled price.
+        MicroBatchCost none;
+        ASSERT_TRUE(m->Evaluate(row, b, 0, &none));
+        EXPECT_LE(least.time_ms, none.time_ms);
+      }
+    }
+  }
+  std::printf("checked %d labelled counts against the least head\n", checked);
+}
+
+TEST(LabelledHeadCost, StagesPriceTheHeadAtItsLabelledTokens) {
+  const Fixture one = Make(varipipe::testing::Gpt67bDims());
+  absl::StatusOr<StageLayout> layout = MakeStageLayout(one.dims, 4, 1);
+  ASSERT_THAT(layout, IsOk());
+  absl::StatusOr<MicroBatchCostModel> m =
+      MicroBatchCostModel::Create(one.model, *layout, Recompute::kNone, 1);
+  ASSERT_THAT(m, IsOk());
+  std::vector<StageOpCost> all;
+  std::vector<StageOpCost> labelled;
+  ASSERT_TRUE(m->EvaluateStages(4, 1024, 0, nullptr, 1, one.dims.hidden, one.dims.dtype_bytes,
+                                &all));
+  ASSERT_TRUE(m->EvaluateStages(4, 1024, 0, nullptr, 256.0, 1, one.dims.hidden,
+                                one.dims.dtype_bytes, &labelled));
+  ASSERT_EQ(all.size(), 4u);
+  // Only the last stage holds the head; it changes by the head's change.
+  for (size_t s = 0; s + 1 < all.size(); ++s) {
+    EXPECT_EQ(labelled[s].forward_ms, all[s].forward_ms);
+    EXPECT_EQ(labelled[s].stored_bytes, all[s].stored_bytes);
+  }
+  MicroBatchCost c_all;
+  MicroBatchCost c_256;
+  ASSERT_TRUE(m->Evaluate(4, 1024, 0, nullptr, MicroBatchCostModel::kEveryPosition, &c_all));
+  ASSERT_TRUE(m->Evaluate(4, 1024, 0, nullptr, 256.0, &c_256));
+  EXPECT_LT(labelled[3].forward_ms + labelled[3].backward_ms,
+            all[3].forward_ms + all[3].backward_ms);
+  EXPECT_NEAR(all[3].stored_bytes - labelled[3].stored_bytes,
+              c_all.class_stored_bytes[kLastDevice] - c_256.class_stored_bytes[kLastDevice],
+              1e-9 * all[3].stored_bytes);
+  EXPECT_NEAR(all[3].forward_ms - labelled[3].forward_ms, c_all.forward_ms - c_256.forward_ms,
+              1e-9 * all[3].forward_ms);
 }
 
 }  // namespace

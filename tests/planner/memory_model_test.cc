@@ -123,12 +123,69 @@ TEST(Available, SubtractsTheBusiestDevicesModelState) {
   absl::StatusOr<double> available =
       AvailableActivationBytes(*model, *layout, ZeroStage::k0, 1, limit);
   ASSERT_THAT(available, IsOk());
-  EXPECT_DOUBLE_EQ(*available, limit - 16 * params);
+  // Less each device's bf16 copy of its linear weights: the last device's
+  // holds the head's [V, h] too (the first's embedding is no linear layer),
+  // which makes the last device the busiest.
+  const double layers_copy = 2 * 8 * LinearParameters(Gpt(), Component::kEncoderLayer, 1);
+  const double head_copy = 2 * 50432.0 * 4096;
+  EXPECT_DOUBLE_EQ(ComputeCopyBytesPerDevice(*layout)[0], layers_copy);
+  EXPECT_DOUBLE_EQ(ComputeCopyBytesPerDevice(*layout)[3], layers_copy + head_copy);
+  const double last = ParametersPerDevice(*model, *layout)[3];
+  EXPECT_GT(16 * last + layers_copy + head_copy, 16 * params + layers_copy);
+  EXPECT_DOUBLE_EQ(*available, limit - 16 * last - layers_copy - head_copy);
   // Pipeline 1 does not fit a 6.7B model with Adam in 40 GiB.
   absl::StatusOr<StageLayout> single = MakeStageLayout(Gpt(), 1, 1);
   ASSERT_THAT(single, IsOk());
   EXPECT_THAT(AvailableActivationBytes(*model, *single, ZeroStage::k0, 1, limit),
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("model state alone")));
+}
+
+// Under a 16-bit dtype each device keeps one compute-dtype copy of its
+// linear layers' weights and biases (the last device also the head's
+// weight, tied or not) beside the fp32 state; none in fp32.
+TEST(Available, ComputeDtypeCopyOfTheLinearWeights) {
+  const ModelDims bf16 = Gpt();
+  ModelDims fp32 = Gpt();
+  fp32.dtype_bytes = 4;
+  const double h = bf16.hidden;
+  // A MEGATRON layer less its two LayerNorms; the head [V, h].
+  const double layer = ComponentParameters(bf16, Component::kEncoderLayer, 1, 0);
+  EXPECT_DOUBLE_EQ(LinearParameters(bf16, Component::kEncoderLayer, 1), layer - 4 * h);
+  EXPECT_DOUBLE_EQ(LinearParameters(bf16, Component::kPostprocess, 1), 50432.0 * h);
+  EXPECT_DOUBLE_EQ(LinearParameters(bf16, Component::kEmbedding, 1), 0);
+  EXPECT_DOUBLE_EQ(LinearParameters(bf16, Component::kPostprocess, 2), 25216.0 * h);
+  absl::StatusOr<StageLayout> layout = MakeStageLayout(bf16, 4, 1);
+  ASSERT_THAT(layout, IsOk());
+  const std::vector<double> copies = ComputeCopyBytesPerDevice(*layout);
+  ASSERT_EQ(copies.size(), 4u);
+  for (int d = 0; d < 3; ++d) EXPECT_DOUBLE_EQ(copies[d], 2 * 8 * (layer - 4 * h));
+  EXPECT_DOUBLE_EQ(copies[3], 2 * (8 * (layer - 4 * h) + 50432.0 * h));
+  absl::StatusOr<StageLayout> single = MakeStageLayout(fp32, 4, 1);
+  ASSERT_THAT(single, IsOk());
+  for (double c : ComputeCopyBytesPerDevice(*single)) EXPECT_EQ(c, 0);
+  // The room of each device is less its copy.
+  absl::StatusOr<Hardware> hw = HardwarePreset("a100-80gb");
+  ASSERT_THAT(hw, IsOk());
+  absl::StatusOr<CostModel> model =
+      BuildAnalyticCostModel(bf16, *hw, {.max_micro_batch_size = 4, .max_seq_len = 64});
+  ASSERT_THAT(model, IsOk());
+  const double limit = 80.0 * (1 << 30);
+  absl::StatusOr<std::vector<double>> rooms =
+      AvailableActivationBytesPerDevice(*model, *layout, ZeroStage::k0, 1, limit);
+  ASSERT_THAT(rooms, IsOk());
+  const std::vector<double> params = ParametersPerDevice(*model, *layout);
+  for (int d = 0; d < 4; ++d) {
+    EXPECT_DOUBLE_EQ((*rooms)[d], limit - 16 * params[d] - copies[d]) << d;
+  }
+  // LLAMA with a tied head: the last device's copy still holds the head.
+  ModelDims llama = bf16;
+  llama.architecture = Architecture::kLlama;
+  llama.tied_embeddings = true;
+  absl::StatusOr<StageLayout> tied = MakeStageLayout(llama, 2, 1);
+  ASSERT_THAT(tied, IsOk());
+  const double llama_layer = LinearParameters(llama, Component::kEncoderLayer, 1);
+  EXPECT_DOUBLE_EQ(llama_layer, ComponentParameters(llama, Component::kEncoderLayer, 1, 0) - 2 * h);
+  EXPECT_DOUBLE_EQ(ComputeCopyBytesPerDevice(*tied)[1], 2 * (16 * llama_layer + 50432.0 * h));
 }
 
 }  // namespace

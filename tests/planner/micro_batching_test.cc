@@ -167,6 +167,11 @@ TEST(MicroBatching, TooLittleMemoryNamesTheSampleOrTruncates) {
   const ModelDims dims = SmallGpt();
   const CostModel model = Model(dims);
   MicroBatchingOptions o = Options(dims, 0.95);  // barely more than the model state
+  // and the bf16 weight copy
+  absl::StatusOr<StageLayout> layout = MakeStageLayout(dims, o.pipeline, 1);
+  ASSERT_THAT(layout, IsOk());
+  const std::vector<double> copies = ComputeCopyBytesPerDevice(*layout);
+  o.device_memory_limit_bytes += *std::max_element(copies.begin(), copies.end());
   o.recompute_modes = {Recompute::kNone};
   const std::vector<SampleLengths> s = {{100, 10}, {2000, 40}};
   EXPECT_THAT(

@@ -159,13 +159,16 @@ TEST(PlannerSearch, EachDeviceGetsItsOwnRoom) {
   absl::StatusOr<StageLayout> layout = MakeStageLayout(dims, job.pp, 1);
   ASSERT_THAT(layout, IsOk());
   const std::vector<double> params = ParametersPerDevice(planner->cost_model(), *layout);
+  // Under a 16-bit dtype each device also keeps its compute-dtype weight copy.
+  const std::vector<double> copies = ComputeCopyBytesPerDevice(*layout);
   absl::StatusOr<std::vector<double>> rooms = AvailableActivationBytesPerDevice(
       planner->cost_model(), *layout, ZeroStage::k0, 1, 2048.0 * (1 << 20));
   ASSERT_THAT(rooms, IsOk());
   ASSERT_EQ(rooms->size(), 4u);
   for (size_t d = 0; d < 4; ++d) {
-    EXPECT_DOUBLE_EQ((*rooms)[d],
-                     2048.0 * (1 << 20) - ModelStatePerDevice(params[d], ZeroStage::k0, 1).total())
+    EXPECT_DOUBLE_EQ((*rooms)[d], 2048.0 * (1 << 20) -
+                                      ModelStatePerDevice(params[d], ZeroStage::k0, 1).total() -
+                                      copies[d])
         << d;
   }
   // The busiest device's room is the common budget.
@@ -407,7 +410,10 @@ TEST(PlannerSearch, OneFOneBWithSelectiveRecomputationCannotHoldALongSample) {
   v1::JobConfig config =
       varipipe::testing::PaperBenchmarkJob(false, {v1::ONE_F_ONE_B, v1::ADAPTIVE});
   config.mutable_parallelism()->set_pipeline(8);
-  config.mutable_cluster()->set_device_memory_limit_mib(36000);
+  // 36,000 MiB beside the fp32 state and the bf16 weight copy (device 0's
+  // four layers: 1,536 MiB).
+  constexpr double kLimitMib = 36000 + 1536;
+  config.mutable_cluster()->set_device_memory_limit_mib(kLimitMib);
   config.mutable_data()->set_max_sequence_length(8192);
   config.mutable_planner()->clear_partition_methods();
   config.mutable_planner()->add_partition_methods(v1::DYNAMIC_PROGRAMMING);
@@ -440,7 +446,7 @@ TEST(PlannerSearch, OneFOneBWithSelectiveRecomputationCannotHoldALongSample) {
       MicroBatchCostModel::Create(planner->cost_model(), *layout, Recompute::kSelective, 1);
   ASSERT_THAT(cost, IsOk());
   absl::StatusOr<std::vector<double>> rooms = AvailableActivationBytesPerDevice(
-      planner->cost_model(), *layout, ZeroStage::k0, 1, 36000.0 * (1 << 20));
+      planner->cost_model(), *layout, ZeroStage::k0, 1, kLimitMib * (1 << 20));
   ASSERT_THAT(rooms, IsOk());
   cost->SetDeviceRoom(*rooms, (*rooms)[0]);
   MicroBatchCost alone;
