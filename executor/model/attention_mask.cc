@@ -187,8 +187,12 @@ torch::Tensor MaskedAttention(const torch::Tensor& q, const torch::Tensor& k,
   // Every query row keeps at least one key (lengths >= 1), so no row is all
   // -inf and softmax stays finite.
   scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
-  const torch::Tensor probs = torch::softmax(scores, -1);
-  return Merge(torch::matmul(probs, vh));
+  // Softmax in fp32 whatever the compute dtype (as CUDA autocast runs it);
+  // the probabilities meet v in v's dtype.
+  const torch::Tensor probs = scores.scalar_type() == torch::kFloat32
+                                  ? torch::softmax(scores, -1)
+                                  : torch::softmax(scores, -1, torch::kFloat32);
+  return Merge(torch::matmul(probs.to(vh.scalar_type()), vh));
 }
 
 bool FusedAttentionAvailable() { return TORCH_VERSION_MAJOR >= 2; }

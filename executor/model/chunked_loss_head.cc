@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "executor/model/cuda_autocast.h"
+#include "executor/model/weight_cast_cache.h"
 
 namespace varipipe::executor {
 namespace {
@@ -23,7 +24,9 @@ class ChunkedHead : public torch::autograd::Function<ChunkedHead> {
                                int64_t begin, int64_t chunk_tokens, const TensorGroup* group) {
     const torch::ScalarType dtype = ComputeDtype(x);
     const torch::Tensor input = x.to(dtype).contiguous();
-    const torch::Tensor w = weight.to(dtype);
+    // The iteration's one copy in the compute dtype (weight_cast_cache.h),
+    // or the parameter itself.
+    const torch::Tensor w = ParameterIn(weight, dtype);
     const int64_t n = input.size(0);
     const int64_t rows = w.size(0);
     const auto fp32 = input.options().dtype(torch::kFloat32);
@@ -51,7 +54,7 @@ class ChunkedHead : public torch::autograd::Function<ChunkedHead> {
       target = group->AllReduceSum(target);
     }
     const torch::Tensor valid = (labels >= 0).to(torch::kFloat32);
-    ctx->save_for_backward({input, weight, column, held, valid, lse});
+    ctx->save_for_backward({input, weight, column, held, valid, lse, w});
     ctx->saved_data["chunk"] = chunk_tokens;
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     return ((lse - target) * valid).sum();
@@ -68,11 +71,11 @@ class ChunkedHead : public torch::autograd::Function<ChunkedHead> {
     const torch::Tensor held = saved[3].to(torch::kFloat32);
     const torch::Tensor scale = saved[4] * grad.to(torch::kFloat32);  // valid * d loss
     const torch::Tensor& lse = saved[5];
+    const torch::Tensor& w = saved[6];  // the weight in the compute dtype
     const int64_t chunk_tokens = ctx->saved_data["chunk"].toInt();
     const torch::ScalarType dtype = input.scalar_type();
     const bool want_x = ctx->needs_input_grad(0);
     const bool want_w = ctx->needs_input_grad(1);
-    const torch::Tensor w = weight.to(dtype);
     const int64_t n = input.size(0);
     torch::Tensor grad_x = want_x ? torch::empty_like(input) : torch::Tensor();
     torch::Tensor grad_w =

@@ -21,6 +21,10 @@
 //     g^T x (accumulated in fp32 over the chunks), with no communication
 //     (the caller's CopyToTensorRegion sums grad_x over the ranks).
 //
+// The weight enters as the iteration's one copy in the compute dtype
+// (weight_cast_cache.h; the parameter itself when it has that dtype), in
+// the forward and the backward; grad_W is returned in fp32.
+//
 // It keeps x (in the compute dtype), the labels and lse: n (h + 3) values.
 // Its transient is one chunk's logits in the compute dtype and in fp32 (and
 // in the backward their gradient in the compute dtype), plus grad_W in fp32.

@@ -2,6 +2,7 @@
 
 
 #include "executor/model/cuda_autocast.h"
+#include "executor/model/weight_cast_cache.h"
 #include "executor/model/weight_grad_store.h"
 
 namespace varipipe::executor {
@@ -30,12 +31,13 @@ class LinearWithDeferredWeight : public torch::autograd::Function<LinearWithDefe
     const torch::Tensor& grad = grad_outputs[0];
     if (!grad.defined()) return grads;
     const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
-    const torch::Tensor& input = saved[0];   // in the compute dtype
-    const torch::Tensor& weight = saved[1];  // the parameter
+    const torch::Tensor& input = saved[0];     // in the compute dtype
+    const torch::Tensor& weight = saved[1];    // the parameter
+    const torch::Tensor& operand = saved[2];   // the weight in the compute dtype
     const torch::Tensor g = grad.to(input.scalar_type());
     if (ctx->needs_input_grad(0)) {
-      grads[0] = g.matmul(weight.to(input.scalar_type()))
-                     .to(static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt()));
+      grads[0] = g.matmul(operand).to(
+          static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt()));
     }
     if (ctx->needs_input_grad(1)) {
       reinterpret_cast<WeightGradStore*>(ctx->saved_data["store"].toInt())->Add(weight, input, g);
@@ -55,12 +57,15 @@ class LinearWithDeferredWeight : public torch::autograd::Function<LinearWithDefe
                                WeightGradStore* store) {
     const torch::ScalarType dtype = ComputeDtype(x);
     const torch::Tensor input = x.to(dtype);
-    ctx->save_for_backward({input, weight});
+    // The iteration's one copy of the weight in the compute dtype (the
+    // parameter itself when it has that dtype).
+    const torch::Tensor operand = ParameterIn(weight, dtype);
+    ctx->save_for_backward({input, weight, operand});
     ctx->saved_data["store"] = reinterpret_cast<int64_t>(store);
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["has_bias"] = bias.defined();
     if (bias.defined()) ctx->saved_data["bias_dtype"] = static_cast<int64_t>(bias.scalar_type());
-    return torch::linear(input, weight.to(dtype), bias.defined() ? bias.to(dtype) : bias);
+    return torch::linear(input, operand, bias.defined() ? ParameterIn(bias, dtype) : bias);
   }
 };
 
@@ -69,9 +74,16 @@ class LinearWithDeferredWeight : public torch::autograd::Function<LinearWithDefe
 torch::Tensor DeferredLinear(const torch::Tensor& x, const torch::Tensor& weight,
                              const torch::Tensor& bias) {
   WeightGradStore* store = CurrentWeightGradStore();
-  if (store == nullptr || !torch::GradMode::is_enabled()) return torch::linear(x, weight, bias);
-  if (bias.defined()) return LinearWithDeferredWeight::apply(x, weight, bias, store);
-  return LinearWithDeferredWeight::apply(x, weight, store);
+  if (store != nullptr && torch::GradMode::is_enabled()) {
+    if (bias.defined()) return LinearWithDeferredWeight::apply(x, weight, bias, store);
+    return LinearWithDeferredWeight::apply(x, weight, store);
+  }
+  const torch::ScalarType dtype = ComputeDtype(x);
+  if (dtype == weight.scalar_type()) return torch::linear(x, weight, bias);
+  // Mixed precision: x and the cached copies in the compute dtype; the
+  // weight gradient grad_y^T x in it, accumulated into the fp32 grad().
+  return torch::linear(x.to(dtype), ParameterIn(weight, dtype),
+                       bias.defined() ? ParameterIn(bias, dtype) : bias);
 }
 
 }  // namespace varipipe::executor

@@ -9,7 +9,9 @@
 #include "common/status.h"
 #include "executor/model/attention_mask.h"
 #include "executor/model/chunked_loss_head.h"
+#include "executor/model/cuda_autocast.h"
 #include "executor/model/initializer.h"
+#include "executor/model/norm.h"
 #include "executor/model/relative_position_bias.h"
 #include "executor/model/rotary.h"
 #include "executor/model/tensor_parallel_ops.h"
@@ -252,9 +254,12 @@ torch::Tensor ModelStage::Embed(const torch::Tensor& tokens, const torch::Tensor
                                 const torch::Tensor& position,
                                 const torch::Tensor& positions) const {
   const torch::Tensor words = VocabParallelEmbedding(tokens, word, vocab_begin_, *tensor_);
-  if (!position.defined()) return words;  // LLAMA: rotary positions in the layers
-  if (positions.defined()) return words + torch::embedding(position, positions);
-  return words + position.slice(0, 0, tokens.size(1)).unsqueeze(0);
+  // The sum in the tables' dtype (fp32), the residual stream in the compute
+  // dtype.
+  const auto residual = [](const torch::Tensor& x) { return x.to(ComputeDtype(x)); };
+  if (!position.defined()) return residual(words);  // LLAMA: rotary positions in the layers
+  if (positions.defined()) return residual(words + torch::embedding(position, positions));
+  return residual(words + position.slice(0, 0, tokens.size(1)).unsqueeze(0));
 }
 
 torch::Tensor ModelStage::LayerPositions(const torch::Tensor& positions,
@@ -274,7 +279,7 @@ torch::Tensor ModelStage::LayerPositions(const torch::Tensor& positions,
 torch::Tensor ModelStage::FinalNorm(const torch::Tensor& x, const torch::Tensor& weight,
                                     const torch::Tensor& bias) const {
   if (spec_.llama || spec_.t5v11) return RmsNorm(x, weight, spec_.norm_epsilon);
-  return torch::layer_norm(x, {spec_.hidden_size}, weight, bias, 1e-5);
+  return LayerNormalization(x, weight, bias, 1e-5);
 }
 
 AttentionInput ModelStage::PackedSelfInput(const torch::Tensor& segments, bool causal,
@@ -332,8 +337,13 @@ torch::Tensor ModelStage::RunLayers(size_t first, int64_t count, torch::Tensor h
 
 StageActivations ModelStage::Forward(const StageActivations& in, const StageBatch& batch) {
   StageActivations out;
-  torch::Tensor hidden = in.hidden;
-  torch::Tensor memory = in.memory;
+  // Received activations in the compute dtype (a no-op when they come in
+  // it, as the plan's buffers do under mixed precision).
+  const auto residual = [](const torch::Tensor& x) {
+    return x.defined() ? x.to(ComputeDtype(x)) : x;
+  };
+  torch::Tensor hidden = residual(in.hidden);
+  torch::Tensor memory = residual(in.memory);
   size_t next_layer = 0;
   // Encoder (GPT: the whole model) part.
   const bool packed = batch.input_segments.defined();

@@ -13,6 +13,7 @@
 #include "executor/model/tensor_parallel_ops.h"
 #include "executor/model/tensor_shard.h"
 #include "executor/model/variable_length_attention.h"
+#include "executor/model/weight_cast_cache.h"
 #include "executor/model/weight_grad_store.h"
 
 namespace varipipe::executor {
@@ -141,22 +142,18 @@ torch::Tensor TransformerLayer::RowParallel(const torch::Tensor& x, const torch:
   // One rank: the bias inside the linear, as before tensor parallelism.
   if (tensor_->size() == 1) return DeferredLinear(x, weight, bias);
   const torch::Tensor summed = LeaveTensorRegion(DeferredLinear(x, weight), *tensor_);
-  return bias.defined() ? summed + Replicated(bias) : summed;
+  // The bias in the residual stream's dtype (its cached copy under mixed
+  // precision).
+  return bias.defined() ? summed + Replicated(ParameterIn(bias, summed.scalar_type())) : summed;
 }
 
 torch::Tensor TransformerLayer::Replicated(const torch::Tensor& p) const {
   return SequenceParallelParameter(p, *tensor_);
 }
 
-torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double epsilon) {
-  const torch::Tensor x32 = x.to(torch::kFloat32);
-  const torch::Tensor normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + epsilon);
-  return normed.to(x.scalar_type()) * weight;
-}
-
 torch::Tensor TransformerLayer::LayerNorm(const torch::Tensor& x, const torch::Tensor& weight,
                                           const torch::Tensor& bias) const {
-  return torch::layer_norm(x, {hidden_}, weight, bias, 1e-5);
+  return LayerNormalization(x, weight, bias, 1e-5);
 }
 
 namespace {

@@ -25,6 +25,7 @@
 #include "executor/model/attention_input.h"
 #include "executor/model/initializer.h"
 #include "executor/model/model_spec.h"
+#include "executor/model/norm.h"  // RmsNorm, for the layers' users
 #include "executor/model/tensor_group.h"
 
 namespace varipipe::executor {
@@ -126,10 +127,6 @@ class TransformerLayer : public torch::nn::Module {
       gate_weight_, up_weight_, down_weight_;
   torch::Tensor cross_norm_weight_, xk_weight_, xv_weight_, xo_weight_;
 };
-
-// RMSNorm (Zhang and Sennrich 2019): x / sqrt(mean(x^2) + epsilon) * weight,
-// the statistic in fp32 whatever x's dtype (as Hugging Face's Llama).
-torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double epsilon);
 
 }  // namespace varipipe::executor
 

@@ -257,6 +257,10 @@ void Trainer::MakeInterpreter() {
   if (c_.device.is_cuda && config.model().dtype() != v1::FLOAT32) {
     options.cuda_autocast_dtype =
         config.model().dtype() == v1::FLOAT16 ? torch::kHalf : torch::kBFloat16;
+    // Stage boundaries carry the residual stream in the compute dtype
+    // (docs/models.md, "Mixed precision"): received activations and their
+    // gradients stay in it, with no fp32 copy.
+    options.compute_dtype = *options.cuda_autocast_dtype;
     spdlog::info("mixed precision: CUDA autocast to {} with fp32 master weights",
                  v1::DType_Name(config.model().dtype()));
   }
