@@ -48,6 +48,21 @@ absl::Status TensorRankTransport::AllGather(std::span<float> data, const std::ve
   return global_->AllGather(data, GlobalGroup(group));
 }
 
+absl::StatusOr<std::unique_ptr<Transfer>> TensorRankTransport::StartReduceScatterSum(
+    std::span<float> data, const std::vector<int>& group) {
+  return global_->StartReduceScatterSum(data, GlobalGroup(group));
+}
+
+absl::StatusOr<std::unique_ptr<Transfer>> TensorRankTransport::StartAllGather(
+    std::span<float> data, const std::vector<int>& group) {
+  return global_->StartAllGather(data, GlobalGroup(group));
+}
+
+absl::StatusOr<std::unique_ptr<Transfer>> TensorRankTransport::StartDeviceOrdered(
+    DeviceCollective kind, std::span<float> data, const std::vector<int>& group) {
+  return global_->StartDeviceOrdered(kind, data, GlobalGroup(group));
+}
+
 std::string TensorRankTransport::Describe() const {
   return absl::StrCat(global_->Describe(), ", tensor index ", index_, " of ", tensor_);
 }

@@ -47,6 +47,12 @@ class TensorRankTransport final : public Transport {
   absl::Status AllReduceSum(std::span<float> data, const std::vector<int>& group) override;
   absl::Status ReduceScatterSum(std::span<float> data, const std::vector<int>& group) override;
   absl::Status AllGather(std::span<float> data, const std::vector<int>& group) override;
+  absl::StatusOr<std::unique_ptr<Transfer>> StartReduceScatterSum(
+      std::span<float> data, const std::vector<int>& group) override;
+  absl::StatusOr<std::unique_ptr<Transfer>> StartAllGather(std::span<float> data,
+                                                           const std::vector<int>& group) override;
+  absl::StatusOr<std::unique_ptr<Transfer>> StartDeviceOrdered(
+      DeviceCollective kind, std::span<float> data, const std::vector<int>& group) override;
   std::string Describe() const override;
   void Abort(const std::string& reason) override { global_->Abort(reason); }
 

@@ -51,6 +51,7 @@ class FinishedTransfer final : public Transfer {
  public:
   explicit FinishedTransfer(absl::Status status) : status_(std::move(status)) {}
   absl::Status Wait(absl::Time) override { return status_; }
+  const absl::Status& status() const { return status_; }
 
  private:
   absl::Status status_;
@@ -96,6 +97,28 @@ class Transport {
   virtual absl::Status ReduceScatterSum(std::span<float> data, const std::vector<int>& group) = 0;
   // AllGather: afterwards every shard holds what its owner had in it.
   virtual absl::Status AllGather(std::span<float> data, const std::vector<int>& group) = 0;
+  // Start ReduceScatterSum / AllGather and return at once, with the rules of
+  // StartAllReduceMean (one queue of collectives per group, started in the
+  // same order on every rank of it; `data` untouched until the transfer's
+  // Wait returned): ZeRO stage 1's gradient buckets and parameter gathers
+  // (optimizer_sharding.h). These defaults run them at once, blocking.
+  virtual absl::StatusOr<std::unique_ptr<Transfer>> StartReduceScatterSum(
+      std::span<float> data, const std::vector<int>& group);
+  virtual absl::StatusOr<std::unique_ptr<Transfer>> StartAllGather(std::span<float> data,
+                                                                   const std::vector<int>& group);
+
+  // The tensor-parallel layers' collectives (tensor_group.h) without the
+  // host waiting, where the transport can: starts `kind` of `data` over
+  // `group` (as AllReduceSum, ReduceScatterSum or AllGather) ordered after
+  // the compute stream's queued work, and orders the compute stream's later
+  // work after it, so the device never waits for the host. `data` must stay
+  // valid until the returned transfer's Wait returned, which reports the
+  // collective's failure (bounded, abortable). NCCL: on the group's stream,
+  // the compute stream waiting on its event. This default runs the blocking
+  // collective and returns a FinishedTransfer (Gloo, CPUs).
+  enum class DeviceCollective { kAllReduceSum, kReduceScatterSum, kAllGather };
+  virtual absl::StatusOr<std::unique_ptr<Transfer>> StartDeviceOrdered(
+      DeviceCollective kind, std::span<float> data, const std::vector<int>& group);
 
   // Short description ("gloo tcp 127.0.0.1", "nccl 2.28.9").
   virtual std::string Describe() const = 0;
@@ -111,6 +134,33 @@ class Transport {
 inline absl::StatusOr<std::unique_ptr<Transfer>> Transport::StartAllReduceMean(
     std::span<float> data, const std::vector<int>& group) {
   return std::unique_ptr<Transfer>(new FinishedTransfer(AllReduceMean(data, group)));
+}
+
+inline absl::StatusOr<std::unique_ptr<Transfer>> Transport::StartDeviceOrdered(
+    DeviceCollective kind, std::span<float> data, const std::vector<int>& group) {
+  absl::Status status;
+  switch (kind) {
+    case DeviceCollective::kAllReduceSum:
+      status = AllReduceSum(data, group);
+      break;
+    case DeviceCollective::kReduceScatterSum:
+      status = ReduceScatterSum(data, group);
+      break;
+    case DeviceCollective::kAllGather:
+      status = AllGather(data, group);
+      break;
+  }
+  return std::unique_ptr<Transfer>(new FinishedTransfer(std::move(status)));
+}
+
+inline absl::StatusOr<std::unique_ptr<Transfer>> Transport::StartReduceScatterSum(
+    std::span<float> data, const std::vector<int>& group) {
+  return std::unique_ptr<Transfer>(new FinishedTransfer(ReduceScatterSum(data, group)));
+}
+
+inline absl::StatusOr<std::unique_ptr<Transfer>> Transport::StartAllGather(
+    std::span<float> data, const std::vector<int>& group) {
+  return std::unique_ptr<Transfer>(new FinishedTransfer(AllGather(data, group)));
 }
 
 }  // namespace varipipe::executor

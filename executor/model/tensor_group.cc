@@ -1,6 +1,7 @@
 #include "executor/model/tensor_group.h"
 
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -13,24 +14,70 @@ TensorGroup::TensorGroup(int global_rank, int size, bool sequence_parallel)
   for (int i = 0; i < size; ++i) ranks_.push_back(global_rank - index_ + i);
 }
 
-torch::Tensor TensorGroup::Run(
-    const torch::Tensor& x, const char* what,
-    absl::Status (Transport::*collective)(std::span<float>, const std::vector<int>&)) const {
+TensorGroup::~TensorGroup() {
+  if (Drain(absl::Now() + absl::Seconds(30)).ok()) return;
+  // A collective that did not end (a failed run) may still write its
+  // buffer: Drain kept the buffers of those, for the rest of the process.
+}
+
+torch::Tensor TensorGroup::Run(const torch::Tensor& x, const char* what,
+                               Transport::DeviceCollective kind) const {
   TORCH_CHECK(transport_ != nullptr, "tensor group ", absl::StrJoin(ranks_, ","),
               ": no transport for its ", what);
   // One fresh fp32 copy, which the collective overwrites in place.
   torch::Tensor data = x.to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true).contiguous();
-  if (data.is_cuda()) torch::cuda::synchronize(data.device().index());
-  const absl::Status status = (transport_->*collective)(
-      std::span<float>(data.data_ptr<float>(), static_cast<size_t>(data.numel())), ranks_);
+  absl::StatusOr<std::unique_ptr<Transfer>> started = transport_->StartDeviceOrdered(
+      kind, std::span<float>(data.data_ptr<float>(), static_cast<size_t>(data.numel())), ranks_);
+  absl::Status status = started.status();
+  if (started.ok()) {
+    if (const auto* finished = dynamic_cast<const FinishedTransfer*>(started->get());
+        finished != nullptr) {
+      status = finished->status();
+    } else {
+      // Ordered on the device: the host goes on; Drain waits for it.
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_.push_back({*std::move(started), data, what});
+    }
+  }
   TORCH_CHECK(status.ok(), "tensor-parallel ", what, " over ranks ", absl::StrJoin(ranks_, ","),
               ": ", status.ToString());
   return data.to(x.scalar_type());
 }
 
+absl::Status TensorGroup::Drain(absl::Time deadline) {
+  std::vector<Pending> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending.swap(pending_);
+  }
+  absl::Status first;
+  for (Pending& p : pending) {
+    const absl::Status status = p.transfer->Wait(deadline);
+    if (status.ok()) continue;
+    // It may still write its buffer: kept for the rest of the process.
+    static auto* abandoned_mu = new std::mutex();
+    static auto* abandoned = new std::vector<torch::Tensor>();
+    {
+      std::lock_guard<std::mutex> lock(*abandoned_mu);
+      abandoned->push_back(p.data);
+    }
+    if (first.ok()) {
+      first = absl::Status(status.code(),
+                           absl::StrCat("tensor-parallel ", p.what, " over ranks ",
+                                        absl::StrJoin(ranks_, ","), ": ", status.message()));
+    }
+  }
+  return first;
+}
+
+size_t TensorGroup::pending() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pending_.size();
+}
+
 torch::Tensor TensorGroup::AllReduceSum(const torch::Tensor& x) const {
   if (size_ == 1) return x;
-  return Run(x, "all-reduce", &Transport::AllReduceSum);
+  return Run(x, "all-reduce", Transport::DeviceCollective::kAllReduceSum);
 }
 
 torch::Tensor TensorGroup::AllGather(const torch::Tensor& x, int64_t dim) const {
@@ -40,7 +87,7 @@ torch::Tensor TensorGroup::AllGather(const torch::Tensor& x, int64_t dim) const 
   for (int64_t d : x.sizes()) shape.push_back(d);
   torch::Tensor slots = torch::zeros(shape, x.options());
   slots[index_].copy_(x);
-  const torch::Tensor gathered = Run(slots, "all-gather", &Transport::AllGather);
+  const torch::Tensor gathered = Run(slots, "all-gather", Transport::DeviceCollective::kAllGather);
   return torch::cat(gathered.unbind(0), dim);
 }
 
@@ -49,7 +96,8 @@ torch::Tensor TensorGroup::ReduceScatter(const torch::Tensor& x, int64_t dim) co
   TORCH_CHECK(x.size(dim) % size_ == 0, "tensor-parallel reduce-scatter of ", x.size(dim),
               " rows over ", size_, " ranks");
   const torch::Tensor slots = torch::stack(x.chunk(size_, dim), 0);
-  const torch::Tensor summed = Run(slots, "reduce-scatter", &Transport::ReduceScatterSum);
+  const torch::Tensor summed =
+      Run(slots, "reduce-scatter", Transport::DeviceCollective::kReduceScatterSum);
   return summed[index_].contiguous();
 }
 

@@ -6,10 +6,18 @@
 // parameter it holds, tensor_shard.h).
 //
 // The collectives run on the transport's groups in fp32 (a tensor of another
-// dtype is cast, and the result cast back), block until done and throw
-// c10::Error naming the collective and the transport's status on failure:
-// they run inside the autograd graph, and the plan interpreter turns a
-// LibTorch exception into the rank's error.
+// dtype is cast, and the result cast back) through
+// Transport::StartDeviceOrdered. Where the transport orders them on the
+// device (NCCL: the tensor group's stream after the compute stream, the
+// compute stream then waiting on the collective's event) the host does not
+// wait: the collective stays pending in the group until Drain, which the
+// plan interpreter calls where the host waits anyway (before the
+// iteration's one device read), and which reports a failure naming the
+// group and the collective. Elsewhere (Gloo, CPUs) each collective blocks
+// until done. A failure known at once throws c10::Error naming the
+// collective and the transport's status: the collectives run inside the
+// autograd graph, and the plan interpreter turns a LibTorch exception into
+// the rank's error.
 //
 // Every rank of the group must call the same collectives in the same order
 // with tensors of the same shape: each runs the same plan on stages of the
@@ -20,8 +28,12 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "executor/comm/transport.h"
 
 namespace varipipe::executor {
@@ -51,18 +63,38 @@ class TensorGroup {
   // size() equal parts: size() must divide x.size(dim)).
   torch::Tensor ReduceScatter(const torch::Tensor& x, int64_t dim) const;
 
+  // Waits (until `deadline`, abortable through the transport) for every
+  // collective still pending on the device; the first failure names the
+  // group and the collective. Call it at least once per iteration (pending
+  // collectives hold their buffers), where the host waits anyway.
+  absl::Status Drain(absl::Time deadline);
+  // Collectives pending since the last Drain (tests).
+  size_t pending() const;
+
+  // Waits (bounded) for what is still pending: it may write its buffers.
+  ~TensorGroup();
+
  private:
-  // Runs `collective` on a contiguous fp32 copy of `x` (CUDA work finished
-  // first: the transport's stream does not wait for the compute stream).
+  // A collective the device orders and the host has not waited for.
+  struct Pending {
+    std::unique_ptr<Transfer> transfer;
+    torch::Tensor data;  // its buffer, kept until it completed
+    const char* what;
+  };
+  // Runs `kind` on a contiguous fp32 copy of `x` (the transport orders it
+  // after the compute stream's queued work).
   torch::Tensor Run(const torch::Tensor& x, const char* what,
-                    absl::Status (Transport::*collective)(std::span<float>,
-                                                          const std::vector<int>&)) const;
+                    Transport::DeviceCollective kind) const;
 
   int size_ = 1;
   int index_ = 0;
   bool sequence_parallel_ = false;
   std::vector<int> ranks_ = {0};
   Transport* transport_ = nullptr;
+  // The collectives run from const methods (inside autograd functions, on
+  // the autograd engine's threads): guarded by mu_.
+  mutable std::mutex mu_;
+  mutable std::vector<Pending> pending_;
 };
 
 }  // namespace varipipe::executor

@@ -10,11 +10,13 @@
 #include <exception>
 #include <filesystem>
 #include <mutex>
+#include <span>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/status.h"
 #include "executor/runtime/fault_injection.h"
@@ -26,6 +28,8 @@ constexpr int64_t kFormatVersion = 1;
 // Errors that concern the directory's files name the field first.
 constexpr char kDirField[] = "training.checkpoint_dir";
 constexpr char kLayoutKey[] = "varipipe/stage_layout";
+constexpr char kZeroLayoutKey[] = "varipipe/zero_layout";
+constexpr char kZeroBucketKey[] = "varipipe/zero_bucket_bytes";
 
 // Each stage's encoder layers, then each stage's decoder layers (int64).
 torch::Tensor LayoutTensor(const LayerLayout& layout) {
@@ -77,6 +81,10 @@ absl::Status RankCheckpoints::Save(uint64_t iterations_done, const std::vector<M
     archive.write("varipipe/iterations_done", torch::tensor(static_cast<int64_t>(iterations_done)));
     archive.write("varipipe/rank", torch::tensor(static_cast<int64_t>(rank_)));
     if (layout_.stages() > 0) archive.write(kLayoutKey, LayoutTensor(layout_));
+    if (sharding_ != nullptr) {
+      archive.write(kZeroLayoutKey, sharding_->LayoutTensor());
+      archive.write(kZeroBucketKey, torch::tensor(sharding_->bucket_bytes()));
+    }
     for (const ModelStage* stage : stages) {
       for (const auto& item : stage->named_parameters()) {
         archive.write(StageKey(*stage, item.key()), item.value().detach().to(torch::kCPU));
@@ -161,6 +169,60 @@ absl::Status OpenChecked(const std::string& path, uint64_t iterations_done,
   return absl::OkStatus();
 }
 
+// An int64 tensor's values, "1,2,3".
+std::string Values(const torch::Tensor& t) {
+  const torch::Tensor flat = t.to(torch::kInt64).contiguous().reshape(-1);
+  return absl::StrJoin(std::span<const int64_t>(flat.data_ptr<int64_t>(),
+                                                static_cast<size_t>(flat.numel())),
+                       ",");
+}
+
+// The bucket size setting `bytes` came from, for messages.
+std::string BucketSetting(int64_t bytes) {
+  if (bytes <= 0) return "training.gradient_bucket_mib 0 (one bucket per stage)";
+  return absl::StrCat("buckets of ", bytes, " bytes, training.gradient_bucket_mib ",
+                      absl::StrFormat("%g", static_cast<double>(bytes) / (1 << 20)));
+}
+
+// OK when the archive's ZeRO stage 1 shards were cut from `sharding`'s
+// layout (a file without a record: from one bucket per stage).
+absl::Status CheckShardLayout(const std::string& path, torch::serialize::InputArchive& archive,
+                              const OptimizerSharding& sharding, std::string& reading) {
+  constexpr char kStartOver[] = ", or remove the checkpoint directory to start over";
+  const torch::Tensor mine = sharding.LayoutTensor();
+  reading = kZeroLayoutKey;
+  torch::Tensor theirs;
+  if (!archive.try_read(reading, theirs)) {
+    if (OptimizerSharding::IsUnbucketed(mine)) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        path,
+        ": written without a record of its ZeRO stage 1 shard layout (an older executor's, "
+        "whose shards are one range of each stage), but this run cuts its shards from ",
+        BucketSetting(sharding.bucket_bytes()),
+        ", several per stage: resume with training.gradient_bucket_mib 0", kStartOver));
+  }
+  if (theirs.sizes().equals(mine.sizes()) && torch::equal(theirs.to(torch::kInt64), mine)) {
+    return absl::OkStatus();
+  }
+  reading = kZeroBucketKey;
+  torch::Tensor bytes;
+  archive.read(reading, bytes);
+  const int64_t their_bytes = bytes.item<int64_t>();
+  if (their_bytes != sharding.bucket_bytes()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": the optimizer state's ZeRO stage 1 shards were cut from ",
+        BucketSetting(their_bytes), ", but this run cuts them from ",
+        BucketSetting(sharding.bucket_bytes()),
+        ", which gives other shards: resume with the checkpoint's training.gradient_bucket_mib",
+        kStartOver));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      path, ": the optimizer state's ZeRO stage 1 shard layout (stage, elements, buckets, bucket "
+      "sizes: ",
+      Values(theirs), ") is not this run's (", Values(mine), ") with the same ", BucketSetting(their_bytes),
+      ": written for another model or parallelism?", kStartOver));
+}
+
 // Copies every parameter of `stages` from the archive.
 absl::Status CopyParameters(const std::string& path, torch::serialize::InputArchive& archive,
                             const std::vector<ModelStage*>& stages, std::string& reading) {
@@ -234,6 +296,9 @@ absl::Status RankCheckpoints::Load(uint64_t iterations_done, const std::vector<M
     archive.read(reading, optimizer_archive);
     if (absl::Status fits = optimizer.CheckShard(optimizer_archive); !fits.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(path, ": ", fits.message()));
+    }
+    if (sharding_ != nullptr) {
+      VP_RETURN_IF_ERROR(CheckShardLayout(path, archive, *sharding_, reading));
     }
     VP_RETURN_IF_ERROR(CopyParameters(path, archive, stages, reading));
     reading = "optimizer";

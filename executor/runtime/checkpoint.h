@@ -13,6 +13,14 @@
 // changes which stage holds which layer, so resuming under another one is
 // refused, naming both.
 //
+// Under ZeRO stage 1 the file also records the layout the optimizer state's
+// shards were cut from ("varipipe/zero_layout", "varipipe/zero_bucket_bytes":
+// each stage's gradient buckets, optimizer_sharding.h) when the checkpoints
+// know the sharding: a file of another layout (another
+// training.gradient_bucket_mib) is refused naming the setting, before
+// anything changes; a file without one (an older executor's: one bucket per
+// stage) loads only into that layout.
+//
 // A checkpoint is complete when every rank holds its file. Ranks delete
 // their older files only after all ranks wrote the newer one (a barrier), and
 // keep the two newest, so every rank always holds the newest complete
@@ -28,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "executor/comm/transport.h"
 #include "executor/model/model_stage.h"
+#include "executor/runtime/optimizer_sharding.h"
 #include "executor/runtime/training_optimizer.h"
 
 namespace varipipe::executor {
@@ -37,8 +46,13 @@ class RankCheckpoints {
   // `layout`: the job's stage layout, recorded in every file this writes;
   // a file recording another is refused on load, naming both (files of
   // older executors record none and are not compared). Empty: none.
-  RankCheckpoints(std::string dir, int rank, LayerLayout layout = {})
-      : dir_(std::move(dir)), rank_(rank), layout_(std::move(layout)) {}
+  // `sharding` (not owned; null without ZeRO stage 1): its shard layout is
+  // recorded and checked likewise. Null under stage 1: nothing is recorded
+  // or checked (a file of another layout then fails to load, or fails the
+  // first step, with LibTorch's error).
+  RankCheckpoints(std::string dir, int rank, LayerLayout layout = {},
+                  const OptimizerSharding* sharding = nullptr)
+      : dir_(std::move(dir)), rank_(rank), layout_(std::move(layout)), sharding_(sharding) {}
 
   std::string PathFor(uint64_t iterations_done) const;
 
@@ -72,6 +86,7 @@ class RankCheckpoints {
   std::string dir_;
   int rank_;
   LayerLayout layout_;
+  const OptimizerSharding* sharding_;
 };
 
 // The newest checkpoint every rank of `world` holds, agreed over `host`

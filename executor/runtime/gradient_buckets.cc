@@ -69,15 +69,53 @@ GradientBuckets::GradientBuckets(const torch::OrderedDict<std::string, torch::Te
       p.mutable_grad() = view;
       offset += p.numel();
       bucket.members.push_back(params_.size());
-      params_.push_back({.name = order[i].first, .bucket = buckets_.size()});
-      std::shared_ptr<torch::autograd::Node> accumulator =
-          torch::autograd::impl::grad_accumulator(p);
-      hook_keys_.push_back(
-          accumulator->add_post_hook(std::make_unique<Hook>(this, params_.size() - 1)));
-      accumulators_.push_back(std::move(accumulator));
+      params_.push_back({.name = order[i].first, .buckets = {buckets_.size()}});
+      AddHook(p);
     }
     buckets_.push_back(std::move(bucket));
   }
+}
+
+std::unique_ptr<GradientBuckets> GradientBuckets::ReduceScatter(
+    const torch::OrderedDict<std::string, torch::Tensor>& parameters, const torch::Tensor& flat,
+    const std::vector<std::pair<int64_t, int64_t>>& ranges, const std::set<std::string>& held,
+    int chunk) {
+  std::unique_ptr<GradientBuckets> out(new GradientBuckets());
+  out->reduction_ = Reduction::kReduceScatterSum;
+  out->chunk_ = chunk;
+  for (const auto& [begin, end] : ranges) {
+    Bucket bucket;
+    bucket.flat = flat.narrow(0, begin, end - begin);
+    out->buckets_.push_back(std::move(bucket));
+  }
+  torch::NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (const auto& item : parameters) {
+    torch::Tensor p = item.value();  // shares the parameter (and its grad)
+    const int64_t begin = offset;
+    const int64_t end = offset + p.numel();
+    offset = end;
+    if (!p.requires_grad()) continue;
+    torch::Tensor view = flat.narrow(0, begin, p.numel()).view(p.sizes());
+    if (p.grad().defined()) view.copy_(p.grad());
+    p.mutable_grad() = view;
+    Param param{.name = item.key(), .buckets = {}};
+    for (size_t b = 0; b < ranges.size(); ++b) {
+      if (ranges[b].first >= end || ranges[b].second <= begin) continue;
+      param.buckets.push_back(b);
+      out->buckets_[b].members.push_back(out->params_.size());
+      if (held.count(item.key()) > 0) out->buckets_[b].held = true;
+    }
+    out->params_.push_back(std::move(param));
+    out->AddHook(p);
+  }
+  return out;
+}
+
+void GradientBuckets::AddHook(const torch::Tensor& p) {
+  std::shared_ptr<torch::autograd::Node> accumulator = torch::autograd::impl::grad_accumulator(p);
+  hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<Hook>(this, params_.size() - 1)));
+  accumulators_.push_back(std::move(accumulator));
 }
 
 GradientBuckets::~GradientBuckets() {
@@ -127,24 +165,33 @@ void GradientBuckets::Accumulated(size_t param) {
   }
   if (!in_backward_ || p.ready || p.fired != p.expected) return;
   p.ready = true;
-  ++buckets_[p.bucket].ready;
+  for (size_t b : p.buckets) ++buckets_[b].ready;
   StartReady(/*force=*/false);
 }
 
 void GradientBuckets::StartReady(bool force) {
   while (next_start_ < buckets_.size()) {
     Bucket& b = buckets_[next_start_];
-    if (!force && b.ready < b.members.size()) return;
-    absl::StatusOr<std::unique_ptr<Transfer>> started = transport_->StartAllReduceMean(
-        std::span<float>(b.flat.data_ptr<float>(), static_cast<size_t>(b.flat.numel())), group_);
-    if (started.ok()) {
-      b.transfer = *std::move(started);
-    } else {
-      b.start_status = started.status();
+    if (!b.held) {
+      if (!force && b.ready < b.members.size()) return;
+      Start(b);
     }
-    if (in_backward_) ++started_now_;
     ++next_start_;
   }
+}
+
+void GradientBuckets::Start(Bucket& b) {
+  const std::span<float> data(b.flat.data_ptr<float>(), static_cast<size_t>(b.flat.numel()));
+  absl::StatusOr<std::unique_ptr<Transfer>> started =
+      reduction_ == Reduction::kAllReduceMean ? transport_->StartAllReduceMean(data, group_)
+                                              : transport_->StartReduceScatterSum(data, group_);
+  if (started.ok()) {
+    b.transfer = *std::move(started);
+  } else {
+    b.start_status = started.status();
+  }
+  b.started = true;
+  if (in_backward_) ++started_now_;
 }
 
 absl::Status GradientBuckets::StartAll() {
@@ -160,6 +207,9 @@ absl::Status GradientBuckets::Finish(absl::Time deadline) {
     if (!armed_) return absl::FailedPreconditionError("gradient buckets finished before armed");
     in_backward_ = false;
     StartReady(/*force=*/true);
+    for (Bucket& b : buckets_) {
+      if (!b.started) Start(b);  // the held ones, in order
+    }
   }
   absl::Status status = late_;
   late_ = absl::OkStatus();
@@ -174,11 +224,21 @@ absl::Status GradientBuckets::Finish(absl::Time deadline) {
     b.transfer.reset();
     b.start_status = absl::OkStatus();
     b.ready = 0;
+    b.started = false;
   }
   if (status.ok()) {
     torch::NoGradGuard no_grad;
-    const float replicas = static_cast<float>(group_.size());
-    for (Bucket& b : buckets_) b.flat.mul_(replicas);
+    const int64_t replicas = static_cast<int64_t>(group_.size());
+    for (Bucket& b : buckets_) {
+      if (reduction_ == Reduction::kAllReduceMean) {
+        b.flat.mul_(static_cast<float>(replicas));
+        continue;
+      }
+      // Only this rank's chunk is reduced; the rest is consumed.
+      const int64_t c = b.flat.numel() / std::max<int64_t>(1, replicas);
+      if (chunk_ > 0) b.flat.narrow(0, 0, chunk_ * c).zero_();
+      b.flat.narrow(0, (chunk_ + 1) * c, b.flat.numel() - (chunk_ + 1) * c).zero_();
+    }
   }
   std::lock_guard<std::mutex> lock(mu_);
   for (Param& p : params_) p.ready = false;

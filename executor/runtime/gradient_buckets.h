@@ -19,6 +19,13 @@
 // timing, and each bucket is reduced alone with the transport's fixed
 // summation order: the results do not depend on when a bucket started.
 //
+// ZeRO stage 1 (optimizer_sharding.h) uses the same machinery over its own
+// layout (ReduceScatter): the stage's gradients are one flat buffer cut into
+// buckets that may split a parameter, each bucket's collective is a
+// reduce-scatter sum leaving this rank's chunk of it reduced, and a bucket
+// holding a shared parameter (summed across stages first) is held back
+// until Finish; the others still start in index order.
+//
 //   GradientBuckets buckets(stage->named_parameters(), excluded, 25 << 20);
 //   buckets.BeginIteration(transport, group);
 //   buckets.BeginPass(/*start_when_final=*/false);  // every backward pass ...
@@ -42,6 +49,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -58,6 +66,20 @@ class GradientBuckets {
   // bucket, keeping its current value (zeros when it had none).
   GradientBuckets(const torch::OrderedDict<std::string, torch::Tensor>& parameters,
                   const std::set<std::string>& excluded, int64_t bucket_bytes);
+  // ZeRO stage 1's buckets. `parameters` (in order) lie at consecutive
+  // offsets of `flat` (fp32, on their device); the gradient of each one
+  // that requires one becomes a view into it, keeping its value. Bucket b
+  // is flat[ranges[b].first, ranges[b].second), its size a multiple of the
+  // group's; bucket 0 starts first. A bucket's collective is a sum
+  // reduce-scatter: after Finish this rank's chunk of it (chunk `chunk` of
+  // group-size equal chunks) holds the group's sum, unscaled, and its other
+  // chunks are zero (the next iteration accumulates from zero; the optimizer
+  // zeroes the chunk it consumed). Buckets holding any part of a parameter
+  // named in `held` start only in Finish, in index order after the others.
+  static std::unique_ptr<GradientBuckets> ReduceScatter(
+      const torch::OrderedDict<std::string, torch::Tensor>& parameters, const torch::Tensor& flat,
+      const std::vector<std::pair<int64_t, int64_t>>& ranges, const std::set<std::string>& held,
+      int chunk);
   // Waits (bounded) for reductions still in flight: they write the buckets.
   ~GradientBuckets();
   GradientBuckets(const GradientBuckets&) = delete;
@@ -74,14 +96,19 @@ class GradientBuckets {
   void EndPass();
   // Whether a pass counted accumulations since construction.
   bool has_counts() const { return has_counts_; }
-  // Starts every bucket not started yet, in order (after BeginIteration).
+  // Starts every bucket not started yet, in order, but the held ones (after
+  // BeginIteration).
   absl::Status StartAll();
-  // Waits for every bucket's all-reduce, then multiplies by the group size
-  // (each replica's loss is already divided by the global token count: the
-  // replicas' gradients add up). Resets for the next iteration.
+  // Starts what is left (the held buckets last), waits for every bucket's
+  // collective, then multiplies all-reduced buckets by the group size (each
+  // replica's loss is already divided by the global token count: the
+  // replicas' gradients add up) or zeroes the other ranks' chunks of
+  // reduce-scattered ones. Resets for the next iteration.
   absl::Status Finish(absl::Time deadline);
 
   size_t num_buckets() const { return buckets_.size(); }
+  // Whether BeginIteration ran and Finish did not yet.
+  bool armed() const { return armed_; }
   // Buckets started from the hooks, inside the last backward pass, in the
   // last iteration that finished.
   int started_in_backward() const { return started_in_backward_; }
@@ -89,27 +116,37 @@ class GradientBuckets {
   std::vector<std::string> BucketParameters(size_t b) const;
 
  private:
+  enum class Reduction { kAllReduceMean, kReduceScatterSum };
   struct Bucket {
-    torch::Tensor flat;           // fp32, on the parameters' device
-    std::vector<size_t> members;  // indices into params_
-    size_t ready = 0;
+    torch::Tensor flat;           // fp32, contiguous, on the parameters' device
+    std::vector<size_t> members;  // indices into params_ of the parameters in it
+    size_t ready = 0;             // members whose gradients are final
+    bool held = false;            // starts in Finish only
+    bool started = false;
     std::unique_ptr<Transfer> transfer;  // started
     absl::Status start_status;
   };
   struct Param {
     std::string name;
-    size_t bucket = 0;
+    std::vector<size_t> buckets;  // the buckets holding a part of it
     bool ready = false;
     int fired = 0;     // accumulations in the current pass
     int expected = 0;  // accumulations in the previous pass
   };
   class Hook;
+  GradientBuckets() = default;
+  // Registers the hook of parameter params_.back(), `p`.
+  void AddHook(const torch::Tensor& p);
   // A gradient accumulated (hook); mu_ held by the caller.
   void Accumulated(size_t param);
   // Starts the buckets from next_start_ on that are ready (all, with
-  // `force`); mu_ held.
+  // `force`), passing over held ones; mu_ held.
   void StartReady(bool force);
+  // Starts bucket `b`'s collective; mu_ held.
+  void Start(Bucket& b);
 
+  Reduction reduction_ = Reduction::kAllReduceMean;
+  int chunk_ = 0;  // kReduceScatterSum: this rank's chunk of every bucket
   std::vector<Param> params_;
   std::vector<Bucket> buckets_;
   // Each parameter's gradient accumulator (kept alive, so that autograd

@@ -165,6 +165,11 @@ class IterationRun {
     if (!weight_grads_.empty()) {  // CheckWeightGradOrder makes this impossible
       return absl::InternalError("the plan ended with deferred weight gradients not applied");
     }
+    if (absl::Status drained = DrainTensorGroup(); !drained.ok()) {
+      return absl::Status(drained.code(), absl::StrCat("rank ", plan_.rank(), ", iteration ",
+                                                       plan_.iteration(), ", end: ",
+                                                       drained.message()));
+    }
     try {
       // A plan without an optimizer step reads its loss here.
       if (loss_sum_.defined()) stats_.loss = reads_.Read(loss_sum_).item<double>();
@@ -208,11 +213,13 @@ class IterationRun {
     return names;
   }
 
-  // The stages whose gradients this plan all-reduces over more than one
-  // replica, without ZeRO sharding: their buckets (made at the first such
-  // plan) start this iteration's reduction (gradient_buckets.h).
+  // The stages whose gradients this plan reduces over more than one
+  // replica: their buckets (made at the first such plan; under ZeRO stage 1
+  // the sharding's, reduce-scattered) start this iteration's reduction
+  // (gradient_buckets.h).
   void PrepareBuckets() {
-    if (it_.options_.sharding != nullptr || it_.options_.gradient_bucket_bytes <= 0) return;
+    OptimizerSharding* sharding = it_.options_.sharding;
+    if (sharding == nullptr && it_.options_.gradient_bucket_bytes <= 0) return;
     for (const v1::Instruction& in : plan_.instructions()) {
       if (!in.has_all_reduce() || in.all_reduce().group_ranks_size() <= 1) continue;
       const std::vector<int> group(in.all_reduce().group_ranks().begin(),
@@ -220,16 +227,36 @@ class IterationRun {
       for (uint32_t id : in.all_reduce().stages()) {
         const auto stage = it_.stages_.find(id);
         if (stage == it_.stages_.end()) continue;  // AllReduce names it
-        std::unique_ptr<GradientBuckets>& buckets = it_.buckets_[id];
-        if (buckets == nullptr) {
-          buckets = std::make_unique<GradientBuckets>(stage->second->named_parameters(),
-                                                      SharedNames(stage->second),
-                                                      it_.options_.gradient_bucket_bytes);
+        GradientBuckets* buckets = nullptr;
+        if (sharding != nullptr) {
+          // Another group: ReduceScatterGradients refuses it.
+          if (group != sharding->group()) continue;
+          buckets = sharding->Buckets(id, SharedNames(stage->second));
+          if (buckets == nullptr) continue;  // unbucketed: reduced at the instruction
+        } else {
+          std::unique_ptr<GradientBuckets>& made = it_.buckets_[id];
+          if (made == nullptr) {
+            made = std::make_unique<GradientBuckets>(stage->second->named_parameters(),
+                                                     SharedNames(stage->second),
+                                                     it_.options_.gradient_bucket_bytes);
+          }
+          buckets = made.get();
         }
         buckets->BeginIteration(it_.transport_, group);
-        bucketed_[id] = buckets.get();
+        bucketed_[id] = buckets;
       }
     }
+  }
+
+  // Waits, under the watchdog, for the tensor group's collectives that the
+  // device orders and the host has not waited for (tensor_group.h): before
+  // the host waits for the device anyway, so that a collective that never
+  // completes ends in an error naming it, not in a device read that never
+  // returns.
+  absl::Status DrainTensorGroup() {
+    TensorGroup* tensor = it_.options_.tensor_group;
+    if (tensor == nullptr) return absl::OkStatus();
+    return tensor->Drain(absl::Now() + it_.options_.wait_timeout);
   }
 
   GradientBuckets* BucketsOf(uint32_t stage) const {
@@ -689,7 +716,9 @@ class IterationRun {
         return absl::FailedPreconditionError(absl::StrCat("all-reduce of unknown stage ", id));
       }
       if (OptimizerSharding* sharding = it_.options_.sharding; sharding != nullptr) {
-        VP_RETURN_IF_ERROR(sharding->ReduceScatterGradients(id, group, *it_.transport_));
+        VP_RETURN_IF_ERROR(sharding->ReduceScatterGradients(
+            id, group, *it_.transport_, absl::Now() + it_.options_.wait_timeout, &stats_.buckets,
+            &stats_.buckets_started_in_backward));
         continue;
       }
       // Bucketed gradients: their all-reduces started during the backward
@@ -735,6 +764,7 @@ class IterationRun {
     const double elapsed = Seconds(Clock::now() - start);
     stats_.communication_seconds += elapsed;
     stats_.all_reduce_seconds += elapsed;
+    stats_.reduce_gradients_seconds += elapsed;
     return absl::OkStatus();
   }
 
@@ -763,6 +793,7 @@ class IterationRun {
     }
     const torch::Tensor loss =
         loss_sum_.defined() ? loss_sum_ : torch::zeros({}, local.options().dtype(torch::kFloat64));
+    VP_RETURN_IF_ERROR(DrainTensorGroup());
     const torch::Tensor host =
         reads_.Read(torch::stack({local.to(loss.device(), torch::kFloat64), loss}));
     float squared = static_cast<float>(host[0].item<double>());
@@ -790,7 +821,8 @@ class IterationRun {
     TimePass(start, PassKind::kOptimizer, 0);
     if (sharding != nullptr) {  // every replica's parameters whole again
       const Clock::time_point gather_start = Clock::now();
-      VP_RETURN_IF_ERROR(sharding->AllGatherParameters(*it_.transport_));
+      VP_RETURN_IF_ERROR(sharding->AllGatherParameters(
+          *it_.transport_, absl::Now() + it_.options_.wait_timeout));
       const double gathered = Seconds(Clock::now() - gather_start);
       stats_.communication_seconds += gathered;
       stats_.all_reduce_seconds += gathered;

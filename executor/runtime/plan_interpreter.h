@@ -75,8 +75,10 @@ struct InterpreterOptions {
   std::vector<int> pipeline_group;
   // The rank's tensor group (not owned; null or of size one without tensor
   // parallelism): the gradient norm also sums over it, counting a
-  // tensor-replicated parameter once (ModelStage::IsReplica).
-  const TensorGroup* tensor_group = nullptr;
+  // tensor-replicated parameter once (ModelStage::IsReplica). Its
+  // collectives the device orders are waited for (TensorGroup::Drain, under
+  // the watchdog) before the iteration's device read.
+  TensorGroup* tensor_group = nullptr;
   // The shared parameters this rank holds with other ranks of its pipeline
   // replica (SharedParameterGroups: a tied embedding, T5V11's shared
   // embedding and relative bias tables), in the order every rank sums them.
@@ -100,7 +102,9 @@ struct InterpreterOptions {
   // Data-parallel gradients (without ZeRO sharding) live in buckets of at
   // most this many bytes whose all-reduces start during the stage's last
   // backward pass (gradient_buckets.h). 0: one all-reduce per stage after
-  // all its backward passes, at the AllReduceGradients instruction.
+  // all its backward passes, at the AllReduceGradients instruction. Under
+  // ZeRO stage 1 the sharding's buckets (OptimizerSharding::bucket_bytes,
+  // fixed when it was made) are reduce-scattered the same way.
   int64_t gradient_bucket_bytes = int64_t{25} << 20;
   // Updated before every instruction when set.
   InstructionProgress* progress = nullptr;
@@ -117,8 +121,8 @@ struct InterpreterOptions {
   // all-reduce done, the global norm in `grad_norm`) and before clipping and
   // the update, on the interpreter's thread: equivalence tests read the
   // gradients the optimizer is about to apply (under ZeRO stage 1 the
-  // shards' gradients; the model's are zero by then). Empty: nothing is
-  // called.
+  // shards' gradients; the model's hold only this rank's chunks of them,
+  // the rest zero). Empty: nothing is called.
   std::function<void(const IterationStats&)> before_optimizer_step;
 };
 
@@ -174,8 +178,14 @@ struct IterationStats {
   // and step).
   double all_reduce_seconds = 0;
   double optimizer_seconds = 0;
-  // Gradient buckets whose all-reduce started inside a backward pass, and
-  // all buckets reduced (gradient_buckets.h).
+  // The AllReduceGradients instructions alone (part of all_reduce_seconds):
+  // between the last backward pass and the optimizer step, the wait for the
+  // gradient reductions (all-reduces, or ZeRO stage 1's reduce-scatters)
+  // the backward did not overlap.
+  double reduce_gradients_seconds = 0;
+  // Gradient buckets whose all-reduce (ZeRO stage 1: reduce-scatter)
+  // started inside a backward pass, and all buckets reduced
+  // (gradient_buckets.h).
   int buckets_started_in_backward = 0;
   int buckets = 0;
   // In the order of the first forward of each (stage, micro-batch).

@@ -234,9 +234,8 @@ void Trainer::MakeInterpreter() {
   options.device = torch::Device(c_.device.name);
   options.device_timing = options_.device_timing;
   const v1::TrainingConfig& training = config.training();
-  options.gradient_bucket_bytes =
-      static_cast<int64_t>(training.has_gradient_bucket_mib() ? training.gradient_bucket_mib() : 25)
-      << 20;
+  // The sharding cuts its shards from buckets of the same size.
+  options.gradient_bucket_bytes = GradientBucketBytes(training);
   const RankLayout ranks = RankLayout::Of(config.parallelism());
   options.pipeline_group = ranks.PipelineGroup(c_.coordinates.dp_rank);
   const int replica_base = ranks.Rank(c_.coordinates.dp_rank, 0);
@@ -285,7 +284,8 @@ absl::Status Trainer::Resume() {
   last_ =
       options_.iterations > 0 ? first_ + options_.iterations : c_.config.training().iterations();
   const std::string& checkpoint_dir = c_.config.training().checkpoint_dir();
-  checkpoints_ = std::make_unique<RankCheckpoints>(checkpoint_dir, c_.env.rank, layout_);
+  checkpoints_ = std::make_unique<RankCheckpoints>(checkpoint_dir, c_.env.rank, layout_,
+                                                   rank_optimizer_.sharding.get());
   if (!checkpoint_dir.empty() && options_.resume) {
     VP_ASSIGN_OR_RETURN(const std::optional<uint64_t> resume,
                         AgreeOnCheckpoint(checkpoints_->List(), *host_, world_, checkpoint_dir));

@@ -5,7 +5,10 @@
 // while the backward still runs, always in bucket order, the rest with
 // StartAll; Finish scales by the group size; a pass that accumulates a
 // gradient more often than the one before fails instead of reducing a
-// bucket that was still being written.
+// bucket that was still being written. ZeRO stage 1's buckets
+// (ReduceScatter) cut one flat buffer, splitting parameters, start as
+// reduce-scatters in the same order, keep a bucket holding a shared
+// parameter for Finish, and leave only this rank's chunk of each bucket.
 #include "executor/runtime/gradient_buckets.h"
 
 #include <torch/torch.h>
@@ -52,6 +55,11 @@ class RecordingTransport final : public Transport {
   }
   absl::Status ReduceScatterSum(std::span<float>, const std::vector<int>&) override {
     return absl::OkStatus();
+  }
+  absl::StatusOr<std::unique_ptr<Transfer>> StartReduceScatterSum(
+      std::span<float> data, const std::vector<int>& group) override {
+    started.push_back({data.data(), data.size(), in_backward});
+    return Transport::StartReduceScatterSum(data, group);
   }
   absl::Status AllGather(std::span<float>, const std::vector<int>&) override {
     return absl::OkStatus();
@@ -171,6 +179,72 @@ TEST(GradientBucketsTest, AnExtraAccumulationAfterItsBucketStartedFails) {
   const absl::Status finished = buckets.Finish(absl::Now() + absl::Seconds(10));
   EXPECT_EQ(finished.code(), absl::StatusCode::kInternal);
   EXPECT_TRUE(absl::StrContains(finished.message(), "its bucket had started")) << finished;
+}
+
+TEST(GradientBucketsTest, ReduceScatterBucketsSplitParametersAndHoldSharedOnes) {
+  torch::manual_seed(7);
+  Chain chain;
+  RecordingTransport transport;
+  // The chain's parameters in order: "shared" (16 elements; a module's own
+  // parameters come before its children's), then 4 x (256 + 16): 1,104
+  // elements. Buckets of 300 elements from the end split layers' weights;
+  // the last takes the rest. Layer 3's bias (standing in for a shared
+  // parameter) holds bucket 0 back.
+  int64_t numel = 0;
+  for (const auto& item : chain.named_parameters()) numel += item.value().numel();
+  ASSERT_EQ(numel, 1104);
+  const torch::Tensor flat = torch::zeros({numel});
+  const std::vector<std::pair<int64_t, int64_t>> ranges{
+      {804, 1104}, {504, 804}, {204, 504}, {0, 204}};
+  std::unique_ptr<GradientBuckets> buckets = GradientBuckets::ReduceScatter(
+      chain.named_parameters(), flat, ranges, {"layer3.bias"}, /*chunk=*/1);
+  ASSERT_EQ(buckets->num_buckets(), 4u);
+  // Layer 2's weight (offsets 560..816) spans buckets 0 and 1.
+  const auto names = [&](size_t b) { return buckets->BucketParameters(b); };
+  EXPECT_EQ(names(0), (std::vector<std::string>{"layer2.weight", "layer2.bias", "layer3.weight",
+                                                "layer3.bias"}));
+  EXPECT_EQ(names(1), (std::vector<std::string>{"layer1.weight", "layer1.bias", "layer2.weight"}));
+  EXPECT_EQ(names(3), (std::vector<std::string>{"shared", "layer0.weight"}));
+  const auto named = chain.named_parameters();
+  for (const auto& item : named) {
+    ASSERT_TRUE(item.value().grad().defined()) << item.key();
+    EXPECT_TRUE(item.value().grad().storage().is_alias_of(flat.storage())) << item.key();
+  }
+  const torch::Tensor x = torch::randn({3, 16});
+  buckets->BeginIteration(&transport, {0, 1});
+  buckets->BeginPass(false);
+  chain.Forward(x).backward();
+  buckets->EndPass();
+  EXPECT_TRUE(transport.started.empty());
+  buckets->BeginPass(true);
+  transport.in_backward = true;
+  chain.Forward(x).backward();
+  transport.in_backward = false;
+  buckets->EndPass();
+  const torch::Tensor accumulated = flat.clone();
+  // Buckets 1, 2 and 3 started inside the backward, in order, passing over
+  // the held bucket 0; StartAll starts nothing more.
+  ASSERT_TRUE(buckets->StartAll().ok());
+  ASSERT_EQ(transport.started.size(), 3u);
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(transport.started[k].data, flat.data_ptr<float>() + ranges[k + 1].first) << k;
+    EXPECT_EQ(transport.started[k].size, static_cast<size_t>(300 - (k == 2 ? 96 : 0))) << k;
+    EXPECT_TRUE(transport.started[k].during_backward) << k;
+  }
+  // Finish starts the held bucket last, then keeps chunk 1 of every bucket
+  // (unscaled: a sum) and zeroes chunk 0.
+  ASSERT_TRUE(buckets->Finish(absl::Now() + absl::Seconds(10)).ok());
+  ASSERT_EQ(transport.started.size(), 4u);
+  EXPECT_EQ(transport.started[3].data, flat.data_ptr<float>() + ranges[0].first);
+  EXPECT_FALSE(transport.started[3].during_backward);
+  EXPECT_EQ(buckets->started_in_backward(), 3);
+  for (const auto& [begin, end] : ranges) {
+    const int64_t half = (end - begin) / 2;
+    EXPECT_TRUE(torch::equal(flat.slice(0, begin, begin + half), torch::zeros({half})));
+    EXPECT_TRUE(torch::equal(flat.slice(0, begin + half, end),
+                             accumulated.slice(0, begin + half, end)));
+  }
+  EXPECT_GT(accumulated.abs().sum().item<float>(), 0.0f);
 }
 
 }  // namespace

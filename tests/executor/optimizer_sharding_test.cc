@@ -10,6 +10,12 @@
 //   data-parallel degree, naming both.
 // - Zero1MemoryModel: each rank's measured parameter and optimizer-state
 //   bytes against the planner's ModelStatePerDevice for the same layout.
+// - Zero1Buckets: the shards are this rank's chunk of every gradient bucket
+//   (views into the parameters' buffer); a checkpoint records the buckets it
+//   was cut from and is refused, naming training.gradient_bucket_mib, by a
+//   run cutting other ones (a file without a record: by a bucketed run).
+// The threaded ranks cut ZeRO stage 1's shards from 8 KiB buckets (several
+// per stage), whose reduce-scatters start inside the last backward pass.
 #include "executor/runtime/optimizer_sharding.h"
 
 #include <torch/torch.h>
@@ -403,6 +409,111 @@ TEST(Zero1Checkpoint, RefusesAnotherDataParallelDegree) {
                          AllOf(HasSubstr("whole optimizer state"), HasSubstr("zero_stage 0"),
                                HasSubstr("data-parallel degree 2"))));
   }
+  std::filesystem::remove_all(dir);
+}
+
+// The shards of 8 KiB buckets at dp 2: one view per bucket, each half of
+// its bucket, together half the padded buffer, aliasing the parameters; the
+// unbucketed shard is the old contiguous half.
+TEST(Zero1Buckets, ShardsAreThisRanksChunkOfEveryBucket) {
+  absl::StatusOr<v1::JobConfig> config = CellConfig({.name = "Gpt_pp1dp2"}, 1, 1);
+  ASSERT_THAT(config, IsOk());
+  absl::StatusOr<executor::ModelSpec> spec = executor::ModelSpecFromConfig(*config);
+  ASSERT_THAT(spec, IsOk());
+  const executor::StageRole role = (*executor::PipelineStageRoles(*spec, 1))[0];
+  for (int64_t bucket_bytes : {int64_t{8} << 10, int64_t{0}}) {
+    executor::ModelStage stage(*spec, role);
+    int64_t numel = 0;
+    for (const torch::Tensor& p : stage.parameters()) numel += p.numel();
+    absl::StatusOr<executor::RankOptimizer> sharded = executor::MakeRankOptimizer(
+        {{0, &stage}}, config->training(), {0, 1}, 1, torch::kCPU, bucket_bytes);
+    ASSERT_THAT(sharded, IsOk());
+    ASSERT_NE(sharded->sharding, nullptr);
+    EXPECT_EQ(sharded->sharding->bucketed(), bucket_bytes > 0);
+    const std::vector<torch::Tensor> shards = sharded->sharding->shard_parameters();
+    const int64_t expected_buckets =
+        bucket_bytes > 0 ? (numel + 2047) / 2048 : 1;  // 2,048 floats per bucket
+    EXPECT_EQ(static_cast<int64_t>(shards.size()), expected_buckets) << bucket_bytes;
+    int64_t total = 0;
+    for (size_t k = 0; k < shards.size(); ++k) {
+      if (bucket_bytes > 0 && k + 1 < shards.size()) {
+        EXPECT_EQ(shards[k].numel(), 1024) << k;
+      }
+      EXPECT_TRUE(shards[k].storage().is_alias_of(stage.parameters()[0].storage())) << k;
+      ASSERT_TRUE(shards[k].grad().defined()) << k;
+      EXPECT_TRUE(
+          shards[k].grad().storage().is_alias_of(stage.parameters()[0].grad().storage()))
+          << k;
+      total += shards[k].numel();
+    }
+    EXPECT_EQ(total, (numel + 1) / 2) << bucket_bytes;
+    if (bucket_bytes == 0) {
+      // Rank 1's half of the parameters in order: the old layout.
+      EXPECT_EQ(shards[0].storage_offset() - stage.parameters()[0].storage_offset(),
+                (numel + 1) / 2);
+    }
+  }
+}
+
+// A checkpoint written with 8 KiB buckets is refused by runs cutting 16 KiB
+// buckets or none, naming training.gradient_bucket_mib, with no parameter
+// changed, and loads into 8 KiB buckets; a file without a record (an older
+// executor's, or written without the sharding) loads into the unbucketed
+// layout and is refused by a bucketed one.
+TEST(Zero1Buckets, CheckpointsRefuseAnotherBucketSize) {
+  absl::StatusOr<v1::JobConfig> config = CellConfig({.name = "Gpt_pp1dp2"}, 1, 1);
+  ASSERT_THAT(config, IsOk());
+  absl::StatusOr<executor::ModelSpec> spec = executor::ModelSpecFromConfig(*config);
+  ASSERT_THAT(spec, IsOk());
+  const executor::StageRole role = (*executor::PipelineStageRoles(*spec, 1))[0];
+  const std::filesystem::path dir = PerTestDirectory("zero1-buckets");
+  const auto save = [&](int64_t bucket_bytes, uint64_t iteration, bool record) {
+    executor::ModelStage stage(*spec, role);
+    absl::StatusOr<executor::RankOptimizer> saved = executor::MakeRankOptimizer(
+        {{0, &stage}}, config->training(), {0, 1}, 0, torch::kCPU, bucket_bytes);
+    ASSERT_THAT(saved, IsOk());
+    for (torch::Tensor& p : saved->sharding->shard_parameters()) p.mutable_grad().fill_(1);
+    saved->optimizer->Step(0, 1.0);
+    ASSERT_THAT(executor::RankCheckpoints(dir.string(), 0, {},
+                                          record ? saved->sharding.get() : nullptr)
+                    .Save(iteration, {&stage}, *saved->optimizer),
+                IsOk());
+  };
+  save(8 << 10, 1, /*record=*/true);
+  save(0, 2, /*record=*/false);
+  const auto load = [&](int64_t bucket_bytes, uint64_t iteration) {
+    executor::ModelStage stage(*spec, role);
+    const torch::Tensor before = stage.parameters()[0].detach().clone();
+    absl::StatusOr<executor::RankOptimizer> optimizer = executor::MakeRankOptimizer(
+        {{0, &stage}}, config->training(), {0, 1}, 0, torch::kCPU, bucket_bytes);
+    EXPECT_THAT(optimizer, IsOk());
+    const absl::Status status =
+        executor::RankCheckpoints(dir.string(), 0, {}, optimizer->sharding.get())
+            .Load(iteration, {&stage}, *optimizer->optimizer);
+    if (!status.ok()) {
+      EXPECT_TRUE(torch::equal(stage.parameters()[0], before))
+          << "a refused load changed a parameter";
+    } else {
+      // The loaded state steps (its moments fit the shards).
+      for (torch::Tensor& p : optimizer->sharding->shard_parameters()) p.mutable_grad().fill_(1);
+      optimizer->optimizer->Step(1, 1.0);
+    }
+    return status;
+  };
+  EXPECT_THAT(load(8 << 10, 1), IsOk());
+  EXPECT_THAT(load(16 << 10, 1),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("rank_00000.pt"), HasSubstr("buckets of 8192 bytes"),
+                             HasSubstr("buckets of 16384 bytes"),
+                             HasSubstr("training.gradient_bucket_mib"))));
+  EXPECT_THAT(load(0, 1), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                   AllOf(HasSubstr("buckets of 8192 bytes"),
+                                         HasSubstr("training.gradient_bucket_mib 0"))));
+  EXPECT_THAT(load(0, 2), IsOk());
+  EXPECT_THAT(load(8 << 10, 2),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("without a record of its ZeRO stage 1 shard layout"),
+                             HasSubstr("resume with training.gradient_bucket_mib 0"))));
   std::filesystem::remove_all(dir);
 }
 

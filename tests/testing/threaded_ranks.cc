@@ -84,15 +84,18 @@ void RunRank(const v1::JobConfig& config,
   // (in pipeline ranks; each tensor index reduces with its own).
   std::vector<int> data_parallel_group;
   for (int r = plan_rank % pp; r < plan_size; r += pp) data_parallel_group.push_back(r);
-  absl::StatusOr<executor::RankOptimizer> rank_optimizer = executor::MakeRankOptimizer(
-      by_id, config.training(), data_parallel_group, plan_rank / pp, options.device);
+  // ZeRO stage 1's shards are cut from buckets of the interpreter's size.
+  absl::StatusOr<executor::RankOptimizer> rank_optimizer =
+      executor::MakeRankOptimizer(by_id, config.training(), data_parallel_group, plan_rank / pp,
+                                  options.device, options.gradient_bucket_bytes);
   if (!rank_optimizer.ok()) {
     out.status = rank_optimizer.status();
     return;
   }
   executor::TrainingOptimizer& optimizer = *rank_optimizer->optimizer;
   out.parameter_bytes = executor::TensorBytes(trainable);
-  const executor::RankCheckpoints checkpoints(options.checkpoint_dir, rank);
+  const executor::RankCheckpoints checkpoints(options.checkpoint_dir, rank, {},
+                                              rank_optimizer->sharding.get());
   if (options.resume_from > 0) {
     out.status = checkpoints.Load(options.resume_from, stage_list, optimizer);
     if (!out.status.ok()) return;

@@ -41,9 +41,10 @@ struct ThreadedRanksOptions {
   // runs, with every rank's instruction progress.
   std::function<void(int rank, const std::vector<executor::InstructionProgress>& progress)>
       before_run;
-  // InterpreterOptions::gradient_bucket_bytes: small by default, so that the
-  // tiny models' gradients fill several buckets and the all-reduces of the
-  // first start inside the last backward pass.
+  // InterpreterOptions::gradient_bucket_bytes (and under ZeRO stage 1 the
+  // sharding's, MakeRankOptimizer): small by default, so that the tiny
+  // models' gradients fill several buckets and the reductions of the first
+  // start inside the last backward pass.
   int64_t gradient_bucket_bytes = 8 << 10;
   // Record the gradients each rank's optimizer step is about to apply.
   bool capture_gradients = false;

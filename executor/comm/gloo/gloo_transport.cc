@@ -360,15 +360,14 @@ class GlooCollectiveTransfer final : public Transfer {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Transfer>> GlooTransport::StartAllReduceMean(
-    std::span<float> data, const std::vector<int>& group) {
+absl::StatusOr<std::unique_ptr<Transfer>> GlooTransport::StartOnCollectiveThread(
+    const std::string& what, std::function<absl::Status()> collective) {
   auto pending = std::make_shared<PendingCollective>();
-  const std::string what = absl::StrCat("all-reduce over ranks ", absl::StrJoin(group, ","));
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     if (stopping_) return absl::FailedPreconditionError(absl::StrCat(what, ": transport closed"));
-    queue_.push_back([this, data, group, pending] {
-      const absl::Status status = AllReduceMean(data, group);
+    queue_.push_back([collective = std::move(collective), pending] {
+      const absl::Status status = collective();
       {
         std::lock_guard<std::mutex> done_lock(pending->mu);
         pending->done = true;
@@ -394,6 +393,27 @@ absl::StatusOr<std::unique_ptr<Transfer>> GlooTransport::StartAllReduceMean(
   }
   queue_changed_.notify_all();
   return std::unique_ptr<Transfer>(new GlooCollectiveTransfer(pending, what));
+}
+
+absl::StatusOr<std::unique_ptr<Transfer>> GlooTransport::StartAllReduceMean(
+    std::span<float> data, const std::vector<int>& group) {
+  return StartOnCollectiveThread(
+      absl::StrCat("all-reduce over ranks ", absl::StrJoin(group, ",")),
+      [this, data, group] { return AllReduceMean(data, group); });
+}
+
+absl::StatusOr<std::unique_ptr<Transfer>> GlooTransport::StartReduceScatterSum(
+    std::span<float> data, const std::vector<int>& group) {
+  return StartOnCollectiveThread(
+      absl::StrCat("reduce-scatter over ranks ", absl::StrJoin(group, ",")),
+      [this, data, group] { return ReduceScatterSum(data, group); });
+}
+
+absl::StatusOr<std::unique_ptr<Transfer>> GlooTransport::StartAllGather(
+    std::span<float> data, const std::vector<int>& group) {
+  return StartOnCollectiveThread(
+      absl::StrCat("all-gather over ranks ", absl::StrJoin(group, ",")),
+      [this, data, group] { return AllGather(data, group); });
 }
 
 absl::Status GlooTransport::ReduceScatterSum(std::span<float> data, const std::vector<int>& group) {

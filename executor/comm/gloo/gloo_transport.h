@@ -9,11 +9,13 @@
 // unbound buffers on a Gloo context per group, connected on first use;
 // ReduceScatterSum and AllGather are its two halves.
 //
-// StartAllReduceMean runs on the transport's collective thread, one
-// collective after another in the order they were started (the data-parallel
-// gradient buckets), while the driving thread goes on; its groups' contexts
-// are not used by the driving thread meanwhile (the interpreter waits for
-// every bucket before its next collective).
+// StartAllReduceMean, StartReduceScatterSum and StartAllGather run on the
+// transport's collective thread, one collective after another in the order
+// they were started (the data-parallel gradient buckets, ZeRO stage 1's
+// reduce-scatters and gathers), while the driving thread goes on; its
+// groups' contexts are not used by the driving thread meanwhile (the
+// interpreter waits for every bucket before its next collective over the
+// same group).
 //
 // Every wait is on an unbound buffer of ours, so Abort() can end the ones in
 // progress (Gloo's abortWaitSend/abortWaitRecv) from another thread; the
@@ -91,6 +93,10 @@ class GlooTransport final : public Transport {
   absl::Status AllReduceSum(std::span<float> data, const std::vector<int>& group) override;
   absl::Status ReduceScatterSum(std::span<float> data, const std::vector<int>& group) override;
   absl::Status AllGather(std::span<float> data, const std::vector<int>& group) override;
+  absl::StatusOr<std::unique_ptr<Transfer>> StartReduceScatterSum(
+      std::span<float> data, const std::vector<int>& group) override;
+  absl::StatusOr<std::unique_ptr<Transfer>> StartAllGather(std::span<float> data,
+                                                           const std::vector<int>& group) override;
   std::string Describe() const override;
   void Abort(const std::string& reason) override;
 
@@ -104,6 +110,10 @@ class GlooTransport final : public Transport {
   // A ring reduce-scatter and/or all-gather over `group` (gloo_transport.cc).
   absl::Status Ring(std::span<float> data, const std::vector<int>& group, bool reduce_scatter,
                     bool all_gather, int shift, const std::string& what);
+  // Queues `collective` (named `what`) on the collective thread, starting
+  // the thread at first use.
+  absl::StatusOr<std::unique_ptr<Transfer>> StartOnCollectiveThread(
+      const std::string& what, std::function<absl::Status()> collective);
 
   Options options_;
   std::shared_ptr<gloo::transport::Device> device_;
@@ -112,7 +122,7 @@ class GlooTransport final : public Transport {
   std::mutex groups_mu_;               // guards the map (not the groups' contexts)
   std::map<std::vector<int>, Group> groups_;
   std::shared_ptr<AbortState> abort_ = std::make_shared<AbortState>();
-  // The collective thread (started by the first StartAllReduceMean) and
+  // The collective thread (started by the first Start of a collective) and
   // its queue of collectives, run in order.
   std::mutex queue_mu_;
   std::condition_variable queue_changed_;

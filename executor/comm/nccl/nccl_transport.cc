@@ -303,12 +303,9 @@ absl::Status NcclTransport::AllReduce(std::span<float> data, const std::vector<i
                     });
 }
 
-absl::StatusOr<std::unique_ptr<Transfer>> NcclTransport::StartAllReduceMean(
-    std::span<float> data, const std::vector<int>& group) {
-  const std::string what = absl::StrCat("all-reduce over ranks ", absl::StrJoin(group, ","));
-  if (group.size() <= 1 || data.empty()) {
-    return std::unique_ptr<Transfer>(new FinishedTransfer(absl::OkStatus()));
-  }
+absl::StatusOr<std::unique_ptr<Transfer>> NcclTransport::StartCollective(
+    const std::string& what, const std::vector<int>& group, const Enqueue& enqueue,
+    bool order_compute) {
   const auto found = groups_.find(group);
   if (found == groups_.end() || found->second.comm == nullptr) {
     return absl::InvalidArgumentError(
@@ -320,9 +317,8 @@ absl::StatusOr<std::unique_ptr<Transfer>> NcclTransport::StartAllReduceMean(
   if (comm->aborted()) return comm->AsyncError(what);
   VP_RETURN_IF_ERROR(AfterComputeStream(stream));
   VP_RETURN_IF_ERROR(comm->Check(
-      ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat, ncclAvg, comm->get(), stream),
-      absl::Now() + options_.collective_timeout, [abort = abort_] { return abort->aborted.load(); },
-      what));
+      enqueue(comm->get(), stream), absl::Now() + options_.collective_timeout,
+      [abort = abort_] { return abort->aborted.load(); }, what));
   cudaEvent_t event;
   VP_RETURN_IF_ERROR(
       CudaToStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "event"));
@@ -330,7 +326,66 @@ absl::StatusOr<std::unique_ptr<Transfer>> NcclTransport::StartAllReduceMean(
     cudaEventDestroy(event);
     return s;
   }
-  return std::unique_ptr<Transfer>(new NcclTransfer(event, comm, abort_, what));
+  std::unique_ptr<Transfer> transfer(new NcclTransfer(event, comm, abort_, what));
+  if (order_compute) {
+    // The compute stream's later work runs after the collective; the host
+    // goes on.
+    VP_RETURN_IF_ERROR(
+        CudaToStatus(cudaStreamWaitEvent(cudaStreamLegacy, event, 0), "compute stream wait"));
+  }
+  return transfer;
+}
+
+absl::StatusOr<std::unique_ptr<Transfer>> NcclTransport::StartDeviceOrdered(
+    DeviceCollective kind, std::span<float> data, const std::vector<int>& group) {
+  const size_t n = std::max<size_t>(1, group.size());
+  const char* name = kind == DeviceCollective::kAllReduceSum       ? "all-reduce"
+                     : kind == DeviceCollective::kReduceScatterSum ? "reduce-scatter"
+                                                                   : "all-gather";
+  const std::string what = absl::StrCat(name, " over ranks ", absl::StrJoin(group, ","));
+  if (kind != DeviceCollective::kAllReduceSum && data.size() % n != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " of ", data.size(), " values"));
+  }
+  if (group.size() <= 1 || data.empty()) {
+    return std::unique_ptr<Transfer>(new FinishedTransfer(absl::OkStatus()));
+  }
+  // Test-only fault points (executor/runtime/fault_injection.h), as in
+  // Collective.
+  VP_RETURN_IF_ERROR(MaybeInjectFault(kind == DeviceCollective::kAllReduceSum
+                                          ? FaultPoint::kInAllReduce
+                                          : FaultPoint::kInShardedCollective));
+  const size_t shard = data.size() / n;
+  const size_t me =
+      static_cast<size_t>(std::find(group.begin(), group.end(), options_.rank) - group.begin());
+  return StartCollective(
+      what, group,
+      [=](ncclComm_t comm, cudaStream_t stream) {
+        switch (kind) {
+          case DeviceCollective::kAllReduceSum:
+            return ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat, ncclSum, comm,
+                                 stream);
+          case DeviceCollective::kReduceScatterSum:
+            return ncclReduceScatter(data.data(), data.data() + me * shard, shard, ncclFloat,
+                                     ncclSum, comm, stream);
+          case DeviceCollective::kAllGather:
+            break;
+        }
+        return ncclAllGather(data.data() + me * shard, data.data(), shard, ncclFloat, comm,
+                             stream);
+      },
+      /*order_compute=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<Transfer>> NcclTransport::StartAllReduceMean(
+    std::span<float> data, const std::vector<int>& group) {
+  if (group.size() <= 1 || data.empty()) {
+    return std::unique_ptr<Transfer>(new FinishedTransfer(absl::OkStatus()));
+  }
+  return StartCollective(absl::StrCat("all-reduce over ranks ", absl::StrJoin(group, ",")), group,
+                         [data](ncclComm_t comm, cudaStream_t stream) {
+                           return ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat,
+                                                ncclAvg, comm, stream);
+                         });
 }
 
 absl::Status NcclTransport::AllReduceMean(std::span<float> data, const std::vector<int>& group) {
@@ -376,6 +431,41 @@ absl::Status NcclTransport::AllGather(std::span<float> data, const std::vector<i
                       return ncclAllGather(data.data() + me * shard, data.data(), shard, ncclFloat,
                                            comm, stream);
                     });
+}
+
+absl::StatusOr<std::unique_ptr<Transfer>> NcclTransport::StartShardedCollective(
+    std::span<float> data, const std::vector<int>& group, bool reduce_scatter) {
+  const size_t n = std::max<size_t>(1, group.size());
+  const std::string what = absl::StrCat(reduce_scatter ? "reduce-scatter" : "all-gather",
+                                        " over ranks ", absl::StrJoin(group, ","));
+  if (data.size() % n != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " of ", data.size(), " values"));
+  }
+  if (group.size() <= 1 || data.empty()) {
+    return std::unique_ptr<Transfer>(new FinishedTransfer(absl::OkStatus()));
+  }
+  // Test-only fault point (executor/runtime/fault_injection.h), as in the
+  // blocking collectives.
+  VP_RETURN_IF_ERROR(MaybeInjectFault(FaultPoint::kInShardedCollective));
+  const size_t shard = data.size() / n;
+  const size_t me =
+      static_cast<size_t>(std::find(group.begin(), group.end(), options_.rank) - group.begin());
+  return StartCollective(what, group, [=](ncclComm_t comm, cudaStream_t stream) {
+    return reduce_scatter ? ncclReduceScatter(data.data(), data.data() + me * shard, shard,
+                                              ncclFloat, ncclSum, comm, stream)
+                          : ncclAllGather(data.data() + me * shard, data.data(), shard, ncclFloat,
+                                          comm, stream);
+  });
+}
+
+absl::StatusOr<std::unique_ptr<Transfer>> NcclTransport::StartReduceScatterSum(
+    std::span<float> data, const std::vector<int>& group) {
+  return StartShardedCollective(data, group, /*reduce_scatter=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<Transfer>> NcclTransport::StartAllGather(
+    std::span<float> data, const std::vector<int>& group) {
+  return StartShardedCollective(data, group, /*reduce_scatter=*/false);
 }
 
 std::string NcclTransport::Describe() const {

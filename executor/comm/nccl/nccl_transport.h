@@ -75,6 +75,16 @@ class NcclTransport final : public Transport {
   // `data` is device memory on this rank's device (as for AllReduceMean).
   absl::Status ReduceScatterSum(std::span<float> data, const std::vector<int>& group) override;
   absl::Status AllGather(std::span<float> data, const std::vector<int>& group) override;
+  // Enqueued on the group's stream after the compute stream's queued work,
+  // as StartAllReduceMean.
+  absl::StatusOr<std::unique_ptr<Transfer>> StartReduceScatterSum(
+      std::span<float> data, const std::vector<int>& group) override;
+  absl::StatusOr<std::unique_ptr<Transfer>> StartAllGather(std::span<float> data,
+                                                           const std::vector<int>& group) override;
+  // Enqueued on the tensor group's stream after the compute stream's queued
+  // work; the compute stream then waits on its event (no host wait).
+  absl::StatusOr<std::unique_ptr<Transfer>> StartDeviceOrdered(
+      DeviceCollective kind, std::span<float> data, const std::vector<int>& group) override;
   std::string Describe() const override;
   // Sets a flag the polling waits check on the driving thread, which then
   // aborts the communicator it waits on (NCCL calls stay on that thread).
@@ -109,6 +119,16 @@ class NcclTransport final : public Transport {
   absl::Status AllReduce(std::span<float> data, const std::vector<int>& group, ncclRedOp_t op);
   absl::Status Collective(const std::string& what, const std::vector<int>& group,
                           const Enqueue& enqueue);
+  // Enqueues one collective as Collective does and returns at once: the
+  // transfer's Wait polls the event recorded after it on the group's stream.
+  // With `order_compute` the compute stream's later work also waits for it.
+  absl::StatusOr<std::unique_ptr<Transfer>> StartCollective(const std::string& what,
+                                                            const std::vector<int>& group,
+                                                            const Enqueue& enqueue,
+                                                            bool order_compute = false);
+  absl::StatusOr<std::unique_ptr<Transfer>> StartShardedCollective(std::span<float> data,
+                                                                   const std::vector<int>& group,
+                                                                   bool reduce_scatter);
 
   struct GroupComm {
     std::shared_ptr<NcclCommunicator> comm;
