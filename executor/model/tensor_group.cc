@@ -15,9 +15,8 @@ TensorGroup::TensorGroup(int global_rank, int size, bool sequence_parallel)
 }
 
 TensorGroup::~TensorGroup() {
-  if (Drain(absl::Now() + absl::Seconds(30)).ok()) return;
-  // A collective that did not end (a failed run) may still write its
-  // buffer: Drain kept the buffers of those, for the rest of the process.
+  // A failed run's error was reported where it happened.
+  Drain(absl::Now() + absl::Seconds(30)).IgnoreError();
 }
 
 torch::Tensor TensorGroup::Run(const torch::Tensor& x, const char* what,
@@ -36,7 +35,7 @@ torch::Tensor TensorGroup::Run(const torch::Tensor& x, const char* what,
     } else {
       // Ordered on the device: the host goes on; Drain waits for it.
       std::lock_guard<std::mutex> lock(mu_);
-      pending_.push_back({*std::move(started), data, what});
+      pending_.push_back({*std::move(started), what});
     }
   }
   TORCH_CHECK(status.ok(), "tensor-parallel ", what, " over ranks ", absl::StrJoin(ranks_, ","),
@@ -53,15 +52,7 @@ absl::Status TensorGroup::Drain(absl::Time deadline) {
   absl::Status first;
   for (Pending& p : pending) {
     const absl::Status status = p.transfer->Wait(deadline);
-    if (status.ok()) continue;
-    // It may still write its buffer: kept for the rest of the process.
-    static auto* abandoned_mu = new std::mutex();
-    static auto* abandoned = new std::vector<torch::Tensor>();
-    {
-      std::lock_guard<std::mutex> lock(*abandoned_mu);
-      abandoned->push_back(p.data);
-    }
-    if (first.ok()) {
+    if (!status.ok() && first.ok()) {
       first = absl::Status(status.code(),
                            absl::StrCat("tensor-parallel ", p.what, " over ranks ",
                                         absl::StrJoin(ranks_, ","), ": ", status.message()));

@@ -71,14 +71,18 @@ class TensorGroup {
   // Collectives pending since the last Drain (tests).
   size_t pending() const;
 
-  // Waits (bounded) for what is still pending: it may write its buffers.
+  // Waits (bounded) for what is still pending.
   ~TensorGroup();
 
  private:
   // A collective the device orders and the host has not waited for.
   struct Pending {
+    // Not its buffer: the compute stream waits for the collective before
+    // anything queued after it, so the caching allocator hands the buffer
+    // to later compute-stream work only once the collective is done (or its
+    // communicator aborted); keeping every buffer until Drain would hold
+    // one activation-sized copy per collective for the whole iteration.
     std::unique_ptr<Transfer> transfer;
-    torch::Tensor data;  // its buffer, kept until it completed
     const char* what;
   };
   // Runs `kind` on a contiguous fp32 copy of `x` (the transport orders it
