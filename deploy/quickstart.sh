@@ -94,9 +94,16 @@ step "4/5 a profile of this machine (varipipe-profile --quick, 2 ranks)"
 config_digest=$(sha256sum deploy/configs/quickstart-train.json | cut -c1-12)
 profile="$root/build/profiles/quickstart-$config_digest.json"
 mkdir -p "$root/build/profiles"
-if [[ -s "$profile" && $reprofile -eq 0 ]]; then
+# A cached profile of an older format (the planner refuses it) is measured
+# again: the format's number comes from common/cost_model_format.h.
+format=$(sed -n 's/.*kCostModelFormatVersion = \([0-9]*\);.*/\1/p' "$root/common/cost_model_format.h")
+cached_format=$( [[ -s "$profile" ]] &&
+  grep -o '"format_version": *[0-9]*' "$profile" | grep -o '[0-9]*$' || true)
+if [[ -s "$profile" && $reprofile -eq 0 && "$cached_format" == "$format" ]]; then
   echo "cached: $profile (--reprofile measures again)"
 else
+  [[ -s "$profile" && "$cached_format" != "$format" ]] &&
+    echo "cached profile $profile is of format ${cached_format:-unknown}, not $format: profiling again"
   profile_started=$(date +%s)
   (cd "$root/build/profiles" && torchrun --standalone --nnodes 1 --nproc_per_node 2 --no_python \
     --redirects 2 --tee 2 --log_dir "$out/profile-torchrun" \
