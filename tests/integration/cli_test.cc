@@ -280,13 +280,15 @@ TEST(PlanCompare, PrintsInfeasibleCellsWithTheirReason) {
                    (dir / "lengths.csv").string(), " --iterations 1 --compare"));
   std::filesystem::remove_all(dir);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  // Padding rows of 8 under ZB-H1 do not fit rank 0 (under GPipe they fit
-  // since the head keeps no logits: the loss head computes labelled tokens
-  // only).
+  // Padding rows of 8 do not fit (since the bf16 copy of the weights counts
+  // in each device's static memory, not even one micro-batch under full
+  // recomputation): the cell names the mode and the micro-batch that does
+  // not fit, with its need and the limit.
   EXPECT_THAT(r.output, ::testing::ContainsRegex(
-                            "padding +zero_bubble_h1 +- +infeasible +iteration 0: full: memory: "
-                            "simulated peak [0-9.]+ MiB on rank 0 exceeds its [0-9.]+ MiB for "
-                            "activations"));
+                            "padding +zero_bubble_h1 +- +infeasible +iteration 0: full: "
+                            "micro-batching: micro-batch [0-9]+ \\(8 rows x [0-9]+ tokens\\) "
+                            "needs [0-9.]+ MiB stored / [0-9.]+ MiB peak, limits [0-9.]+ / "
+                            "[0-9.]+ MiB"));
   EXPECT_THAT(r.output,
               ::testing::ContainsRegex("dynamic_programming +adaptive +[0-9.]+% +[0-9]+"));
 }
