@@ -7,27 +7,13 @@
 #include <random>
 #include <vector>
 
+#include "tests/testing/whole_sample_attention.h"
+
 namespace varipipe::executor {
 namespace {
 
-// Each sample's causal attention, whole: the result context parallelism
-// must reproduce. q, k, v [packed, heads, d].
-torch::Tensor WholeSampleAttention(const torch::Tensor& q, const torch::Tensor& k,
-                                   const torch::Tensor& v, const std::vector<int64_t>& offsets,
-                                   double scale) {
-  std::vector<torch::Tensor> out;
-  for (size_t s = 0; s + 1 < offsets.size(); ++s) {
-    const int64_t l = offsets[s + 1] - offsets[s];
-    const torch::Tensor qs = q.slice(0, offsets[s], offsets[s + 1]).transpose(0, 1);
-    const torch::Tensor ks = k.slice(0, offsets[s], offsets[s + 1]).transpose(0, 1);
-    const torch::Tensor vs = v.slice(0, offsets[s], offsets[s + 1]).transpose(0, 1);
-    const torch::Tensor hidden = torch::ones({l, l}, torch::kBool).triu(1);
-    const torch::Tensor scores =
-        (torch::matmul(qs, ks.transpose(1, 2)) * scale).masked_fill(hidden, -INFINITY);
-    out.push_back(torch::matmul(torch::softmax(scores, -1), vs).transpose(0, 1));
-  }
-  return torch::cat(out, 0);
-}
+using ::varipipe::testing::WholeSampleAttention;
+
 
 // The group's ranks in one process: each rank's local keys padded to the
 // all-gather count and laid rank after rank, as the all-gather returns them
@@ -46,7 +32,7 @@ torch::Tensor Gathered(const torch::Tensor& x, const std::vector<ContextParallel
 
 TEST(ContextParallelAttentionTest, RanksTogetherEqualWholeSamplesWithGradients) {
   const uint32_t seed = std::random_device{}();
-  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 rng(seed);
   torch::manual_seed(seed);
   const int64_t heads = 2;
@@ -56,7 +42,7 @@ TEST(ContextParallelAttentionTest, RanksTogetherEqualWholeSamplesWithGradients) 
     const int c = round % 2 == 0 ? 2 : 4;
     std::vector<int64_t> lengths(1 + rng() % 4);
     for (int64_t& l : lengths) l = 1 + static_cast<int64_t>(rng() % 40);
-    SCOPED_TRACE(testing::Message() << "round " << round << ", c " << c);
+    SCOPED_TRACE(::testing::Message() << "round " << round << ", c " << c);
     std::vector<ContextParallelSplit> ranks;
     std::vector<ContextParallelIndex> index;
     for (int i = 0; i < c; ++i) {

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "executor/comm/gloo/gloo_transport.h"
 #include "executor/model/context_parallel_attention.h"
+#include "tests/testing/whole_sample_attention.h"
 #include "executor/model/tensor_group.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/status_matchers.h"
@@ -22,24 +23,10 @@
 namespace varipipe::executor {
 namespace {
 
+using ::varipipe::testing::WholeSampleAttention;
+
 using ::varipipe::testing::IsOk;
 
-torch::Tensor WholeSampleAttention(const torch::Tensor& q, const torch::Tensor& k,
-                                   const torch::Tensor& v, const std::vector<int64_t>& offsets,
-                                   double scale) {
-  std::vector<torch::Tensor> out;
-  for (size_t s = 0; s + 1 < offsets.size(); ++s) {
-    const int64_t l = offsets[s + 1] - offsets[s];
-    const torch::Tensor qs = q.slice(0, offsets[s], offsets[s + 1]).transpose(0, 1);
-    const torch::Tensor ks = k.slice(0, offsets[s], offsets[s + 1]).transpose(0, 1);
-    const torch::Tensor vs = v.slice(0, offsets[s], offsets[s + 1]).transpose(0, 1);
-    const torch::Tensor hidden = torch::ones({l, l}, torch::kBool).triu(1);
-    const torch::Tensor scores =
-        (torch::matmul(qs, ks.transpose(1, 2)) * scale).masked_fill(hidden, -INFINITY);
-    out.push_back(torch::matmul(torch::softmax(scores, -1), vs).transpose(0, 1));
-  }
-  return torch::cat(out, 0);
-}
 
 class ContextParallelGatherTest : public ::testing::TestWithParam<int> {
  protected:
