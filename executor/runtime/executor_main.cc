@@ -146,8 +146,9 @@ ABSL_FLAG(int64_t, cuda_sync_debug_iteration, -1,
           "host wait for the device; count them against the iteration's 'host reads'. -1: none.");
 ABSL_FLAG(int64_t, loss_chunk_tokens, 0,
           "Labelled tokens the LM head computes the logits of at a time (its chunked "
-          "linear + cross-entropy). 0: the default, max(1024, 256 MiB / (4 * the rank's "
-          "vocabulary rows)), which the planner's memory model prices.");
+          "linear + cross-entropy); overrides the job's training.loss_chunk_tokens. 0: that "
+          "setting, whose own 0 is the default, max(1024, 256 MiB / (4 * the rank's "
+          "vocabulary rows)).");
 ABSL_FLAG(std::string, profile_dir, ".",
           "Directory of --profile_iteration's traces (created when missing).");
 ABSL_FLAG(std::string, transport, "auto",

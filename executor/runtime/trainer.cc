@@ -113,7 +113,10 @@ absl::Status Trainer::BuildStages() {
   for (uint32_t s = c_.coordinates.pp_rank; s < pp_ * chunks_; s += pp_) {
     auto stage = std::make_unique<ModelStage>(spec_, roles_[s], tensor_);
     stage->to(torch_device);
-    stage->set_loss_chunk_tokens(options_.loss_chunk_tokens);
+    // --loss_chunk_tokens over training.loss_chunk_tokens; 0: the default.
+    stage->set_loss_chunk_tokens(options_.loss_chunk_tokens > 0
+                                     ? options_.loss_chunk_tokens
+                                     : static_cast<int64_t>(config.training().loss_chunk_tokens()));
     for (const torch::Tensor& p : stage->parameters()) parameter_count += p.numel();
     spdlog::info("{} ({} parameters so far)", roles_[s].DebugString(), parameter_count);
     by_id_[s] = stage.get();

@@ -64,6 +64,42 @@ TEST(RankLayout, TensorRanksAreInnermost) {
   EXPECT_EQ(layout.PipelineGroup(1), (std::vector<int>{2, 3}));
 }
 
+// Context between tensor and pipeline: a context group's lanes are
+// consecutive plan ranks, and the gradient group spans replicas and lanes.
+TEST(RankLayout, ContextRanksSitBetweenTensorAndPipeline) {
+  for (uint32_t pipeline : {1u, 2u, 3u}) {
+    for (uint32_t data : {1u, 2u}) {
+      for (uint32_t context : {1u, 2u, 4u}) {
+        v1::ParallelismConfig config;
+        config.set_pipeline(pipeline);
+        config.set_data(data);
+        config.set_context(context);
+        config.set_tensor(2);
+        const RankLayout layout = RankLayout::Of(config);
+        ASSERT_EQ(layout.plan_ranks(), static_cast<int>(pipeline * data * context));
+        ASSERT_EQ(layout.world_size(), 2 * layout.plan_ranks());
+        std::set<int> seen;
+        for (uint32_t d = 0; d < data; ++d) {
+          for (uint32_t p = 0; p < pipeline; ++p) {
+            for (uint32_t k = 0; k < context; ++k) {
+              const int rank = layout.Rank(d, p, k);
+              EXPECT_TRUE(seen.insert(rank).second) << "rank " << rank << " twice";
+              EXPECT_EQ(layout.DpRank(rank), d);
+              EXPECT_EQ(layout.PpRank(rank), p);
+              EXPECT_EQ(layout.ContextRank(rank), k);
+            }
+          }
+        }
+        EXPECT_EQ(*seen.rbegin(), layout.plan_ranks() - 1);
+      }
+    }
+  }
+  const RankLayout layout{.pipeline = 2, .data = 2, .tensor = 1, .context = 2};
+  EXPECT_EQ(layout.ContextGroup(1, 1), (std::vector<int>{6, 7}));
+  EXPECT_EQ(layout.PipelineGroup(1, 1), (std::vector<int>{5, 7}));
+  EXPECT_EQ(layout.DataParallelGroup(0), (std::vector<int>{0, 1, 4, 5}));
+}
+
 TEST(RankLayout, UnsetDegreesAreOne) {
   const RankLayout layout = RankLayout::Of(v1::ParallelismConfig());
   EXPECT_EQ(layout.world_size(), 1);
