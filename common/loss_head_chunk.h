@@ -8,8 +8,10 @@
 //   chunk(rows) = max(kMinLossChunkTokens, kLossChunkLogitBytes / (4 * rows))
 //
 // (GPT-2's 50,257 rows: 1,335 tokens, 256 MiB; split over 2 tensor ranks:
-// 2,670; Llama 3's 128,256: 1,024 tokens, 501 MiB.) The job has no setting
-// for it yet: the executor's ModelStage::set_loss_chunk_tokens overrides it.
+// 2,670; Llama 3's 128,256: 1,024 tokens, 501 MiB.) A job sets its own chunk
+// with training.loss_chunk_tokens (0: this default), which both sides read
+// (LossChunkTokens); the executor's --loss_chunk_tokens overrides it there
+// alone.
 #ifndef VARIPIPE_COMMON_LOSS_HEAD_CHUNK_H_
 #define VARIPIPE_COMMON_LOSS_HEAD_CHUNK_H_
 
@@ -28,6 +30,12 @@ inline constexpr int64_t kMinLossChunkTokens = 1024;
 inline int64_t DefaultLossChunkTokens(int64_t vocab_rows) {
   return std::max(kMinLossChunkTokens,
                   kLossChunkLogitBytes / (4 * std::max<int64_t>(vocab_rows, 1)));
+}
+
+// The chunk a head of `vocab_rows` rows runs with: `configured` (a job's
+// training.loss_chunk_tokens) when positive, else the default.
+inline int64_t LossChunkTokens(int64_t configured, int64_t vocab_rows) {
+  return configured > 0 ? configured : DefaultLossChunkTokens(vocab_rows);
 }
 
 }  // namespace varipipe

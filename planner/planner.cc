@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -17,18 +19,26 @@
 #include "absl/synchronization/mutex.h"
 #include "common/config/rank_layout.h"
 #include "common/dataset/loss_tokens.h"
+#include "common/plan_contract/context_parallel_split.h"
 #include "planner/comm/comm_planner.h"
+#include "planner/cost/context_split_cost.h"
 #include "planner/cost/cost_model_io.h"
+#include "planner/cost/hardware.h"
+#include "planner/cost/memory_model.h"
 #include "planner/cost/micro_batch_cost.h"
 #include "planner/cost/update_costs.h"
 #include "planner/method_summary.h"
 #include "planner/microbatch/baseline_settings.h"
+#include "planner/microbatch/context_placement.h"
+#include "planner/microbatch/dp_balance.h"
 #include "planner/microbatch/micro_batching.h"
+#include "planner/microbatch/padding_stats.h"
 #include "planner/parallel.h"
 #include "planner/plan/plan_builder.h"
 #include "planner/plan/sample_layout.h"
 #include "planner/plan/validator.h"
 #include "planner/schedule/backward_split.h"
+#include "planner/schedule/lane_projection.h"
 #include "planner/schedule/static_schedules.h"
 #include "planner/sim/chrome_trace.h"
 #include "planner/sim/order_search.h"
@@ -71,11 +81,17 @@ Link MakeLink(double latency_us, double gbps) { return {latency_us / 1e3, gbps *
 // One replica's schedule and simulated timeline.
 struct ReplicaTimeline {
   PipelineShape shape;
-  StageCostTable costs;  // [stage][micro-batch of the replica]
-  DeviceOrder order;
-  SimulationResult sim;
+  StageCostTable costs;  // [stage][micro-batch of the replica], as each runs
+  DeviceOrder order;     // with context parallelism: the slot schedule
+  SimulationResult sim;  // with context parallelism: lane 0's
   std::string error;     // why it could not be scheduled; empty when it was
   bool starved = false;  // the replica got no micro-batch
+  // Context parallelism (lanes > 1): the split/whole choice and lanes of
+  // the replica's micro-batches, each lane's order (the slot schedule
+  // projected, lane_projection.h) and the lanes' simulation.
+  LanePlacement placement;
+  std::vector<DeviceOrder> lane_orders;
+  LaneSimulationResult lanes;
 };
 
 // Per-stage costs of every micro-batch of one (method setting, recompute
@@ -84,6 +100,15 @@ struct ReplicaTimeline {
 struct PairStageCosts {
   std::vector<std::vector<StageOpCost>> groups;  // [group][stage]
   std::string error;                             // empty when every group was costed
+  // Context parallelism: each group's costs split across the lanes (the
+  // slowest lane's; empty where the split cost model has none) and each
+  // replica's placement of its groups (context_placement.h).
+  std::vector<std::vector<StageOpCost>> split_groups;  // [group][stage]
+  std::vector<uint32_t> split_tokens;                  // [group]: A, the lanes' padded count
+  // [replica][variant]: the policy's choice, and under PER_MICRO_BATCH
+  // also every micro-batch that fits split split, and only those that fit
+  // nothing else, where they differ; the simulation keeps the fastest.
+  std::vector<std::vector<LanePlacement>> placements;
 };
 
 // One (partition method and setting, recompute mode, schedule) candidate.
@@ -154,6 +179,16 @@ class Search {
 
  private:
   ReplicaTimeline ScheduleReplica(const Candidate& cand, uint32_t r) const;
+  // Context parallelism: replica r's slots scheduled with cand's schedule,
+  // projected onto its lanes and simulated together (out.costs and
+  // out.shape set).
+  void ScheduleLanes(const Candidate& cand, uint32_t r, const ClusterNetwork& lane0,
+                     ReplicaTimeline& out) const;
+  void ScheduleVariant(const Candidate& cand, uint32_t r, uint32_t variant,
+                       const ClusterNetwork& lane0, ReplicaTimeline& out) const;
+  // Context parallelism: the split costs of pair `out`'s groups and each
+  // replica's placement.
+  void CostSplits(const Candidate& cand, PairStageCosts& out) const;
   // The adaptive schedules of replica r's micro-batches under `cand`'s
   // stage costs, built once and shared by the adaptive and adaptive
   // zero-bubble candidates over them (order_search.h).
@@ -185,7 +220,16 @@ class Search {
   // (model.packed_attention); nullopt otherwise.
   std::optional<PackedSamples> PerSampleRows(const MicroBatchGroup& group,
                                              const MicroBatchingResult& mbr) const;
-  ReplicaPlan ReplicaOf(const Candidate& best, uint32_t r, absl::Status* status) const;
+  // Replica r's plans: one, or with context parallelism one per lane.
+  std::vector<ReplicaPlan> ReplicaOf(const Candidate& best, uint32_t r, absl::Status* status) const;
+  std::vector<uint32_t> SplitOnlySamples(const std::vector<double>& room) const;
+  MicroBatchingResult WithSplitOnlySamples(const MicroBatchingResult* result,
+                                           std::span<const uint32_t> kept,
+                                           std::span<const uint32_t> split_only,
+                                           const std::vector<double>& room,
+                                           const MicroBatchingOptions& options) const;
+  void SplitMicroBatchOf(const Candidate& best, const MicroBatchGroup& group,
+                         PlannedMicroBatch& planned) const;
 
   // The predicted iteration of a candidate: its makespan plus the slowest
   // device's calibrated all-reduce and optimizer step.
@@ -203,6 +247,8 @@ class Search {
   const MiniBatch& mini_batch_;
   uint32_t p_ = 1;
   uint32_t dp_ = 1;
+  uint32_t lanes_ = 1;  // parallelism.context
+  v1::ContextSplitPolicy split_policy_ = v1::PER_MICRO_BATCH;
   RankLayout ranks_;
   ModelDims dims_;
   StageLayout layout_;
@@ -210,6 +256,10 @@ class Search {
   std::vector<MethodSplit> splits_;
   std::map<Recompute, std::unique_ptr<absl::StatusOr<MicroBatchCostModel>>> cost_models_;
   std::map<Recompute, std::unique_ptr<absl::StatusOr<MicroBatchCostModel>>> profiled_models_;
+  // Context parallelism: split micro-batches' costs, per mode.
+  std::map<Recompute, std::unique_ptr<absl::StatusOr<ContextSplitCostModel>>> split_models_;
+  std::map<Recompute, std::unique_ptr<absl::StatusOr<ContextSplitCostModel>>>
+      profiled_split_models_;
   std::vector<DeviceUpdateCost> updates_;  // per pipeline device, profiled
   std::vector<Candidate> candidates_;
   std::map<std::tuple<const MicroBatchingResult*, int, uint32_t>, std::unique_ptr<PairStageCosts>>
@@ -249,12 +299,181 @@ absl::Status Search::Init() {
         MicroBatchCostModel::Create(profiled_, layout_, mode, c_.parallelism().tensor()));
   }
   updates_ = DeviceUpdateCosts(profiled_, layout_, c_);
+  lanes_ = ranks_.context;
+  split_policy_ = c_.parallelism().context_split() == v1::CONTEXT_SPLIT_POLICY_UNSPECIFIED
+                      ? v1::PER_MICRO_BATCH
+                      : c_.parallelism().context_split();
+  if (lanes_ > 1) {
+    ContextSplitOptions split_options;
+    split_options.link =
+        MakeLink(c_.cluster().intra_node_latency_us(), c_.cluster().intra_node_bandwidth_gbps());
+    if (absl::StatusOr<Hardware> hardware = HardwarePreset(c_.cluster().hardware());
+        hardware.ok()) {
+      split_options.hardware = *hardware;
+    }
+    const auto create = [&](const absl::StatusOr<MicroBatchCostModel>& whole,
+                            const CostModel& model) {
+      if (!whole.ok()) {
+        return std::make_unique<absl::StatusOr<ContextSplitCostModel>>(whole.status());
+      }
+      return std::make_unique<absl::StatusOr<ContextSplitCostModel>>(
+          ContextSplitCostModel::Create(*whole, model, dims_, lanes_, split_options));
+    };
+    for (const auto& [mode, whole] : cost_models_) split_models_[mode] = create(*whole, model_);
+    for (const auto& [mode, whole] : profiled_models_) {
+      profiled_split_models_[mode] = create(*whole, profiled_);
+    }
+  }
   return absl::OkStatus();
 }
 
+// Context parallelism: the samples that do not fit one lane whole under
+// the job's least recomputing mode (their micro-batch of one alone exceeds
+// a stage's room) but fit it split under some mode; positions, ascending.
+// Judged at the least recomputation, so that one long sample does not
+// force every micro-batch of the iteration into full recomputation (its
+// micro-batching would otherwise reject the cheaper modes): split, it
+// leaves them open, and the search still compares every mode. Empty
+// without context parallelism, under NEVER, or when every sample fits
+// whole.
+std::vector<uint32_t> Search::SplitOnlySamples(const std::vector<double>& room) const {
+  std::vector<uint32_t> out;
+  if (lanes_ <= 1 || split_policy_ == v1::NEVER || room.empty()) return out;
+  std::vector<StageOpCost> stage_costs;
+  const auto fits = [&](const std::vector<StageOpCost>& ops) {
+    for (size_t s = 0; s < ops.size(); ++s) {
+      if (ops[s].peak_bytes > room[s % p_]) return false;
+    }
+    return !ops.empty();
+  };
+  for (uint32_t i = 0; i < mini_batch_.lengths.size(); ++i) {
+    const uint32_t length = SequenceLength(mini_batch_.lengths[i], policy_);
+    // Over the data limits: the micro-batching names it (or truncates it).
+    if (length == 0 || (policy_.max_input > 0 && length > policy_.max_input)) continue;
+    const double labelled = static_cast<double>(LossTokens(mini_batch_.lengths[i], false));
+    bool whole = false;
+    bool split = false;
+    bool least_mode = true;  // cost_models_ is ordered by recomputation
+    for (const auto& [mode, model] : cost_models_) {
+      if (!model->ok()) continue;
+      const bool judge_whole = least_mode;
+      least_mode = false;
+      if (judge_whole &&
+          (*model)->EvaluateStages(1, PaddedInputLength(length, policy_), 0, nullptr, labelled, 1,
+                                   dims_.hidden, dims_.dtype_bytes, &stage_costs) &&
+          fits(stage_costs)) {
+        whole = true;
+      }
+      const absl::StatusOr<ContextSplitCostModel>& splitter = *split_models_.at(mode);
+      if (splitter.ok() &&
+          splitter->EvaluateStages({length}, labelled, 1, dims_.hidden, dims_.dtype_bytes,
+                                   &stage_costs) &&
+          fits(stage_costs)) {
+        split = true;
+      }
+    }
+    if (!whole && split) out.push_back(i);
+  }
+  return out;
+}
+
+// The micro-batching of the mini-batch without the split-only samples
+// (`kept`: the others' positions, ascending; `result` indexes them) as a
+// result over the whole mini-batch: positions mapped back, and every pair
+// that has groups gets one more per split-only sample (a micro-batch of
+// its own, which only fits split), its replicas balanced again over all.
+// With `result` null (nothing kept) every pair of the job is made of those
+// alone.
+MicroBatchingResult Search::WithSplitOnlySamples(const MicroBatchingResult* result,
+                                                 std::span<const uint32_t> kept,
+                                                 std::span<const uint32_t> split_only,
+                                                 const std::vector<double>& room,
+                                                 const MicroBatchingOptions& options) const {
+  MicroBatchingResult out;
+  if (result != nullptr) out = *result;
+  out.samples.assign(mini_batch_.lengths.begin(), mini_batch_.lengths.end());
+  for (size_t j = 0; j < kept.size() && result != nullptr; ++j) {
+    out.samples[kept[j]] = result->samples[j];
+  }
+  const auto remap = [&](std::vector<uint32_t>& positions) {
+    for (uint32_t& p : positions) p = kept[p];
+  };
+  remap(out.truncated);
+  remap(out.order);
+  for (std::vector<uint32_t>& row : out.packed_rows) remap(row);
+  for (uint32_t i : split_only) out.order.push_back(i);
+  if (result == nullptr) {
+    out.available_per_device = room;
+    out.available_activation_bytes = *std::min_element(room.begin(), room.end());
+    for (Recompute mode : options.recompute_modes) {
+      for (MemoryBudget budget : options.budgets) {
+        MicroBatchingCandidate c;
+        c.recompute = mode;
+        c.budget = budget;
+        c.stored_limit_bytes = out.available_activation_bytes;
+        c.peak_limit_bytes = out.available_activation_bytes;
+        out.candidates.push_back(std::move(c));
+      }
+    }
+    out.chosen = 0;
+    out.reason = "every sample fits one lane only split";
+  }
+  for (MicroBatchingCandidate& c : out.candidates) {
+    if (!c.solved()) continue;
+    for (MicroBatchGroup& g : c.groups) remap(g.samples);
+    const absl::StatusOr<MicroBatchCostModel>& model = *cost_models_.at(c.recompute);
+    for (uint32_t i : split_only) {
+      MicroBatchGroup g;
+      g.samples = {i};
+      PadToLongest(out.samples, policy_, g);
+      MicroBatchCost cost;
+      if (model.ok()) {
+        (void)model->Evaluate(1, g.input_len, g.target_len, nullptr,
+                              static_cast<double>(LossTokens(out.samples[i], false)), &cost);
+      }
+      c.groups.push_back(std::move(g));
+      c.costs.push_back(cost);
+    }
+    std::vector<double> times;
+    for (const MicroBatchCost& cost : c.costs) times.push_back(cost.time_ms);
+    c.replicas = BalanceReplicas(times, dp_);
+    c.padding = ComputePaddingStats(out.samples, c.groups, policy_);
+  }
+  if (out.chosen >= 0 && out.chosen < static_cast<int>(out.candidates.size())) {
+    out.replicas = out.candidates[out.chosen].replicas;
+    out.padding = out.candidates[out.chosen].padding;
+  }
+  return out;
+}
+
 // Phase 1: one PlanMicroBatches per partition method over every (mode,
-// budget) pair: shared run tables and cross-pair bound.
+// budget) pair: shared run tables and cross-pair bound. With context
+// parallelism, samples that fit one lane only split are kept out of it and
+// become micro-batches of their own (SplitOnlySamples).
 void Search::MicroBatch() {
+  std::vector<uint32_t> split_only;
+  std::vector<double> room;
+  if (lanes_ > 1 && split_policy_ != v1::NEVER) {
+    absl::StatusOr<std::vector<double>> rooms = AvailableActivationBytesPerDevice(
+        model_, layout_, static_cast<ZeroStage>(std::min(c_.training().zero_stage(), 3u)),
+        dp_ * lanes_, static_cast<double>(c_.cluster().device_memory_limit_mib()) * (1 << 20));
+    if (rooms.ok()) {
+      room = *std::move(rooms);
+      split_only = SplitOnlySamples(room);
+    }
+  }
+  std::vector<uint32_t> kept;
+  std::vector<SampleLengths> kept_lengths;
+  std::vector<uint64_t> kept_ids;
+  for (uint32_t i = 0, k = 0; i < mini_batch_.lengths.size(); ++i) {
+    if (k < split_only.size() && split_only[k] == i) {
+      ++k;
+      continue;
+    }
+    kept.push_back(i);
+    kept_lengths.push_back(mini_batch_.lengths[i]);
+    kept_ids.push_back(mini_batch_.sample_ids[i]);
+  }
   for (int method_value : c_.planner().partition_methods()) {
     const PartitionMethod method =
         PartitionMethodFromProto(static_cast<v1::PartitionMethod>(method_value));
@@ -270,7 +489,24 @@ void Search::MicroBatch() {
       split.options.fail_without_pair = false;  // each candidate reports its own pair
       split.options.sample_ids = mini_batch_.sample_ids;
       const Clock::time_point t = Clock::now();
-      split.result = PlanMicroBatches(mini_batch_.lengths, model_, split.options);
+      if (split_only.empty()) {
+        split.result = PlanMicroBatches(mini_batch_.lengths, model_, split.options);
+      } else {
+        // Every pair solved (a pruned pair's later solve would index the
+        // kept samples only).
+        MicroBatchingOptions options = split.options;
+        options.share_bound = false;
+        options.sample_ids = kept_ids;
+        absl::StatusOr<MicroBatchingResult> kept_result =
+            kept.empty() ? absl::StatusOr<MicroBatchingResult>(MicroBatchingResult())
+                         : PlanMicroBatches(kept_lengths, model_, options);
+        if (kept_result.ok()) {
+          split.result = WithSplitOnlySamples(kept.empty() ? nullptr : &*kept_result, kept,
+                                              split_only, room, split.options);
+        } else {
+          split.result = kept_result.status();
+        }
+      }
       split.ms = MsSince(t);
       micro_batching_ms_ += split.ms;
       splits_.push_back(std::move(split));
@@ -401,6 +637,10 @@ ReplicaTimeline Search::ScheduleReplica(const Candidate& cand, uint32_t r) const
                                                     c_.cluster().intra_node_bandwidth_gbps()),
       .inter_node =
           MakeLink(c_.cluster().inter_node_latency_us(), c_.cluster().inter_node_bandwidth_gbps())};
+  if (lanes_ > 1) {
+    ScheduleLanes(cand, r, network, out);
+    return out;
+  }
   if (cand.schedule == v1::ADAPTIVE || cand.schedule == v1::ADAPTIVE_ZERO_BUBBLE) {
     const std::shared_ptr<const absl::StatusOr<AdaptiveOrders>> orders =
         AdaptiveOrdersOf(cand, r, out.shape, costs, times);
@@ -431,6 +671,108 @@ ReplicaTimeline Search::ScheduleReplica(const Candidate& cand, uint32_t r) const
     out.error = absl::StrCat("schedule does not complete: ", out.sim.deadlock);
   out.costs = std::move(costs);
   return out;
+}
+
+// Context parallelism (context_placement.h, lane_projection.h): the
+// replica's micro-batches as each runs (split: the slowest lane's split
+// costs), the slot pipeline scheduled once with the candidate's schedule
+// (slot costs: the largest of the slot's micro-batches'), projected onto
+// every lane and the lanes simulated together (simulator.h, SimulateLanes).
+// Every placement variant of the replica is scheduled and simulated; the
+// shortest makespan whose lanes fit their rooms wins (ties and nothing
+// fitting: the earliest variant, the policy's own choice).
+void Search::ScheduleLanes(const Candidate& cand, uint32_t r, const ClusterNetwork& lane0,
+                           ReplicaTimeline& out) const {
+  const std::vector<LanePlacement>& variants = cand.stage_costs->placements[r];
+  const std::vector<double>& room = cand.micro_batching->available_per_device;
+  const auto fits = [&](const ReplicaTimeline& t) {
+    for (const SimulationResult& lane : t.lanes.lanes) {
+      for (uint32_t d = 0; d < p_ && d < room.size(); ++d) {
+        if (lane.peak_bytes[d] > room[d]) return false;
+      }
+    }
+    return true;
+  };
+  bool best_fits = false;
+  for (uint32_t v = 0; v < variants.size(); ++v) {
+    ReplicaTimeline t;
+    t.shape = out.shape;
+    ScheduleVariant(cand, r, v, lane0, t);
+    const bool t_fits = t.error.empty() && fits(t);
+    if (v == 0 || (t_fits && (!best_fits || t.lanes.makespan_ms < out.lanes.makespan_ms))) {
+      best_fits = t_fits;
+      out = std::move(t);
+    }
+  }
+}
+
+void Search::ScheduleVariant(const Candidate& cand, uint32_t r, uint32_t variant,
+                             const ClusterNetwork& lane0, ReplicaTimeline& out) const {
+  const PairStageCosts& pair = *cand.stage_costs;
+  const std::vector<uint32_t>& mine = cand.split().replicas.replicas[r];
+  const LanePlacement& placement = pair.placements[r][variant];
+  const uint32_t stages = out.shape.stages();
+  StageCostTable costs(stages, std::vector<StageOpCost>(mine.size()));
+  for (size_t k = 0; k < mine.size(); ++k) {
+    const std::vector<StageOpCost>& ops =
+        placement.split[k] ? pair.split_groups[mine[k]] : pair.groups[mine[k]];
+    for (uint32_t s = 0; s < stages; ++s) costs[s][k] = ops[s];
+  }
+  const PipelineShape slot_shape{p_, cand.chunks, static_cast<uint32_t>(placement.slots.size())};
+  const StageCostTable slot_costs = SlotCosts(costs, placement.slots);
+  DeviceOrder slot_order;
+  if (cand.schedule == v1::ADAPTIVE || cand.schedule == v1::ADAPTIVE_ZERO_BUBBLE) {
+    std::vector<double> times(placement.slots.size(), 0);
+    for (size_t i = 0; i < times.size(); ++i) {
+      for (uint32_t s = 0; s < stages; ++s) {
+        times[i] += slot_costs[s][i].forward_ms + slot_costs[s][i].backward_ms;
+      }
+    }
+    const std::shared_ptr<const absl::StatusOr<AdaptiveOrders>> orders =
+        AdaptiveOrdersOf(cand, r * 3 + variant + 1, slot_shape, slot_costs, times);
+    if (!orders->ok()) {
+      out.error = std::string(orders->status().message());
+      return;
+    }
+    ClusterNetwork slots_network = lane0;  // as lane 0 sits
+    slots_network.stride = lanes_;
+    absl::StatusOr<AdaptiveSearchResult> searched = SearchAdaptiveOrder(
+        slot_shape, slot_costs, **orders, cand.micro_batching->available_per_device, slots_network,
+        cand.schedule == v1::ADAPTIVE_ZERO_BUBBLE);
+    if (!searched.ok()) {
+      out.error = std::string(searched.status().message());
+      return;
+    }
+    slot_order = std::move(searched->order);
+  } else {
+    absl::StatusOr<DeviceOrder> order = StaticOrder(cand.schedule, slot_shape);
+    if (!order.ok()) {
+      out.error = std::string(order.status().message());
+      return;
+    }
+    slot_order = *std::move(order);
+  }
+  LanePipelines lanes;
+  lanes.shape = out.shape;
+  lanes.split = placement.split;
+  for (uint32_t k = 0; k < lanes_; ++k) {
+    lanes.orders.push_back(ProjectOntoLane(slot_order, placement.slots, k));
+    lanes.costs.push_back(costs);
+    ClusterNetwork network = lane0;
+    network.first_device = static_cast<uint32_t>(ranks_.Rank(r, 0, k));
+    network.stride = lanes_;
+    lanes.networks.push_back(network);
+  }
+  out.lanes = SimulateLanes(lanes);
+  if (!out.lanes.completed) {
+    out.error = absl::StrCat("the lanes' schedule does not complete: ", out.lanes.deadlock);
+    return;
+  }
+  out.sim = out.lanes.lanes[0];
+  out.order = std::move(slot_order);
+  out.lane_orders = std::move(lanes.orders);
+  out.placement = placement;
+  out.costs = std::move(costs);
 }
 
 std::shared_ptr<const absl::StatusOr<AdaptiveOrders>> Search::AdaptiveOrdersOf(
@@ -482,8 +824,8 @@ void Search::CostStages(std::span<const size_t> ready) {
       const double labelled = static_cast<double>(
           LabelledTokens(group, cand.micro_batching->samples, dims_.encoder_decoder()));
       if (!cost.EvaluateStages(static_cast<uint32_t>(group.size()), group.input_len,
-                               group.target_len, packed ? &*packed : nullptr, labelled,
-                               cand.chunks, dims_.hidden, dims_.dtype_bytes, &stage_costs)) {
+                               group.target_len, packed ? &*packed : nullptr, labelled, cand.chunks,
+                               dims_.hidden, dims_.dtype_bytes, &stage_costs)) {
         out.error = "a micro-batch lies beyond the cost model";
         return;
       }
@@ -494,7 +836,113 @@ void Search::CostStages(std::span<const size_t> ready) {
         BackwardSplitRule(dims_).Split(StageLayersOf(s, stages, group), &op);
       }
     }
+    if (lanes_ > 1) CostSplits(cand, out);
   });
+}
+
+// Per group: the samples' sequences split over the lanes, priced on the
+// slowest lane (context_split_cost.h), and whether each way fits a lane's
+// room on every stage (the peak of the micro-batch alone; the simulation
+// then checks what is in flight). Per replica: the split/whole choice of
+// parallelism.context_split and the lanes (context_placement.h).
+void Search::CostSplits(const Candidate& cand, PairStageCosts& out) const {
+  const MicroBatchingResult& mbr = *cand.micro_batching;
+  const std::vector<MicroBatchGroup>& groups = cand.split().groups;
+  const uint32_t stages = p_ * cand.chunks;
+  const absl::StatusOr<ContextSplitCostModel>& model = *split_models_.at(cand.recompute);
+  out.split_groups.assign(groups.size(), {});
+  out.split_tokens.assign(groups.size(), 0);
+  std::vector<StageOpCost> stage_costs;
+  for (size_t g = 0; g < groups.size() && model.ok() && split_policy_ != v1::NEVER; ++g) {
+    const MicroBatchGroup& group = groups[g];
+    std::vector<uint32_t> lengths;
+    std::vector<int64_t> lengths64;
+    for (uint32_t position : group.samples) {
+      lengths.push_back(SequenceLength(mbr.samples[position], policy_));
+      lengths64.push_back(lengths.back());
+    }
+    const absl::StatusOr<ContextParallelSplit> cut =
+        ContextParallelSplit::Of(lengths64, static_cast<int>(lanes_), 0);
+    const double labelled =
+        static_cast<double>(LabelledTokens(group, mbr.samples, dims_.encoder_decoder()));
+    if (!cut.ok() ||
+        !model->EvaluateStages(lengths, labelled, cand.chunks, dims_.hidden, dims_.dtype_bytes,
+                               &stage_costs) ||
+        stage_costs.size() != stages) {
+      continue;
+    }
+    out.split_tokens[g] = static_cast<uint32_t>(cut->all_gather_count());
+    MicroBatchGroup row;  // as the split runs: one row of A tokens
+    row.samples = {0};
+    row.input_len = out.split_tokens[g];
+    out.split_groups[g].resize(stages);
+    for (uint32_t s = 0; s < stages; ++s) {
+      StageOpCost& op = out.split_groups[g][s];
+      op = stage_costs[s];
+      BackwardSplitRule(dims_).Split(StageLayersOf(s, stages, row), &op);
+    }
+  }
+  const std::vector<double>& room = mbr.available_per_device;
+  const auto fits = [&](const std::vector<StageOpCost>& ops) {
+    if (ops.empty()) return false;
+    for (uint32_t s = 0; s < stages; ++s) {
+      const uint32_t d = s % p_;
+      if (d < room.size() && ops[s].peak_bytes > room[d]) return false;
+    }
+    return true;
+  };
+  const auto total_ms = [&](const std::vector<StageOpCost>& ops) {
+    double ms = 0;
+    for (const StageOpCost& op : ops) ms += op.forward_ms + op.backward_ms;
+    return ms;
+  };
+  for (uint32_t r = 0; r < dp_; ++r) {
+    const std::vector<uint32_t>& mine = cand.split().replicas.replicas[r];
+    std::vector<SplitOption> options;
+    for (uint32_t g : mine) {
+      options.push_back({.fits_whole = fits(out.groups[g]),
+                         .fits_split = fits(out.split_groups[g]),
+                         .whole_ms = total_ms(out.groups[g]),
+                         .split_ms = total_ms(out.split_groups[g])});
+    }
+    std::vector<bool> split;
+    std::string why;
+    out.placements.emplace_back();
+    if (!ChooseSplits(split_policy_, options, lanes_, p_, &split, &why)) {
+      if (out.error.empty()) {
+        out.error =
+            absl::StrCat("data-parallel replica ", r, ": ", why,
+                         model.ok() ? "" : absl::StrCat(" (", model.status().message(), ")"));
+      }
+      continue;
+    }
+    std::vector<std::vector<bool>> variants = {split};
+    if (split_policy_ == v1::PER_MICRO_BATCH) {
+      std::vector<bool> all(options.size());
+      std::vector<bool> fewest(options.size());
+      for (size_t k = 0; k < options.size(); ++k) {
+        all[k] = options[k].fits_split || !options[k].fits_whole;
+        fewest[k] = !options[k].fits_whole;
+      }
+      for (std::vector<bool>& v : {std::ref(all), std::ref(fewest)}) {
+        if (std::find(variants.begin(), variants.end(), v) == variants.end()) {
+          variants.push_back(std::move(v));
+        }
+      }
+    }
+    std::vector<double> whole_ms;
+    std::vector<double> split_ms;
+    for (const SplitOption& o : options) {
+      whole_ms.push_back(o.whole_ms);
+      split_ms.push_back(o.split_ms);
+    }
+    const std::unique_ptr<bool[]> flags(new bool[options.size()]);
+    for (const std::vector<bool>& v : variants) {
+      for (size_t k = 0; k < v.size(); ++k) flags[k] = v[k];
+      out.placements.back().push_back(
+          PlaceOnLanes(std::span<const bool>(flags.get(), v.size()), whole_ms, split_ms, lanes_));
+    }
+  }
 }
 
 // The larger of two bounds, per replica and device d:
@@ -517,6 +965,34 @@ void Search::CostStages(std::span<const size_t> ready) {
 double Search::MakespanLowerBound(const Candidate& cand) const {
   const PairStageCosts& pair = *cand.stage_costs;
   if (!pair.error.empty()) return 0;
+  if (lanes_ > 1) {
+    // Context parallelism: each lane's device runs every split micro-batch
+    // and its own whole ones one at a time.
+    const uint32_t stages = p_ * cand.chunks;
+    double bound = 0;
+    // The replica's bound is its best variant's.
+    for (uint32_t r = 0; r < dp_ && r < pair.placements.size(); ++r) {
+      double replica_bound = std::numeric_limits<double>::infinity();
+      for (const LanePlacement& placement : pair.placements[r]) {
+        const std::vector<uint32_t>& mine = cand.split().replicas.replicas[r];
+        std::vector<double> busy(static_cast<size_t>(lanes_) * p_, 0);
+        for (size_t k = 0; k < mine.size() && k < placement.split.size(); ++k) {
+          const bool split = placement.split[k];
+          const std::vector<StageOpCost>& ops =
+              split ? pair.split_groups[mine[k]] : pair.groups[mine[k]];
+          for (uint32_t lane = 0; lane < lanes_; ++lane) {
+            if (!split && placement.lane[k] != lane) continue;
+            for (uint32_t s = 0; s < stages && s < ops.size(); ++s) {
+              busy[lane * p_ + s % p_] += ops[s].forward_ms + ops[s].backward_ms;
+            }
+          }
+        }
+        replica_bound = std::min(replica_bound, *std::max_element(busy.begin(), busy.end()));
+      }
+      if (std::isfinite(replica_bound)) bound = std::max(bound, replica_bound);
+    }
+    return bound;
+  }
   const bool split_backward =
       cand.schedule == v1::ZERO_BUBBLE_H1 || cand.schedule == v1::ADAPTIVE_ZERO_BUBBLE;
   const bool adaptive = cand.schedule == v1::ADAPTIVE || cand.schedule == v1::ADAPTIVE_ZERO_BUBBLE;
@@ -566,9 +1042,10 @@ double Search::MakespanLowerBound(const Candidate& cand) const {
 
 // Makespan, bubbles and each device's peak against its own room.
 void Search::Judge(Candidate& cand) const {
-  cand.peak_per_rank.assign(static_cast<size_t>(p_) * dp_, 0);
+  cand.peak_per_rank.assign(static_cast<size_t>(ranks_.plan_ranks()), 0);
   double makespan = 0;
   double bubble = 0;
+  cand.report.split_micro_batches = 0;
   for (uint32_t r = 0; r < dp_; ++r) {
     const ReplicaTimeline& t = cand.replicas[r];
     if (!t.error.empty()) {
@@ -576,11 +1053,19 @@ void Search::Judge(Candidate& cand) const {
       return cand.Reject("scheduling", t.error);
     }
     makespan = std::max(makespan, t.sim.makespan_ms);
-    bubble += t.sim.MeanBubbleFraction();
-    for (double busy : t.sim.busy_ms) {
-      cand.report.busiest_device_ms = std::max(cand.report.busiest_device_ms, busy);
+    // Each lane of the replica (one without context parallelism).
+    const size_t lanes = lanes_ > 1 ? t.lanes.lanes.size() : 1;
+    for (size_t k = 0; k < lanes; ++k) {
+      const SimulationResult& sim = lanes_ > 1 ? t.lanes.lanes[k] : t.sim;
+      bubble += sim.MeanBubbleFraction() / static_cast<double>(lanes);
+      for (double busy : sim.busy_ms) {
+        cand.report.busiest_device_ms = std::max(cand.report.busiest_device_ms, busy);
+      }
+      for (uint32_t d = 0; d < p_; ++d) {
+        cand.peak_per_rank[ranks_.Rank(r, d, static_cast<uint32_t>(k))] = sim.peak_bytes[d];
+      }
     }
-    for (uint32_t d = 0; d < p_; ++d) cand.peak_per_rank[ranks_.Rank(r, d)] = t.sim.peak_bytes[d];
+    if (lanes_ > 1) cand.report.split_micro_batches += static_cast<int>(t.placement.split_count());
   }
   cand.report.makespan_ms = makespan;
   cand.report.bubble_fraction = bubble / dp_;
@@ -745,25 +1230,37 @@ std::optional<PackedSamples> Search::PerSampleRows(const MicroBatchGroup& group,
   return PackedSamplesOf(group, mbr.samples, policy_, PackedAttentionPricingOf(c_));
 }
 
+// Per plan rank: its pipeline device's room.
 std::vector<double> Search::RankLimits(const MicroBatchingResult& mbr) const {
   std::vector<double> limits;
-  for (uint32_t r = 0; r < dp_; ++r) {
-    limits.insert(limits.end(), mbr.available_per_device.begin(), mbr.available_per_device.end());
+  for (int rank = 0; rank < ranks_.plan_ranks(); ++rank) {
+    limits.push_back(mbr.available_per_device[ranks_.PpRank(rank)]);
   }
   return limits;
 }
 
-// Phase 4 for one replica: its micro-batches and communication plan.
-ReplicaPlan Search::ReplicaOf(const Candidate& best, uint32_t r, absl::Status* status) const {
+// Phase 4 for one replica: its micro-batches and communication plan (with
+// context parallelism: every lane's).
+std::vector<ReplicaPlan> Search::ReplicaOf(const Candidate& best, uint32_t r,
+                                           absl::Status* status) const {
   const MicroBatchingResult& mbr = *best.micro_batching;
   const MicroBatchingCandidate& split = best.split();
+  const ReplicaTimeline& timeline = best.replicas[r];
   ReplicaPlan replica;
-  replica.shape = best.replicas[r].shape;
+  replica.shape = timeline.shape;
   const absl::StatusOr<MicroBatchCostModel>& profiled = *profiled_models_.at(best.recompute);
   std::vector<StageOpCost> stage_costs;
-  for (uint32_t g : split.replicas.replicas[r]) {
+  const std::vector<uint32_t>& mine = split.replicas.replicas[r];
+  for (size_t k = 0; k < mine.size(); ++k) {
+    const uint32_t g = mine[k];
     const MicroBatchGroup& group = split.groups[g];
     PlannedMicroBatch planned;
+    if (lanes_ > 1 && timeline.placement.split[k]) {
+      SplitMicroBatchOf(best, group, planned);
+      replica.micro_batches.push_back(std::move(planned));
+      continue;
+    }
+    if (lanes_ > 1) planned.context_lane = timeline.placement.lane[k];
     // Packed rows: the kernel the candidate was priced with (CostStages):
     // per sample, or, under FASTEST_PER_MICRO_BATCH, whichever was faster.
     std::optional<PackedSamples> packed = PerSampleRows(group, mbr);
@@ -800,26 +1297,97 @@ ReplicaPlan Search::ReplicaOf(const Candidate& best, uint32_t r, absl::Status* s
     LayOutSamples(group, mini_batch_.sample_ids, mbr.samples, policy_, planned);
     replica.micro_batches.push_back(std::move(planned));
   }
-  const ReplicaTimeline& timeline = best.replicas[r];
-  absl::StatusOr<CommPlan> comm = PlanCommunication(timeline.shape, timeline.order, timeline.sim);
-  if (comm.ok()) {
-    replica.comm = *std::move(comm);
-  } else {
-    *status = comm.status();
+  if (lanes_ <= 1) {
+    absl::StatusOr<CommPlan> comm = PlanCommunication(timeline.shape, timeline.order, timeline.sim);
+    if (comm.ok()) {
+      replica.comm = *std::move(comm);
+    } else {
+      *status = comm.status();
+    }
+    return {std::move(replica)};
   }
-  return replica;
+  // Every lane lists the group's micro-batches; its programs are its own.
+  std::vector<ReplicaPlan> lanes(lanes_, replica);
+  for (uint32_t k = 0; k < lanes_; ++k) {
+    absl::StatusOr<CommPlan> comm =
+        PlanCommunication(timeline.shape, timeline.lane_orders[k], timeline.lanes.lanes[k]);
+    if (comm.ok()) {
+      lanes[k].comm = *std::move(comm);
+    } else {
+      *status = comm.status();
+    }
+  }
+  return lanes;
+}
+
+// A micro-batch split across the lanes, as the plan contract lays it out
+// (plan.proto, ContextPlacement): its samples' sequences back to back in
+// one row (row_starts {0}, each sample's offset its packed start), every
+// lane's tensors [1, A] with A the lanes' padded local count, target_len 0.
+void Search::SplitMicroBatchOf(const Candidate& best, const MicroBatchGroup& group,
+                               PlannedMicroBatch& planned) const {
+  const MicroBatchingResult& mbr = *best.micro_batching;
+  LayOutSamples(group, mini_batch_.sample_ids, mbr.samples, policy_, planned);
+  std::vector<uint32_t> lengths;
+  std::vector<int64_t> lengths64;
+  for (size_t i = 0; i < planned.input_lens.size(); ++i) {
+    const uint32_t target = i < planned.target_lens.size() ? planned.target_lens[i] : 0;
+    lengths.push_back(planned.input_lens[i] + target);
+    lengths64.push_back(lengths.back());
+  }
+  const absl::StatusOr<ContextParallelSplit> cut =
+      ContextParallelSplit::Of(lengths64, static_cast<int>(lanes_), 0);
+  planned.context_split = true;
+  planned.context_lane = 0;
+  planned.input_len = cut.ok() ? static_cast<uint32_t>(cut->all_gather_count()) : 0;
+  planned.target_len = 0;
+  planned.row_starts = {0};
+  planned.packed_attention = v1::PER_SAMPLE;
+  planned.input_offsets.clear();
+  planned.target_offsets.assign(lengths.size(), 0);
+  uint32_t offset = 0;
+  for (uint32_t n : lengths) {
+    planned.input_offsets.push_back(offset);
+    offset += n;
+  }
+  // What the profiled model predicts for each stage of the slowest lane.
+  const absl::StatusOr<ContextSplitCostModel>& profiled =
+      *profiled_split_models_.at(best.recompute);
+  std::vector<StageOpCost> stage_costs;
+  if (profiled.ok() &&
+      profiled->EvaluateStages(
+          lengths, static_cast<double>(LabelledTokens(group, mbr.samples, dims_.encoder_decoder())),
+          best.chunks, dims_.hidden, dims_.dtype_bytes, &stage_costs)) {
+    MicroBatchGroup row;
+    row.samples = {0};
+    row.input_len = planned.input_len;
+    for (uint32_t s = 0; s < stage_costs.size(); ++s) {
+      const StageOpCost& sc = stage_costs[s];
+      StageOpCost op{.forward_ms = sc.forward_ms, .backward_ms = sc.backward_ms};
+      BackwardSplitRule(dims_).Split(
+          StageLayersOf(s, static_cast<uint32_t>(stage_costs.size()), row), &op);
+      planned.profiled_forward_ms.push_back(sc.forward_ms);
+      planned.profiled_backward_ms.push_back(sc.backward_ms);
+      planned.profiled_weight_ms.push_back(op.weight_ms);
+    }
+  }
 }
 
 // Phase 4: replicas in parallel, then one plan per rank.
 absl::StatusOr<std::vector<v1::ExecutionPlan>> Search::Lower(const Candidate& best) {
   const Clock::time_point t = Clock::now();
-  std::vector<ReplicaPlan> replicas(dp_);
+  std::vector<std::vector<ReplicaPlan>> per_replica(dp_);
   std::vector<absl::Status> status(dp_);
   ParallelFor(dp_, options_.threads, [&](size_t r) {
-    replicas[r] = ReplicaOf(best, static_cast<uint32_t>(r), &status[r]);
+    per_replica[r] = ReplicaOf(best, static_cast<uint32_t>(r), &status[r]);
   });
   for (const absl::Status& s : status) {
     if (!s.ok()) return s;
+  }
+  // Replica r's lane k at r x lanes + k.
+  std::vector<ReplicaPlan> replicas;
+  for (std::vector<ReplicaPlan>& lanes : per_replica) {
+    for (ReplicaPlan& lane : lanes) replicas.push_back(std::move(lane));
   }
   uint64_t global_target_tokens = 0;
   // The loss normaliser (common/dataset/loss_tokens.h).
@@ -831,6 +1399,7 @@ absl::StatusOr<std::vector<v1::ExecutionPlan>> Search::Lower(const Candidate& be
   options.iteration = mini_batch_.iteration;
   options.pipeline = p_;
   options.data_parallel = dp_;
+  options.context = lanes_;
   options.encoder_decoder = dims_.encoder_decoder();
   options.encoder_stages = dims_.encoder_decoder() ? (p_ == 1 ? 1 : layout_.encoder_devices) : p_;
   options.layers = layout_.layers;
@@ -917,8 +1486,13 @@ PlanReport Search::Report(const Candidate* best, bool with_trace) const {
   report.target_padding_efficiency = split.padding.TargetEfficiency();
   report.micro_batches = static_cast<int>(split.groups.size());
   for (const SampleLengths& s : mbr.samples) report.real_tokens += uint64_t{s.input} + s.target;
+  report.context_parallel = lanes_;
+  if (lanes_ > 1) report.lane_compute_ms.assign(static_cast<size_t>(dp_) * lanes_, 0);
   for (uint32_t r = 0; r < dp_; ++r) {
-    for (uint32_t g : split.replicas.replicas[r]) {
+    const std::vector<uint32_t>& mine = split.replicas.replicas[r];
+    const ReplicaTimeline& timeline = best->replicas[r];
+    for (size_t k = 0; k < mine.size(); ++k) {
+      const uint32_t g = mine[k];
       PlanReport::MicroBatchShape shape{r,
                                         {},
                                         static_cast<uint32_t>(split.groups[g].size()),
@@ -927,6 +1501,26 @@ PlanReport Search::Report(const Candidate* best, bool with_trace) const {
                                         split.costs[g].time_ms};
       for (uint32_t position : split.groups[g].samples) {
         shape.sample_ids.push_back(mini_batch_.sample_ids[position]);
+      }
+      if (lanes_ > 1 && k < timeline.placement.split.size()) {
+        shape.split = timeline.placement.split[k];
+        shape.lane = timeline.placement.lane[k];
+        double ms = 0;
+        for (const std::vector<StageOpCost>& stage : timeline.costs) {
+          ms += stage[k].forward_ms + stage[k].backward_ms;
+        }
+        shape.predicted_ms = ms;
+        if (shape.split) {
+          ++report.split_micro_batches;
+          shape.rows = 1;
+          shape.input_len = best->stage_costs->split_tokens[g];
+          shape.target_len = 0;
+          for (uint32_t lane = 0; lane < lanes_; ++lane) {
+            report.lane_compute_ms[size_t{r} * lanes_ + lane] += ms;
+          }
+        } else {
+          report.lane_compute_ms[size_t{r} * lanes_ + shape.lane] += ms;
+        }
       }
       report.micro_batch_shapes.push_back(std::move(shape));
     }
@@ -990,7 +1584,7 @@ absl::StatusOr<Planner> Planner::Create(const v1::JobConfig& config) {
     if (!layout.ok()) return layout.status();
     const absl::StatusOr<std::vector<double>> room = AvailableActivationBytesPerDevice(
         *model, *layout, static_cast<ZeroStage>(std::min(config.training().zero_stage(), 3u)),
-        std::max(1u, config.parallelism().data()),
+        std::max(1u, config.parallelism().data()) * std::max(1u, config.parallelism().context()),
         static_cast<double>(config.cluster().device_memory_limit_mib()) * (1 << 20));
     if (!room.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -81,6 +81,9 @@ struct CandidateReport {
   double peak_bytes = 0;  // largest device peak
   int micro_batches = 0;
   double padding_efficiency = 0;
+  // Context parallelism: micro-batches split across their context group
+  // (all replicas; the rest run whole on one lane).
+  int split_micro_batches = 0;
 };
 
 struct PlanReport {
@@ -107,6 +110,14 @@ struct PlanReport {
   double target_padding_efficiency = 0;
   int micro_batches = 0;
   uint64_t real_tokens = 0;
+  // Context parallelism (parallelism.context c; 1 without): how many
+  // micro-batches are split across their context group, and per (replica,
+  // lane), at index dp_rank x c + lane, the lane's predicted compute: the
+  // forward and backward times, over its stages, of the split micro-batches
+  // (the slowest lane's) and of its own whole ones.
+  uint32_t context_parallel = 1;
+  int split_micro_batches = 0;
+  std::vector<double> lane_compute_ms;
   std::vector<CandidateReport> candidates;
   // Planning time per phase, milliseconds.
   double micro_batching_ms = 0;
@@ -125,6 +136,10 @@ struct PlanReport {
     uint32_t input_len = 0;
     uint32_t target_len = 0;
     double predicted_ms = 0;
+    // Context parallelism: split across the group (input_len then is the
+    // lanes' padded local count A, rows 1), or whole on `lane`.
+    bool split = false;
+    uint32_t lane = 0;
   };
   std::vector<MicroBatchShape> micro_batch_shapes;
 };

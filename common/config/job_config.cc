@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/config/layer_layout.h"
+#include "common/config/rank_layout.h"
 #include "common/status.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -204,10 +205,12 @@ void ValidateModel(const JobConfig& config, ErrorList& errors) {
 void ValidateT5V11(const JobConfig& config, ErrorList& errors) {
   const v1::ModelConfig& m = config.model();
   if (m.kind() != v1::T5) {
-    errors.Add("model.architecture", "T5V11 is an encoder-decoder architecture: model.kind must be T5");
+    errors.Add("model.architecture",
+               "T5V11 is an encoder-decoder architecture: model.kind must be T5");
   }
   if (m.num_key_value_heads() != 0 && m.num_key_value_heads() != m.num_attention_heads()) {
-    errors.Add("model.num_key_value_heads", "grouped-query attention needs model.architecture LLAMA");
+    errors.Add("model.num_key_value_heads",
+               "grouped-query attention needs model.architecture LLAMA");
   }
   if (m.has_rope_theta()) errors.Add("model.rope_theta", "is only used by LLAMA models");
   if (m.has_rope_scaling()) errors.Add("model.rope_scaling", "is only used by LLAMA models");
@@ -410,18 +413,53 @@ void CheckTensorParallelism(const JobConfig& config, ErrorList& errors) {
   }
 }
 
+// Context parallelism (docs/configuration.md, "Context parallelism"): a
+// context group splits a micro-batch's causal self-attention keys and
+// values, which only the decoder-only models have; its lanes run one slot
+// sequence, which the interleaved schedule does not build.
+void CheckContextParallelism(const JobConfig& config, ErrorList& errors) {
+  const v1::ParallelismConfig& p = config.parallelism();
+  const uint32_t c = p.context();
+  CheckAtMost(errors, "parallelism.context", c, bounds::kMaxContext);
+  if (!v1::ContextSplitPolicy_IsValid(p.context_split()) ||
+      p.context_split() == v1::CONTEXT_SPLIT_POLICY_UNSPECIFIED) {
+    errors.Add("parallelism.context_split", "unknown value ", static_cast<int>(p.context_split()),
+               " (PER_MICRO_BATCH, ALWAYS or NEVER)");
+  }
+  if (c <= 1) return;
+  if (config.model().kind() == v1::T5) {
+    errors.Add("parallelism.context", "context parallelism (", c,
+               ") is for GPT and Llama models only (model.kind is T5): must be 1");
+  }
+  if (p.virtual_chunks() > 1) {
+    errors.Add("parallelism.context", "context parallelism (", c,
+               ") does not run with the interleaved schedule: parallelism.virtual_chunks must "
+               "be 1 (got ",
+               p.virtual_chunks(), ")");
+  }
+  if (p.sequence_parallel()) {
+    errors.Add("parallelism.context", "context parallelism (", c,
+               ") does not run with parallelism.sequence_parallel: turn one of them off");
+  }
+}
+
 void ValidateParallelism(const JobConfig& config, ErrorList& errors) {
   const v1::ParallelismConfig& p = config.parallelism();
   CheckTensorParallelism(config, errors);
+  CheckContextParallelism(config, errors);
   CheckAtMost(errors, "parallelism.pipeline", p.pipeline(), bounds::kMaxPipeline);
   CheckAtMost(errors, "parallelism.data", p.data(), bounds::kMaxData);
-  if (p.pipeline() <= bounds::kMaxPipeline && p.data() <= bounds::kMaxData) {
-    // At most 2^12 x 2^16 x 2^32: no overflow.
-    const uint64_t ranks = uint64_t{p.pipeline()} * p.data() * p.tensor();
+  if (p.pipeline() <= bounds::kMaxPipeline && p.data() <= bounds::kMaxData &&
+      p.context() <= bounds::kMaxContext) {
+    // At most 2^12 x 2^16 x 2^32, then (only when that is within 2^20)
+    // x 2^10: no overflow.
+    uint64_t ranks = uint64_t{p.pipeline()} * p.data() * p.tensor();
+    if (ranks <= bounds::kMaxWorldSize) ranks *= std::max(1u, p.context());
     if (ranks > bounds::kMaxWorldSize) {
       errors.Add("parallelism.data", "pipeline (", p.pipeline(), ") x data (", p.data(),
-                 ") x tensor (", p.tensor(), ") = ", ranks, " ranks is too many (at most ",
-                 bounds::kMaxWorldSize, ")");
+                 ") x tensor (", p.tensor(), ")",
+                 p.context() > 1 ? absl::StrCat(" x context (", p.context(), ")") : "", " = ",
+                 ranks, " ranks is too many (at most ", bounds::kMaxWorldSize, ")");
     }
   }
   const v1::ModelConfig& m = config.model();
@@ -521,7 +559,7 @@ void ValidateData(const JobConfig& config, ErrorList& errors) {
   }
   if (!v1::SyntheticMixtureKind_IsValid(d.synthetic_mixture())) {
     errors.Add("data.synthetic_mixture", "unknown value ", static_cast<int>(d.synthetic_mixture()),
-               " (FLAN_LIKE or DOCUMENTS)");
+               " (FLAN_LIKE, DOCUMENTS or LONG_TAIL)");
   }
   if (d.max_sequence_length() == 0) {
     errors.Add("data.max_sequence_length", "is required");
@@ -640,10 +678,7 @@ const std::vector<std::string>& HardwarePresetNames() {
   return *kNames;
 }
 
-int WorldSize(const JobConfig& config) {
-  return static_cast<int>(config.parallelism().pipeline() * config.parallelism().data() *
-                          config.parallelism().tensor());
-}
+int WorldSize(const JobConfig& config) { return RankLayout::Of(config.parallelism()).world_size(); }
 
 namespace {
 
@@ -747,6 +782,10 @@ void ApplyLayoutAndDataDefaults(JobConfig& config) {
   if (p.data() == 0) p.set_data(1);
   if (p.tensor() == 0) p.set_tensor(1);
   if (p.virtual_chunks() == 0) p.set_virtual_chunks(1);
+  if (p.context() == 0) p.set_context(1);
+  if (p.context_split() == v1::CONTEXT_SPLIT_POLICY_UNSPECIFIED) {
+    p.set_context_split(v1::PER_MICRO_BATCH);
+  }
 
   v1::ClusterConfig& c = *config.mutable_cluster();
   if (c.devices_per_node() == 0) c.set_devices_per_node(8);

@@ -69,7 +69,10 @@ inline constexpr uint64_t kMaxVocabSize = uint64_t{1} << 30;
 inline constexpr uint64_t kMaxPipeline = 4096;
 // parallelism.data.
 inline constexpr uint64_t kMaxData = uint64_t{1} << 16;
-// pipeline x data x tensor: 2^20 ranks, ten times the largest clusters
+// parallelism.context: a context group all-gathers keys and values in
+// every layer, so it belongs within a node (as a tensor group).
+inline constexpr uint64_t kMaxContext = 1024;
+// pipeline x data x tensor x context: 2^20 ranks, ten times the largest clusters
 // built; rank numbers stay far inside int32.
 inline constexpr uint64_t kMaxWorldSize = uint64_t{1} << 20;
 
@@ -158,7 +161,8 @@ absl::Status ValidateJobConfig(const v1::JobConfig& config, absl::string_view so
 // printed (defaults included).
 std::string JobConfigToJson(const v1::JobConfig& config);
 
-// Number of ranks the job needs: pipeline * data * tensor.
+// Number of ranks the job needs: pipeline * data * tensor * context
+// (common/config/rank_layout.h).
 int WorldSize(const v1::JobConfig& config);
 
 // Names of the analytic hardware presets accepted in cluster.hardware.

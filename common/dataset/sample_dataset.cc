@@ -10,7 +10,14 @@
 namespace varipipe {
 
 std::string SyntheticMixtureName(v1::SyntheticMixtureKind kind) {
-  return kind == v1::DOCUMENTS ? "documents" : "flan";
+  switch (kind) {
+    case v1::DOCUMENTS:
+      return "documents";
+    case v1::LONG_TAIL:
+      return "long_tail";
+    default:
+      return "flan";
+  }
 }
 
 absl::Status SampleDataset::CheckTokenIds(const TokenScanOptions& /*options*/) const {
@@ -28,9 +35,8 @@ absl::StatusOr<std::unique_ptr<SampleDataset>> OpenSampleDataset(const v1::JobCo
   const int64_t vocab = config.model().vocab_size();
   switch (d.format()) {
     case v1::SYNTHETIC:
-      return std::unique_ptr<SampleDataset>(
-          new SyntheticSampleDataset(d.seed(), d.synthetic_num_samples(), vocab,
-                                     SyntheticMixtureName(d.synthetic_mixture())));
+      return std::unique_ptr<SampleDataset>(new SyntheticSampleDataset(
+          d.seed(), d.synthetic_num_samples(), vocab, SyntheticMixtureName(d.synthetic_mixture())));
     case v1::JSONL: {
       absl::StatusOr<std::unique_ptr<JsonlSampleDataset>> jsonl =
           JsonlSampleDataset::Open(d.path(), vocab);

@@ -51,8 +51,21 @@ SyntheticMixture SyntheticMixture::Documents(uint64_t seed) {
       seed);
 }
 
+SyntheticMixture SyntheticMixture::LongTail(uint64_t seed) {
+  return SyntheticMixture(
+      {
+          {"short", 0.62, 700, 0.9, 120, 0.7},
+          {"medium", 0.28, 3000, 0.7, 250, 0.6},
+          {"long", 0.08, 12000, 0.5, 400, 0.5},
+          {"very_long", 0.02, 36000, 0.35, 600, 0.5},
+      },
+      seed);
+}
+
 SyntheticMixture SyntheticMixture::Named(const std::string& name, uint64_t seed) {
-  return name == "documents" ? Documents(seed) : Flan(seed);
+  if (name == "documents") return Documents(seed);
+  if (name == "long_tail") return LongTail(seed);
+  return Flan(seed);
 }
 
 SyntheticMixture::SyntheticMixture(std::vector<SyntheticTask> tasks, uint64_t seed)

@@ -370,12 +370,11 @@ CostValues LocalPostprocessCost(const ModelDims& d, const Hardware& hw, double t
   // The head runs on the n labelled positions only, a chunk at a time
   // (executor/model/chunked_loss_head.h; a grid point has n = b * s, as the
   // profiler measures it), over the rank's vocabulary rows V_r in chunks of
-  // c = DefaultLossChunkTokens(V_r).
+  // c = LossChunkTokens(d.loss_chunk_tokens, V_r) (the job's chunk, or the
+  // default).
   const double rows = VocabRows(d, t);
-  const double chunk =
-      std::min(n, static_cast<double>(DefaultLossChunkTokens(static_cast<int64_t>(rows))));
+  const double chunk = std::min(n, HeadLossChunkTokens(d, static_cast<uint32_t>(t)));
   const double B = d.dtype_bytes;
-  const bool cast = d.dtype_bytes < 4;   // logits computed below fp32 and cast
   const double logits = 4.0 * n * rows;  // fp32 logits, never held at once
   const double flops = 2 * n * d.hidden * rows;
   const double overhead_ms = hw.layer_overhead_us * 1e-3;
@@ -389,10 +388,10 @@ CostValues LocalPostprocessCost(const ModelDims& d, const Hardware& hw, double t
   // labelled token its gathered rows (the norm's input and the head's) and
   // kHeadTokenBytes.
   const double stored = (B * d.hidden + 8) * b * s + (2.0 * B * d.hidden + kHeadTokenBytes) * n;
-  // At the backward's peak: one chunk's logits in fp32 (and below fp32 the
-  // GEMM's output and the gradient cast back). The weight gradient's
-  // transient, as every layer's, is the model state's (fp32 gradients).
-  const double transient = chunk * rows * (4 + (cast ? 2 * B : 0));
+  // At the backward's peak: one chunk's logits (HeadChunkTransientBytes).
+  // The weight gradient's transient, as every layer's, is the model
+  // state's (fp32 gradients).
+  const double transient = HeadChunkTransientBytes(d, static_cast<uint32_t>(t), chunk);
   return {forward_ms, backward_ms, stored, stored + transient};
 }
 
@@ -606,6 +605,18 @@ CostValues AnalyticComponentCost(const ModelDims& dims, const Hardware& hw, Comp
 CostValues AnalyticHeadCost(const ModelDims& dims, const Hardware& hw, uint32_t tensor_parallel,
                             double b, double s, double labelled, const TensorLink& link) {
   return PostprocessCost(dims, hw, tensor_parallel, b, s, labelled, link);
+}
+
+double HeadLossChunkTokens(const ModelDims& d, uint32_t tensor_parallel) {
+  return static_cast<double>(LossChunkTokens(
+      d.loss_chunk_tokens, static_cast<int64_t>(VocabRows(d, std::max<uint32_t>(1, tensor_parallel)))));
+}
+
+double HeadChunkTransientBytes(const ModelDims& d, uint32_t tensor_parallel, double tokens) {
+  // fp32 logits, and below fp32 the GEMM's output and the gradient cast
+  // back.
+  const double per_logit = 4.0 + (d.dtype_bytes < 4 ? 2.0 * d.dtype_bytes : 0.0);
+  return tokens * VocabRows(d, std::max<uint32_t>(1, tensor_parallel)) * per_logit;
 }
 
 double HeadLabelledTokenBytes(const ModelDims& d) {

@@ -66,6 +66,16 @@ CostValues AnalyticHeadCost(const ModelDims& dims, const Hardware& hw, uint32_t 
 // log-sum-exp and masks.
 double HeadLabelledTokenBytes(const ModelDims& dims);
 
+// The head's token chunk on one tensor rank: LossChunkTokens
+// (common/loss_head_chunk.h) of dims.loss_chunk_tokens and the rank's
+// vocabulary rows V_r.
+double HeadLossChunkTokens(const ModelDims& dims, uint32_t tensor_parallel);
+// The head's transient while `tokens` labelled tokens' logits are alive
+// (one chunk: min(n, chunk)): tokens * V_r * (4 + 2 B below fp32) bytes
+// (fp32 logits; below fp32 also the GEMM's output and the gradient cast
+// back).
+double HeadChunkTransientBytes(const ModelDims& dims, uint32_t tensor_parallel, double tokens);
+
 // Milliseconds of one ring all-reduce of `bytes` over `t` ranks on `link`
 // (0 for one rank or a free link).
 double TensorAllReduceMs(const TensorLink& link, uint32_t t, double bytes);

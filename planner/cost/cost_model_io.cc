@@ -336,7 +336,7 @@ absl::StatusOr<CostModel> LoadCostModel(const std::string& path) {
 }
 
 absl::StatusOr<CostModel> CostModelForJob(const v1::JobConfig& config) {
-  const ModelDims dims = ModelDimsFromConfig(config.model());
+  const ModelDims dims = ModelDimsFromJob(config);
   if (!config.planner().cost_model_path().empty()) {
     absl::StatusOr<CostModel> model = LoadCostModel(config.planner().cost_model_path());
     if (!model.ok()) return Annotate(model.status(), "planner.cost_model_path");

@@ -50,6 +50,7 @@ absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipe
   layout.tensor_parallel = tensor_parallel;
   layout.virtual_chunks = virtual_chunks;
   layout.encoder_decoder = dims.encoder_decoder();
+  layout.loss_chunk_tokens = dims.loss_chunk_tokens;
   layout.encoder_layers = dims.encoder_layers;
   layout.decoder_layers = dims.encoder_decoder() ? dims.decoder_layers : 0;
   layout.tied_embedding_replica = dims.tied_embeddings && pipeline * virtual_chunks > 1;
@@ -119,7 +120,7 @@ absl::StatusOr<StageLayout> MakeStageLayout(const ModelDims& dims, uint32_t pipe
 }
 
 absl::StatusOr<StageLayout> JobStageLayout(const v1::JobConfig& config) {
-  const ModelDims dims = ModelDimsFromConfig(config.model());
+  const ModelDims dims = ModelDimsFromJob(config);
   absl::StatusOr<LayerLayout> layers = ConfiguredLayerLayout(config);
   if (!layers.ok()) return layers.status();
   return MakeStageLayout(dims, std::max(1u, config.parallelism().pipeline()),

@@ -75,6 +75,10 @@ struct StageLayout {
   uint32_t DeviceEncoderLayers(uint32_t d) const { return layers.DeviceEncoderLayers(d, devices); }
   uint32_t DeviceDecoderLayers(uint32_t d) const { return layers.DeviceDecoderLayers(d, devices); }
   bool encoder_decoder = false;
+  // The job's LM-head token chunk (ModelDims::loss_chunk_tokens; 0: the
+  // default): the micro-batch cost model prices the head's transient at it
+  // (micro_batch_cost.h).
+  uint32_t loss_chunk_tokens = 0;
   // LLAMA with tie_word_embeddings on more than one device: the last device
   // holds a replica of the embedding for its LM head (Megatron-LM's rule;
   // its gradient is summed with the first device's every iteration), which

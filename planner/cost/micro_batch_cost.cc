@@ -159,8 +159,22 @@ absl::StatusOr<MicroBatchCostModel> MicroBatchCostModel::Create(const CostModel&
     m.decoder_ = model.Grid(Component::kDecoderLayer, recompute, tensor_parallel);
   }
   m.attention_core_ = model.Grid(Component::kAttentionCore, Recompute::kNone, tensor_parallel);
+  m.encoder_none_ = model.Grid(Component::kEncoderLayer, Recompute::kNone, tensor_parallel);
+  if (layout.encoder_decoder) {
+    m.decoder_none_ = model.Grid(Component::kDecoderLayer, Recompute::kNone, tensor_parallel);
+  }
   if (model.profiled_dims().has_value()) {
-    m.head_token_bytes_ = HeadLabelledTokenBytes(*model.profiled_dims());
+    const ModelDims& dims = *model.profiled_dims();
+    m.head_token_bytes_ = HeadLabelledTokenBytes(dims);
+    // The grid's head ran with the chunk of its dims (a profile: the
+    // default; the analytic model: the job's it was built for).
+    m.grid_chunk_tokens_ = HeadLossChunkTokens(dims, m.tensor_parallel_);
+    if (layout.loss_chunk_tokens > 0) {
+      ModelDims job = dims;
+      job.loss_chunk_tokens = layout.loss_chunk_tokens;
+      m.job_chunk_tokens_ = HeadLossChunkTokens(job, m.tensor_parallel_);
+    }
+    m.chunk_token_bytes_ = HeadChunkTransientBytes(dims, m.tensor_parallel_, 1);
   }
   if (m.postprocess_ != nullptr && !m.postprocess_->three_d()) {
     // Prefix minima over the length axis of each b-axis point (kLeastHead).
@@ -183,6 +197,13 @@ absl::StatusOr<MicroBatchCostModel> MicroBatchCostModel::Create(const CostModel&
   }
   m.fused_attention_ = model.profiled_dims().has_value() &&
                        model.profiled_dims()->attention_kernel == AttentionKernel::kFused;
+  if (model.profiled_dims().has_value()) {
+    // One token of the core's output on this tensor rank: its heads' width
+    // in the compute dtype.
+    const ModelDims& dims = *model.profiled_dims();
+    m.core_output_token_bytes_ = static_cast<double>(dims.heads / m.tensor_parallel_) *
+                                 dims.kv_channels * dims.dtype_bytes;
+  }
   m.variable_length_kernel_ = m.fused_attention_ && model.profiled_dims()->dtype_bytes == 2;
   m.biased_self_attention_ = model.profiled_dims().has_value() && model.profiled_dims()->t5v11();
   m.shared_b_axis_ = true;
@@ -310,19 +331,37 @@ bool MicroBatchCostModel::Evaluate(uint32_t b, uint32_t input_len, uint32_t targ
   return PrepareRow(input_len, target_len, &row) && Evaluate(row, b, out);
 }
 
+double MicroBatchCostModel::CoreTransient(const CostValues& core, double rows, double side,
+                                          bool whole_rows) const {
+  // The grid's peak also holds the core's output and the gradient it
+  // receives, [rows, side, width] each, which belong to the layer around it
+  // (its output projection keeps the one, its backward makes the other).
+  const double own = std::max(
+      0.0, core.peak_bytes - core.stored_bytes - 2 * rows * side * core_output_token_bytes_);
+  // The rows' core recomputed by selective recomputation (explicit kernel)
+  // holds its stored bytes again while it runs backward; a sample's is
+  // re-made once the layer's backward has freed more than that (measured:
+  // component_memory_test).
+  return whole_rows && recompute_ == Recompute::kSelective && !fused_attention_
+             ? own + core.stored_bytes
+             : own;
+}
+
 bool MicroBatchCostModel::CoreDifference(uint32_t rows, double full,
                                          const std::vector<double>& lengths, bool one_launch,
-                                         CostValues* delta) const {
+                                         CoreChange* change) const {
   CostValues whole;
   if (!attention_core_->Lookup(rows, full, &whole)) return false;
   CostValues sum;
-  double area = 0;  // sum of l_i^2
+  double area = 0;     // sum of l_i^2
+  double largest = 0;  // the largest sample core's transient
   for (double l : lengths) {
     CostValues one;
     if (!attention_core_->Lookup(1, l, &one)) return false;
     sum.forward_ms += one.forward_ms;
     sum.backward_ms += one.backward_ms;
     sum.stored_bytes += one.stored_bytes;
+    largest = std::max(largest, CoreTransient(one, 1, l, false));
     area += l * l;
   }
   CostValues launch;
@@ -330,85 +369,138 @@ bool MicroBatchCostModel::CoreDifference(uint32_t rows, double full,
       attention_core_->Lookup(rows, std::sqrt(area / rows), &launch)) {
     sum.forward_ms = launch.forward_ms;
     sum.backward_ms = launch.backward_ms;
+    largest = CoreTransient(launch, rows, std::sqrt(area / rows), false);
   }
-  delta->forward_ms += sum.forward_ms - whole.forward_ms;
-  delta->backward_ms += sum.backward_ms - whole.backward_ms;
+  change->forward_ms = sum.forward_ms - whole.forward_ms;
+  change->backward_ms = sum.backward_ms - whole.backward_ms;
   // Recomputation drops what the core stores and runs its forward again.
-  const bool recomputed =
-      recompute_ == Recompute::kFull || (recompute_ == Recompute::kSelective && !fused_attention_);
-  if (recomputed) {
-    delta->backward_ms += sum.forward_ms - whole.forward_ms;
-  } else {
-    delta->stored_bytes += sum.stored_bytes - whole.stored_bytes;
-  }
+  if (RecomputesCore()) change->backward_ms += sum.forward_ms - whole.forward_ms;
+  change->stored = sum.stored_bytes - whole.stored_bytes;
+  change->whole_transient = CoreTransient(whole, rows, full, true);
+  change->sample_transient = largest;
   return true;
 }
 
+void MicroBatchCostModel::Fold(const CoreChange& core, LayerChange* layer) {
+  layer->cost.forward_ms += core.forward_ms;
+  layer->cost.backward_ms += core.backward_ms;
+  layer->stored += core.stored;
+  layer->whole_transient = std::max(layer->whole_transient, core.whole_transient);
+  layer->sample_transient = std::max(layer->sample_transient, core.sample_transient);
+}
+
+void MicroBatchCostModel::Finish(LayerChange* layer) const {
+  // Without recomputation the layer keeps the samples' cores instead of
+  // the rows'; with it, their stored bytes exist only while the backward
+  // re-runs them (PricePerSample).
+  if (!RecomputesCore()) layer->cost.stored_bytes += layer->stored;
+  // The rows' core's part of the layer's transient becomes the largest
+  // sample's (their backwards run one after another).
+  layer->transient = layer->sample_transient - layer->whole_transient;
+}
+
 bool MicroBatchCostModel::PerSampleDeltas(const PackedSamples& packed, uint32_t input_len,
-                                          uint32_t target_len, CostValues* encoder_delta,
-                                          CostValues* decoder_delta) const {
+                                          uint32_t target_len, LayerChange* encoder,
+                                          LayerChange* decoder) const {
   if (attention_core_ == nullptr || packed.rows == 0) return false;
   std::vector<double> lengths;
   for (const PackedSamples::Lengths& s : packed.samples) lengths.push_back(s.input);
   const bool one_launch_self = variable_length_kernel_ && !biased_self_attention_;
-  if (!CoreDifference(packed.rows, input_len, lengths, one_launch_self, encoder_delta)) {
-    return false;
+  // Under recomputation with the explicit kernel the layer's grid keeps
+  // the dense masks of unpacked rows (the profiler builds them in the
+  // layer's forward, as a stage does; its recomputed cores or its
+  // checkpoint keep them): bool [r, 1, s, s] for causal self-attention,
+  // the keys' [r, s] (expanded) otherwise. Packed rows' samples keep none.
+  const bool masks_kept = RecomputesCore() && !fused_attention_;
+  const double rows = packed.rows;
+  CoreChange core;
+  if (!CoreDifference(packed.rows, input_len, lengths, one_launch_self, &core)) return false;
+  Fold(core, encoder);
+  Finish(encoder);
+  if (masks_kept) {
+    encoder->cost.stored_bytes -=
+        layout_.encoder_decoder ? rows * input_len : rows * input_len * input_len;
   }
   if (layout_.encoder_decoder) {
     lengths.clear();
     for (const PackedSamples::Lengths& s : packed.samples) lengths.push_back(s.target);
-    if (!CoreDifference(packed.rows, target_len, lengths, one_launch_self, decoder_delta)) {
-      return false;
-    }
+    if (!CoreDifference(packed.rows, target_len, lengths, one_launch_self, &core)) return false;
+    Fold(core, decoder);
     // Cross-attention: t_i x s_i scores, priced as a square of that area.
     lengths.clear();
     for (const PackedSamples::Lengths& s : packed.samples) {
       lengths.push_back(std::sqrt(static_cast<double>(s.input) * s.target));
     }
     if (!CoreDifference(packed.rows, std::sqrt(static_cast<double>(input_len) * target_len),
-                        lengths, variable_length_kernel_, decoder_delta)) {
+                        lengths, variable_length_kernel_, &core)) {
       return false;
+    }
+    Fold(core, decoder);
+    Finish(decoder);
+    if (masks_kept) {
+      decoder->cost.stored_bytes -= rows * target_len * target_len + rows * input_len;
     }
   }
   return true;
 }
 
-bool MicroBatchCostModel::Faster(const CostValues& encoder_delta,
-                                 const CostValues& decoder_delta) const {
+bool MicroBatchCostModel::Faster(const LayerChange& encoder, const LayerChange& decoder) const {
   // The whole model's change: every layer of each stack.
   const double change =
-      total_encoder_layers_ * (encoder_delta.forward_ms + encoder_delta.backward_ms) +
-      total_decoder_layers_ * (decoder_delta.forward_ms + decoder_delta.backward_ms);
+      total_encoder_layers_ * (encoder.cost.forward_ms + encoder.cost.backward_ms) +
+      total_decoder_layers_ * (decoder.cost.forward_ms + decoder.cost.backward_ms);
   return change <= 0;
 }
 
 bool MicroBatchCostModel::PerSampleIsFaster(const PackedSamples& packed, uint32_t input_len,
                                             uint32_t target_len) const {
-  CostValues encoder_delta;
-  CostValues decoder_delta;
-  return PerSampleDeltas(packed, input_len, target_len, &encoder_delta, &decoder_delta) &&
-         Faster(encoder_delta, decoder_delta);
+  LayerChange encoder;
+  LayerChange decoder;
+  return PerSampleDeltas(packed, input_len, target_len, &encoder, &decoder) &&
+         Faster(encoder, decoder);
 }
 
 bool MicroBatchCostModel::PricePerSample(const PackedSamples& packed, uint32_t input_len,
                                          uint32_t target_len, CostValues* encoder,
                                          CostValues* decoder) const {
-  CostValues encoder_delta;
-  CostValues decoder_delta;
-  if (!PerSampleDeltas(packed, input_len, target_len, &encoder_delta, &decoder_delta)) {
+  LayerChange encoder_change;
+  LayerChange decoder_change;
+  if (!PerSampleDeltas(packed, input_len, target_len, &encoder_change, &decoder_change)) {
     return false;
   }
-  if (packed.only_if_faster && !Faster(encoder_delta, decoder_delta)) return false;
-  const auto apply = [](const CostValues& delta, CostValues* v) {
-    // Never below zero: the layer's other work is still done.
-    v->forward_ms = std::max(0.0, v->forward_ms + delta.forward_ms);
-    v->backward_ms = std::max(0.0, v->backward_ms + delta.backward_ms);
-    const double transient = v->peak_bytes - v->stored_bytes;
-    v->stored_bytes = std::max(0.0, v->stored_bytes + delta.stored_bytes);
-    v->peak_bytes = v->stored_bytes + transient;
+  if (packed.only_if_faster && !Faster(encoder_change, decoder_change)) return false;
+  // The layer's transient as without recomputation: the rows' core's share
+  // replaced by the largest sample's, and never below that sample's (the
+  // layer's transient need not lie in its attention: the difference is
+  // then too large).
+  const auto transient_without_recompute = [](const LayerChange& change, double transient) {
+    return std::max(change.sample_transient, transient + change.transient);
   };
-  apply(encoder_delta, encoder);
-  if (layout_.encoder_decoder) apply(decoder_delta, decoder);
+  const auto apply = [&](const LayerChange& change, const ProfileGrid* none_grid, uint32_t s,
+                         uint32_t e, CostValues* v) {
+    // Never below zero: the layer's other work is still done.
+    v->forward_ms = std::max(0.0, v->forward_ms + change.cost.forward_ms);
+    v->backward_ms = std::max(0.0, v->backward_ms + change.cost.backward_ms);
+    const double transient = v->peak_bytes - v->stored_bytes;
+    double changed = transient_without_recompute(change, transient);
+    if (recompute_ == Recompute::kFull) {
+      // The backward re-runs the layer as without recomputation: every
+      // sample's core alive at once (the stored difference), then the
+      // backward's transient of that mode, from its grid where the cost
+      // model has it.
+      CostValues none;
+      const bool found = none_grid != nullptr && none_grid->Lookup(packed.rows, s, e, &none);
+      const double none_transient = none.peak_bytes - none.stored_bytes;
+      changed = found ? transient - none_transient +
+                            transient_without_recompute(change, none_transient) + change.stored
+                      : std::max(change.sample_transient,
+                                 transient + change.transient + change.stored);
+    }
+    v->stored_bytes = std::max(0.0, v->stored_bytes + change.cost.stored_bytes);
+    v->peak_bytes = v->stored_bytes + std::max(0.0, changed);
+  };
+  apply(encoder_change, encoder_none_, input_len, 0, encoder);
+  if (layout_.encoder_decoder) apply(decoder_change, decoder_none_, target_len, input_len, decoder);
   return true;
 }
 
@@ -487,6 +579,26 @@ bool MicroBatchCostModel::LookupComponents(const Row& row, uint32_t b, Component
 
 void MicroBatchCostModel::PriceLabelled(uint32_t b, uint32_t head_len, double labelled,
                                         CostValues* head) const {
+  PriceLabelledAtGridChunk(b, head_len, labelled, head);
+  if (job_chunk_tokens_ <= 0 || job_chunk_tokens_ == grid_chunk_tokens_) return;
+  // The logits of min(n, chunk) tokens are alive at the head's peak: the
+  // job's chunk instead of the grid's.
+  const double positions = static_cast<double>(b) * head_len;
+  const auto change = [&](double n) {
+    return std::min(n, job_chunk_tokens_) - std::min(n, grid_chunk_tokens_);
+  };
+  // kLeastHead: the change is monotone in n, so its least over [0, b s]
+  // lies at 0 or at b s.
+  const double tokens =
+      labelled == kLeastHead ? std::min(0.0, change(positions))
+                             : change(labelled < 0 || labelled >= positions ? positions : labelled);
+  const double transient =
+      std::max(0.0, head->peak_bytes - head->stored_bytes + tokens * chunk_token_bytes_);
+  head->peak_bytes = head->stored_bytes + transient;
+}
+
+void MicroBatchCostModel::PriceLabelledAtGridChunk(uint32_t b, uint32_t head_len, double labelled,
+                                                   CostValues* head) const {
   const double positions = static_cast<double>(b) * head_len;
   if (labelled != kLeastHead && (labelled < 0 || labelled >= positions)) return;
   ProfileGrid::BatchPosition at;

@@ -17,10 +17,17 @@
 // decoder layer: its causal self-attention over the targets and its cross-
 // attention, whose core over t_i x s_i queries and keys is priced as a
 // square of side sqrt(t_i * s_i)). Stored bytes change by the same
-// difference; the layer's largest transient is kept (an upper bound). With
-// recomputation the core's stored part is not kept and its forward runs
-// again in the backward. Without the grid a packed row is priced as one
-// sequence of its padded length (an upper bound).
+// difference. The samples' backwards run one after another, so the layer's
+// transient loses the rows' core's share of it and gains the largest
+// sample's (CoreTransient: a core's peak less its stored bytes and its
+// output and output gradient, which are the layer's; at least that
+// sample's). With recomputation the core's stored part is not kept and its
+// forward runs again in the backward: under selective recomputation of the
+// explicit kernel a core's transient includes its re-made stored bytes,
+// under full recomputation the layer's re-run holds every sample's core at
+// once (the stored difference moves into the transient). Without the grid
+// a packed row is priced as one sequence of its padded length (an upper
+// bound).
 //
 // The postprocess (final norm, LM head and loss) runs on the labelled
 // tokens only (docs/models.md "The loss head"); its grid is measured with
@@ -33,6 +40,11 @@
 // analytic model this is AnalyticHeadCost exactly where n / b is a grid
 // length; below the grid's shortest length the point is clamped (an upper
 // bound). Callers without per-sample counts pass kEveryPosition (n = b s).
+// The head holds one chunk's logits at a time (docs/models.md, "The loss
+// head"): where the job's chunk (training.loss_chunk_tokens, carried by the
+// StageLayout) differs from the one the grid was measured with (a
+// profile's: the default), the transient changes by
+// HeadChunkTransientBytes of min(n, job chunk) - min(n, grid chunk) tokens.
 //
 // Thread safety: immutable; const methods may run concurrently. Rows are
 // caller-owned scratch objects.
@@ -270,30 +282,65 @@ class MicroBatchCostModel {
   bool LookupComponents(const Row& row, uint32_t b, Components* c) const;
   // Reprices `head`, the postprocess of `b` rows of `head_len` positions,
   // for `labelled` labelled tokens (the header's rule; kLeastHead: its
-  // least); unchanged for kEveryPosition, b * head_len or more, or an
-  // infeasible equivalent point.
+  // least), and its transient for the job's loss chunk.
   void PriceLabelled(uint32_t b, uint32_t head_len, double labelled, CostValues* head) const;
+  // The same at the grid's chunk: unchanged for kEveryPosition, b *
+  // head_len or more, or an infeasible equivalent point.
+  void PriceLabelledAtGridChunk(uint32_t b, uint32_t head_len, double labelled,
+                                CostValues* head) const;
+  // What per-sample attention changes in one layer: `cost` its times and
+  // stored bytes (peak unused), `transient` its transient (peak - stored);
+  // and the parts they are made of (Fold, Finish).
+  struct LayerChange {
+    CostValues cost;
+    double transient = 0;
+    double stored = 0;            // the cores' stored bytes, samples' less rows'
+    double whole_transient = 0;   // the rows' largest core transient
+    double sample_transient = 0;  // the samples' largest core transient
+  };
+  // One core's part of a LayerChange.
+  struct CoreChange {
+    double forward_ms = 0;   // with the recomputation's forward
+    double backward_ms = 0;
+    double stored = 0;       // the samples' cores less the rows'
+    double whole_transient = 0;
+    double sample_transient = 0;
+  };
+  // Whether the recompute mode re-runs the core in the backward instead of
+  // keeping what it stores (full; selective but for the fused kernel).
+  bool RecomputesCore() const {
+    return recompute_ == Recompute::kFull ||
+           (recompute_ == Recompute::kSelective && !fused_attention_);
+  }
+  // What one core of the grid, at `rows` rows of `side` tokens, adds to its
+  // layer's transient: its peak less its stored bytes and its output and
+  // output gradient (the layer's), plus for the rows' core (`whole_rows`)
+  // under selective recomputation of the explicit kernel its stored bytes
+  // (re-made in the backward).
+  double CoreTransient(const CostValues& core, double rows, double side, bool whole_rows) const;
   // The change per-sample attention over `packed` makes to one encoder
   // layer (GPT: layer) and one decoder layer at the padded lengths. False
   // when there is no attention-core grid or a core lookup is infeasible.
   bool PerSampleDeltas(const PackedSamples& packed, uint32_t input_len, uint32_t target_len,
-                       CostValues* encoder_delta, CostValues* decoder_delta) const;
-  // Whether the deltas shorten the whole model (every layer of each stack);
-  // ties count as faster.
-  bool Faster(const CostValues& encoder_delta, const CostValues& decoder_delta) const;
+                       LayerChange* encoder, LayerChange* decoder) const;
+  static void Fold(const CoreChange& core, LayerChange* layer);
+  void Finish(LayerChange* layer) const;
+  // Whether the changes shorten the whole model (every layer of each
+  // stack); ties count as faster.
+  bool Faster(const LayerChange& encoder, const LayerChange& decoder) const;
   // Applies PerSampleDeltas to `encoder` and `decoder`. False (nothing
   // changed) when they are unavailable, or with packed.only_if_faster when
   // per sample is slower.
   bool PricePerSample(const PackedSamples& packed, uint32_t input_len, uint32_t target_len,
                       CostValues* encoder, CostValues* decoder) const;
   // What replacing the core over `rows` rows of `full` tokens by the cores
-  // of `lengths` (one per sample) adds to a layer, under recompute_. With
-  // `one_launch` the samples' cores are one launch: its time is
-  // the core over `rows` rows of side sqrt(sum l_i^2 / rows) (the same
-  // score area, so the same FLOPs, and one launch's overhead); stored bytes
-  // are the samples' sum either way.
+  // of `lengths` (one per sample) changes in a layer, under recompute_.
+  // With `one_launch` the samples' cores are one launch: its time and
+  // transient are the core's over `rows` rows of side sqrt(sum l_i^2 /
+  // rows) (the same score area, so the same FLOPs, and one launch's
+  // overhead); stored bytes are the samples' sum either way.
   bool CoreDifference(uint32_t rows, double full, const std::vector<double>& lengths,
-                      bool one_launch, CostValues* delta) const;
+                      bool one_launch, CoreChange* change) const;
 
   StageLayout layout_;
   uint32_t total_encoder_layers_ = 0;
@@ -305,8 +352,21 @@ class MicroBatchCostModel {
   const ProfileGrid* embedding_ = nullptr;  // optional
   const ProfileGrid* postprocess_ = nullptr;
   const ProfileGrid* attention_core_ = nullptr;  // optional, RECOMPUTE_NONE
+  // The layers without recomputation (optional): a fully recomputed
+  // packed layer's backward re-runs them (PricePerSample).
+  const ProfileGrid* encoder_none_ = nullptr;
+  const ProfileGrid* decoder_none_ = nullptr;
   // HeadLabelledTokenBytes of the profiled dims; 0 without them.
   double head_token_bytes_ = 0;
+  // Bytes of one token of an attention core's output (its heads' width on
+  // this tensor rank, compute dtype); 0 without profiled dims.
+  double core_output_token_bytes_ = 0;
+  // The head's token chunk the postprocess grid was measured or computed
+  // with, the job's (StageLayout::loss_chunk_tokens; 0: the grid's), and
+  // the transient bytes of one token's logits (HeadChunkTransientBytes).
+  double grid_chunk_tokens_ = 0;
+  double job_chunk_tokens_ = 0;
+  double chunk_token_bytes_ = 0;
   // kLeastHead: at [b index * s points + s index] the least forward,
   // backward and transient of the postprocess grid's points (b, s_0..s_k)
   // (+infinity where all are infeasible).

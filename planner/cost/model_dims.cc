@@ -76,6 +76,12 @@ ModelDims ModelDimsFromConfig(const v1::ModelConfig& model) {
   return dims;
 }
 
+ModelDims ModelDimsFromJob(const v1::JobConfig& config) {
+  ModelDims dims = ModelDimsFromConfig(config.model());
+  dims.loss_chunk_tokens = config.training().loss_chunk_tokens();
+  return dims;
+}
+
 Recompute RecomputeFromProto(v1::RecomputeMode mode) {
   switch (mode) {
     case v1::RECOMPUTE_SELECTIVE:

@@ -59,6 +59,11 @@ struct ModelDims {
   // T5V11: buckets of the relative position bias (each stack's table is
   // [buckets, heads]); 0 for the other architectures.
   uint32_t relative_attention_buckets = 0;
+  // Labelled tokens per chunk of the LM head's chunked linear + cross-
+  // entropy (training.loss_chunk_tokens, common/loss_head_chunk.h); 0: the
+  // default for the head's vocabulary rows. A job setting, not the model's:
+  // only ModelDimsFromJob fills it.
+  uint32_t loss_chunk_tokens = 0;
 
   bool encoder_decoder() const { return kind == ModelKind::kT5; }
   bool megatron() const { return architecture == Architecture::kMegatron; }
@@ -92,6 +97,9 @@ struct ModelDims {
 
 // Dimensions of a validated config (defaults applied).
 ModelDims ModelDimsFromConfig(const v1::ModelConfig& model);
+// The same with the job's settings that change what the model's components
+// cost (training.loss_chunk_tokens).
+ModelDims ModelDimsFromJob(const v1::JobConfig& config);
 
 AttentionKernel AttentionKernelFromProto(v1::AttentionKernel kernel);  // unspecified: explicit
 v1::AttentionKernel AttentionKernelToProto(AttentionKernel kernel);

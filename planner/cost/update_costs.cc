@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/config/rank_layout.h"
 #include "planner/cost/hardware.h"
 
 namespace varipipe::planner {
@@ -16,12 +17,16 @@ constexpr double kSgdBytesPerParameter = 12;
 // Launching the optimizer's kernels over a stage's parameters.
 constexpr double kOptimizerFixedMs = 0.05;
 
-// The data-parallel group of pipeline device `d` spans nodes when its
-// first and last rank (d and (dp - 1) * pipeline + d) sit on different ones.
+// The gradient group of pipeline device `d` (every data-parallel replica's
+// and context lane's copy of its stages: RankLayout::DataParallelGroup)
+// spans nodes when its first and last global ranks sit on different ones.
 bool SpansNodes(const v1::JobConfig& c, uint32_t d) {
   const uint32_t per_node = std::max(1u, c.cluster().devices_per_node());
-  const uint32_t last = (c.parallelism().data() - 1) * c.parallelism().pipeline() + d;
-  return d / per_node != last / per_node;
+  const RankLayout ranks = RankLayout::Of(c.parallelism());
+  const int first = ranks.GlobalRank(ranks.Rank(0, d, 0), 0);
+  const int last =
+      ranks.GlobalRank(ranks.Rank(ranks.data - 1, d, ranks.context - 1), ranks.tensor - 1);
+  return static_cast<uint32_t>(first) / per_node != static_cast<uint32_t>(last) / per_node;
 }
 
 }  // namespace
@@ -48,7 +53,10 @@ double MeasuredAllReduceMs(const CommunicationCosts& measured, double bytes, uin
 std::vector<DeviceUpdateCost> DeviceUpdateCosts(const CostModel& model, const StageLayout& layout,
                                                 const v1::JobConfig& config) {
   const std::vector<double> parameters = ParametersPerDevice(model, layout);
-  const uint32_t dp = std::max(1u, config.parallelism().data());
+  // Gradients are reduced over data x context ranks together (context
+  // lanes hold the same layers); ZeRO-1 shards over the same group.
+  const uint32_t dp =
+      std::max(1u, config.parallelism().data()) * std::max(1u, config.parallelism().context());
   const absl::StatusOr<Hardware> hardware = HardwarePreset(config.cluster().hardware());
   const bool sgd = config.training().optimizer() == v1::SGD;
   std::vector<DeviceUpdateCost> out(parameters.size());
@@ -68,7 +76,7 @@ std::vector<DeviceUpdateCost> DeviceUpdateCosts(const CostModel& model, const St
     }
     // ZeRO stage 1: a ring reduce-scatter plus all-gather moves what the
     // ring all-reduce moves, but the optimizer updates only this rank's
-    // 1/dp shard of the parameters.
+    // 1/(data x context) shard of the parameters.
     const double updated = config.training().zero_stage() >= 1 ? parameters[d] / dp : parameters[d];
     if (model.optimizer().has_value()) {
       out[d].optimizer_ms = model.optimizer()->Ms(updated);

@@ -33,10 +33,10 @@ double RingAllReduceMs(double bytes, uint32_t ranks, const Link& link);
 double MeasuredAllReduceMs(const CommunicationCosts& measured, double bytes, uint32_t ranks);
 
 // Per pipeline device (0..layout.devices-1) of a validated config: the
-// all-reduce of its fp32 gradients over the data-parallel group (with
-// training.zero_stage 1: the reduce-scatter and all-gather, the same ring
-// volume) and its optimizer step (stage 1: over its 1/dp shard),
-// uncalibrated.
+// all-reduce of its fp32 gradients over the gradient group of data x
+// context ranks (with training.zero_stage 1: the reduce-scatter and
+// all-gather, the same ring volume) and its optimizer step (stage 1: over
+// its 1/(data x context) shard), uncalibrated.
 std::vector<DeviceUpdateCost> DeviceUpdateCosts(const CostModel& model, const StageLayout& layout,
                                                 const v1::JobConfig& config);
 

@@ -188,9 +188,9 @@ absl::StatusOr<std::vector<MicroBatchCost>> CostGroups(const MicroBatchCostModel
       slot = &it->second;
       evaluate = added;
     }
-    if (evaluate && !cost.Evaluate(static_cast<uint32_t>(group.size()), group.input_len,
-                                   group.target_len, packed ? &*packed : nullptr,
-                                   static_cast<double>(labelled), slot)) {
+    if (evaluate &&
+        !cost.Evaluate(static_cast<uint32_t>(group.size()), group.input_len, group.target_len,
+                       packed ? &*packed : nullptr, static_cast<double>(labelled), slot)) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "micro-batch %d (%d x %d%s tokens) lies beyond the cost model's grid", g, group.size(),
           group.input_len, group.target_len ? absl::StrCat("+", group.target_len) : ""));
@@ -278,7 +278,8 @@ absl::Status PrepareSamples(const CostModel& model, const StageLayout& layout,
                             const MicroBatchingOptions& o, MicroBatchingResult& result) {
   if (absl::Status s = CheckAndTruncate(o, result.samples, result.truncated); !s.ok()) return s;
   absl::StatusOr<std::vector<double>> rooms = AvailableActivationBytesPerDevice(
-      model, layout, o.zero, o.data_parallel, o.device_memory_limit_bytes);
+      model, layout, o.zero, o.data_parallel * std::max(1u, o.context_parallel),
+      o.device_memory_limit_bytes);
   if (!rooms.ok()) return rooms.status();
   const double smallest = *std::min_element(rooms->begin(), rooms->end());
   if (!o.per_device_memory) rooms->assign(rooms->size(), smallest);
@@ -561,12 +562,13 @@ absl::StatusOr<StageLayout> LayoutOf(const MicroBatchingOptions& o) {
 MicroBatchingOptions MicroBatchingOptionsFromConfig(const v1::JobConfig& config,
                                                     PartitionMethod method) {
   MicroBatchingOptions o;
-  o.dims = ModelDimsFromConfig(config.model());
+  o.dims = ModelDimsFromJob(config);
   if (absl::StatusOr<StageLayout> job = JobStageLayout(config); job.ok()) o.layers = job->layers;
   o.pipeline = config.parallelism().pipeline();
   o.virtual_chunks = config.parallelism().virtual_chunks();
   o.data_parallel = config.parallelism().data();
   o.tensor_parallel = config.parallelism().tensor();
+  o.context_parallel = std::max(1u, config.parallelism().context());
   // Validation admits stages 0 and 1 (common/config/job_config.cc).
   o.zero = static_cast<ZeroStage>(std::min(config.training().zero_stage(), 3u));
   o.device_memory_limit_bytes =

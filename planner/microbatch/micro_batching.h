@@ -54,6 +54,9 @@ struct MicroBatchingOptions {
   LayerLayout layers;
   uint32_t data_parallel = 1;
   uint32_t tensor_parallel = 1;
+  // parallelism.context: ZeRO stage 1 shards optimizer state over data x
+  // context ranks (the gradient group).
+  uint32_t context_parallel = 1;
   ZeroStage zero = ZeroStage::k0;
   double device_memory_limit_bytes = 0;
   std::vector<Recompute> recompute_modes = {Recompute::kNone, Recompute::kSelective,

@@ -1,5 +1,6 @@
 #include "planner/plan/plan_builder.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <utility>
@@ -27,8 +28,8 @@ v1::TensorSpec Spec(std::initializer_list<int64_t> dims, v1::DType dtype) {
 class RankPlanBuilder {
  public:
   RankPlanBuilder(const PlanBuildOptions& o, const ReplicaPlan& replica, uint32_t dp_rank,
-                  uint32_t device)
-      : o_(o), replica_(replica), dp_rank_(dp_rank), device_(device) {}
+                  uint32_t device, uint32_t lane)
+      : o_(o), replica_(replica), dp_rank_(dp_rank), device_(device), lane_(lane) {}
 
   absl::StatusOr<v1::ExecutionPlan> Build() {
     SetHeader();
@@ -55,6 +56,10 @@ class RankPlanBuilder {
     plan_.set_rank(RankOf(device_));
     plan_.set_dp_rank(static_cast<int32_t>(dp_rank_));
     plan_.set_pp_rank(static_cast<int32_t>(device_));
+    if (o_.context > 1) {
+      plan_.set_context_parallel(o_.context);
+      plan_.set_context_rank(lane_);
+    }
     for (uint32_t c = 0; c < replica_.shape.chunks; ++c) {
       plan_.add_stages(replica_.shape.Stage(device_, c));
     }
@@ -85,6 +90,10 @@ class RankPlanBuilder {
       for (uint32_t n : mb.target_lens) out->add_sample_target_lens(n);
       for (uint32_t n : mb.input_offsets) out->add_sample_input_offsets(n);
       for (uint32_t n : mb.target_offsets) out->add_sample_target_offsets(n);
+      if (o_.context > 1) {
+        out->mutable_context()->set_split(mb.context_split);
+        out->mutable_context()->set_lane(mb.context_split ? 0 : mb.context_lane);
+      }
     }
   }
 
@@ -140,8 +149,11 @@ class RankPlanBuilder {
     return absl::OkStatus();
   }
 
-  RankLayout Ranks() const { return {.pipeline = o_.pipeline, .data = o_.data_parallel}; }
-  int32_t RankOf(uint32_t device) const { return Ranks().Rank(dp_rank_, device); }
+  RankLayout Ranks() const {
+    return {.pipeline = o_.pipeline, .data = o_.data_parallel, .context = std::max(1u, o_.context)};
+  }
+  // The plan rank of `device` of this lane.
+  int32_t RankOf(uint32_t device) const { return Ranks().Rank(dp_rank_, device, lane_); }
   uint32_t Stages() const { return replica_.shape.stages(); }
   bool IsDecoder(uint32_t stage) const { return o_.encoder_decoder && stage >= o_.encoder_stages; }
 
@@ -352,6 +364,7 @@ class RankPlanBuilder {
   const ReplicaPlan& replica_;
   const uint32_t dp_rank_;
   const uint32_t device_;
+  const uint32_t lane_;
   v1::ExecutionPlan plan_;
   uint32_t next_buffer_ = 0;
   std::map<StageKey, std::vector<uint32_t>> forward_outputs_;
@@ -368,9 +381,11 @@ class RankPlanBuilder {
 
 absl::StatusOr<std::vector<v1::ExecutionPlan>> BuildExecutionPlans(
     const PlanBuildOptions& options, const std::vector<ReplicaPlan>& replicas, int threads) {
-  if (replicas.size() != options.data_parallel) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "plan builder: ", replicas.size(), " replicas for data parallel ", options.data_parallel));
+  const uint32_t lanes = std::max(1u, options.context);
+  if (replicas.size() != size_t{options.data_parallel} * lanes) {
+    return absl::InvalidArgumentError(absl::StrCat("plan builder: ", replicas.size(),
+                                                   " replicas for data parallel ",
+                                                   options.data_parallel, " x context ", lanes));
   }
   for (uint32_t r = 0; r < replicas.size(); ++r) {
     const ReplicaPlan& replica = replicas[r];
@@ -382,12 +397,15 @@ absl::StatusOr<std::vector<v1::ExecutionPlan>> BuildExecutionPlans(
     }
   }
   // One slot per rank: the result does not depend on `threads`.
-  const size_t ranks = replicas.size() * static_cast<size_t>(options.pipeline);
+  const RankLayout layout{
+      .pipeline = options.pipeline, .data = options.data_parallel, .context = lanes};
+  const size_t ranks = static_cast<size_t>(layout.plan_ranks());
   std::vector<absl::StatusOr<v1::ExecutionPlan>> built(ranks, absl::UnknownError("not built"));
   ParallelFor(ranks, threads, [&](size_t rank) {
-    const uint32_t r = static_cast<uint32_t>(rank / options.pipeline);
-    const uint32_t d = static_cast<uint32_t>(rank % options.pipeline);
-    RankPlanBuilder builder(options, replicas[r], r, d);
+    const uint32_t r = layout.DpRank(static_cast<int>(rank));
+    const uint32_t d = layout.PpRank(static_cast<int>(rank));
+    const uint32_t k = layout.ContextRank(static_cast<int>(rank));
+    RankPlanBuilder builder(options, replicas[size_t{r} * lanes + k], r, d, k);
     built[rank] = builder.Build();
   });
   std::vector<v1::ExecutionPlan> plans;

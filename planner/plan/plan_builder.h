@@ -57,8 +57,17 @@ struct PlannedMicroBatch {
   // rule (backward_split.h): a split backward's B reports the rest, its W
   // this (WeightGradPass.profiled_ms).
   std::vector<double> profiled_weight_ms;
+  // Context parallelism (PlanBuildOptions::context > 1): MicroBatch.context.
+  // A split micro-batch is laid out as the contract says (one row holding
+  // the samples back to back, row_starts {0}, input_len the lanes' padded
+  // local count A, target_len 0), so its tensors are [1, A, ...].
+  bool context_split = false;
+  uint32_t context_lane = 0;
 };
 
+// One pipeline replica, or with context parallelism one lane of a
+// replica's context groups: micro_batches are then all the group's (every
+// lane lists them), comm the lane's own programs.
 struct ReplicaPlan {
   PipelineShape shape;                           // micro_batches == micro_batches.size()
   std::vector<PlannedMicroBatch> micro_batches;  // index = MicroBatch.id
@@ -70,6 +79,8 @@ struct PlanBuildOptions {
   uint64_t iteration = 0;
   uint32_t pipeline = 1;
   uint32_t data_parallel = 1;
+  // Context-parallel degree c (lanes per context group).
+  uint32_t context = 1;
   bool encoder_decoder = false;
   // T5: stages [0, encoder_stages) are encoder stages.
   uint32_t encoder_stages = 0;
@@ -92,13 +103,18 @@ struct PlanBuildOptions {
   std::vector<double> predicted_optimizer_ms;
   std::vector<double> profiled_all_reduce_ms;
   std::vector<double> profiled_optimizer_ms;
-  // Per global rank: the simulated activation peak (ExecutionPlan field).
+  // Per plan rank: the simulated activation peak (ExecutionPlan field).
   std::vector<double> predicted_activation_peak_bytes;
 };
 
-// One plan per rank, in rank order, ranks built on up to `threads` threads
-// (the result does not depend on it). REQUIRES: replicas.size() ==
-// data_parallel, each with `pipeline` devices.
+// One plan per plan rank (common/config/rank_layout.h), in rank order,
+// ranks built on up to `threads` threads (the result does not depend on
+// it). REQUIRES: replicas.size() == data_parallel x context, replica r's
+// lane k at index r x context + k, each with `pipeline` devices. With
+// context > 1 every plan records context_parallel and its context_rank,
+// every micro-batch its ContextPlacement; transfers name the plan ranks of
+// the same lane; AllReduceGradients names the data-parallel and
+// context-parallel ranks of the pipeline rank.
 absl::StatusOr<std::vector<v1::ExecutionPlan>> BuildExecutionPlans(
     const PlanBuildOptions& options, const std::vector<ReplicaPlan>& replicas, int threads = 1);
 

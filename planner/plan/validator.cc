@@ -4,6 +4,8 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -68,8 +70,24 @@ class RankChecker {
   }
 
  private:
+  // With context parallelism, the micro-batches this lane runs: the split
+  // ones and its own whole ones.
+  bool Runs(uint32_t mb) const {
+    if (plan_.context_parallel() <= 1) return true;
+    if (static_cast<int>(mb) >= plan_.micro_batches_size()) return true;  // the contract's check
+    const v1::ContextPlacement& c = plan_.micro_batches(static_cast<int>(mb)).context();
+    return c.split() || c.lane() == plan_.context_rank();
+  }
+
   absl::Status Compute(int i, const v1::Instruction& in) {
     const std::pair<uint32_t, uint32_t> key{in.stage(), in.micro_batch()};
+    if (!Runs(in.micro_batch())) {
+      return Fail(
+          rank_, i, plan_,
+          absl::StrCat("micro-batch ", in.micro_batch(), " runs whole on lane ",
+                       plan_.micro_batches(static_cast<int>(in.micro_batch())).context().lane(),
+                       ", not on this lane (", plan_.context_rank(), ")"));
+    }
     if (in.op_case() == v1::Instruction::kForward) {
       if (!stages_.count(in.stage())) {
         return Fail(rank_, i, plan_, "forward of a stage the rank does not hold");
@@ -122,6 +140,7 @@ class RankChecker {
   absl::Status Finish() const {
     for (uint32_t stage : stages_) {
       for (int m = 0; m < plan_.micro_batches_size(); ++m) {
+        if (!Runs(static_cast<uint32_t>(m))) continue;
         const std::pair<uint32_t, uint32_t> key{stage, static_cast<uint32_t>(m)};
         if (!forwards_.count(key) || !backwards_.count(key)) {
           return Fail(
@@ -185,14 +204,36 @@ class ChannelReplay {
     return in.op_case() == v1::Instruction::kSendStart ? in.send_start() : in.recv_start();
   }
 
-  // Runs rank r until it blocks on a Wait or ends; true when it moved.
+  // The forward or backward of a split micro-batch: a collective of the
+  // rank's context group (the attention's all-gather, its backward's
+  // reduce-scatter), which every lane of the group must reach.
+  static bool IsSplitPass(const v1::ExecutionPlan& plan, const v1::Instruction& in) {
+    if (plan.context_parallel() <= 1) return false;
+    if (in.op_case() != v1::Instruction::kForward && in.op_case() != v1::Instruction::kBackward) {
+      return false;
+    }
+    const int mb = static_cast<int>(in.micro_batch());
+    return mb < plan.micro_batches_size() && plan.micro_batches(mb).context().split();
+  }
+
+  // Runs rank r until it blocks on a Wait or a split pass the rest of its
+  // context group has not reached, or ends; true when it moved.
   absl::StatusOr<bool> Advance(int r) {
     const v1::ExecutionPlan& plan = plans_[r];
     bool progress = false;
     while (pc_[r] < plan.instructions_size()) {
       const v1::Instruction& in = plan.instructions(pc_[r]);
       const auto op = in.op_case();
-      if (op == v1::Instruction::kSendStart || op == v1::Instruction::kRecvStart) {
+      if (IsSplitPass(plan, in)) {
+        const CollectiveKey key{plan.dp_rank(), plan.pp_rank(), static_cast<int>(op), in.stage(),
+                                in.micro_batch()};
+        if (arrived_at_[r] != pc_[r]) {
+          arrived_at_[r] = pc_[r];
+          ++arrivals_[key];
+          progress = true;
+        }
+        if (arrivals_[key] < static_cast<int>(plan.context_parallel())) break;  // blocked
+      } else if (op == v1::Instruction::kSendStart || op == v1::Instruction::kRecvStart) {
         const Pair p = PairOf(r, StartOf(in).peer());
         std::vector<Started>& mine = side_[r == p.first ? 0 : 1][p];
         position_[{r, pc_[r]}] = static_cast<int>(mine.size());
@@ -250,17 +291,25 @@ class ChannelReplay {
     for (int r : ranks_) {
       if (pc_[r] >= plans_[r].instructions_size()) continue;
       if (first < 0) first = r;
-      stuck.push_back(absl::StrCat("rank ", r, " at instruction ", pc_[r], " (",
-                                   FormatInstruction(plans_[r].instructions(pc_[r])), ")"));
+      const v1::Instruction& in = plans_[r].instructions(pc_[r]);
+      stuck.push_back(absl::StrCat(
+          "rank ", r, " at instruction ", pc_[r], " (", FormatInstruction(in), ")",
+          IsSplitPass(plans_[r], in) ? " waiting for its context group's other lanes" : ""));
     }
     return Fail(first, pc_[first], plans_[first],
                 absl::StrCat("deadlock: ", absl::StrJoin(stuck, "; ")));
   }
 
+  // (dp rank, pp rank, op, stage, micro-batch) of a split pass.
+  using CollectiveKey = std::tuple<int, int, int, uint32_t, uint32_t>;
+
   std::span<const v1::ExecutionPlan> plans_;
   const std::vector<std::vector<int>>& start_of_wait_;
   std::span<const int> ranks_;
   std::vector<int> pc_;
+  // Per rank: the instruction at which it last arrived at a split pass.
+  std::vector<int> arrived_at_ = std::vector<int>(plans_.size(), -1);
+  std::map<CollectiveKey, int> arrivals_;  // lanes arrived at each split pass
   // Per unordered pair: the transfers each side started, in order.
   std::map<Pair, std::vector<Started>> side_[2];
   std::map<Pair, int> completed_;  // transfers completed on the pair
@@ -297,6 +346,17 @@ std::vector<std::vector<int>> TransferGroups(std::span<const v1::ExecutionPlan> 
       parent[std::max(a, b)] = std::min(a, b);
     }
   }
+  // A context group's lanes meet in every split pass: one replay.
+  std::map<std::pair<int, int>, int> first_lane;  // (dp rank, pp rank) -> rank
+  for (int r = 0; r < n; ++r) {
+    if (plans[r].context_parallel() <= 1) continue;
+    const auto [it, added] =
+        first_lane.emplace(std::make_pair(plans[r].dp_rank(), plans[r].pp_rank()), r);
+    if (added) continue;
+    const int a = find(r);
+    const int b = find(it->second);
+    parent[std::max(a, b)] = std::min(a, b);
+  }
   std::vector<std::vector<int>> groups;
   std::vector<int> group_of(n, -1);
   for (int r = 0; r < n; ++r) {
@@ -308,6 +368,64 @@ std::vector<std::vector<int>> TransferGroups(std::span<const v1::ExecutionPlan> 
     groups[group_of[root]].push_back(r);
   }
   return groups;
+}
+
+// Context parallelism: every lane of a context group runs the split
+// micro-batches' forwards and backwards in the same order (per stage, and
+// so over the rank's stages), which the split's collectives need. Names
+// the first lane and instruction that differ from the group's lowest lane.
+absl::Status CheckSplitOrder(std::span<const v1::ExecutionPlan> plans) {
+  struct Pass {
+    int op;
+    uint32_t stage;
+    uint32_t micro_batch;
+    int instruction;
+    bool operator==(const Pass& o) const {
+      return op == o.op && stage == o.stage && micro_batch == o.micro_batch;
+    }
+  };
+  const auto split_passes = [](const v1::ExecutionPlan& plan) {
+    std::vector<Pass> passes;
+    for (int i = 0; i < plan.instructions_size(); ++i) {
+      const v1::Instruction& in = plan.instructions(i);
+      if (in.op_case() != v1::Instruction::kForward && in.op_case() != v1::Instruction::kBackward) {
+        continue;
+      }
+      const int mb = static_cast<int>(in.micro_batch());
+      if (mb >= plan.micro_batches_size() || !plan.micro_batches(mb).context().split()) continue;
+      passes.push_back({static_cast<int>(in.op_case()), in.stage(), in.micro_batch(), i});
+    }
+    return passes;
+  };
+  const auto describe = [](const std::vector<Pass>& passes, size_t k) {
+    if (k >= passes.size()) return std::string("nothing");
+    const Pass& p = passes[k];
+    return absl::StrCat(p.op == v1::Instruction::kForward ? "forward" : "backward", " of stage ",
+                        p.stage, " micro-batch ", p.micro_batch);
+  };
+  std::map<std::pair<int, int>, int> first_lane;  // (dp rank, pp rank) -> rank
+  std::map<int, std::vector<Pass>> passes_of;     // first lanes' passes
+  for (int r = 0; r < static_cast<int>(plans.size()); ++r) {
+    const v1::ExecutionPlan& plan = plans[r];
+    if (plan.context_parallel() <= 1) continue;
+    const auto [it, added] = first_lane.emplace(std::make_pair(plan.dp_rank(), plan.pp_rank()), r);
+    std::vector<Pass> mine = split_passes(plan);
+    if (added) {
+      passes_of[r] = std::move(mine);
+      continue;
+    }
+    const std::vector<Pass>& theirs = passes_of[it->second];
+    for (size_t k = 0; k < std::max(mine.size(), theirs.size()); ++k) {
+      if (k < mine.size() && k < theirs.size() && mine[k] == theirs[k]) continue;
+      const int at = k < mine.size() ? mine[k].instruction : plan.instructions_size() - 1;
+      return Fail(r, std::max(0, at), plan,
+                  absl::StrCat("split micro-batches out of order in the context group: its ", k + 1,
+                               "th split pass is the ", describe(mine, k), ", rank ", it->second,
+                               "'s (lane ", plans[it->second].context_rank(), ") the ",
+                               describe(theirs, k)));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckPeaks(std::span<const double> peak_bytes, std::span<const double> limit_bytes) {
@@ -363,6 +481,7 @@ absl::Status ValidatePlans(std::span<const v1::ExecutionPlan> plans,
   for (const absl::Status& s : rank_status) {
     if (!s.ok()) return s;
   }
+  if (absl::Status s = CheckSplitOrder(plans); !s.ok()) return s;
   const std::vector<std::vector<int>> groups = TransferGroups(plans);
   std::vector<absl::Status> group_status(groups.size());
   ParallelFor(groups.size(), threads, [&](size_t g) {

@@ -13,13 +13,19 @@
 //      weight_grad_deferred has exactly one weight_grad of the same stage
 //      and micro-batch after it, before any all_reduce or optimizer_step;
 //      no other weight_grad exists.
+//      With context parallelism (ExecutionPlan.context_parallel > 1) a
+//      lane computes exactly the split micro-batches and the whole ones on
+//      its lane (ContextPlacement), and every lane of a context group runs
+//      the split micro-batches' forwards and backwards in the same order.
 //   3. Deadlock freedom under the executor's semantics: each pair of ranks
 //      has one ordered channel; the k-th transfer a rank starts on it pairs
 //      with the peer's k-th, which must be the opposite direction with the
 //      same kind, shapes and dtype; a transfer completes when both sides
 //      have started it and every earlier transfer on the channel has
 //      completed; Starts never block, a Wait blocks until its transfer has
-//      completed. Every rank must reach its end.
+//      completed; a split micro-batch's forward or backward (its attention's
+//      collectives) blocks until every lane of the context group has
+//      reached it. Every rank must reach its end.
 //   4. Memory: the predicted peak of every rank is within the limit; given
 //      the planner's costs, each rank's plan is also replayed on its own
 //      (memory_replay.h) and its replayed peak must be within the limit.

@@ -41,14 +41,18 @@
 namespace varipipe::planner {
 
 // Where the pipeline's devices sit: device d is global device
-// first_device + d; devices_per_node consecutive global devices share a node.
+// first_device + d * stride (stride c: lane of a context group of c,
+// common/config/rank_layout.h); devices_per_node consecutive global devices
+// share a node.
 struct ClusterNetwork {
   uint32_t devices_per_node = 8;
   uint32_t first_device = 0;
   Link intra_node;
   Link inter_node;
+  uint32_t stride = 1;
   const Link& Between(uint32_t a, uint32_t b) const {
-    return (first_device + a) / devices_per_node == (first_device + b) / devices_per_node
+    return (first_device + a * stride) / devices_per_node ==
+                   (first_device + b * stride) / devices_per_node
                ? intra_node
                : inter_node;
   }
@@ -101,6 +105,44 @@ struct SimulationResult {
 SimulationResult Simulate(const PipelineShape& shape, const DeviceOrder& order,
                           const StageCostTable& costs, const ClusterNetwork& network,
                           double makespan_limit_ms = std::numeric_limits<double>::infinity());
+
+// Context parallelism: the c lanes of one context group's pipeline
+// (docs/microbatching.md, "Context parallelism"). Every lane is a pipeline
+// of shape.devices devices over the group's micro-batches (ids dense over
+// the group, shape.micro_batches of them); a lane's order holds only the
+// micro-batches it runs: the split ones, which every lane's order holds,
+// and its own whole ones. Each lane is replayed as Simulate replays one
+// pipeline (its transfers stay within the lane, on its own channels), except
+// that a split micro-batch's forward or backward on a stage (its
+// attention's all-gather or reduce-scatter) runs on every lane's device of
+// that stage together: it starts at the latest of their own start times
+// (each lane's device free and its input there) and lasts each lane's cost.
+// A split micro-batch's W is each lane's own.
+struct LanePipelines {
+  PipelineShape shape;
+  std::vector<DeviceOrder> orders;       // per lane
+  std::vector<StageCostTable> costs;     // per lane: [stage][micro-batch of the group]
+  std::vector<bool> split;               // per micro-batch of the group
+  std::vector<ClusterNetwork> networks;  // per lane (one: every lane's)
+};
+
+struct LaneSimulationResult {
+  bool completed = false;
+  bool exceeded = false;
+  std::string deadlock;    // names the lane and device of every stuck op
+  double makespan_ms = 0;  // the slowest lane's
+  // Per lane: its timeline (ops and transfers on its devices 0 ..
+  // shape.devices - 1), busy time, bubbles (against the group's makespan)
+  // and activation peaks.
+  std::vector<SimulationResult> lanes;
+};
+
+// REQUIRES: one order and one cost table per lane; each lane's order runs
+// forward and backward of each of its micro-batches once on every stage;
+// a split micro-batch is on every lane. `makespan_limit_ms` as Simulate's.
+// With one lane and no split micro-batch, lanes[0] equals Simulate's result.
+LaneSimulationResult SimulateLanes(
+    const LanePipelines& lanes, double makespan_limit_ms = std::numeric_limits<double>::infinity());
 
 // The relative margin by which a device's certain end must exceed a
 // makespan limit before a search gives up on an order (Simulate,

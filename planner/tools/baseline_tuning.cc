@@ -118,9 +118,9 @@ std::string Setting::RecomputeName() const {
 absl::StatusOr<EvaluationJob> LoadEvaluationJob(const std::string& config_path,
                                                 const std::string& mixture,
                                                 const std::string& cost_model) {
-  if (mixture != "flan" && mixture != "documents") {
+  if (mixture != "flan" && mixture != "documents" && mixture != "long_tail") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--mixture: '", mixture, "' is neither 'flan' nor 'documents'"));
+        absl::StrCat("--mixture: '", mixture, "' is none of 'flan', 'documents' and 'long_tail'"));
   }
   absl::StatusOr<v1::JobConfig> loaded = LoadJobConfigFile(config_path);
   if (!loaded.ok()) return loaded.status();
@@ -131,7 +131,9 @@ absl::StatusOr<EvaluationJob> LoadEvaluationJob(const std::string& config_path,
   data.clear_path();
   data.clear_target_path();
   data.set_synthetic_num_samples(kSyntheticSamples);
-  data.set_synthetic_mixture(mixture == "documents" ? v1::DOCUMENTS : v1::FLAN_LIKE);
+  data.set_synthetic_mixture(mixture == "documents"   ? v1::DOCUMENTS
+                             : mixture == "long_tail" ? v1::LONG_TAIL
+                                                      : v1::FLAN_LIKE);
   job.config.mutable_planner()->set_threads(1);
   job.config.mutable_planner()->set_cost_model_path(cost_model);
   job.cost_model_path = cost_model;
@@ -173,8 +175,10 @@ absl::StatusOr<EvaluationJob> WithLimits(const EvaluationJob& job, uint32_t max_
 
 std::vector<planner::MiniBatch> MiniBatches(const EvaluationJob& job, int n) {
   const v1::DataConfig& data = job.config.data();
-  const SyntheticMixture mixture =
-      SyntheticMixture::Named(SyntheticMixtureName(data.synthetic_mixture()), data.seed());
+  const SyntheticMixture mixture = SyntheticMixture::Named(
+      data.synthetic_mixture() == v1::LONG_TAIL ? "long_tail"
+                                                : SyntheticMixtureName(data.synthetic_mixture()),
+      data.seed());
   std::vector<SampleLengths> lengths;
   lengths.reserve(data.synthetic_num_samples());
   for (uint64_t i = 0; i < data.synthetic_num_samples(); ++i) lengths.push_back(mixture.Sample(i));

@@ -36,13 +36,13 @@ struct EvaluationJob {
   v1::JobConfig config;
   planner::CostModel cost_model;
   std::string model_name;       // e.g. "GPT 32 layers h4096 pp4 dp2"
-  std::string mixture_name;     // "flan" or "documents"
+  std::string mixture_name;     // "flan", "documents" or "long_tail"
   std::string cost_model_name;  // the cost model's description
   std::string cost_model_path;  // empty: analytic
 };
 
-// Loads `config_path`, replaces its data by the synthetic `mixture` ("flan"
-// or "documents"; 200,000 samples) and builds its cost model (`cost_model`
+// Loads `config_path`, replaces its data by the synthetic `mixture` ("flan",
+// "documents" or "long_tail"; 200,000 samples) and builds its cost model (`cost_model`
 // when not empty). InvalidArgument names the file or flag.
 absl::StatusOr<EvaluationJob> LoadEvaluationJob(const std::string& config_path,
                                                 const std::string& mixture,

@@ -37,7 +37,8 @@ ABSL_FLAG(std::string, experiment, "throughput",
 ABSL_FLAG(std::string, config, "",
           "Job config (JSON): model, parallelism, cluster and global batch tokens. Its data "
           "section is replaced by the synthetic --mixture.");
-ABSL_FLAG(std::string, mixture, "flan", "Synthetic length mixture: flan or documents.");
+ABSL_FLAG(std::string, mixture, "flan",
+          "Synthetic length mixture: flan, documents or long_tail (docs/datasets.md).");
 ABSL_FLAG(std::string, max_lengths, "512,1024,2048,4096,8192",
           "Maximum sequence lengths (comma-separated). T5 targets: a quarter of each.");
 ABSL_FLAG(std::string, memory_mib, "",
@@ -56,7 +57,7 @@ constexpr char kUsage[] =
     "Evaluates the planner in simulation and prints CSV (deploy/evaluate.sh drives it).\n"
     "\n"
     "Usage: varipipe-evaluate --experiment throughput|planning|trace --config job.json\n"
-    "                         [--mixture flan|documents] [--max_lengths 512,...]\n"
+    "                         [--mixture flan|documents|long_tail] [--max_lengths 512,...]\n"
     "                         [--memory_mib 40960,...] [--mini_batches N] [--cost_model F]\n"
     "       varipipe-evaluate --experiment schedules [--trials N]\n"
     "\n"

@@ -37,13 +37,17 @@ std::string OneLineReason(const absl::Status& status) {
 // The base config with `layout`; the stage layout goes back to the even
 // split (a listed one belongs to another pipeline degree).
 v1::JobConfig WithLayout(const v1::JobConfig& base, const ParallelismLayout& layout,
-                         bool sequence_parallel) {
+                         bool sequence_parallel, v1::ContextSplitPolicy policy) {
   v1::JobConfig config = base;
   v1::ParallelismConfig& p = *config.mutable_parallelism();
   p.set_tensor(layout.tensor);
   p.set_pipeline(layout.pipeline);
   p.set_data(layout.data);
-  p.set_sequence_parallel(sequence_parallel && layout.tensor > 1);
+  p.set_context(layout.context);
+  p.set_context_split(layout.context > 1 ? policy : v1::PER_MICRO_BATCH);
+  // Context parallelism does not run with sequence parallelism (config
+  // validation refuses the pair).
+  p.set_sequence_parallel(sequence_parallel && layout.tensor > 1 && layout.context == 1);
   p.set_virtual_chunks(1);
   p.clear_stage_layout();
   return config;
@@ -62,17 +66,25 @@ std::string MostCommon(const std::map<std::string, int>& counts) {
   return best;
 }
 
-ParallelismCandidate Evaluate(const v1::JobConfig& base, const std::vector<MiniBatch>& sample,
-                              const ParallelismLayout& layout, uint32_t gpus_per_node,
-                              bool sequence_parallel) {
-  ParallelismCandidate c{.layout = layout};
-  if (layout.tensor > gpus_per_node) {
-    c.reason =
-        absl::StrCat("its tensor groups of ", layout.tensor, " span nodes of ", gpus_per_node,
-                     " GPUs: every layer's all-reduces would cross the inter-node link");
-    return c;
+// Micro-batches of one plan's groups, and those split (counted once per
+// context group: on its lane 0 of pipeline rank 0).
+void CountSplit(const PlanningResult& result, int* split, int* all) {
+  for (const v1::ExecutionPlan& plan : result.plans) {
+    if (plan.pp_rank() != 0 || plan.context_rank() != 0) continue;
+    for (const v1::MicroBatch& mb : plan.micro_batches()) {
+      ++*all;
+      if (mb.context().split()) ++*split;
+    }
   }
-  v1::JobConfig config = WithLayout(base, layout, sequence_parallel);
+}
+
+// The layout planned on the sample with the base config's search.
+ParallelismCandidate Plan(const v1::JobConfig& base, const std::vector<MiniBatch>& sample,
+                          const ParallelismLayout& layout, bool sequence_parallel,
+                          v1::ContextSplitPolicy policy) {
+  ParallelismCandidate c;
+  c.layout = layout;
+  v1::JobConfig config = WithLayout(base, layout, sequence_parallel, policy);
   if (absl::Status valid = ValidateJobConfig(config, "layout"); !valid.ok()) {
     c.reason = OneLineReason(valid);
     return c;
@@ -98,6 +110,7 @@ ParallelismCandidate Evaluate(const v1::JobConfig& base, const std::vector<MiniB
       c.peak_activation_bytes = std::max(c.peak_activation_bytes, peak);
     ++schedules[r.schedule];
     ++recomputes[r.recompute];
+    if (layout.context > 1) CountSplit(*result, &c.split_micro_batches, &c.micro_batches);
   }
   const double n = static_cast<double>(std::max<size_t>(1, sample.size()));
   c.iteration_ms /= n;
@@ -109,9 +122,41 @@ ParallelismCandidate Evaluate(const v1::JobConfig& base, const std::vector<MiniB
   return c;
 }
 
+ParallelismCandidate Evaluate(const v1::JobConfig& base, const std::vector<MiniBatch>& sample,
+                              const ParallelismLayout& layout, uint32_t gpus_per_node,
+                              bool sequence_parallel) {
+  if (layout.tensor > gpus_per_node) {
+    ParallelismCandidate c;
+    c.layout = layout;
+    c.reason =
+        absl::StrCat("its tensor groups of ", layout.tensor, " span nodes of ", gpus_per_node,
+                     " GPUs: every layer's all-reduces would cross the inter-node link");
+    return c;
+  }
+  if (layout.context * layout.tensor > gpus_per_node) {
+    ParallelismCandidate c;
+    c.layout = layout;
+    c.reason = absl::StrCat("its context groups of ", layout.context, " x ", layout.tensor,
+                            " GPUs span nodes of ", gpus_per_node,
+                            " GPUs: every layer's key/value all-gather would cross the "
+                            "inter-node link");
+    return c;
+  }
+  ParallelismCandidate c = Plan(base, sample, layout, sequence_parallel, v1::PER_MICRO_BATCH);
+  if (layout.context > 1) {
+    // Static context parallelism on the same layout, as the peers run it.
+    const ParallelismCandidate always = Plan(base, sample, layout, sequence_parallel, v1::ALWAYS);
+    c.static_feasible = always.feasible;
+    c.static_reason = always.reason;
+    c.static_tokens_per_second = always.tokens_per_second;
+  }
+  return c;
+}
+
 }  // namespace
 
 std::string ParallelismLayout::ToString() const {
+  if (context > 1) return absl::StrCat("t", tensor, " c", context, " p", pipeline, " d", data);
   return absl::StrCat("t", tensor, " p", pipeline, " d", data);
 }
 
@@ -122,15 +167,28 @@ absl::StatusOr<std::vector<ParallelismCandidate>> SearchParallelism(
   const uint32_t per_node = options.gpus_per_node > 0
                                 ? options.gpus_per_node
                                 : std::max(1u, base.cluster().devices_per_node());
+  // T5 has no context parallelism (config validation refuses it): c = 1.
+  std::vector<uint32_t> degrees;
+  for (uint32_t c : options.context_degrees) {
+    if (c >= 1 && (c == 1 || base.model().kind() != v1::T5) &&
+        std::find(degrees.begin(), degrees.end(), c) == degrees.end()) {
+      degrees.push_back(c);
+    }
+  }
+  if (degrees.empty()) degrees.push_back(1);
+  std::sort(degrees.begin(), degrees.end());
   std::vector<ParallelismCandidate> out;
   for (uint32_t t = 1; t <= options.gpus; ++t) {
     if (options.gpus % t != 0) continue;
-    const uint32_t rest = options.gpus / t;
-    for (uint32_t p = 1; p <= rest; ++p) {
-      if (rest % p != 0) continue;
-      const ParallelismLayout layout{.tensor = t, .pipeline = p, .data = rest / p};
-      out.push_back(Evaluate(base, sample, layout, per_node, options.sequence_parallel));
-      if (options.progress) options.progress(out.back());
+    for (uint32_t c : degrees) {
+      if ((options.gpus / t) % c != 0) continue;
+      const uint32_t rest = options.gpus / t / c;
+      for (uint32_t p = 1; p <= rest; ++p) {
+        if (rest % p != 0) continue;
+        const ParallelismLayout layout{.tensor = t, .pipeline = p, .data = rest / p, .context = c};
+        out.push_back(Evaluate(base, sample, layout, per_node, options.sequence_parallel));
+        if (options.progress) options.progress(out.back());
+      }
     }
   }
   std::stable_sort(out.begin(), out.end(),

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -53,7 +54,9 @@ ABSL_FLAG(bool, compare, false,
           "print each (method, schedule) cell's predicted throughput under the plan's own, "
           "fastest first. Packing also appears with each attention kernel alone: "
           "packing-varlen (per sample) and packing-full-row (over the whole row under a "
-          "block-diagonal mask).");
+          "block-diagonal mask). A job with parallelism.context > 1 is also planned under "
+          "each context_split policy (ALWAYS: static context parallelism, NEVER, "
+          "PER_MICRO_BATCH), printed side by side.");
 ABSL_FLAG(bool, json, false, "Print one JSON report per iteration instead of the table.");
 ABSL_FLAG(bool, auto_layout, false,
           "Choose the stage layout as parallelism.stage_layout AUTO does (over the job's first "
@@ -65,15 +68,21 @@ ABSL_FLAG(std::string, model_from_hf, "",
           "Print the job's \"model\" section for a Hugging Face checkpoint (its config.json, or "
           "the directory holding it) and exit; --config is not needed. Llama-family models.");
 ABSL_FLAG(bool, search_parallelism, false,
-          "Rank every (tensor, pipeline, data) layout of --gpus GPUs for this job by predicted "
-          "real tokens/s on --iterations mini-batches, and say why each refused layout does not "
-          "work (tensor groups across nodes, degrees the model does not divide, memory).");
+          "Rank every (tensor, context, pipeline, data) layout of --gpus GPUs for this job by "
+          "predicted real tokens/s on --iterations mini-batches (context degrees 1, 2, 4, 8 "
+          "with the per-micro-batch split, static context parallelism beside it), and say why "
+          "each refused layout does not work (tensor or context groups across nodes, degrees "
+          "the model does not divide, memory).");
 ABSL_FLAG(int, gpus, 0,
           "--search_parallelism: GPUs to lay out. Default: the config's pipeline x data x "
-          "tensor.");
+          "tensor x context.");
 ABSL_FLAG(int, gpus_per_node, 0,
-          "--search_parallelism: GPUs per node (tensor groups stay within one). Default: "
+          "--search_parallelism: GPUs per node (tensor and context groups stay within one). "
+          "Default: "
           "cluster.devices_per_node.");
+ABSL_FLAG(std::string, context_degrees, "1,2,4,8",
+          "--search_parallelism: context-parallel degrees to try (comma-separated; T5: 1 "
+          "only).");
 ABSL_FLAG(std::string, cost_model, "",
           "Cost model to use instead of planner.cost_model_path: the project's JSON format or a "
           "DynaPipe profile directory.");
@@ -88,7 +97,7 @@ constexpr char kUsage[] =
     "                     [--first-iteration I] [--trace out.json] [--compare] [--json]\n"
     "                     [--emit-plans DIR] [--cost-model FILE] [--auto_layout]\n"
     "       varipipe-plan --config job.json --search_parallelism [--gpus N]\n"
-    "                     [--gpus_per_node G] [--iterations N]\n"
+    "                     [--gpus_per_node G] [--context_degrees 1,2,4,8] [--iterations N]\n"
     "       varipipe-plan --model_from_hf CHECKPOINT_DIR\n"
     "\n"
     "Mini-batches: the training sampler's (shuffled per epoch, as daemons and\n"
@@ -99,9 +108,18 @@ constexpr char kUsage[] =
     "modes the config allows are searched, the fastest candidate that fits memory\n"
     "is lowered to one execution plan per rank and validated.\n"
     "\n"
+    "Context parallelism (parallelism.context > 1): --compare also plans the job\n"
+    "under each context_split policy (always: static context parallelism, never,\n"
+    "per-micro-batch) and prints them side by side.\n"
+    "\n"
     "Stage layout: the config's (parallelism.stage_layout). With mode AUTO, or\n"
     "--auto_layout, it is chosen first as the planner daemons choose it, and the\n"
     "candidates are printed with their mean predicted iteration.";
+
+// The synthetic mixture of a config (docs/datasets.md).
+std::string MixtureName(v1::SyntheticMixtureKind kind) {
+  return kind == v1::LONG_TAIL ? "long_tail" : SyntheticMixtureName(kind);
+}
 
 // The mini-batch of each iteration, drawn by the training sampler
 // (common/dataset/minibatch_sampler.h) over the samples' lengths, so the plans
@@ -114,7 +132,7 @@ class MiniBatchSource {
     std::vector<SampleLengths> lengths;
     if (samples.empty()) {
       const SyntheticMixture mixture = SyntheticMixture::Named(
-          SyntheticMixtureName(config.data().synthetic_mixture()), config.data().seed());
+          MixtureName(config.data().synthetic_mixture()), config.data().seed());
       for (uint64_t i = 0; i < config.data().synthetic_num_samples(); ++i) {
         lengths.push_back(mixture.Sample(i));
       }
@@ -179,7 +197,8 @@ void PrintMethods(const planner::PlanReport& r) {
   }
 }
 
-google::protobuf::Value MicroBatchJson(const planner::PlanReport::MicroBatchShape& m) {
+google::protobuf::Value MicroBatchJson(const planner::PlanReport::MicroBatchShape& m,
+                                       uint32_t context) {
   google::protobuf::Value v;
   auto& mf = *v.mutable_struct_value()->mutable_fields();
   mf["dp_rank"] = Num(m.dp_rank);
@@ -187,6 +206,10 @@ google::protobuf::Value MicroBatchJson(const planner::PlanReport::MicroBatchShap
   mf["input_len"] = Num(m.input_len);
   mf["target_len"] = Num(m.target_len);
   mf["predicted_ms"] = Num(m.predicted_ms);
+  if (context > 1) {
+    mf["split"].set_bool_value(m.split);
+    if (!m.split) mf["lane"] = Num(m.lane);
+  }
   auto* ids = mf["sample_ids"].mutable_list_value();
   for (uint64_t id : m.sample_ids) *ids->add_values() = Num(static_cast<double>(id));
   return v;
@@ -254,6 +277,10 @@ std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& 
   f["schedule"] = Str(r.schedule);
   f["recompute"] = Str(r.recompute);
   f["micro_batches"] = Num(r.micro_batches);
+  if (r.context_parallel > 1) {
+    f["context_parallel"] = Num(r.context_parallel);
+    f["split_micro_batches"] = Num(r.split_micro_batches);
+  }
   f["predicted_iteration_ms"] = Num(r.predicted_iteration_ms);
   f["predicted_makespan_ms"] = Num(r.predicted_makespan_ms);
   f["predicted_update_ms"] = Num(r.predicted_update_ms);
@@ -270,7 +297,9 @@ std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& 
   for (double p : r.peak_bytes) *peaks->add_values() = Num(p);
   f["planning_ms"] = PlanningTimesJson(r);
   auto* mbs = f["micro_batch_list"].mutable_list_value();
-  for (const auto& m : r.micro_batch_shapes) *mbs->add_values() = MicroBatchJson(m);
+  for (const auto& m : r.micro_batch_shapes) {
+    *mbs->add_values() = MicroBatchJson(m, r.context_parallel);
+  }
   auto* cands = f["candidates"].mutable_list_value();
   for (const auto& c : r.candidates) *cands->add_values() = CandidateJson(c);
   auto* methods = f["methods"].mutable_list_value();
@@ -405,26 +434,129 @@ std::vector<Comparer> MakeComparers(const v1::JobConfig& config, const planner::
   return out;
 }
 
+// The name of a context_split policy as --compare prints it.
+std::string ContextPolicyName(v1::ContextSplitPolicy policy) {
+  switch (policy) {
+    case v1::ALWAYS:
+      return "always";
+    case v1::NEVER:
+      return "never";
+    default:
+      return "per-micro-batch";
+  }
+}
+
+// --compare on a job with parallelism.context > 1: the same job planned
+// under each context_split policy, side by side. ALWAYS is static context
+// parallelism (every micro-batch split, as Megatron-LM, torchtitan and
+// DeepSpeed Ulysses run it); NEVER keeps every micro-batch whole on one lane.
+struct ContextComparer {
+  v1::ContextSplitPolicy policy;
+  planner::Planner planner;
+  // Sums over the planned mini-batches.
+  int planned = 0;
+  double iteration_ms = 0;
+  double tokens_per_second = 0;
+  int split = 0;
+  int micro_batches = 0;
+  double peak_bytes = 0;  // the largest lane's predicted peak
+  std::string failure;    // the first mini-batch that has no plan, and why
+};
+
+std::vector<ContextComparer> MakeContextComparers(const v1::JobConfig& config,
+                                                  const planner::Planner& planner) {
+  std::vector<ContextComparer> out;
+  if (config.parallelism().context() <= 1) return out;
+  for (v1::ContextSplitPolicy policy : {v1::ALWAYS, v1::NEVER, v1::PER_MICRO_BATCH}) {
+    v1::JobConfig with = config;
+    with.mutable_parallelism()->set_context_split(policy);
+    out.push_back({.policy = policy,
+                   .planner = planner::Planner(with, planner.cost_model(), planner.options()),
+                   .failure = {}});
+  }
+  return out;
+}
+
+void CompareContext(ContextComparer& comparer, const planner::MiniBatch& mb) {
+  if (!comparer.failure.empty()) return;  // infeasible: a user cannot run it
+  absl::StatusOr<planner::PlanningResult> result = comparer.planner.Plan(mb);
+  if (!result.ok()) {
+    std::vector<std::string> lines = absl::StrSplit(result.status().message(), '\n');
+    comparer.failure = absl::StrCat("iteration ", mb.iteration, ": ", lines.front());
+    return;
+  }
+  const planner::PlanReport& r = result->report;
+  ++comparer.planned;
+  comparer.iteration_ms += r.predicted_iteration_ms;
+  comparer.tokens_per_second +=
+      static_cast<double>(r.real_tokens) / (r.predicted_iteration_ms / 1e3);
+  for (double peak : r.peak_bytes) comparer.peak_bytes = std::max(comparer.peak_bytes, peak);
+  // Each context group's micro-batches, counted on its lane 0 of pipeline
+  // rank 0 (every lane's plan lists them all).
+  for (const v1::ExecutionPlan& plan : result->plans) {
+    if (plan.pp_rank() != 0 || plan.context_rank() != 0) continue;
+    for (const v1::MicroBatch& m : plan.micro_batches()) {
+      ++comparer.micro_batches;
+      if (m.context().split()) ++comparer.split;
+    }
+  }
+}
+
+void PrintContextComparison(const std::vector<ContextComparer>& comparers, uint32_t context) {
+  if (comparers.empty()) return;
+  std::printf(
+      "\ncontext parallelism (c=%u; each context_split policy, mean over the mini-batches):\n",
+      context);
+  std::printf("  %-24s %12s %14s %11s %14s\n", "policy", "pred_iter_ms", "real tokens/s",
+              "split/mbs", "peak/lane GiB");
+  double always = 0;
+  double chosen = 0;
+  for (const ContextComparer& c : comparers) {
+    const std::string name =
+        c.policy == v1::ALWAYS ? "always (static)" : ContextPolicyName(c.policy);
+    if (!c.failure.empty() || c.planned == 0) {
+      std::printf("  %-24s %12s %14s %11s %14s  %s\n", name.c_str(), "-", "infeasible", "-", "-",
+                  c.failure.c_str());
+      continue;
+    }
+    const double tokens = c.tokens_per_second / c.planned;
+    if (c.policy == v1::ALWAYS) always = tokens;
+    if (c.policy == v1::PER_MICRO_BATCH) chosen = tokens;
+    const std::string split = absl::StrCat(c.split, "/", c.micro_batches);
+    std::printf("  %-24s %12.2f %14.0f %11s %14.2f\n", name.c_str(), c.iteration_ms / c.planned,
+                tokens, split.c_str(), GiB(c.peak_bytes));
+  }
+  if (always > 0 && chosen > 0) {
+    std::printf("  per-micro-batch / always: %.3fx real tokens/s\n", chosen / always);
+  }
+}
+
 void PrintHeader(const Job& job) {
   const v1::JobConfig& config = job.config;
   const v1::ModelConfig& model = config.model();
   const std::string data =
       job.samples.empty()
-          ? absl::StrCat(
-                "synthetic ",
-                config.data().synthetic_mixture() == v1::DOCUMENTS ? "documents-like" : "FLAN-like",
-                " data (seed ", config.data().seed(), ")")
+          ? absl::StrCat("synthetic ",
+                         config.data().synthetic_mixture() == v1::DOCUMENTS   ? "documents-like"
+                         : config.data().synthetic_mixture() == v1::LONG_TAIL ? "long-tail"
+                                                                              : "FLAN-like",
+                         " data (seed ", config.data().seed(), ")")
           : absl::StrCat(job.samples.size(), " samples from ", absl::GetFlag(FLAGS_lengths));
   const absl::StatusOr<LayerLayout> layout = ConfiguredLayerLayout(config);
+  const uint32_t context = config.parallelism().context();
+  const std::string context_text =
+      context > 1 ? absl::StrCat(" cp=", context, " (",
+                                 ContextPolicyName(config.parallelism().context_split()), ")")
+                  : "";
   std::printf(
-      "job %s: %s%s, %u layers, hidden %u; pp=%u dp=%u, stage layout %s; %s; %llu tokens per "
+      "job %s: %s%s, %u layers, hidden %u; pp=%u dp=%u%s, stage layout %s; %s; %llu tokens per "
       "global batch, max length %u\n",
       config.job_id().c_str(), v1::ModelKind_Name(model.kind()).c_str(),
       model.architecture() == v1::LLAMA   ? " (LLAMA)"
       : model.architecture() == v1::T5V11 ? " (T5V11)"
                                           : "",
       model.num_layers() + model.num_decoder_layers(), model.hidden_size(),
-      config.parallelism().pipeline(), config.parallelism().data(),
+      config.parallelism().pipeline(), config.parallelism().data(), context_text.c_str(),
       layout.ok() ? layout->ToString().c_str() : "even", data.c_str(),
       static_cast<unsigned long long>(config.data().tokens_per_global_batch()),
       config.data().max_sequence_length());
@@ -485,6 +617,7 @@ void Compare(const Comparer& comparer, const planner::MiniBatch& mb, Totals& tot
 
 // Plans one mini-batch and prints it (and its trace, plans, comparison).
 std::optional<int> PlanOne(const planner::Planner& planner, const std::vector<Comparer>& comparers,
+                           std::vector<ContextComparer>& context_comparers,
                            const planner::MiniBatch& mb, std::string& trace_path, Totals& totals) {
   const bool json = absl::GetFlag(FLAGS_json);
   planner::PlanReport failed;
@@ -525,6 +658,7 @@ std::optional<int> PlanOne(const planner::Planner& planner, const std::vector<Co
         static_cast<double>(r.real_tokens) / (r.predicted_makespan_ms / 1e3);
     totals.chosen_padding += r.padding_efficiency;
   }
+  for (ContextComparer& comparer : context_comparers) CompareContext(comparer, mb);
   totals.predicted += r.predicted_iteration_ms;
   totals.plan_ms += r.total_ms;
   ++totals.planned;
@@ -571,7 +705,8 @@ int SearchParallelism(const Job& job, MiniBatchSource& source) {
   const v1::ParallelismConfig& p = job.config.parallelism();
   const int gpus = absl::GetFlag(FLAGS_gpus) > 0
                        ? absl::GetFlag(FLAGS_gpus)
-                       : static_cast<int>(p.pipeline() * p.data() * std::max(1u, p.tensor()));
+                       : static_cast<int>(p.pipeline() * p.data() * std::max(1u, p.tensor()) *
+                                          std::max(1u, p.context()));
   if (absl::GetFlag(FLAGS_gpus_per_node) < 0) {
     return Fail(absl::InvalidArgumentError("--gpus_per_node must not be negative"), kExitUsage);
   }
@@ -582,6 +717,18 @@ int SearchParallelism(const Job& job, MiniBatchSource& source) {
   }
   planner::ParallelismSearchOptions options;
   options.gpus = static_cast<uint32_t>(gpus);
+  options.context_degrees.clear();
+  for (absl::string_view word :
+       absl::StrSplit(absl::GetFlag(FLAGS_context_degrees), ',', absl::SkipWhitespace())) {
+    uint32_t degree = 0;
+    if (!absl::SimpleAtoi(word, &degree) || degree == 0) {
+      return Fail(absl::InvalidArgumentError(
+                      absl::StrCat("--context_degrees: '", word, "' is not a positive integer")),
+                  kExitUsage);
+    }
+    options.context_degrees.push_back(degree);
+  }
+  if (options.context_degrees.empty()) options.context_degrees.push_back(1);
   options.gpus_per_node = static_cast<uint32_t>(absl::GetFlag(FLAGS_gpus_per_node));
   options.progress = [](const planner::ParallelismCandidate& c) {
     spdlog::info("{}: {}", c.layout.ToString(),
@@ -594,22 +741,33 @@ int SearchParallelism(const Job& job, MiniBatchSource& source) {
   if (!found.ok()) return Fail(found.status(), kExitUsage);
   std::printf("layouts of %d GPUs for %s (%s), mean over %zu mini-batches; fastest first:\n", gpus,
               job.config.job_id().c_str(), job.config_path.c_str(), sample.size());
-  std::printf("  %-6s %-8s %-6s %16s %14s %8s %15s  %s\n", "tensor", "pipeline", "data",
-              "real tokens/s", "iteration ms", "bubble", "act. peak GiB", "schedule, recompute");
+  std::printf("  %-6s %-7s %-8s %-6s %16s %14s %8s %15s  %s\n", "tensor", "context", "pipeline",
+              "data", "real tokens/s", "iteration ms", "bubble", "act. peak GiB",
+              "schedule, recompute");
   int feasible = 0;
   for (const planner::ParallelismCandidate& c : *found) {
     if (!c.feasible) continue;
     ++feasible;
-    std::printf("  %-6u %-8u %-6u %16.0f %14.1f %7.1f%% %15.2f  %s, %s\n", c.layout.tensor,
-                c.layout.pipeline, c.layout.data, c.tokens_per_second, c.iteration_ms,
-                100 * c.bubble_fraction, c.peak_activation_bytes / (1 << 30), c.schedule.c_str(),
-                c.recompute.c_str());
+    // Context > 1: the per-micro-batch choice's split count, and static
+    // context parallelism on the same layout.
+    std::string context;
+    if (c.layout.context > 1) {
+      context = absl::StrFormat(
+          "; %d of %d micro-batches split; static (every one split): %s", c.split_micro_batches,
+          c.micro_batches,
+          c.static_feasible ? absl::StrFormat("%.0f real tokens/s", c.static_tokens_per_second)
+                            : "refused: " + c.static_reason);
+    }
+    std::printf("  %-6u %-7u %-8u %-6u %16.0f %14.1f %7.1f%% %15.2f  %s, %s%s\n", c.layout.tensor,
+                c.layout.context, c.layout.pipeline, c.layout.data, c.tokens_per_second,
+                c.iteration_ms, 100 * c.bubble_fraction, c.peak_activation_bytes / (1 << 30),
+                c.schedule.c_str(), c.recompute.c_str(), context.c_str());
   }
   std::printf("refused:\n");
   for (const planner::ParallelismCandidate& c : *found) {
     if (c.feasible) continue;
-    std::printf("  %-6u %-8u %-6u  %s\n", c.layout.tensor, c.layout.pipeline, c.layout.data,
-                c.reason.c_str());
+    std::printf("  %-6u %-7u %-8u %-6u  %s\n", c.layout.tensor, c.layout.context, c.layout.pipeline,
+                c.layout.data, c.reason.c_str());
   }
   if (feasible == 0) {
     return Fail(absl::ResourceExhaustedError(
@@ -662,7 +820,11 @@ int Run() {
     *job.config.mutable_parallelism()->mutable_stage_layout() = LayerLayoutToConfig(choice->chosen);
   }
   std::vector<Comparer> comparers;
-  if (absl::GetFlag(FLAGS_compare)) comparers = MakeComparers(job.config, *planner);
+  std::vector<ContextComparer> context_comparers;
+  if (absl::GetFlag(FLAGS_compare)) {
+    comparers = MakeComparers(job.config, *planner);
+    context_comparers = MakeContextComparers(job.config, *planner);
+  }
   spdlog::info(
       "cost model: {} ({:.1f} ms to build)", planner->cost_model().description(),
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - build_start)
@@ -674,12 +836,16 @@ int Run() {
   const int64_t first = absl::GetFlag(FLAGS_first_iteration);
   for (int k = 0; k < absl::GetFlag(FLAGS_iterations) && !shutdown.Requested(); ++k) {
     const planner::MiniBatch mb = source->Next(static_cast<uint64_t>(first + k));
-    if (std::optional<int> code = PlanOne(*planner, comparers, mb, trace_path, totals)) {
+    if (std::optional<int> code =
+            PlanOne(*planner, comparers, context_comparers, mb, trace_path, totals)) {
       return *code;
     }
   }
   if (totals.planned == 0) return kExitFailure;
-  if (!absl::GetFlag(FLAGS_json)) PrintSummary(totals);
+  if (!absl::GetFlag(FLAGS_json)) {
+    PrintSummary(totals);
+    PrintContextComparison(context_comparers, job.config.parallelism().context());
+  }
   if (shutdown.Requested()) spdlog::info("stopped after {} mini-batches", totals.planned);
   return kExitOk;
 }

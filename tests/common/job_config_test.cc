@@ -337,6 +337,17 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"SequenceParallelWithoutTensorParallel", R"("data": 2)",
                 R"("data": 2, "sequence_parallel": true)",
                 "parallelism.sequence_parallel: needs parallelism.tensor above 1 (got 1)"},
+        BadCase{"ContextParallelWithInterleaving", R"("data": 2})",
+                R"("data": 2, "context": 2, "virtual_chunks": 2},
+  "planner": {"schedules": ["INTERLEAVED_1F1B"]})",
+                "parallelism.context: context parallelism (2) does not run with the interleaved "
+                "schedule: parallelism.virtual_chunks must be 1 (got 2)"},
+        BadCase{"ContextParallelWithSequenceParallel", R"("data": 2)",
+                R"("data": 2, "tensor": 2, "context": 2, "sequence_parallel": true)",
+                "parallelism.context: context parallelism (2) does not run with "
+                "parallelism.sequence_parallel"},
+        BadCase{"ContextGroupLargerThanANode", R"("data": 2)", R"("data": 2, "context": 2048)",
+                "parallelism.context: is too large (2048; at most 1024)"},
         BadCase{"TensorGroupLargerThanANode", R"("data": 2)", R"("data": 2, "tensor": 2048)",
                 "parallelism.tensor: must be at most 1024 (got 2048)"},
         BadCase{"TooManyStages", R"("pipeline": 2)", R"("pipeline": 8)",
@@ -429,7 +440,7 @@ INSTANTIATE_TEST_SUITE_P(
                 "training.optimizer: unknown value 7 (ADAMW or SGD)"},
         BadCase{"UnknownMixtureNumber", R"("format": "SYNTHETIC")",
                 R"("format": "SYNTHETIC", "synthetic_mixture": 5)",
-                "data.synthetic_mixture: unknown value 5 (FLAN_LIKE or DOCUMENTS)"},
+                "data.synthetic_mixture: unknown value 5 (FLAN_LIKE, DOCUMENTS or LONG_TAIL)"},
         BadCase{"UnknownSampleOrderNumber", R"("training")",
                 R"("planner": {"sample_order": 9}, "training")",
                 "planner.sample_order: unknown value 9 (LENGTH_SORT or TWO_D_TOUR)"},
@@ -479,6 +490,7 @@ TEST(JobConfigBounds, ConstantsAreTheDocumentedOnes) {
   EXPECT_EQ(b::kMaxData, 65536u);
   EXPECT_EQ(b::kMaxWorldSize, 1048576u);
   EXPECT_EQ(b::kMaxDevicesPerNode, 1024u);
+  EXPECT_EQ(b::kMaxContext, 1024u);
   EXPECT_EQ(b::kMaxDeviceMemoryMib, 67108864u);
   EXPECT_EQ(b::kMinBandwidthGbps, 1e-3);
   EXPECT_EQ(b::kMaxBandwidthGbps, 1e6);
@@ -571,6 +583,8 @@ INSTANTIATE_TEST_SUITE_P(
                      }},
         IntegerBound{"Data", "parallelism.data", uint64_t{1} << 16,
                      [](v1::JobConfig& c, uint64_t v) { c.mutable_parallelism()->set_data(v); }},
+        IntegerBound{"Context", "parallelism.context", 1024,
+                     [](v1::JobConfig& c, uint64_t v) { c.mutable_parallelism()->set_context(v); }},
         IntegerBound{
             "DevicesPerNode", "cluster.devices_per_node", 1024,
             [](v1::JobConfig& c, uint64_t v) { c.mutable_cluster()->set_devices_per_node(v); }},
@@ -669,6 +683,53 @@ TEST(JobConfigBounds, WorldSizeIsBounded) {
   EXPECT_THAT(ErrorsOf(above), ElementsAre("parallelism.data: pipeline (17) x data (65536) x "
                                            "tensor (1) = 1114112 ranks is too many (at most "
                                            "1048576)"));
+}
+
+TEST(JobConfigBounds, WorldSizeCountsTheContextGroups) {
+  v1::JobConfig at = BaseConfig();
+  at.mutable_model()->set_num_layers(32);
+  at.mutable_parallelism()->set_pipeline(16);
+  at.mutable_parallelism()->set_data(16384);
+  at.mutable_parallelism()->set_context(4);
+  EXPECT_THAT(ErrorsOf(at), ::testing::IsEmpty());
+  ApplyJobConfigDefaults(at);
+  EXPECT_EQ(WorldSize(at), 16 * 16384 * 4);
+  v1::JobConfig above = at;
+  above.mutable_parallelism()->set_context(8);
+  EXPECT_THAT(ErrorsOf(above), ElementsAre("parallelism.data: pipeline (16) x data (16384) x "
+                                           "tensor (1) x context (8) = 2097152 ranks is too many "
+                                           "(at most 1048576)"));
+}
+
+TEST(JobConfig, ContextParallelismDefaultsAndWorldSize) {
+  absl::StatusOr<v1::JobConfig> config = ParseAndValidate(kValidGpt);
+  ASSERT_THAT(config, IsOk());
+  // 0 (unset) means 1; the split policy defaults to the per-micro-batch
+  // choice.
+  EXPECT_EQ(config->parallelism().context(), 1u);
+  EXPECT_EQ(config->parallelism().context_split(), v1::PER_MICRO_BATCH);
+  absl::StatusOr<v1::JobConfig> cp = ParseAndValidate(Replace(
+      R"("data": 2})", R"("data": 2, "tensor": 2, "context": 2, "context_split": "always"})"));
+  ASSERT_THAT(cp, IsOk());
+  EXPECT_EQ(cp->parallelism().context_split(), v1::ALWAYS);
+  // pipeline 2 x data 2 x tensor 2 x context 2.
+  EXPECT_EQ(WorldSize(*cp), 16);
+  absl::StatusOr<v1::JobConfig> llama =
+      ParseAndValidate(Replace(R"("kind": "GPT", "num_layers": 4)",
+                               R"("kind": "GPT", "architecture": "LLAMA", "num_layers": 4)"));
+  ASSERT_THAT(llama, IsOk());
+}
+
+TEST(JobConfig, ContextParallelismRefusesT5NamingTheFieldAndTheKind) {
+  std::string json = Replace(R"("kind": "GPT")", R"("kind": "T5")");
+  json = absl::StrReplaceAll(json, {{R"("data": 2})", R"("data": 2, "context": 2})"}});
+  EXPECT_THAT(ParseAndValidate(json),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("parallelism.context: context parallelism (2) is for GPT and "
+                                 "Llama models only (model.kind is T5): must be 1")));
+  // Context 1 is every model's.
+  json = absl::StrReplaceAll(json, {{R"("context": 2)", R"("context": 1)"}});
+  EXPECT_THAT(ParseAndValidate(json), IsOk());
 }
 
 TEST(JobConfigBounds, AttentionWidthIsBounded) {

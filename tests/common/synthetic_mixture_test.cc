@@ -56,6 +56,37 @@ TEST(SyntheticMixture, FlanShapeMatchesItsDocumentation) {
   EXPECT_LT(quantile(targets, 0.5), 30u);
 }
 
+// The long-tail mixture (docs/datasets.md, "Long-tail mixture"): sequences
+// (input + target, as decoder-only models train) with a median under 2,048
+// tokens and a tail to 64k.
+TEST(SyntheticMixture, LongTailHasAShortMedianAndATailTo64k) {
+  const SyntheticMixture mixture = SyntheticMixture::Named("long_tail", 99);
+  ASSERT_EQ(mixture.tasks().size(), 4u);
+  constexpr int kSamples = 200000;
+  std::vector<uint32_t> sequences;
+  for (uint64_t i = 0; i < kSamples; ++i) {
+    const SampleLengths s = mixture.Sample(i);
+    ASSERT_GE(s.input, 1u);
+    ASSERT_GE(s.target, 1u);
+    sequences.push_back(s.input + s.target);
+  }
+  std::sort(sequences.begin(), sequences.end());
+  const auto fraction_above = [&](uint32_t n) {
+    return static_cast<double>(sequences.end() -
+                               std::upper_bound(sequences.begin(), sequences.end(), n)) /
+           kSamples;
+  };
+  const uint32_t median = sequences[kSamples / 2];
+  EXPECT_GT(median, 1000u);
+  EXPECT_LT(median, 2048u);
+  EXPECT_NEAR(fraction_above(8192), 0.11, 0.02);
+  EXPECT_NEAR(fraction_above(16384), 0.045, 0.01);
+  EXPECT_NEAR(fraction_above(32768), 0.015, 0.005);
+  // The tail reaches 64k: a few samples in a thousand are cut there.
+  EXPECT_GT(fraction_above(65536), 0.0003);
+  EXPECT_LT(fraction_above(65536), 0.003);
+}
+
 TEST(SyntheticMixture, CustomTaskWithZeroSigmaIsConstant) {
   const SyntheticMixture mixture({{"fixed", 1.0, 100, 0.0, 10, 0.0}}, 3);
   for (uint64_t i = 0; i < 100; ++i) EXPECT_EQ(mixture.Sample(i), (SampleLengths{100, 10}));

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 
@@ -293,20 +294,21 @@ TEST(PlanCompare, PrintsInfeasibleCellsWithTheirReason) {
               ::testing::ContainsRegex("dynamic_programming +adaptive +[0-9.]+% +[0-9]+"));
 }
 
-// --search_parallelism: Llama-2-70B on 32 GPUs in nodes of 8. Tensor groups
+// --search_parallelism: Llama-2-70B on 32 GPUs in nodes of 8 (context
+// degree 1 only: the cell below searches context degrees). Tensor groups
 // beyond a node and layouts whose model state does not fit are refused with
 // their reasons; every feasible layout keeps tensor parallelism within a
 // node, and they are listed fastest first.
 TEST(PlanSearchParallelism, KeepsTensorGroupsInANodeAndSaysWhyLayoutsAreRefused) {
-  const CommandResult r =
-      RunCommand(absl::StrCat(Bin("varipipe-plan"), " --config ", Config("llama-2-70b-64gpu.json"),
-                              " --search_parallelism --gpus 32 --iterations 1 --log_level=error"));
+  const CommandResult r = RunCommand(absl::StrCat(
+      Bin("varipipe-plan"), " --config ", Config("llama-2-70b-64gpu.json"),
+      " --search_parallelism --gpus 32 --context_degrees 1 --iterations 1 --log_level=error"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("layouts of 32 GPUs for llama-2-70b"));
-  EXPECT_THAT(r.output,
-              ::testing::ContainsRegex("16 +2 +1 +its tensor groups of 16 span nodes of 8 GPUs"));
   EXPECT_THAT(r.output, ::testing::ContainsRegex(
-                            "1 +1 +32 +mini-batch 0: .*model state alone needs [0-9.]+ GiB"));
+                            "16 +1 +2 +1 +its tensor groups of 16 span nodes of 8 GPUs"));
+  EXPECT_THAT(r.output, ::testing::ContainsRegex(
+                            "1 +1 +1 +32 +mini-batch 0: .*model state alone needs [0-9.]+ GiB"));
   // The feasible rows, between the header and "refused:": tensor at most 8,
   // tokens/s falling.
   const size_t header = r.output.find("real tokens/s");
@@ -319,16 +321,101 @@ TEST(PlanSearchParallelism, KeepsTensorGroupsInANodeAndSaysWhyLayoutsAreRefused)
   int feasible = 0;
   for (std::string line; std::getline(rows, line);) {
     std::istringstream fields(line);
-    uint32_t tensor = 0, pipeline = 0, data = 0;
+    uint32_t tensor = 0, context = 0, pipeline = 0, data = 0;
     double tokens = 0;
-    ASSERT_TRUE(fields >> tensor >> pipeline >> data >> tokens) << line;
+    ASSERT_TRUE(fields >> tensor >> context >> pipeline >> data >> tokens) << line;
     EXPECT_LE(tensor, 8u) << line;
+    EXPECT_EQ(context, 1u) << line;
     EXPECT_EQ(tensor * pipeline * data, 32u) << line;
     EXPECT_LE(tokens, previous) << line;
     previous = tokens;
     ++feasible;
   }
   EXPECT_GE(feasible, 3) << r.output;
+}
+
+// A small Llama job with context parallelism on long-tail data
+// (docs/datasets.md): 4 layers, h = 256, 1 GiB per device, samples up to
+// 16,384 tokens, a pipeline of 2 stages with a context group of `context`.
+std::filesystem::path WriteContextJob(const std::string& name, uint32_t context,
+                                      uint32_t data = 1) {
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() / absl::StrCat(name, "-", getpid(), ".json");
+  std::ofstream(path) << absl::StrFormat(
+      R"({"job_id": "%s", "model": {"kind": "GPT", "architecture": "LLAMA", "num_layers": 4,
+      "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "ffn_hidden_size": 512, "vocab_size": 1024, "dtype": "BFLOAT16",
+      "attention_kernel": "FUSED"},
+      "parallelism": {"pipeline": 2, "data": %u, "context": %u},
+      "cluster": {"devices_per_node": 8, "device_memory_limit_mib": 1024,
+                  "hardware": "h100-80gb"},
+      "data": {"format": "SYNTHETIC", "synthetic_mixture": "LONG_TAIL", "seed": 3,
+               "synthetic_num_samples": 4000, "tokens_per_global_batch": 65536,
+               "max_sequence_length": 16384},
+      "training": {"iterations": 1}})",
+      name, data, context);
+  return path;
+}
+
+// --compare on a job with parallelism.context 2: static context
+// parallelism (every micro-batch split), never splitting and the
+// per-micro-batch choice, side by side, with their split counts.
+TEST(PlanCompare, ContextPoliciesSideBySide) {
+  const std::filesystem::path job = WriteContextJob("cp-compare", 2);
+  const CommandResult r = RunCommand(absl::StrCat(Bin("varipipe-plan"), " --config ", job.string(),
+                                                  " --iterations 2 --compare --log_level=error"));
+  std::filesystem::remove(job);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("cp=2 (per-micro-batch)"));
+  const size_t table = r.output.find("\ncontext parallelism (c=2");
+  ASSERT_NE(table, std::string::npos) << r.output;
+  const std::string rows = r.output.substr(table);
+  // Static: every micro-batch split; never: none; the per-micro-batch
+  // choice never behind static (its search includes splitting every one).
+  const auto row = [&](const char* pattern, double* tokens, int* split, int* all) {
+    std::smatch m;
+    if (!std::regex_search(rows, m, std::regex(pattern))) return false;
+    *tokens = std::stod(m[1].str());
+    *split = std::stoi(m[2].str());
+    *all = std::stoi(m[3].str());
+    return true;
+  };
+  double tokens_always = 0, tokens_chosen = 0;
+  int split_always = 0, all_always = 0, split_chosen = 0, all_chosen = 0;
+  ASSERT_TRUE(row("always \\(static\\) +[0-9.]+ +([0-9]+) +([0-9]+)/([0-9]+)", &tokens_always,
+                  &split_always, &all_always))
+      << rows;
+  EXPECT_EQ(split_always, all_always) << rows;
+  ASSERT_TRUE(row("per-micro-batch +[0-9.]+ +([0-9]+) +([0-9]+)/([0-9]+)", &tokens_chosen,
+                  &split_chosen, &all_chosen))
+      << rows;
+  EXPECT_GT(tokens_always, 0) << rows;
+  EXPECT_GE(tokens_chosen, tokens_always) << rows;
+  EXPECT_LE(split_chosen, all_chosen) << rows;
+  EXPECT_THAT(rows, ::testing::ContainsRegex("never +([0-9.]+ +[0-9]+ +0/[0-9]+|- +infeasible)"));
+  EXPECT_THAT(rows, ::testing::ContainsRegex("per-micro-batch / always: [0-9.]+x"));
+}
+
+// --search_parallelism includes the context degree: layouts with c > 1
+// planned per micro-batch, static context parallelism reported beside
+// them, and context groups that would span a node refused.
+TEST(PlanSearchParallelism, SearchesContextDegreesWithTheStaticAlternative) {
+  const std::filesystem::path job = WriteContextJob("cp-search", 2);
+  const CommandResult r = RunCommand(absl::StrCat(
+      Bin("varipipe-plan"), " --config ", job.string(),
+      " --search_parallelism --gpus 8 --gpus_per_node 4 --iterations 1 --log_level=error"));
+  std::filesystem::remove(job);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Header: tensor, context, pipeline, data.
+  EXPECT_THAT(r.output, ::testing::ContainsRegex("tensor +context +pipeline +data +real tokens/s"));
+  // A context group of 8 spans nodes of 4.
+  EXPECT_THAT(r.output, ::testing::ContainsRegex(
+                            "1 +8 +1 +1 +its context groups of 8 x 1 GPUs span nodes of 4"));
+  // Some feasible layout with context 2 or 4 names its split micro-batches
+  // and the static alternative.
+  EXPECT_THAT(r.output, ::testing::ContainsRegex(
+                            "\n +[0-9]+ +[24] +[0-9]+ +[0-9]+ +[0-9]+ .*[0-9]+ of [0-9]+ "
+                            "micro-batches split; static \\(every one split\\): "));
 }
 
 // With the default search, the quickstart job's plan is the best row of its

@@ -97,19 +97,18 @@ TEST(PackedAttentionCost, GptLayersMovePerSampleByTheCoreDifference) {
     const double layers = f.dims.encoder_layers;
     EXPECT_NEAR(per_sample.forward_ms, row.forward_ms + layers * d.forward, 1e-9 * row.time_ms);
     EXPECT_NEAR(per_sample.backward_ms, row.backward_ms + layers * d.backward, 1e-9 * row.time_ms);
-    EXPECT_NEAR(per_sample.stored_bytes, row.stored_bytes + layers * d.stored,
+    // Under recomputation (explicit kernel) the rows' dense causal masks,
+    // bool [2, 1, 2048, 2048] per layer, are not kept by the samples.
+    const double masks = mode == Recompute::kNone ? 0.0 : 2.0 * 2048 * 2048;
+    EXPECT_NEAR(per_sample.stored_bytes, row.stored_bytes + layers * (d.stored - masks),
                 1e-9 * row.stored_bytes);
-    // The largest transient is kept (an upper bound).
-    EXPECT_NEAR(per_sample.peak_bytes - per_sample.stored_bytes, row.peak_bytes - row.stored_bytes,
-                1e-6 * row.peak_bytes);
+    // The rows' core's share of the transient becomes the largest sample's (never more).
+    EXPECT_LE(per_sample.peak_bytes - per_sample.stored_bytes, row.peak_bytes - row.stored_bytes);
     // Attention over 1,024^2 + 512^2 + 2 x 256^2 + 2,048^2 scores instead of
-    // 2 x 2,048^2: cheaper, and (explicit kernel, no recomputation) smaller.
+    // 2 x 2,048^2: cheaper, and (explicit kernel) smaller.
     EXPECT_LT(per_sample.time_ms, row.time_ms);
-    if (mode == Recompute::kNone) {
-      EXPECT_LT(per_sample.stored_bytes, row.stored_bytes);
-    } else {
-      EXPECT_DOUBLE_EQ(per_sample.stored_bytes, row.stored_bytes);
-    }
+    EXPECT_LT(per_sample.stored_bytes, row.stored_bytes);
+    EXPECT_LT(per_sample.peak_bytes, row.peak_bytes);
   }
 }
 
