@@ -90,6 +90,9 @@ double ContextSplitCostModel::GatherMs(double padded_tokens) const {
   return steps * group_link_.TransferMs(padded_tokens * kv_bytes_per_token_);
 }
 
+// The most rows a lane's tokens are cut into to stay within the grids.
+constexpr uint32_t kMaxLaneRows = 64;
+
 bool ContextSplitCostModel::EvaluateStages(const std::vector<uint32_t>& lengths,
                                            double labelled_tokens, uint32_t chunks, uint32_t hidden,
                                            uint32_t dtype_bytes,
@@ -117,23 +120,27 @@ bool ContextSplitCostModel::EvaluateStages(const std::vector<uint32_t>& lengths,
   const bool full = recompute == Recompute::kFull;
   const bool core_recomputed = full || (recompute == Recompute::kSelective && !fused);
 
+  // The lane's A tokens as one row; where A is longer than the cost
+  // model's grids reach (the job's longest sequence), as the fewest rows of
+  // at most a grid length each: the layers' work per token is the same, and
+  // attention is priced per query chunk either way.
+  PackedSamples packed;
   if (core_grid_) {
     // One pseudo-sample per query chunk, of the chunk's score area.
-    PackedSamples packed;
-    packed.rows = 1;
     packed.samples.reserve(lane.chunk_pairs.size());
     for (const int64_t pairs : lane.chunk_pairs) {
       packed.samples.push_back(
           {.input = static_cast<uint32_t>(std::max(1.0, std::round(PseudoSide(pairs))))});
     }
-    if (!whole_->EvaluateStages(1, padded, 0, &packed, labelled, chunks, hidden, dtype_bytes,
-                                out)) {
-      return false;
-    }
-  } else if (!whole_->EvaluateStages(1, padded, 0, nullptr, labelled, chunks, hidden, dtype_bytes,
-                                     out)) {
-    return false;
   }
+  bool priced = false;
+  for (uint32_t rows = 1; rows <= kMaxLaneRows && !priced; ++rows) {
+    const uint32_t length = (padded + rows - 1) / rows;
+    packed.rows = rows;
+    priced = whole_->EvaluateStages(rows, length, 0, core_grid_ ? &packed : nullptr, labelled,
+                                    chunks, hidden, dtype_bytes, out);
+  }
+  if (!priced) return false;
   const uint32_t t = std::max<uint32_t>(1, whole_->layout().tensor_parallel);
   // Without a core grid: each layer's core over the A-token row replaced by
   // the analytic core of the lane's chunks (the difference, as

@@ -453,6 +453,21 @@ absl::Status ValidateMicroBatchLengths(std::span<const v1::ExecutionPlan> plans,
                                                        m, "].", field, " is ", length, ", over ",
                                                        limit_field, " ", limit));
       };
+      if (mb.context().split()) {
+        // A split micro-batch's input_len is a lane's share of all its
+        // samples packed back to back: the limit bounds each sample's
+        // sequence (GPT, Llama: its input then its target tokens).
+        for (int i = 0; i < mb.sample_input_lens_size(); ++i) {
+          const uint32_t sequence =
+              mb.sample_input_lens(i) +
+              (i < mb.sample_target_lens_size() ? mb.sample_target_lens(i) : 0);
+          if (limits.max_input > 0 && sequence > limits.max_input) {
+            return over(absl::StrCat("sample ", i, "'s sequence"), sequence, limits.max_input,
+                        "data.max_sequence_length");
+          }
+        }
+        continue;
+      }
       if (limits.max_input > 0 && mb.input_len() > limits.max_input) {
         return over("input_len", mb.input_len(), limits.max_input, "data.max_sequence_length");
       }
