@@ -64,11 +64,11 @@ void InputPrefetcher::BuildItem(Item& item) const {
     } else if (item.k >= 0) {
       const v1::LoadInput& load = in.load_input();
       absl::StatusOr<torch::Tensor> t =
-          loader_->Load(*mb, load.contents(item.k), load.tensors(item.k));
+          loader_->Load(*mb, load.contents(item.k), load.tensors(item.k), ContextLane::Of(plan_));
       if (t.ok()) *t = Pinned(*t, pin_);
       item.tensor = std::move(t);
     } else {
-      absl::StatusOr<RowLengths> lengths = loader_->Lengths(*mb);
+      absl::StatusOr<RowLengths> lengths = loader_->Lengths(*mb, ContextLane::Of(plan_));
       if (lengths.ok()) {
         for (torch::Tensor* t :
              {&lengths->input, &lengths->target, &lengths->input_segments,

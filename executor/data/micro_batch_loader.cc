@@ -48,7 +48,127 @@ absl::StatusOr<std::vector<std::vector<MicroBatchLoader::Placed>>> MicroBatchLoa
   return rows;
 }
 
-absl::StatusOr<RowLengths> MicroBatchLoader::Lengths(const v1::MicroBatch& micro_batch) const {
+absl::StatusOr<MicroBatchLoader::Split> MicroBatchLoader::SplitOf(const v1::MicroBatch& micro_batch,
+                                                                  const ContextLane& lane) const {
+  const std::string name = absl::StrCat("micro-batch ", micro_batch.id());
+  if (sampler_.encoder_decoder) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name, ": a T5 micro-batch cannot be split across a context group"));
+  }
+  if (lane.group_size <= 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name, ": context.split is set but the plan's context_parallel is ", lane.group_size));
+  }
+  const int n = micro_batch.sample_ids_size();
+  if (micro_batch.sample_input_lens_size() != n || micro_batch.sample_target_lens_size() != n) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name, ": sample_input_lens and sample_target_lens need one entry per sample"));
+  }
+  Split out;
+  std::vector<int64_t> lengths;
+  for (int i = 0; i < n; ++i) {
+    const uint64_t id = micro_batch.sample_ids(i);
+    if (id >= dataset_->size()) {
+      return absl::OutOfRangeError(absl::StrCat(name, ": sample ", id, " is beyond the ",
+                                                dataset_->size(), " samples of ",
+                                                dataset_->Describe()));
+    }
+    const SampleLengths real = dataset_->Lengths(id);
+    const SampleLengths planned{micro_batch.sample_input_lens(i),
+                                micro_batch.sample_target_lens(i)};
+    if (planned.input > real.input || planned.target > real.target) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          name, ": sample_input_lens[", i, "]/sample_target_lens[", i, "] give sample ", id, " ",
+          planned.input, " input and ", planned.target, " target tokens but it has only ",
+          real.input, " and ", real.target, "; was the plan made for this dataset?"));
+    }
+    out.samples.push_back(Placed{id, planned, 0, 0});
+    lengths.push_back(static_cast<int64_t>(planned.input) + planned.target);
+  }
+  absl::StatusOr<ContextParallelSplit> split =
+      ContextParallelSplit::Of(lengths, lane.group_size, lane.index);
+  if (!split.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(name, ": ", split.status().message()));
+  }
+  if (split->all_gather_count() != static_cast<int64_t>(micro_batch.input_len())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name, ": input_len is ", micro_batch.input_len(), " but the split over ", lane.group_size,
+        " lanes gives ", split->all_gather_count(), " positions per lane (all_gather_count)"));
+  }
+  out.split = std::make_shared<const ContextParallelSplit>(*std::move(split));
+  return out;
+}
+
+// Local token u of the split is position p of sample s; under GPT's rule its
+// label is the sample's token p + 1 when that token is a loss token.
+absl::StatusOr<RowLengths> MicroBatchLoader::SplitLengths(const v1::MicroBatch& micro_batch,
+                                                          const ContextLane& lane) const {
+  VP_ASSIGN_OR_RETURN(const Split split, SplitOf(micro_batch, lane));
+  RowLengths lengths;
+  lengths.input = torch::full({1}, split.split->local_count(), torch::kInt64);
+  std::vector<int64_t> labelled;
+  int64_t u = 0;
+  for (const ContextParallelSplit::Chunk& chunk : split.split->chunks()) {
+    const LossSpan span =
+        LossTokenSpan(split.samples[chunk.sample].lengths, /*encoder_decoder=*/false);
+    for (int64_t p = chunk.begin; p < chunk.end; ++p, ++u) {
+      if (p + 1 >= span.begin && p + 1 < span.end) labelled.push_back(u);
+    }
+  }
+  lengths.labelled_positions = torch::tensor(labelled, torch::kInt64);
+  lengths.context_split = split.split;
+  return lengths;
+}
+
+absl::StatusOr<torch::Tensor> MicroBatchLoader::SplitLoad(const v1::MicroBatch& micro_batch,
+                                                          v1::LoadInput::Content content,
+                                                          const v1::TensorSpec& spec,
+                                                          const ContextLane& lane) const {
+  VP_ASSIGN_OR_RETURN(const Split split, SplitOf(micro_batch, lane));
+  const int64_t padded = micro_batch.input_len();
+  if (spec.dims_size() != 2 || spec.dims(0) != 1 || spec.dims(1) != padded ||
+      spec.dtype() != v1::INT64) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "micro-batch ", micro_batch.id(), ": LoadInput ", v1::LoadInput::Content_Name(content),
+        " of a split micro-batch expects an INT64 [1, ", padded, "] tensor but the plan says ",
+        spec.ShortDebugString()));
+  }
+  if (content != v1::LoadInput::INPUT_TOKENS && content != v1::LoadInput::LABELS) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "micro-batch ", micro_batch.id(), ": LoadInput ", v1::LoadInput::Content_Name(content),
+        " in a split micro-batch (INPUT_TOKENS or LABELS)"));
+  }
+  const bool labels = content == v1::LoadInput::LABELS;
+  torch::Tensor tensor = torch::full({1, padded}, labels ? kIgnoredLabel : 0, torch::kInt64);
+  auto out = tensor.accessor<int64_t, 2>();
+  std::vector<int64_t> input;
+  std::vector<int64_t> target;
+  int64_t read = -1;  // the sample whose sequence `input` holds
+  int64_t u = 0;
+  for (const ContextParallelSplit::Chunk& chunk : split.split->chunks()) {
+    const Placed& p = split.samples[chunk.sample];
+    if (read != chunk.sample) {
+      VP_RETURN_IF_ERROR(dataset_->ReadSample(p.id, &input, &target));
+      input.resize(p.lengths.input);
+      target.resize(p.lengths.target);
+      input.insert(input.end(), target.begin(), target.end());  // GPT: input ++ target
+      read = chunk.sample;
+    }
+    const LossSpan span = LossTokenSpan(p.lengths, /*encoder_decoder=*/false);
+    for (int64_t q = chunk.begin; q < chunk.end; ++q, ++u) {
+      if (!labels) {
+        out[0][u] = input[q];
+      } else if (q + 1 >= span.begin && q + 1 < span.end) {
+        out[0][u] = input[q + 1];
+      }
+    }
+  }
+  return tensor;
+}
+
+absl::StatusOr<RowLengths> MicroBatchLoader::Lengths(const v1::MicroBatch& micro_batch,
+                                                     const ContextLane& lane) const {
+  if (micro_batch.context().split()) return SplitLengths(micro_batch, lane);
   VP_ASSIGN_OR_RETURN(const std::vector<std::vector<Placed>> rows, Rows(micro_batch));
   const bool t5 = sampler_.encoder_decoder;
   const bool packed = micro_batch.row_starts_size() > 0;
@@ -101,7 +221,9 @@ absl::StatusOr<RowLengths> MicroBatchLoader::Lengths(const v1::MicroBatch& micro
 
 absl::StatusOr<torch::Tensor> MicroBatchLoader::Load(const v1::MicroBatch& micro_batch,
                                                      v1::LoadInput::Content content,
-                                                     const v1::TensorSpec& spec) const {
+                                                     const v1::TensorSpec& spec,
+                                                     const ContextLane& lane) const {
+  if (micro_batch.context().split()) return SplitLoad(micro_batch, content, spec, lane);
   VP_ASSIGN_OR_RETURN(const std::vector<std::vector<Placed>> rows, Rows(micro_batch));
   const int64_t b = static_cast<int64_t>(rows.size());
   const bool t5 = sampler_.encoder_decoder;

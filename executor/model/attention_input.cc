@@ -19,6 +19,28 @@ AttentionInput AttentionInput::VariableLength(c10::intrusive_ptr<VariableLengthL
   return input;
 }
 
+AttentionInput AttentionInput::ContextParallel(c10::intrusive_ptr<ContextParallelInput> input,
+                                               const TensorGroup* group) {
+  TORCH_CHECK(input && group != nullptr && group->size() == input->split().group_size() &&
+                  group->index() == input->split().index(),
+              "a context-parallel attention input needs its split and its group");
+  AttentionInput out;
+  out.kind_ = Kind::kContextParallel;
+  out.context_ = std::move(input);
+  out.context_group_ = group;
+  return out;
+}
+
+const c10::intrusive_ptr<ContextParallelInput>& AttentionInput::context() const {
+  TORCH_CHECK(kind_ == Kind::kContextParallel, "attention input is not context-parallel");
+  return context_;
+}
+
+const TensorGroup* AttentionInput::context_group() const {
+  TORCH_CHECK(kind_ == Kind::kContextParallel, "attention input is not context-parallel");
+  return context_group_;
+}
+
 AttentionInput AttentionInput::WithBias(torch::Tensor bias) const {
   AttentionInput input = *this;
   input.bias_ = std::move(bias);
@@ -47,6 +69,11 @@ void AttentionInput::SaveTo(torch::autograd::AutogradContext* ctx, const std::st
     ctx->saved_data[key + ".layout"] = c10::IValue::make_capsule(
         c10::intrusive_ptr<torch::CustomClassHolder>(layout_));
   }
+  if (kind_ == Kind::kContextParallel) {
+    ctx->saved_data[key + ".context"] =
+        c10::IValue::make_capsule(c10::intrusive_ptr<torch::CustomClassHolder>(context_));
+    ctx->saved_data[key + ".context_group"] = reinterpret_cast<int64_t>(context_group_);
+  }
 }
 
 AttentionInput AttentionInput::LoadFrom(torch::autograd::AutogradContext* ctx,
@@ -59,6 +86,11 @@ AttentionInput AttentionInput::LoadFrom(torch::autograd::AutogradContext* ctx,
     case Kind::kVariableLength:
       return VariableLength(c10::static_intrusive_pointer_cast<VariableLengthLayout>(
           ctx->saved_data.at(key + ".layout").toCapsule()));
+    case Kind::kContextParallel:
+      return ContextParallel(
+          c10::static_intrusive_pointer_cast<ContextParallelInput>(
+              ctx->saved_data.at(key + ".context").toCapsule()),
+          reinterpret_cast<const TensorGroup*>(ctx->saved_data.at(key + ".context_group").toInt()));
   }
   TORCH_CHECK(false, "unknown attention input kind saved under ", key);
 }

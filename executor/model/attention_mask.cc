@@ -90,6 +90,11 @@ torch::Tensor PerSampleAttention(const torch::Tensor& q, const torch::Tensor& k,
   std::vector<torch::Tensor> bias_rows;
   if (bias.defined()) bias_rows = bias.unbind(0);
   const std::vector<VariableLengthLayout::Sample>& samples = layout.samples();
+  // A sample that sees all its keys gets this one element expanded to its
+  // [1, 1, lq, lk]: a core that keeps its mask for backward (selective
+  // recomputation) keeps one byte, not lq * lk.
+  const torch::Tensor all_keys =
+      torch::ones({1, 1, 1, 1}, torch::TensorOptions().dtype(torch::kBool).device(q.device()));
   std::vector<torch::Tensor> rows;
   size_t first = 0;  // the row's first sample
   for (int64_t row = 0; row < b; ++row) {
@@ -123,11 +128,9 @@ torch::Tensor PerSampleAttention(const torch::Tensor& q, const torch::Tensor& k,
           key_runs.begin());
       // Causal, or all of the sample's keys.
       AttentionInput input =
-          layout.causal()
-              ? AttentionInput::Causal()
-              : AttentionInput::DenseMask(torch::ones(
-                    {1, 1, sample.query_length, sample.key_length},
-                    torch::TensorOptions().dtype(torch::kBool).device(q.device())));
+          layout.causal() ? AttentionInput::Causal()
+                          : AttentionInput::DenseMask(
+                                all_keys.expand({1, 1, sample.query_length, sample.key_length}));
       if (bias.defined()) {
         input = input.WithBias(
             bias_pieces[i - first].split_with_sizes(key_sizes, 2)[j].unsqueeze(0));

@@ -3,14 +3,21 @@
 #include <limits>
 #include <vector>
 
+#include "executor/model/recompute_precision.h"
+#include "executor/runtime/fault_injection.h"
+
 namespace varipipe::executor {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
+// On a GPU from pinned memory without waiting (the host never waits for
+// the device to build a split's index).
 torch::Tensor ToTensor(const std::vector<int64_t>& values, torch::Device device) {
-  return torch::tensor(at::ArrayRef<int64_t>(values), torch::kLong).to(device);
+  torch::Tensor host = torch::tensor(at::ArrayRef<int64_t>(values), torch::kLong);
+  if (!device.is_cuda()) return host.to(device);
+  return host.pin_memory().to(device, /*non_blocking=*/true);
 }
 
 // Forward: pad to `count` rows, all-gather along rows. Backward:
@@ -21,6 +28,9 @@ class GatherContext : public torch::autograd::Function<GatherContext> {
                                const TensorGroup* group) {
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
     ctx->saved_data["local"] = x.size(0);
+    // Test-only (fault_injection.h): a lane that dies mid-gather.
+    const absl::Status fault = MaybeInjectFault(FaultPoint::kInContextGather);
+    TORCH_CHECK(fault.ok(), "context-parallel all-gather: ", fault.ToString());
     std::vector<int64_t> padding(2 * x.dim(), 0);
     padding.back() = count - x.size(0);  // rows appended after the last
     return group->AllGather(torch::constant_pad_nd(x, padding), 0);
@@ -33,7 +43,53 @@ class GatherContext : public torch::autograd::Function<GatherContext> {
   }
 };
 
+// ReferenceContextParallelAttention that keeps only q, k and v (selective
+// recomputation): no [heads, lq, lk] scores or probabilities are stored;
+// the backward re-runs the core under the forward's precision and
+// differentiates it.
+class RecomputedReferenceCore : public torch::autograd::Function<RecomputedReferenceCore> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v,
+                               const c10::intrusive_ptr<ContextParallelInput>& input,
+                               double scale) {
+    ctx->save_for_backward({q, k, v});
+    // Kept alive with the node.
+    ctx->saved_data["input"] =
+        c10::IValue::make_capsule(c10::intrusive_ptr<torch::CustomClassHolder>(input));
+    ctx->saved_data["scale"] = scale;
+    SaveForwardPrecision(ctx);
+    return ReferenceContextParallelAttention(q, k, v, input->split(), scale);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad) {
+    const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
+    const auto input = c10::static_intrusive_pointer_cast<ContextParallelInput>(
+        ctx->saved_data["input"].toCapsule());
+    const ContextParallelSplit* split = &input->split();
+    std::vector<torch::Tensor> leaves;
+    for (const torch::Tensor& t : saved) leaves.push_back(t.detach().requires_grad_(true));
+    torch::Tensor out;
+    {
+      const RecomputePrecisionScope precision(ctx);
+      torch::AutoGradMode enable_grad(true);
+      out = ReferenceContextParallelAttention(leaves[0], leaves[1], leaves[2], *split,
+                                              ctx->saved_data["scale"].toDouble());
+    }
+    const tensor_list grads = torch::autograd::grad({out}, leaves, {grad[0]});
+    return {grads[0], grads[1], grads[2], torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+ContextParallelInput::ContextParallelInput(ContextParallelSplit split, torch::Device device)
+    : split_(std::move(split)), index_(ContextParallelIndex::Of(split_, device)) {
+  std::vector<int64_t> positions = split_.local_positions();
+  positions.resize(static_cast<size_t>(split_.all_gather_count()), 0);
+  positions_ = ToTensor(positions, device).reshape({1, -1});
+  layout_ = VariableLengthLayout::FromOffsets(split_.query_offsets(), split_.key_offsets(),
+                                              /*causal=*/true);
+}
 
 ContextParallelIndex ContextParallelIndex::Of(const ContextParallelSplit& split,
                                               torch::Device device) {
@@ -87,6 +143,43 @@ torch::Tensor ReferenceContextParallelAttention(const torch::Tensor& q, const to
   }
   if (outputs.empty()) return torch::zeros_like(q);
   return torch::cat(outputs, 0).to(q.scalar_type());
+}
+
+torch::Tensor ContextParallelSelfAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                           const torch::Tensor& v,
+                                           const c10::intrusive_ptr<ContextParallelInput>& input,
+                                           const TensorGroup* group, int64_t heads, double scale,
+                                           const VariableLengthKernel* kernel, bool recompute) {
+  const ContextParallelSplit& split = input->split();
+  const int64_t local = split.local_count();
+  TORCH_CHECK(q.dim() == 3 && q.size(0) == 1 && q.size(1) == split.all_gather_count() &&
+                  k.sizes() == q.sizes() && v.sizes() == q.sizes(),
+              "context-parallel attention: q ", q.sizes(), ", k ", k.sizes(), " for one row of ",
+              split.all_gather_count(), " positions");
+  const int64_t width = q.size(2);
+  // [local, heads, d]: the lane's own tokens (its padding takes no part).
+  const auto tokens = [&](const torch::Tensor& x) {
+    return x[0].narrow(0, 0, local).reshape({local, heads, width / heads});
+  };
+  const ContextParallelIndex& index = input->index();
+  const torch::Tensor keys = GatherKeyPrefixes(AllGatherContext(tokens(k), split, group), index);
+  const torch::Tensor values = GatherKeyPrefixes(AllGatherContext(tokens(v), split, group), index);
+  torch::Tensor out;
+  if (kernel != nullptr) {
+    // One row: the local queries, and the key prefixes back to back.
+    out = VariableLengthAttention(
+              tokens(q).reshape({1, local, width}), keys.reshape({1, keys.size(0), width}),
+              values.reshape({1, values.size(0), width}), input->layout(), heads, scale, *kernel)
+              .reshape({local, width});
+  } else if (recompute) {
+    out = RecomputedReferenceCore::apply(tokens(q), keys, values, input, scale)
+              .reshape({local, width});
+  } else {
+    out = ReferenceContextParallelAttention(tokens(q), keys, values, split, scale)
+              .reshape({local, width});
+  }
+  // Zero rows at the padding.
+  return torch::constant_pad_nd(out, {0, 0, 0, q.size(1) - local}).unsqueeze(0);
 }
 
 }  // namespace varipipe::executor

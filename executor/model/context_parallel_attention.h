@@ -8,9 +8,13 @@
 // every chunk, with cu_seqlens_q over the query chunks and cu_seqlens_k
 // over their prefixes.
 //
-// This file holds the host-built index tensors and the reference
-// computation (explicit fp32 arithmetic, chunk by chunk, differentiable by
-// autograd, on any device): it defines what the fused path must equal.
+// This file holds the host-built index tensors, the reference computation
+// (explicit fp32 arithmetic, chunk by chunk, differentiable by autograd, on
+// any device), which defines what the fused path must equal, and a layer's
+// whole context-parallel self-attention (ContextParallelSelfAttention):
+// gather, key prefixes, then the reference core or a variable-length
+// kernel (variable_length_attention.h) whose cu_seqlens are the split's
+// query and key offsets, bottom-right causal.
 #ifndef VARIPIPE_EXECUTOR_MODEL_CONTEXT_PARALLEL_ATTENTION_H_
 #define VARIPIPE_EXECUTOR_MODEL_CONTEXT_PARALLEL_ATTENTION_H_
 
@@ -18,6 +22,8 @@
 
 #include "common/plan_contract/context_parallel_split.h"
 #include "executor/model/tensor_group.h"
+#include "executor/model/variable_length_attention.h"
+#include "executor/model/variable_length_layout.h"
 
 namespace varipipe::executor {
 
@@ -29,6 +35,29 @@ struct ContextParallelIndex {
   torch::Tensor gathered_index;  // [packed]: each packed token's gathered slot
 
   static ContextParallelIndex Of(const ContextParallelSplit& split, torch::Device device);
+};
+
+// One lane's split micro-batch as its layers see it, built once per
+// micro-batch: the split, its index tensors on the compute device, the
+// positions of its [1, A] rows (local_positions, then 0 at padding) and the
+// variable-length layout of its query chunks over their key prefixes
+// (bottom-right causal; one row of `local` queries and of the prefixes'
+// keys), whose offsets a variable-length kernel takes.
+class ContextParallelInput : public torch::CustomClassHolder {
+ public:
+  ContextParallelInput(ContextParallelSplit split, torch::Device device);
+
+  const ContextParallelSplit& split() const { return split_; }
+  const ContextParallelIndex& index() const { return index_; }
+  // int64 [1, all_gather_count] on the device.
+  const torch::Tensor& positions() const { return positions_; }
+  const c10::intrusive_ptr<VariableLengthLayout>& layout() const { return layout_; }
+
+ private:
+  ContextParallelSplit split_;
+  ContextParallelIndex index_;
+  torch::Tensor positions_;
+  c10::intrusive_ptr<VariableLengthLayout> layout_;
 };
 
 // x [local, ...] -> [group size * all_gather_count, ...]: every rank's local
@@ -52,6 +81,22 @@ torch::Tensor GatherKeyPrefixes(const torch::Tensor& gathered, const ContextPara
 torch::Tensor ReferenceContextParallelAttention(const torch::Tensor& q, const torch::Tensor& k,
                                                 const torch::Tensor& v,
                                                 const ContextParallelSplit& split, double scale);
+
+// q, k, v [1, A, heads * d] of one lane (A = all_gather_count: the local
+// tokens first, then padding) -> [1, A, heads * d]: each local query's
+// causal attention over its sample's keys gathered from the whole group
+// (AllGatherContext of k and v, then GatherKeyPrefixes), zero at padding.
+// The core is `kernel` over input.layout() when given (one call; it keeps
+// no score tensor), else ReferenceContextParallelAttention, which with
+// `recompute` (selective recomputation) keeps only its inputs and is
+// re-run in backward. Every lane of `group` must call it for the same
+// micro-batch in the same order (its gather and, in backward, its
+// reduce-scatter are collectives).
+torch::Tensor ContextParallelSelfAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                           const torch::Tensor& v,
+                                           const c10::intrusive_ptr<ContextParallelInput>& input,
+                                           const TensorGroup* group, int64_t heads, double scale,
+                                           const VariableLengthKernel* kernel, bool recompute);
 
 }  // namespace varipipe::executor
 

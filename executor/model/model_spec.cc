@@ -46,6 +46,7 @@ ModelSpec SpecFields(const v1::JobConfig& resolved) {
   }
   spec.tensor_parallel = std::max<int64_t>(1, resolved.parallelism().tensor());
   spec.sequence_parallel = resolved.parallelism().sequence_parallel();
+  spec.context_parallel = std::max<int64_t>(1, resolved.parallelism().context());
   spec.t5v11 = model.architecture() == v1::T5V11;
   if (spec.t5v11) {
     spec.norm_epsilon = model.norm_epsilon();
@@ -109,6 +110,12 @@ absl::Status CheckDimensions(const ModelSpec& spec) {
                        ") must be even and at least 4, and model.relative_attention_max_distance (",
                        spec.relative_max_distance, ") above half of it"));
     }
+  }
+  if (spec.encoder_decoder && spec.context_parallel > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallelism.context (", spec.context_parallel,
+        ") must be 1 for T5 models: context parallelism splits the causal self-attention of "
+        "GPT and LLAMA models only"));
   }
   return CheckTensorParallel(spec);
 }

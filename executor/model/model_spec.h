@@ -55,11 +55,16 @@ struct ModelSpec {
   // divides the heads, key/value heads and MLP width).
   int64_t tensor_parallel = 1;
   bool sequence_parallel = false;
+  // parallelism.context: the lanes of a context group split some
+  // micro-batches' tokens (GPT and LLAMA only; docs/executor.md, "Context
+  // parallelism"). A stage's context group has this size.
+  int64_t context_parallel = 1;
 };
 
 // Applies the config's documented defaults; InvalidArgument naming the field
-// when a required one is missing, or when model.attention_kernel is FUSED
-// and this build's LibTorch has no fused kernel.
+// when a required one is missing, when model.attention_kernel is FUSED
+// and this build's LibTorch has no fused kernel, or for a T5 model with
+// parallelism.context above 1.
 absl::StatusOr<ModelSpec> ModelSpecFromConfig(const v1::JobConfig& config);
 
 // The half-open range of layers [begin, end) of one stack a pipeline stage

@@ -91,13 +91,21 @@ torch::Tensor PartOf(const char* name, const torch::Tensor& full, const TensorGr
 }  // namespace
 
 ModelStage::ModelStage(const ModelSpec& spec, const StageRole& role,
-                       std::shared_ptr<TensorGroup> tensor)
+                       std::shared_ptr<TensorGroup> tensor, std::shared_ptr<TensorGroup> context)
     : spec_(spec),
       role_(role),
       tensor_(tensor != nullptr ? std::move(tensor) : std::make_shared<TensorGroup>()),
+      context_(context != nullptr ? std::move(context) : std::make_shared<TensorGroup>()),
       vocab_begin_(RangeOfPart(spec.vocab_size, tensor_->size(), tensor_->index()).begin) {
   TORCH_CHECK(tensor_->size() == spec.tensor_parallel, "a tensor group of ", tensor_->size(),
               " ranks for a model of tensor-parallel degree ", spec.tensor_parallel);
+  TORCH_CHECK(!spec.encoder_decoder || spec.context_parallel <= 1, "parallelism.context (",
+              spec.context_parallel,
+              ") must be 1 for T5 models: context parallelism splits the causal self-attention "
+              "of GPT and LLAMA models only");
+  TORCH_CHECK(context_->size() == 1 || context_->size() == spec.context_parallel,
+              "a context group of ", context_->size(),
+              " ranks for a model of context-parallel degree ", spec.context_parallel);
   const int64_t h = spec.hidden_size;
   RegisterEmbeddings();
   const int64_t total_layers = spec.num_layers + spec.num_decoder_layers;
@@ -347,10 +355,27 @@ StageActivations ModelStage::Forward(const StageActivations& in, const StageBatc
   size_t next_layer = 0;
   // Encoder (GPT: the whole model) part.
   const bool packed = batch.input_segments.defined();
+  // A split micro-batch: each token's place in its own sample.
+  const torch::Tensor& input_positions =
+      batch.context ? batch.context->positions() : batch.input_positions;
   if (role_.embeds_input) {
-    hidden = Embed(batch.input_tokens, word_embedding_, position_embedding_, batch.input_positions);
+    hidden = Embed(batch.input_tokens, word_embedding_, position_embedding_, input_positions);
   }
-  if (role_.encoder_layers.size() > 0) {
+  if (role_.encoder_layers.size() > 0 && batch.context) {
+    TORCH_CHECK(!spec_.encoder_decoder, "a T5 stage cannot run a context-parallel micro-batch");
+    TORCH_CHECK(context_->size() == batch.context->split().group_size(),
+                "a micro-batch split over ", batch.context->split().group_size(),
+                " lanes on a stage whose context group has ", context_->size());
+    // The lanes' keys and values gathered in every layer; LLAMA's rotary
+    // angles from the tokens' own positions.
+    const AttentionInput self_input =
+        AttentionInput::ContextParallel(batch.context, context_.get());
+    const torch::Tensor position = LayerPositions(input_positions, hidden, torch::Tensor(),
+                                                  /*bidirectional=*/true);
+    hidden = RunLayers(next_layer, role_.encoder_layers.size(), hidden, self_input, {},
+                       AttentionInput(), position);
+    next_layer += static_cast<size_t>(role_.encoder_layers.size());
+  } else if (role_.encoder_layers.size() > 0) {
     const bool causal = !spec_.encoder_decoder;
     // One input (and for packed rows one layout) for all of the stage's
     // layers.

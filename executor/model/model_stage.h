@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "executor/model/context_parallel_attention.h"
 #include "executor/model/model_spec.h"
 #include "executor/model/tensor_group.h"
 #include "executor/model/transformer_layer.h"
@@ -111,6 +112,13 @@ struct StageBatch {
   // Multiplies the summed token loss: 1 / (real target tokens of the whole
   // global mini-batch), so the micro-batch losses add up to the global mean.
   double loss_scale = 1.0;
+  // A micro-batch split across the stage's context group (null: whole):
+  // this lane's split (context_parallel_attention.h). The tensors are then
+  // one row of all_gather_count positions, the lane's local tokens first
+  // (labels: each token's label as in the whole micro-batch), then padding;
+  // positions (absolute or rotary) are each token's place in its own
+  // sample, and self-attention gathers the keys of every lane.
+  c10::intrusive_ptr<ContextParallelInput> context;
 };
 
 // The flat indices, ascending, of the positions of `labels` [b, s] whose
@@ -129,12 +137,19 @@ struct StageActivations {
 class ModelStage : public torch::nn::Module {
  public:
   // `tensor`: the rank's tensor group (size spec.tensor_parallel), shared by
-  // the rank's stages; none: a group of one.
+  // the rank's stages; none: a group of one. `context`: the rank's context
+  // group (size spec.context_parallel: the lanes of its replica and
+  // pipeline rank, of its tensor index), over which split micro-batches
+  // gather keys and values; none: a group of one. A T5 model with
+  // spec.context_parallel above 1 is refused (c10::Error naming
+  // parallelism.context).
   ModelStage(const ModelSpec& spec, const StageRole& role,
-             std::shared_ptr<TensorGroup> tensor = nullptr);
+             std::shared_ptr<TensorGroup> tensor = nullptr,
+             std::shared_ptr<TensorGroup> context = nullptr);
 
   const StageRole& role() const { return role_; }
   TensorGroup& tensor_group() { return *tensor_; }
+  TensorGroup& context_group() { return *context_; }
 
   // Runs the stage. `in` is empty on stage 0; on T5 decoder stages after the
   // first it carries decoder activations and the encoder output; on the first
@@ -203,6 +218,7 @@ class ModelStage : public torch::nn::Module {
   ModelSpec spec_;
   StageRole role_;
   std::shared_ptr<TensorGroup> tensor_;
+  std::shared_ptr<TensorGroup> context_;
   int64_t vocab_begin_ = 0;  // the first vocabulary row this tensor rank holds
   // embeds_input (or a tied head; T5V11: or embeds_decoder); LLAMA and
   // T5V11 have no position table.

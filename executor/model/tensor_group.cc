@@ -14,6 +14,15 @@ TensorGroup::TensorGroup(int global_rank, int size, bool sequence_parallel)
   for (int i = 0; i < size; ++i) ranks_.push_back(global_rank - index_ + i);
 }
 
+TensorGroup::TensorGroup(std::vector<int> ranks, int index, std::string kind)
+    : size_(static_cast<int>(ranks.size())),
+      index_(index),
+      kind_(std::move(kind)),
+      ranks_(std::move(ranks)) {
+  TORCH_CHECK(size_ >= 1 && index_ >= 0 && index_ < size_, kind_, " group of ", size_,
+              " ranks with index ", index_);
+}
+
 TensorGroup::~TensorGroup() {
   // A failed run's error was reported where it happened.
   Drain(absl::Now() + absl::Seconds(30)).IgnoreError();
@@ -21,7 +30,7 @@ TensorGroup::~TensorGroup() {
 
 torch::Tensor TensorGroup::Run(const torch::Tensor& x, const char* what,
                                Transport::DeviceCollective kind) const {
-  TORCH_CHECK(transport_ != nullptr, "tensor group ", absl::StrJoin(ranks_, ","),
+  TORCH_CHECK(transport_ != nullptr, kind_, " group ", absl::StrJoin(ranks_, ","),
               ": no transport for its ", what);
   // One fresh fp32 copy, which the collective overwrites in place.
   torch::Tensor data = x.to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true).contiguous();
@@ -38,8 +47,8 @@ torch::Tensor TensorGroup::Run(const torch::Tensor& x, const char* what,
       pending_.push_back({*std::move(started), what});
     }
   }
-  TORCH_CHECK(status.ok(), "tensor-parallel ", what, " over ranks ", absl::StrJoin(ranks_, ","),
-              ": ", status.ToString());
+  TORCH_CHECK(status.ok(), kind_, " ", what, " over ranks ", absl::StrJoin(ranks_, ","), ": ",
+              status.ToString());
   return data.to(x.scalar_type());
 }
 
@@ -54,7 +63,7 @@ absl::Status TensorGroup::Drain(absl::Time deadline) {
     const absl::Status status = p.transfer->Wait(deadline);
     if (!status.ok() && first.ok()) {
       first = absl::Status(status.code(),
-                           absl::StrCat("tensor-parallel ", p.what, " over ranks ",
+                           absl::StrCat(kind_, " ", p.what, " over ranks ",
                                         absl::StrJoin(ranks_, ","), ": ", status.message()));
     }
   }
@@ -84,8 +93,8 @@ torch::Tensor TensorGroup::AllGather(const torch::Tensor& x, int64_t dim) const 
 
 torch::Tensor TensorGroup::ReduceScatter(const torch::Tensor& x, int64_t dim) const {
   if (size_ == 1) return x;
-  TORCH_CHECK(x.size(dim) % size_ == 0, "tensor-parallel reduce-scatter of ", x.size(dim),
-              " rows over ", size_, " ranks");
+  TORCH_CHECK(x.size(dim) % size_ == 0, kind_, " reduce-scatter of ", x.size(dim), " rows over ",
+              size_, " ranks");
   const torch::Tensor slots = torch::stack(x.chunk(size_, dim), 0);
   const torch::Tensor summed =
       Run(slots, "reduce-scatter", Transport::DeviceCollective::kReduceScatterSum);

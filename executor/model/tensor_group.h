@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -45,6 +46,11 @@ class TensorGroup {
   // Global rank `global_rank` in groups of `size`; `sequence_parallel` as
   // ParallelismConfig.sequence_parallel.
   TensorGroup(int global_rank, int size, bool sequence_parallel);
+  // A group of the global ranks `ranks` (ascending, at least one), this rank
+  // being ranks[index]; `kind` names it in errors ("context-parallel": a
+  // context group of one tensor index, common/config/rank_layout.h). No
+  // sequence parallelism.
+  TensorGroup(std::vector<int> ranks, int index, std::string kind);
 
   int size() const { return size_; }
   int index() const { return index_; }
@@ -93,6 +99,7 @@ class TensorGroup {
   int size_ = 1;
   int index_ = 0;
   bool sequence_parallel_ = false;
+  std::string kind_ = "tensor-parallel";
   std::vector<int> ranks_ = {0};
   Transport* transport_ = nullptr;
   // The collectives run from const methods (inside autograd functions, on

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "executor/model/attention_mask.h"
+#include "executor/model/context_parallel_attention.h"
 #include "executor/model/cuda_autocast.h"
 #include "executor/model/deferred_linear.h"
 #include "executor/model/recompute_precision.h"
@@ -313,6 +314,23 @@ torch::Tensor TransformerLayer::Attention(const torch::Tensor& q, const torch::T
   // T5V11 scores are not divided by sqrt(d).
   const bool scaled = !t5v11_;
   const torch::Tensor& bias = input.bias();
+  if (input.kind() == AttentionInput::Kind::kContextParallel) {
+    // A micro-batch split across the context group: the local queries over
+    // the group's gathered keys; a variable-length kernel where one serves
+    // (cu_seqlens from the split's offsets, bottom-right causal), else the
+    // reference core, recomputed in backward under selective recomputation.
+    TORCH_CHECK(!bias.defined(), "context-parallel attention takes no score bias");
+    const int64_t head_dim = q.size(2) / heads_;
+    const auto compute = [&](const torch::Tensor& t) { return t.to(ComputeDtype(q)); };
+    const torch::Tensor cq = compute(q);
+    const double scale = scaled ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : 1.0;
+    const VariableLengthKernel* kernel =
+        VariableLengthKernelFor(cq, head_dim, /*has_bias=*/false, fused_attention_);
+    return ContextParallelSelfAttention(
+        kernel != nullptr ? cq : q, kernel != nullptr ? compute(k) : k,
+        kernel != nullptr ? compute(v) : v, input.context(), input.context_group(), heads_, scale,
+        kernel, recompute_attention_);
+  }
   if (input.kind() == AttentionInput::Kind::kVariableLength) {
     // Packed rows: one variable-length kernel call where one serves the
     // device, dtype and model; otherwise the same core, sample by sample.

@@ -25,10 +25,11 @@ torch::Tensor SampleHeads(const torch::Tensor& x, int64_t begin, int64_t length)
   return x.narrow(0, begin, length).to(torch::kFloat32).transpose(0, 1);
 }
 
-// The causal mask of an L x L sample: true above the diagonal (hidden).
-torch::Tensor Hidden(int64_t length, torch::Device device) {
-  return torch::ones({length, length}, torch::TensorOptions().dtype(torch::kBool).device(device))
-      .triu(1);
+// The causal mask of a sample of lq queries and lk keys, bottom-right
+// aligned (query t sees keys 0 .. lk - lq + t): true where hidden.
+torch::Tensor Hidden(int64_t lq, int64_t lk, torch::Device device) {
+  return torch::ones({lq, lk}, torch::TensorOptions().dtype(torch::kBool).device(device))
+      .triu(lk - lq + 1);
 }
 
 class ReferenceKernel : public VariableLengthKernel {
@@ -51,7 +52,8 @@ class ReferenceKernel : public VariableLengthKernel {
           torch::matmul(SampleHeads(q, oq[i], lq), SampleHeads(k, ok[i], lk).transpose(1, 2)) *
           scale;
       if (layout.causal()) {
-        scores = scores.masked_fill(Hidden(lq, q.device()), -std::numeric_limits<float>::infinity());
+        scores = scores.masked_fill(Hidden(lq, lk, q.device()),
+                                    -std::numeric_limits<float>::infinity());
       }
       const torch::Tensor lse = scores.logsumexp(-1);  // [H, lq]
       const torch::Tensor out =
@@ -83,7 +85,8 @@ class ReferenceKernel : public VariableLengthKernel {
       const torch::Tensor os = SampleHeads(forward.out, oq[i], lq);
       torch::Tensor scores = torch::matmul(qs, ks.transpose(1, 2)) * scale;
       if (layout.causal()) {
-        scores = scores.masked_fill(Hidden(lq, q.device()), -std::numeric_limits<float>::infinity());
+        scores = scores.masked_fill(Hidden(lq, lk, q.device()),
+                                    -std::numeric_limits<float>::infinity());
       }
       const torch::Tensor p =
           (scores - forward.logsumexp.narrow(1, oq[i], lq).unsqueeze(-1)).exp();

@@ -102,6 +102,34 @@ c10::intrusive_ptr<VariableLengthLayout> VariableLengthLayout::FromSegments(
   return layout;
 }
 
+c10::intrusive_ptr<VariableLengthLayout> VariableLengthLayout::FromOffsets(
+    const std::vector<int64_t>& query_offsets, const std::vector<int64_t>& key_offsets,
+    bool causal) {
+  TORCH_CHECK(!query_offsets.empty() && query_offsets.size() == key_offsets.size() &&
+                  query_offsets.front() == 0 && key_offsets.front() == 0,
+              "variable-length offsets: query and key offsets of one count, from 0");
+  auto layout = c10::intrusive_ptr<VariableLengthLayout>::reclaim(new VariableLengthLayout());
+  layout->rows_ = 1;
+  layout->causal_ = causal;
+  for (size_t i = 0; i + 1 < query_offsets.size(); ++i) {
+    const int64_t lq = query_offsets[i + 1] - query_offsets[i];
+    const int64_t lk = key_offsets[i + 1] - key_offsets[i];
+    TORCH_CHECK(lq >= 0 && lk >= 0 && (!causal || lk >= lq), "variable-length sample ", i, ": ", lq,
+                " queries and ", lk, " keys");
+    layout->samples_.push_back({0, query_offsets[i], lq, key_offsets[i], lk});
+    layout->max_query_length_ = std::max(layout->max_query_length_, lq);
+    layout->max_key_length_ = std::max(layout->max_key_length_, lk);
+  }
+  layout->query_offsets_ = query_offsets;
+  layout->key_offsets_ = key_offsets;
+  layout->query_length_ = query_offsets.back();
+  layout->key_length_ = key_offsets.back();
+  TORCH_CHECK(layout->total_keys() <= std::numeric_limits<int32_t>::max() &&
+                  layout->total_queries() <= std::numeric_limits<int32_t>::max(),
+              "variable-length attention: more tokens than 32-bit sequence offsets hold");
+  return layout;
+}
+
 const VariableLengthLayout::DeviceTensors& VariableLengthLayout::OnDevice(
     torch::Device device) const {
   std::call_once(device_once_, [&] {

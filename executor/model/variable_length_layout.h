@@ -11,8 +11,12 @@
 // last. Sample i's queries are the packed tokens [query_offsets[i],
 // query_offsets[i+1]) and its keys [key_offsets[i], key_offsets[i+1]), in
 // the order of the samples' queries (keys are gathered in that order, so the
-// two sides may order a row's samples differently). Causal layouts have as
-// many keys as queries per sample.
+// two sides may order a row's samples differently). Causal attention is
+// bottom-right aligned: a sample's query t of lq sees its keys 0 .. lk - lq
+// + t (FlashAttention 2's rule), which for the packed rows' layouts, with as
+// many keys as queries per sample, is plain causality; a context-parallel
+// lane's layout (FromOffsets) has query chunks shorter than their key
+// prefixes.
 #ifndef VARIPIPE_EXECUTOR_MODEL_VARIABLE_LENGTH_LAYOUT_H_
 #define VARIPIPE_EXECUTOR_MODEL_VARIABLE_LENGTH_LAYOUT_H_
 
@@ -52,6 +56,14 @@ class VariableLengthLayout : public torch::CustomClassHolder {
   static c10::intrusive_ptr<VariableLengthLayout> FromSegments(const torch::Tensor& query_segments,
                                                                const torch::Tensor& key_segments,
                                                                bool causal);
+
+  // One row whose sample i has the queries [query_offsets[i],
+  // query_offsets[i + 1]) and the keys [key_offsets[i], key_offsets[i + 1])
+  // (both start at 0 and rise; causal: each sample at least as many keys
+  // as queries), every position a token.
+  static c10::intrusive_ptr<VariableLengthLayout> FromOffsets(
+      const std::vector<int64_t>& query_offsets, const std::vector<int64_t>& key_offsets,
+      bool causal);
 
   int64_t rows() const { return rows_; }
   int64_t query_length() const { return query_length_; }  // sq, padded

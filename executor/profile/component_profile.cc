@@ -96,7 +96,9 @@ struct Runnable {
   std::vector<torch::Tensor> inputs;
   // Bytes of the inputs the component keeps (it is charged for them, not
   // for its output: a stage keeps its first layer's input, received or
-  // embedded, and the next component keeps each output as its input).
+  // embedded, and the next component keeps each output as its input);
+  // negative for copies of its inputs it is not charged for (the
+  // attention core's).
   int64_t kept_input_bytes = 0;
   torch::Tensor grad_output;
   std::vector<torch::Tensor> parameters;
@@ -274,8 +276,15 @@ void BuildLayer(const ModelSpec& spec, const ProfilePoint& p, torch::Device devi
 // area (micro_batch_cost.h); otherwise (CPUs, fp32, T5V11's biased
 // self-attention) the core a sample runs alone, whose (1, l) points the
 // planner sums per sample.
+// The explicit kernel's batched matrix products copy Q, K and V into their
+// [b * heads, s, d] layout and keep the copies for backward, where one row
+// (b = 1) is a view: the layer keeps one copy of Q, K and V either way (its
+// projection's output, which a sample's core views; the rows' core's
+// copies, for which the projection's output is freed), so in fp32 (no
+// autocast, whose casts are copies at every b) the copies are not charged,
+// and the grid's points agree across b.
 void BuildAttentionCore(const ModelSpec& spec, const ProfilePoint& p, torch::Device device,
-                        const TensorGroup& tp, Runnable& r) {
+                        const TensorGroup& tp, bool autocast, Runnable& r) {
   const int64_t s = p.seq_len;
   // The rank's heads.
   const int64_t heads = spec.num_attention_heads / tp.size();
@@ -307,6 +316,11 @@ void BuildAttentionCore(const ModelSpec& spec, const ProfilePoint& p, torch::Dev
                  : MaskedAttention(q, k, v, mask, heads, {}, scaled);
   };
   r.grad_output = torch::randn({p.micro_batch, s, width}, torch::dtype(torch::kFloat32)).to(device);
+  const bool variable_length =
+      VariableLengthKernelFor(q.to(ComputeDtype(q)), spec.kv_channels, spec.t5v11, fused) != nullptr;
+  if (!fused && !variable_length && !autocast && p.micro_batch > 1) {
+    r.kept_input_bytes = -3 * q.nbytes();
+  }
 }
 
 void BuildEmbedding(const ModelSpec& spec, const ProfilePoint& p, torch::Device device,
@@ -326,11 +340,12 @@ void BuildEmbedding(const ModelSpec& spec, const ProfilePoint& p, torch::Device 
 }
 
 // The final norm, the LM head and the summed token loss, as a stage runs
-// them (ModelStage's head: chunked, DefaultLossChunkTokens): the point's
+// them (ModelStage's head: chunked, LossChunkTokens of `chunk_tokens`): the point's
 // b * s positions are all labelled, so the planner reads the grid at a
 // micro-batch's labelled tokens.
 void BuildPostprocess(const ModelSpec& spec, const ProfilePoint& p, torch::Device device,
-                      const ComponentCache& cache, const TensorGroup& tp, Runnable& r) {
+                      const ComponentCache& cache, const TensorGroup& tp, int64_t chunk_tokens,
+                      Runnable& r) {
   const int64_t h = spec.hidden_size;
   const torch::Tensor weight = cache.parameters[0];
   const torch::Tensor bias = cache.parameters[1];
@@ -346,7 +361,7 @@ void BuildPostprocess(const ModelSpec& spec, const ProfilePoint& p, torch::Devic
   const bool rms = spec.llama || spec.t5v11;
   const double epsilon = spec.norm_epsilon;
   const int64_t begin = RangeOfPart(spec.vocab_size, tp.size(), tp.index()).begin;
-  const int64_t chunk = DefaultLossChunkTokens(head.size(0));
+  const int64_t chunk = LossChunkTokens(chunk_tokens, head.size(0));
   r.forward = [x, weight, bias, head, labels, h, rms, epsilon, begin, chunk, &tp] {
     const torch::Tensor rows = x.reshape({-1, h});
     const torch::Tensor normed =
@@ -361,7 +376,8 @@ void BuildPostprocess(const ModelSpec& spec, const ProfilePoint& p, torch::Devic
 // The point's inputs and forward around the parameters in `cache`
 // (EnsureParameters for p.component).
 Runnable Build(const ModelSpec& spec, const ProfilePoint& p, torch::Device device,
-               const ComponentCache& cache, const TensorGroup& tp) {
+               const ComponentCache& cache, const TensorGroup& tp, int64_t chunk_tokens,
+               bool autocast) {
   Runnable r;
   int64_t rows = p.seq_len;  // of the output
   switch (p.component) {
@@ -371,13 +387,13 @@ Runnable Build(const ModelSpec& spec, const ProfilePoint& p, torch::Device devic
       rows = LayerRows(p.seq_len, tp);
       break;
     case v1::ATTENTION_CORE:
-      BuildAttentionCore(spec, p, device, tp, r);
+      BuildAttentionCore(spec, p, device, tp, autocast, r);
       return r;  // its own gradient shape
     case v1::EMBEDDING:
       BuildEmbedding(spec, p, device, cache, tp, r);
       break;
     default:  // POSTPROCESS: its output is the loss
-      BuildPostprocess(spec, p, device, cache, tp, r);
+      BuildPostprocess(spec, p, device, cache, tp, chunk_tokens, r);
       return r;
   }
   r.grad_output =
@@ -477,7 +493,9 @@ absl::StatusOr<PointCosts> MeasurePoint(const ModelSpec& spec, const ProfilePoin
     EnsureParameters(spec, point.component, settings.device, tp, parameters);
     MemoryProbe probe(settings.device);  // outlives every tensor below
     const absl::Cleanup clear_gradients = [&parameters] { ClearGradients(parameters); };
-    Runnable runnable = Build(spec, point, settings.device, parameters, tp);
+    Runnable runnable =
+        Build(spec, point, settings.device, parameters, tp, settings.loss_chunk_tokens,
+              settings.cuda_autocast_dtype.has_value());
     // Warm-up passes also allocate the parameters' gradients, which are
     // model state and must not count as activation memory.
     for (int i = 0; i < std::max(1, settings.warmup); ++i) {

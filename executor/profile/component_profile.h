@@ -58,6 +58,11 @@ struct ProfileSettings {
   // the collectives inside run over the group's transport: times and memory
   // are this rank's.
   const TensorGroup* tensor = nullptr;
+  // The LM head's token chunk at POSTPROCESS points (common/loss_head_chunk.h
+  // LossChunkTokens); 0: the default, which the planner assumes a profile
+  // was measured with and adjusts for a job's training.loss_chunk_tokens
+  // (micro_batch_cost.h).
+  int64_t loss_chunk_tokens = 0;
 };
 
 struct PointCosts {

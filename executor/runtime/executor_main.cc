@@ -235,13 +235,14 @@ absl::StatusOr<executor::TransportOptions> MeetingPoint(
         absl::StrCat("--transport: '", transport, "' is not one of auto, gloo"));
   }
   transport_options.gloo_on_gpu = transport == "gloo";
-  // Global ranks: the pipeline's and the data-parallel group's ranks of this
-  // rank's tensor index, and its tensor group (common/config/rank_layout.h).
+  // Global ranks: the pipeline's (this lane's) and the data-parallel group's
+  // (every replica's and lane's) ranks of this rank's tensor index, and its
+  // tensor group (common/config/rank_layout.h).
   const RankLayout ranks = RankLayout::Of(config.parallelism());
   const auto global = [&](int pipeline_rank) {
     return ranks.GlobalRank(pipeline_rank, static_cast<uint32_t>(coordinates.tensor_index));
   };
-  for (int peer : ranks.PipelineGroup(coordinates.dp_rank)) {
+  for (int peer : ranks.PipelineGroup(coordinates.dp_rank, coordinates.context_rank)) {
     if (global(peer) != env.rank) transport_options.peers.push_back(global(peer));
   }
   for (int r : ranks.DataParallelGroup(coordinates.pp_rank)) {
@@ -599,11 +600,11 @@ ExitStatus PlaceRank(ExecutorStartup& startup) {
   nccl = executor::NcclRuntimeVersion();
 #endif
   spdlog::info(
-      "job {}: rank {} of {} (launcher {}, local rank {}) = dp {} pp {} tensor {}; device {}; "
-      "LibTorch {}; NCCL {}",
+      "job {}: rank {} of {} (launcher {}, local rank {}) = dp {} pp {} context {} tensor {}; "
+      "device {}; LibTorch {}; NCCL {}",
       startup.config->job_id(), env.rank, env.world_size, env.launcher, env.local_rank,
-      startup.coordinates.dp_rank, startup.coordinates.pp_rank, startup.coordinates.tensor_index,
-      startup.device.name, executor::TorchVersion(), nccl);
+      startup.coordinates.dp_rank, startup.coordinates.pp_rank, startup.coordinates.context_rank,
+      startup.coordinates.tensor_index, startup.device.name, executor::TorchVersion(), nccl);
   WarnIfPlannedForAnotherDevice(startup);
   return std::nullopt;
 }

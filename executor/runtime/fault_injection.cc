@@ -28,6 +28,7 @@ constexpr FaultPoint kPoints[] = {
     FaultPoint::kInReceive,           FaultPoint::kInAllReduce,
     FaultPoint::kInShardedCollective, FaultPoint::kInCheckpointWrite,
     FaultPoint::kBetweenIterations,   FaultPoint::kInReport,
+    FaultPoint::kInContextGather,
 };
 
 struct Fault {
@@ -82,6 +83,8 @@ absl::string_view FaultPointName(FaultPoint point) {
       return "in_all_reduce";
     case FaultPoint::kInShardedCollective:
       return "in_sharded_collective";
+    case FaultPoint::kInContextGather:
+      return "in_context_gather";
     case FaultPoint::kInCheckpointWrite:
       return "in_checkpoint_write";
     case FaultPoint::kBetweenIterations:

@@ -8,7 +8,9 @@
 //   P: before_rendezvous, after_rendezvous, before_all_reduce, in_send,
 //      in_receive, in_all_reduce, in_sharded_collective, in_checkpoint_write,
 //      between_iterations, in_report (the reporter's job for iteration I,
-//      before its all-reduce: iteration_reporter.h)
+//      before its all-reduce: iteration_reporter.h), in_context_gather (a
+//      split micro-batch's all-gather of keys or values over the context
+//      group, context_parallel_attention.h)
 //   A: kill (SIGKILL, no report), sigterm (the process signals itself and
 //      stops as on a real SIGTERM), error (the point fails with INTERNAL
 //      "injected failure ...")
@@ -41,6 +43,7 @@ enum class FaultPoint {
   kInCheckpointWrite,
   kBetweenIterations,
   kInReport,
+  kInContextGather,
 };
 
 // The name a point has in VARIPIPE_FAULT_INJECTION ("in_send").

@@ -1,5 +1,6 @@
 #include "executor/runtime/launch_env.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "absl/strings/numbers.h"
@@ -84,8 +85,9 @@ absl::StatusOr<RankCoordinates> ComputeCoordinates(const LaunchEnv& env,
     return absl::InvalidArgumentError(absl::StrCat(
         "the launcher started ", env.world_size, " process(es) but job ", config.job_id(),
         " needs parallelism.pipeline (", config.parallelism().pipeline(), ") x parallelism.data (",
-        config.parallelism().data(), ") x parallelism.tensor (", config.parallelism().tensor(),
-        ") = ", expected));
+        config.parallelism().data(), ") x parallelism.tensor (",
+        std::max(1u, config.parallelism().tensor()), ") x parallelism.context (",
+        std::max(1u, config.parallelism().context()), ") = ", expected));
   }
   const RankLayout layout = RankLayout::Of(config.parallelism());
   const int plan_rank = layout.PipelineRankOf(env.rank);
@@ -93,7 +95,8 @@ absl::StatusOr<RankCoordinates> ComputeCoordinates(const LaunchEnv& env,
                          .dp_rank = static_cast<int>(layout.DpRank(plan_rank)),
                          .pp_rank = static_cast<int>(layout.PpRank(plan_rank)),
                          .plan_rank = plan_rank,
-                         .tensor_index = static_cast<int>(layout.TensorIndex(env.rank))};
+                         .tensor_index = static_cast<int>(layout.TensorIndex(env.rank)),
+                         .context_rank = static_cast<int>(layout.ContextRank(plan_rank))};
 }
 
 std::string LaunchId() {

@@ -1,6 +1,7 @@
 // Where this executor process sits in the job: its global rank, the world
 // size and its local rank, read from the launcher's environment, and its
-// (data-parallel, pipeline) coordinates under the job's parallelism.
+// (data-parallel, pipeline, context, tensor) coordinates under the job's
+// parallelism.
 //
 // Launchers:
 //   torchrun --no_python:  RANK, WORLD_SIZE, LOCAL_RANK
@@ -29,13 +30,16 @@ struct LaunchEnv {
 };
 
 // common/config/rank_layout.h: `rank` is the global rank, `plan_rank` the
-// pipeline rank whose plan it runs (the same without tensor parallelism).
+// plan rank whose plan it runs (the same without tensor parallelism), and
+// `context_rank` its lane in its context group (0 without context
+// parallelism).
 struct RankCoordinates {
   int rank = 0;
   int dp_rank = 0;
   int pp_rank = 0;
   int plan_rank = 0;
   int tensor_index = 0;
+  int context_rank = 0;
 };
 
 // Looks variables up with `getenv` (tests pass their own). Errors name the
@@ -52,7 +56,7 @@ absl::StatusOr<LaunchEnv> ReadLaunchEnv();
 std::string LaunchId();
 
 // Coordinates of `env.rank` in `config`. Fails when the launcher's world size
-// differs from pipeline * data * tensor of the config.
+// differs from pipeline * data * tensor * context of the config.
 absl::StatusOr<RankCoordinates> ComputeCoordinates(const LaunchEnv& env,
                                                    const v1::JobConfig& config);
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/plan_contract/buffer_lifetimes.h"
+#include "common/plan_contract/context_parallel_split.h"
 #include "common/plan_contract/format_version.h"
 #include "common/plan_contract/instruction_text.h"
 #include "common/plan_contract/micro_batch_rows.h"
@@ -37,7 +38,9 @@ class PlanChecker {
               const PlanRecipient& recipient)
       : plan_(plan), config_(config), recipient_(recipient) {
     const v1::ParallelismConfig& p = config.parallelism();
-    world_ = static_cast<int64_t>(std::max(1u, p.pipeline())) * std::max(1u, p.data());
+    context_ = std::max(1u, p.context());
+    // Plan ranks (transfers and groups name them).
+    world_ = static_cast<int64_t>(std::max(1u, p.pipeline())) * std::max(1u, p.data()) * context_;
     stages_ = static_cast<uint64_t>(std::max(1u, p.pipeline())) * std::max(1u, p.virtual_chunks());
     t5_ = config.model().kind() == v1::T5;
     max_input_ = config.data().max_sequence_length();
@@ -114,6 +117,16 @@ class PlanChecker {
                        " sequence parallelism but this job has parallelism.tensor ", tensor,
                        config_.parallelism().sequence_parallel() ? " with" : " without", " it"));
     }
+    if (std::max(1u, plan_.context_parallel()) != context_) {
+      return Error("context_parallel",
+                   absl::StrCat("is ", std::max(1u, plan_.context_parallel()),
+                                " but this job has parallelism.context ", context_));
+    }
+    if (plan_.context_rank() != static_cast<uint32_t>(recipient_.context_rank)) {
+      return Error("context_rank",
+                   absl::StrCat("is ", plan_.context_rank(), " but this executor is lane ",
+                                recipient_.context_rank, " of its context group of ", context_));
+    }
     if (recipient_.layers && plan_.stage_layers_size() > 0) {
       const v1::StageLayoutConfig mine = LayerLayoutToConfig(*recipient_.layers);
       if (!std::equal(plan_.stage_layers().begin(), plan_.stage_layers().end(),
@@ -174,6 +187,12 @@ class PlanChecker {
                    absl::StrCat("has ", mb.sample_ids_size(), " samples, more than the ",
                                 max_samples, " tokens of a global batch"));
     }
+    if (mb.context().lane() >= context_) {
+      return Error(name + ".context.lane",
+                   absl::StrCat("is ", mb.context().lane(), " but the context group has ", context_,
+                                " lanes"));
+    }
+    if (mb.context().split()) return CheckSplitMicroBatch(mb, name);
     if (mb.input_len() == 0 || mb.input_len() > max_input_) {
       return Error(name + ".input_len", absl::StrCat("is ", mb.input_len(), " (expected 1 to ",
                                                      max_input_, ", data.max_sequence_length)"));
@@ -210,10 +229,75 @@ class PlanChecker {
     return absl::OkStatus();
   }
 
+  // A micro-batch split across the context group: GPT samples of at least
+  // one token each, one row whose length is this lane's all_gather_count.
+  absl::Status CheckSplitMicroBatch(const v1::MicroBatch& mb, const std::string& name) const {
+    if (context_ <= 1) {
+      return Error(name + ".context.split", "is set but the plan's context_parallel is 1");
+    }
+    if (t5_) return Error(name + ".context.split", "is set on a T5 micro-batch");
+    if (mb.target_len() != 0) {
+      return Error(name + ".target_len",
+                   absl::StrCat("is ", mb.target_len(), " (GPT micro-batches have none)"));
+    }
+    const int n = mb.sample_ids_size();
+    if (mb.sample_input_lens_size() != n || mb.sample_target_lens_size() != n) {
+      return Error(
+          name + ".sample_input_lens",
+          absl::StrCat("has ", mb.sample_input_lens_size(), " entries (",
+                       mb.sample_target_lens_size(), " target lengths) for ", n, " samples"));
+    }
+    std::vector<int64_t> lengths;
+    uint64_t tokens = 0;
+    for (int k = 0; k < n; ++k) {
+      const uint64_t length = uint64_t{mb.sample_input_lens(k)} + mb.sample_target_lens(k);
+      if (length == 0 || length > max_input_) {
+        return Error(
+            absl::StrCat(name, ".sample_input_lens[", k, "]"),
+            absl::StrCat("gives sample ", mb.sample_ids(k), " ", length, " tokens (expected 1 to ",
+                         max_input_, ", data.max_sequence_length)"));
+      }
+      tokens += length;
+      lengths.push_back(static_cast<int64_t>(length));
+    }
+    if (tokens > config_.data().tokens_per_global_batch()) {
+      return Error(name + ".sample_input_lens",
+                   absl::StrCat("give ", tokens, " tokens, more than the ",
+                                config_.data().tokens_per_global_batch(),
+                                " of a global batch (data.tokens_per_global_batch)"));
+    }
+    const absl::StatusOr<ContextParallelSplit> split = ContextParallelSplit::Of(
+        lengths, static_cast<int>(context_), static_cast<int>(plan_.context_rank()));
+    if (!split.ok()) return Error(name + ".context", std::string(split.status().message()));
+    if (mb.input_len() != static_cast<uint64_t>(split->all_gather_count())) {
+      return Error(
+          name + ".input_len",
+          absl::StrCat("is ", mb.input_len(), " but the split of its ", n, " samples over ",
+                       context_, " lanes holds ", split->all_gather_count(),
+                       " positions per lane (all_gather_count)"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Rows of a micro-batch's tensors: one for a split micro-batch.
+  static uint64_t RowsOf(const v1::MicroBatch& mb) {
+    return mb.context().split() ? 1 : MicroBatchRows(mb);
+  }
+
   absl::Status CheckMicroBatchAndStage(const v1::Instruction& in) {
     if (in.micro_batch() >= static_cast<uint32_t>(plan_.micro_batches_size())) {
       return Error("micro_batch", absl::StrCat("is ", in.micro_batch(), " but the plan has ",
                                                plan_.micro_batches_size(), " micro-batches"));
+    }
+    if (context_ > 1) {
+      const v1::ContextPlacement& placement =
+          plan_.micro_batches(static_cast<int>(in.micro_batch())).context();
+      if (!placement.split() && placement.lane() != plan_.context_rank()) {
+        return Error(
+            "micro_batch",
+            absl::StrCat("is ", in.micro_batch(), ", which runs whole on lane ", placement.lane(),
+                         ", not on this plan's lane ", plan_.context_rank()));
+      }
     }
     if (std::find(plan_.stages().begin(), plan_.stages().end(), in.stage()) ==
         plan_.stages().end()) {
@@ -249,7 +333,7 @@ class PlanChecker {
                    absl::StrCat("is ", v1::DType_Name(spec.dtype()), " (expected ",
                                 tokens ? "INT64" : "FLOAT32, BFLOAT16 or FLOAT16", ")"));
     }
-    const int64_t rows = static_cast<int64_t>(MicroBatchRows(mb));
+    const int64_t rows = static_cast<int64_t>(RowsOf(mb));
     if (spec.dims(0) != rows) {
       return Error(
           absl::StrCat(field, ".dims[0]"),
@@ -426,6 +510,7 @@ class PlanChecker {
   const v1::JobConfig& config_;
   const PlanRecipient& recipient_;
   int64_t world_ = 1;
+  uint32_t context_ = 1;
   uint64_t stages_ = 1;
   bool t5_ = false;
   uint32_t max_input_ = 0;

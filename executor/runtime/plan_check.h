@@ -15,7 +15,13 @@
 //   float type, rows equal to the micro-batch's rows (at most the samples of
 //   a global batch), lengths equal to the micro-batch's input or target
 //   length (at most the config's maximum lengths);
-// - split backwards (CheckWeightGradOrder).
+// - split backwards (CheckWeightGradOrder);
+// - context parallelism: context_parallel is the job's parallelism.context
+//   and context_rank this executor's lane; every micro-batch either split
+//   (its samples' sequences cut by ContextParallelSplit, input_len the
+//   lane's all_gather_count, tensors one row) or whole on a lane of the
+//   group; the instructions name only the split micro-batches and the
+//   whole ones of this lane.
 // The first violation is returned as INVALID_ARGUMENT naming the iteration,
 // rank, instruction index and field, e.g.
 //   plan of iteration 3 for rank 1: instruction #17 (send_start, micro-batch
@@ -43,6 +49,9 @@ struct PlanRecipient {
   int rank = 0;
   int dp_rank = 0;
   int pp_rank = 0;
+  // The lane in its context group (common/config/rank_layout.h); unset: 0
+  // (the plan's context_rank must then be 0).
+  int context_rank = 0;
   // The stage layout the executor's model was built with: a plan that
   // records another (ExecutionPlan.stage_layers) is refused, naming both.
   std::optional<LayerLayout> layers;

@@ -115,7 +115,25 @@ class IterationRun {
                                                           " which this executor does not hold"));
       }
     }
+    const ContextLane lane = ContextLane::Of(plan_);
     for (const v1::MicroBatch& mb : plan_.micro_batches()) {
+      if (lane.group_size > 1 && mb.context().split()) {
+        // This lane's local tokens, in one row padded to input_len.
+        std::vector<int64_t> lengths;
+        for (int i = 0; i < mb.sample_input_lens_size() && i < mb.sample_target_lens_size(); ++i) {
+          lengths.push_back(static_cast<int64_t>(mb.sample_input_lens(i)) +
+                            mb.sample_target_lens(i));
+        }
+        const absl::StatusOr<ContextParallelSplit> split =
+            ContextParallelSplit::Of(lengths, lane.group_size, lane.index);
+        if (split.ok()) stats_.real_tokens += static_cast<uint64_t>(split->local_count());
+        stats_.padded_tokens += mb.input_len();
+        continue;
+      }
+      // Another lane's whole micro-batch.
+      if (lane.group_size > 1 && mb.context().lane() != static_cast<uint32_t>(lane.index)) {
+        continue;
+      }
       stats_.real_tokens += mb.real_input_tokens() + mb.real_target_tokens();
       // Rows, not samples: a packed row holds several samples.
       stats_.padded_tokens += plan_contract::PaddedTokens(mb);
@@ -146,6 +164,10 @@ class IterationRun {
       if (memory != nullptr) memory->ResetPeak();
       try {
         status = Dispatch(in);
+      } catch (const c10::Error& e) {
+        // A collective inside the model (tensor or context group) that
+        // failed: its message, without LibTorch's backtrace.
+        status = absl::InternalError(e.what_without_backtrace());
       } catch (const std::exception& e) {
         status = absl::InternalError(e.what());
       }
@@ -254,9 +276,11 @@ class IterationRun {
   // completes ends in an error naming it, not in a device read that never
   // returns.
   absl::Status DrainTensorGroup() {
-    TensorGroup* tensor = it_.options_.tensor_group;
-    if (tensor == nullptr) return absl::OkStatus();
-    return tensor->Drain(absl::Now() + it_.options_.wait_timeout);
+    const absl::Time deadline = absl::Now() + it_.options_.wait_timeout;
+    for (TensorGroup* group : {it_.options_.tensor_group, it_.options_.context_group}) {
+      if (group != nullptr) VP_RETURN_IF_ERROR(group->Drain(deadline));
+    }
+    return absl::OkStatus();
   }
 
   GradientBuckets* BucketsOf(uint32_t stage) const {
@@ -359,6 +383,12 @@ class IterationRun {
     VP_ASSIGN_OR_RETURN(const v1::MicroBatch* mb, MicroBatch(in.micro_batch()));
     VP_ASSIGN_OR_RETURN(RowLengths lengths, inputs_.TakeLengths(index_));
     batch->input_lengths = ToDevice(lengths.input);
+    // A split micro-batch: this lane's index tensors, copied without a
+    // host wait (context_parallel_attention.h).
+    if (lengths.context_split != nullptr) {
+      batch->context =
+          c10::make_intrusive<ContextParallelInput>(*lengths.context_split, it_.options_.device);
+    }
     batch->target_lengths = ToDevice(lengths.target);
     // Packed micro-batches: per-position samples and positions. Per-sample
     // attention builds its layout from the segments on the host

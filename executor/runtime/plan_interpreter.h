@@ -79,6 +79,11 @@ struct InterpreterOptions {
   // collectives the device orders are waited for (TensorGroup::Drain, under
   // the watchdog) before the iteration's device read.
   TensorGroup* tensor_group = nullptr;
+  // The rank's context group (not owned; null or of size one without
+  // context parallelism): split micro-batches gather keys and values over
+  // it; its collectives the device orders are waited for like the tensor
+  // group's.
+  TensorGroup* context_group = nullptr;
   // The shared parameters this rank holds with other ranks of its pipeline
   // replica (SharedParameterGroups: a tied embedding, T5V11's shared
   // embedding and relative bias tables), in the order every rank sums them.
@@ -154,8 +159,11 @@ struct IterationStats {
   uint64_t iteration = 0;
   bool has_loss = false;       // this rank holds the last stage
   double loss = 0;             // sum of its micro-batches' scaled losses
-  uint64_t real_tokens = 0;    // input + target tokens of this replica
-  uint64_t padded_tokens = 0;  // the same, padded
+  // Input + target tokens of the micro-batches this rank runs, and the
+  // same padded (a context lane: its whole micro-batches, and its local
+  // tokens of the split ones, padded to all_gather_count).
+  uint64_t real_tokens = 0;
+  uint64_t padded_tokens = 0;
   double learning_rate = 0;
   double grad_norm = 0;
   int instructions = 0;

@@ -109,9 +109,23 @@ absl::Status Trainer::BuildStages() {
                  tensor_->size(), absl::StrJoin(tensor_->ranks(), ","),
                  tensor_->sequence_parallel() ? ", sequence parallel" : "");
   }
+  // The lanes of this rank's replica and pipeline rank, of its tensor
+  // index: split micro-batches gather keys and values over them (its
+  // transport comes with Meet()).
+  if (spec_.context_parallel > 1) {
+    const RankLayout ranks = RankLayout::Of(config.parallelism());
+    std::vector<int> lanes;
+    for (int r : ranks.ContextGroup(c_.coordinates.dp_rank, c_.coordinates.pp_rank)) {
+      lanes.push_back(ranks.GlobalRank(r, static_cast<uint32_t>(c_.coordinates.tensor_index)));
+    }
+    context_ = std::make_shared<TensorGroup>(std::move(lanes), c_.coordinates.context_rank,
+                                             "context-parallel");
+    spdlog::info("context parallelism: lane {} of {} (global ranks {})", context_->index(),
+                 context_->size(), absl::StrJoin(context_->ranks(), ","));
+  }
   int64_t parameter_count = 0;
   for (uint32_t s = c_.coordinates.pp_rank; s < pp_ * chunks_; s += pp_) {
-    auto stage = std::make_unique<ModelStage>(spec_, roles_[s], tensor_);
+    auto stage = std::make_unique<ModelStage>(spec_, roles_[s], tensor_, context_);
     stage->to(torch_device);
     // --loss_chunk_tokens over training.loss_chunk_tokens; 0: the default.
     stage->set_loss_chunk_tokens(options_.loss_chunk_tokens > 0
@@ -161,12 +175,16 @@ absl::Status Trainer::LoadHuggingFaceWeights() {
 // data-parallel group (optimizer_sharding.h).
 absl::Status Trainer::MakeOptimizer() {
   const v1::JobConfig& config = c_.config;
-  VP_ASSIGN_OR_RETURN(
-      rank_optimizer_,
-      MakeRankOptimizer(
-          by_id_, config.training(),
-          RankLayout::Of(config.parallelism()).DataParallelGroup(c_.coordinates.pp_rank),
-          c_.coordinates.dp_rank, torch::Device(c_.device.name)));
+  // The gradient group: every replica's lanes of this pipeline rank (data
+  // and context parallelism both replicate the layers); ZeRO stage 1 shards
+  // over it, this rank's shard its position in it.
+  const RankLayout ranks = RankLayout::Of(config.parallelism());
+  const std::vector<int> gradient_group = ranks.DataParallelGroup(c_.coordinates.pp_rank);
+  const int shard = static_cast<int>(
+      std::find(gradient_group.begin(), gradient_group.end(), c_.coordinates.plan_rank) -
+      gradient_group.begin());
+  VP_ASSIGN_OR_RETURN(rank_optimizer_, MakeRankOptimizer(by_id_, config.training(), gradient_group,
+                                                         shard, torch::Device(c_.device.name)));
   std::vector<torch::Tensor> parameters;
   int64_t parameter_count = 0;
   for (const auto& stage : stages_) {
@@ -185,7 +203,8 @@ absl::Status Trainer::MakeOptimizer() {
                          " data-parallel ranks (training.zero_stage 1, shard ", sharding->index(),
                          ")")
           : absl::StrCat("whole on this rank (training.zero_stage ", config.training().zero_stage(),
-                         ", data-parallel degree ", config.parallelism().data(), ")"));
+                         ", data-parallel degree ", config.parallelism().data(),
+                         ", context-parallel degree ", ranks.context, ")"));
   return absl::OkStatus();
 }
 
@@ -219,6 +238,18 @@ absl::Status Trainer::Meet() {
     VP_ASSIGN_OR_RETURN(created, CreateTransport(report_options));
     report_ = c_.transports.Add(std::move(created));
   }
+  if (context_ != nullptr) {
+    // The context group's collectives on a transport of their own (NCCL: a
+    // communicator over the group's ranks; Gloo: its own contexts), apart
+    // from the pipeline's transfers and the gradient reductions.
+    TransportOptions context_options = transport_options;
+    context_options.prefix += "/context";
+    context_options.peers.clear();
+    context_options.data_parallel_group.clear();
+    context_options.tensor_group = context_->ranks();
+    VP_ASSIGN_OR_RETURN(created, CreateTransport(context_options));
+    context_->set_transport(c_.transports.Add(std::move(created)));
+  }
   VP_RETURN_IF_ERROR(MaybeInjectFault(FaultPoint::kAfterRendezvous));
   for (int r = 0; r < c_.env.world_size; ++r) world_.push_back(r);
   // The plan interpreter talks in pipeline ranks (the identity without
@@ -240,15 +271,21 @@ void Trainer::MakeInterpreter() {
   // The sharding cuts its shards from buckets of the same size.
   options.gradient_bucket_bytes = GradientBucketBytes(training);
   const RankLayout ranks = RankLayout::Of(config.parallelism());
-  options.pipeline_group = ranks.PipelineGroup(c_.coordinates.dp_rank);
-  const int replica_base = ranks.Rank(c_.coordinates.dp_rank, 0);
+  // This lane's pipeline.
+  const uint32_t lane = static_cast<uint32_t>(c_.coordinates.context_rank);
+  options.pipeline_group = ranks.PipelineGroup(c_.coordinates.dp_rank, lane);
   // One stage per rank when parameters are shared (the config refuses
-  // interleaved stages then).
+  // interleaved stages then): stage s's holder is this lane's pipeline rank
+  // s.
   for (const auto& [id, stage] : by_id_) {
-    for (SharedParameterGroup& group : SharedParameterGroups(spec_, roles_, id, replica_base)) {
+    for (SharedParameterGroup& group : SharedParameterGroups(spec_, roles_, id, 0)) {
+      for (int& r : group.ranks) {
+        r = ranks.Rank(c_.coordinates.dp_rank, static_cast<uint32_t>(r), lane);
+      }
       options.shared_parameter_groups.push_back(std::move(group));
     }
   }
+  options.context_group = context_.get();
   options.host_transport = plan_host_.get();
   options.tensor_group = tensor_.get();
   options.progress = c_.board.progress();
@@ -388,6 +425,7 @@ absl::StatusOr<CheckedPlan> Trainer::FetchPlan(uint64_t iteration) {
                              .rank = coordinates.plan_rank,
                              .dp_rank = coordinates.dp_rank,
                              .pp_rank = coordinates.pp_rank,
+                             .context_rank = coordinates.context_rank,
                              .layers = layout_});
 }
 
@@ -601,7 +639,8 @@ absl::Status Trainer::SaveParameters() const {
 absl::Status Trainer::ExportHuggingFace() {
   if (options_.export_hf.empty()) return absl::OkStatus();
   const std::string out = std::filesystem::absolute(options_.export_hf).lexically_normal().string();
-  if (c_.coordinates.dp_rank == 0) {
+  // Replica 0's first lane (the lanes hold the same parameters).
+  if (c_.coordinates.dp_rank == 0 && c_.coordinates.context_rank == 0) {
     std::error_code ec;
     std::filesystem::create_directories(out, ec);
     if (ec) return absl::UnavailableError(absl::StrCat(out, ": cannot create: ", ec.message()));

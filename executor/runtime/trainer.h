@@ -166,6 +166,8 @@ class Trainer {
   int64_t parameter_bytes_ = 0;
   RankOptimizer rank_optimizer_;
   std::shared_ptr<TensorGroup> tensor_;
+  // parallelism.context > 1: this rank's context group; null otherwise.
+  std::shared_ptr<TensorGroup> context_;
   // Global ranks; plan_transport_ and plan_host_ are their pipeline-rank
   // views (tensor_rank_transport.h), which the interpreter uses.
   Transport* transport_ = nullptr;

@@ -83,5 +83,27 @@ TEST(LaunchEnv, CoordinatesPutPipelineStagesOnConsecutiveRanks) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("started 6 process(es)")));
 }
 
+// Tensor innermost, then context (common/config/rank_layout.h): global rank
+// ((dp * pp + pp_rank) * context + lane) * tensor + tensor index.
+TEST(LaunchEnv, CoordinatesPutContextLanesInsideEachPipelineRank) {
+  v1::JobConfig config = Config(2, 2);
+  config.mutable_parallelism()->set_context(2);
+  config.mutable_parallelism()->set_tensor(2);
+  for (int rank = 0; rank < 16; ++rank) {
+    absl::StatusOr<RankCoordinates> c = ComputeCoordinates(
+        LaunchEnv{.rank = rank, .world_size = 16, .local_rank = 0, .launcher = "torchrun"}, config);
+    ASSERT_THAT(c, IsOk());
+    EXPECT_EQ(c->tensor_index, rank % 2);
+    EXPECT_EQ(c->plan_rank, rank / 2);
+    EXPECT_EQ(c->context_rank, rank / 2 % 2);
+    EXPECT_EQ(c->pp_rank, rank / 4 % 2);
+    EXPECT_EQ(c->dp_rank, rank / 8);
+  }
+  EXPECT_THAT(
+      ComputeCoordinates(
+          LaunchEnv{.rank = 0, .world_size = 8, .local_rank = 0, .launcher = "torchrun"}, config),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("parallelism.context (2) = 16")));
+}
+
 }  // namespace
 }  // namespace varipipe::executor

@@ -5,7 +5,7 @@
 // the planner assumes: they are model state). Each rank's measured
 // activation peak is printed next to the plan's prediction
 // (ExecutionPlan.predicted_activation_peak_bytes) and must lie within 10%
-// of it (seen: -8.6% to +8.5%). The planner plans with the profile's
+// of it (seen: -8.6% to +8.8%). The planner plans with the profile's
 // measured memory but the analytic model's times (UseAnalyticTimes): measured
 // times vary from run to run, and with the machine's load, and they shape
 // the plan (the dynamic program's micro-batches, the adaptive schedules'
@@ -23,7 +23,11 @@
 // its target only, so most positions are unlabelled and the plans price the
 // head on the labelled tokens (docs/cost-model.md, "The head on labelled
 // tokens"); the LabelledHead cases name that path, at 5 and at 14 micro-
-// batches.
+// batches. The PackedPerSample cases pack rows (PACKING) whose attention
+// runs per sample (PackedAttention PER_SAMPLE; on CPUs one core call per
+// sample), priced from the attention-core grid (docs/cost-model.md,
+// "Packed rows"), GPT and T5 under every recompute mode, at 5 to 7 and at
+// 17 micro-batches; component_memory_test breaks one layer of them down.
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -161,6 +165,10 @@ struct MemoryCase {
   // and every tensor rank's peak is compared with its plan's prediction.
   uint32_t tensor = 1;
   bool sequence_parallel = false;
+  // PACKING with PackedAttention PER_SAMPLE: rows of several samples whose
+  // attention runs per sample (on CPUs one core call per sample), priced
+  // from the attention-core grid (micro_batch_cost.h).
+  bool packed = false;
 };
 
 class MeasuredMemory : public ::testing::TestWithParam<MemoryCase> {};
@@ -178,8 +186,12 @@ TEST_P(MeasuredMemory, ProfiledPredictionMatchesTheMeasuredPeak) {
   job.recompute = c.recompute;
   job.tensor = c.tensor;
   job.sequence_parallel = c.sequence_parallel;
-  job.method = c.dynamic ? v1::DYNAMIC_PROGRAMMING : v1::FIXED_SIZE;
+  job.method = c.dynamic ? v1::DYNAMIC_PROGRAMMING : c.packed ? v1::PACKING : v1::FIXED_SIZE;
+  if (c.packed) job.packed_attention = v1::PER_SAMPLE;
   if (c.many) job.tokens_per_global_batch = c.t5 ? 2800 : 2400;
+  // Packed rows hold several samples each: a larger mini-batch keeps the
+  // Many cases at 14 or more micro-batches of 2 rows.
+  if (c.packed) job.tokens_per_global_batch = c.many ? (c.t5 ? 3600 : 3200) : (c.t5 ? 1500 : 1200);
   // The dynamic program packs more samples into a micro-batch where memory
   // allows: a larger mini-batch keeps it at 14 or more.
   if (c.dynamic) job.tokens_per_global_batch = c.t5 ? 5600 : 4800;
@@ -424,7 +436,69 @@ INSTANTIATE_TEST_SUITE_P(
                    .schedule = v1::ONE_F_ONE_B,
                    .name = "T5Tp2None1F1B",
                    .t5 = true,
-                   .tensor = 2}),
+                   .tensor = 2},
+        // Packed rows whose attention runs per sample, at 5 (3 rows each)
+        // and at 14 or more micro-batches (2 rows each).
+        MemoryCase{.recompute = v1::RECOMPUTE_NONE,
+                   .schedule = v1::ONE_F_ONE_B,
+                   .name = "PackedPerSampleNone1F1B",
+                   .packed = true},
+        MemoryCase{.recompute = v1::RECOMPUTE_SELECTIVE,
+                   .schedule = v1::ONE_F_ONE_B,
+                   .name = "PackedPerSampleSelective1F1B",
+                   .packed = true},
+        MemoryCase{.recompute = v1::RECOMPUTE_FULL,
+                   .schedule = v1::ONE_F_ONE_B,
+                   .name = "PackedPerSampleFull1F1B",
+                   .packed = true},
+        MemoryCase{.recompute = v1::RECOMPUTE_NONE,
+                   .schedule = v1::ONE_F_ONE_B,
+                   .name = "ManyPackedPerSampleNone1F1B",
+                   .many = true,
+                   .packed = true},
+        MemoryCase{.recompute = v1::RECOMPUTE_SELECTIVE,
+                   .schedule = v1::ADAPTIVE,
+                   .name = "ManyPackedPerSampleSelectiveAdaptive",
+                   .many = true,
+                   .packed = true},
+        MemoryCase{.recompute = v1::RECOMPUTE_FULL,
+                   .schedule = v1::ONE_F_ONE_B,
+                   .name = "ManyPackedPerSampleFull1F1B",
+                   .many = true,
+                   .packed = true},
+        MemoryCase{.recompute = v1::RECOMPUTE_NONE,
+                   .schedule = v1::ONE_F_ONE_B,
+                   .name = "PackedPerSampleT5None1F1B",
+                   .t5 = true,
+                   .packed = true},
+        MemoryCase{.recompute = v1::RECOMPUTE_SELECTIVE,
+                   .schedule = v1::ONE_F_ONE_B,
+                   .name = "PackedPerSampleT5Selective1F1B",
+                   .t5 = true,
+                   .packed = true},
+        MemoryCase{.recompute = v1::RECOMPUTE_FULL,
+                   .schedule = v1::ONE_F_ONE_B,
+                   .name = "PackedPerSampleT5Full1F1B",
+                   .t5 = true,
+                   .packed = true},
+        MemoryCase{.recompute = v1::RECOMPUTE_NONE,
+                   .schedule = v1::ONE_F_ONE_B,
+                   .name = "ManyPackedPerSampleT5None1F1B",
+                   .t5 = true,
+                   .many = true,
+                   .packed = true},
+        MemoryCase{.recompute = v1::RECOMPUTE_SELECTIVE,
+                   .schedule = v1::ADAPTIVE,
+                   .name = "ManyPackedPerSampleT5SelectiveAdaptive",
+                   .t5 = true,
+                   .many = true,
+                   .packed = true},
+        MemoryCase{.recompute = v1::RECOMPUTE_FULL,
+                   .schedule = v1::ONE_F_ONE_B,
+                   .name = "ManyPackedPerSampleT5Full1F1B",
+                   .t5 = true,
+                   .many = true,
+                   .packed = true}),
     [](const auto& info) { return info.param.name; });
 
 TEST(ProfileCli, HelpNamesTheFlags) {

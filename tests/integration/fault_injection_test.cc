@@ -9,7 +9,8 @@
 // - FaultMatrix.*: one test per fault point (before and after the
 //   rendezvous, before the first data-parallel all-reduce, in a send and a
 //   receive, inside the all-reduce, inside ZeRO stage 1's collectives, while
-//   writing a checkpoint, between iterations), each over the three faults
+//   writing a checkpoint, between iterations, inside a context-parallel
+//   all-gather of a job with data 2 x context 2), each over the three faults
 //   (SIGKILL, an error in the rank, SIGTERM), through the test-only switch
 //   VARIPIPE_FAULT_INJECTION (executor/runtime/fault_injection.h). Each cell
 //   prints the time from the fault to the last peer's exit.
@@ -84,14 +85,20 @@ constexpr int kWatchdogSeconds = 60;
 constexpr absl::Duration kHangLimit = absl::Minutes(4);
 
 // A small GPT on the synthetic data, its Redis external; checkpoints every
-// iteration into DIR/ckpt.
-std::string JobConfig(const std::string& job_id, int redis_port, int zero_stage) {
+// iteration into DIR/ckpt. With `context` 2: pipeline 1, data 2 and two
+// context lanes (every micro-batch split), still four ranks.
+std::string JobConfig(const std::string& job_id, int redis_port, int zero_stage, int context = 1) {
+  const std::string parallelism = context > 1
+                                      ? absl::StrCat(R"({"pipeline": 1, "data": 2, "context": )",
+                                                     context, R"(, "context_split": "ALWAYS"})")
+                                      : std::string(R"({"pipeline": 2, "data": 2})");
   return absl::StrCat(R"({
     "job_id": ")",
                       job_id, R"(",
     "model": {"kind": "gpt", "num_layers": 4, "hidden_size": 32, "num_attention_heads": 4,
               "ffn_hidden_size": 64, "vocab_size": 64, "dtype": "float32"},
-    "parallelism": {"pipeline": 2, "data": 2},
+    "parallelism": )",
+                      parallelism, R"(,
     "cluster": {"devices_per_node": 4, "device_memory_limit_mib": 6},
     "data": {"format": "synthetic", "tokens_per_global_batch": 1024,
              "max_sequence_length": 64, "seed": 5, "synthetic_num_samples": 2000},
@@ -227,8 +234,8 @@ class FaultInjection : public ::testing::Test {
   std::filesystem::path NewRun(const std::string& name, int zero_stage) {
     const std::filesystem::path dir = root_ / name;
     std::filesystem::create_directories(dir);
-    std::ofstream(dir / "job.json") << JobConfig("faults", redis_->port(), zero_stage);
-    const std::filesystem::path plans = root_ / absl::StrCat("plans-", zero_stage);
+    std::ofstream(dir / "job.json") << JobConfig("faults", redis_->port(), zero_stage, context_);
+    const std::filesystem::path plans = root_ / PlansName(zero_stage);
     if (!std::filesystem::exists(plans)) {
       const CommandResult plan = RunCommand(absl::StrCat(
           "cd '", dir.string(), "' && ", Bin("varipipe-plan"), " --config job.json --iterations ",
@@ -239,9 +246,11 @@ class FaultInjection : public ::testing::Test {
   }
   std::string Flags(const std::filesystem::path& dir, int zero_stage, const std::string& run_id,
                     const std::string& extra = "") {
-    return absl::StrCat("--config job.json --plans '",
-                        (root_ / absl::StrCat("plans-", zero_stage)).string(), "' --run_id ",
-                        run_id, " ", extra);
+    return absl::StrCat("--config job.json --plans '", (root_ / PlansName(zero_stage)).string(),
+                        "' --run_id ", run_id, " ", extra);
+  }
+  std::string PlansName(int zero_stage) const {
+    return absl::StrCat("plans-", zero_stage, context_ > 1 ? absl::StrCat("-cp", context_) : "");
   }
   void Start(const std::filesystem::path& dir, const std::string& flags) {
     launched_.push_back(dir);
@@ -335,6 +344,8 @@ class FaultInjection : public ::testing::Test {
   }
 
   std::unique_ptr<RedisServer> redis_;
+  // parallelism.context of the test's job (JobConfig).
+  int context_ = 1;
   std::filesystem::path root_ = FreshDirectory("faults");
   std::vector<std::filesystem::path> launched_;
   std::map<int, std::filesystem::path> references_;
@@ -362,6 +373,14 @@ TEST_F(FaultInjection, BetweenIterations) { RunPoint("between_iterations", 3, 1)
 // iteration runs: a rank whose report fails or dies there still ends every
 // peer (their reports wait for its totals).
 TEST_F(FaultInjection, InTheIterationReport) { RunPoint("in_report", 2, 1); }
+// A context-parallel lane (data 2 x context 2, every micro-batch split) that
+// fails inside the all-gather of a split micro-batch's keys or values: its
+// lane partner waits in the same gather, the other replica at the
+// gradient all-reduce.
+TEST_F(FaultInjection, InsideTheContextGather) {
+  context_ = 2;
+  RunPoint("in_context_gather", 1, 2);
+}
 
 // Rank 0's plan of iteration 0, corrupted.
 struct Corruption {

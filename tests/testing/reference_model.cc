@@ -222,7 +222,9 @@ torch::Tensor TokenLoss(const torch::Tensor& logits, const std::vector<int64_t>&
 std::vector<ReferenceSample> IterationSamples(const std::vector<v1::ExecutionPlan>& plans) {
   std::vector<ReferenceSample> samples;
   for (const v1::ExecutionPlan& plan : plans) {
-    if (plan.pp_rank() != 0) continue;  // each replica's micro-batches once
+    // Each replica's micro-batches once (every lane of a context group
+    // lists all of the group's).
+    if (plan.pp_rank() != 0 || plan.context_rank() != 0) continue;
     for (const v1::MicroBatch& mb : plan.micro_batches()) {
       for (int i = 0; i < mb.sample_ids_size(); ++i) {
         samples.push_back({mb.sample_ids(i), mb.sample_input_lens(i), mb.sample_target_lens(i)});

@@ -40,7 +40,8 @@ struct ReferenceSample {
 };
 
 // Every sample of one iteration's plans (one plan per rank): the micro-
-// batches of every data-parallel replica, each sample once.
+// batches of every data-parallel replica, each sample once (a context
+// group's lanes each list all of the group's micro-batches: lane 0's).
 std::vector<ReferenceSample> IterationSamples(const std::vector<v1::ExecutionPlan>& plans);
 
 using NamedTensors = std::map<std::string, torch::Tensor>;

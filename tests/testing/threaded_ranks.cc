@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/config/rank_layout.h"
 #include "common/dataset/minibatch_sampler.h"
 #include "executor/comm/device_staging_transport.h"
 #include "executor/comm/gloo/gloo_transport.h"
@@ -55,9 +56,35 @@ void RunRank(const v1::JobConfig& config,
   const executor::ModelSpec spec = *executor::ModelSpecFromConfig(config);
   const int tp = static_cast<int>(spec.tensor_parallel);
   const int plan_rank = rank / tp;
-  const int plan_size = size / tp;
+  // common/config/rank_layout.h: the plan rank's replica, pipeline rank and
+  // lane.
+  const RankLayout layout = RankLayout::Of(config.parallelism());
+  const uint32_t dp_rank = layout.DpRank(plan_rank);
+  const uint32_t pp_rank = layout.PpRank(plan_rank);
+  const uint32_t lane = layout.ContextRank(plan_rank);
   auto tensor = std::make_shared<executor::TensorGroup>(rank, tp, spec.sequence_parallel);
   tensor->set_transport(global.get());
+  // As the executor: the lanes of this replica and pipeline rank (of this
+  // tensor index) on a Gloo transport of their own.
+  std::shared_ptr<executor::TensorGroup> context;
+  std::unique_ptr<executor::GlooTransport> context_transport;
+  if (layout.context > 1) {
+    o.prefix = options.prefix + "/context";
+    absl::StatusOr<std::unique_ptr<executor::GlooTransport>> made =
+        executor::GlooTransport::Create(o);
+    if (!made.ok()) {
+      out.status = made.status();
+      return;
+    }
+    context_transport = *std::move(made);
+    std::vector<int> lanes;
+    for (int r : layout.ContextGroup(dp_rank, pp_rank)) {
+      lanes.push_back(layout.GlobalRank(r, layout.TensorIndex(rank)));
+    }
+    context = std::make_shared<executor::TensorGroup>(std::move(lanes), static_cast<int>(lane),
+                                                      "context-parallel");
+    context->set_transport(context_transport.get());
+  }
   std::unique_ptr<executor::Transport> transport =
       std::make_unique<executor::TensorRankTransport>(global.get(), tp);
   executor::Transport* host_transport = transport.get();
@@ -72,21 +99,24 @@ void RunRank(const v1::JobConfig& config,
   std::map<uint32_t, ModelStage*> by_id;
   std::vector<ModelStage*> stage_list;
   std::vector<torch::Tensor> trainable;
-  for (int s = plan_rank % pp; s < pp * chunks; s += pp) {
-    stages.push_back(std::make_unique<ModelStage>(spec, roles[s], tensor));
+  for (int s = static_cast<int>(pp_rank); s < pp * chunks; s += pp) {
+    stages.push_back(std::make_unique<ModelStage>(spec, roles[s], tensor, context));
     stages.back()->to(options.device);
     stages.back()->set_loss_chunk_tokens(options.loss_chunk_tokens);
     by_id[static_cast<uint32_t>(s)] = stages.back().get();
     stage_list.push_back(stages.back().get());
     for (const torch::Tensor& p : stages.back()->parameters()) trainable.push_back(p);
   }
-  // As the executor: the data-parallel group of pipeline rank plan_rank % pp
-  // (in pipeline ranks; each tensor index reduces with its own).
-  std::vector<int> data_parallel_group;
-  for (int r = plan_rank % pp; r < plan_size; r += pp) data_parallel_group.push_back(r);
+  // As the executor: the gradient group of the pipeline rank (every
+  // replica's lanes, in plan ranks; each tensor index reduces with its own),
+  // this rank's shard its position in it.
+  const std::vector<int> data_parallel_group = layout.DataParallelGroup(pp_rank);
+  const int shard = static_cast<int>(
+      std::find(data_parallel_group.begin(), data_parallel_group.end(), plan_rank) -
+      data_parallel_group.begin());
   // ZeRO stage 1's shards are cut from buckets of the interpreter's size.
   absl::StatusOr<executor::RankOptimizer> rank_optimizer =
-      executor::MakeRankOptimizer(by_id, config.training(), data_parallel_group, plan_rank / pp,
+      executor::MakeRankOptimizer(by_id, config.training(), data_parallel_group, shard,
                                   options.device, options.gradient_bucket_bytes);
   if (!rank_optimizer.ok()) {
     out.status = rank_optimizer.status();
@@ -111,12 +141,13 @@ void RunRank(const v1::JobConfig& config,
   interpreter_options.gradient_bucket_bytes = options.gradient_bucket_bytes;
   interpreter_options.host_transport = host_transport;
   interpreter_options.tensor_group = tensor.get();
-  for (int k = 0; k < pp; ++k) {
-    interpreter_options.pipeline_group.push_back(plan_rank / pp * pp + k);
-  }
+  interpreter_options.context_group = context.get();
+  interpreter_options.pipeline_group = layout.PipelineGroup(dp_rank, lane);
   for (const auto& stage : stages) {
     for (executor::SharedParameterGroup& group :
-         executor::SharedParameterGroups(spec, roles, stage->role().stage, plan_rank / pp * pp)) {
+         executor::SharedParameterGroups(spec, roles, stage->role().stage, 0)) {
+      // Stage s's holder: this lane's pipeline rank s.
+      for (int& r : group.ranks) r = layout.Rank(dp_rank, static_cast<uint32_t>(r), lane);
       interpreter_options.shared_parameter_groups.push_back(std::move(group));
     }
   }
@@ -142,8 +173,9 @@ void RunRank(const v1::JobConfig& config,
         executor::CheckedPlan::Check(std::make_shared<const v1::ExecutionPlan>(plan), config,
                                      {.iteration = plan.iteration(),
                                       .rank = plan_rank,
-                                      .dp_rank = plan_rank / pp,
-                                      .pp_rank = plan_rank % pp});
+                                      .dp_rank = static_cast<int>(dp_rank),
+                                      .pp_rank = static_cast<int>(pp_rank),
+                                      .context_rank = static_cast<int>(lane)});
     if (!checked.ok()) {
       out.status = checked.status();
       break;

@@ -79,11 +79,13 @@ struct RankRun {
   std::vector<int64_t> optimizer_state_bytes;
 };
 
-// Runs `iterations[i][r]` (iteration i's plan of pipeline rank r) on one
+// Runs `iterations[i][r]` (iteration i's plan of plan rank r) on one
 // thread per rank, every iteration in order on the same stages and
 // optimizer. With parallelism.tensor t each plan runs on t ranks (global
 // ranks r * t .. r * t + t - 1, tensor_rank_transport.h); the result has
-// one RankRun per global rank.
+// one RankRun per global rank. With parallelism.context c plan rank r is
+// lane r % c of its context group (common/config/rank_layout.h), whose
+// lanes gather keys and values over a Gloo transport of their own.
 std::vector<RankRun> RunThreadedRanks(const v1::JobConfig& config,
                                       const std::vector<std::vector<v1::ExecutionPlan>>& iterations,
                                       const SampleDataset& dataset,

@@ -80,6 +80,10 @@ absl::StatusOr<v1::JobConfig> TinyJobConfig(const TinyJob& job) {
   planner.clear_partition_methods();
   planner.add_partition_methods(job.method);
   config.mutable_model()->set_packed_attention(job.packed_attention);
+  if (job.context > 1) {
+    config.mutable_parallelism()->set_context(job.context);
+    config.mutable_parallelism()->set_context_split(job.context_split);
+  }
   ApplyJobConfigDefaults(config);
   VP_RETURN_IF_ERROR(ValidateJobConfig(config, "tiny job"));
   return config;

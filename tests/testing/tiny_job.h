@@ -36,6 +36,9 @@ struct TinyJob {
   uint32_t chunks = 1;  // parallelism.virtual_chunks (interleaved 1F1B)
   uint32_t tensor = 1;  // parallelism.tensor
   bool sequence_parallel = false;
+  // parallelism.context and .context_split (GPT and LLAMA).
+  uint32_t context = 1;
+  v1::ContextSplitPolicy context_split = v1::PER_MICRO_BATCH;
   // parallelism.stage_layout LISTED (empty: EVEN): each stage's layers, T5's
   // first `encoder_stages` of them its encoder's. The model then has as
   // many layers as the layout lists.
