@@ -228,6 +228,22 @@ class Search {
                                            std::span<const uint32_t> split_only,
                                            const std::vector<double>& room,
                                            const MicroBatchingOptions& options) const;
+  // Appends each stage's profiled forward, backward and (split backward)
+  // weight-gradient time of `stage_costs` to `planned`; `g` gives the
+  // stages' layers (calibration.h: executors report their measurement
+  // beside these).
+  void RecordProfiledTimes(const std::vector<StageOpCost>& stage_costs, const MicroBatchGroup& g,
+                           PlannedMicroBatch& planned) const {
+    const uint32_t stages = static_cast<uint32_t>(stage_costs.size());
+    for (uint32_t s = 0; s < stages; ++s) {
+      StageOpCost op{.forward_ms = stage_costs[s].forward_ms,
+                     .backward_ms = stage_costs[s].backward_ms};
+      BackwardSplitRule(dims_).Split(StageLayersOf(s, stages, g), &op);
+      planned.profiled_forward_ms.push_back(stage_costs[s].forward_ms);
+      planned.profiled_backward_ms.push_back(stage_costs[s].backward_ms);
+      planned.profiled_weight_ms.push_back(op.weight_ms);
+    }
+  }
   void SplitMicroBatchOf(const Candidate& best, const MicroBatchGroup& group,
                          PlannedMicroBatch& planned) const;
 
@@ -1283,15 +1299,7 @@ std::vector<ReplicaPlan> Search::ReplicaOf(const Candidate& best, uint32_t r,
             packed ? &*packed : nullptr,
             static_cast<double>(LabelledTokens(group, mbr.samples, dims_.encoder_decoder())),
             best.chunks, dims_.hidden, dims_.dtype_bytes, &stage_costs)) {
-      for (uint32_t s = 0; s < stage_costs.size(); ++s) {
-        const StageOpCost& sc = stage_costs[s];
-        StageOpCost split{.forward_ms = sc.forward_ms, .backward_ms = sc.backward_ms};
-        BackwardSplitRule(dims_).Split(
-            StageLayersOf(s, static_cast<uint32_t>(stage_costs.size()), group), &split);
-        planned.profiled_forward_ms.push_back(sc.forward_ms);
-        planned.profiled_backward_ms.push_back(sc.backward_ms);
-        planned.profiled_weight_ms.push_back(split.weight_ms);
-      }
+      RecordProfiledTimes(stage_costs, group, planned);
     }
     // The lengths after truncation: what the executor feeds.
     LayOutSamples(group, mini_batch_.sample_ids, mbr.samples, policy_, planned);
@@ -1361,15 +1369,7 @@ void Search::SplitMicroBatchOf(const Candidate& best, const MicroBatchGroup& gro
     MicroBatchGroup row;
     row.samples = {0};
     row.input_len = planned.input_len;
-    for (uint32_t s = 0; s < stage_costs.size(); ++s) {
-      const StageOpCost& sc = stage_costs[s];
-      StageOpCost op{.forward_ms = sc.forward_ms, .backward_ms = sc.backward_ms};
-      BackwardSplitRule(dims_).Split(
-          StageLayersOf(s, static_cast<uint32_t>(stage_costs.size()), row), &op);
-      planned.profiled_forward_ms.push_back(sc.forward_ms);
-      planned.profiled_backward_ms.push_back(sc.backward_ms);
-      planned.profiled_weight_ms.push_back(op.weight_ms);
-    }
+    RecordProfiledTimes(stage_costs, row, planned);
   }
 }
 
