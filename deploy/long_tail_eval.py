@@ -10,10 +10,14 @@ per GPU and global batch. For each GPU count it plans, with varipipe-plan:
   - no context parallelism (context 1, the GPUs as data-parallel replicas),
     where it fits;
   - static context parallelism (context_split ALWAYS: every micro-batch split,
-    as Megatron-LM, torchtitan and DeepSpeed Ulysses run it) at the smallest
+    with one recompute mode for the iteration, planner.uniform_recompute, as
+    Megatron-LM, torchtitan and DeepSpeed Ulysses run it) at the smallest
     context degree c in {2, 4, 8} that fits the longest sample;
-  - the per-micro-batch choice (context_split PER_MICRO_BATCH) at the same c
-    (the same layout: pipeline 4, data GPUs / 4c);
+  - at the same c (the same layout: pipeline 4, data GPUs / 4c), each of the
+    per-micro-batch choices on its own and together: every micro-batch split
+    but each with its own recompute mode (ALWAYS); split or whole per
+    micro-batch with one recompute mode (PER_MICRO_BATCH, uniform); and
+    both (PER_MICRO_BATCH, the default);
 
 and writes each one's predicted real tokens/s (real tokens of the mini-batch
 over its predicted iteration, mean over the mini-batches) to a CSV and an SVG
@@ -33,7 +37,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def job_config(base, gpus, context, policy, tokens_per_gpu):
+def job_config(base, gpus, context, policy, uniform, tokens_per_gpu):
     config = json.loads(json.dumps(base))
     config["job_id"] = "llama-3-8b-long-tail-%dgpu" % gpus
     config["model"]["max_position_embeddings"] = 65536
@@ -53,6 +57,7 @@ def job_config(base, gpus, context, policy, tokens_per_gpu):
         "seed": 42,
     }
     config["training"] = {"iterations": 100, "zero_stage": 1}
+    config.setdefault("planner", {})["uniform_recompute"] = uniform
     return config
 
 
@@ -80,6 +85,7 @@ def plan(binary, config, iterations, scratch):
         "tokens_per_second": sum(tokens) / len(tokens),
         "iteration_ms": sum(r["predicted_iteration_ms"] for r in reports) / len(reports),
         "split": sum(r.get("split_micro_batches", 0) for r in reports),
+        "raised": sum(r.get("raised_recompute_micro_batches", 0) for r in reports),
         "micro_batches": sum(r["micro_batches"] for r in reports),
         "recompute": ",".join(sorted({r["recompute"] for r in reports})),
         "peak_gib": max(max(r["peak_activation_bytes_per_rank"]) for r in reports) / 2**30,
@@ -89,11 +95,13 @@ def plan(binary, config, iterations, scratch):
 def svg_bars(rows, path):
     """Grouped bars: per GPU count, tokens/s of each variant."""
     colors = {"no context parallelism": "#9e9e9e", "static": "#e07b39",
-              "per micro-batch": "#3a7dc9"}
+              "static, own modes": "#f2b38a", "per micro-batch, one mode": "#9cc3ea",
+              "per micro-batch": "#3a7dc9", "static, larger c": "#b5531c",
+              "per micro-batch, larger c": "#1f4f8a"}
     groups = sorted({r["gpus"] for r in rows})
     variants = list(colors)
     top = max([r["tokens_per_second"] for r in rows if r["ok"]] + [1])
-    width, height, left, bottom, plot_h = 640, 360, 70, 60, 250
+    width, height, left, bottom, plot_h = 760, 380, 70, 80, 250
     group_w = (width - left - 20) / max(1, len(groups))
     bar_w = group_w / (len(variants) + 1)
     out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" '
@@ -114,7 +122,9 @@ def svg_bars(rows, path):
         for v, variant in enumerate(variants):
             match = [r for r in rows if r["gpus"] == gpus and r["variant"] == variant]
             x = x0 + v * bar_w
-            if not match or not match[0]["ok"]:
+            if not match:
+                continue
+            if not match[0]["ok"]:
                 out.append('<text x="%.1f" y="%.1f" text-anchor="middle" '
                            'font-size="10">does not fit</text>' % (x + bar_w / 2, y0 - 6))
                 continue
@@ -130,10 +140,11 @@ def svg_bars(rows, path):
         out.append('<text x="%.1f" y="%d" text-anchor="middle">%d GPUs</text>' %
                    (left + g * group_w + group_w / 2, y0 + 20, gpus))
     for v, variant in enumerate(variants):
-        x = left + v * 190
+        x = left + (v % 3) * 230
+        y = height - 40 + (v // 3) * 18
         out.append('<rect x="%d" y="%d" width="12" height="12" fill="%s"/>' %
-                   (x, height - 24, colors[variant]))
-        out.append('<text x="%d" y="%d">%s</text>' % (x + 16, height - 14, variant))
+                   (x, y - 10, colors[variant]))
+        out.append('<text x="%d" y="%d">%s</text>' % (x + 16, y, variant))
     out.append("</svg>")
     with open(path, "w") as f:
         f.write("\n".join(out) + "\n")
@@ -155,34 +166,46 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for gpus in [int(g) for g in args.gpus.split(",")]:
-            def record(variant, context, policy):
-                result = plan(binary, job_config(base, gpus, context, policy,
+            def record(variant, context, policy, uniform):
+                result = plan(binary, job_config(base, gpus, context, policy, uniform,
                                                  args.tokens_per_gpu),
                               args.iterations, scratch)
                 row = {"gpus": gpus, "variant": variant, "context": context,
                        "tokens_per_second": 0.0}
                 row.update(result)
                 rows.append(row)
-                print("%2d GPUs, %-22s c=%d: %s" % (
+                print("%2d GPUs, %-26s c=%d: %s" % (
                     gpus, variant, context,
-                    "%.0f real tokens/s (%s, %d of %d micro-batches split)" % (
+                    "%.0f real tokens/s (%s, %d of %d micro-batches split, %d raised)" % (
                         row["tokens_per_second"], row["recompute"], row["split"],
-                        row["micro_batches"]) if row["ok"] else "no plan: " + row["error"]),
+                        row["micro_batches"], row["raised"]) if row["ok"]
+                    else "no plan: " + row["error"]),
                     file=sys.stderr)
                 return row
-            record("no context parallelism", 1, None)
+            record("no context parallelism", 1, None, False)
             static = None
             for c in (2, 4, 8):
                 if 4 * c > gpus:
                     break
-                static = record("static", c, "ALWAYS")
+                static = record("static", c, "ALWAYS", True)
                 if static["ok"]:
                     break
             if static is not None:
-                record("per micro-batch", static["context"], "PER_MICRO_BATCH")
+                c = static["context"]
+                record("static, own modes", c, "ALWAYS", False)
+                record("per micro-batch, one mode", c, "PER_MICRO_BATCH", True)
+                record("per micro-batch", c, "PER_MICRO_BATCH", False)
+                # Larger degrees, as --search_parallelism would weigh them:
+                # both policies, so that what the degree gains and what the
+                # per-micro-batch choice gains stay apart.
+                for larger in (4, 8):
+                    if larger <= c or 4 * larger > gpus:
+                        continue
+                    record("static, larger c", larger, "ALWAYS", True)
+                    record("per micro-batch, larger c", larger, "PER_MICRO_BATCH", False)
     os.makedirs(args.out, exist_ok=True)
     fields = ["gpus", "variant", "context", "ok", "tokens_per_second", "iteration_ms", "split",
-              "micro_batches", "recompute", "peak_gib", "error"]
+              "raised", "micro_batches", "recompute", "peak_gib", "error"]
     with open(os.path.join(args.out, "long_tail.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
@@ -190,11 +213,21 @@ def main():
             writer.writerow({k: r.get(k, "") for k in fields})
     svg_bars(rows, os.path.join(args.out, "long_tail.svg"))
     for gpus in sorted({r["gpus"] for r in rows}):
-        by = {r["variant"]: r for r in rows if r["gpus"] == gpus}
-        s, p = by.get("static"), by.get("per micro-batch")
-        if s and p and s["ok"] and p["ok"]:
-            print("%d GPUs: per micro-batch / static = %.2fx" %
-                  (gpus, p["tokens_per_second"] / s["tokens_per_second"]))
+        mine = [r for r in rows if r["gpus"] == gpus and r["ok"]]
+        static = [r for r in mine if r["variant"].startswith("static")
+                  and "own modes" not in r["variant"]]
+        if not static:
+            continue
+        smallest = min(static, key=lambda r: r["context"])
+        for r in mine:
+            if r["variant"] in ("per micro-batch", "per micro-batch, larger c"):
+                same = [s for s in static if s["context"] == r["context"]]
+                print("%d GPUs: per micro-batch at c=%d / static at the smallest c=%d = %.2fx%s" %
+                      (gpus, r["context"], smallest["context"],
+                       r["tokens_per_second"] / smallest["tokens_per_second"],
+                       " (/ static at c=%d: %.2fx)" % (r["context"], r["tokens_per_second"] /
+                                                       same[0]["tokens_per_second"])
+                       if same else ""))
 
 
 if __name__ == "__main__":

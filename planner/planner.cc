@@ -99,12 +99,22 @@ struct ReplicaTimeline {
 // shared by the schedules over that pair (and by a baseline's budgets).
 struct PairStageCosts {
   std::vector<std::vector<StageOpCost>> groups;  // [group][stage]
-  std::string error;                             // empty when every group was costed
+  // [group]: the recompute mode groups[group] is priced under: the
+  // candidate's, or (PlannerConfig.uniform_recompute false) the least more
+  // recomputing mode of the job's under which it fits a device alone when
+  // the candidate's does not (a lone sample's micro-batch: LoneSamples).
+  std::vector<Recompute> whole_modes;
+  std::string error;  // empty when every group was costed
   // Context parallelism: each group's costs split across the lanes (the
   // slowest lane's; empty where the split cost model has none) and each
   // replica's placement of its groups (context_placement.h).
   std::vector<std::vector<StageOpCost>> split_groups;  // [group][stage]
   std::vector<uint32_t> split_tokens;                  // [group]: A, the lanes' padded count
+  // [group]: the recompute mode split_groups[group] is priced under: the
+  // candidate's, or (PlannerConfig.uniform_recompute false) the least
+  // recomputing mode of the job's that fits a lane when the candidate's
+  // does not (MicroBatch.recompute).
+  std::vector<Recompute> split_modes;
   // [replica][variant]: the policy's choice, and under PER_MICRO_BATCH
   // also every micro-batch that fits split split, and only those that fit
   // nothing else, where they differ; the simulation keeps the fastest.
@@ -122,7 +132,11 @@ struct Candidate {
   int pair = -1;                                  // in micro_batching->candidates
   std::vector<ReplicaTimeline> replicas;
   std::vector<double> peak_per_rank;
-  bool starved = false;  // a replica got no micro-batch: not a memory failure
+  bool starved = false;        // a replica got no micro-batch: not a memory failure
+  bool lone_kept_out = false;  // its micro-batching's MethodSplit::lone_kept_out
+  // Lone samples' micro-batches raised until they fit the pipeline-depth
+  // budget (else only until they fit the device): CostStages, CostSplits.
+  bool raise_to_depth = false;
   const PairStageCosts* stage_costs = nullptr;  // owned by the search
   // No schedule of these micro-batches finishes sooner (MakespanLowerBound).
   double bound_ms = 0;
@@ -142,6 +156,8 @@ struct MethodSplit {
   MicroBatchingOptions options;
   absl::StatusOr<MicroBatchingResult> result = absl::UnknownError("not run");
   double ms = 0;
+  // The lone samples (LoneSamples) are micro-batches of their own here.
+  bool lone_kept_out = false;
 };
 
 // The state of one Plan call: the phases below fill it in order.
@@ -222,12 +238,36 @@ class Search {
                                              const MicroBatchingResult& mbr) const;
   // Replica r's plans: one, or with context parallelism one per lane.
   std::vector<ReplicaPlan> ReplicaOf(const Candidate& best, uint32_t r, absl::Status* status) const;
-  std::vector<uint32_t> SplitOnlySamples(const std::vector<double>& room) const;
-  MicroBatchingResult WithSplitOnlySamples(const MicroBatchingResult* result,
-                                           std::span<const uint32_t> kept,
-                                           std::span<const uint32_t> split_only,
-                                           const std::vector<double>& room,
-                                           const MicroBatchingOptions& options) const;
+  // `split_only` (may be null): the lone samples that fit one lane only
+  // split, the ones one recompute mode per iteration keeps apart.
+  std::vector<uint32_t> LoneSamples(const std::vector<double>& room,
+                                    std::vector<uint32_t>* split_only);
+  // Whether `ops` (one micro-batch's costs, stage s on device s % p) fits
+  // the devices' `room` alone: every peak within it; with `depth`, also
+  // every stage's stored bytes within room / p, the micro-batching's
+  // pipeline-depth budget (p micro-batches in flight).
+  bool FitsAlone(const std::vector<StageOpCost>& ops, const std::vector<double>& room,
+                 bool depth) const {
+    if (ops.empty()) return false;
+    for (size_t s = 0; s < ops.size(); ++s) {
+      const size_t d = s % p_;
+      if (d >= room.size()) continue;
+      if (ops[s].peak_bytes > room[d]) return false;
+      if (depth && ops[s].stored_bytes > room[d] / p_) return false;
+    }
+    return true;
+  }
+  // Whether group g of `cand`'s micro-batching is a lone sample's
+  // micro-batch of its own.
+  bool IsLoneGroup(const Candidate& cand, const MicroBatchGroup& group) const {
+    return cand.lone_kept_out && group.samples.size() == 1 && group.samples[0] < lone_.size() &&
+           lone_[group.samples[0]];
+  }
+  MicroBatchingResult WithLoneSamples(const MicroBatchingResult* result,
+                                      std::span<const uint32_t> kept,
+                                      std::span<const uint32_t> lone,
+                                      const std::vector<double>& room,
+                                      const MicroBatchingOptions& options) const;
   // Appends each stage's profiled forward, backward and (split backward)
   // weight-gradient time of `stage_costs` to `planned`; `g` gives the
   // stages' layers (calibration.h: executors report their measurement
@@ -244,8 +284,8 @@ class Search {
       planned.profiled_weight_ms.push_back(op.weight_ms);
     }
   }
-  void SplitMicroBatchOf(const Candidate& best, const MicroBatchGroup& group,
-                         PlannedMicroBatch& planned) const;
+  // Group g of best's micro-batching, split across the lanes.
+  void SplitMicroBatchOf(const Candidate& best, uint32_t g, PlannedMicroBatch& planned) const;
 
   // The predicted iteration of a candidate: its makespan plus the slowest
   // device's calibrated all-reduce and optimizer step.
@@ -270,6 +310,7 @@ class Search {
   StageLayout layout_;
   LengthPolicy policy_;
   std::vector<MethodSplit> splits_;
+  std::vector<bool> lone_;  // [mini-batch position]: LoneSamples
   std::map<Recompute, std::unique_ptr<absl::StatusOr<MicroBatchCostModel>>> cost_models_;
   std::map<Recompute, std::unique_ptr<absl::StatusOr<MicroBatchCostModel>>> profiled_models_;
   // Context parallelism: split micro-batches' costs, per mode.
@@ -278,7 +319,8 @@ class Search {
       profiled_split_models_;
   std::vector<DeviceUpdateCost> updates_;  // per pipeline device, profiled
   std::vector<Candidate> candidates_;
-  std::map<std::tuple<const MicroBatchingResult*, int, uint32_t>, std::unique_ptr<PairStageCosts>>
+  std::map<std::tuple<const MicroBatchingResult*, int, uint32_t, bool>,
+           std::unique_ptr<PairStageCosts>>
       pair_costs_;
   mutable absl::Mutex orders_mu_;
   mutable std::map<std::pair<const PairStageCosts*, uint32_t>,
@@ -343,68 +385,96 @@ absl::Status Search::Init() {
   return absl::OkStatus();
 }
 
-// Context parallelism: the samples that do not fit one lane whole under
-// the job's least recomputing mode (their micro-batch of one alone exceeds
-// a stage's room) but fit it split under some mode; positions, ascending.
+// Lone samples, positions ascending: those whose micro-batch of one, under
+// the job's least recomputing mode,
+//  - does not fit one device (lane) whole (exceeds a stage's room) but
+//    fits split under some mode (context parallelism, not NEVER), or
+//  - does not fit whole, or fits only beyond the pipeline-depth budget
+//    (stored bytes above room / p: nothing else fits in flight beside it),
+//    but fits whole under a more recomputing mode, within that budget where
+//    it fitted before (planner.uniform_recompute false).
 // Judged at the least recomputation, so that one long sample does not
-// force every micro-batch of the iteration into full recomputation (its
-// micro-batching would otherwise reject the cheaper modes): split, it
-// leaves them open, and the search still compares every mode. Empty
-// without context parallelism, under NEVER, or when every sample fits
-// whole.
-std::vector<uint32_t> Search::SplitOnlySamples(const std::vector<double>& room) const {
+// force every micro-batch of the iteration into more recomputation (its
+// micro-batching would otherwise reject or stall under the cheaper modes):
+// alone in its micro-batch, split or under its own mode (CostSplits,
+// CostStages), it leaves them open, and the search still compares every
+// mode. The first kind also goes to `split_only`.
+std::vector<uint32_t> Search::LoneSamples(const std::vector<double>& room,
+                                          std::vector<uint32_t>* split_only) {
   std::vector<uint32_t> out;
-  if (lanes_ <= 1 || split_policy_ == v1::NEVER || room.empty()) return out;
+  lone_.assign(mini_batch_.lengths.size(), false);
+  const bool can_split = lanes_ > 1 && split_policy_ != v1::NEVER;
+  const bool can_raise = !c_.planner().uniform_recompute();
+  if ((!can_split && !can_raise) || room.empty()) return out;
   std::vector<StageOpCost> stage_costs;
-  const auto fits = [&](const std::vector<StageOpCost>& ops) {
-    for (size_t s = 0; s < ops.size(); ++s) {
-      if (ops[s].peak_bytes > room[s % p_]) return false;
-    }
-    return !ops.empty();
-  };
   for (uint32_t i = 0; i < mini_batch_.lengths.size(); ++i) {
     const uint32_t length = SequenceLength(mini_batch_.lengths[i], policy_);
     // Over the data limits: the micro-batching names it (or truncates it).
-    if (length == 0 || (policy_.max_input > 0 && length > policy_.max_input)) continue;
-    const double labelled = static_cast<double>(LossTokens(mini_batch_.lengths[i], false));
+    if (length == 0 || (policy_.max_input > 0 && length > policy_.max_input) ||
+        (policy_.max_target > 0 && mini_batch_.lengths[i].target > policy_.max_target)) {
+      continue;
+    }
+    const double labelled =
+        static_cast<double>(LossTokens(mini_batch_.lengths[i], dims_.encoder_decoder()));
+    MicroBatchGroup alone_group;  // its micro-batch of one, padded as the partition pads it
+    alone_group.samples = {i};
+    PadToLongest(mini_batch_.lengths, policy_, alone_group);
+    // Under the least recomputing mode: whether it fits a device whole,
+    // and within the pipeline-depth budget.
     bool whole = false;
+    bool within_depth = false;
+    // Under a later mode whole (with more room than before), or split.
+    bool alone = false;
     bool split = false;
     bool least_mode = true;  // cost_models_ is ordered by recomputation
     for (const auto& [mode, model] : cost_models_) {
       if (!model->ok()) continue;
-      const bool judge_whole = least_mode;
-      least_mode = false;
-      if (judge_whole &&
-          (*model)->EvaluateStages(1, PaddedInputLength(length, policy_), 0, nullptr, labelled, 1,
-                                   dims_.hidden, dims_.dtype_bytes, &stage_costs) &&
-          fits(stage_costs)) {
-        whole = true;
+      if ((least_mode || can_raise) &&
+          (*model)->EvaluateStages(1, alone_group.input_len, alone_group.target_len, nullptr,
+                                   labelled, 1, dims_.hidden, dims_.dtype_bytes, &stage_costs)) {
+        if (least_mode) {
+          whole = FitsAlone(stage_costs, room, false);
+          within_depth = FitsAlone(stage_costs, room, true);
+        } else if (FitsAlone(stage_costs, room, /*depth=*/whole)) {
+          // A sample that fits the device only beyond the pipeline-depth
+          // budget stalls the pipeline under the least mode (nothing else
+          // fits beside it): alone, it may take a later mode.
+          alone = true;
+        }
       }
+      least_mode = false;
+      if (!can_split) continue;
       const absl::StatusOr<ContextSplitCostModel>& splitter = *split_models_.at(mode);
-      if (splitter.ok() &&
+      if (!whole && splitter.ok() &&
           splitter->EvaluateStages({length}, labelled, 1, dims_.hidden, dims_.dtype_bytes,
                                    &stage_costs) &&
-          fits(stage_costs)) {
+          FitsAlone(stage_costs, room, false)) {
+        alone = true;
         split = true;
       }
     }
-    if (!whole && split) out.push_back(i);
+    if (!within_depth && alone) {
+      out.push_back(i);
+      lone_[i] = true;
+      if (split && split_only != nullptr) split_only->push_back(i);
+    }
   }
   return out;
 }
 
-// The micro-batching of the mini-batch without the split-only samples
+// The micro-batching of the mini-batch without the lone samples
 // (`kept`: the others' positions, ascending; `result` indexes them) as a
 // result over the whole mini-batch: positions mapped back, and every pair
-// that has groups gets one more per split-only sample (a micro-batch of
-// its own, which only fits split), its replicas balanced again over all.
+// that has groups gets one more per lone sample (LoneSamples: a
+// micro-batch of its own, which fits only split or only under more
+// recomputation), its replicas balanced again over all.
 // With `result` null (nothing kept) every pair of the job is made of those
 // alone.
-MicroBatchingResult Search::WithSplitOnlySamples(const MicroBatchingResult* result,
-                                                 std::span<const uint32_t> kept,
-                                                 std::span<const uint32_t> split_only,
-                                                 const std::vector<double>& room,
-                                                 const MicroBatchingOptions& options) const {
+MicroBatchingResult Search::WithLoneSamples(const MicroBatchingResult* result,
+                                            std::span<const uint32_t> kept,
+                                            std::span<const uint32_t> lone,
+                                            const std::vector<double>& room,
+                                            const MicroBatchingOptions& options) const {
   MicroBatchingResult out;
   if (result != nullptr) out = *result;
   out.samples.assign(mini_batch_.lengths.begin(), mini_batch_.lengths.end());
@@ -417,7 +487,7 @@ MicroBatchingResult Search::WithSplitOnlySamples(const MicroBatchingResult* resu
   remap(out.truncated);
   remap(out.order);
   for (std::vector<uint32_t>& row : out.packed_rows) remap(row);
-  for (uint32_t i : split_only) out.order.push_back(i);
+  for (uint32_t i : lone) out.order.push_back(i);
   if (result == nullptr) {
     out.available_per_device = room;
     out.available_activation_bytes = *std::min_element(room.begin(), room.end());
@@ -432,20 +502,25 @@ MicroBatchingResult Search::WithSplitOnlySamples(const MicroBatchingResult* resu
       }
     }
     out.chosen = 0;
-    out.reason = "every sample fits one lane only split";
+    out.reason = "every sample fits one device only split or under more recomputation";
   }
   for (MicroBatchingCandidate& c : out.candidates) {
     if (!c.solved()) continue;
     for (MicroBatchGroup& g : c.groups) remap(g.samples);
-    const absl::StatusOr<MicroBatchCostModel>& model = *cost_models_.at(c.recompute);
-    for (uint32_t i : split_only) {
+    for (uint32_t i : lone) {
       MicroBatchGroup g;
       g.samples = {i};
       PadToLongest(out.samples, policy_, g);
+      // Its time for the replicas' balance: under the pair's mode, else the
+      // first more recomputing one the model prices.
       MicroBatchCost cost;
-      if (model.ok()) {
-        (void)model->Evaluate(1, g.input_len, g.target_len, nullptr,
-                              static_cast<double>(LossTokens(out.samples[i], false)), &cost);
+      for (const auto& [mode, model] : cost_models_) {
+        if (mode < c.recompute || !model->ok()) continue;
+        if ((*model)->Evaluate(
+                1, g.input_len, g.target_len, nullptr,
+                static_cast<double>(LossTokens(out.samples[i], dims_.encoder_decoder())), &cost)) {
+          break;
+        }
       }
       c.groups.push_back(std::move(g));
       c.costs.push_back(cost);
@@ -464,32 +539,62 @@ MicroBatchingResult Search::WithSplitOnlySamples(const MicroBatchingResult* resu
 
 // Phase 1: one PlanMicroBatches per partition method over every (mode,
 // budget) pair: shared run tables and cross-pair bound. With context
-// parallelism, samples that fit one lane only split are kept out of it and
-// become micro-batches of their own (SplitOnlySamples).
+// parallelism, samples that fit one lane only split, and without
+// uniform_recompute those that fit only under more recomputation, are kept
+// out of it and become micro-batches of their own (LoneSamples).
 void Search::MicroBatch() {
+  std::vector<uint32_t> lone;
+  // The samples one recompute mode per iteration keeps out (those that
+  // fit one lane only split): a subset of `lone`.
   std::vector<uint32_t> split_only;
   std::vector<double> room;
-  if (lanes_ > 1 && split_policy_ != v1::NEVER) {
+  if ((lanes_ > 1 && split_policy_ != v1::NEVER) || !c_.planner().uniform_recompute()) {
     absl::StatusOr<std::vector<double>> rooms = AvailableActivationBytesPerDevice(
         model_, layout_, static_cast<ZeroStage>(std::min(c_.training().zero_stage(), 3u)),
         dp_ * lanes_, static_cast<double>(c_.cluster().device_memory_limit_mib()) * (1 << 20));
     if (rooms.ok()) {
       room = *std::move(rooms);
-      split_only = SplitOnlySamples(room);
+      lone = LoneSamples(room, &split_only);
     }
   }
-  std::vector<uint32_t> kept;
-  std::vector<SampleLengths> kept_lengths;
-  std::vector<uint64_t> kept_ids;
-  for (uint32_t i = 0, k = 0; i < mini_batch_.lengths.size(); ++i) {
-    if (k < split_only.size() && split_only[k] == i) {
-      ++k;
-      continue;
+  // One partition of the mini-batch by `split`'s method and setting, the
+  // samples `apart` (ascending) kept out of it as micro-batches of their
+  // own.
+  const auto partition = [&](MethodSplit& split, const std::vector<uint32_t>& apart) {
+    const Clock::time_point t = Clock::now();
+    if (apart.empty()) {
+      split.result = PlanMicroBatches(mini_batch_.lengths, model_, split.options);
+    } else {
+      std::vector<uint32_t> kept;
+      std::vector<SampleLengths> kept_lengths;
+      std::vector<uint64_t> kept_ids;
+      for (uint32_t i = 0, k = 0; i < mini_batch_.lengths.size(); ++i) {
+        if (k < apart.size() && apart[k] == i) {
+          ++k;
+          continue;
+        }
+        kept.push_back(i);
+        kept_lengths.push_back(mini_batch_.lengths[i]);
+        kept_ids.push_back(mini_batch_.sample_ids[i]);
+      }
+      // Every pair solved (a pruned pair's later solve would index the
+      // kept samples only).
+      MicroBatchingOptions options = split.options;
+      options.share_bound = false;
+      options.sample_ids = kept_ids;
+      absl::StatusOr<MicroBatchingResult> kept_result =
+          kept.empty() ? absl::StatusOr<MicroBatchingResult>(MicroBatchingResult())
+                       : PlanMicroBatches(kept_lengths, model_, options);
+      if (kept_result.ok()) {
+        split.result = WithLoneSamples(kept.empty() ? nullptr : &*kept_result, kept, apart, room,
+                                       split.options);
+      } else {
+        split.result = kept_result.status();
+      }
     }
-    kept.push_back(i);
-    kept_lengths.push_back(mini_batch_.lengths[i]);
-    kept_ids.push_back(mini_batch_.sample_ids[i]);
-  }
+    split.ms = MsSince(t);
+    micro_batching_ms_ += split.ms;
+  };
   for (int method_value : c_.planner().partition_methods()) {
     const PartitionMethod method =
         PartitionMethodFromProto(static_cast<v1::PartitionMethod>(method_value));
@@ -504,27 +609,17 @@ void Search::MicroBatch() {
       split.options.threads = options_.threads;
       split.options.fail_without_pair = false;  // each candidate reports its own pair
       split.options.sample_ids = mini_batch_.sample_ids;
-      const Clock::time_point t = Clock::now();
-      if (split_only.empty()) {
-        split.result = PlanMicroBatches(mini_batch_.lengths, model_, split.options);
-      } else {
-        // Every pair solved (a pruned pair's later solve would index the
-        // kept samples only).
-        MicroBatchingOptions options = split.options;
-        options.share_bound = false;
-        options.sample_ids = kept_ids;
-        absl::StatusOr<MicroBatchingResult> kept_result =
-            kept.empty() ? absl::StatusOr<MicroBatchingResult>(MicroBatchingResult())
-                         : PlanMicroBatches(kept_lengths, model_, options);
-        if (kept_result.ok()) {
-          split.result = WithSplitOnlySamples(kept.empty() ? nullptr : &*kept_result, kept,
-                                              split_only, room, split.options);
-        } else {
-          split.result = kept_result.status();
-        }
+      // With modes per micro-batch and lone samples, also the partition one
+      // mode per iteration makes (only the split-only samples apart, every
+      // micro-batch under the candidate's mode), so that the search keeps
+      // every candidate that has: per-micro-batch modes never plan slower.
+      if (!c_.planner().uniform_recompute() && !lone.empty()) {
+        MethodSplit uniform = split;
+        partition(uniform, split_only);
+        splits_.push_back(std::move(uniform));
       }
-      split.ms = MsSince(t);
-      micro_batching_ms_ += split.ms;
+      split.lone_kept_out = !lone.empty();
+      partition(split, lone);
       splits_.push_back(std::move(split));
     }
   }
@@ -583,6 +678,7 @@ void Search::EnumerateCandidates() {
             cand.Reject("micro-batching", std::string(split.result.status().message()));
           } else {
             cand.micro_batching = &*split.result;
+            cand.lone_kept_out = split.lone_kept_out;
             const std::vector<MicroBatchingCandidate>& pairs = split.result->candidates;
             for (size_t k = 0; k < pairs.size(); ++k) {
               if (pairs[k].recompute == mode && pairs[k].budget == budget) cand.pair = k;
@@ -593,6 +689,23 @@ void Search::EnumerateCandidates() {
                 (cand.pair < 0 || SameBaselinePartition(split.method, pairs, mode))) {
               continue;
             }
+          }
+          // Lone samples' micro-batches under their own modes both ways:
+          // raised only until they fit, and until they fit the
+          // pipeline-depth budget (nothing else may fit beside a long
+          // micro-batch that keeps most of a device); the simulation
+          // decides.
+          // Their reports' settings say which ("lone", "lone+depth").
+          if (cand.lone_kept_out && !c_.planner().uniform_recompute()) {
+            const std::string setting = cand.report.setting;
+            const auto named = [&setting](const char* way) {
+              return absl::StrCat(setting, setting.empty() ? "" : " ", way);
+            };
+            Candidate raised = cand;
+            raised.raise_to_depth = true;
+            raised.report.setting = named("lone+depth");
+            candidates_.push_back(std::move(raised));
+            cand.report.setting = named("lone");
           }
           candidates_.push_back(std::move(cand));
         }
@@ -816,8 +929,9 @@ void Search::CostStages(std::span<const size_t> ready) {
     const int pair = cand.method == PartitionMethod::kDynamicProgramming
                          ? cand.pair
                          : -1 - static_cast<int>(cand.recompute);
-    std::unique_ptr<PairStageCosts>& slot = pair_costs_[std::make_tuple(
-        static_cast<const MicroBatchingResult*>(cand.micro_batching), pair, cand.chunks)];
+    std::unique_ptr<PairStageCosts>& slot =
+        pair_costs_[std::make_tuple(static_cast<const MicroBatchingResult*>(cand.micro_batching),
+                                    pair, cand.chunks, cand.raise_to_depth)];
     if (slot == nullptr) {
       slot = std::make_unique<PairStageCosts>();
       todo.emplace_back(slot.get(), &cand);
@@ -827,10 +941,19 @@ void Search::CostStages(std::span<const size_t> ready) {
   ParallelFor(todo.size(), options_.threads, [&](size_t i) {
     PairStageCosts& out = *todo[i].first;
     const Candidate& cand = *todo[i].second;
-    const MicroBatchCostModel& cost = **cost_models_.at(cand.recompute);
     const std::vector<MicroBatchGroup>& groups = cand.split().groups;
     const uint32_t stages = p_ * cand.chunks;
+    const std::vector<double>& room = cand.micro_batching->available_per_device;
+    // The candidate's mode, then (unless one mode binds the iteration) the
+    // job's more recomputing ones in order.
+    std::vector<Recompute> modes = {cand.recompute};
+    if (!c_.planner().uniform_recompute()) {
+      for (const auto& [mode, model] : cost_models_) {
+        if (mode > cand.recompute && model->ok()) modes.push_back(mode);
+      }
+    }
     out.groups.resize(groups.size());
+    out.whole_modes.assign(groups.size(), cand.recompute);
     std::vector<StageOpCost> stage_costs;
     for (size_t g = 0; g < groups.size(); ++g) {
       const MicroBatchGroup& group = groups[g];
@@ -839,17 +962,47 @@ void Search::CostStages(std::span<const size_t> ready) {
       // priced it.
       const double labelled = static_cast<double>(
           LabelledTokens(group, cand.micro_batching->samples, dims_.encoder_decoder()));
-      if (!cost.EvaluateStages(static_cast<uint32_t>(group.size()), group.input_len,
-                               group.target_len, packed ? &*packed : nullptr, labelled, cand.chunks,
-                               dims_.hidden, dims_.dtype_bytes, &stage_costs)) {
-        out.error = "a micro-batch lies beyond the cost model";
-        return;
+      // A lone sample's group (LoneSamples): the candidate's mode where it
+      // fits a device alone within the pipeline-depth budget, else the
+      // first later mode where it does, else the first where it fits at
+      // all, else the candidate's (the simulation then refuses it). Every
+      // other group: the candidate's mode, as the partition formed it.
+      const bool lone = IsLoneGroup(cand, group);
+      const std::span<const Recompute> group_modes(modes.data(), lone ? modes.size() : 1);
+      std::vector<StageOpCost> fallback;  // the first that fits, else the candidate's
+      Recompute fallback_mode = cand.recompute;
+      bool fallback_fits = false;
+      bool chosen = false;
+      for (Recompute mode : group_modes) {
+        const MicroBatchCostModel& cost = **cost_models_.at(mode);
+        if (!cost.EvaluateStages(static_cast<uint32_t>(group.size()), group.input_len,
+                                 group.target_len, packed ? &*packed : nullptr, labelled,
+                                 cand.chunks, dims_.hidden, dims_.dtype_bytes, &stage_costs)) {
+          if (mode != cand.recompute) continue;
+          out.error = "a micro-batch lies beyond the cost model";
+          return;
+        }
+        std::vector<StageOpCost> ops(stages);
+        for (uint32_t s = 0; s < stages; ++s) {
+          ops[s] = stage_costs[s];
+          BackwardSplitRule(dims_).Split(StageLayersOf(s, stages, group), &ops[s]);
+        }
+        if (!lone || FitsAlone(ops, room, cand.raise_to_depth)) {
+          out.groups[g] = std::move(ops);
+          out.whole_modes[g] = mode;
+          chosen = true;
+          break;
+        }
+        const bool fits = FitsAlone(ops, room, false);
+        if (mode == cand.recompute || (fits && !fallback_fits)) {
+          fallback = std::move(ops);
+          fallback_mode = mode;
+          fallback_fits = fits;
+        }
       }
-      out.groups[g].resize(stages);
-      for (uint32_t s = 0; s < stages; ++s) {
-        StageOpCost& op = out.groups[g][s];
-        op = stage_costs[s];
-        BackwardSplitRule(dims_).Split(StageLayersOf(s, stages, group), &op);
+      if (!chosen) {
+        out.groups[g] = std::move(fallback);
+        out.whole_modes[g] = fallback_mode;
       }
     }
     if (lanes_ > 1) CostSplits(cand, out);
@@ -866,8 +1019,19 @@ void Search::CostSplits(const Candidate& cand, PairStageCosts& out) const {
   const std::vector<MicroBatchGroup>& groups = cand.split().groups;
   const uint32_t stages = p_ * cand.chunks;
   const absl::StatusOr<ContextSplitCostModel>& model = *split_models_.at(cand.recompute);
+  const std::vector<double>& room = mbr.available_per_device;
+  // The candidate's mode first; unless one mode binds the iteration, the
+  // job's more recomputing modes after it, in order (split_models_ is
+  // ordered by recomputation).
+  std::vector<Recompute> modes = {cand.recompute};
+  if (!c_.planner().uniform_recompute()) {
+    for (const auto& [mode, splitter] : split_models_) {
+      if (mode > cand.recompute && splitter->ok()) modes.push_back(mode);
+    }
+  }
   out.split_groups.assign(groups.size(), {});
   out.split_tokens.assign(groups.size(), 0);
+  out.split_modes.assign(groups.size(), cand.recompute);
   std::vector<StageOpCost> stage_costs;
   for (size_t g = 0; g < groups.size() && model.ok() && split_policy_ != v1::NEVER; ++g) {
     const MicroBatchGroup& group = groups[g];
@@ -879,33 +1043,43 @@ void Search::CostSplits(const Candidate& cand, PairStageCosts& out) const {
     }
     const absl::StatusOr<ContextParallelSplit> cut =
         ContextParallelSplit::Of(lengths64, static_cast<int>(lanes_), 0);
+    if (!cut.ok()) continue;
     const double labelled =
         static_cast<double>(LabelledTokens(group, mbr.samples, dims_.encoder_decoder()));
-    if (!cut.ok() ||
-        !model->EvaluateStages(lengths, labelled, cand.chunks, dims_.hidden, dims_.dtype_bytes,
-                               &stage_costs) ||
-        stage_costs.size() != stages) {
-      continue;
-    }
     out.split_tokens[g] = static_cast<uint32_t>(cut->all_gather_count());
     MicroBatchGroup row;  // as the split runs: one row of A tokens
     row.samples = {0};
     row.input_len = out.split_tokens[g];
-    out.split_groups[g].resize(stages);
-    for (uint32_t s = 0; s < stages; ++s) {
-      StageOpCost& op = out.split_groups[g][s];
-      op = stage_costs[s];
-      BackwardSplitRule(dims_).Split(StageLayersOf(s, stages, row), &op);
+    // A lone sample's group: the first mode whose split fits a lane on
+    // every stage within the pipeline-depth budget, else the first where
+    // it fits at all, else the candidate's (the placement then rules the
+    // split out). Every other group: the candidate's mode.
+    const bool lone = IsLoneGroup(cand, group);
+    bool chosen_fits = false;
+    for (Recompute mode : std::span<const Recompute>(modes.data(), lone ? modes.size() : 1)) {
+      if (!(*split_models_.at(mode))
+               ->EvaluateStages(lengths, labelled, cand.chunks, dims_.hidden, dims_.dtype_bytes,
+                                &stage_costs) ||
+          stage_costs.size() != stages) {
+        continue;
+      }
+      std::vector<StageOpCost> ops(stages);
+      for (uint32_t s = 0; s < stages; ++s) {
+        ops[s] = stage_costs[s];
+        BackwardSplitRule(dims_).Split(StageLayersOf(s, stages, row), &ops[s]);
+      }
+      const bool fits = FitsAlone(ops, room, false);
+      const bool done = !lone || FitsAlone(ops, room, cand.raise_to_depth);
+      if (done || mode == cand.recompute || (fits && !chosen_fits)) {
+        out.split_groups[g] = std::move(ops);
+        out.split_modes[g] = mode;
+        chosen_fits = fits;
+      }
+      if (done) break;
     }
   }
-  const std::vector<double>& room = mbr.available_per_device;
   const auto fits = [&](const std::vector<StageOpCost>& ops) {
-    if (ops.empty()) return false;
-    for (uint32_t s = 0; s < stages; ++s) {
-      const uint32_t d = s % p_;
-      if (d < room.size() && ops[s].peak_bytes > room[d]) return false;
-    }
-    return true;
+    return FitsAlone(ops, room, false);
   };
   const auto total_ms = [&](const std::vector<StageOpCost>& ops) {
     double ms = 0;
@@ -1264,7 +1438,6 @@ std::vector<ReplicaPlan> Search::ReplicaOf(const Candidate& best, uint32_t r,
   const ReplicaTimeline& timeline = best.replicas[r];
   ReplicaPlan replica;
   replica.shape = timeline.shape;
-  const absl::StatusOr<MicroBatchCostModel>& profiled = *profiled_models_.at(best.recompute);
   std::vector<StageOpCost> stage_costs;
   const std::vector<uint32_t>& mine = split.replicas.replicas[r];
   for (size_t k = 0; k < mine.size(); ++k) {
@@ -1272,16 +1445,22 @@ std::vector<ReplicaPlan> Search::ReplicaOf(const Candidate& best, uint32_t r,
     const MicroBatchGroup& group = split.groups[g];
     PlannedMicroBatch planned;
     if (lanes_ > 1 && timeline.placement.split[k]) {
-      SplitMicroBatchOf(best, group, planned);
+      SplitMicroBatchOf(best, g, planned);
       replica.micro_batches.push_back(std::move(planned));
       continue;
     }
     if (lanes_ > 1) planned.context_lane = timeline.placement.lane[k];
+    // The mode it was priced under (CostStages).
+    const Recompute mode = g < best.stage_costs->whole_modes.size()
+                               ? best.stage_costs->whole_modes[g]
+                               : best.recompute;
+    if (mode != best.recompute) planned.recompute = RecomputeName(mode);
+    const absl::StatusOr<MicroBatchCostModel>& profiled = *profiled_models_.at(mode);
     // Packed rows: the kernel the candidate was priced with (CostStages):
     // per sample, or, under FASTEST_PER_MICRO_BATCH, whichever was faster.
     std::optional<PackedSamples> packed = PerSampleRows(group, mbr);
     if (packed.has_value() && packed->only_if_faster) {
-      const absl::StatusOr<MicroBatchCostModel>& priced = *cost_models_.at(best.recompute);
+      const absl::StatusOr<MicroBatchCostModel>& priced = *cost_models_.at(mode);
       if (priced.ok() && priced->PerSampleIsFaster(*packed, group.input_len, group.target_len)) {
         packed->only_if_faster = false;
       } else {
@@ -1332,9 +1511,14 @@ std::vector<ReplicaPlan> Search::ReplicaOf(const Candidate& best, uint32_t r,
 // (plan.proto, ContextPlacement): its samples' sequences back to back in
 // one row (row_starts {0}, each sample's offset its packed start), every
 // lane's tensors [1, A] with A the lanes' padded local count, target_len 0.
-void Search::SplitMicroBatchOf(const Candidate& best, const MicroBatchGroup& group,
+void Search::SplitMicroBatchOf(const Candidate& best, uint32_t g,
                                PlannedMicroBatch& planned) const {
   const MicroBatchingResult& mbr = *best.micro_batching;
+  const MicroBatchGroup& group = best.split().groups[g];
+  // The mode its split was priced under (CostSplits).
+  const Recompute mode =
+      g < best.stage_costs->split_modes.size() ? best.stage_costs->split_modes[g] : best.recompute;
+  if (mode != best.recompute) planned.recompute = RecomputeName(mode);
   LayOutSamples(group, mini_batch_.sample_ids, mbr.samples, policy_, planned);
   std::vector<uint32_t> lengths;
   std::vector<int64_t> lengths64;
@@ -1359,8 +1543,7 @@ void Search::SplitMicroBatchOf(const Candidate& best, const MicroBatchGroup& gro
     offset += n;
   }
   // What the profiled model predicts for each stage of the slowest lane.
-  const absl::StatusOr<ContextSplitCostModel>& profiled =
-      *profiled_split_models_.at(best.recompute);
+  const absl::StatusOr<ContextSplitCostModel>& profiled = *profiled_split_models_.at(mode);
   std::vector<StageOpCost> stage_costs;
   if (profiled.ok() &&
       profiled->EvaluateStages(
@@ -1498,7 +1681,10 @@ PlanReport Search::Report(const Candidate* best, bool with_trace) const {
                                         static_cast<uint32_t>(split.groups[g].size()),
                                         split.groups[g].input_len,
                                         split.groups[g].target_len,
-                                        split.costs[g].time_ms};
+                                        split.costs[g].time_ms,
+                                        /*split=*/false,
+                                        /*lane=*/0,
+                                        report.recompute};
       for (uint32_t position : split.groups[g].samples) {
         shape.sample_ids.push_back(mini_batch_.sample_ids[position]);
       }
@@ -1512,6 +1698,11 @@ PlanReport Search::Report(const Candidate* best, bool with_trace) const {
         shape.predicted_ms = ms;
         if (shape.split) {
           ++report.split_micro_batches;
+          if (g < best->stage_costs->split_modes.size() &&
+              best->stage_costs->split_modes[g] != best->recompute) {
+            shape.recompute = RecomputeName(best->stage_costs->split_modes[g]);
+            ++report.raised_recompute_micro_batches;
+          }
           shape.rows = 1;
           shape.input_len = best->stage_costs->split_tokens[g];
           shape.target_len = 0;
@@ -1521,6 +1712,11 @@ PlanReport Search::Report(const Candidate* best, bool with_trace) const {
         } else {
           report.lane_compute_ms[size_t{r} * lanes_ + shape.lane] += ms;
         }
+      }
+      if (!shape.split && g < best->stage_costs->whole_modes.size() &&
+          best->stage_costs->whole_modes[g] != best->recompute) {
+        shape.recompute = RecomputeName(best->stage_costs->whole_modes[g]);
+        ++report.raised_recompute_micro_batches;
       }
       report.micro_batch_shapes.push_back(std::move(shape));
     }

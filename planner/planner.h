@@ -118,6 +118,9 @@ struct PlanReport {
   uint32_t context_parallel = 1;
   int split_micro_batches = 0;
   std::vector<double> lane_compute_ms;
+  // Micro-batches that run under a more recomputing mode than `recompute`
+  // because they fit only so (PlannerConfig.uniform_recompute false).
+  int raised_recompute_micro_batches = 0;
   std::vector<CandidateReport> candidates;
   // Planning time per phase, milliseconds.
   double micro_batching_ms = 0;
@@ -140,6 +143,9 @@ struct PlanReport {
     // lanes' padded local count A, rows 1), or whole on `lane`.
     bool split = false;
     uint32_t lane = 0;
+    // Its recompute mode ("none", "selective", "full"): the iteration's, or
+    // a more recomputing one it alone needs (MicroBatch.recompute).
+    std::string recompute;
   };
   std::vector<MicroBatchShape> micro_batch_shapes;
 };

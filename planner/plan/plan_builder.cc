@@ -94,6 +94,9 @@ class RankPlanBuilder {
         out->mutable_context()->set_split(mb.context_split);
         out->mutable_context()->set_lane(mb.context_split ? 0 : mb.context_lane);
       }
+      if (!mb.recompute.empty() && mb.recompute != o_.recompute) {
+        out->set_recompute(mb.recompute);
+      }
     }
   }
 

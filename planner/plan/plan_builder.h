@@ -63,6 +63,9 @@ struct PlannedMicroBatch {
   // local count A, target_len 0), so its tensors are [1, A, ...].
   bool context_split = false;
   uint32_t context_lane = 0;
+  // The micro-batch's own recompute mode (MicroBatch.recompute) where it
+  // differs from the plan's; empty: the plan's.
+  std::string recompute;
 };
 
 // One pipeline replica, or with context parallelism one lane of a

@@ -428,6 +428,37 @@ absl::Status CheckSplitOrder(std::span<const v1::ExecutionPlan> plans) {
   return absl::OkStatus();
 }
 
+// Each micro-batch's recompute mode (MicroBatch.recompute, empty: the
+// plan's) is a known one, and every rank of a data-parallel replica (its
+// stages and lanes) records the same for it: a micro-batch's passes on
+// different stages keep what one simulation priced.
+absl::Status CheckMicroBatchModes(std::span<const v1::ExecutionPlan> plans) {
+  const auto known = [](const std::string& mode) {
+    return mode == "none" || mode == "selective" || mode == "full";
+  };
+  std::map<std::pair<int, uint32_t>, std::pair<std::string, int>> first;  // (dp, id) -> mode, rank
+  for (int r = 0; r < static_cast<int>(plans.size()); ++r) {
+    const v1::ExecutionPlan& plan = plans[r];
+    for (int m = 0; m < plan.micro_batches_size(); ++m) {
+      const v1::MicroBatch& mb = plan.micro_batches(m);
+      const std::string& mode = mb.recompute().empty() ? plan.recompute() : mb.recompute();
+      if (!known(mode)) {
+        return absl::InvalidArgumentError(absl::StrCat("invalid plan: rank ", r, ": micro_batches[",
+                                                       m, "].recompute is '", mode,
+                                                       "' (expected none, selective or full)"));
+      }
+      const auto [it, added] = first.try_emplace({plan.dp_rank(), mb.id()}, mode, r);
+      if (!added && it->second.first != mode) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("invalid plan: rank ", r, ": micro-batch ", mb.id(), " recomputes '", mode,
+                         "' but rank ", it->second.second, " of its replica recomputes '",
+                         it->second.first, "'"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckPeaks(std::span<const double> peak_bytes, std::span<const double> limit_bytes) {
   for (size_t r = 0; r < peak_bytes.size() && r < limit_bytes.size(); ++r) {
     if (peak_bytes[r] > limit_bytes[r]) {
@@ -497,6 +528,7 @@ absl::Status ValidatePlans(std::span<const v1::ExecutionPlan> plans,
     if (!s.ok()) return s;
   }
   if (absl::Status s = CheckSplitOrder(plans); !s.ok()) return s;
+  if (absl::Status s = CheckMicroBatchModes(plans); !s.ok()) return s;
   const std::vector<std::vector<int>> groups = TransferGroups(plans);
   std::vector<absl::Status> group_status(groups.size());
   ParallelFor(groups.size(), threads, [&](size_t g) {

@@ -17,6 +17,8 @@
 //      lane computes exactly the split micro-batches and the whole ones on
 //      its lane (ContextPlacement), and every lane of a context group runs
 //      the split micro-batches' forwards and backwards in the same order.
+//      A micro-batch's own recompute mode (MicroBatch.recompute) is none,
+//      selective or full, the same on every rank of its replica.
 //   3. Deadlock freedom under the executor's semantics: each pair of ranks
 //      has one ordered channel; the k-th transfer a rank starts on it pairs
 //      with the peer's k-th, which must be the opposite direction with the

@@ -210,6 +210,7 @@ google::protobuf::Value MicroBatchJson(const planner::PlanReport::MicroBatchShap
     mf["split"].set_bool_value(m.split);
     if (!m.split) mf["lane"] = Num(m.lane);
   }
+  mf["recompute"] = Str(m.recompute);
   auto* ids = mf["sample_ids"].mutable_list_value();
   for (uint64_t id : m.sample_ids) *ids->add_values() = Num(static_cast<double>(id));
   return v;
@@ -280,6 +281,9 @@ std::string ReportJson(const planner::MiniBatch& mb, const planner::PlanReport& 
   if (r.context_parallel > 1) {
     f["context_parallel"] = Num(r.context_parallel);
     f["split_micro_batches"] = Num(r.split_micro_batches);
+  }
+  if (r.raised_recompute_micro_batches > 0) {
+    f["raised_recompute_micro_batches"] = Num(r.raised_recompute_micro_batches);
   }
   f["predicted_iteration_ms"] = Num(r.predicted_iteration_ms);
   f["predicted_makespan_ms"] = Num(r.predicted_makespan_ms);

@@ -273,7 +273,13 @@ TEST(PackedAttentionCost, PackingPlansRecordTheirKernelAndPerSampleIsFaster) {
       int packed = 0;
       for (const v1::ExecutionPlan& plan : r->plans) {
         for (const v1::MicroBatch& m : plan.micro_batches()) {
-          ASSERT_FALSE(m.row_starts().empty());
+          // A sample too long for the least recomputation beside others
+          // may run alone, unpacked, under its own mode
+          // (planner.uniform_recompute false).
+          if (m.row_starts().empty()) {
+            EXPECT_EQ(m.sample_ids_size(), 1);
+            continue;
+          }
           EXPECT_EQ(m.packed_attention(), kernel);
           ++packed;
         }
