@@ -187,6 +187,13 @@ class PlanChecker {
                    absl::StrCat("has ", mb.sample_ids_size(), " samples, more than the ",
                                 max_samples, " tokens of a global batch"));
     }
+    // Empty: the plan's recompute (checked with the header).
+    const std::string& recompute = mb.recompute();
+    if (!recompute.empty() && recompute != "none" && recompute != "selective" &&
+        recompute != "full") {
+      return Error(name + ".recompute",
+                   absl::StrCat("is '", recompute, "' (expected none, selective or full)"));
+    }
     if (mb.context().lane() >= context_) {
       return Error(name + ".context.lane",
                    absl::StrCat("is ", mb.context().lane(), " but the context group has ", context_,

@@ -15,6 +15,8 @@
 //   float type, rows equal to the micro-batch's rows (at most the samples of
 //   a global batch), lengths equal to the micro-batch's input or target
 //   length (at most the config's maximum lengths);
+// - recompute modes: the plan's and each micro-batch's (empty: the plan's)
+//   none, selective or full;
 // - split backwards (CheckWeightGradOrder);
 // - context parallelism: context_parallel is the job's parallelism.context
 //   and context_rank this executor's lane; every micro-batch either split

@@ -218,6 +218,8 @@ class IterationRun {
     // Split backward: what it keeps for the weight_grad; the forward's
     // linear layers record into it (created by the forward).
     std::unique_ptr<WeightGradStore> weight_grads;
+    // The recompute mode the forward ran under (RecomputeOf).
+    std::string recompute;
   };
   struct Pending {
     std::vector<std::unique_ptr<Transfer>> transfers;
@@ -503,14 +505,28 @@ class IterationRun {
     return entry->second;
   }
 
+  // The micro-batch's recompute mode: its own (MicroBatch.recompute), else
+  // the plan's. CheckPlan admitted only none, selective and full.
+  absl::StatusOr<std::string> RecomputeOf(uint32_t micro_batch) const {
+    VP_ASSIGN_OR_RETURN(const v1::MicroBatch* mb, MicroBatch(micro_batch));
+    return mb->recompute().empty() ? plan_.recompute() : mb->recompute();
+  }
+
+  // Sets the stage's recompute flags to `mode`. Selective: the graph keeps
+  // everything but the attention cores. Full: every layer keeps only its
+  // inputs and is re-run in the backward.
+  static void SetRecompute(ModelStage* stage, const std::string& mode) {
+    stage->SetSelectiveRecompute(mode == "selective");
+    stage->SetFullRecompute(mode == "full");
+  }
+
   absl::Status Forward(const v1::Instruction& in) {
     ModelStage* stage = it_.stages_.at(in.stage());
     Saved saved;
     VP_RETURN_IF_ERROR(Inputs(in, &saved.in, &saved.batch));
-    // Selective: the graph keeps everything but the attention cores. Full:
-    // every layer keeps only its inputs and is re-run in the backward.
-    stage->SetSelectiveRecompute(plan_.recompute() == "selective");
-    stage->SetFullRecompute(plan_.recompute() == "full");
+    // Each forward sets the flags: micro-batches of one plan may differ.
+    VP_ASSIGN_OR_RETURN(saved.recompute, RecomputeOf(in.micro_batch()));
+    SetRecompute(stage, saved.recompute);
     if (deferred_.count({in.stage(), in.micro_batch()})) {
       saved.weight_grads = std::make_unique<WeightGradStore>();
     }
@@ -563,6 +579,11 @@ class IterationRun {
       buckets->BeginPass(/*start_when_final=*/last_backward_[in.stage()] == index_ &&
                          split_stages_.count(in.stage()) == 0);
     }
+    // A full recomputation re-runs the layers in this backward and reads
+    // the stage's flags then (the attention core it re-runs): they must be
+    // the forward's, not those of the stage's latest forward, which may be
+    // another micro-batch's mode. The other modes read no flag here.
+    SetRecompute(stage, saved.recompute);
     const int start = timeline_.Mark();
     if (stage->role().has_head) {
       saved.out.loss.backward();

@@ -23,7 +23,10 @@
 // of the job with parallelism.context and context_split (ALWAYS, or
 // PER_MICRO_BATCH at the tightest memory that plans for the mixed ones); a
 // "Planner" cell whose job the planner refuses to plan is skipped, naming
-// the planner's error.
+// the planner's error. "SplitFull" cells give the micro-batches their own
+// recompute modes (MicroBatch.recompute, the same on every lane): split ones
+// full, whole ones none, as the planner does where only a split
+// micro-batch needs full recomputation to fit.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -62,6 +65,9 @@ struct Cell {
   v1::PartitionMethod method = v1::DYNAMIC_PROGRAMMING;
   uint32_t zero_stage = 0;
   bool mixed = false;  // split and whole micro-batches in one iteration
+  // Split micro-batches recompute "full" (their own MicroBatch.recompute,
+  // or the plan's when it is full), whole ones "none" (SplitFull).
+  bool split_full = false;
   Source source = Source::kLowered;
 };
 
@@ -82,7 +88,8 @@ std::string CellName(const Cell& c) {
                           : c.recompute == v1::RECOMPUTE_FULL    ? "RecomputeFull"
                                                                  : "RecomputeNone";
   return absl::StrCat(c.llama ? "Llama" : "Gpt", c.method == v1::PACKING ? "Packed" : "",
-                      c.mixed ? "Mixed" : "", "_", schedule, "_", recompute, "_pp", c.pp, "dp",
+                      c.mixed ? "Mixed" : "", "_", schedule, "_", recompute,
+                      c.split_full ? "SplitFull" : "", "_pp", c.pp, "dp",
                       c.dp, c.tp > 1 ? absl::StrCat("tp", c.tp) : "", "cp", c.cp,
                       c.zero_stage > 0 ? absl::StrCat("Zero", c.zero_stage) : "", "_",
                       c.source == Source::kPlanner ? "Planner" : "Lowered");
@@ -112,8 +119,28 @@ std::vector<Cell> Cells() {
     add({.llama = true, .schedule = v1::GPIPE, .pp = 2, .mixed = true});
     add({.cp = 4});
     add({.llama = true, .recompute = v1::RECOMPUTE_SELECTIVE, .cp = 4, .mixed = true});
+    // Per-micro-batch modes: split full and whole none, the split ones'
+    // mode written out under a plan-wide none and inherited (empty) under
+    // a plan-wide full.
+    add({.mixed = true, .split_full = true});
+    add({.llama = true, .recompute = v1::RECOMPUTE_FULL, .pp = 2, .mixed = true,
+         .split_full = true});
   }
   return cells;
+}
+
+// SplitFull cells: every lane's plan lists the group's micro-batches with
+// the same placement, so each records the same mode for an id.
+void SplitFull(std::vector<v1::ExecutionPlan>& plans) {
+  for (v1::ExecutionPlan& plan : plans) {
+    for (v1::MicroBatch& mb : *plan.mutable_micro_batches()) {
+      if (!mb.context().split()) {
+        mb.set_recompute("none");
+      } else {
+        mb.set_recompute(plan.recompute() == "full" ? "" : "full");
+      }
+    }
+  }
 }
 
 absl::StatusOr<v1::JobConfig> CellConfig(const Cell& c) {
@@ -178,6 +205,7 @@ TEST_P(ContextParallelEquivalence, ThreeSgdStepsMatchTheReference) {
     }
     ASSERT_THAT(p, IsOk()) << "iteration " << it;
     ASSERT_EQ(p->size(), size_t{cell.pp} * cell.dp * cell.cp) << "iteration " << it;
+    if (cell.split_full) SplitFull(*p);
     for (const v1::ExecutionPlan& plan : *p) {
       ASSERT_EQ(plan.context_parallel(), cell.cp) << "iteration " << it;
       if (plan.pp_rank() != 0 || plan.context_rank() != 0) continue;

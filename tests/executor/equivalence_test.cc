@@ -36,9 +36,17 @@
 // (parallelism.stage_layout): GPT 3+1 and 1+3, interleaved, split-backward,
 // packed; T5 with its encoder over three stages and its decoder over one,
 // and the reverse; a tied LLAMA head and T5V11 across uneven stages.
+// "MixedRecompute" cells give the micro-batches of the planner's plans
+// different recompute modes (MicroBatch.recompute, cycling full, selective,
+// none by micro-batch id, shifted by the data-parallel replica; the same on
+// every rank of a pipeline): GPT under 1F1B and ZB-H1, LLAMA, T5 and T5V11
+// at pp 2, and GPT at dp 2.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -52,6 +60,7 @@
 #include "common/status.h"
 #include "executor/model/model_spec.h"
 #include "executor/model/model_stage.h"
+#include "executor/runtime/counting_allocator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/redis_server.h"
@@ -93,6 +102,9 @@ struct Cell {
   // set_loss_chunk_tokens), smaller than a micro-batch's labelled tokens;
   // 0: the default (one chunk at these sizes).
   int64_t loss_chunk = 0;
+  // "MixedRecompute" cells: the plans' micro-batches get their own modes
+  // (MixRecompute); `recompute` stays the plans' mode.
+  bool mixed_recompute = false;
 };
 
 std::string ScheduleName(const Cell& c) {
@@ -140,7 +152,9 @@ std::string CellName(const Cell& c) {
                       : c.packed_attention == v1::BLOCK_DIAGONAL_MASK ? "PackedMask"
                                                                       : "PackedVarlen",
                       c.layout.empty() ? "" : absl::StrCat("Layout", absl::StrJoin(c.layout, "")),
-                      "_", ScheduleName(c), "_", RecomputeName(c.recompute), "_pp", c.pp, "dp",
+                      "_", ScheduleName(c), "_",
+                      c.mixed_recompute ? "MixedRecompute" : RecomputeName(c.recompute), "_pp",
+                      c.pp, "dp",
                       c.dp, c.tp > 1 ? absl::StrCat("Tp", c.tp) : "", c.sp ? "Sp" : "",
                       c.zero_stage > 0 ? absl::StrCat("Zero", c.zero_stage) : "");
 }
@@ -344,8 +358,35 @@ std::vector<Cell> Matrix() {
   add(Cell{.t5 = true, .loss_chunk = 4}, v1::ADAPTIVE_ZERO_BUBBLE, v1::RECOMPUTE_NONE, 2, 1);
   add(Cell{.llama = true, .tied = true, .tp = 2, .sp = true, .loss_chunk = 3}, v1::ZERO_BUBBLE_H1,
       v1::RECOMPUTE_NONE, 2, 1);
+  // Per-micro-batch recompute modes (MixRecompute): in 1F1B at pp 2 the
+  // first stage runs the forward of micro-batch k + 1 (selective) before
+  // the backward of k (full), whose re-run must still use k's mode.
+  add(Cell{.mixed_recompute = true}, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 2, 1);
+  add(Cell{.mixed_recompute = true}, v1::ZERO_BUBBLE_H1, v1::RECOMPUTE_NONE, 2, 1);
+  add(Cell{.llama = true, .mixed_recompute = true}, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 2, 1);
+  add(Cell{.t5 = true, .mixed_recompute = true}, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 2, 1);
+  add(Cell{.t5 = true, .t5v11 = true, .mixed_recompute = true}, v1::ONE_F_ONE_B,
+      v1::RECOMPUTE_NONE, 2, 1);
+  add(Cell{.mixed_recompute = true}, v1::ONE_F_ONE_B, v1::RECOMPUTE_NONE, 2, 2);
   return cells;
 }
+
+// The modes MixRecompute cycles through, by micro-batch id.
+constexpr const char* kMixedModes[] = {"full", "selective", "none"};
+
+// Gives micro-batch `id` of data-parallel replica `dp_rank` the mode
+// kMixedModes[(id + dp_rank) % 3]: every rank of a pipeline lists the same
+// micro-batches, so all of them record the same mode for each.
+void MixRecompute(std::vector<v1::ExecutionPlan>& plans) {
+  for (v1::ExecutionPlan& plan : plans) {
+    for (v1::MicroBatch& mb : *plan.mutable_micro_batches()) {
+      mb.set_recompute(kMixedModes[(mb.id() + plan.dp_rank()) % 3]);
+    }
+  }
+}
+
+// Rewrites one iteration's plans ([rank]) before they run.
+using PlanRewrite = std::function<void(std::vector<v1::ExecutionPlan>&)>;
 
 // Replicas of shared parameters in one pipeline (docs/models.md, "Shared
 // parameters"): the copies beyond each one's owner.
@@ -387,14 +428,16 @@ std::vector<RankRun> RunPlans(const v1::JobConfig& config,
 
 // Plans `iterations` iterations of `config`, runs them on threaded ranks and
 // checks every iteration and the final parameters against the reference
-// (the checks listed at the top). Returns the plans ([iteration][rank]) and,
-// when `runs` is set, the ranks' runs.
+// (the checks listed at the top). `rewrite`, when set, rewrites each
+// iteration's plans first. Returns the plans ([iteration][rank], as run)
+// and, when `runs` is set, the ranks' runs.
 std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& config,
                                                           const std::string& name,
                                                           std::vector<RankRun>* runs = nullptr,
                                                           torch::Device device = torch::kCPU,
                                                           bool stage_through_host = false,
-                                                          int64_t loss_chunk_tokens = 0) {
+                                                          int64_t loss_chunk_tokens = 0,
+                                                          const PlanRewrite& rewrite = {}) {
   const int iterations = static_cast<int>(config.training().iterations());
   const uint32_t dp = config.parallelism().data();
   // Ranks r * tp .. r * tp + tp - 1 run plan r, each on its part of the
@@ -416,6 +459,7 @@ std::vector<std::vector<v1::ExecutionPlan>> RunAndCompare(const v1::JobConfig& c
         PlanTinyIteration(config, it, **dataset, &limit);
     EXPECT_THAT(p, IsOk()) << "iteration " << it;
     if (!p.ok()) return {};
+    if (rewrite) rewrite(*p);
     int micro_batches = 0;
     for (const v1::ExecutionPlan& plan : *p) {
       if (plan.pp_rank() == 0) micro_batches += plan.micro_batches_size();
@@ -624,8 +668,26 @@ TEST_P(Equivalence, ThreeSgdStepsMatchTheReference) {
   ASSERT_THAT(config, IsOk());
   std::vector<RankRun> split;
   const std::vector<std::vector<v1::ExecutionPlan>> plans =
-      RunAndCompare(*config, CellName(c), &split, torch::kCPU, false, c.loss_chunk);
+      RunAndCompare(*config, CellName(c), &split, torch::kCPU, false, c.loss_chunk,
+                    c.mixed_recompute ? PlanRewrite(MixRecompute) : PlanRewrite());
   ASSERT_EQ(plans.size(), size_t{kIterations});
+  if (c.mixed_recompute) {
+    // Every mode ran on some micro-batch of each replica.
+    for (int dp_rank = 0; dp_rank < static_cast<int>(c.dp); ++dp_rank) {
+      std::map<std::string, int> modes;
+      for (const std::vector<v1::ExecutionPlan>& iteration : plans) {
+        for (const v1::ExecutionPlan& plan : iteration) {
+          if (plan.dp_rank() != dp_rank || plan.pp_rank() != 0) continue;
+          for (const v1::MicroBatch& mb : plan.micro_batches()) ++modes[mb.recompute()];
+        }
+      }
+      for (const char* mode : kMixedModes) {
+        EXPECT_GE(modes[mode], 1) << "replica " << dp_rank << " ran no micro-batch under " << mode;
+      }
+      std::printf("replica %d: %d full, %d selective, %d none micro-batches\n", dp_rank,
+                  modes["full"], modes["selective"], modes["none"]);
+    }
+  }
   if (c.schedule == v1::ZERO_BUBBLE_H1 || c.schedule == v1::ADAPTIVE_ZERO_BUBBLE) {
     CompareWithWholeBackwards(*config, plans, split, c.loss_chunk);
   }
@@ -643,6 +705,138 @@ TEST_P(Equivalence, ThreeSgdStepsMatchTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(Matrix, Equivalence, ::testing::ValuesIn(Matrix()),
                          [](const auto& info) { return CellName(info.param); });
+
+// What one instruction did to its rank's measured memory
+// (counting_allocator.h): the bytes it kept (live bytes after it minus
+// before it) and its transient (its peak minus the bytes before it).
+struct PassMemory {
+  int64_t kept = 0;
+  int64_t transient = 0;
+};
+
+// PassMemory of every instruction of every rank ([rank][instruction]) when
+// `plans` run as one iteration on threaded ranks, the least of `runs` runs:
+// a rank's input prefetcher allocates on its own thread, charged to the
+// rank, at times that vary, which only ever adds bytes to an instruction.
+std::vector<std::vector<PassMemory>> MeasuredPasses(const v1::JobConfig& config,
+                                                    const std::vector<v1::ExecutionPlan>& plans,
+                                                    const SampleDataset& dataset, int runs) {
+  executor::InstallCountingCpuAllocator();
+  std::vector<std::vector<PassMemory>> least;
+  for (int run = 0; run < runs; ++run) {
+    absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
+    EXPECT_THAT(redis, IsOk());
+    if (!redis.ok()) return {};
+    std::vector<std::unique_ptr<executor::MemoryAccount>> accounts;
+    ThreadedRanksOptions options;
+    options.redis_host = (*redis)->host();
+    options.redis_port = (*redis)->port();
+    options.redis_password = (*redis)->password();
+    options.prefix = "mixed-recompute-memory";
+    for (size_t r = 0; r < plans.size(); ++r) {
+      accounts.push_back(std::make_unique<executor::MemoryAccount>());
+      options.memory.push_back(accounts.back().get());
+    }
+    const std::vector<RankRun> ranks = RunThreadedRanks(config, {plans}, dataset, options);
+    least.resize(ranks.size());
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      EXPECT_THAT(ranks[r].status, IsOk()) << "rank " << r;
+      if (!ranks[r].status.ok() || ranks[r].stats.size() != 1) return {};
+      const executor::IterationStats& stats = ranks[r].stats[0];
+      int64_t before = stats.memory_start_bytes;
+      for (size_t i = 0; i < stats.instruction_memory.size(); ++i) {
+        const executor::InstructionMemory& m = stats.instruction_memory[i];
+        const PassMemory pass{.kept = m.current_bytes - before,
+                              .transient = m.peak_bytes - before};
+        before = m.current_bytes;
+        if (run == 0) {
+          least[r].push_back(pass);
+        } else if (i < least[r].size()) {
+          least[r][i].kept = std::min(least[r][i].kept, pass.kept);
+          least[r][i].transient = std::min(least[r][i].transient, pass.transient);
+        }
+      }
+    }
+  }
+  return least;
+}
+
+// Each micro-batch runs under its own mode (MicroBatch.recompute), measured:
+// the same plans (GPT, 1F1B, pp 2) run with every micro-batch under none,
+// under selective, under full (the plans' recompute), and mixed
+// (MixRecompute). Every forward keeps, and every backward's transient
+// reaches, the bytes of the uniform run of its micro-batch's mode within
+// kMeasureSlack, and the three modes keep amounts far apart (none >
+// selective > full). In 1F1B the first stage runs a selective forward
+// between each full micro-batch's forward and its backward: a backward that
+// re-ran its layers under the latest forward's mode reaches 24 KiB or more
+// above the uniform full run's transient.
+TEST(MixedRecompute, EveryPassKeepsWhatItsOwnModeKeeps) {
+  // What the prefetcher may still add to an instruction in all runs (one
+  // micro-batch's token tensors are about 4 KiB here).
+  constexpr int64_t kMeasureSlack = 8 << 10;
+  constexpr int kRuns = 3;
+  absl::StatusOr<v1::JobConfig> config = CellConfig(Cell{.pp = 2});
+  ASSERT_THAT(config, IsOk());
+  config->mutable_training()->set_iterations(1);
+  absl::StatusOr<std::unique_ptr<SampleDataset>> dataset = OpenSampleDataset(*config);
+  ASSERT_THAT(dataset, IsOk());
+  absl::StatusOr<std::vector<v1::ExecutionPlan>> plans = PlanTinyIteration(*config, 0, **dataset);
+  ASSERT_THAT(plans, IsOk());
+  std::map<std::string, std::vector<std::vector<PassMemory>>> uniform;
+  for (const char* mode : kMixedModes) {
+    std::vector<v1::ExecutionPlan> same = *plans;
+    for (v1::ExecutionPlan& plan : same) plan.set_recompute(mode);
+    uniform[mode] = MeasuredPasses(*config, same, **dataset, kRuns);
+    ASSERT_EQ(uniform[mode].size(), plans->size()) << mode;
+  }
+  std::vector<v1::ExecutionPlan> mixed_plans = *plans;
+  MixRecompute(mixed_plans);
+  const std::vector<std::vector<PassMemory>> mixed =
+      MeasuredPasses(*config, mixed_plans, **dataset, kRuns);
+  ASSERT_EQ(mixed.size(), plans->size());
+  int forwards = 0;
+  int backwards = 0;
+  int64_t worst = 0;
+  int64_t closest_modes = std::numeric_limits<int64_t>::max();
+  for (size_t r = 0; r < plans->size(); ++r) {
+    const v1::ExecutionPlan& plan = mixed_plans[r];
+    ASSERT_EQ(mixed[r].size(), static_cast<size_t>(plan.instructions_size()));
+    for (int i = 0; i < plan.instructions_size(); ++i) {
+      const v1::Instruction& in = plan.instructions(i);
+      if (!in.has_forward() && !in.has_backward()) continue;
+      const std::string mode = plan.micro_batches(static_cast<int>(in.micro_batch())).recompute();
+      // Forwards: the bytes kept for the backward; backwards: the peak.
+      const auto measure = [&](const std::vector<std::vector<PassMemory>>& run) {
+        return in.has_forward() ? run[r][i].kept : run[r][i].transient;
+      };
+      const std::string where = absl::StrCat("rank ", r, " instruction #", i, " (",
+                                             in.has_forward() ? "forward" : "backward",
+                                             " of micro-batch ", in.micro_batch(), ", ", mode, ")");
+      const int64_t difference = std::abs(measure(mixed) - measure(uniform.at(mode)));
+      EXPECT_LE(difference, kMeasureSlack) << where << ": " << measure(mixed) << " bytes mixed, "
+                                           << measure(uniform.at(mode)) << " uniform";
+      worst = std::max(worst, difference);
+      if (in.has_forward()) {
+        ++forwards;
+        const int64_t none = measure(uniform.at("none"));
+        const int64_t selective = measure(uniform.at("selective"));
+        const int64_t full = measure(uniform.at("full"));
+        EXPECT_GT(none - selective, 4 * kMeasureSlack) << where;
+        EXPECT_GT(selective - full, 4 * kMeasureSlack) << where;
+        closest_modes = std::min({closest_modes, none - selective, selective - full});
+      } else {
+        ++backwards;
+      }
+    }
+  }
+  std::printf(
+      "%d forwards and %d backwards over %zu ranks: worst difference from the uniform run of "
+      "their mode %lld bytes; closest two modes' kept bytes %lld apart\n",
+      forwards, backwards, plans->size(), static_cast<long long>(worst),
+      static_cast<long long>(closest_modes));
+  EXPECT_GE(forwards, 6);
+}
 
 // The same comparison with the ranks' models on a GPU (fp32, TF32 off): one
 // rank per cell, and cells whose ranks share the GPU over Gloo with their

@@ -225,6 +225,44 @@ TEST(PlanCheck, RefusesAPlanForAnotherStageLayout) {
                                  "3+3")));
 }
 
+// A micro-batch may carry its own recompute mode (MicroBatch.recompute):
+// empty (the plan's) or none, selective or full pass on every micro-batch,
+// whatever the plan's mode; anything else is refused naming the micro-batch.
+TEST(PlanCheck, MicroBatchRecomputeModes) {
+  const v1::JobConfig config = Config({.pp = 2, .dp = 1});
+  const std::vector<v1::ExecutionPlan> plans = Plans(config, 3);
+  ASSERT_EQ(plans.size(), 2u);
+  const std::vector<std::string> good = {"", "none", "selective", "full"};
+  for (const char* plan_mode : {"none", "selective", "full"}) {
+    for (size_t shift = 0; shift < good.size(); ++shift) {
+      v1::ExecutionPlan plan = plans[1];
+      plan.set_recompute(plan_mode);
+      ASSERT_GE(plan.micro_batches_size(), 2);
+      for (int i = 0; i < plan.micro_batches_size(); ++i) {
+        plan.mutable_micro_batches(i)->set_recompute(good[(i + shift) % good.size()]);
+      }
+      EXPECT_THAT(CheckPlan(plan, config, RecipientOf(plan)), IsOk())
+          << "plan " << plan_mode << ", shift " << shift;
+    }
+  }
+  // Case and spaces matter; an empty plan-wide mode is no mode.
+  for (const char* bad : {"FULL", "Selective", " none", "none ", "recompute", "0"}) {
+    for (int i : {0, plans[1].micro_batches_size() - 1}) {
+      v1::ExecutionPlan plan = plans[1];
+      plan.mutable_micro_batches(i)->set_recompute(bad);
+      EXPECT_THAT(CheckPlan(plan, config, RecipientOf(plan)),
+                  StatusIs(absl::StatusCode::kInvalidArgument,
+                           HasSubstr(absl::StrCat("micro_batches[", i, "].recompute is '", bad,
+                                                  "' (expected none, selective or full)"))));
+    }
+  }
+  v1::ExecutionPlan plan = plans[1];
+  plan.set_recompute("");
+  plan.mutable_micro_batches(0)->set_recompute("full");
+  EXPECT_THAT(CheckPlan(plan, config, RecipientOf(plan)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("recompute is ''")));
+}
+
 // A corruption of rank 1's plan (GPT, pp 2) and what the error must name.
 struct Corruption {
   std::string name;
@@ -333,6 +371,11 @@ std::vector<Corruption> Corruptions() {
                                                          : static_cast<v1::PackedAttention>(7));
        },
        {"micro_batches[0].packed_attention"}},
+      {"UnknownMicroBatchRecompute",
+       [](v1::ExecutionPlan& p) {
+         p.mutable_micro_batches(p.micro_batches_size() - 1)->set_recompute("partial");
+       },
+       {"micro_batches[", "].recompute is 'partial' (expected none, selective or full)"}},
   };
 }
 
