@@ -120,9 +120,15 @@ torch::Tensor ReferenceContextParallelAttention(const torch::Tensor& q, const to
                                                 const ContextParallelSplit& split, double scale) {
   TORCH_CHECK(q.dim() == 3 && q.size(0) == split.local_count(), "context-parallel attention: q ",
               q.sizes(), " for ", split.local_count(), " local tokens");
-  TORCH_CHECK(k.size(0) == split.key_offsets().back() && v.size(0) == k.size(0),
+  TORCH_CHECK(k.dim() == 3 && k.size(0) == split.key_offsets().back() && v.sizes() == k.sizes() &&
+                  k.size(1) > 0 && q.size(1) % k.size(1) == 0,
               "context-parallel attention: k ", k.sizes(), ", v ", v.sizes(), " for ",
-              split.key_offsets().back(), " prefix keys");
+              split.key_offsets().back(), " prefix keys and ", q.size(1), " query heads");
+  // Grouped-query attention: query head i reads key/value head i / group.
+  const int64_t group = q.size(1) / k.size(1);
+  const auto heads = [group](const torch::Tensor& x) {
+    return group == 1 ? x : x.repeat_interleave(group, 0);
+  };
   std::vector<torch::Tensor> outputs;
   const auto& qo = split.query_offsets();
   const auto& ko = split.key_offsets();
@@ -131,8 +137,10 @@ torch::Tensor ReferenceContextParallelAttention(const torch::Tensor& q, const to
     const int64_t lk = ko[c + 1] - ko[c];
     // [heads, lq, d] and [heads, lk, d].
     const torch::Tensor qc = q.slice(0, qo[c], qo[c + 1]).transpose(0, 1).to(torch::kFloat32);
-    const torch::Tensor kc = k.slice(0, ko[c], ko[c + 1]).transpose(0, 1).to(torch::kFloat32);
-    const torch::Tensor vc = v.slice(0, ko[c], ko[c + 1]).transpose(0, 1).to(torch::kFloat32);
+    const torch::Tensor kc =
+        heads(k.slice(0, ko[c], ko[c + 1]).transpose(0, 1).to(torch::kFloat32));
+    const torch::Tensor vc =
+        heads(v.slice(0, ko[c], ko[c + 1]).transpose(0, 1).to(torch::kFloat32));
     torch::Tensor scores = torch::matmul(qc, kc.transpose(1, 2)) * scale;
     // Bottom-right causal: query t sees keys up to lk - lq + t.
     const torch::Tensor hidden =
@@ -148,34 +156,52 @@ torch::Tensor ReferenceContextParallelAttention(const torch::Tensor& q, const to
 torch::Tensor ContextParallelSelfAttention(const torch::Tensor& q, const torch::Tensor& k,
                                            const torch::Tensor& v,
                                            const c10::intrusive_ptr<ContextParallelInput>& input,
-                                           const TensorGroup* group, int64_t heads, double scale,
+                                           const TensorGroup* group, int64_t heads,
+                                           int64_t kv_heads, double scale,
                                            const VariableLengthKernel* kernel, bool recompute) {
   const ContextParallelSplit& split = input->split();
   const int64_t local = split.local_count();
-  TORCH_CHECK(q.dim() == 3 && q.size(0) == 1 && q.size(1) == split.all_gather_count() &&
-                  k.sizes() == q.sizes() && v.sizes() == q.sizes(),
-              "context-parallel attention: q ", q.sizes(), ", k ", k.sizes(), " for one row of ",
-              split.all_gather_count(), " positions");
   const int64_t width = q.size(2);
-  // [local, heads, d]: the lane's own tokens (its padding takes no part).
-  const auto tokens = [&](const torch::Tensor& x) {
-    return x[0].narrow(0, 0, local).reshape({local, heads, width / heads});
+  TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && width % heads == 0,
+              "context-parallel attention: ", heads, " query heads over ", kv_heads,
+              " key/value heads");
+  const int64_t d = width / heads;
+  TORCH_CHECK(q.dim() == 3 && q.size(0) == 1 && q.size(1) == split.all_gather_count() &&
+                  k.dim() == 3 && k.size(0) == 1 && k.size(1) == q.size(1) &&
+                  k.size(2) == kv_heads * d && v.sizes() == k.sizes(),
+              "context-parallel attention: q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes(),
+              " for one row of ", split.all_gather_count(), " positions, ", heads, " query and ",
+              kv_heads, " key/value heads");
+  // [local, n, d]: the lane's own tokens (its padding takes no part).
+  const auto tokens = [&](const torch::Tensor& x, int64_t n) {
+    return x[0].narrow(0, 0, local).reshape({local, n, d});
   };
+  // The key prefixes [keys, kv_heads, d]: what the group gathered.
   const ContextParallelIndex& index = input->index();
-  const torch::Tensor keys = GatherKeyPrefixes(AllGatherContext(tokens(k), split, group), index);
-  const torch::Tensor values = GatherKeyPrefixes(AllGatherContext(tokens(v), split, group), index);
+  const torch::Tensor keys =
+      GatherKeyPrefixes(AllGatherContext(tokens(k, kv_heads), split, group), index);
+  const torch::Tensor values =
+      GatherKeyPrefixes(AllGatherContext(tokens(v, kv_heads), split, group), index);
+  const auto tokens_q = [&](const torch::Tensor& x) { return tokens(x, heads); };
   torch::Tensor out;
   if (kernel != nullptr) {
-    // One row: the local queries, and the key prefixes back to back.
-    out = VariableLengthAttention(
-              tokens(q).reshape({1, local, width}), keys.reshape({1, keys.size(0), width}),
-              values.reshape({1, values.size(0), width}), input->layout(), heads, scale, *kernel)
+    // One row: the local queries, and the key prefixes back to back, each
+    // key/value head repeated for its query heads (the kernel takes as
+    // many as queries).
+    const auto repeat = [&](const torch::Tensor& x) {
+      if (kv_heads == heads) return x.reshape({1, x.size(0), width});
+      return x.unsqueeze(2)
+          .expand({x.size(0), kv_heads, heads / kv_heads, d})
+          .reshape({1, x.size(0), width});
+    };
+    out = VariableLengthAttention(tokens_q(q).reshape({1, local, width}), repeat(keys),
+                                  repeat(values), input->layout(), heads, scale, *kernel)
               .reshape({local, width});
   } else if (recompute) {
-    out = RecomputedReferenceCore::apply(tokens(q), keys, values, input, scale)
+    out = RecomputedReferenceCore::apply(tokens_q(q), keys, values, input, scale)
               .reshape({local, width});
   } else {
-    out = ReferenceContextParallelAttention(tokens(q), keys, values, split, scale)
+    out = ReferenceContextParallelAttention(tokens_q(q), keys, values, split, scale)
               .reshape({local, width});
   }
   // Zero rows at the padding.

@@ -75,17 +75,24 @@ torch::Tensor AllGatherContext(const torch::Tensor& x, const ContextParallelSpli
 // [split.key_offsets().back(), heads, d].
 torch::Tensor GatherKeyPrefixes(const torch::Tensor& gathered, const ContextParallelIndex& index);
 
-// q [local, heads, d]; k, v [prefix keys, heads, d] (GatherKeyPrefixes) ->
-// [local, heads, d] in q's dtype: softmax(scale q k^T) v per query chunk
-// over its key prefix, bottom-right causal, in fp32.
+// q [local, heads, d]; k, v [prefix keys, kv_heads, d] (GatherKeyPrefixes;
+// kv_heads divides heads, query head i reading key/value head
+// i / (heads / kv_heads)) -> [local, heads, d] in q's dtype:
+// softmax(scale q k^T) v per query chunk over its key prefix, bottom-right
+// causal, in fp32.
 torch::Tensor ReferenceContextParallelAttention(const torch::Tensor& q, const torch::Tensor& k,
                                                 const torch::Tensor& v,
                                                 const ContextParallelSplit& split, double scale);
 
-// q, k, v [1, A, heads * d] of one lane (A = all_gather_count: the local
-// tokens first, then padding) -> [1, A, heads * d]: each local query's
-// causal attention over its sample's keys gathered from the whole group
-// (AllGatherContext of k and v, then GatherKeyPrefixes), zero at padding.
+// q [1, A, heads * d] and k, v [1, A, kv_heads * d] of one lane (A =
+// all_gather_count: the local tokens first, then padding; kv_heads divides
+// heads, fewer under grouped-query attention) -> [1, A, heads * d]: each
+// local query's causal attention over its sample's keys gathered from the
+// whole group (AllGatherContext of k and v, then GatherKeyPrefixes), zero
+// at padding. The group gathers the kv_heads heads and repeats them for
+// their query heads afterwards (query head i reads key/value head
+// i / (heads / kv_heads)), so a lane sends 2 x kv_heads x d values per
+// token and layer, as the planner prices it.
 // The core is `kernel` over input.layout() when given (one call; it keeps
 // no score tensor), else ReferenceContextParallelAttention, which with
 // `recompute` (selective recomputation) keeps only its inputs and is
@@ -95,7 +102,8 @@ torch::Tensor ReferenceContextParallelAttention(const torch::Tensor& q, const to
 torch::Tensor ContextParallelSelfAttention(const torch::Tensor& q, const torch::Tensor& k,
                                            const torch::Tensor& v,
                                            const c10::intrusive_ptr<ContextParallelInput>& input,
-                                           const TensorGroup* group, int64_t heads, double scale,
+                                           const TensorGroup* group, int64_t heads,
+                                           int64_t kv_heads, double scale,
                                            const VariableLengthKernel* kernel, bool recompute);
 
 }  // namespace varipipe::executor

@@ -326,10 +326,12 @@ torch::Tensor TransformerLayer::Attention(const torch::Tensor& q, const torch::T
     const double scale = scaled ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : 1.0;
     const VariableLengthKernel* kernel =
         VariableLengthKernelFor(cq, head_dim, /*has_bias=*/false, fused_attention_);
+    // k and v may hold fewer heads than q (grouped-query attention): the
+    // group gathers those, not their repeats.
     return ContextParallelSelfAttention(
         kernel != nullptr ? cq : q, kernel != nullptr ? compute(k) : k,
-        kernel != nullptr ? compute(v) : v, input.context(), input.context_group(), heads_, scale,
-        kernel, recompute_attention_);
+        kernel != nullptr ? compute(v) : v, input.context(), input.context_group(), heads_,
+        k.size(2) / head_dim, scale, kernel, recompute_attention_);
   }
   if (input.kind() == AttentionInput::Kind::kVariableLength) {
     // Packed rows: one variable-length kernel call where one serves the
@@ -386,9 +388,13 @@ torch::Tensor TransformerLayer::ComputeLlama(const torch::Tensor& x,
   const torch::Tensor q = ApplyRotary(DeferredLinear(n, q_weight_), rotary, heads_);
   const torch::Tensor k = ApplyRotary(DeferredLinear(n, k_weight_), rotary, kv_heads_);
   const torch::Tensor v = DeferredLinear(n, v_weight_);
+  // A context-parallel split gathers the kv_heads heads across its group
+  // and repeats them afterwards (ContextParallelSelfAttention).
+  const bool split = self_input.kind() == AttentionInput::Kind::kContextParallel;
   const torch::Tensor y =
-      x + RowParallel(Attention(q, RepeatKeyValueHeads(k, kv_heads_, heads_),
-                                RepeatKeyValueHeads(v, kv_heads_, heads_), self_input),
+      x + RowParallel(Attention(q, split ? k : RepeatKeyValueHeads(k, kv_heads_, heads_),
+                                split ? v : RepeatKeyValueHeads(v, kv_heads_, heads_),
+                                self_input),
                       o_weight_);
   // SwiGLU MLP (Shazeer 2020): silu(m W_gate) * (m W_up), then W_down.
   const torch::Tensor m = Enter(RmsNorm(y, Replicated(mlp_norm_weight_), norm_epsilon_), length);

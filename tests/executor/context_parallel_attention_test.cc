@@ -83,5 +83,65 @@ TEST(ContextParallelAttentionTest, RanksTogetherEqualWholeSamplesWithGradients) 
   }
 }
 
+// Grouped-query attention: the lanes gather the key/value heads
+// themselves ([tokens, kv_heads, d], kv_heads of them per token, not their
+// repeats), and the core repeats each for its query heads (query head i
+// reads key/value head i / (heads / kv_heads)): equal to whole samples
+// over the repeated heads, gradients included.
+TEST(ContextParallelAttentionTest, GroupedQueryHeadsAreGatheredOnceAndRepeatedInTheCore) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  torch::manual_seed(seed);
+  const int64_t heads = 4;
+  const int64_t d = 8;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  for (int round = 0; round < 6; ++round) {
+    const int c = round % 2 == 0 ? 2 : 4;
+    const int64_t kv_heads = round % 3 == 0 ? 1 : 2;
+    std::vector<int64_t> lengths(1 + rng() % 3);
+    for (int64_t& l : lengths) l = 1 + static_cast<int64_t>(rng() % 30);
+    SCOPED_TRACE(::testing::Message() << "round " << round << ", c " << c << ", kv heads "
+                                      << kv_heads);
+    std::vector<ContextParallelSplit> ranks;
+    std::vector<ContextParallelIndex> index;
+    for (int i = 0; i < c; ++i) {
+      ranks.push_back(*ContextParallelSplit::Of(lengths, c, i));
+      index.push_back(ContextParallelIndex::Of(ranks.back(), torch::kCPU));
+    }
+    const int64_t total = ranks[0].total_tokens();
+    const auto options = torch::TensorOptions().dtype(torch::kDouble);
+    const torch::Tensor q = torch::randn({total, heads, d}, options).requires_grad_();
+    const torch::Tensor k = torch::randn({total, kv_heads, d}, options).requires_grad_();
+    const torch::Tensor v = torch::randn({total, kv_heads, d}, options).requires_grad_();
+    const torch::Tensor weight = torch::randn({total, heads, d}, options);
+    const int64_t group = heads / kv_heads;
+    const torch::Tensor whole =
+        WholeSampleAttention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
+                             ranks[0].sample_offsets(), scale);
+    const auto whole_grads = torch::autograd::grad({(whole * weight).sum()}, {q, k, v});
+
+    const torch::Tensor k_gathered = Gathered(k, ranks, index);
+    const torch::Tensor v_gathered = Gathered(v, ranks, index);
+    EXPECT_EQ(k_gathered.size(1), kv_heads);
+    torch::Tensor split_out = torch::zeros({total, heads, d}, options);
+    for (int i = 0; i < c; ++i) {
+      const torch::Tensor out = ReferenceContextParallelAttention(
+          q.index_select(0, index[i].local_tokens), GatherKeyPrefixes(k_gathered, index[i]),
+          GatherKeyPrefixes(v_gathered, index[i]), ranks[i], scale);
+      split_out = split_out.index_add(0, index[i].local_tokens, out);
+    }
+    const auto split_grads = torch::autograd::grad({(split_out * weight).sum()}, {q, k, v});
+    EXPECT_TRUE(torch::allclose(split_out, whole, 1e-5, 1e-5))
+        << (split_out - whole).abs().max().item<double>();
+    const char* names[] = {"q", "k", "v"};
+    for (int g = 0; g < 3; ++g) {
+      EXPECT_TRUE(torch::allclose(split_grads[g], whole_grads[g], 1e-4, 1e-5))
+          << names[g] << " gradient differs by "
+          << (split_grads[g] - whole_grads[g]).abs().max().item<double>();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace varipipe::executor
