@@ -1,7 +1,9 @@
 // Online calibration end to end (docs/cost-model.md, "Calibration"): a
 // real planner daemon plans with a deliberately wrong cost model (a
-// measured profile with every time ten times too long: whatever the load
-// on the machine, far from what runs), four real executors (pp = 2,
+// measured profile with every time thirty times too long: whatever the
+// load on the machine, far from what runs; four ranks on two cores run 2-7
+// times slower than the profile's one process, so a tenfold profile could
+// be as little as 40% off), four real executors (pp = 2,
 // dp = 2) train and report, and the daemon's calibration brings the
 // predicted time of iterations 8-15 within 20% of the measured one. The state lives in
 // the store: a daemon started afterwards on the same Redis continues with
@@ -67,17 +69,20 @@ std::string JobJson(int port, const std::string& cost_model) {
   })");
 }
 
-// The profile with every forward, backward and optimizer time times 10.
-void ScaleTimesTenfold(const std::filesystem::path& in, const std::filesystem::path& out) {
+constexpr double kWrongBy = 30;
+
+// The profile with every forward, backward and optimizer time times
+// kWrongBy.
+void ScaleTimes(const std::filesystem::path& in, const std::filesystem::path& out) {
   v1::CostModelFile file;
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(ReadFile(in), &file).ok());
   for (v1::CostGrid& g : *file.mutable_grids()) {
-    for (double& v : *g.mutable_forward_ms()) v *= 10;
-    for (double& v : *g.mutable_backward_ms()) v *= 10;
+    for (double& v : *g.mutable_forward_ms()) v *= kWrongBy;
+    for (double& v : *g.mutable_backward_ms()) v *= kWrongBy;
   }
-  file.mutable_optimizer()->set_fixed_ms(10 * file.optimizer().fixed_ms());
+  file.mutable_optimizer()->set_fixed_ms(kWrongBy * file.optimizer().fixed_ms());
   file.mutable_optimizer()->set_ms_per_million_parameters(
-      10 * file.optimizer().ms_per_million_parameters());
+      kWrongBy * file.optimizer().ms_per_million_parameters());
   std::string json;
   ASSERT_TRUE(google::protobuf::util::MessageToJsonString(file, &json).ok());
   std::ofstream(out) << json;
@@ -101,7 +106,7 @@ std::vector<Iteration> ReadMetrics(const std::filesystem::path& path) {
   return out;
 }
 
-TEST(OnlineCalibration, BringsATenfoldCostModelWithinTwentyPercent) {
+TEST(OnlineCalibration, BringsAThirtyfoldCostModelWithinTwentyPercent) {
   absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
   ASSERT_THAT(redis, IsOk());
   const std::filesystem::path dir = FreshDirectory("calibration");
@@ -110,8 +115,8 @@ TEST(OnlineCalibration, BringsATenfoldCostModelWithinTwentyPercent) {
       RunCommand(absl::StrCat("cd '", dir.string(), "' && ", Bin("varipipe-profile"),
                               " --config profile-job.json --out profile.json --quick 2>&1"));
   ASSERT_EQ(profiled.exit_code, 0) << profiled.output;
-  ScaleTimesTenfold(dir / "profile.json", dir / "tenfold.json");
-  std::ofstream(dir / "job.json") << JobJson((*redis)->port(), "tenfold.json");
+  ScaleTimes(dir / "profile.json", dir / "wrong.json");
+  std::ofstream(dir / "job.json") << JobJson((*redis)->port(), "wrong.json");
 
   const std::string password = (*redis)->password();
   const std::string planner = StartPlannerDaemon(
@@ -138,16 +143,17 @@ TEST(OnlineCalibration, BringsATenfoldCostModelWithinTwentyPercent) {
   }
   std::printf("%s\n", absl::StrJoin(table, "\n").c_str());
   // Iterations 0 and 1 were planned before any report (plan_ahead 1):
-  // ten times too slow.
+  // thirty times too slow.
   // From iteration 8 on every plan used the reports of at least 5
   // iterations.
   //
-  // Calibration corrects the model's bias (here, tenfold); it cannot
+  // Calibration corrects the model's bias (here, thirtyfold); it cannot
   // predict the machine's noise from one iteration to the next, which on
   // a shared 2-core CI machine moved identical-sized iterations by +-30%.
   // So the 20% bound is on the total over iterations 8-15 (the bias), and
   // the per-iteration median must be within 50% and a quarter of the
-  // uncalibrated error (a tenfold model is off by about 900%).
+  // uncalibrated error (the thirtyfold model was 600-1,100% off on an idle
+  // machine, and stays several hundred percent off under load).
   std::vector<double> late;
   double late_measured = 0, late_predicted = 0;
   for (size_t i = 8; i < iterations.size(); ++i) {
@@ -163,7 +169,7 @@ TEST(OnlineCalibration, BringsATenfoldCostModelWithinTwentyPercent) {
   EXPECT_LE(Median(late), 0.50) << absl::StrJoin(table, "\n");
   EXPECT_LT(Median(late), early / 4) << absl::StrJoin(table, "\n");
   // The status shows the error and the calibration (scales below 1: the
-  // model's times were ten times too long).
+  // model's times were thirty times too long).
   EXPECT_THAT(status.output, HasSubstr("prediction error p50 ")) << status.output;
   EXPECT_THAT(status.output, HasSubstr("calibration version ")) << status.output;
   EXPECT_THAT(ReadFile(dir / "planner.log"), HasSubstr("calibration version "));
