@@ -511,14 +511,26 @@ MicroBatchingResult Search::WithLoneSamples(const MicroBatchingResult* result,
       MicroBatchGroup g;
       g.samples = {i};
       PadToLongest(out.samples, policy_, g);
-      // Its time for the replicas' balance: under the pair's mode, else the
-      // first more recomputing one the model prices.
+      // Its time for the replicas' balance: under the first mode from the
+      // pair's on whose micro-batch of one fits a device whole, as
+      // CostStages raises it (else the first the model prices; a split
+      // one's time is not known here).
+      const double labelled =
+          static_cast<double>(LossTokens(out.samples[i], dims_.encoder_decoder()));
       MicroBatchCost cost;
+      bool priced = false;
+      std::vector<StageOpCost> stage_costs;
       for (const auto& [mode, model] : cost_models_) {
         if (mode < c.recompute || !model->ok()) continue;
-        if ((*model)->Evaluate(
-                1, g.input_len, g.target_len, nullptr,
-                static_cast<double>(LossTokens(out.samples[i], dims_.encoder_decoder())), &cost)) {
+        MicroBatchCost under;
+        if (!(*model)->Evaluate(1, g.input_len, g.target_len, nullptr, labelled, &under)) continue;
+        if (!priced) cost = under;
+        priced = true;
+        if (c_.planner().uniform_recompute()) break;
+        if ((*model)->EvaluateStages(1, g.input_len, g.target_len, nullptr, labelled, 1,
+                                     dims_.hidden, dims_.dtype_bytes, &stage_costs) &&
+            FitsAlone(stage_costs, room, false)) {
+          cost = under;
           break;
         }
       }
@@ -554,6 +566,10 @@ void Search::MicroBatch() {
         dp_ * lanes_, static_cast<double>(c_.cluster().device_memory_limit_mib()) * (1 << 20));
     if (rooms.ok()) {
       room = *std::move(rooms);
+      // The room the partition and the stage costs judge by.
+      if (!options_.per_device_memory) {
+        std::fill(room.begin(), room.end(), *std::min_element(room.begin(), room.end()));
+      }
       lone = LoneSamples(room, &split_only);
     }
   }
@@ -1717,6 +1733,12 @@ PlanReport Search::Report(const Candidate* best, bool with_trace) const {
           best->stage_costs->whole_modes[g] != best->recompute) {
         shape.recompute = RecomputeName(best->stage_costs->whole_modes[g]);
         ++report.raised_recompute_micro_batches;
+        // Its time under its own mode, as the simulation ran it.
+        double ms = 0;
+        for (const StageOpCost& op : best->stage_costs->groups[g]) {
+          ms += op.forward_ms + op.backward_ms;
+        }
+        shape.predicted_ms = ms;
       }
       report.micro_batch_shapes.push_back(std::move(shape));
     }
