@@ -243,17 +243,20 @@ class Search {
   std::vector<uint32_t> LoneSamples(const std::vector<double>& room,
                                     std::vector<uint32_t>* split_only);
   // Whether `ops` (one micro-batch's costs, stage s on device s % p) fits
-  // the devices' `room` alone: every peak within it; with `depth`, also
-  // every stage's stored bytes within room / p, the micro-batching's
-  // pipeline-depth budget (p micro-batches in flight).
+  // the devices' `room` alone: on each device, every stage's peak plus the
+  // stored bytes of the device's earlier stages (interleaved chunks) within
+  // it; with `depth`, also the device's stored bytes within room / p, the
+  // micro-batching's pipeline-depth budget (p micro-batches in flight).
   bool FitsAlone(const std::vector<StageOpCost>& ops, const std::vector<double>& room,
                  bool depth) const {
     if (ops.empty()) return false;
+    std::vector<double> stored(p_, 0);  // per device, of the stages before
     for (size_t s = 0; s < ops.size(); ++s) {
       const size_t d = s % p_;
       if (d >= room.size()) continue;
-      if (ops[s].peak_bytes > room[d]) return false;
-      if (depth && ops[s].stored_bytes > room[d] / p_) return false;
+      if (stored[d] + ops[s].peak_bytes > room[d]) return false;
+      stored[d] += ops[s].stored_bytes;
+      if (depth && stored[d] > room[d] / p_) return false;
     }
     return true;
   }
