@@ -260,6 +260,40 @@ class Search {
     }
     return true;
   }
+  // The mode one micro-batch of `cand` runs under, into `mode`, and its
+  // costs under it, into `ops` (`price(mode, &ops)`: false where it cannot
+  // price that mode). Every micro-batch: the candidate's mode, as the
+  // partition formed it. A lone sample's (`lone`, IsLoneGroup), unless one
+  // mode binds the iteration: the first from the candidate's on, in order
+  // of recomputation, under which it fits a device alone (with
+  // cand.raise_to_depth, within the pipeline-depth budget), else the first
+  // under which it fits at all, else the candidate's (the simulation or
+  // the placement then refuses it). Returns whether the candidate's own
+  // mode was priced (when it was not and nothing else was, `ops` is empty).
+  template <typename Price>
+  bool PriceUnderItsMode(const Candidate& cand, bool lone, const std::vector<double>& room,
+                         const Price& price, std::vector<StageOpCost>* ops, Recompute* mode) const {
+    ops->clear();
+    *mode = cand.recompute;
+    bool priced = false;
+    bool kept_fits = false;
+    for (const auto& [m, model] : cost_models_) {
+      if (m < cand.recompute) continue;
+      if (m != cand.recompute && (!lone || c_.planner().uniform_recompute())) break;
+      std::vector<StageOpCost> under;
+      if (!model->ok() || !price(m, &under)) continue;
+      priced |= m == cand.recompute;
+      const bool fits = FitsAlone(under, room, false);
+      const bool done = !lone || FitsAlone(under, room, cand.raise_to_depth);
+      if (done || m == cand.recompute || (fits && !kept_fits)) {
+        *ops = std::move(under);
+        *mode = m;
+        kept_fits = fits;
+      }
+      if (done) break;
+    }
+    return priced;
+  }
   // Whether group g of `cand`'s micro-batching is a lone sample's
   // micro-batch of its own.
   bool IsLoneGroup(const Candidate& cand, const MicroBatchGroup& group) const {
@@ -963,14 +997,6 @@ void Search::CostStages(std::span<const size_t> ready) {
     const std::vector<MicroBatchGroup>& groups = cand.split().groups;
     const uint32_t stages = p_ * cand.chunks;
     const std::vector<double>& room = cand.micro_batching->available_per_device;
-    // The candidate's mode, then (unless one mode binds the iteration) the
-    // job's more recomputing ones in order.
-    std::vector<Recompute> modes = {cand.recompute};
-    if (!c_.planner().uniform_recompute()) {
-      for (const auto& [mode, model] : cost_models_) {
-        if (mode > cand.recompute && model->ok()) modes.push_back(mode);
-      }
-    }
     out.groups.resize(groups.size());
     out.whole_modes.assign(groups.size(), cand.recompute);
     std::vector<StageOpCost> stage_costs;
@@ -981,47 +1007,24 @@ void Search::CostStages(std::span<const size_t> ready) {
       // priced it.
       const double labelled = static_cast<double>(
           LabelledTokens(group, cand.micro_batching->samples, dims_.encoder_decoder()));
-      // A lone sample's group (LoneSamples): the candidate's mode where it
-      // fits a device alone within the pipeline-depth budget, else the
-      // first later mode where it does, else the first where it fits at
-      // all, else the candidate's (the simulation then refuses it). Every
-      // other group: the candidate's mode, as the partition formed it.
-      const bool lone = IsLoneGroup(cand, group);
-      const std::span<const Recompute> group_modes(modes.data(), lone ? modes.size() : 1);
-      std::vector<StageOpCost> fallback;  // the first that fits, else the candidate's
-      Recompute fallback_mode = cand.recompute;
-      bool fallback_fits = false;
-      bool chosen = false;
-      for (Recompute mode : group_modes) {
-        const MicroBatchCostModel& cost = **cost_models_.at(mode);
-        if (!cost.EvaluateStages(static_cast<uint32_t>(group.size()), group.input_len,
-                                 group.target_len, packed ? &*packed : nullptr, labelled,
-                                 cand.chunks, dims_.hidden, dims_.dtype_bytes, &stage_costs)) {
-          if (mode != cand.recompute) continue;
-          out.error = "a micro-batch lies beyond the cost model";
-          return;
+      const auto price = [&](Recompute mode, std::vector<StageOpCost>* ops) {
+        if (!(*cost_models_.at(mode))
+                 ->EvaluateStages(static_cast<uint32_t>(group.size()), group.input_len,
+                                  group.target_len, packed ? &*packed : nullptr, labelled,
+                                  cand.chunks, dims_.hidden, dims_.dtype_bytes, &stage_costs)) {
+          return false;
         }
-        std::vector<StageOpCost> ops(stages);
+        ops->resize(stages);
         for (uint32_t s = 0; s < stages; ++s) {
-          ops[s] = stage_costs[s];
-          BackwardSplitRule(dims_).Split(StageLayersOf(s, stages, group), &ops[s]);
+          (*ops)[s] = stage_costs[s];
+          BackwardSplitRule(dims_).Split(StageLayersOf(s, stages, group), &(*ops)[s]);
         }
-        if (!lone || FitsAlone(ops, room, cand.raise_to_depth)) {
-          out.groups[g] = std::move(ops);
-          out.whole_modes[g] = mode;
-          chosen = true;
-          break;
-        }
-        const bool fits = FitsAlone(ops, room, false);
-        if (mode == cand.recompute || (fits && !fallback_fits)) {
-          fallback = std::move(ops);
-          fallback_mode = mode;
-          fallback_fits = fits;
-        }
-      }
-      if (!chosen) {
-        out.groups[g] = std::move(fallback);
-        out.whole_modes[g] = fallback_mode;
+        return true;
+      };
+      if (!PriceUnderItsMode(cand, IsLoneGroup(cand, group), room, price, &out.groups[g],
+                             &out.whole_modes[g])) {
+        out.error = "a micro-batch lies beyond the cost model";
+        return;
       }
     }
     if (lanes_ > 1) CostSplits(cand, out);
@@ -1039,15 +1042,6 @@ void Search::CostSplits(const Candidate& cand, PairStageCosts& out) const {
   const uint32_t stages = p_ * cand.chunks;
   const absl::StatusOr<ContextSplitCostModel>& model = *split_models_.at(cand.recompute);
   const std::vector<double>& room = mbr.available_per_device;
-  // The candidate's mode first; unless one mode binds the iteration, the
-  // job's more recomputing modes after it, in order (split_models_ is
-  // ordered by recomputation).
-  std::vector<Recompute> modes = {cand.recompute};
-  if (!c_.planner().uniform_recompute()) {
-    for (const auto& [mode, splitter] : split_models_) {
-      if (mode > cand.recompute && splitter->ok()) modes.push_back(mode);
-    }
-  }
   out.split_groups.assign(groups.size(), {});
   out.split_tokens.assign(groups.size(), 0);
   out.split_modes.assign(groups.size(), cand.recompute);
@@ -1069,33 +1063,23 @@ void Search::CostSplits(const Candidate& cand, PairStageCosts& out) const {
     MicroBatchGroup row;  // as the split runs: one row of A tokens
     row.samples = {0};
     row.input_len = out.split_tokens[g];
-    // A lone sample's group: the first mode whose split fits a lane on
-    // every stage within the pipeline-depth budget, else the first where
-    // it fits at all, else the candidate's (the placement then rules the
-    // split out). Every other group: the candidate's mode.
-    const bool lone = IsLoneGroup(cand, group);
-    bool chosen_fits = false;
-    for (Recompute mode : std::span<const Recompute>(modes.data(), lone ? modes.size() : 1)) {
-      if (!(*split_models_.at(mode))
-               ->EvaluateStages(lengths, labelled, cand.chunks, dims_.hidden, dims_.dtype_bytes,
-                                &stage_costs) ||
+    const auto price = [&](Recompute mode, std::vector<StageOpCost>* ops) {
+      const absl::StatusOr<ContextSplitCostModel>& splitter = *split_models_.at(mode);
+      if (!splitter.ok() ||
+          !splitter->EvaluateStages(lengths, labelled, cand.chunks, dims_.hidden, dims_.dtype_bytes,
+                                    &stage_costs) ||
           stage_costs.size() != stages) {
-        continue;
+        return false;
       }
-      std::vector<StageOpCost> ops(stages);
+      ops->resize(stages);
       for (uint32_t s = 0; s < stages; ++s) {
-        ops[s] = stage_costs[s];
-        BackwardSplitRule(dims_).Split(StageLayersOf(s, stages, row), &ops[s]);
+        (*ops)[s] = stage_costs[s];
+        BackwardSplitRule(dims_).Split(StageLayersOf(s, stages, row), &(*ops)[s]);
       }
-      const bool fits = FitsAlone(ops, room, false);
-      const bool done = !lone || FitsAlone(ops, room, cand.raise_to_depth);
-      if (done || mode == cand.recompute || (fits && !chosen_fits)) {
-        out.split_groups[g] = std::move(ops);
-        out.split_modes[g] = mode;
-        chosen_fits = fits;
-      }
-      if (done) break;
-    }
+      return true;
+    };
+    (void)PriceUnderItsMode(cand, IsLoneGroup(cand, group), room, price, &out.split_groups[g],
+                            &out.split_modes[g]);
   }
   const auto fits = [&](const std::vector<StageOpCost>& ops) {
     return FitsAlone(ops, room, false);
