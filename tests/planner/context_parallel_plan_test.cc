@@ -607,14 +607,15 @@ TEST(ContextParallelPlans, JobsThatDoNotFitWithoutContextParallelismPlan) {
   EXPECT_GT(only_with_context, 0);
 }
 
-// A long sample whose split fits a lane only under full recomputation,
-// among short ones that fit under none: without uniform_recompute the
-// iteration keeps a lighter mode and only the split micro-batch raises its
-// own (MicroBatch.recompute, the same on every lane and stage), which the
-// validator accepts. Over a ladder of device limits 4% apart: wherever one
-// mode for all plans, per-micro-batch modes plan too, and at some limit
-// the long sample alone is raised and the iteration predicts faster.
-TEST(ContextParallelPlans, OnlyTheMicroBatchThatNeedsItRecomputesMore) {
+// One long sample among 40 short ones at pp 2 and `context` lanes, over a
+// ladder of device limits 4% apart, planned with one recompute mode per
+// iteration (uniform_recompute) and with modes per micro-batch: wherever
+// one mode plans, modes per micro-batch plan too, and validate. Where a
+// micro-batch runs under its own mode (MicroBatch.recompute, the same on
+// every rank and lane), it is the long sample alone (split with context
+// parallelism), above the iteration's mode, and the iteration predicts
+// faster than with one mode. Returns at how many limits that happened.
+int LimitsWhereOnlyTheLongSampleRecomputesMore(uint32_t context) {
   MiniBatch mb;
   mb.lengths = {{.input = 6000, .target = 2000}};
   mb.sample_ids = {10};
@@ -626,8 +627,8 @@ TEST(ContextParallelPlans, OnlyTheMicroBatchThatNeedsItRecomputesMore) {
   for (uint32_t memory_mib = 400; memory_mib <= 4096; memory_mib = memory_mib * 26 / 25) {
     SCOPED_TRACE(absl::StrCat(memory_mib, " MiB"));
     v1::JobConfig uniform_config =
-        Config(2, 1, 2, v1::PER_MICRO_BATCH, {v1::ONE_F_ONE_B}, memory_mib, 8192);
-    v1::JobConfig mixed_config = uniform_config;
+        Config(2, 1, context, v1::PER_MICRO_BATCH, {v1::ONE_F_ONE_B}, memory_mib, 8192);
+    const v1::JobConfig mixed_config = uniform_config;
     uniform_config.mutable_planner()->set_uniform_recompute(true);
     absl::StatusOr<Planner> uniform = Planner::Create(uniform_config);
     absl::StatusOr<Planner> mixed = Planner::Create(mixed_config);
@@ -642,14 +643,18 @@ TEST(ContextParallelPlans, OnlyTheMicroBatchThatNeedsItRecomputesMore) {
       }
     }
     if (!own_modes.ok()) continue;
-    ASSERT_THAT(ValidatePlans(own_modes->plans), IsOk());
+    EXPECT_THAT(ValidatePlans(own_modes->plans), IsOk());
     int raised_here = 0;
     for (const v1::ExecutionPlan& plan : own_modes->plans) {
       for (const v1::MicroBatch& m : plan.micro_batches()) {
         if (m.recompute().empty()) continue;
         ++raised_here;
-        // Raised only above the iteration's mode, and only split here.
-        EXPECT_TRUE(m.context().split());
+        // Only the long sample, alone (split with lanes), above the
+        // iteration's mode.
+        EXPECT_THAT(m.sample_ids(), ::testing::ElementsAre(10u));
+        if (context > 1) {
+          EXPECT_TRUE(m.context().split());
+        }
         EXPECT_NE(m.recompute(), plan.recompute());
         EXPECT_NE(plan.recompute(), "full");
       }
@@ -661,72 +666,27 @@ TEST(ContextParallelPlans, OnlyTheMicroBatchThatNeedsItRecomputesMore) {
     const double own_ms = own_modes->report.predicted_iteration_ms;
     const double one_ms = one_mode.ok() ? one_mode->report.predicted_iteration_ms : 0;
     std::printf(
-        "%u MiB: iteration recompute %s with %d micro-batch(es) raised, %.3f ms; one mode: "
+        "c %u, %u MiB: iteration recompute %s with %d micro-batch(es) raised, %.3f ms; one mode: "
         "%s %.3f ms\n",
-        memory_mib, own_modes->report.recompute.c_str(), per_plan, own_ms,
+        context, memory_mib, own_modes->report.recompute.c_str(), per_plan, own_ms,
         one_mode.ok() ? one_mode->report.recompute.c_str() : "no plan", one_ms);
     if (one_mode.ok()) {
       EXPECT_LT(own_ms, one_ms);
     }
   }
-  EXPECT_GT(raised, 0);
+  return raised;
 }
 
-// Without context parallelism: a sample that fits one device only under
-// more recomputation than the others need runs alone under its own mode
-// (LoneSamples), the iteration under a lighter one. Over a ladder of
-// device limits: wherever one mode for all plans, per-micro-batch modes
-// plan too and never predict slower by more than rounding; at some limit
-// the long sample alone is raised, and that plan predicts faster.
+// The long sample's split fits a lane only under full recomputation, the
+// short ones under none.
+TEST(ContextParallelPlans, OnlyTheMicroBatchThatNeedsItRecomputesMore) {
+  EXPECT_GT(LimitsWhereOnlyTheLongSampleRecomputesMore(2), 0);
+}
+
+// Without context parallelism: the long sample runs alone under its own
+// mode (LoneSamples), the iteration under a lighter one.
 TEST(PerMicroBatchRecompute, ALongSampleAloneRecomputesMoreWithoutContextParallelism) {
-  MiniBatch mb;
-  mb.lengths = {{.input = 6000, .target = 2000}};
-  mb.sample_ids = {10};
-  for (uint64_t i = 0; i < 40; ++i) {
-    mb.lengths.push_back({.input = 200 + static_cast<uint32_t>(i % 7) * 40, .target = 56});
-    mb.sample_ids.push_back(11 + i);
-  }
-  int raised = 0;
-  for (uint32_t memory_mib = 400; memory_mib <= 4096; memory_mib = memory_mib * 26 / 25) {
-    SCOPED_TRACE(absl::StrCat(memory_mib, " MiB"));
-    v1::JobConfig uniform_config =
-        Config(2, 1, 1, v1::PER_MICRO_BATCH, {v1::ONE_F_ONE_B}, memory_mib, 8192);
-    const v1::JobConfig mixed_config = uniform_config;
-    uniform_config.mutable_planner()->set_uniform_recompute(true);
-    absl::StatusOr<Planner> uniform = Planner::Create(uniform_config);
-    absl::StatusOr<Planner> mixed = Planner::Create(mixed_config);
-    if (!uniform.ok() || !mixed.ok()) continue;  // the model state alone does not fit
-    const absl::StatusOr<PlanningResult> one_mode = uniform->Plan(mb);
-    const absl::StatusOr<PlanningResult> own_modes = mixed->Plan(mb);
-    if (one_mode.ok()) {
-      EXPECT_THAT(own_modes, IsOk());
-    }
-    if (!own_modes.ok()) continue;
-    ASSERT_THAT(ValidatePlans(own_modes->plans), IsOk());
-    const int per_plan = own_modes->report.raised_recompute_micro_batches;
-    if (per_plan == 0) continue;
-    int raised_here = 0;
-    for (const v1::ExecutionPlan& plan : own_modes->plans) {
-      for (const v1::MicroBatch& m : plan.micro_batches()) {
-        if (m.recompute().empty()) continue;
-        ++raised_here;
-        // Only the long sample, alone.
-        EXPECT_THAT(m.sample_ids(), ::testing::ElementsAre(10u));
-        EXPECT_NE(m.recompute(), plan.recompute());
-      }
-    }
-    EXPECT_EQ(raised_here, per_plan * static_cast<int>(own_modes->plans.size()));
-    ++raised;
-    std::printf("%u MiB: iteration %s, the long sample raised: %.3f ms; one mode: %s %.3f ms\n",
-                memory_mib, own_modes->report.recompute.c_str(),
-                own_modes->report.predicted_iteration_ms,
-                one_mode.ok() ? one_mode->report.recompute.c_str() : "no plan",
-                one_mode.ok() ? one_mode->report.predicted_iteration_ms : 0.0);
-    if (one_mode.ok()) {
-      EXPECT_LT(own_modes->report.predicted_iteration_ms, one_mode->report.predicted_iteration_ms);
-    }
-  }
-  EXPECT_GT(raised, 0);
+  EXPECT_GT(LimitsWhereOnlyTheLongSampleRecomputesMore(1), 0);
 }
 
 // The validator refuses an unknown mode and a micro-batch whose ranks
