@@ -18,12 +18,19 @@ per GPU and global batch. For each GPU count it plans, with varipipe-plan:
     but each with its own recompute mode (ALWAYS); split or whole per
     micro-batch with one recompute mode (PER_MICRO_BATCH, uniform); and
     both (PER_MICRO_BATCH, the default);
+  - a bound: static and the default again with every transfer free (the
+    cluster's links at the config's limits). A split lane computes its
+    share of the micro-batch's work either way, so splitting's price in
+    the cost model is its transfers (and the lanes' padding to the
+    group's longest): no split-or-whole choice on the layout can beat the
+    default planned with them free;
 
 and writes each one's predicted real tokens/s (real tokens of the mini-batch
 over its predicted iteration, mean over the mini-batches) to a CSV and an SVG
 bar chart (hand-written: no plotting library needed).
 
-Usage: deploy/long_tail_eval.py [--build DIR] [--iterations N] [--out DIR]
+Usage: deploy/long_tail_eval.py [--build DIR] [--iterations N] [--out DIR] [--gpus 8,16]
+         [--intra_node_gbps G [--intra_node_latency_us U]]
 """
 
 import argparse
@@ -37,7 +44,8 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def job_config(base, gpus, context, policy, uniform, tokens_per_gpu):
+def job_config(base, gpus, context, policy, uniform, tokens_per_gpu, free_transfers=False,
+               intra_node=None):
     config = json.loads(json.dumps(base))
     config["job_id"] = "llama-3-8b-long-tail-%dgpu" % gpus
     config["model"]["max_position_embeddings"] = 65536
@@ -58,6 +66,17 @@ def job_config(base, gpus, context, policy, uniform, tokens_per_gpu):
     }
     config["training"] = {"iterations": 100, "zero_stage": 1}
     config.setdefault("planner", {})["uniform_recompute"] = uniform
+    if intra_node is not None:
+        # (GB/s, us): the links inside a node, the context groups' included.
+        config["cluster"]["intra_node_bandwidth_gbps"] = intra_node[0]
+        config["cluster"]["intra_node_latency_us"] = intra_node[1]
+    if free_transfers:
+        # A bound, not a cluster: every transfer (the context group's
+        # collectives, the pipeline's sends, the data-parallel all-reduce)
+        # as fast as the config allows.
+        for link in ("intra_node", "inter_node"):
+            config["cluster"][link + "_bandwidth_gbps"] = 1e6
+            config["cluster"][link + "_latency_us"] = 0
     return config
 
 
@@ -97,11 +116,13 @@ def svg_bars(rows, path):
     colors = {"no context parallelism": "#9e9e9e", "static": "#e07b39",
               "static, own modes": "#f2b38a", "per micro-batch, one mode": "#9cc3ea",
               "per micro-batch": "#3a7dc9", "static, larger c": "#b5531c",
-              "per micro-batch, larger c": "#1f4f8a"}
+              "per micro-batch, larger c": "#1f4f8a",
+              "static, free transfers": "#f7d9c4",
+              "per micro-batch, free transfers": "#c9dcf2"}
     groups = sorted({r["gpus"] for r in rows})
     variants = list(colors)
     top = max([r["tokens_per_second"] for r in rows if r["ok"]] + [1])
-    width, height, left, bottom, plot_h = 760, 380, 70, 80, 250
+    width, height, left, bottom, plot_h = 900, 420, 70, 100, 250
     group_w = (width - left - 20) / max(1, len(groups))
     bar_w = group_w / (len(variants) + 1)
     out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" '
@@ -141,7 +162,7 @@ def svg_bars(rows, path):
                    (left + g * group_w + group_w / 2, y0 + 20, gpus))
     for v, variant in enumerate(variants):
         x = left + (v % 3) * 230
-        y = height - 40 + (v // 3) * 18
+        y = height - 58 + (v // 3) * 18
         out.append('<rect x="%d" y="%d" width="12" height="12" fill="%s"/>' %
                    (x, y - 10, colors[variant]))
         out.append('<text x="%d" y="%d">%s</text>' % (x + 16, y, variant))
@@ -159,16 +180,26 @@ def main():
     parser.add_argument("--gpus", default="8,16")
     parser.add_argument("--tokens_per_gpu", type=int, default=65536,
                         help="global batch tokens per GPU")
+    parser.add_argument("--intra_node_gbps", type=float, default=None,
+                        help="links inside a node, context groups' included (default: the "
+                        "config's, 150 GB/s)")
+    parser.add_argument("--intra_node_latency_us", type=float, default=None,
+                        help="with --intra_node_gbps (default: the config's, 10 us)")
     args = parser.parse_args()
     binary = os.path.join(args.build, "bin", "varipipe-plan")
     with open(os.path.join(ROOT, "deploy", "configs", "llama-3-8b.json")) as f:
         base = json.load(f)
+    intra_node = None
+    if args.intra_node_gbps is not None:
+        intra_node = (args.intra_node_gbps,
+                      10.0 if args.intra_node_latency_us is None else args.intra_node_latency_us)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for gpus in [int(g) for g in args.gpus.split(",")]:
-            def record(variant, context, policy, uniform):
+            def record(variant, context, policy, uniform, free_transfers=False):
                 result = plan(binary, job_config(base, gpus, context, policy, uniform,
-                                                 args.tokens_per_gpu),
+                                                 args.tokens_per_gpu, free_transfers,
+                                                 intra_node),
                               args.iterations, scratch)
                 row = {"gpus": gpus, "variant": variant, "context": context,
                        "tokens_per_second": 0.0}
@@ -195,6 +226,10 @@ def main():
                 record("static, own modes", c, "ALWAYS", False)
                 record("per micro-batch, one mode", c, "PER_MICRO_BATCH", True)
                 record("per micro-batch", c, "PER_MICRO_BATCH", False)
+                # The bound on what any split-or-whole choice can gain
+                # (the docstring's): the default with every transfer free.
+                record("static, free transfers", c, "ALWAYS", True, True)
+                record("per micro-batch, free transfers", c, "PER_MICRO_BATCH", False, True)
                 # Larger degrees, as --search_parallelism would weigh them:
                 # both policies, so that what the degree gains and what the
                 # per-micro-batch choice gains stay apart.
@@ -214,8 +249,7 @@ def main():
     svg_bars(rows, os.path.join(args.out, "long_tail.svg"))
     for gpus in sorted({r["gpus"] for r in rows}):
         mine = [r for r in rows if r["gpus"] == gpus and r["ok"]]
-        static = [r for r in mine if r["variant"].startswith("static")
-                  and "own modes" not in r["variant"]]
+        static = [r for r in mine if r["variant"] in ("static", "static, larger c")]
         if not static:
             continue
         smallest = min(static, key=lambda r: r["context"])
@@ -228,6 +262,18 @@ def main():
                        " (/ static at c=%d: %.2fx)" % (r["context"], r["tokens_per_second"] /
                                                        same[0]["tokens_per_second"])
                        if same else ""))
+
+
+        bound = [r for r in mine if r["variant"] == "per micro-batch, free transfers"]
+        free_static = [r for r in mine if r["variant"] == "static, free transfers"]
+        if bound and free_static:
+            print("%d GPUs: with every transfer free, static at c=%d gains %.1f%% and per "
+                  "micro-batch reaches %.2fx static: no split-or-whole choice on this layout "
+                  "can do better" %
+                  (gpus, smallest["context"],
+                   100 * (free_static[0]["tokens_per_second"] /
+                          smallest["tokens_per_second"] - 1),
+                   bound[0]["tokens_per_second"] / smallest["tokens_per_second"]))
 
 
 if __name__ == "__main__":

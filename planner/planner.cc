@@ -78,6 +78,23 @@ std::string ScheduleName(v1::ScheduleKind kind) {
 
 Link MakeLink(double latency_us, double gbps) { return {latency_us / 1e3, gbps * 1e6}; }
 
+// Whether some context group's ranks (one tensor index each: global ranks
+// (g + j) t + i for j < c, rank_layout.h) sit on more than one node of
+// `devices_per_node` consecutive devices.
+bool ContextGroupSpansNodes(const RankLayout& ranks, uint32_t devices_per_node) {
+  const uint64_t per_node = std::max(1u, devices_per_node);
+  const uint64_t c = ranks.context;
+  const uint64_t t = ranks.tensor;
+  if (c < 2) return false;
+  if (per_node % (c * t) == 0) return false;  // every group inside one node
+  for (uint64_t group = 0; group < static_cast<uint64_t>(ranks.plan_ranks()); group += c) {
+    for (uint64_t i = 0; i < t; ++i) {
+      if ((group * t + i) / per_node != ((group + c - 1) * t + i) / per_node) return true;
+    }
+  }
+  return false;
+}
+
 // One replica's schedule and simulated timeline.
 struct ReplicaTimeline {
   PipelineShape shape;
@@ -399,9 +416,14 @@ absl::Status Search::Init() {
                       ? v1::PER_MICRO_BATCH
                       : c_.parallelism().context_split();
   if (lanes_ > 1) {
+    // A group that spans nodes waits for its slowest ring step: the
+    // inter-node link's.
     ContextSplitOptions split_options;
-    split_options.link =
-        MakeLink(c_.cluster().intra_node_latency_us(), c_.cluster().intra_node_bandwidth_gbps());
+    split_options.link = ContextGroupSpansNodes(ranks_, c_.cluster().devices_per_node())
+                             ? MakeLink(c_.cluster().inter_node_latency_us(),
+                                        c_.cluster().inter_node_bandwidth_gbps())
+                             : MakeLink(c_.cluster().intra_node_latency_us(),
+                                        c_.cluster().intra_node_bandwidth_gbps());
     if (absl::StatusOr<Hardware> hardware = HardwarePreset(c_.cluster().hardware());
         hardware.ok()) {
       split_options.hardware = *hardware;

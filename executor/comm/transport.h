@@ -95,7 +95,9 @@ class Transport {
   // ReduceScatterSum: afterwards this rank's shard holds the elementwise sum
   // of that shard over the group; the other shards hold unspecified values.
   virtual absl::Status ReduceScatterSum(std::span<float> data, const std::vector<int>& group) = 0;
-  // AllGather: afterwards every shard holds what its owner had in it.
+  // AllGather: afterwards every shard holds what its owner had in it, bit
+  // for bit (the words are copied, never computed on: they may hold another
+  // dtype's bytes, as TensorGroup::AllGather sends bf16 pairs).
   virtual absl::Status AllGather(std::span<float> data, const std::vector<int>& group) = 0;
   // Start ReduceScatterSum / AllGather and return at once, with the rules of
   // StartAllReduceMean (one queue of collectives per group, started in the

@@ -30,12 +30,20 @@ TensorGroup::~TensorGroup() {
 
 torch::Tensor TensorGroup::Run(const torch::Tensor& x, const char* what,
                                Transport::DeviceCollective kind) const {
-  TORCH_CHECK(transport_ != nullptr, kind_, " group ", absl::StrJoin(ranks_, ","),
-              ": no transport for its ", what);
   // One fresh fp32 copy, which the collective overwrites in place.
   torch::Tensor data = x.to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  RunInPlace(data, what, kind);
+  return data.to(x.scalar_type());
+}
+
+void TensorGroup::RunInPlace(const torch::Tensor& words, const char* what,
+                             Transport::DeviceCollective kind) const {
+  TORCH_CHECK(transport_ != nullptr, kind_, " group ", absl::StrJoin(ranks_, ","),
+              ": no transport for its ", what);
+  TORCH_CHECK(words.scalar_type() == torch::kFloat32 && words.is_contiguous(), kind_, " ", what,
+              ": the transport moves contiguous 4-byte words");
   absl::StatusOr<std::unique_ptr<Transfer>> started = transport_->StartDeviceOrdered(
-      kind, std::span<float>(data.data_ptr<float>(), static_cast<size_t>(data.numel())), ranks_);
+      kind, std::span<float>(words.data_ptr<float>(), static_cast<size_t>(words.numel())), ranks_);
   absl::Status status = started.status();
   if (started.ok()) {
     if (const auto* finished = dynamic_cast<const FinishedTransfer*>(started->get());
@@ -49,7 +57,6 @@ torch::Tensor TensorGroup::Run(const torch::Tensor& x, const char* what,
   }
   TORCH_CHECK(status.ok(), kind_, " ", what, " over ranks ", absl::StrJoin(ranks_, ","), ": ",
               status.ToString());
-  return data.to(x.scalar_type());
 }
 
 absl::Status TensorGroup::Drain(absl::Time deadline) {
@@ -87,6 +94,12 @@ torch::Tensor TensorGroup::AllGather(const torch::Tensor& x, int64_t dim) const 
   for (int64_t d : x.sizes()) shape.push_back(d);
   torch::Tensor slots = torch::zeros(shape, x.options());
   slots[index_].copy_(x);
+  if (x.element_size() == 2 && x.numel() % 2 == 0) {
+    // Each rank's slot is a whole number of 4-byte words: gathered in place.
+    RunInPlace(slots.view({-1}).view(torch::kFloat32), "all-gather",
+               Transport::DeviceCollective::kAllGather);
+    return torch::cat(slots.unbind(0), dim);
+  }
   const torch::Tensor gathered = Run(slots, "all-gather", Transport::DeviceCollective::kAllGather);
   return torch::cat(gathered.unbind(0), dim);
 }

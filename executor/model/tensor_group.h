@@ -63,7 +63,10 @@ class TensorGroup {
 
   // The elementwise sum over the group (a new tensor).
   torch::Tensor AllReduceSum(const torch::Tensor& x) const;
-  // The ranks' tensors concatenated along `dim` in rank order.
+  // The ranks' tensors concatenated along `dim` in rank order. 2-byte
+  // elements (bf16, fp16) travel as they are, two per 4-byte word of the
+  // transport's fp32 collective (half an fp32 copy's bytes; the gather only
+  // copies, so they arrive bit for bit); other dtypes as an fp32 copy.
   torch::Tensor AllGather(const torch::Tensor& x, int64_t dim) const;
   // x summed over the group, then this rank's part of `dim` (split in
   // size() equal parts: size() must divide x.size(dim)).
@@ -95,6 +98,10 @@ class TensorGroup {
   // after the compute stream's queued work).
   torch::Tensor Run(const torch::Tensor& x, const char* what,
                     Transport::DeviceCollective kind) const;
+  // Runs `kind` in place on `words`: contiguous fp32 (or 4-byte words of
+  // another dtype's bytes, for an all-gather, which only copies).
+  void RunInPlace(const torch::Tensor& words, const char* what,
+                  Transport::DeviceCollective kind) const;
 
   int size_ = 1;
   int index_ = 0;

@@ -315,10 +315,13 @@ absl::StatusOr<std::optional<v1::CommunicationCosts>> MeasureTransfers(
   if (!costs.ok()) return costs.status();
   spdlog::info(
       "transfers measured in {:.1f} s: point-to-point {:.1f} us + n / {:.3f} GB/s; all-reduce "
-      "over {} ranks {:.1f} us + n / {:.3f} GB/s",
+      "over {} ranks {:.1f} us + n / {:.3f} GB/s; per ring step of a shard, all-gather "
+      "{:.1f} us + n / {:.3f} GB/s, reduce-scatter {:.1f} us + n / {:.3f} GB/s",
       absl::ToDoubleSeconds(absl::Now() - start), costs->p2p_latency_us(),
       costs->p2p_bandwidth_gbps(), costs->all_reduce_ranks(), costs->all_reduce_latency_us(),
-      costs->all_reduce_bandwidth_gbps());
+      costs->all_reduce_bandwidth_gbps(), costs->all_gather_step_latency_us(),
+      costs->all_gather_step_bandwidth_gbps(), costs->reduce_scatter_step_latency_us(),
+      costs->reduce_scatter_step_bandwidth_gbps());
   if (env.rank != 0) return std::nullopt;
   return *costs;
 }

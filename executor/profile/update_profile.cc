@@ -152,6 +152,26 @@ absl::StatusOr<v1::CommunicationCosts> MeasureCommunication(Transport& transport
     }
     all_reduce.push_back({static_cast<double>(floats * sizeof(float)), Median(times)});
   }
+  // The context group's ring collectives, in place on `size` shards of n
+  // bytes each: one step passes one shard on, (size - 1) steps in all.
+  std::vector<TransferSample> gather_steps, scatter_steps;
+  const double steps = size - 1;
+  for (size_t shard_bytes : TransferSizes(std::max<size_t>(4, max_bytes / size))) {
+    const size_t shard = std::max<size_t>(1, shard_bytes / sizeof(float));
+    const std::span<float> data(buffer, shard * size);
+    for (const bool gather : {true, false}) {
+      std::vector<double> times;
+      for (int pass = 0; pass < repeats + 1; ++pass) {
+        const Clock::time_point start = Clock::now();
+        VP_RETURN_IF_ERROR(gather ? transport.AllGather(data, everyone)
+                                  : transport.ReduceScatterSum(data, everyone));
+        Synchronize(device);
+        if (pass > 0) times.push_back(MsSince(start) / steps);
+      }
+      (gather ? gather_steps : scatter_steps)
+          .push_back({static_cast<double>(shard * sizeof(float)), Median(times)});
+    }
+  }
   // Every rank takes rank 0's point-to-point fit (the others measured none).
   auto [p2p_latency_us, p2p_gbps] = FitLink(p2p);
   torch::Tensor shared_tensor =
@@ -171,6 +191,13 @@ absl::StatusOr<v1::CommunicationCosts> MeasureCommunication(Transport& transport
   out.set_all_reduce_latency_us(reduce_latency_us);
   out.set_all_reduce_bandwidth_gbps(reduce_gbps);
   out.set_all_reduce_ranks(static_cast<uint32_t>(size));
+  const auto [gather_latency_us, gather_gbps] = FitLink(gather_steps);
+  const auto [scatter_latency_us, scatter_gbps] = FitLink(scatter_steps);
+  out.set_all_gather_step_latency_us(gather_latency_us);
+  out.set_all_gather_step_bandwidth_gbps(gather_gbps);
+  out.set_reduce_scatter_step_latency_us(scatter_latency_us);
+  out.set_reduce_scatter_step_bandwidth_gbps(scatter_gbps);
+  out.set_collective_ranks(static_cast<uint32_t>(size));
   return out;
 }
 

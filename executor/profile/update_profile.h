@@ -5,9 +5,11 @@
 //     norm and step) over parameter sets of one and eight layers, fitted
 //     as fixed + per-parameter time;
 //   - point-to-point messages between ranks 0 and 1 (ping-pong, one way =
-//     half the round trip) and the all-reduce over every rank of the launch,
-//     over the executor's transport (Gloo on CPUs, NCCL on GPUs), each
-//     fitted as t(n) = latency + n / bandwidth.
+//     half the round trip), the all-reduce over every rank of the launch,
+//     and the all-gather and reduce-scatter over every rank (a context
+//     group's collectives, per ring step: the collective's time / (ranks -
+//     1) for shards of n bytes), over the executor's transport (Gloo on
+//     CPUs, NCCL on GPUs), each fitted as t(n) = latency + n / bandwidth.
 // Times are medians of `repeats` after a warm-up.
 #ifndef VARIPIPE_EXECUTOR_PROFILE_UPDATE_PROFILE_H_
 #define VARIPIPE_EXECUTOR_PROFILE_UPDATE_PROFILE_H_
@@ -48,7 +50,9 @@ std::pair<double, double> FitLink(const std::vector<TransferSample>& samples);
 std::vector<size_t> TransferSizes(size_t max_bytes);
 
 // Runs on every rank of `transport` (collective): rank 0 and 1 ping-pong,
-// then everyone all-reduces. Every rank gets the same result.
+// then everyone all-reduces, all-gathers and reduce-scatters. Every rank
+// gets the same point-to-point fit (rank 0's); the collectives' fits are
+// each rank's own.
 // `device`: where the transport's buffers live (NCCL: the rank's GPU).
 absl::StatusOr<v1::CommunicationCosts> MeasureCommunication(Transport& transport,
                                                             torch::Device device,

@@ -19,7 +19,8 @@ constexpr double kHeadTokenBytes = 8 + 8 + 8 + 1 + 4 + 4;
 // One step of a tensor group's ring collective: a kernel launch and a hop on
 // the node's link (NVLink-class latency).
 constexpr double kTensorStepLatencyUs = 5;
-// The executor's tensor collectives move fp32 (tensor_group.h).
+// The executor's tensor collectives move fp32 (tensor_group.h), except
+// all-gathers of 2-byte elements, which travel as they are.
 constexpr double kTensorCollectiveBytes = 4;
 
 // The vocabulary rows of the busiest tensor rank (executor/model/
@@ -212,18 +213,26 @@ double FusedRecomputeFlops(const ModelDims& d, double b, double s, double encode
 // projection (self-attention, MLP, and a decoder's cross-attention), all on
 // b * s * h values; backward, f on each branch's input (the same), and a
 // decoder's f on the encoder output, b * encoder_s * h values. Sequence
-// parallelism's all-gather and reduce-scatter pairs move the same bytes.
+// parallelism's all-gather and reduce-scatter pairs move the same values:
+// each half of a ring all-reduce's steps, the reduce-scatter's in fp32 and
+// the all-gather's in the model's dtype (bf16 and fp16 as they are).
 struct LayerCommunication {
   double forward_ms = 0;
   double backward_ms = 0;
 };
 LayerCommunication TensorCommunication(const ModelDims& d, const TensorLink& link, uint32_t t,
                                        double b, double s, double encoder_s, bool decoder) {
-  const double branch = TensorAllReduceMs(link, t, kTensorCollectiveBytes * b * s * d.hidden);
+  const double gathered_bytes =
+      link.sequence_parallel && d.dtype_bytes == 2 ? 2.0 : kTensorCollectiveBytes;
+  const double values = b * s * d.hidden;
+  const double branch = 0.5 * TensorAllReduceMs(link, t, kTensorCollectiveBytes * values) +
+                        0.5 * TensorAllReduceMs(link, t, gathered_bytes * values);
   const double branches = decoder ? 3 : 2;
   LayerCommunication c{.forward_ms = branches * branch, .backward_ms = branches * branch};
   if (decoder) {
-    c.backward_ms += TensorAllReduceMs(link, t, kTensorCollectiveBytes * b * encoder_s * d.hidden);
+    const double encoder_values = b * encoder_s * d.hidden;
+    c.backward_ms += 0.5 * TensorAllReduceMs(link, t, kTensorCollectiveBytes * encoder_values) +
+                     0.5 * TensorAllReduceMs(link, t, gathered_bytes * encoder_values);
   }
   return c;
 }

@@ -36,7 +36,12 @@ absl::StatusOr<ContextSplitCostModel> ContextSplitCostModel::Create(
   m.whole_ = &whole;
   m.dims_ = dims;
   m.context_ = context;
-  m.group_link_ = model.communication().has_value() ? model.communication()->p2p : options.link;
+  m.gather_step_ = m.reduce_scatter_step_ = options.link;
+  if (const std::optional<CommunicationCosts>& measured = model.communication();
+      measured.has_value()) {
+    m.gather_step_ = measured->all_gather_step.value_or(measured->p2p);
+    m.reduce_scatter_step_ = measured->reduce_scatter_step.value_or(measured->p2p);
+  }
   m.core_grid_ = whole.prices_per_sample_attention();
   if (options.hardware.has_value()) {
     m.hardware_ = *options.hardware;
@@ -50,6 +55,7 @@ absl::StatusOr<ContextSplitCostModel> ContextSplitCostModel::Create(
   const uint32_t t = std::max<uint32_t>(1, whole.layout().tensor_parallel);
   const uint32_t kv_heads = std::max<uint32_t>(1, (dims.key_value_heads() + t - 1) / t);
   m.kv_bytes_per_token_ = 2.0 * kv_heads * dims.kv_channels * dims.dtype_bytes;
+  m.kv_gradient_bytes_per_token_ = 2.0 * kv_heads * dims.kv_channels * sizeof(float);
   return m;
 }
 
@@ -85,9 +91,14 @@ ContextLane ContextSplitCostModel::SlowestLane(const std::vector<uint32_t>& leng
 }
 
 double ContextSplitCostModel::GatherMs(double padded_tokens) const {
-  // Ring: c - 1 steps, each passing one lane's A tokens of K and V on.
-  const double steps = context_ - 1;
-  return steps * group_link_.TransferMs(padded_tokens * kv_bytes_per_token_);
+  // Two rings (K, V) of c - 1 steps, each passing one lane's A tokens on.
+  const double steps = 2.0 * (context_ - 1);
+  return steps * gather_step_.TransferMs(padded_tokens * kv_bytes_per_token_ / 2);
+}
+
+double ContextSplitCostModel::ReduceScatterMs(double padded_tokens) const {
+  const double steps = 2.0 * (context_ - 1);
+  return steps * reduce_scatter_step_.TransferMs(padded_tokens * kv_gradient_bytes_per_token_ / 2);
 }
 
 // The most rows a lane's tokens are cut into to stay within the grids.
@@ -175,11 +186,13 @@ bool ContextSplitCostModel::EvaluateStages(const std::vector<uint32_t>& lengths,
       core_delta.stored_bytes = sum.stored_bytes - row.stored_bytes;
     }
   }
-  // Per layer: the all-gather forward, the reduce-scatter backward (and the
-  // gather again under full recomputation); the key prefixes kept.
+  // Per layer: the all-gathers forward, the reduce-scatters backward (and
+  // the gathers again under full recomputation); the key prefixes kept.
   const double gather_ms = GatherMs(a_tokens);
+  const double scatter_ms = ReduceScatterMs(a_tokens);
   const double prefix_bytes = static_cast<double>(lane.key_prefix_tokens) * kv_bytes_per_token_;
-  const double gathered_bytes = context_ * a_tokens * kv_bytes_per_token_;
+  // The gathered buffer's gradients, summed in fp32.
+  const double gathered_bytes = context_ * a_tokens * kv_gradient_bytes_per_token_;
   const double kept_bytes = full ? 0 : prefix_bytes;
   const double transient_bytes = prefix_bytes + gathered_bytes + (full ? prefix_bytes : 0);
   const uint32_t stages = static_cast<uint32_t>(out->size());
@@ -188,7 +201,7 @@ bool ContextSplitCostModel::EvaluateStages(const std::vector<uint32_t>& lengths,
     const double layers = whole_->layout().StageEncoderLayers(st, stages);
     if (layers == 0) continue;
     c.forward_ms = std::max(0.0, c.forward_ms + layers * (core_delta.forward_ms + gather_ms));
-    c.backward_ms = std::max(0.0, c.backward_ms + layers * (core_delta.backward_ms + gather_ms +
+    c.backward_ms = std::max(0.0, c.backward_ms + layers * (core_delta.backward_ms + scatter_ms +
                                                             (full ? gather_ms : 0)));
     const double stored = layers * (core_delta.stored_bytes + kept_bytes);
     c.stored_bytes = std::max(0.0, c.stored_bytes + stored);

@@ -10,28 +10,30 @@
 //     (the same score area) replaces the core over the A-token row
 //     (MicroBatchCostModel's per-sample pricing); without one, the analytic
 //     core of options.hardware makes the same replacement;
-//   - per layer, the forward's ring all-gather of the group's keys and
-//     values, (c - 1) steps of A tokens x kv width / t x 2 tensors x dtype
-//     bytes each: (c - 1) / c of the gathered bytes at the link's bandwidth
-//     plus (c - 1) latencies; the backward's reduce-scatter of their
-//     gradients, the same; under full recomputation the backward gathers
-//     again (selective recomputation keeps the gathered keys and values, so
-//     its recomputed core reads them);
+//   - per layer, the forward's ring all-gathers of the group's keys and of
+//     its values (two collectives, as the executor runs them), each (c - 1)
+//     steps passing one lane's A tokens x kv width / t x dtype bytes on (the
+//     executor gathers 2-byte elements as they are); the backward's two
+//     reduce-scatters of their gradients, the same steps of fp32 shards (the
+//     executor sums gradients in fp32); under full recomputation the
+//     backward gathers again (selective recomputation keeps the gathered
+//     keys and values, so its recomputed core reads them);
 //   - stored per layer: the A tokens' activations plus the key prefixes the
 //     lane's attention reads (K and V of sum over its query chunks [a, b)
 //     of b tokens, about c A (1 + 1 / 2c)), kept for the backward; none
 //     under full recomputation. The backward's transient adds the prefixes'
-//     and the gathered buffer's gradients (and, under full recomputation,
-//     the prefixes gathered again);
+//     and the gathered buffer's gradients (fp32, c A tokens) (and, under
+//     full recomputation, the prefixes gathered again);
 //   - activations sent to the next stage are A tokens wide.
 // The micro-batch's time on the group is the slowest lane's (every lane
 // runs every split pass together): the lane with the most causal pairs
 // (all lanes compute on A tokens).
 //
-// The group's link: the cost model's measured point-to-point link
-// (CommunicationCosts::p2p, the closest measured thing to the group's
-// collectives) when it has one, else options.link (the job's intra-node
-// link).
+// One ring step of each collective: the cost model's measured step
+// (CommunicationCosts::all_gather_step, reduce_scatter_step) when it has
+// one; else its measured point-to-point link (the closest measured thing);
+// else options.link (the planner passes the job's intra-node link, or its
+// inter-node link when a context group spans nodes).
 //
 // Thread safety: immutable; const methods may run concurrently.
 #ifndef VARIPIPE_PLANNER_COST_CONTEXT_SPLIT_COST_H_
@@ -52,8 +54,8 @@
 namespace varipipe::planner {
 
 struct ContextSplitOptions {
-  // The group's link when the cost model has no measured communication
-  // costs: the job's intra-node link (ClusterConfig's defaults: 10 us,
+  // One ring step when the cost model has no measured communication
+  // costs: the group's link (ClusterConfig's intra-node defaults: 10 us,
   // 150 GB/s).
   Link link{.latency_ms = 0.01, .bytes_per_ms = 150e6};
   // Prices the lanes' attention when the cost model has no attention-core
@@ -104,15 +106,22 @@ class ContextSplitCostModel {
   bool EvaluateStages(const std::vector<uint32_t>& lengths, double labelled_tokens, uint32_t chunks,
                       uint32_t hidden, uint32_t dtype_bytes, std::vector<StageOpCost>* out) const;
 
-  // One layer's ring all-gather of the keys and values of `padded_tokens`
-  // (A) tokens per lane; the reduce-scatter of their gradients takes the
-  // same time.
+  // One layer's ring all-gathers of the keys and of the values of
+  // `padded_tokens` (A) tokens per lane: 2 (c - 1) steps of A x
+  // KeyValueBytesPerToken() / 2 bytes.
   double GatherMs(double padded_tokens) const;
-  // Bytes of K and V per token on one tensor rank.
+  // One layer's ring reduce-scatters of their gradients: 2 (c - 1) steps of
+  // A x KeyValueGradientBytesPerToken() / 2 bytes.
+  double ReduceScatterMs(double padded_tokens) const;
+  // Bytes of K and V per token on one tensor rank, as gathered (the
+  // model's dtype) and as their gradients are reduced (fp32).
   double KeyValueBytesPerToken() const { return kv_bytes_per_token_; }
+  double KeyValueGradientBytesPerToken() const { return kv_gradient_bytes_per_token_; }
 
   uint32_t context() const { return context_; }
-  const Link& group_link() const { return group_link_; }
+  // One ring step of the all-gather and of the reduce-scatter.
+  const Link& gather_step() const { return gather_step_; }
+  const Link& reduce_scatter_step() const { return reduce_scatter_step_; }
 
  private:
   ContextSplitCostModel() = default;
@@ -120,10 +129,12 @@ class ContextSplitCostModel {
   const MicroBatchCostModel* whole_ = nullptr;
   ModelDims dims_;
   uint32_t context_ = 2;
-  Link group_link_;
+  Link gather_step_;
+  Link reduce_scatter_step_;
   Hardware hardware_;  // without an attention-core grid
   bool core_grid_ = false;
   double kv_bytes_per_token_ = 0;
+  double kv_gradient_bytes_per_token_ = 0;
 };
 
 }  // namespace varipipe::planner

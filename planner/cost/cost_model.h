@@ -36,13 +36,19 @@
 namespace varipipe::planner {
 
 // What varipipe-profile measured besides the components: point-to-point
-// messages and the data-parallel all-reduce over the executor's transport,
-// and the optimizer step.
+// messages, the data-parallel all-reduce and a context group's ring
+// collectives over the executor's transport, and the optimizer step.
 struct CommunicationCosts {
   std::string transport;  // "gloo ...", "nccl ..."
   Link p2p;
   Link all_reduce;  // fp32 gradients, over all_reduce_ranks ranks
   uint32_t all_reduce_ranks = 2;
+  // One ring step (one rank's shard of n bytes passed on) of the all-gather
+  // and of the reduce-scatter (sum), measured over collective_ranks ranks;
+  // unset in profiles from before they were measured.
+  std::optional<Link> all_gather_step;
+  std::optional<Link> reduce_scatter_step;
+  uint32_t collective_ranks = 0;
 };
 struct OptimizerCosts {
   std::string optimizer;

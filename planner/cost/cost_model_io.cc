@@ -140,7 +140,11 @@ absl::Status SetCommunication(const v1::CommunicationCosts& c, const std::string
        {std::pair<const char*, double>{"p2p_latency_us", c.p2p_latency_us()},
         {"p2p_bandwidth_gbps", c.p2p_bandwidth_gbps()},
         {"all_reduce_latency_us", c.all_reduce_latency_us()},
-        {"all_reduce_bandwidth_gbps", c.all_reduce_bandwidth_gbps()}}) {
+        {"all_reduce_bandwidth_gbps", c.all_reduce_bandwidth_gbps()},
+        {"all_gather_step_latency_us", c.all_gather_step_latency_us()},
+        {"all_gather_step_bandwidth_gbps", c.all_gather_step_bandwidth_gbps()},
+        {"reduce_scatter_step_latency_us", c.reduce_scatter_step_latency_us()},
+        {"reduce_scatter_step_bandwidth_gbps", c.reduce_scatter_step_bandwidth_gbps()}}) {
     if (!(value >= 0) || !std::isfinite(value)) {
       return absl::InvalidArgumentError(
           absl::StrCat(source, ": communication.", name, " must be finite and >= 0"));
@@ -156,6 +160,25 @@ absl::Status SetCommunication(const v1::CommunicationCosts& c, const std::string
   costs.p2p = {c.p2p_latency_us() / 1e3, c.p2p_bandwidth_gbps() * 1e6};
   costs.all_reduce = {c.all_reduce_latency_us() / 1e3, c.all_reduce_bandwidth_gbps() * 1e6};
   costs.all_reduce_ranks = std::max<uint32_t>(2, c.all_reduce_ranks());
+  // The ring collectives' steps, when measured (a bandwidth of 0: not).
+  if (c.all_gather_step_bandwidth_gbps() > 0) {
+    costs.all_gather_step =
+        Link{c.all_gather_step_latency_us() / 1e3, c.all_gather_step_bandwidth_gbps() * 1e6};
+  }
+  if (c.reduce_scatter_step_bandwidth_gbps() > 0) {
+    costs.reduce_scatter_step = Link{c.reduce_scatter_step_latency_us() / 1e3,
+                                     c.reduce_scatter_step_bandwidth_gbps() * 1e6};
+  }
+  if (costs.all_gather_step.has_value() || costs.reduce_scatter_step.has_value()) {
+    if (c.collective_ranks() < 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source,
+                       ": communication.collective_ranks must be at least 2 when a collective's "
+                       "step is measured (got ",
+                       c.collective_ranks(), ")"));
+    }
+    costs.collective_ranks = c.collective_ranks();
+  }
   model.set_communication(costs);
   return absl::OkStatus();
 }
@@ -280,6 +303,15 @@ v1::CostModelFile CostModelToProto(const CostModel& model) {
     out->set_all_reduce_latency_us(c.all_reduce.latency_ms * 1e3);
     out->set_all_reduce_bandwidth_gbps(c.all_reduce.bytes_per_ms / 1e6);
     out->set_all_reduce_ranks(c.all_reduce_ranks);
+    if (c.all_gather_step.has_value()) {
+      out->set_all_gather_step_latency_us(c.all_gather_step->latency_ms * 1e3);
+      out->set_all_gather_step_bandwidth_gbps(c.all_gather_step->bytes_per_ms / 1e6);
+    }
+    if (c.reduce_scatter_step.has_value()) {
+      out->set_reduce_scatter_step_latency_us(c.reduce_scatter_step->latency_ms * 1e3);
+      out->set_reduce_scatter_step_bandwidth_gbps(c.reduce_scatter_step->bytes_per_ms / 1e6);
+    }
+    if (c.collective_ranks > 0) out->set_collective_ranks(c.collective_ranks);
   }
   if (model.optimizer().has_value()) {
     v1::OptimizerCosts* out = file.mutable_optimizer();

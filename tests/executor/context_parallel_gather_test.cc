@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <memory>
+#include <string>
 #include <random>
 #include <thread>
 #include <vector>
@@ -130,6 +131,64 @@ TEST_P(ContextParallelGatherTest, RanksOverGlooEqualWholeSamples) {
     EXPECT_TRUE(torch::allclose(grads[g], expected[g], 1e-4, 1e-5))
         << names[g] << " gradient differs by "
         << (grads[g] - expected[g]).abs().max().item<double>();
+  }
+}
+
+// TensorGroup::AllGather sends 2-byte elements as they are, two per word of
+// the transport's fp32 collective: every bit pattern (NaNs with payloads,
+// subnormals, -0) arrives unchanged, whatever the other element of its word
+// holds; a slot of an odd number of elements goes as an fp32 copy.
+TEST_P(ContextParallelGatherTest, TwoByteElementsArriveBitForBit) {
+  const int c = GetParam();
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed << ", c " << c);
+  torch::manual_seed(seed);
+  std::vector<torch::Tensor> pairs(c), odd(c);
+  for (int r = 0; r < c; ++r) {
+    // Random 16-bit patterns: every kind of bf16 and fp16 value.
+    pairs[r] = torch::randint(-32768, 32768, {6, 3}, torch::kInt16);
+    odd[r] = torch::randn({3}).to(torch::kBFloat16);
+  }
+  std::vector<std::string> errors(c);
+  std::vector<std::vector<torch::Tensor>> gathered(c);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < c; ++r) {
+    threads.emplace_back([&, r] {
+      GlooTransport::Options o;
+      o.redis.host = redis_->host();
+      o.redis.port = redis_->port();
+      o.redis.password = redis_->password();
+      o.prefix = absl::StrCat("bits/", c);
+      o.rank = r;
+      o.size = c;
+      o.connect_timeout = absl::Seconds(30);
+      absl::StatusOr<std::unique_ptr<GlooTransport>> transport = GlooTransport::Create(o);
+      if (!transport.ok()) {
+        errors[r] = transport.status().ToString();
+        return;
+      }
+      TensorGroup group(r, c, /*sequence_parallel=*/false);
+      group.set_transport(transport->get());
+      try {
+        for (const auto dtype : {torch::kBFloat16, torch::kFloat16}) {
+          gathered[r].push_back(group.AllGather(pairs[r].view(dtype), 0).view(torch::kInt16));
+        }
+        gathered[r].push_back(group.AllGather(odd[r], 0));
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const torch::Tensor expected_bits = torch::cat(pairs, 0);
+  const torch::Tensor expected_odd = torch::cat(odd, 0);
+  for (int r = 0; r < c; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    ASSERT_EQ(gathered[r].size(), 3u);
+    EXPECT_TRUE(torch::equal(gathered[r][0], expected_bits)) << "bf16 on rank " << r;
+    EXPECT_TRUE(torch::equal(gathered[r][1], expected_bits)) << "fp16 on rank " << r;
+    EXPECT_EQ(gathered[r][2].scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(gathered[r][2], expected_odd)) << "odd slot on rank " << r;
   }
 }
 

@@ -96,6 +96,36 @@ TEST(AnalyticModel, PresetsAreOrderedBySpeed) {
   EXPECT_TRUE(HardwarePreset("H100-80GB").ok());  // case-insensitive
 }
 
+// A layer's tensor collectives (two branches, forward and backward alike):
+// a ring all-reduce each of fp32 values; under sequence parallelism a
+// reduce-scatter of fp32 and an all-gather of the model's dtype, so a bf16
+// model's pairs take half an fp32 all-reduce plus half a bf16 one, and an
+// fp32 model's the same as the all-reduce.
+TEST(AnalyticModel, SequenceParallelGathersTheModelsDtype) {
+  absl::StatusOr<Hardware> hw = HardwarePreset("h100-80gb");
+  ASSERT_THAT(hw, IsOk());
+  const double b = 2, s = 1024;
+  for (const uint32_t dtype_bytes : {2u, 4u}) {
+    ModelDims d = Gpt67bDims();
+    d.dtype_bytes = dtype_bytes;
+    SCOPED_TRACE(dtype_bytes);
+    const double values = b * s * d.hidden;
+    for (const bool sp : {false, true}) {
+      const TensorLink link{.gbps = 100, .sequence_parallel = sp};
+      const TensorLink free{.gbps = 0, .sequence_parallel = sp};
+      const auto layer = [&](const TensorLink& l) {
+        return AnalyticComponentCost(d, *hw, Component::kEncoderLayer, Recompute::kNone, 2, b, s, 0,
+                                     l);
+      };
+      const double gathered = sp && dtype_bytes == 2 ? 2.0 : 4.0;
+      const double branch = 0.5 * TensorAllReduceMs(link, 2, 4 * values) +
+                            0.5 * TensorAllReduceMs(link, 2, gathered * values);
+      EXPECT_NEAR(layer(link).forward_ms - layer(free).forward_ms, 2 * branch, 1e-9) << sp;
+      EXPECT_NEAR(layer(link).backward_ms - layer(free).backward_ms, 2 * branch, 1e-9) << sp;
+    }
+  }
+}
+
 // A 4096-token forward pass of one GPT-6.7B layer on an A100 takes about
 // 11 ms: 24 b s h^2 + 4 b s^2 h = 1.8 TFLOP at ~55% of 312 TFLOP/s.
 TEST(AnalyticModel, MagnitudeIsPlausible) {

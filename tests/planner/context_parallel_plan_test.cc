@@ -564,6 +564,42 @@ TEST(ContextParallelPlans, PerMicroBatchChoiceSplitsTheLongSampleOnly) {
   EXPECT_LE(iteration_ms[v1::PER_MICRO_BATCH], iteration_ms[v1::ALWAYS]);
 }
 
+// A context group whose ranks sit on more than one node gathers over the
+// inter-node link: splitting every micro-batch over 4 lanes predicts slower
+// with nodes of 2 devices (1 GB/s between them) than with nodes of 8, 4
+// or 6 (the one group of ranks 0-3 inside a node: the same plan); the
+// per-micro-batch choice is never slower than splitting everything.
+TEST(ContextParallelPlans, AGroupAcrossNodesGathersOverTheInterNodeLink) {
+  MiniBatch mb;
+  mb.lengths.push_back({.input = 3000, .target = 1000});
+  mb.sample_ids.push_back(100);
+  for (uint64_t i = 0; i < 24; ++i) {
+    mb.lengths.push_back({.input = 100 + static_cast<uint32_t>(i % 5) * 20, .target = 28});
+    mb.sample_ids.push_back(101 + i);
+  }
+  const auto makespan = [&](v1::ContextSplitPolicy policy, uint32_t devices_per_node) {
+    v1::JobConfig config = Config(1, 1, 4, policy, {v1::ONE_F_ONE_B}, 4096, 4096);
+    config.mutable_cluster()->set_devices_per_node(devices_per_node);
+    config.mutable_cluster()->set_inter_node_bandwidth_gbps(1);
+    absl::StatusOr<Planner> planner = Planner::Create(config);
+    EXPECT_THAT(planner, IsOk());
+    if (!planner.ok()) return 0.0;
+    absl::StatusOr<PlanningResult> result = planner->Plan(mb);
+    EXPECT_THAT(result, IsOk());
+    if (!result.ok()) return 0.0;
+    EXPECT_THAT(ValidatePlans(result->plans), IsOk());
+    return result->report.predicted_makespan_ms;
+  };
+  const double inside = makespan(v1::ALWAYS, 8);
+  const double across = makespan(v1::ALWAYS, 2);
+  std::printf("split everything: group inside a node %.3f ms, across nodes %.3f ms\n", inside,
+              across);
+  EXPECT_GT(across, inside);
+  EXPECT_DOUBLE_EQ(makespan(v1::ALWAYS, 4), inside);
+  EXPECT_DOUBLE_EQ(makespan(v1::ALWAYS, 6), inside);
+  EXPECT_LE(makespan(v1::PER_MICRO_BATCH, 2), across);
+}
+
 // A sample too long for one device under any recompute mode: the job
 // fails at context 1 and plans at context 2, the long sample split and
 // the short ones whole. Over a ladder of device limits 4% apart, every

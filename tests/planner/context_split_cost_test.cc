@@ -155,9 +155,10 @@ TEST(ContextSplitCost, RefusesOneLaneAndT5) {
 // [12, 16) (10 + 58 = 68 pairs, key prefixes 4 + 16 = 20), lane 1 [4, 8)
 // and [8, 12) (26 + 42 = 68 pairs): a tie, lane 0. A = 8. Without an
 // attention-core grid the layer at 8 tokens (a grid point) trades its core
-// for the analytic cores of sides sqrt(20) and sqrt(116); the all-gather is
-// one ring step of 8 tokens x 4 heads x 16 x 2 (K, V) x 2 bytes = 2,048
-// bytes on the link.
+// for the analytic cores of sides sqrt(20) and sqrt(116); the all-gathers
+// are one ring step each of K and of V, 8 tokens x 4 heads x 16 x 2 bytes =
+// 1,024 bytes on the link; the reduce-scatters of their gradients the same
+// steps of fp32, 2,048 bytes.
 TEST(ContextSplitCost, HandComputedOneStageWithoutCoreGrid) {
   const ModelDims dims = SmallGpt();
   const Hardware hw = Preset("a100-80gb");
@@ -177,8 +178,10 @@ TEST(ContextSplitCost, HandComputedOneStageWithoutCoreGrid) {
     absl::StatusOr<ContextSplitCostModel> split =
         ContextSplitCostModel::Create(whole, model, dims, 2, {.link = link, .hardware = hw});
     ASSERT_THAT(split, IsOk());
-    const double gather = 0.01 + 2048 / 1e6;
+    const double gather = 2 * (0.01 + 1024 / 1e6);
+    const double scatter = 2 * (0.01 + 2048 / 1e6);
     EXPECT_DOUBLE_EQ(split->GatherMs(8), gather);
+    EXPECT_DOUBLE_EQ(split->ReduceScatterMs(8), scatter);
     std::vector<StageOpCost> stages;
     ASSERT_TRUE(
         split->EvaluateStages({16}, MicroBatchCostModel::kEveryPosition, 1, 64, 2, &stages));
@@ -208,7 +211,7 @@ TEST(ContextSplitCost, HandComputedOneStageWithoutCoreGrid) {
                     head.forward_ms,
                 1e-9);
     EXPECT_NEAR(stages[0].backward_ms,
-                layers * (layer.backward_ms + core_backward + gather * (full ? 2 : 1)) +
+                layers * (layer.backward_ms + core_backward + scatter + (full ? gather : 0)) +
                     embedding.backward_ms + head.backward_ms,
                 1e-9);
     EXPECT_NEAR(stages[0].stored_bytes,
@@ -221,8 +224,9 @@ TEST(ContextSplitCost, HandComputedOneStageWithoutCoreGrid) {
 
 // With a core grid (the analytic model's) the lane's chunks are priced per
 // pseudo-sample through MicroBatchCostModel: close to the analytic cores
-// (the grid interpolates between powers of two), and the measured
-// point-to-point link replaces the configured one.
+// (the grid interpolates between powers of two); the measured
+// point-to-point link replaces the configured one, and measured collective
+// steps replace both.
 TEST(ContextSplitCost, CoreGridAgreesWithAnalyticCoresAndMeasuredLinkWins) {
   const ModelDims dims = SmallGpt(AttentionKernel::kFused);
   const Hardware hw = Preset("a100-80gb");
@@ -257,9 +261,20 @@ TEST(ContextSplitCost, CoreGridAgreesWithAnalyticCoresAndMeasuredLinkWins) {
   const MicroBatchCostModel a =
       *MicroBatchCostModel::Create(with_core, layout, Recompute::kNone, 1);
   const ContextSplitCostModel measured = *ContextSplitCostModel::Create(a, with_core, dims, 4);
-  EXPECT_DOUBLE_EQ(measured.group_link().latency_ms, 0.5);
-  // Three ring steps of 100 tokens' K and V (4 x 16 x 2 x 2 bytes each).
-  EXPECT_DOUBLE_EQ(measured.GatherMs(100), 3 * (0.5 + 100 * 256 / 2e6));
+  EXPECT_DOUBLE_EQ(measured.gather_step().latency_ms, 0.5);
+  // Three ring steps each of 100 tokens' K and of their V (4 x 16 x 2 bytes
+  // each); the gradients' in fp32.
+  EXPECT_DOUBLE_EQ(measured.GatherMs(100), 2 * 3 * (0.5 + 100 * 128 / 2e6));
+  EXPECT_DOUBLE_EQ(measured.ReduceScatterMs(100), 2 * 3 * (0.5 + 100 * 256 / 2e6));
+  measured_costs.all_gather_step = Link{.latency_ms = 0.02, .bytes_per_ms = 8e6};
+  measured_costs.reduce_scatter_step = Link{.latency_ms = 0.03, .bytes_per_ms = 4e6};
+  measured_costs.collective_ranks = 2;
+  with_core.set_communication(measured_costs);
+  const MicroBatchCostModel b =
+      *MicroBatchCostModel::Create(with_core, layout, Recompute::kNone, 1);
+  const ContextSplitCostModel steps = *ContextSplitCostModel::Create(b, with_core, dims, 4);
+  EXPECT_DOUBLE_EQ(steps.GatherMs(100), 2 * 3 * (0.02 + 100 * 128 / 8e6));
+  EXPECT_DOUBLE_EQ(steps.ReduceScatterMs(100), 2 * 3 * (0.03 + 100 * 256 / 4e6));
 }
 
 // No lane finishes a split micro-batch in less than 1/c of the whole one's

@@ -487,7 +487,10 @@ TEST_F(CostModelIoTest, CommunicationAndOptimizerCosts) {
         "stored_activation_mib": [1], "peak_activation_mib": [1]}],
       "communication": {"transport": "gloo tcp", "p2p_latency_us": 50,
         "p2p_bandwidth_gbps": 2.5, "all_reduce_latency_us": 120,
-        "all_reduce_bandwidth_gbps": 0.5, "all_reduce_ranks": 4},
+        "all_reduce_bandwidth_gbps": 0.5, "all_reduce_ranks": 4,
+        "all_gather_step_latency_us": 30, "all_gather_step_bandwidth_gbps": 4,
+        "reduce_scatter_step_latency_us": 40, "reduce_scatter_step_bandwidth_gbps": 3,
+        "collective_ranks": 4},
       "optimizer": {"optimizer": "ADAMW", "fixed_ms": 0.1, "ms_per_million_parameters": 1.5}})");
   absl::StatusOr<CostModel> model = LoadCostModel((dir_ / "measured.json").string());
   ASSERT_THAT(model, IsOk());
@@ -496,11 +499,40 @@ TEST_F(CostModelIoTest, CommunicationAndOptimizerCosts) {
   EXPECT_DOUBLE_EQ(model->communication()->p2p.bytes_per_ms, 2.5e6);
   EXPECT_DOUBLE_EQ(model->communication()->all_reduce.TransferMs(1e6), 0.12 + 2);
   EXPECT_EQ(model->communication()->all_reduce_ranks, 4u);
+  ASSERT_TRUE(model->communication()->all_gather_step.has_value());
+  EXPECT_DOUBLE_EQ(model->communication()->all_gather_step->TransferMs(1e6), 0.03 + 0.25);
+  ASSERT_TRUE(model->communication()->reduce_scatter_step.has_value());
+  EXPECT_DOUBLE_EQ(model->communication()->reduce_scatter_step->TransferMs(3e6), 0.04 + 1);
+  EXPECT_EQ(model->communication()->collective_ranks, 4u);
   ASSERT_TRUE(model->optimizer().has_value());
   EXPECT_DOUBLE_EQ(model->optimizer()->Ms(2e6), 0.1 + 3);
   const v1::CostModelFile file = CostModelToProto(*model);
   EXPECT_DOUBLE_EQ(file.communication().all_reduce_bandwidth_gbps(), 0.5);
+  EXPECT_DOUBLE_EQ(file.communication().all_gather_step_latency_us(), 30);
+  EXPECT_DOUBLE_EQ(file.communication().reduce_scatter_step_bandwidth_gbps(), 3);
+  EXPECT_EQ(file.communication().collective_ranks(), 4u);
   EXPECT_DOUBLE_EQ(file.optimizer().ms_per_million_parameters(), 1.5);
+
+  // A profile from before the collectives were measured prices none.
+  Write("older.json", R"({"format_version": 2,
+      "communication": {"p2p_bandwidth_gbps": 1, "all_reduce_bandwidth_gbps": 1}})");
+  absl::StatusOr<CostModel> older = LoadCostModel((dir_ / "older.json").string());
+  ASSERT_THAT(older, IsOk());
+  EXPECT_FALSE(older->communication()->all_gather_step.has_value());
+  EXPECT_FALSE(older->communication()->reduce_scatter_step.has_value());
+  EXPECT_EQ(CostModelToProto(*older).communication().collective_ranks(), 0u);
+  Write("no-ranks.json", R"({"format_version": 2,
+      "communication": {"p2p_bandwidth_gbps": 1, "all_reduce_bandwidth_gbps": 1,
+        "all_gather_step_bandwidth_gbps": 2}})");
+  EXPECT_THAT(LoadCostModel((dir_ / "no-ranks.json").string()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("no-ranks.json"), HasSubstr("collective_ranks"))));
+  Write("nan.json", R"({"format_version": 2,
+      "communication": {"p2p_bandwidth_gbps": 1, "all_reduce_bandwidth_gbps": 1,
+        "reduce_scatter_step_latency_us": "NaN", "collective_ranks": 2}})");
+  EXPECT_THAT(LoadCostModel((dir_ / "nan.json").string()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("communication.reduce_scatter_step_latency_us")));
 
   Write("negative.json", R"({"format_version": 2,
       "communication": {"p2p_latency_us": -1, "p2p_bandwidth_gbps": 1,
