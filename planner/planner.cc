@@ -419,7 +419,9 @@ absl::Status Search::Init() {
     // A group that spans nodes waits for its slowest ring step: the
     // inter-node link's.
     ContextSplitOptions split_options;
-    split_options.link = ContextGroupSpansNodes(ranks_, c_.cluster().devices_per_node())
+    split_options.spans_nodes = ContextGroupSpansNodes(ranks_, c_.cluster().devices_per_node());
+    split_options.ideal = options_.ideal_context_split;
+    split_options.link = split_options.spans_nodes
                              ? MakeLink(c_.cluster().inter_node_latency_us(),
                                         c_.cluster().inter_node_bandwidth_gbps())
                              : MakeLink(c_.cluster().intra_node_latency_us(),

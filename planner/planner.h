@@ -167,6 +167,11 @@ struct PlannerOptions {
   // simulated (rejected at "bound"). Off: every candidate is simulated
   // (varipipe-plan --compare). The plan is the same either way.
   bool prune_by_bound = true;
+  // What-if (varipipe-plan --ideal_context_split): a split micro-batch's
+  // lanes each take 1/c of the micro-batch's time on one device, with no
+  // transfers (ContextSplitOptions::ideal): the most that the split costs
+  // leave for any split-or-whole choice to win. Never for plans that train.
+  bool ideal_context_split = false;
 };
 
 // planner.threads of a config: 0 means one less than the cores, at least 1.

@@ -6,7 +6,8 @@
 // parameter it holds, tensor_shard.h).
 //
 // The collectives run on the transport's groups in fp32 (a tensor of another
-// dtype is cast, and the result cast back) through
+// dtype is cast, and the result cast back; an all-gather of 2-byte elements
+// sends them as they are, two per word, AllGather) through
 // Transport::StartDeviceOrdered. Where the transport orders them on the
 // device (NCCL: the tensor group's stream after the compute stream, the
 // compute stream then waiting on the collective's event) the host does not

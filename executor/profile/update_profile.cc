@@ -119,7 +119,8 @@ absl::StatusOr<v1::CommunicationCosts> MeasureCommunication(Transport& transport
   std::vector<int> everyone;
   for (int r = 0; r < size; ++r) everyone.push_back(r);
   // On the device the transport moves data from (NCCL: the GPU).
-  torch::Tensor tensor = torch::zeros({static_cast<int64_t>(std::max<size_t>(1, max_bytes / 4))},
+  // Room for the largest message, and for one float per rank's shard.
+  torch::Tensor tensor = torch::zeros({static_cast<int64_t>(std::max<size_t>(size, max_bytes / 4))},
                                       torch::TensorOptions().dtype(torch::kFloat32).device(device));
   float* buffer = tensor.data_ptr<float>();
   std::vector<TransferSample> p2p, all_reduce;

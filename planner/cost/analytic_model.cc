@@ -213,9 +213,10 @@ double FusedRecomputeFlops(const ModelDims& d, double b, double s, double encode
 // projection (self-attention, MLP, and a decoder's cross-attention), all on
 // b * s * h values; backward, f on each branch's input (the same), and a
 // decoder's f on the encoder output, b * encoder_s * h values. Sequence
-// parallelism's all-gather and reduce-scatter pairs move the same values:
-// each half of a ring all-reduce's steps, the reduce-scatter's in fp32 and
-// the all-gather's in the model's dtype (bf16 and fp16 as they are).
+// parallelism's all-gather and reduce-scatter pairs (not the encoder
+// output's f, an all-reduce either way) move the same values: each half of
+// a ring all-reduce's steps, the reduce-scatter's in fp32 and the
+// all-gather's in the model's dtype (bf16 and fp16 as they are).
 struct LayerCommunication {
   double forward_ms = 0;
   double backward_ms = 0;
@@ -230,9 +231,10 @@ LayerCommunication TensorCommunication(const ModelDims& d, const TensorLink& lin
   const double branches = decoder ? 3 : 2;
   LayerCommunication c{.forward_ms = branches * branch, .backward_ms = branches * branch};
   if (decoder) {
-    const double encoder_values = b * encoder_s * d.hidden;
-    c.backward_ms += 0.5 * TensorAllReduceMs(link, t, kTensorCollectiveBytes * encoder_values) +
-                     0.5 * TensorAllReduceMs(link, t, gathered_bytes * encoder_values);
+    // The encoder output enters the tensor region whole (an identity
+    // forward), with or without sequence parallelism: its backward is an
+    // all-reduce of fp32.
+    c.backward_ms += TensorAllReduceMs(link, t, kTensorCollectiveBytes * b * encoder_s * d.hidden);
   }
   return c;
 }

@@ -38,11 +38,12 @@ absl::StatusOr<ContextSplitCostModel> ContextSplitCostModel::Create(
   m.context_ = context;
   m.gather_step_ = m.reduce_scatter_step_ = options.link;
   if (const std::optional<CommunicationCosts>& measured = model.communication();
-      measured.has_value()) {
+      measured.has_value() && !options.spans_nodes) {
     m.gather_step_ = measured->all_gather_step.value_or(measured->p2p);
     m.reduce_scatter_step_ = measured->reduce_scatter_step.value_or(measured->p2p);
   }
   m.core_grid_ = whole.prices_per_sample_attention();
+  m.ideal_ = options.ideal;
   if (options.hardware.has_value()) {
     m.hardware_ = *options.hardware;
   } else {
@@ -188,8 +189,8 @@ bool ContextSplitCostModel::EvaluateStages(const std::vector<uint32_t>& lengths,
   }
   // Per layer: the all-gathers forward, the reduce-scatters backward (and
   // the gathers again under full recomputation); the key prefixes kept.
-  const double gather_ms = GatherMs(a_tokens);
-  const double scatter_ms = ReduceScatterMs(a_tokens);
+  const double gather_ms = ideal_ ? 0 : GatherMs(a_tokens);
+  const double scatter_ms = ideal_ ? 0 : ReduceScatterMs(a_tokens);
   const double prefix_bytes = static_cast<double>(lane.key_prefix_tokens) * kv_bytes_per_token_;
   // The gathered buffer's gradients, summed in fp32.
   const double gathered_bytes = context_ * a_tokens * kv_gradient_bytes_per_token_;
@@ -208,6 +209,35 @@ bool ContextSplitCostModel::EvaluateStages(const std::vector<uint32_t>& lengths,
     // The gradients of one layer's keys and values live beside its other
     // transients (an upper bound).
     c.peak_bytes = std::max(c.stored_bytes, c.peak_bytes + stored + transient_bytes);
+  }
+  return !ideal_ || IdealTimes(lengths, labelled_tokens, chunks, hidden, dtype_bytes, out);
+}
+
+bool ContextSplitCostModel::IdealTimes(const std::vector<uint32_t>& lengths, double labelled_tokens,
+                                       uint32_t chunks, uint32_t hidden, uint32_t dtype_bytes,
+                                       std::vector<StageOpCost>* out) const {
+  // The micro-batch on one device: its samples packed into the fewest rows
+  // the grids reach, each sample's attention its own.
+  PackedSamples packed;
+  int64_t total = 0;
+  for (const uint32_t l : lengths) {
+    packed.samples.push_back({.input = l});
+    total += l;
+  }
+  std::vector<StageOpCost> whole;
+  bool priced = false;
+  for (uint32_t rows = 1; rows <= static_cast<uint32_t>(lengths.size()) && !priced; ++rows) {
+    packed.rows = rows;
+    const uint32_t length = static_cast<uint32_t>((total + rows - 1) / rows);
+    priced = whole_->EvaluateStages(
+        rows, std::max(length, *std::max_element(lengths.begin(), lengths.end())), 0, &packed,
+        labelled_tokens, chunks, hidden, dtype_bytes, &whole);
+  }
+  if (!priced || whole.size() != out->size()) return false;
+  for (size_t st = 0; st < out->size(); ++st) {
+    (*out)[st].forward_ms = whole[st].forward_ms / context_;
+    (*out)[st].backward_ms = whole[st].backward_ms / context_;
+    (*out)[st].weight_ms = whole[st].weight_ms / context_;
   }
   return true;
 }

@@ -29,11 +29,12 @@
 // runs every split pass together): the lane with the most causal pairs
 // (all lanes compute on A tokens).
 //
-// One ring step of each collective: the cost model's measured step
-// (CommunicationCosts::all_gather_step, reduce_scatter_step) when it has
-// one; else its measured point-to-point link (the closest measured thing);
-// else options.link (the planner passes the job's intra-node link, or its
-// inter-node link when a context group spans nodes).
+// One ring step of each collective: for a group inside one node, the cost
+// model's measured step (CommunicationCosts::all_gather_step,
+// reduce_scatter_step) when it has one, else its measured point-to-point
+// link (the closest measured thing), else options.link (the job's
+// intra-node link); for a group across nodes, options.link (the job's
+// inter-node link).
 //
 // Thread safety: immutable; const methods may run concurrently.
 #ifndef VARIPIPE_PLANNER_COST_CONTEXT_SPLIT_COST_H_
@@ -54,10 +55,21 @@
 namespace varipipe::planner {
 
 struct ContextSplitOptions {
-  // One ring step when the cost model has no measured communication
-  // costs: the group's link (ClusterConfig's intra-node defaults: 10 us,
-  // 150 GB/s).
+  // One ring step when the cost model has no measured communication costs,
+  // or when the group spans nodes: the group's link (ClusterConfig's
+  // intra-node defaults: 10 us, 150 GB/s).
   Link link{.latency_ms = 0.01, .bytes_per_ms = 150e6};
+  // The group's ranks sit on more than one node: `link` (the job's
+  // inter-node link) prices a step even when the cost model measured
+  // transfers, which a profile measures inside one node (as the simulator
+  // uses measured point-to-point costs inside a node only).
+  bool spans_nodes = false;
+  // What-if, not a cost: each lane's times are exactly 1/c of the
+  // micro-batch's on one device (its samples as packed rows, each priced on
+  // its own) and nothing is transferred; memory is the lane's as above.
+  // No split can cost less, so a plan priced this way bounds what any
+  // split-or-whole choice gains over splitting everything.
+  bool ideal = false;
   // Prices the lanes' attention when the cost model has no attention-core
   // grid; unset: the "a100-40gb" preset (ClusterConfig's default).
   std::optional<Hardware> hardware;
@@ -126,6 +138,11 @@ class ContextSplitCostModel {
  private:
   ContextSplitCostModel() = default;
 
+  // ContextSplitOptions::ideal: replaces `out`'s times with 1/c of the
+  // micro-batch's on one device. False when that is outside the cost model.
+  bool IdealTimes(const std::vector<uint32_t>& lengths, double labelled_tokens, uint32_t chunks,
+                  uint32_t hidden, uint32_t dtype_bytes, std::vector<StageOpCost>* out) const;
+
   const MicroBatchCostModel* whole_ = nullptr;
   ModelDims dims_;
   uint32_t context_ = 2;
@@ -133,6 +150,7 @@ class ContextSplitCostModel {
   Link reduce_scatter_step_;
   Hardware hardware_;  // without an attention-core grid
   bool core_grid_ = false;
+  bool ideal_ = false;
   double kv_bytes_per_token_ = 0;
   double kv_gradient_bytes_per_token_ = 0;
 };

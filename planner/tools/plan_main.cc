@@ -58,6 +58,11 @@ ABSL_FLAG(bool, compare, false,
           "each context_split policy (ALWAYS: static context parallelism, NEVER, "
           "PER_MICRO_BATCH), printed side by side.");
 ABSL_FLAG(bool, json, false, "Print one JSON report per iteration instead of the table.");
+ABSL_FLAG(bool, ideal_context_split, false,
+          "What-if, with parallelism.context > 1: price each split micro-batch's lanes at "
+          "exactly 1/c of its time on one device, with no transfers (docs/cost-model.md, "
+          "\"Context parallelism\"). Shows the most that the split costs leave for the "
+          "split-or-whole choice to win; the plans are not for training.");
 ABSL_FLAG(bool, auto_layout, false,
           "Choose the stage layout as parallelism.stage_layout AUTO does (over the job's first "
           "8 mini-batches), whatever the config says, print the candidates, and plan with it.");
@@ -806,6 +811,22 @@ int Run() {
   const auto build_start = std::chrono::steady_clock::now();
   absl::StatusOr<planner::Planner> planner = planner::Planner::Create(job.config);
   if (!planner.ok()) return Fail(planner.status(), kExitUsage);
+  if (absl::GetFlag(FLAGS_ideal_context_split)) {
+    if (job.config.parallelism().context() < 2 || absl::GetFlag(FLAGS_search_parallelism)) {
+      return Fail(
+          absl::InvalidArgumentError(absl::StrCat(
+              "--ideal_context_split prices the config's own layout, which needs "
+              "parallelism.context of at least 2 (it is ",
+              std::max(1u, job.config.parallelism().context()), ") and no --search_parallelism")),
+          kExitUsage);
+    }
+    planner::PlannerOptions options = planner->options();
+    options.ideal_context_split = true;
+    *planner = planner::Planner(job.config, planner->cost_model(), options);
+    spdlog::warn(
+        "--ideal_context_split: split micro-batches priced at 1/c of one device's "
+        "time with no transfers (a what-if; these plans are not for training)");
+  }
   absl::StatusOr<MiniBatchSource> source = MiniBatchSource::Create(job.config, job.samples);
   if (!source.ok()) return Fail(source.status(), kExitUsage);
   if (absl::GetFlag(FLAGS_search_parallelism)) return SearchParallelism(job, *source);

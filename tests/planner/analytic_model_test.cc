@@ -100,7 +100,8 @@ TEST(AnalyticModel, PresetsAreOrderedBySpeed) {
 // a ring all-reduce each of fp32 values; under sequence parallelism a
 // reduce-scatter of fp32 and an all-gather of the model's dtype, so a bf16
 // model's pairs take half an fp32 all-reduce plus half a bf16 one, and an
-// fp32 model's the same as the all-reduce.
+// fp32 model's the same as the all-reduce. A decoder's encoder output
+// enters the region whole: its backward all-reduces fp32 either way.
 TEST(AnalyticModel, SequenceParallelGathersTheModelsDtype) {
   absl::StatusOr<Hardware> hw = HardwarePreset("h100-80gb");
   ASSERT_THAT(hw, IsOk());
@@ -122,6 +123,22 @@ TEST(AnalyticModel, SequenceParallelGathersTheModelsDtype) {
                             0.5 * TensorAllReduceMs(link, 2, gathered * values);
       EXPECT_NEAR(layer(link).forward_ms - layer(free).forward_ms, 2 * branch, 1e-9) << sp;
       EXPECT_NEAR(layer(link).backward_ms - layer(free).backward_ms, 2 * branch, 1e-9) << sp;
+      // A decoder layer: three branches, and the backward's all-reduce of
+      // the encoder output (fp32, sequence parallel or not).
+      ModelDims t5 = T5Small();
+      t5.dtype_bytes = dtype_bytes;
+      const double t5_values = b * s * t5.hidden;
+      const double encoder_s = 512;
+      const double t5_branch = 0.5 * TensorAllReduceMs(link, 2, 4 * t5_values) +
+                               0.5 * TensorAllReduceMs(link, 2, gathered * t5_values);
+      const auto decoder = [&](const TensorLink& l) {
+        return AnalyticComponentCost(t5, *hw, Component::kDecoderLayer, Recompute::kNone, 2, b, s,
+                                     encoder_s, l);
+      };
+      EXPECT_NEAR(decoder(link).forward_ms - decoder(free).forward_ms, 3 * t5_branch, 1e-9) << sp;
+      EXPECT_NEAR(decoder(link).backward_ms - decoder(free).backward_ms,
+                  3 * t5_branch + TensorAllReduceMs(link, 2, 4 * b * encoder_s * t5.hidden), 1e-9)
+          << sp;
     }
   }
 }

@@ -219,6 +219,17 @@ TEST(ContextSplitCost, HandComputedOneStageWithoutCoreGrid) {
                     embedding.stored_bytes + head.stored_bytes,
                 1e-6);
     EXPECT_DOUBLE_EQ(stages[0].activation_bytes, 0);  // the last stage sends nothing
+    // The peak: the A-token row's, plus what the lane keeps beside it, plus
+    // the backward's transient: the prefixes' gradients and the gathered
+    // buffer's (2 lanes x 8 tokens of K and V, fp32), and under full
+    // recomputation the prefixes gathered again.
+    std::vector<StageOpCost> row_stages;
+    ASSERT_TRUE(whole.EvaluateStages(1, 8, 0, nullptr, 8, 1, 64, 2, &row_stages));
+    const double kept = layers * (core_stored + (full ? 0 : prefixes));
+    const double transient = prefixes + 2 * 8 * 4 * 16 * 2 * 4.0 + (full ? prefixes : 0);
+    EXPECT_NEAR(stages[0].peak_bytes,
+                std::max(stages[0].stored_bytes, row_stages[0].peak_bytes + kept + transient),
+                1e-6);
   }
 }
 
@@ -275,6 +286,52 @@ TEST(ContextSplitCost, CoreGridAgreesWithAnalyticCoresAndMeasuredLinkWins) {
   const ContextSplitCostModel steps = *ContextSplitCostModel::Create(b, with_core, dims, 4);
   EXPECT_DOUBLE_EQ(steps.GatherMs(100), 2 * 3 * (0.02 + 100 * 128 / 8e6));
   EXPECT_DOUBLE_EQ(steps.ReduceScatterMs(100), 2 * 3 * (0.03 + 100 * 256 / 4e6));
+  // A group across nodes: the given (inter-node) link, whatever was measured
+  // inside a node.
+  const ContextSplitCostModel across = *ContextSplitCostModel::Create(
+      b, with_core, dims, 4,
+      {.link = Link{.latency_ms = 0.1, .bytes_per_ms = 1e6}, .spans_nodes = true});
+  EXPECT_DOUBLE_EQ(across.GatherMs(100), 2 * 3 * (0.1 + 100 * 128 / 1e6));
+  EXPECT_DOUBLE_EQ(across.ReduceScatterMs(100), 2 * 3 * (0.1 + 100 * 256 / 1e6));
+}
+
+// The what-if (ContextSplitOptions::ideal): each lane's times are exactly
+// 1/c of the micro-batch's on one device (one packed row, each sample's
+// attention its own), below the real split's; its memory is the real
+// lane's.
+TEST(ContextSplitCost, IdealLanesTakeAFairShareAndTransferNothing) {
+  const ModelDims dims = SmallGpt(AttentionKernel::kFused);
+  const Hardware hw = Preset("a100-80gb");
+  const CostModel model = Analytic(dims, hw, 8192);
+  const StageLayout layout = *MakeStageLayout(dims, 2, 1);
+  const std::vector<uint32_t> lengths = {4096, 1024, 300};
+  PackedSamples packed{.rows = 1};
+  for (const uint32_t l : lengths) packed.samples.push_back({.input = l});
+  for (Recompute mode : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    for (uint32_t c : {2u, 4u}) {
+      SCOPED_TRACE(::testing::Message() << RecomputeName(mode) << ", c " << c);
+      const MicroBatchCostModel whole = *MicroBatchCostModel::Create(model, layout, mode, 1);
+      const ContextSplitCostModel real =
+          *ContextSplitCostModel::Create(whole, model, dims, c, {.hardware = hw});
+      const ContextSplitCostModel ideal =
+          *ContextSplitCostModel::Create(whole, model, dims, c, {.ideal = true, .hardware = hw});
+      std::vector<StageOpCost> one, r, i;
+      ASSERT_TRUE(whole.EvaluateStages(1, 5420, 0, &packed, MicroBatchCostModel::kEveryPosition, 1,
+                                       64, 2, &one));
+      ASSERT_TRUE(real.EvaluateStages(lengths, MicroBatchCostModel::kEveryPosition, 1, 64, 2, &r));
+      ASSERT_TRUE(ideal.EvaluateStages(lengths, MicroBatchCostModel::kEveryPosition, 1, 64, 2, &i));
+      ASSERT_EQ(i.size(), 2u);
+      for (size_t st = 0; st < 2; ++st) {
+        EXPECT_DOUBLE_EQ(i[st].forward_ms, one[st].forward_ms / c);
+        EXPECT_DOUBLE_EQ(i[st].backward_ms, one[st].backward_ms / c);
+        EXPECT_DOUBLE_EQ(i[st].weight_ms, one[st].weight_ms / c);
+        EXPECT_LT(i[st].forward_ms + i[st].backward_ms, r[st].forward_ms + r[st].backward_ms);
+        EXPECT_DOUBLE_EQ(i[st].stored_bytes, r[st].stored_bytes);
+        EXPECT_DOUBLE_EQ(i[st].peak_bytes, r[st].peak_bytes);
+        EXPECT_DOUBLE_EQ(i[st].activation_bytes, r[st].activation_bytes);
+      }
+    }
+  }
 }
 
 // No lane finishes a split micro-batch in less than 1/c of the whole one's
