@@ -833,16 +833,18 @@ ReplicaTimeline Search::ScheduleReplica(const Candidate& cand, uint32_t r) const
     times[k] = split.costs[mine[k]].time_ms;
   }
   // Measured point-to-point costs (varipipe-profile) replace the config's
-  // intra-node link.
+  // intra-node link. Devices are global ranks (tensor index 0 of each plan
+  // rank; its tensor group's other ranks send alike), t apart per stage.
   const std::optional<CommunicationCosts>& measured = model_.communication();
   const ClusterNetwork network{
       .devices_per_node = c_.cluster().devices_per_node(),
-      .first_device = static_cast<uint32_t>(ranks_.Rank(r, 0)),
+      .first_device = static_cast<uint32_t>(ranks_.GlobalRank(ranks_.Rank(r, 0), 0)),
       .intra_node = measured.has_value() ? measured->p2p
                                          : MakeLink(c_.cluster().intra_node_latency_us(),
                                                     c_.cluster().intra_node_bandwidth_gbps()),
       .inter_node =
-          MakeLink(c_.cluster().inter_node_latency_us(), c_.cluster().inter_node_bandwidth_gbps())};
+          MakeLink(c_.cluster().inter_node_latency_us(), c_.cluster().inter_node_bandwidth_gbps()),
+      .stride = ranks_.tensor};
   if (lanes_ > 1) {
     ScheduleLanes(cand, r, network, out);
     return out;
@@ -941,7 +943,7 @@ void Search::ScheduleVariant(const Candidate& cand, uint32_t r, uint32_t variant
       return;
     }
     ClusterNetwork slots_network = lane0;  // as lane 0 sits
-    slots_network.stride = lanes_;
+    slots_network.stride = lanes_ * ranks_.tensor;
     absl::StatusOr<AdaptiveSearchResult> searched = SearchAdaptiveOrder(
         slot_shape, slot_costs, **orders, cand.micro_batching->available_per_device, slots_network,
         cand.schedule == v1::ADAPTIVE_ZERO_BUBBLE);
@@ -965,8 +967,8 @@ void Search::ScheduleVariant(const Candidate& cand, uint32_t r, uint32_t variant
     lanes.orders.push_back(ProjectOntoLane(slot_order, placement.slots, k));
     lanes.costs.push_back(costs);
     ClusterNetwork network = lane0;
-    network.first_device = static_cast<uint32_t>(ranks_.Rank(r, 0, k));
-    network.stride = lanes_;
+    network.first_device = static_cast<uint32_t>(ranks_.GlobalRank(ranks_.Rank(r, 0, k), 0));
+    network.stride = lanes_ * ranks_.tensor;
     lanes.networks.push_back(network);
   }
   out.lanes = SimulateLanes(lanes);

@@ -41,9 +41,9 @@
 namespace varipipe::planner {
 
 // Where the pipeline's devices sit: device d is global device
-// first_device + d * stride (stride c: lane of a context group of c,
-// common/config/rank_layout.h); devices_per_node consecutive global devices
-// share a node.
+// first_device + d * stride (stride c t: one lane of a context group of c,
+// each plan rank t tensor ranks wide, common/config/rank_layout.h);
+// devices_per_node consecutive global devices share a node.
 struct ClusterNetwork {
   uint32_t devices_per_node = 8;
   uint32_t first_device = 0;

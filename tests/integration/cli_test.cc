@@ -7,9 +7,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <regex>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -396,6 +398,50 @@ TEST(PlanCompare, ContextPoliciesSideBySide) {
   EXPECT_LE(split_chosen, all_chosen) << rows;
   EXPECT_THAT(rows, ::testing::ContainsRegex("never +([0-9.]+ +[0-9]+ +0/[0-9]+|- +infeasible)"));
   EXPECT_THAT(rows, ::testing::ContainsRegex("per-micro-batch / always: [0-9.]+x"));
+}
+
+// --ideal_context_split prices split micro-batches ideally (1/c of their
+// time on one device, nothing transferred): with every micro-batch split,
+// each iteration predicts faster than with the real split costs; a job
+// without context parallelism is refused, naming the flag.
+TEST(PlanIdealContextSplit, BoundsTheRealSplitsAndNeedsAContextGroup) {
+  // Every micro-batch split: the job with context_split ALWAYS.
+  const std::filesystem::path job = WriteContextJob("cp-ideal", 2);
+  std::string text;
+  {
+    std::ifstream in(job);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::ofstream(job) << std::regex_replace(text, std::regex("\"context\": 2"),
+                                           "\"context\": 2, \"context_split\": \"ALWAYS\"");
+  const auto predicted_ms = [&](const std::string& flags) {
+    const CommandResult r =
+        RunCommand(absl::StrCat(Bin("varipipe-plan"), " --config ", job.string(),
+                                " --iterations 2 --json --log_level=error", flags));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    const std::regex predicted("\"predicted_iteration_ms\": *([0-9.eE+-]+)");
+    std::vector<double> ms;
+    for (std::sregex_iterator it(r.output.begin(), r.output.end(), predicted), end; it != end;
+         ++it) {
+      ms.push_back(std::stod((*it)[1].str()));
+    }
+    EXPECT_EQ(ms.size(), 2u) << r.output;
+    return ms;
+  };
+  const std::vector<double> real = predicted_ms("");
+  const std::vector<double> ideal = predicted_ms(" --ideal_context_split");
+  std::filesystem::remove(job);
+  ASSERT_EQ(real.size(), 2u);
+  ASSERT_EQ(ideal.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_LT(ideal[i], real[i]) << "iteration " << i;
+
+  const std::filesystem::path single = WriteContextJob("cp-ideal-1", 1);
+  const CommandResult refused = RunCommand(absl::StrCat(
+      Bin("varipipe-plan"), " --config ", single.string(), " --ideal_context_split 2>&1"));
+  std::filesystem::remove(single);
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_THAT(refused.output, AllOf(HasSubstr("--ideal_context_split"),
+                                    HasSubstr("parallelism.context of at least 2 (it is 1)")));
 }
 
 // --search_parallelism includes the context degree: layouts with c > 1
