@@ -18,6 +18,7 @@
 #include "executor/model/context_parallel_attention.h"
 #include "tests/testing/whole_sample_attention.h"
 #include "executor/model/tensor_group.h"
+#include "tests/testing/gloo_rank.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/status_matchers.h"
 
@@ -67,15 +68,8 @@ TEST_P(ContextParallelGatherTest, RanksOverGlooEqualWholeSamples) {
   for (int r = 0; r < c; ++r) {
     threads.emplace_back([&, r] {
       RankResult& result = results[r];
-      GlooTransport::Options o;
-      o.redis.host = redis_->host();
-      o.redis.port = redis_->port();
-      o.redis.password = redis_->password();
-      o.prefix = absl::StrCat("cp/", c);
-      o.rank = r;
-      o.size = c;
-      o.connect_timeout = absl::Seconds(30);
-      absl::StatusOr<std::unique_ptr<GlooTransport>> transport = GlooTransport::Create(o);
+      absl::StatusOr<std::unique_ptr<GlooTransport>> transport =
+          ::varipipe::testing::ConnectGlooRank(*redis_, absl::StrCat("cp/", c), r, c);
       if (!transport.ok()) {
         result.error = transport.status().ToString();
         return;
@@ -154,15 +148,8 @@ TEST_P(ContextParallelGatherTest, TwoByteElementsArriveBitForBit) {
   std::vector<std::thread> threads;
   for (int r = 0; r < c; ++r) {
     threads.emplace_back([&, r] {
-      GlooTransport::Options o;
-      o.redis.host = redis_->host();
-      o.redis.port = redis_->port();
-      o.redis.password = redis_->password();
-      o.prefix = absl::StrCat("bits/", c);
-      o.rank = r;
-      o.size = c;
-      o.connect_timeout = absl::Seconds(30);
-      absl::StatusOr<std::unique_ptr<GlooTransport>> transport = GlooTransport::Create(o);
+      absl::StatusOr<std::unique_ptr<GlooTransport>> transport =
+          ::varipipe::testing::ConnectGlooRank(*redis_, absl::StrCat("bits/", c), r, c);
       if (!transport.ok()) {
         errors[r] = transport.status().ToString();
         return;

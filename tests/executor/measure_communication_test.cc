@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "executor/comm/gloo/gloo_transport.h"
 #include "executor/profile/update_profile.h"
+#include "tests/testing/gloo_rank.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/status_matchers.h"
 
@@ -55,15 +56,8 @@ TEST_P(MeasureCommunicationTest, EveryRankGetsEveryLink) {
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
-      GlooTransport::Options o;
-      o.redis.host = redis_->host();
-      o.redis.port = redis_->port();
-      o.redis.password = redis_->password();
-      o.prefix = absl::StrCat("measure/", size);
-      o.rank = r;
-      o.size = size;
-      o.connect_timeout = absl::Seconds(30);
-      absl::StatusOr<std::unique_ptr<GlooTransport>> transport = GlooTransport::Create(o);
+      absl::StatusOr<std::unique_ptr<GlooTransport>> transport =
+          ::varipipe::testing::ConnectGlooRank(*redis_, absl::StrCat("measure/", size), r, size);
       if (!transport.ok()) {
         results[r] = transport.status();
         return;

@@ -525,7 +525,8 @@ TEST(ContextParallelPlans, ReorderedSplitPassesOnOneLaneFailValidation) {
 // the group's work; the per-micro-batch choice splits it and keeps the
 // short ones whole, and the plan is faster than never splitting and than
 // splitting everything.
-TEST(ContextParallelPlans, PerMicroBatchChoiceSplitsTheLongSampleOnly) {
+// Sample 100 of 4,000 tokens among 24 short ones (128-208 tokens).
+MiniBatch OneLongSampleAmongShortOnes() {
   MiniBatch mb;
   mb.lengths.push_back({.input = 3000, .target = 1000});
   mb.sample_ids.push_back(100);
@@ -533,6 +534,11 @@ TEST(ContextParallelPlans, PerMicroBatchChoiceSplitsTheLongSampleOnly) {
     mb.lengths.push_back({.input = 100 + static_cast<uint32_t>(i % 5) * 20, .target = 28});
     mb.sample_ids.push_back(101 + i);
   }
+  return mb;
+}
+
+TEST(ContextParallelPlans, PerMicroBatchChoiceSplitsTheLongSampleOnly) {
+  const MiniBatch mb = OneLongSampleAmongShortOnes();
   std::map<v1::ContextSplitPolicy, double> iteration_ms;
   for (v1::ContextSplitPolicy policy : {v1::PER_MICRO_BATCH, v1::ALWAYS, v1::NEVER}) {
     absl::StatusOr<Planner> planner =
@@ -570,13 +576,7 @@ TEST(ContextParallelPlans, PerMicroBatchChoiceSplitsTheLongSampleOnly) {
 // or 6 (the one group of ranks 0-3 inside a node: the same plan); the
 // per-micro-batch choice is never slower than splitting everything.
 TEST(ContextParallelPlans, AGroupAcrossNodesGathersOverTheInterNodeLink) {
-  MiniBatch mb;
-  mb.lengths.push_back({.input = 3000, .target = 1000});
-  mb.sample_ids.push_back(100);
-  for (uint64_t i = 0; i < 24; ++i) {
-    mb.lengths.push_back({.input = 100 + static_cast<uint32_t>(i % 5) * 20, .target = 28});
-    mb.sample_ids.push_back(101 + i);
-  }
+  const MiniBatch mb = OneLongSampleAmongShortOnes();
   const auto makespan = [&](v1::ContextSplitPolicy policy, uint32_t devices_per_node) {
     v1::JobConfig config = Config(1, 1, 4, policy, {v1::ONE_F_ONE_B}, 4096, 4096);
     config.mutable_cluster()->set_devices_per_node(devices_per_node);
