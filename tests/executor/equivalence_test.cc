@@ -715,67 +715,56 @@ struct PassMemory {
 };
 
 // PassMemory of every instruction of every rank ([rank][instruction]) when
-// `plans` run as one iteration on threaded ranks, the least of `runs` runs:
-// a rank's input prefetcher allocates on its own thread, charged to the
-// rank, at times that vary, which only ever adds bytes to an instruction.
+// `plans` run as one iteration on threaded ranks. Inputs are built on the
+// rank's thread when taken: a prefetch thread's allocations are charged to
+// its rank at times that vary, and without it every count is exact.
 std::vector<std::vector<PassMemory>> MeasuredPasses(const v1::JobConfig& config,
                                                     const std::vector<v1::ExecutionPlan>& plans,
-                                                    const SampleDataset& dataset, int runs) {
+                                                    const SampleDataset& dataset) {
   executor::InstallCountingCpuAllocator();
-  std::vector<std::vector<PassMemory>> least;
-  for (int run = 0; run < runs; ++run) {
-    absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
-    EXPECT_THAT(redis, IsOk());
-    if (!redis.ok()) return {};
-    std::vector<std::unique_ptr<executor::MemoryAccount>> accounts;
-    ThreadedRanksOptions options;
-    options.redis_host = (*redis)->host();
-    options.redis_port = (*redis)->port();
-    options.redis_password = (*redis)->password();
-    options.prefix = "mixed-recompute-memory";
-    for (size_t r = 0; r < plans.size(); ++r) {
-      accounts.push_back(std::make_unique<executor::MemoryAccount>());
-      options.memory.push_back(accounts.back().get());
-    }
-    const std::vector<RankRun> ranks = RunThreadedRanks(config, {plans}, dataset, options);
-    least.resize(ranks.size());
-    for (size_t r = 0; r < ranks.size(); ++r) {
-      EXPECT_THAT(ranks[r].status, IsOk()) << "rank " << r;
-      if (!ranks[r].status.ok() || ranks[r].stats.size() != 1) return {};
-      const executor::IterationStats& stats = ranks[r].stats[0];
-      int64_t before = stats.memory_start_bytes;
-      for (size_t i = 0; i < stats.instruction_memory.size(); ++i) {
-        const executor::InstructionMemory& m = stats.instruction_memory[i];
-        const PassMemory pass{.kept = m.current_bytes - before,
-                              .transient = m.peak_bytes - before};
-        before = m.current_bytes;
-        if (run == 0) {
-          least[r].push_back(pass);
-        } else if (i < least[r].size()) {
-          least[r][i].kept = std::min(least[r][i].kept, pass.kept);
-          least[r][i].transient = std::min(least[r][i].transient, pass.transient);
-        }
-      }
+  absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
+  EXPECT_THAT(redis, IsOk());
+  if (!redis.ok()) return {};
+  std::vector<std::unique_ptr<executor::MemoryAccount>> accounts;
+  ThreadedRanksOptions options;
+  options.redis_host = (*redis)->host();
+  options.redis_port = (*redis)->port();
+  options.redis_password = (*redis)->password();
+  options.prefix = "mixed-recompute-memory";
+  options.prefetch_inputs = 0;
+  for (size_t r = 0; r < plans.size(); ++r) {
+    accounts.push_back(std::make_unique<executor::MemoryAccount>());
+    options.memory.push_back(accounts.back().get());
+  }
+  const std::vector<RankRun> ranks = RunThreadedRanks(config, {plans}, dataset, options);
+  std::vector<std::vector<PassMemory>> passes(ranks.size());
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    EXPECT_THAT(ranks[r].status, IsOk()) << "rank " << r;
+    if (!ranks[r].status.ok() || ranks[r].stats.size() != 1) return {};
+    const executor::IterationStats& stats = ranks[r].stats[0];
+    int64_t before = stats.memory_start_bytes;
+    for (const executor::InstructionMemory& m : stats.instruction_memory) {
+      passes[r].push_back({.kept = m.current_bytes - before, .transient = m.peak_bytes - before});
+      before = m.current_bytes;
     }
   }
-  return least;
+  return passes;
 }
 
 // Each micro-batch runs under its own mode (MicroBatch.recompute), measured:
 // the same plans (GPT, 1F1B, pp 2) run with every micro-batch under none,
 // under selective, under full (the plans' recompute), and mixed
 // (MixRecompute). Every forward keeps, and every backward's transient
-// reaches, the bytes of the uniform run of its micro-batch's mode within
-// kMeasureSlack, and the three modes keep amounts far apart (none >
-// selective > full). In 1F1B the first stage runs a selective forward
-// between each full micro-batch's forward and its backward: a backward that
-// re-ran its layers under the latest forward's mode reaches 24 KiB or more
-// above the uniform full run's transient.
+// reaches, exactly the bytes of the uniform run of its micro-batch's mode,
+// and the three modes keep amounts far apart (none > selective > full). In
+// 1F1B the first stage runs a selective forward between each full
+// micro-batch's forward and its backward: a backward that re-ran its layers
+// under the latest forward's mode reaches 24 KiB or more above the uniform
+// full run's transient.
 TEST(MixedRecompute, EveryPassKeepsWhatItsOwnModeKeeps) {
-  // What the prefetcher may still add to an instruction in all runs (one
-  // micro-batch's token tensors are about 4 KiB here).
-  constexpr int64_t kMeasureSlack = 8 << 10;
-  constexpr int kRuns = 3;
+  // How far apart two modes' kept bytes must be (one micro-batch's token
+  // tensors are about 4 KiB here).
+  constexpr int64_t kModesApart = 32 << 10;
   absl::StatusOr<v1::JobConfig> config = CellConfig(Cell{.pp = 2});
   ASSERT_THAT(config, IsOk());
   config->mutable_training()->set_iterations(1);
@@ -787,13 +776,13 @@ TEST(MixedRecompute, EveryPassKeepsWhatItsOwnModeKeeps) {
   for (const char* mode : kMixedModes) {
     std::vector<v1::ExecutionPlan> same = *plans;
     for (v1::ExecutionPlan& plan : same) plan.set_recompute(mode);
-    uniform[mode] = MeasuredPasses(*config, same, **dataset, kRuns);
+    uniform[mode] = MeasuredPasses(*config, same, **dataset);
     ASSERT_EQ(uniform[mode].size(), plans->size()) << mode;
   }
   std::vector<v1::ExecutionPlan> mixed_plans = *plans;
   MixRecompute(mixed_plans);
   const std::vector<std::vector<PassMemory>> mixed =
-      MeasuredPasses(*config, mixed_plans, **dataset, kRuns);
+      MeasuredPasses(*config, mixed_plans, **dataset);
   ASSERT_EQ(mixed.size(), plans->size());
   int forwards = 0;
   int backwards = 0;
@@ -814,7 +803,7 @@ TEST(MixedRecompute, EveryPassKeepsWhatItsOwnModeKeeps) {
                                              in.has_forward() ? "forward" : "backward",
                                              " of micro-batch ", in.micro_batch(), ", ", mode, ")");
       const int64_t difference = std::abs(measure(mixed) - measure(uniform.at(mode)));
-      EXPECT_LE(difference, kMeasureSlack) << where << ": " << measure(mixed) << " bytes mixed, "
+      EXPECT_EQ(difference, 0) << where << ": " << measure(mixed) << " bytes mixed, "
                                            << measure(uniform.at(mode)) << " uniform";
       worst = std::max(worst, difference);
       if (in.has_forward()) {
@@ -822,8 +811,8 @@ TEST(MixedRecompute, EveryPassKeepsWhatItsOwnModeKeeps) {
         const int64_t none = measure(uniform.at("none"));
         const int64_t selective = measure(uniform.at("selective"));
         const int64_t full = measure(uniform.at("full"));
-        EXPECT_GT(none - selective, 4 * kMeasureSlack) << where;
-        EXPECT_GT(selective - full, 4 * kMeasureSlack) << where;
+        EXPECT_GT(none - selective, kModesApart) << where;
+        EXPECT_GT(selective - full, kModesApart) << where;
         closest_modes = std::min({closest_modes, none - selective, selective - full});
       } else {
         ++backwards;

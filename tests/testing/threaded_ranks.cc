@@ -139,6 +139,7 @@ void RunRank(const v1::JobConfig& config,
   interpreter_options.sharding = rank_optimizer->sharding.get();
   interpreter_options.device = options.device;
   interpreter_options.gradient_bucket_bytes = options.gradient_bucket_bytes;
+  interpreter_options.prefetch_inputs = options.prefetch_inputs;
   interpreter_options.host_transport = host_transport;
   interpreter_options.tensor_group = tensor.get();
   interpreter_options.context_group = context.get();

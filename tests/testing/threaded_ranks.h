@@ -64,6 +64,10 @@ struct ThreadedRanksOptions {
   bool stage_through_host = false;
   // ModelStage::set_loss_chunk_tokens of every stage; 0: the default.
   int64_t loss_chunk_tokens = 0;
+  // InterpreterOptions::prefetch_inputs; 0 builds every input on the rank's
+  // thread when taken, so that a rank's measured memory (`memory`) does not
+  // depend on when a prefetch thread ran.
+  size_t prefetch_inputs = executor::InterpreterOptions().prefetch_inputs;
 };
 
 struct RankRun {
