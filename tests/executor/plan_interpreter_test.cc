@@ -124,6 +124,7 @@ class PlanInterpreterTest : public ::testing::TestWithParam<Case> {
     options.timeouts = control.timeouts;
     options.memory = memory_;
     options.before_run = control.before_run;
+    options.prefetch_inputs = prefetch_inputs_;
     const std::vector<::varipipe::testing::RankRun> runs =
         ::varipipe::testing::RunThreadedRanks(config, {plans}, dataset, options);
     std::vector<absl::StatusOr<IterationStats>> results;
@@ -141,6 +142,10 @@ class PlanInterpreterTest : public ::testing::TestWithParam<Case> {
 
   std::unique_ptr<RedisServer> redis_;
   int runs_ = 0;
+  // InterpreterOptions::prefetch_inputs of RunRanks' ranks; tests that read
+  // the measured memory set 0 (inputs built on the rank's thread when
+  // taken): a prefetch thread charges its rank at times that vary.
+  size_t prefetch_inputs_ = InterpreterOptions().prefetch_inputs;
   // Per rank, of the last RunRanks; every account lives as long as the test.
   std::vector<MemoryAccount*> memory_;
   std::vector<std::unique_ptr<MemoryAccount>> accounts_;
@@ -161,6 +166,7 @@ TEST_F(PlanInterpreterTest, SelectiveRecomputationLowersTheMeasuredActivationPea
   ASSERT_EQ(selective[0].recompute(), "selective");
   std::vector<v1::ExecutionPlan> none = selective;
   for (v1::ExecutionPlan& plan : none) plan.set_recompute("none");
+  prefetch_inputs_ = 0;  // exact measured memory
   const auto activation_peaks = [&](const std::vector<v1::ExecutionPlan>& plans,
                                     std::vector<Parameters>* trained) {
     std::vector<int64_t> peaks;
@@ -225,6 +231,7 @@ TEST_P(ZeroBubbleEquivalence, OneSgdStepMatchesTheReference) {
   ASSERT_EQ(plans.size(), 2u);
   ASSERT_GE(::varipipe::testing::SplitBackwards(plans), 1);
   std::vector<Parameters> after;
+  prefetch_inputs_ = 0;  // no prefetch lands inside a weight_grad
   const auto results = RunRanks(*config, plans, **dataset, &after, absl::Seconds(60));
   ::varipipe::testing::ReferenceModel reference(*config);
   const ::varipipe::testing::ReferencePass pass =
